@@ -1,0 +1,172 @@
+/* colibri.h — the only public header of the Colibri engine.
+ *
+ * Handles are opaque. Every function that can fail returns a colibri_status;
+ * colibri_last_error() then holds a human-readable message for the calling
+ * thread. Nothing here calls exit() or abort() on bad input.
+ *
+ * Lifetime: a colibri_model owns the weights (read-only, shareable);
+ * a colibri_context owns the per-sequence state (KV cache, scratch arena,
+ * thread pool, counters) and borrows the model, which must outlive it.
+ */
+#ifndef COLIBRI_H
+#define COLIBRI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define COLIBRI_ABI_VERSION 1
+
+#if defined(_WIN32)
+#define COLIBRI_API __declspec(dllexport)
+#else
+#define COLIBRI_API __attribute__((visibility("default")))
+#endif
+
+typedef enum colibri_status {
+    COLIBRI_OK = 0,
+    COLIBRI_E_INVALID_ARG = 1,  /* a NULL handle, a negative count, an out-of-range token id */
+    COLIBRI_E_IO = 2,           /* open/read/stat failed */
+    COLIBRI_E_FORMAT = 3,       /* the file is not a valid GGUF or is inconsistent */
+    COLIBRI_E_UNSUPPORTED = 4,  /* valid file, but an architecture or tensor type we do not run */
+    COLIBRI_E_NOMEM = 5,        /* an allocation failed */
+    COLIBRI_E_CONTEXT_FULL = 6, /* the tokens do not fit in the context length */
+    COLIBRI_E_BUDGET = 7,       /* the memory budget cannot hold the minimum working set */
+    COLIBRI_E_INTERNAL = 8,     /* a broken invariant inside the engine (a bug) */
+} colibri_status;
+
+typedef struct colibri_model colibri_model;
+typedef struct colibri_context colibri_context;
+typedef struct colibri_sampler colibri_sampler;
+
+/* ---- library --------------------------------------------------------- */
+
+COLIBRI_API int colibri_abi_version(void);
+/* Message of the last failure on this thread ("" if none). Valid until the next call on this thread. */
+COLIBRI_API const char *colibri_last_error(void);
+/* Name of a status code, e.g. "COLIBRI_E_FORMAT". */
+COLIBRI_API const char *colibri_status_name(colibri_status s);
+/* Kernel set chosen at run time: "scalar", "avx2" or "avx512". */
+COLIBRI_API const char *colibri_cpu_backend(void);
+/* Force a kernel set ("scalar", "avx2", "avx512"); fails if the CPU lacks it. For tests and benchmarks. */
+COLIBRI_API colibri_status colibri_set_cpu_backend(const char *name);
+
+/* ---- model ----------------------------------------------------------- */
+
+typedef struct colibri_model_info {
+    char arch[32];          /* "llama", "mixtral", "qwen2moe", "qwen3moe", "olmoe" */
+    int32_t n_vocab;
+    int32_t n_ctx_train;    /* context length the model was trained with */
+    int32_t n_embd;         /* hidden size H */
+    int32_t n_layer;
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t head_dim;
+    int32_t n_ff;           /* dense FFN width (0 if every layer is MoE) */
+    int32_t n_expert;       /* 0 for a dense model */
+    int32_t n_expert_used;  /* top-k */
+    int32_t n_ff_exp;       /* expert FFN width */
+    int32_t n_ff_shexp;     /* shared expert FFN width (0 if none) */
+    int32_t bos_token_id;   /* -1 if absent */
+    int32_t eos_token_id;   /* -1 if absent */
+    uint64_t n_params;
+    uint64_t file_bytes;
+} colibri_model_info;
+
+/* Open a GGUF file. The file is validated completely (header, metadata, tensor table,
+ * every tensor's type, shape and byte range) before anything else happens. */
+COLIBRI_API colibri_status colibri_model_open(const char *path, colibri_model **out);
+COLIBRI_API void colibri_model_close(colibri_model *model);
+COLIBRI_API colibri_status colibri_model_get_info(const colibri_model *model, colibri_model_info *out);
+
+/* ---- context --------------------------------------------------------- */
+
+typedef struct colibri_context_params {
+    int32_t n_threads;      /* <= 0: number of online CPUs */
+    int32_t n_ctx;          /* <= 0: min(model's n_ctx_train, 4096) */
+    int32_t n_batch;        /* max tokens per colibri_eval call (prefill chunk); <= 0: 512 */
+} colibri_context_params;
+
+COLIBRI_API void colibri_context_default_params(colibri_context_params *out);
+COLIBRI_API colibri_status colibri_context_new(colibri_model *model, const colibri_context_params *params,
+                                               colibri_context **out);
+COLIBRI_API void colibri_context_free(colibri_context *ctx);
+COLIBRI_API int32_t colibri_context_n_ctx(const colibri_context *ctx);
+
+/* Number of tokens in the KV cache. */
+COLIBRI_API int32_t colibri_n_past(const colibri_context *ctx);
+/* Drop the KV cache after position n_past (0 clears it); the prefix is kept for reuse. */
+COLIBRI_API colibri_status colibri_truncate(colibri_context *ctx, int32_t n_past);
+
+/* Run n_tokens tokens through the model, appending them to the KV cache (positions
+ * n_past .. n_past+n_tokens-1). Inputs longer than n_batch are processed in chunks.
+ * logits_out may be NULL; otherwise it receives
+ *   all_logits != 0: n_tokens * n_vocab floats (row i = logits after token i),
+ *   all_logits == 0: n_vocab floats for the last token. */
+COLIBRI_API colibri_status colibri_eval(colibri_context *ctx, const int32_t *tokens, int32_t n_tokens,
+                                        float *logits_out, int32_t all_logits);
+
+/* Routing of the last colibri_eval call: for each of its tokens, each layer, each of the
+ * top-k chosen experts, the expert id and its weight (layout [n_tokens][n_layer][k]).
+ * Writes at most max_tokens tokens; returns the number of tokens written via *n_written.
+ * Dense models write nothing. */
+COLIBRI_API colibri_status colibri_get_routing(const colibri_context *ctx, int32_t *expert_ids,
+                                               float *expert_weights, int32_t max_tokens, int32_t *n_written);
+
+typedef struct colibri_stats {
+    uint64_t n_prompt_tokens;      /* tokens evaluated in calls with n_tokens > 1 */
+    uint64_t n_decode_tokens;      /* tokens evaluated in calls with n_tokens == 1 */
+    double prefill_seconds;
+    double decode_seconds;
+    uint64_t n_eval_calls;
+    uint64_t allocs_total;         /* heap allocations made by the engine since it was loaded */
+    uint64_t allocs_last_eval;     /* heap allocations made during the last colibri_eval */
+    uint64_t kv_bytes;             /* KV cache size */
+    uint64_t scratch_bytes;        /* scratch arena capacity */
+    uint64_t scratch_peak_bytes;   /* high-water mark of the scratch arena */
+    uint64_t weight_bytes;         /* bytes of tensor data the model uses */
+} colibri_stats;
+
+COLIBRI_API colibri_status colibri_get_stats(const colibri_context *ctx, colibri_stats *out);
+COLIBRI_API void colibri_reset_stats(colibri_context *ctx);
+
+/* ---- sampler --------------------------------------------------------- */
+
+typedef struct colibri_sampler_params {
+    float temperature;         /* <= 0: greedy (argmax, after penalties and logit bias) */
+    int32_t top_k;             /* <= 0: off */
+    float top_p;               /* >= 1: off */
+    float min_p;               /* <= 0: off */
+    float repetition_penalty;  /* 1: off; HF/llama.cpp convention: logit>0 ? logit/p : logit*p */
+    float presence_penalty;    /* 0: off; OpenAI convention, subtracted once per seen token */
+    float frequency_penalty;   /* 0: off; OpenAI convention, subtracted per occurrence */
+    int32_t penalty_last_n;    /* window of recent tokens for the penalties; <= 0: all accepted tokens */
+    uint64_t seed;             /* same seed, same inputs -> same output */
+} colibri_sampler_params;
+
+COLIBRI_API void colibri_sampler_default_params(colibri_sampler_params *out);
+COLIBRI_API colibri_status colibri_sampler_new(const colibri_sampler_params *params, int32_t n_vocab,
+                                               colibri_sampler **out);
+COLIBRI_API void colibri_sampler_free(colibri_sampler *s);
+/* Add (or replace) a bias for a token id; -INFINITY bans it. */
+COLIBRI_API colibri_status colibri_sampler_set_logit_bias(colibri_sampler *s, int32_t token, float bias);
+/* Record a token as generated/seen (for penalties). Prompt tokens may be accepted too. */
+COLIBRI_API colibri_status colibri_sampler_accept(colibri_sampler *s, int32_t token);
+COLIBRI_API void colibri_sampler_reset(colibri_sampler *s);
+/* Choose the next token from n_vocab logits (not modified). */
+COLIBRI_API colibri_status colibri_sampler_sample(colibri_sampler *s, const float *logits, int32_t *token_out);
+
+/* ---- formats --------------------------------------------------------- */
+
+/* Dequantize n_elements of GGML tensor type `type` (GGUF type id) from src to dst.
+ * n_elements must be a multiple of the type's block size. For the conformance suite. */
+COLIBRI_API colibri_status colibri_dequantize(int32_t type, const void *src, size_t src_bytes,
+                                              float *dst, size_t n_elements);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* COLIBRI_H */

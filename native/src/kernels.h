@@ -1,0 +1,48 @@
+/* kernels.h — the hot loops: matrix x activations for every weight type, plus the few
+ * vector primitives attention needs. Implemented per instruction set
+ * (kernels_scalar.c, kernels_avx2.c, kernels_avx512.c); cpu.c picks one table at run time.
+ *
+ * Quantized weights (Q8_0, Q4_0, Q4_1) are multiplied with activations quantized once
+ * per input row to block_q8a (int8 blocks of 32 with a float scale), so the inner loop
+ * is an integer dot product. Float weights (F32, F16, BF16) use the float activations. */
+#ifndef COLIBRI_KERNELS_H
+#define COLIBRI_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "colibri.h"
+
+#define QK8A 32
+typedef struct {
+    float d;            /* scale: x ~= d * qs */
+    float s;            /* d * sum(qs), for formats with a per-block minimum (Q4_1) */
+    int8_t qs[QK8A];
+} block_q8a;            /* 40 bytes */
+
+/* Quantize n floats (n % 32 == 0) to n/32 blocks: d = max|x| / 127, qs = round(x / d). */
+void quantize_row_q8a(const float *x, block_q8a *y, int64_t n);
+
+/* Whether `type` needs block_q8a activations (quantized formats) or float ones. */
+int kernel_wants_q8a(uint32_t type);
+
+/* Y[t * ldy + r] = dot(row r of W, row t of X)   for t in [0, n_tok), r in [r0, r1).
+ *   W      weight matrix of `type`, row r at (const char *)W + r * row_bytes, n_cols elements per row
+ *   X      float activations [n_tok][n_cols]          (used for F32/F16/BF16)
+ *   Xq     quantized activations [n_tok][n_cols / 32] (used for Q8_0/Q4_0/Q4_1; may be NULL otherwise)
+ * Threads call it on disjoint row ranges. */
+void matmul_rows(uint32_t type, const void *W, size_t row_bytes, int n_cols,
+                 const float *X, const block_q8a *Xq, int n_tok,
+                 float *Y, int ldy, int r0, int r1);
+
+/* Attention helpers over an F16 KV cache. */
+float dot_f16_f32(const uint16_t *a, const float *b, int n);         /* sum a[i] * b[i] */
+void axpy_f16(float *y, float alpha, const uint16_t *x, int n);      /* y += alpha * x */
+void fp32_to_fp16_row(const float *x, uint16_t *y, int n);
+float dot_f32(const float *a, const float *b, int n);
+
+/* Kernel table selection (cpu.c). */
+const char *kernels_backend_name(void);
+colibri_status kernels_select(const char *name);  /* "scalar" | "avx2" | "avx512" | NULL = best available */
+
+#endif

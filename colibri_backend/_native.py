@@ -16,8 +16,19 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from ctypes import POINTER, Structure, c_char, c_char_p, c_double, c_float, c_int, c_int32, c_size_t
-from ctypes import c_uint64, c_void_p
+from ctypes import (
+    POINTER,
+    Structure,
+    c_char,
+    c_char_p,
+    c_double,
+    c_float,
+    c_int,
+    c_int32,
+    c_size_t,
+    c_uint64,
+    c_void_p,
+)
 from pathlib import Path
 from typing import Any
 

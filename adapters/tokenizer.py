@@ -1,0 +1,344 @@
+"""Tokenizer adapter: the Hugging Face `tokenizers` library behind one small interface.
+
+A Tokenizer comes from a tokenizer.json (next to the GGUF or in a Hugging Face checkpoint dir),
+or is built from the GGUF's own metadata the way llama.cpp reads it:
+  tokenizer.ggml.model == "gpt2": byte-level BPE over tokenizer.ggml.tokens / merges, with the
+  pre-tokenizer regexes llama.cpp uses for tokenizer.ggml.pre; control tokens (token_type 3)
+  become special added tokens, user-defined ones (4) plain added tokens; BOS is prepended when
+  tokenizer.ggml.add_bos_token says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from tokenizers import AddedToken, Regex, decoders, pre_tokenizers, processors
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers.models import BPE
+
+from colibri_backend.errors import ModelFormatError, UnsupportedModelError
+
+# GGUF token types (llama.cpp's llama_token_type).
+TOKEN_NORMAL = 1
+TOKEN_UNKNOWN = 2
+TOKEN_CONTROL = 3
+TOKEN_USER_DEFINED = 4
+TOKEN_UNUSED = 5
+TOKEN_BYTE = 6
+
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA3 = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2 = (
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# tokenizer.ggml.pre -> the regexes applied in sequence (each splits the pieces of the one before),
+# as llama.cpp's vocabulary loader chooses them.
+PRE_TOKENIZER_REGEXES: dict[str, list[str]] = {
+    "default": [_LLAMA3],
+    "llama-bpe": [_LLAMA3],
+    "llama3": [_LLAMA3],
+    "gpt-2": [_GPT2],
+    "gpt2": [_GPT2],
+    "olmo": [_GPT2],
+    "mpt": [_GPT2],
+    "jais": [_GPT2],
+    "smollm": [r"\p{N}", _GPT2],
+    "starcoder": [r"\p{N}", _GPT2],
+    "refact": [r"\p{N}", _GPT2],
+    "command-r": [r"\p{N}", _GPT2],
+    "codeshell": [r"\p{N}", _GPT2],
+    "qwen2": [_QWEN2],
+    "stablelm2": [_QWEN2],
+    "deepseek-r1-qwen": [_QWEN2],
+}
+
+# Token texts that end a turn in the chat formats we know; a token with one of these texts that
+# the vocabulary marks as control also stops generation (llama.cpp calls these end-of-generation).
+_END_OF_TURN_TEXTS = (
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<end_of_turn>",
+    "<|end|>",
+    "<|eom_id|>",
+    "</s>",
+)
+
+
+def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
+    try:
+        regexes = PRE_TOKENIZER_REGEXES[pre]
+    except KeyError:
+        known = ", ".join(sorted(PRE_TOKENIZER_REGEXES))
+        raise UnsupportedModelError(
+            "COLIBRI_E_UNSUPPORTED", f"unknown tokenizer.ggml.pre {pre!r} (known: {known})"
+        ) from None
+    steps: list[pre_tokenizers.PreTokenizer] = [
+        pre_tokenizers.Split(Regex(rx), behavior="isolated", invert=False) for rx in regexes
+    ]
+    steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
+    return pre_tokenizers.Sequence(steps)
+
+
+def _as_int(value: Any, default: int | None = None) -> int | None:
+    if value is None:
+        return default
+    return int(value)
+
+
+class Tokenizer:
+    """encode/decode plus the special tokens generation needs."""
+
+    def __init__(
+        self,
+        hf: HFTokenizer,
+        *,
+        bos_token_id: int | None = None,
+        eos_token_id: int | None = None,
+        end_of_turn_ids: Iterable[int] = (),
+        add_bos: bool = False,
+        source: str = "",
+    ) -> None:
+        self._hf = hf
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        self.add_bos = add_bos
+        self.source = source
+        specials = {t.content for t in hf.get_added_tokens_decoder().values() if t.special}
+        self.special_token_ids: set[int] = {
+            i for i, t in hf.get_added_tokens_decoder().items() if t.special
+        }
+        self.special_tokens: set[str] = specials
+        stop = set(end_of_turn_ids)
+        if eos_token_id is not None:
+            stop.add(eos_token_id)
+        for text in _END_OF_TURN_TEXTS:
+            tid = hf.token_to_id(text)
+            if tid is not None and tid in self.special_token_ids:
+                stop.add(tid)
+        # Ids that end generation: EOS plus end-of-turn control tokens such as <|im_end|>.
+        self.stop_token_ids: frozenset[int] = frozenset(stop)
+
+    # ---- construction ------------------------------------------------------------------
+
+    @classmethod
+    def from_tokenizer_json(
+        cls, path: str | os.PathLike[str], config: dict[str, Any] | None = None
+    ) -> Tokenizer:
+        """From a tokenizer.json; `config` is tokenizer_config.json's content if there is one."""
+        path = Path(path)
+        try:
+            hf = HFTokenizer.from_file(str(path))
+        except Exception as exc:  # the library raises a bare Exception for malformed files
+            raise ModelFormatError("COLIBRI_E_FORMAT", f"cannot read {path}: {exc}") from exc
+        if config is None:
+            cfg_path = path.with_name("tokenizer_config.json")
+            config = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.is_file() else {}
+
+        def token_id(key: str) -> int | None:
+            tok = config.get(key)
+            if isinstance(tok, dict):
+                tok = tok.get("content")
+            return hf.token_to_id(tok) if isinstance(tok, str) else None
+
+        bos = token_id("bos_token")
+        add_bos = bool(config.get("add_bos_token", False))
+        eos = token_id("eos_token")
+        return cls(hf, bos_token_id=bos, eos_token_id=eos, add_bos=add_bos, source=str(path))
+
+    @classmethod
+    def from_gguf_metadata(cls, meta: dict[str, Any], source: str = "") -> Tokenizer:
+        """Build the tokenizer a GGUF describes (see the module docstring)."""
+        model = meta.get("tokenizer.ggml.model")
+        if model is None:
+            raise ModelFormatError("COLIBRI_E_FORMAT", f"{source}: the file has no tokenizer metadata")
+        if model != "gpt2":
+            raise UnsupportedModelError(
+                "COLIBRI_E_UNSUPPORTED",
+                f"{source}: tokenizer.ggml.model={model!r} is not supported without a tokenizer.json; "
+                "only byte-level BPE ('gpt2') is built from GGUF metadata",
+            )
+        tokens: list[str] = list(meta.get("tokenizer.ggml.tokens") or [])
+        if not tokens:
+            raise ModelFormatError("COLIBRI_E_FORMAT", f"{source}: tokenizer.ggml.tokens is empty")
+        merges_raw: list[str] = list(meta.get("tokenizer.ggml.merges") or [])
+        types_raw = meta.get("tokenizer.ggml.token_type")
+        types = [int(t) for t in types_raw] if types_raw is not None else [TOKEN_NORMAL] * len(tokens)
+        if len(types) != len(tokens):
+            raise ModelFormatError(
+                "COLIBRI_E_FORMAT",
+                f"{source}: {len(types)} token types for {len(tokens)} tokens",
+            )
+        vocab: dict[str, int] = {}
+        for i, tok in enumerate(tokens):
+            # A duplicated token text keeps its first id, as llama.cpp's text->id map does.
+            vocab.setdefault(tok, i)
+        merges: list[tuple[str, str]] = []
+        for m in merges_raw:
+            left, sep, right = m.partition(" ")
+            if not sep:
+                raise ModelFormatError("COLIBRI_E_FORMAT", f"{source}: malformed merge {m!r}")
+            merges.append((left, right))
+        pre = str(meta.get("tokenizer.ggml.pre", "default"))
+        unk_id = _as_int(meta.get("tokenizer.ggml.unknown_token_id"))
+        unk = tokens[unk_id] if unk_id is not None and 0 <= unk_id < len(tokens) else None
+        bpe = BPE(
+            vocab=vocab,
+            merges=merges,
+            unk_token=unk if unk_id is not None and types[unk_id] == TOKEN_UNKNOWN else None,
+            fuse_unk=False,
+            byte_fallback=False,
+            # llama.cpp looks a whole pre-token up in the vocabulary first only for llama-3 vocabularies.
+            ignore_merges=pre in ("llama-bpe", "llama3"),
+        )
+        hf = HFTokenizer(bpe)
+        hf.pre_tokenizer = _pre_tokenizer(pre)
+        hf.decoder = decoders.ByteLevel()
+        added: list[AddedToken] = []
+        for i, (tok, ty) in enumerate(zip(tokens, types, strict=True)):
+            if ty in (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN) and vocab.get(tok) == i:
+                added.append(
+                    AddedToken(tok, special=ty != TOKEN_USER_DEFINED, normalized=False, single_word=False)
+                )
+        if added:
+            hf.add_tokens(added)
+        bos = _as_int(meta.get("tokenizer.ggml.bos_token_id"))
+        eos = _as_int(meta.get("tokenizer.ggml.eos_token_id"))
+        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False)) and bos is not None
+        add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and eos is not None
+        if add_bos or add_eos:
+            single = (["$A"] if not add_bos else [tokens[bos], "$A"]) + ([tokens[eos]] if add_eos else [])
+            pair = single + ["$B:1"]
+            specials = []
+            if add_bos:
+                specials.append((tokens[bos], bos))
+            if add_eos and (not add_bos or eos != bos):
+                specials.append((tokens[eos], eos))
+            hf.post_processor = processors.TemplateProcessing(
+                single=single, pair=pair, special_tokens=specials
+            )
+        eot = [
+            _as_int(meta.get(k))
+            for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+            if meta.get(k) is not None
+        ]
+        return cls(
+            hf,
+            bos_token_id=bos,
+            eos_token_id=eos,
+            end_of_turn_ids=[e for e in eot if e is not None and 0 <= e < len(tokens)],
+            add_bos=add_bos,
+            source=source,
+        )
+
+    @classmethod
+    def from_gguf(cls, path: str | os.PathLike[str], meta: dict[str, Any] | None = None) -> Tokenizer:
+        """tokenizer.json next to the GGUF if present, else built from the GGUF's metadata."""
+        path = Path(path)
+        if meta is None:
+            from colibri_backend.adapters.gguf_metadata import read_metadata
+
+            meta = read_metadata(path)
+        side = path.with_name("tokenizer.json")
+        if side.is_file():
+            tok = cls.from_tokenizer_json(side)
+            # The GGUF's own ids for BOS/EOS are authoritative for the engine.
+            bos = _as_int(meta.get("tokenizer.ggml.bos_token_id"), tok.bos_token_id)
+            eos = _as_int(meta.get("tokenizer.ggml.eos_token_id"), tok.eos_token_id)
+            return cls(tok._hf, bos_token_id=bos, eos_token_id=eos, add_bos=tok.add_bos, source=str(side))
+        return cls.from_gguf_metadata(meta, source=str(path))
+
+    # ---- use -----------------------------------------------------------------------------
+
+    @property
+    def hf(self) -> HFTokenizer:
+        """The underlying tokenizers.Tokenizer."""
+        return self._hf
+
+    @property
+    def vocab_size(self) -> int:
+        return self._hf.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def bos_token(self) -> str | None:
+        return self.id_to_token(self.bos_token_id) if self.bos_token_id is not None else None
+
+    @property
+    def eos_token(self) -> str | None:
+        return self.id_to_token(self.eos_token_id) if self.eos_token_id is not None else None
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`. Special-token texts in it (e.g. <|im_start|>) become their ids;
+        add_special_tokens adds what the tokenizer adds around a sequence (BOS for many models)."""
+        return list(self._hf.encode(text, add_special_tokens=add_special_tokens).ids)
+
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
+        encs = self._hf.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+        return [list(e.ids) for e in encs]
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        return self._hf.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._hf.id_to_token(int(token_id))
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._hf.token_to_id(token)
+
+    def token_text(self, token_id: int) -> str:
+        """The text one token stands for on its own (its bytes decoded with replacement)."""
+        return self._hf.decode([int(token_id)], skip_special_tokens=False)
+
+    def incremental_decoder(self, skip_special_tokens: bool = True) -> IncrementalDecoder:
+        return IncrementalDecoder(self, skip_special_tokens=skip_special_tokens)
+
+
+class IncrementalDecoder:
+    """Turns a stream of token ids into text deltas that are always whole characters.
+
+    It decodes a short window of recent ids twice (with and without the newest ones) and emits
+    the difference only when it does not end in U+FFFD, the mark of an incomplete UTF-8 sequence
+    (a byte-level token can carry half a character). Decoding with the previous ids as context
+    also keeps the spacing right for tokenizers whose decoder strips a leading space.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
+        self._tok = tokenizer
+        self._skip = skip_special_tokens
+        self._ids: list[int] = []
+        self._prefix = 0  # start of the context window
+        self._read = 0  # ids before this index have been emitted
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=self._skip)
+
+    def add(self, token_id: int) -> str:
+        """Feed one id; return the text that is now complete (possibly "")."""
+        self._ids.append(int(token_id))
+        prefix_text = self._decode(self._ids[self._prefix : self._read])
+        new_text = self._decode(self._ids[self._prefix :])
+        # A run of ids that never completes a character is invalid UTF-8: stop waiting after a few.
+        stuck = len(self._ids) - self._read >= 8
+        if len(new_text) > len(prefix_text) and (stuck or not new_text.endswith("\ufffd")):
+            delta = new_text[len(prefix_text) :]
+            self._prefix = self._read
+            self._read = len(self._ids)
+            return delta
+        return ""
+
+    def flush(self) -> str:
+        """Whatever is still held back (an incomplete sequence shows as U+FFFD)."""
+        prefix_text = self._decode(self._ids[self._prefix : self._read])
+        new_text = self._decode(self._ids[self._prefix :])
+        self._prefix = self._read = len(self._ids)
+        return new_text[len(prefix_text) :]

@@ -1,0 +1,659 @@
+/* gguf.c — GGUF v2/v3 reader over a read-only mmap of the whole file.
+ *
+ * File layout (little-endian):
+ *   u32 magic "GGUF" | u32 version | u64 n_tensors | u64 n_kv
+ *   n_kv x { string key | u32 value_type | value }
+ *   n_tensors x { string name | u32 n_dims | u64 ne[n_dims] | u32 ggml_type | u64 offset }
+ *   padding to general.alignment | tensor data (offsets are relative to its start)
+ * where string = u64 length + bytes, array value = u32 elem_type + u64 count + elements.
+ *
+ * Everything read from the file is untrusted. Every read goes through the cursor below,
+ * which checks the bytes are there before touching them; counts are bounded by the bytes
+ * left before anything is allocated for them; sizes are multiplied with overflow checks.
+ * A file either passes every check in gguf_open() or is refused with COLIBRI_E_FORMAT
+ * (COLIBRI_E_IO if it cannot be read) and a message naming the field and the numbers. */
+#include "gguf.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "alloc.h"
+#include "error.h"
+#include "types.h"
+
+#define GGUF_MAGIC 0x46554747u   /* "GGUF" read as a little-endian u32 */
+#define GGUF_DEFAULT_ALIGNMENT 32u
+#define GGUF_MAX_DIMS 4u
+#define GGUF_MAX_KEY_LEN 65535u   /* the spec's limit on key length */
+/* Smallest possible encodings, used to bound counts before allocating for them. */
+#define GGUF_MIN_KV_BYTES 14u      /* u64 len + 1 key byte + u32 type + 1 value byte */
+#define GGUF_MIN_TENSOR_BYTES 33u  /* u64 len + 1 name byte + u32 n_dims + u64 ne + u32 type + u64 offset */
+
+typedef unsigned long long ull;
+
+/* Bounds-checked reader over the map. `pos` never exceeds `size`. */
+typedef struct cursor {
+    const uint8_t *p;
+    uint64_t size;
+    uint64_t pos;
+} cursor;
+
+static inline uint64_t left(const cursor *c) { return c->size - c->pos; }
+
+static uint32_t ld_u32(const uint8_t *b) {
+    return (uint32_t)b[0] | ((uint32_t)b[1] << 8) | ((uint32_t)b[2] << 16) | ((uint32_t)b[3] << 24);
+}
+
+static uint64_t ld_u64(const uint8_t *b) { return (uint64_t)ld_u32(b) | ((uint64_t)ld_u32(b + 4) << 32); }
+
+/* Each reader returns 0 on success, -1 if the bytes are not there (caller reports). */
+static int rd_bytes(cursor *c, uint64_t n, const uint8_t **out) {
+    if (n > left(c)) return -1;
+    *out = c->p + c->pos;
+    c->pos += n;
+    return 0;
+}
+
+static int rd_u32(cursor *c, uint32_t *v) {
+    const uint8_t *b;
+    if (rd_bytes(c, 4, &b)) return -1;
+    *v = ld_u32(b);
+    return 0;
+}
+
+static int rd_u64(cursor *c, uint64_t *v) {
+    const uint8_t *b;
+    if (rd_bytes(c, 8, &b)) return -1;
+    *v = ld_u64(b);
+    return 0;
+}
+
+/* Size in bytes of a fixed-size value type, 0 for STRING/ARRAY, -1 for an unknown type. */
+static int value_type_size(uint32_t t) {
+    switch (t) {
+    case GGUF_VT_UINT8: case GGUF_VT_INT8: case GGUF_VT_BOOL: return 1;
+    case GGUF_VT_UINT16: case GGUF_VT_INT16: return 2;
+    case GGUF_VT_UINT32: case GGUF_VT_INT32: case GGUF_VT_FLOAT32: return 4;
+    case GGUF_VT_UINT64: case GGUF_VT_INT64: case GGUF_VT_FLOAT64: return 8;
+    case GGUF_VT_STRING: case GGUF_VT_ARRAY: return 0;
+    default: return -1;
+    }
+}
+
+static const char *value_type_name(uint32_t t) {
+    static const char *names[] = {"uint8", "int8", "uint16", "int16", "uint32", "int32", "float32",
+                                  "bool", "string", "array", "uint64", "int64", "float64"};
+    return t < sizeof names / sizeof names[0] ? names[t] : "unknown";
+}
+
+/* Printable prefix length of a key for messages (keys are not NUL-terminated). */
+static int klen(gguf_str s) { return s.len > 96 ? 96 : (int)s.len; }
+
+/* Reads one scalar of fixed-size type t (already validated) into kv->v. */
+static void decode_scalar(uint32_t t, const uint8_t *b, gguf_kv *kv) {
+    switch (t) {
+    case GGUF_VT_UINT8: kv->v.u64 = b[0]; break;
+    case GGUF_VT_INT8: kv->v.i64 = (int8_t)b[0]; break;
+    case GGUF_VT_BOOL: kv->v.u64 = b[0]; break;
+    case GGUF_VT_UINT16: kv->v.u64 = (uint16_t)(b[0] | (b[1] << 8)); break;
+    case GGUF_VT_INT16: kv->v.i64 = (int16_t)(uint16_t)(b[0] | (b[1] << 8)); break;
+    case GGUF_VT_UINT32: kv->v.u64 = ld_u32(b); break;
+    case GGUF_VT_INT32: kv->v.i64 = (int32_t)ld_u32(b); break;
+    case GGUF_VT_UINT64: kv->v.u64 = ld_u64(b); break;
+    case GGUF_VT_INT64: kv->v.i64 = (int64_t)ld_u64(b); break;
+    case GGUF_VT_FLOAT32: {
+        uint32_t u = ld_u32(b);
+        float f;
+        memcpy(&f, &u, sizeof f);
+        kv->v.f64 = f;
+        break;
+    }
+    case GGUF_VT_FLOAT64: {
+        uint64_t u = ld_u64(b);
+        double d;
+        memcpy(&d, &u, sizeof d);
+        kv->v.f64 = d;
+        break;
+    }
+    default: break;
+    }
+}
+
+/* Parses the value of key kv->key at the cursor. */
+static colibri_status parse_value(cursor *c, gguf_kv *kv, uint64_t index) {
+    const int kl = klen(kv->key);
+    const char *kp = kv->key.ptr;
+    uint32_t t;
+    if (rd_u32(c, &t))
+        return cb_error(COLIBRI_E_FORMAT, "metadata key '%.*s' (#%llu): value type past end of file at offset %llu",
+                        kl, kp, (ull)index, (ull)c->pos);
+    if (value_type_size(t) < 0)
+        return cb_error(COLIBRI_E_FORMAT, "metadata key '%.*s': unknown value type %u (valid: 0..12)", kl, kp, t);
+    kv->type = (gguf_value_type)t;
+
+    if (t == GGUF_VT_STRING) {
+        uint64_t n;
+        const uint8_t *b;
+        if (rd_u64(c, &n))
+            return cb_error(COLIBRI_E_FORMAT, "metadata key '%.*s': string length past end of file", kl, kp);
+        if (rd_bytes(c, n, &b))
+            return cb_error(COLIBRI_E_FORMAT,
+                            "metadata key '%.*s': string length %llu exceeds the %llu bytes left in the file", kl, kp,
+                            (ull)n, (ull)left(c));
+        kv->v.str.ptr = (const char *)b;
+        kv->v.str.len = n;
+        return COLIBRI_OK;
+    }
+
+    if (t != GGUF_VT_ARRAY) {
+        const uint8_t *b;
+        if (rd_bytes(c, (uint64_t)value_type_size(t), &b))
+            return cb_error(COLIBRI_E_FORMAT, "metadata key '%.*s': %s value past end of file", kl, kp,
+                            value_type_name(t));
+        if (t == GGUF_VT_BOOL && b[0] > 1)
+            return cb_error(COLIBRI_E_FORMAT, "metadata key '%.*s': bool value %u is not 0 or 1", kl, kp, b[0]);
+        decode_scalar(t, b, kv);
+        return COLIBRI_OK;
+    }
+
+    uint32_t at;
+    uint64_t n;
+    if (rd_u32(c, &at) || rd_u64(c, &n))
+        return cb_error(COLIBRI_E_FORMAT, "metadata key '%.*s': array header past end of file", kl, kp);
+    if (at == GGUF_VT_ARRAY)
+        return cb_error(COLIBRI_E_FORMAT, "metadata key '%.*s': nested arrays are not supported", kl, kp);
+    int es = value_type_size(at);
+    if (es < 0)
+        return cb_error(COLIBRI_E_FORMAT, "metadata key '%.*s': unknown array element type %u (valid: 0..12)", kl,
+                        kp, at);
+    kv->arr_type = (gguf_value_type)at;
+    kv->arr_len = n;
+    kv->arr_data = c->p + c->pos;
+    if (at == GGUF_VT_STRING) {
+        /* every string takes at least its 8-byte length: bound the count before looping */
+        if (n > left(c) / 8)
+            return cb_error(COLIBRI_E_FORMAT,
+                            "metadata key '%.*s': array of %llu strings cannot fit in the %llu bytes left", kl, kp,
+                            (ull)n, (ull)left(c));
+        for (uint64_t i = 0; i < n; i++) {
+            uint64_t sl;
+            const uint8_t *b;
+            if (rd_u64(c, &sl))
+                return cb_error(COLIBRI_E_FORMAT, "metadata key '%.*s': string %llu of %llu: length past end of file",
+                                kl, kp, (ull)i, (ull)n);
+            if (rd_bytes(c, sl, &b))
+                return cb_error(COLIBRI_E_FORMAT,
+                                "metadata key '%.*s': string %llu of %llu: length %llu exceeds the %llu bytes left", kl,
+                                kp, (ull)i, (ull)n, (ull)sl, (ull)left(c));
+        }
+        return COLIBRI_OK;
+    }
+    if (n > left(c) / (uint64_t)es) {
+        return cb_error(COLIBRI_E_FORMAT,
+                        "metadata key '%.*s': array of %llu %s values (%d bytes each) exceeds the %llu bytes left", kl,
+                        kp, (ull)n, value_type_name(at), es, (ull)left(c));
+    }
+    const uint8_t *b = NULL;
+    rd_bytes(c, n * (uint64_t)es, &b);   /* cannot fail: checked just above */
+    if (at == GGUF_VT_BOOL) {
+        for (uint64_t i = 0; i < n; i++)
+            if (b[i] > 1)
+                return cb_error(COLIBRI_E_FORMAT, "metadata key '%.*s': bool element %llu is %u, not 0 or 1", kl, kp,
+                                (ull)i, b[i]);
+    }
+    return COLIBRI_OK;
+}
+
+static int str_eq(gguf_str s, const char *z, size_t zlen) { return s.len == zlen && memcmp(s.ptr, z, zlen) == 0; }
+
+/* qsort comparators over pointer arrays (qsort has no context argument). */
+static int cmp_kv_key(const void *a, const void *b) {
+    const gguf_kv *x = *(const gguf_kv *const *)a, *y = *(const gguf_kv *const *)b;
+    uint64_t n = x->key.len < y->key.len ? x->key.len : y->key.len;
+    int r = memcmp(x->key.ptr, y->key.ptr, (size_t)n);
+    if (r) return r;
+    return (x->key.len > y->key.len) - (x->key.len < y->key.len);
+}
+
+static int cmp_tensor_name(const void *a, const void *b) {
+    const gguf_tensor *x = *(const gguf_tensor *const *)a, *y = *(const gguf_tensor *const *)b;
+    return strcmp(x->name, y->name);
+}
+
+static int cmp_tensor_offset(const void *a, const void *b) {
+    const gguf_tensor *x = *(const gguf_tensor *const *)a, *y = *(const gguf_tensor *const *)b;
+    return (x->offset > y->offset) - (x->offset < y->offset);
+}
+
+static colibri_status parse_kvs(cursor *c, gguf_file *f) {
+    /* bound n_kv by the bytes left before allocating n_kv entries */
+    if (f->n_kv > left(c) / GGUF_MIN_KV_BYTES)
+        return cb_error(COLIBRI_E_FORMAT, "header: %llu metadata entries cannot fit in the %llu bytes left",
+                        (ull)f->n_kv, (ull)left(c));
+    f->kv = cb_calloc((size_t)f->n_kv, sizeof(gguf_kv));
+    if (!f->kv) return cb_error(COLIBRI_E_NOMEM, "out of memory for %llu metadata entries", (ull)f->n_kv);
+
+    for (uint64_t i = 0; i < f->n_kv; i++) {
+        gguf_kv *kv = &f->kv[i];
+        uint64_t n;
+        const uint8_t *b;
+        if (rd_u64(c, &n))
+            return cb_error(COLIBRI_E_FORMAT, "metadata entry %llu of %llu: key length past end of file at offset %llu",
+                            (ull)i, (ull)f->n_kv, (ull)c->pos);
+        if (n == 0 || n > GGUF_MAX_KEY_LEN)
+            return cb_error(COLIBRI_E_FORMAT, "metadata entry %llu of %llu: key length %llu (valid: 1..%u)", (ull)i,
+                            (ull)f->n_kv, (ull)n, GGUF_MAX_KEY_LEN);
+        if (rd_bytes(c, n, &b))
+            return cb_error(COLIBRI_E_FORMAT,
+                            "metadata entry %llu of %llu: key length %llu exceeds the %llu bytes left in the file",
+                            (ull)i, (ull)f->n_kv, (ull)n, (ull)left(c));
+        kv->key.ptr = (const char *)b;
+        kv->key.len = n;
+        colibri_status st = parse_value(c, kv, i);
+        if (st != COLIBRI_OK) return st;
+    }
+
+    /* duplicate keys make lookups ambiguous */
+    if (f->n_kv > 1) {
+        const gguf_kv **idx = cb_malloc((size_t)f->n_kv * sizeof *idx);
+        if (!idx) return cb_error(COLIBRI_E_NOMEM, "out of memory checking metadata keys");
+        for (uint64_t i = 0; i < f->n_kv; i++) idx[i] = &f->kv[i];
+        qsort(idx, (size_t)f->n_kv, sizeof *idx, cmp_kv_key);
+        for (uint64_t i = 1; i < f->n_kv; i++) {
+            if (cmp_kv_key(&idx[i - 1], &idx[i]) == 0) {
+                colibri_status st = cb_error(COLIBRI_E_FORMAT, "metadata key '%.*s' appears more than once",
+                                             klen(idx[i]->key), idx[i]->key.ptr);
+                cb_free(idx);
+                return st;
+            }
+        }
+        cb_free(idx);
+    }
+    return COLIBRI_OK;
+}
+
+static colibri_status read_alignment(gguf_file *f) {
+    f->alignment = GGUF_DEFAULT_ALIGNMENT;
+    const gguf_kv *kv = gguf_find(f, "general.alignment");
+    if (!kv) return COLIBRI_OK;
+    uint64_t a;
+    switch (kv->type) {
+    case GGUF_VT_UINT8: case GGUF_VT_UINT16: case GGUF_VT_UINT32: case GGUF_VT_UINT64: a = kv->v.u64; break;
+    case GGUF_VT_INT8: case GGUF_VT_INT16: case GGUF_VT_INT32: case GGUF_VT_INT64:
+        if (kv->v.i64 <= 0)
+            return cb_error(COLIBRI_E_FORMAT, "general.alignment is %lld; it must be a positive power of two",
+                            (long long)kv->v.i64);
+        a = (uint64_t)kv->v.i64;
+        break;
+    default:
+        return cb_error(COLIBRI_E_FORMAT, "general.alignment has type %s; it must be an unsigned integer",
+                        value_type_name(kv->type));
+    }
+    /* a power of two no larger than 2^31 (a u32 per the spec; also keeps align-up from overflowing) */
+    if (a == 0 || (a & (a - 1)) != 0 || a > (1ull << 31))
+        return cb_error(COLIBRI_E_FORMAT, "general.alignment is %llu; it must be a power of two in 1..2^31", (ull)a);
+    f->alignment = a;
+    return COLIBRI_OK;
+}
+
+/* Parses the tensor table (shape and type checks that need no data offset). */
+static colibri_status parse_tensor_infos(cursor *c, gguf_file *f) {
+    if (f->n_tensors > left(c) / GGUF_MIN_TENSOR_BYTES)
+        return cb_error(COLIBRI_E_FORMAT, "header: %llu tensors cannot fit in the %llu bytes left",
+                        (ull)f->n_tensors, (ull)left(c));
+    f->tensors = cb_calloc((size_t)f->n_tensors, sizeof(gguf_tensor));
+    if (!f->tensors) return cb_error(COLIBRI_E_NOMEM, "out of memory for %llu tensors", (ull)f->n_tensors);
+
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        gguf_tensor *t = &f->tensors[i];
+        uint64_t n;
+        const uint8_t *b;
+        if (rd_u64(c, &n))
+            return cb_error(COLIBRI_E_FORMAT, "tensor %llu of %llu: name length past end of file at offset %llu",
+                            (ull)i, (ull)f->n_tensors, (ull)c->pos);
+        if (n == 0 || n >= sizeof t->name)
+            return cb_error(COLIBRI_E_FORMAT, "tensor %llu of %llu: name length %llu (valid: 1..%zu)", (ull)i,
+                            (ull)f->n_tensors, (ull)n, sizeof t->name - 1);
+        if (rd_bytes(c, n, &b))
+            return cb_error(COLIBRI_E_FORMAT, "tensor %llu of %llu: name length %llu exceeds the %llu bytes left",
+                            (ull)i, (ull)f->n_tensors, (ull)n, (ull)left(c));
+        if (memchr(b, '\0', (size_t)n))
+            return cb_error(COLIBRI_E_FORMAT, "tensor %llu of %llu: name contains a NUL byte", (ull)i,
+                            (ull)f->n_tensors);
+        memcpy(t->name, b, (size_t)n);
+        t->name[n] = '\0';
+
+        if (rd_u32(c, &t->n_dims))
+            return cb_error(COLIBRI_E_FORMAT, "tensor '%s': dimension count past end of file", t->name);
+        if (t->n_dims < 1 || t->n_dims > GGUF_MAX_DIMS)
+            return cb_error(COLIBRI_E_FORMAT, "tensor '%s': %u dimensions (valid: 1..%u)", t->name, t->n_dims,
+                            GGUF_MAX_DIMS);
+        for (uint32_t d = 0; d < GGUF_MAX_DIMS; d++) t->ne[d] = 1;
+        for (uint32_t d = 0; d < t->n_dims; d++) {
+            if (rd_u64(c, &t->ne[d]))
+                return cb_error(COLIBRI_E_FORMAT, "tensor '%s': dimension %u past end of file", t->name, d);
+            if (t->ne[d] == 0 || t->ne[d] > (uint64_t)INT64_MAX)
+                return cb_error(COLIBRI_E_FORMAT, "tensor '%s': dimension %u is %llu (valid: 1..2^63-1)", t->name, d,
+                                (ull)t->ne[d]);
+        }
+        if (rd_u32(c, &t->type))
+            return cb_error(COLIBRI_E_FORMAT, "tensor '%s': type past end of file", t->name);
+        const type_info_t *ti = type_info(t->type);
+        if (!ti) return cb_error(COLIBRI_E_FORMAT, "tensor '%s': unknown ggml type id %u", t->name, t->type);
+        if (rd_u64(c, &t->offset))
+            return cb_error(COLIBRI_E_FORMAT, "tensor '%s': data offset past end of file", t->name);
+
+        /* element count must fit int64 (ggml's limit) */
+        uint64_t count = 1;
+        for (uint32_t d = 0; d < GGUF_MAX_DIMS; d++) {
+            if (t->ne[d] > (uint64_t)INT64_MAX / count)
+                return cb_error(COLIBRI_E_FORMAT,
+                                "tensor '%s': shape [%llu, %llu, %llu, %llu] has more than 2^63-1 elements", t->name,
+                                (ull)t->ne[0], (ull)t->ne[1], (ull)t->ne[2], (ull)t->ne[3]);
+            count *= t->ne[d];
+        }
+        if (t->ne[0] % ti->block_size != 0)
+            return cb_error(COLIBRI_E_FORMAT, "tensor '%s': row length %llu is not a multiple of the %s block size %u",
+                            t->name, (ull)t->ne[0], ti->name, ti->block_size);
+        /* bytes = (ne0 / block) * block_bytes * ne1 * ne2 * ne3, each step overflow-checked */
+        uint64_t bytes = t->ne[0] / ti->block_size;
+        if (bytes > UINT64_MAX / ti->block_bytes) goto too_big;
+        bytes *= ti->block_bytes;
+        for (uint32_t d = 1; d < GGUF_MAX_DIMS; d++) {
+            if (bytes > UINT64_MAX / t->ne[d]) goto too_big;
+            bytes *= t->ne[d];
+        }
+        t->nbytes = bytes;
+        continue;
+    too_big:
+        return cb_error(COLIBRI_E_FORMAT, "tensor '%s': size of shape [%llu, %llu, %llu, %llu] of %s overflows",
+                        t->name, (ull)t->ne[0], (ull)t->ne[1], (ull)t->ne[2], (ull)t->ne[3], ti->name);
+    }
+    return COLIBRI_OK;
+}
+
+/* Checks data placement (alignment, inside the file), unique names and no overlap. */
+static colibri_status check_tensor_data(gguf_file *f) {
+    const uint64_t avail = f->size - f->data_offset;   /* data_offset <= size checked by caller */
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        gguf_tensor *t = &f->tensors[i];
+        uint64_t rel = t->offset;
+        if (rel % f->alignment != 0)
+            return cb_error(COLIBRI_E_FORMAT, "tensor '%s': data offset %llu is not a multiple of the alignment %llu",
+                            t->name, (ull)rel, (ull)f->alignment);
+        if (rel > avail || t->nbytes > avail - rel)
+            return cb_error(COLIBRI_E_FORMAT,
+                            "tensor '%s': data [%llu, +%llu bytes) runs past the end of the data section (%llu bytes)",
+                            t->name, (ull)rel, (ull)t->nbytes, (ull)avail);
+        t->offset = f->data_offset + rel;
+        t->data = f->map + t->offset;
+    }
+    if (f->n_tensors < 2) return COLIBRI_OK;
+
+    const gguf_tensor **idx = cb_malloc((size_t)f->n_tensors * sizeof *idx);
+    if (!idx) return cb_error(COLIBRI_E_NOMEM, "out of memory checking the tensor table");
+    colibri_status st = COLIBRI_OK;
+    for (uint64_t i = 0; i < f->n_tensors; i++) idx[i] = &f->tensors[i];
+    qsort(idx, (size_t)f->n_tensors, sizeof *idx, cmp_tensor_name);
+    for (uint64_t i = 1; i < f->n_tensors && st == COLIBRI_OK; i++)
+        if (strcmp(idx[i - 1]->name, idx[i]->name) == 0)
+            st = cb_error(COLIBRI_E_FORMAT, "tensor name '%s' appears more than once", idx[i]->name);
+    if (st == COLIBRI_OK) {
+        qsort(idx, (size_t)f->n_tensors, sizeof *idx, cmp_tensor_offset);
+        for (uint64_t i = 1; i < f->n_tensors && st == COLIBRI_OK; i++) {
+            const gguf_tensor *a = idx[i - 1], *b = idx[i];
+            if (a->offset + a->nbytes > b->offset)   /* no overflow: both ranges lie inside the file */
+                st = cb_error(COLIBRI_E_FORMAT, "tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap", a->name,
+                              (ull)a->offset, (ull)(a->offset + a->nbytes), b->name, (ull)b->offset,
+                              (ull)(b->offset + b->nbytes));
+        }
+    }
+    cb_free(idx);
+    return st;
+}
+
+static colibri_status parse(gguf_file *f) {
+    cursor c = {f->map, f->size, 0};
+    uint32_t magic, version;
+    if (rd_u32(&c, &magic) || rd_u32(&c, &version))
+        return cb_error(COLIBRI_E_FORMAT, "file is %llu bytes, too small for a GGUF header", (ull)f->size);
+    if (magic != GGUF_MAGIC)
+        return cb_error(COLIBRI_E_FORMAT, "not a GGUF file (magic bytes %02x %02x %02x %02x, expected 'GGUF')",
+                        f->map[0], f->map[1], f->map[2], f->map[3]);
+    if (version == 1)
+        return cb_error(COLIBRI_E_FORMAT, "GGUF version 1 is not supported (only versions 2 and 3)");
+    if (version != 2 && version != 3) {
+        if ((version & 0xffffu) == 0 && (version >> 16) != 0)
+            return cb_error(COLIBRI_E_FORMAT, "GGUF version field 0x%08x: a big-endian file? only little-endian is "
+                            "supported", version);
+        return cb_error(COLIBRI_E_FORMAT, "GGUF version %u is not supported (only versions 2 and 3)", version);
+    }
+    f->version = version;
+    if (rd_u64(&c, &f->n_tensors) || rd_u64(&c, &f->n_kv))
+        return cb_error(COLIBRI_E_FORMAT, "file is %llu bytes, too small for a GGUF header", (ull)f->size);
+
+    colibri_status st = parse_kvs(&c, f);
+    if (st != COLIBRI_OK) return st;
+    st = read_alignment(f);
+    if (st != COLIBRI_OK) return st;
+    st = parse_tensor_infos(&c, f);
+    if (st != COLIBRI_OK) return st;
+
+    /* pos <= size <= 2^64 - 2^32 in practice; alignment <= 2^31, so this cannot wrap */
+    uint64_t pad = (f->alignment - c.pos % f->alignment) % f->alignment;
+    if (c.pos > UINT64_MAX - pad) return cb_error(COLIBRI_E_FORMAT, "data section offset overflows");
+    f->data_offset = c.pos + pad;
+    if (f->data_offset > f->size) {
+        if (f->n_tensors > 0)
+            return cb_error(COLIBRI_E_FORMAT,
+                            "data section starts at %llu (after alignment to %llu), past the end of the %llu-byte file",
+                            (ull)f->data_offset, (ull)f->alignment, (ull)f->size);
+        f->data_offset = f->size;   /* no tensors: a file may end right after its metadata */
+    }
+    return check_tensor_data(f);
+}
+
+colibri_status gguf_open(const char *path, gguf_file *out) {
+    if (!out) return cb_error(COLIBRI_E_INVALID_ARG, "gguf_open: NULL output");
+    memset(out, 0, sizeof *out);
+    if (!path) return cb_error(COLIBRI_E_INVALID_ARG, "gguf_open: NULL path");
+
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return cb_error(COLIBRI_E_IO, "cannot open '%s': %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int e = errno;
+        close(fd);
+        return cb_error(COLIBRI_E_IO, "cannot stat '%s': %s", path, strerror(e));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return cb_error(COLIBRI_E_IO, "'%s' is not a regular file", path);
+    }
+    if (sb.st_size < 24) {
+        close(fd);
+        return cb_error(COLIBRI_E_FORMAT, "'%s' is %lld bytes, too small for a GGUF header (24 bytes)", path,
+                        (long long)sb.st_size);
+    }
+    if ((uint64_t)sb.st_size > (uint64_t)SIZE_MAX) {
+        close(fd);
+        return cb_error(COLIBRI_E_IO, "'%s' is too large to map on this system", path);
+    }
+    void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int e = errno;
+    close(fd);   /* the mapping keeps the file alive */
+    if (m == MAP_FAILED) return cb_error(COLIBRI_E_IO, "cannot map '%s': %s", path, strerror(e));
+
+    gguf_file f;
+    memset(&f, 0, sizeof f);
+    f.map = m;
+    f.size = (uint64_t)sb.st_size;
+    colibri_status st = parse(&f);
+    if (st != COLIBRI_OK) {
+        gguf_close(&f);
+        return st;
+    }
+    *out = f;
+    return COLIBRI_OK;
+}
+
+void gguf_close(gguf_file *f) {
+    if (!f) return;
+    if (f->map) munmap((void *)f->map, (size_t)f->size);
+    cb_free(f->kv);
+    cb_free(f->tensors);
+    memset(f, 0, sizeof *f);
+}
+
+const gguf_kv *gguf_find(const gguf_file *f, const char *key) {
+    if (!f || !key) return NULL;
+    size_t n = strlen(key);
+    for (uint64_t i = 0; i < f->n_kv; i++)
+        if (str_eq(f->kv[i].key, key, n)) return &f->kv[i];
+    return NULL;
+}
+
+const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name) {
+    if (!f || !name) return NULL;
+    for (uint64_t i = 0; i < f->n_tensors; i++)
+        if (strcmp(f->tensors[i].name, name) == 0) return &f->tensors[i];
+    return NULL;
+}
+
+/* ---- typed getters ------------------------------------------------------------------ */
+
+static int is_unsigned(gguf_value_type t) {
+    return t == GGUF_VT_UINT8 || t == GGUF_VT_UINT16 || t == GGUF_VT_UINT32 || t == GGUF_VT_UINT64;
+}
+
+static int is_signed(gguf_value_type t) {
+    return t == GGUF_VT_INT8 || t == GGUF_VT_INT16 || t == GGUF_VT_INT32 || t == GGUF_VT_INT64;
+}
+
+/* The value of an integer key as a signed 128-bit-free pair: returns 0 if not an integer. */
+static int int_value(const gguf_kv *kv, int *neg, uint64_t *mag) {
+    if (is_unsigned(kv->type)) {
+        *neg = 0;
+        *mag = kv->v.u64;
+        return 1;
+    }
+    if (is_signed(kv->type)) {
+        *neg = kv->v.i64 < 0;
+        *mag = *neg ? (uint64_t)0 - (uint64_t)kv->v.i64 : (uint64_t)kv->v.i64;
+        return 1;
+    }
+    return 0;
+}
+
+int gguf_get_u32(const gguf_file *f, const char *key, uint32_t *out) {
+    const gguf_kv *kv = gguf_find(f, key);
+    if (!kv) return 0;
+    int neg;
+    uint64_t mag;
+    if (!int_value(kv, &neg, &mag)) {
+        cb_error(COLIBRI_E_FORMAT, "metadata key '%s' has type %s, expected an integer", key,
+                 value_type_name(kv->type));
+        return -1;
+    }
+    if (neg || mag > UINT32_MAX) {
+        cb_error(COLIBRI_E_FORMAT, "metadata key '%s' is %s%llu, outside 0..4294967295", key, neg ? "-" : "",
+                 (ull)mag);
+        return -1;
+    }
+    *out = (uint32_t)mag;
+    return 1;
+}
+
+int gguf_get_i32(const gguf_file *f, const char *key, int32_t *out) {
+    const gguf_kv *kv = gguf_find(f, key);
+    if (!kv) return 0;
+    int neg;
+    uint64_t mag;
+    if (!int_value(kv, &neg, &mag)) {
+        cb_error(COLIBRI_E_FORMAT, "metadata key '%s' has type %s, expected an integer", key,
+                 value_type_name(kv->type));
+        return -1;
+    }
+    if ((!neg && mag > (uint64_t)INT32_MAX) || (neg && mag > (uint64_t)INT32_MAX + 1)) {
+        cb_error(COLIBRI_E_FORMAT, "metadata key '%s' is %s%llu, outside the int32 range", key, neg ? "-" : "",
+                 (ull)mag);
+        return -1;
+    }
+    *out = neg ? (int32_t)(-(int64_t)mag) : (int32_t)mag;
+    return 1;
+}
+
+int gguf_get_f32(const gguf_file *f, const char *key, float *out) {
+    const gguf_kv *kv = gguf_find(f, key);
+    if (!kv) return 0;
+    if (kv->type == GGUF_VT_FLOAT32 || kv->type == GGUF_VT_FLOAT64) {
+        *out = (float)kv->v.f64;
+        return 1;
+    }
+    int neg;
+    uint64_t mag;
+    if (int_value(kv, &neg, &mag)) {   /* integers are accepted: some writers store e.g. rope bases as ints */
+        *out = neg ? -(float)mag : (float)mag;
+        return 1;
+    }
+    cb_error(COLIBRI_E_FORMAT, "metadata key '%s' has type %s, expected a number", key, value_type_name(kv->type));
+    return -1;
+}
+
+int gguf_get_bool(const gguf_file *f, const char *key, int *out) {
+    const gguf_kv *kv = gguf_find(f, key);
+    if (!kv) return 0;
+    if (kv->type != GGUF_VT_BOOL) {
+        cb_error(COLIBRI_E_FORMAT, "metadata key '%s' has type %s, expected bool", key, value_type_name(kv->type));
+        return -1;
+    }
+    *out = kv->v.u64 != 0;
+    return 1;
+}
+
+int gguf_get_str(const gguf_file *f, const char *key, char *buf, size_t cap) {
+    const gguf_kv *kv = gguf_find(f, key);
+    if (!kv) return 0;
+    if (kv->type != GGUF_VT_STRING) {
+        cb_error(COLIBRI_E_FORMAT, "metadata key '%s' has type %s, expected string", key, value_type_name(kv->type));
+        return -1;
+    }
+    if (buf && cap > 0) {
+        size_t n = kv->v.str.len < cap - 1 ? (size_t)kv->v.str.len : cap - 1;
+        memcpy(buf, kv->v.str.ptr, n);
+        buf[n] = '\0';
+    }
+    return 1;
+}
+
+int gguf_get_arr(const gguf_file *f, const char *key, gguf_value_type *type, uint64_t *len) {
+    const gguf_kv *kv = gguf_find(f, key);
+    if (!kv) return 0;
+    if (kv->type != GGUF_VT_ARRAY) {
+        cb_error(COLIBRI_E_FORMAT, "metadata key '%s' has type %s, expected an array", key, value_type_name(kv->type));
+        return -1;
+    }
+    if (type) *type = kv->arr_type;
+    if (len) *len = kv->arr_len;
+    return 1;
+}
+
+colibri_status gguf_expert_range(const gguf_tensor *t, uint32_t e, uint64_t *offset, uint64_t *nbytes) {
+    if (!t || !offset || !nbytes) return cb_error(COLIBRI_E_INVALID_ARG, "gguf_expert_range: NULL argument");
+    if (t->n_dims != 3)
+        return cb_error(COLIBRI_E_INVALID_ARG, "tensor '%s' has %u dimensions, a stacked expert tensor has 3",
+                        t->name, t->n_dims);
+    if (e >= t->ne[2])
+        return cb_error(COLIBRI_E_INVALID_ARG, "expert %u out of range: tensor '%s' holds %llu experts", e, t->name,
+                        (ull)t->ne[2]);
+    /* nbytes is an exact multiple of ne[2]: it is row_bytes * ne[1] * ne[2] */
+    uint64_t per = t->nbytes / t->ne[2];
+    *offset = t->offset + (uint64_t)e * per;
+    *nbytes = per;
+    return COLIBRI_OK;
+}

@@ -1,0 +1,230 @@
+/* types.c — the ggml tensor type table, half/bfloat conversions and the scalar
+ * reference dequantization of the formats Colibri computes with.
+ *
+ * The table knows every standard ggml type id (as numbered in GGUF files) so the
+ * reader can validate tensor sizes of types we cannot compute with and name them in
+ * error messages; `computable` marks the six formats the kernels implement.
+ *
+ * Floating-point note: Q4_1 is x = d * q + m. It is written as two statements so no
+ * compiler fuses it into an FMA (clang fuses only within one expression; GCC does
+ * not contract at all in ISO C mode, which the build uses), so the result is the
+ * same float as the gguf package's numpy dequantization, bit for bit. */
+#include "types.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "colibri.h"
+#include "error.h"
+
+/* Indexed by ggml type id. Ids 4, 5 (removed Q4_2/Q4_3), 31..33 and 36..38 (removed
+ * repacked formats) have no entry: a file using them is refused as an unknown type. */
+static const type_info_t TYPE_TABLE[] = {
+    [0] = {"F32", 1, 4, 1},
+    [1] = {"F16", 1, 2, 1},
+    [2] = {"Q4_0", 32, 18, 1},
+    [3] = {"Q4_1", 32, 20, 1},
+    [6] = {"Q5_0", 32, 22, 0},
+    [7] = {"Q5_1", 32, 24, 0},
+    [8] = {"Q8_0", 32, 34, 1},
+    [9] = {"Q8_1", 32, 40, 0},
+    [10] = {"Q2_K", 256, 84, 0},
+    [11] = {"Q3_K", 256, 110, 0},
+    [12] = {"Q4_K", 256, 144, 0},
+    [13] = {"Q5_K", 256, 176, 0},
+    [14] = {"Q6_K", 256, 210, 0},
+    [15] = {"Q8_K", 256, 292, 0},
+    [16] = {"IQ2_XXS", 256, 66, 0},
+    [17] = {"IQ2_XS", 256, 74, 0},
+    [18] = {"IQ3_XXS", 256, 98, 0},
+    [19] = {"IQ1_S", 256, 50, 0},
+    [20] = {"IQ4_NL", 32, 18, 0},
+    [21] = {"IQ3_S", 256, 110, 0},
+    [22] = {"IQ2_S", 256, 82, 0},
+    [23] = {"IQ4_XS", 256, 136, 0},
+    [24] = {"I8", 1, 1, 0},
+    [25] = {"I16", 1, 2, 0},
+    [26] = {"I32", 1, 4, 0},
+    [27] = {"I64", 1, 8, 0},
+    [28] = {"F64", 1, 8, 0},
+    [29] = {"IQ1_M", 256, 56, 0},
+    [30] = {"BF16", 1, 2, 1},
+    [34] = {"TQ1_0", 256, 54, 0},
+    [35] = {"TQ2_0", 256, 66, 0},
+    [39] = {"MXFP4", 32, 17, 0},
+    [40] = {"NVFP4", 64, 36, 0},
+    [41] = {"Q1_0", 128, 18, 0},
+};
+
+#define N_TYPES (sizeof TYPE_TABLE / sizeof TYPE_TABLE[0])
+
+const type_info_t *type_info(uint32_t type) {
+    if (type >= N_TYPES || TYPE_TABLE[type].name == NULL) return NULL;
+    return &TYPE_TABLE[type];
+}
+
+size_t type_row_bytes(uint32_t type, uint64_t n) {
+    const type_info_t *ti = type_info(type);
+    if (!ti || n % ti->block_size != 0) return 0;
+    uint64_t blocks = n / ti->block_size;
+    if (blocks > SIZE_MAX / ti->block_bytes) return 0;
+    return (size_t)(blocks * ti->block_bytes);
+}
+
+/* ---- half precision ---------------------------------------------------------------- */
+
+static inline float f32_from_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+/* Exact: every half (normal, subnormal, zero, inf) is representable as a float.
+ * NaN payloads are kept as they are (shifted into the float mantissa), as numpy does. */
+float fp16_to_fp32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (mant << 13);   /* inf or NaN */
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112u) << 23) | (mant << 13);   /* rebias 15 -> 127 */
+    } else if (mant == 0) {
+        bits = sign;                                   /* signed zero */
+    } else {
+        /* subnormal half: mant * 2^-24; normalise it into a float */
+        uint32_t e = 113;   /* exponent of 2^-14 in float bias, minus the shifts below */
+        while ((mant & 0x400u) == 0) {
+            mant <<= 1;
+            e--;
+        }
+        bits = sign | (e << 23) | ((mant & 0x3ffu) << 13);
+    }
+    return f32_from_bits(bits);
+}
+
+/* Round to nearest, ties to even, with half subnormals, overflow to inf, and NaN kept
+ * NaN (quieted, top payload bits kept — what F16C's vcvtps2ph does). */
+uint16_t fp32_to_fp16(float f) {
+    uint32_t x = f32_bits(f);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) {
+        if (ax == 0x7f800000u) return sign | 0x7c00u;
+        return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
+    }
+    if (ax >= 0x477ff000u) {
+        /* >= 65520 (the midpoint between 65504 and 65536) rounds to inf */
+        return sign | 0x7c00u;
+    }
+    if (ax < 0x38800000u) {
+        /* below the smallest normal half (2^-14): result is subnormal or zero.
+         * value = m * 2^(e-150) with m the 24-bit significand; the half subnormal
+         * unit is 2^-24, so shift right by (126 - e) ... computed as below. */
+        if (ax < 0x33000000u) return sign;   /* < 2^-25: rounds to zero (2^-25 ties to even 0) */
+        uint32_t e = ax >> 23;
+        uint32_t m = (ax & 0x7fffffu) | 0x800000u;
+        uint32_t shift = 126u - e;           /* 14..24 for e in 102..112 */
+        uint32_t q = m >> shift;
+        uint32_t rem = m & ((1u << shift) - 1u);
+        uint32_t half = 1u << (shift - 1u);
+        if (rem > half || (rem == half && (q & 1u))) q++;
+        return (uint16_t)(sign | q);       /* q may carry into the smallest normal: correct */
+    }
+    /* normal range: rebias and round the 13 dropped mantissa bits */
+    uint32_t r = ax - ((127u - 15u) << 23);
+    uint32_t q = r >> 13;
+    uint32_t rem = r & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (q & 1u))) q++;   /* carry into exponent is correct */
+    return (uint16_t)(sign | q);
+}
+
+float bf16_to_fp32(uint16_t h) { return f32_from_bits((uint32_t)h << 16); }
+
+/* ---- dequantization ---------------------------------------------------------------- */
+
+static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+static void dequant_q8_0(const uint8_t *src, float *dst, uint64_t nb) {
+    for (uint64_t b = 0; b < nb; b++, src += sizeof(block_q8_0), dst += QK8_0) {
+        const float d = fp16_to_fp32(rd16(src));
+        const int8_t *qs = (const int8_t *)(src + 2);
+        for (int i = 0; i < QK8_0; i++) dst[i] = (float)qs[i] * d;
+    }
+}
+
+static void dequant_q4_0(const uint8_t *src, float *dst, uint64_t nb) {
+    for (uint64_t b = 0; b < nb; b++, src += sizeof(block_q4_0), dst += QK4_0) {
+        const float d = fp16_to_fp32(rd16(src));
+        const uint8_t *qs = src + 2;
+        for (int i = 0; i < QK4_0 / 2; i++) {
+            dst[i] = (float)((int)(qs[i] & 0x0f) - 8) * d;
+            dst[i + QK4_0 / 2] = (float)((int)(qs[i] >> 4) - 8) * d;
+        }
+    }
+}
+
+static void dequant_q4_1(const uint8_t *src, float *dst, uint64_t nb) {
+    for (uint64_t b = 0; b < nb; b++, src += sizeof(block_q4_1), dst += QK4_1) {
+        const float d = fp16_to_fp32(rd16(src));
+        const float m = fp16_to_fp32(rd16(src + 2));
+        const uint8_t *qs = src + 4;
+        for (int i = 0; i < QK4_1 / 2; i++) {
+            float lo = (float)(qs[i] & 0x0f) * d;   /* separate statements: no FMA, see top */
+            float hi = (float)(qs[i] >> 4) * d;
+            dst[i] = lo + m;
+            dst[i + QK4_1 / 2] = hi + m;
+        }
+    }
+}
+
+void dequantize_row(uint32_t type, const void *src, float *dst, uint64_t n) {
+    const uint8_t *s = (const uint8_t *)src;
+    switch (type) {
+    case GGML_TYPE_F32:
+        memcpy(dst, s, n * sizeof(float));
+        break;
+    case GGML_TYPE_F16:
+        for (uint64_t i = 0; i < n; i++) dst[i] = fp16_to_fp32(rd16(s + 2 * i));
+        break;
+    case GGML_TYPE_BF16:
+        for (uint64_t i = 0; i < n; i++) dst[i] = bf16_to_fp32(rd16(s + 2 * i));
+        break;
+    case GGML_TYPE_Q8_0: dequant_q8_0(s, dst, n / QK8_0); break;
+    case GGML_TYPE_Q4_0: dequant_q4_0(s, dst, n / QK4_0); break;
+    case GGML_TYPE_Q4_1: dequant_q4_1(s, dst, n / QK4_1); break;
+    default: break;   /* callers check computability first (colibri_dequantize does) */
+    }
+}
+
+/* Public entry point for the conformance suite: validates everything, then runs the
+ * scalar reference. */
+colibri_status colibri_dequantize(int32_t type, const void *src, size_t src_bytes, float *dst,
+                                  size_t n_elements) {
+    if (type < 0) return cb_error(COLIBRI_E_INVALID_ARG, "dequantize: negative type id %d", (int)type);
+    const type_info_t *ti = type_info((uint32_t)type);
+    if (!ti) return cb_error(COLIBRI_E_INVALID_ARG, "dequantize: unknown ggml type id %d", (int)type);
+    if (!ti->computable)
+        return cb_error(COLIBRI_E_UNSUPPORTED, "dequantize: type %s (id %d) is not supported", ti->name,
+                        (int)type);
+    if (n_elements % ti->block_size != 0)
+        return cb_error(COLIBRI_E_INVALID_ARG, "dequantize: %zu elements is not a multiple of the %s block size %u",
+                        n_elements, ti->name, ti->block_size);
+    size_t need = type_row_bytes((uint32_t)type, n_elements);
+    if (n_elements > 0 && need == 0)
+        return cb_error(COLIBRI_E_INVALID_ARG, "dequantize: %zu elements of %s overflow size_t", n_elements, ti->name);
+    if (src_bytes != need)
+        return cb_error(COLIBRI_E_INVALID_ARG, "dequantize: %zu elements of %s need %zu bytes, got %zu", n_elements,
+                        ti->name, need, src_bytes);
+    if (n_elements == 0) return COLIBRI_OK;
+    if (!src || !dst) return cb_error(COLIBRI_E_INVALID_ARG, "dequantize: NULL buffer");
+    dequantize_row((uint32_t)type, src, dst, n_elements);
+    return COLIBRI_OK;
+}

@@ -1,0 +1,118 @@
+/* api.c — the public C API (colibri.h): argument checks and hand-off to model.c and
+ * forward.c. The sampler, colibri_dequantize and the CPU-backend switches live elsewhere. */
+#include <string.h>
+
+#include "alloc.h"
+#include "colibri.h"
+#include "error.h"
+#include "model.h"
+
+int colibri_abi_version(void) { return COLIBRI_ABI_VERSION; }
+
+const char *colibri_last_error(void) { return cb_last_error(); }
+
+const char *colibri_status_name(colibri_status s) {
+    switch (s) {
+    case COLIBRI_OK: return "COLIBRI_OK";
+    case COLIBRI_E_INVALID_ARG: return "COLIBRI_E_INVALID_ARG";
+    case COLIBRI_E_IO: return "COLIBRI_E_IO";
+    case COLIBRI_E_FORMAT: return "COLIBRI_E_FORMAT";
+    case COLIBRI_E_UNSUPPORTED: return "COLIBRI_E_UNSUPPORTED";
+    case COLIBRI_E_NOMEM: return "COLIBRI_E_NOMEM";
+    case COLIBRI_E_CONTEXT_FULL: return "COLIBRI_E_CONTEXT_FULL";
+    case COLIBRI_E_BUDGET: return "COLIBRI_E_BUDGET";
+    case COLIBRI_E_INTERNAL: return "COLIBRI_E_INTERNAL";
+    }
+    return "COLIBRI_E_UNKNOWN";
+}
+
+/* ---- model ----------------------------------------------------------- */
+
+colibri_status colibri_model_open(const char *path, colibri_model **out) {
+    if (!out) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_model_open: out is NULL");
+    *out = NULL;
+    if (!path) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_model_open: path is NULL");
+    return model_load(path, out);
+}
+
+void colibri_model_close(colibri_model *model) { model_free(model); }
+
+colibri_status colibri_model_get_info(const colibri_model *model, colibri_model_info *out) {
+    if (!model || !out) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_model_get_info: NULL argument");
+    model_fill_info(model, out);
+    return COLIBRI_OK;
+}
+
+/* ---- context --------------------------------------------------------- */
+
+void colibri_context_default_params(colibri_context_params *out) {
+    if (!out) return;
+    out->n_threads = 0;
+    out->n_ctx = 0;
+    out->n_batch = 512;
+}
+
+colibri_status colibri_context_new(colibri_model *model, const colibri_context_params *params,
+                                   colibri_context **out) {
+    if (!out) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_context_new: out is NULL");
+    *out = NULL;
+    if (!model) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_context_new: model is NULL");
+    return context_create(model, params, out);
+}
+
+void colibri_context_free(colibri_context *ctx) { context_destroy(ctx); }
+
+int32_t colibri_context_n_ctx(const colibri_context *ctx) { return ctx ? ctx->n_ctx : 0; }
+
+int32_t colibri_n_past(const colibri_context *ctx) { return ctx ? ctx->n_past : 0; }
+
+colibri_status colibri_truncate(colibri_context *ctx, int32_t n_past) {
+    if (!ctx) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_truncate: ctx is NULL");
+    if (n_past < 0 || n_past > ctx->n_past)
+        return cb_error(COLIBRI_E_INVALID_ARG, "colibri_truncate: n_past %d is outside [0, %d]", (int)n_past,
+                        (int)ctx->n_past);
+    /* The cache rows past n_past are simply overwritten by the next eval. */
+    ctx->n_past = n_past;
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_eval(colibri_context *ctx, const int32_t *tokens, int32_t n_tokens, float *logits_out,
+                            int32_t all_logits) {
+    if (!ctx) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_eval: ctx is NULL");
+    return context_eval(ctx, tokens, n_tokens, logits_out, all_logits);
+}
+
+colibri_status colibri_get_routing(const colibri_context *ctx, int32_t *expert_ids, float *expert_weights,
+                                   int32_t max_tokens, int32_t *n_written) {
+    if (!ctx || !n_written) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_get_routing: NULL argument");
+    *n_written = 0;
+    if (max_tokens < 0) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_get_routing: max_tokens is negative");
+    const model_hparams *hp = &ctx->model->hp;
+    if (hp->n_expert == 0) return COLIBRI_OK;
+    int32_t n = ctx->route_n < max_tokens ? ctx->route_n : max_tokens;
+    if (n > 0 && (!expert_ids || !expert_weights))
+        return cb_error(COLIBRI_E_INVALID_ARG, "colibri_get_routing: output buffers are NULL");
+    const size_t per_tok = (size_t)hp->n_layer * hp->n_expert_used;
+    memcpy(expert_ids, ctx->route_ids, (size_t)n * per_tok * sizeof(int32_t));
+    memcpy(expert_weights, ctx->route_w, (size_t)n * per_tok * sizeof(float));
+    *n_written = n;
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_get_stats(const colibri_context *ctx, colibri_stats *out) {
+    if (!ctx || !out) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_get_stats: NULL argument");
+    *out = ctx->stats;
+    out->allocs_total = cb_alloc_count();
+    out->scratch_peak_bytes = ctx->arena.peak;
+    return COLIBRI_OK;
+}
+
+void colibri_reset_stats(colibri_context *ctx) {
+    if (!ctx) return;
+    colibri_stats keep = ctx->stats;
+    memset(&ctx->stats, 0, sizeof ctx->stats);
+    ctx->stats.kv_bytes = keep.kv_bytes;
+    ctx->stats.scratch_bytes = keep.scratch_bytes;
+    ctx->stats.weight_bytes = keep.weight_bytes;
+    ctx->stats.scratch_peak_bytes = keep.scratch_peak_bytes;
+}

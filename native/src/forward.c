@@ -1,0 +1,515 @@
+/* forward.c — a context (KV cache, scratch plan, thread pool) and the forward pass.
+ *
+ * One code path serves prefill and decode: a chunk of n tokens (1 <= n <= n_batch) goes
+ * through each layer together. Every FFN is run as "groups of tokens through an expert":
+ * a dense FFN is one expert taken by all tokens, the qwen2moe shared expert likewise,
+ * and routed experts get the tokens that chose them, gathered contiguously so that each
+ * expert's weights are read once per chunk. Matrix products are issued as job lists, one
+ * pool_run per dependency step, every thread taking its share of the rows of every job.
+ *
+ * All scratch memory is laid out once at context creation (plan_scratch); an eval makes
+ * no heap allocation. */
+#include <math.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "alloc.h"
+#include "error.h"
+#include "model.h"
+#include "ops.h"
+#include "types.h"
+
+/* Rows per split point: 16 floats of output = one cache line, so threads never share one. */
+#define ROW_GRANULE 16
+/* Largest context we plan for; keeps every size computation far from overflow. */
+#define MAX_CTX (1 << 22)
+#define MAX_BATCH 8192
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int mat_wants_q8a(const mat *w) { return w->data && kernel_wants_q8a(w->type); }
+
+/* ---- parallel building blocks ----------------------------------------- */
+
+typedef struct mm_task {
+    const mm_job *jobs;
+    int n_jobs;
+} mm_task;
+
+static void mm_worker(void *arg, int ith, int nth) {
+    const mm_task *t = arg;
+    for (int j = 0; j < t->n_jobs; j++) {
+        const mm_job *jb = &t->jobs[j];
+        int r0, r1;
+        pool_split(jb->w.rows, ith, nth, ROW_GRANULE, &r0, &r1);
+        if (r0 < r1)
+            matmul_rows(jb->w.type, jb->w.data, jb->w.row_bytes, jb->w.cols, jb->x, jb->xq, jb->n_tok, jb->y, jb->ldy,
+                        r0, r1);
+    }
+}
+
+static void run_jobs(struct colibri_context *c, const mm_job *jobs, int n_jobs) {
+    if (n_jobs == 0) return;
+    mm_task t = {jobs, n_jobs};
+    pool_run(c->pool, mm_worker, &t);
+}
+
+static mm_job job(const mat *w, const float *x, const block_q8a *xq, int n_tok, float *y, int ldy) {
+    mm_job j = {.w = *w, .x = x, .xq = xq, .n_tok = n_tok, .y = y, .ldy = ldy};
+    return j;
+}
+
+typedef struct quant_task {
+    const float *x;
+    block_q8a *y;
+    int n_rows, n_cols;
+} quant_task;
+
+static void quant_worker(void *arg, int ith, int nth) {
+    const quant_task *t = arg;
+    int r0, r1;
+    pool_split(t->n_rows, ith, nth, 1, &r0, &r1);
+    const int nb = t->n_cols / QK8A;
+    for (int r = r0; r < r1; r++) quantize_row_q8a(t->x + (size_t)r * t->n_cols, t->y + (size_t)r * nb, t->n_cols);
+}
+
+/* Quantize n_rows rows of n_cols floats (n_cols % 32 == 0) to block_q8a rows. */
+static void quantize_rows(struct colibri_context *c, const float *x, block_q8a *y, int n_rows, int n_cols) {
+    quant_task t = {x, y, n_rows, n_cols};
+    if ((size_t)n_rows * (size_t)n_cols < 32768) quant_worker(&t, 0, 1);  /* not worth waking the pool */
+    else pool_run(c->pool, quant_worker, &t);
+}
+
+/* ---- attention -------------------------------------------------------- */
+
+typedef struct attn_task {
+    struct colibri_context *c;
+    int layer, n_tok, p0;
+} attn_task;
+
+/* One (token, head) item: scores against the cached keys 0..pos, softmax, weighted sum
+ * of the cached values. Items are dealt round-robin so that causal prefill (later tokens
+ * see more keys) stays balanced between threads. */
+static void attn_worker(void *arg, int ith, int nth) {
+    const attn_task *t = arg;
+    struct colibri_context *c = t->c;
+    const model_hparams *hp = &c->model->hp;
+    const int hd = hp->head_dim, nh = hp->n_head, group = hp->n_head / hp->n_head_kv;
+    const int qd = nh * hd, qkv_w = qd + 2 * hp->n_head_kv * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *sc = c->s.scores + (size_t)ith * c->n_ctx;
+    const int n_items = t->n_tok * nh;
+    for (int it = ith; it < n_items; it += nth) {
+        const int tok = it / nh, h = it % nh, kvh = h / group;
+        const float *q = c->s.qkv + (size_t)tok * qkv_w + (size_t)h * hd;
+        const size_t base = ((size_t)t->layer * hp->n_head_kv + kvh) * (size_t)c->n_ctx * hd;
+        const uint16_t *K = c->k_cache + base, *V = c->v_cache + base;
+        const int n = t->p0 + tok + 1;
+        for (int j = 0; j < n; j++) sc[j] = dot_f16_f32(K + (size_t)j * hd, q, hd) * scale;
+        op_softmax(sc, n);
+        float *out = c->s.att + (size_t)tok * qd + (size_t)h * hd;
+        memset(out, 0, (size_t)hd * sizeof(float));
+        for (int j = 0; j < n; j++) axpy_f16(out, sc[j], V + (size_t)j * hd, hd);
+    }
+}
+
+/* ---- layers ----------------------------------------------------------- */
+
+/* q/k/v projections, biases, q/k norms, RoPE, KV cache write, attention, output projection;
+ * leaves the attention block's output in s.tmp. */
+static void attention_block(struct colibri_context *c, int il, int n, int p0) {
+    const struct colibri_model *m = c->model;
+    const model_hparams *hp = &m->hp;
+    const layer_weights *w = &m->layers[il];
+    scratch *s = &c->s;
+    const int E = hp->n_embd, hd = hp->head_dim, nh = hp->n_head, nkv = hp->n_head_kv;
+    const int qd = nh * hd, kvd = nkv * hd, qkv_w = qd + 2 * kvd;
+
+    if (mat_wants_q8a(&w->wq) || mat_wants_q8a(&w->wk) || mat_wants_q8a(&w->wv)) quantize_rows(c, s->xn, s->xnq, n, E);
+    mm_job jobs[3] = {
+        job(&w->wq, s->xn, s->xnq, n, s->qkv, qkv_w),
+        job(&w->wk, s->xn, s->xnq, n, s->qkv + qd, qkv_w),
+        job(&w->wv, s->xn, s->xnq, n, s->qkv + qd + kvd, qkv_w),
+    };
+    run_jobs(c, jobs, 3);
+
+    for (int t = 0; t < n; t++) {
+        float *q = s->qkv + (size_t)t * qkv_w, *k = q + qd, *v = k + kvd;
+        if (w->bq) {
+            op_add(q, w->bq, qd);
+            op_add(k, w->bk, kvd);
+            op_add(v, w->bv, kvd);
+        }
+        if (m->arch == ARCH_OLMOE) {
+            op_rmsnorm(q, w->q_norm, q, qd, hp->norm_eps);
+            op_rmsnorm(k, w->k_norm, k, kvd, hp->norm_eps);
+        } else if (m->arch == ARCH_QWEN3MOE) {
+            for (int h = 0; h < nh; h++) op_rmsnorm(q + h * hd, w->q_norm, q + h * hd, hd, hp->norm_eps);
+            for (int h = 0; h < nkv; h++) op_rmsnorm(k + h * hd, w->k_norm, k + h * hd, hd, hp->norm_eps);
+        }
+        const float *cs = s->rope_cs + (size_t)t * hp->n_rot;
+        for (int h = 0; h < nh; h++) op_rope(q + h * hd, hp->n_rot, cs, hp->rope_neox);
+        for (int h = 0; h < nkv; h++) op_rope(k + h * hd, hp->n_rot, cs, hp->rope_neox);
+        const size_t pos = (size_t)(p0 + t);
+        for (int h = 0; h < nkv; h++) {
+            const size_t off = (((size_t)il * nkv + h) * (size_t)c->n_ctx + pos) * hd;
+            fp32_to_fp16_row(k + h * hd, c->k_cache + off, hd);
+            fp32_to_fp16_row(v + h * hd, c->v_cache + off, hd);
+        }
+    }
+
+    attn_task at = {c, il, n, p0};
+    pool_run(c->pool, attn_worker, &at);
+
+    const block_q8a *attq = NULL;
+    if (mat_wants_q8a(&w->wo)) {
+        quantize_rows(c, s->att, s->attq, n, qd);
+        attq = s->attq;
+    }
+    mm_job o = job(&w->wo, s->att, attq, n, s->tmp, E);
+    run_jobs(c, &o, 1);
+}
+
+static void dense_ffn(struct colibri_context *c, int il, int n) {
+    const model_hparams *hp = &c->model->hp;
+    const layer_weights *w = &c->model->layers[il];
+    scratch *s = &c->s;
+    const int E = hp->n_embd, F = hp->n_ff;
+    if (mat_wants_q8a(&w->ffn_gate) || mat_wants_q8a(&w->ffn_up)) quantize_rows(c, s->xn, s->xnq, n, E);
+    mm_job gu[2] = {job(&w->ffn_gate, s->xn, s->xnq, n, s->gate, F), job(&w->ffn_up, s->xn, s->xnq, n, s->up, F)};
+    run_jobs(c, gu, 2);
+    for (int t = 0; t < n; t++) op_silu_mul(s->gate + (size_t)t * F, s->up + (size_t)t * F, F);
+    if (mat_wants_q8a(&w->ffn_down)) quantize_rows(c, s->gate, s->actq, n, F);
+    mm_job d = job(&w->ffn_down, s->gate, s->actq, n, s->tmp, E);
+    run_jobs(c, &d, 1);
+}
+
+/* Router, top-k, grouping by expert, expert SwiGLUs (plus the shared expert), weighted sum
+ * into s.tmp. Records the routing of the chunk for colibri_get_routing. */
+static void moe_ffn(struct colibri_context *c, int il, int n) {
+    const struct colibri_model *m = c->model;
+    const model_hparams *hp = &m->hp;
+    const layer_weights *w = &m->layers[il];
+    scratch *s = &c->s;
+    const int E = hp->n_embd, X = hp->n_expert, k = hp->n_expert_used, F = hp->n_ff_exp, S = hp->n_ff_shexp;
+    const int has_sh = S > 0;
+    const int nbE = E / QK8A, nbF = F / QK8A;
+
+    const int q_in = mat_wants_q8a(&w->router) || (has_sh && (mat_wants_q8a(&w->sh_gate) || mat_wants_q8a(&w->sh_up)));
+    const int q_exp = kernel_wants_q8a(w->gate_exps.type) || kernel_wants_q8a(w->up_exps.type);
+    if (q_in || q_exp) quantize_rows(c, s->xn, s->xnq, n, E);
+
+    /* 1. router logits and the shared expert's gate/up, one pool run */
+    int nj = 0;
+    s->jobs[nj++] = job(&w->router, s->xn, s->xnq, n, s->router, X);
+    if (has_sh) {
+        s->jobs[nj++] = job(&w->sh_gate, s->xn, s->xnq, n, s->sh_gate, S);
+        s->jobs[nj++] = job(&w->sh_up, s->xn, s->xnq, n, s->sh_up, S);
+    }
+    run_jobs(c, s->jobs, nj);
+
+    /* 2. softmax over all experts (f32), top-k, optional renormalisation */
+    for (int t = 0; t < n; t++) {
+        float *p = s->router + (size_t)t * X;
+        int32_t *sel = s->sel + (size_t)t * k;
+        float *sw = s->selw + (size_t)t * k;
+        op_softmax(p, X);
+        op_topk(p, X, k, sel);
+        float sum = 0.0f;
+        for (int j = 0; j < k; j++) {
+            sw[j] = p[sel[j]];
+            sum += sw[j];
+        }
+        if (hp->expert_weights_norm && sum > 0.0f)
+            for (int j = 0; j < k; j++) sw[j] /= sum;
+        int32_t *rid = c->route_ids + ((size_t)t * hp->n_layer + il) * k;
+        float *rw = c->route_w + ((size_t)t * hp->n_layer + il) * k;
+        memcpy(rid, sel, (size_t)k * sizeof *rid);
+        memcpy(rw, sw, (size_t)k * sizeof *rw);
+    }
+
+    /* 3. group the (token, expert) pairs by expert: cnt[e] becomes the end offset of
+     *    expert e's pairs (start = end of e-1), pairs keep token order within an expert */
+    int32_t *cnt = s->cnt;
+    memset(cnt, 0, (size_t)(X + 1) * sizeof *cnt);
+    for (int i = 0; i < n * k; i++) cnt[s->sel[i] + 1]++;
+    for (int e = 0; e < X; e++) cnt[e + 1] += cnt[e];
+    for (int t = 0; t < n; t++) {
+        for (int j = 0; j < k; j++) {
+            const int e = s->sel[t * k + j];
+            const int p = cnt[e]++;
+            s->pair_tok[p] = t;
+            s->tok_pair[t * k + j] = p;
+            memcpy(s->xg + (size_t)p * E, s->xn + (size_t)t * E, (size_t)E * sizeof(float));
+            if (q_exp) memcpy(s->xgq + (size_t)p * nbE, s->xnq + (size_t)t * nbE, (size_t)nbE * sizeof(block_q8a));
+        }
+    }
+
+    /* 4. gate/up of every expert that has tokens, one pool run */
+    nj = 0;
+    for (int e = 0; e < X; e++) {
+        const int start = e ? cnt[e - 1] : 0, count = cnt[e] - start;
+        if (count == 0) continue;
+        const expert_view ev = model_expert_view(m, il, e);
+        const float *xg = s->xg + (size_t)start * E;
+        const block_q8a *xgq = s->xgq + (size_t)start * nbE;
+        s->jobs[nj++] = job(&ev.gate, xg, xgq, count, s->gate + (size_t)start * F, F);
+        s->jobs[nj++] = job(&ev.up, xg, xgq, count, s->up + (size_t)start * F, F);
+    }
+    run_jobs(c, s->jobs, nj);
+
+    const int P = n * k;
+    for (int p = 0; p < P; p++) op_silu_mul(s->gate + (size_t)p * F, s->up + (size_t)p * F, F);
+    if (kernel_wants_q8a(w->down_exps.type)) quantize_rows(c, s->gate, s->actq, P, F);
+    if (has_sh) {
+        for (int t = 0; t < n; t++) op_silu_mul(s->sh_gate + (size_t)t * S, s->sh_up + (size_t)t * S, S);
+        if (mat_wants_q8a(&w->sh_down)) quantize_rows(c, s->sh_gate, s->sh_actq, n, S);
+    }
+
+    /* 5. down projections of every active expert (and of the shared expert), one pool run */
+    nj = 0;
+    for (int e = 0; e < X; e++) {
+        const int start = e ? cnt[e - 1] : 0, count = cnt[e] - start;
+        if (count == 0) continue;
+        const expert_view ev = model_expert_view(m, il, e);
+        s->jobs[nj++] = job(&ev.down, s->gate + (size_t)start * F, s->actq + (size_t)start * nbF, count,
+                            s->down + (size_t)start * E, E);
+    }
+    if (has_sh) s->jobs[nj++] = job(&w->sh_down, s->sh_gate, s->sh_actq, n, s->sh_down, E);
+    run_jobs(c, s->jobs, nj);
+
+    /* 6. y = sum_j w_j * expert_j(x) [+ sigmoid(x . w_sg) * shared(x)] */
+    for (int t = 0; t < n; t++) {
+        float *y = s->tmp + (size_t)t * E;
+        memset(y, 0, (size_t)E * sizeof(float));
+        for (int j = 0; j < k; j++)
+            op_axpy(y, s->selw[t * k + j], s->down + (size_t)s->tok_pair[t * k + j] * E, E);
+        if (has_sh) {
+            const float g = op_sigmoid(dot_f32(s->xn + (size_t)t * E, w->sh_gate_inp, E));
+            op_axpy(y, g, s->sh_down + (size_t)t * E, E);
+        }
+    }
+}
+
+/* ---- one chunk -------------------------------------------------------- */
+
+/* Tokens tok[0..n) at positions n_past.. ; logits rows go to `logits` (row stride n_vocab)
+ * for every token when all_logits, else for the last token only when want_last. */
+static void eval_chunk(struct colibri_context *c, const int32_t *tok, int n, float *logits, int all_logits,
+                       int want_last) {
+    const struct colibri_model *m = c->model;
+    const model_hparams *hp = &m->hp;
+    scratch *s = &c->s;
+    const int E = hp->n_embd, p0 = c->n_past;
+
+    for (int t = 0; t < n; t++)
+        dequantize_row(m->tok_embd.type, (const char *)m->tok_embd.data + (size_t)tok[t] * m->tok_embd.row_bytes,
+                       s->x + (size_t)t * E, (uint64_t)E);
+    for (int t = 0; t < n; t++) op_rope_angles(s->rope_cs + (size_t)t * hp->n_rot, c->inv_freq, hp->n_rot, p0 + t);
+
+    for (int il = 0; il < hp->n_layer; il++) {
+        const layer_weights *w = &m->layers[il];
+        for (int t = 0; t < n; t++)
+            op_rmsnorm(s->x + (size_t)t * E, w->attn_norm, s->xn + (size_t)t * E, E, hp->norm_eps);
+        attention_block(c, il, n, p0);
+        op_add(s->x, s->tmp, n * E);
+        for (int t = 0; t < n; t++)
+            op_rmsnorm(s->x + (size_t)t * E, w->ffn_norm, s->xn + (size_t)t * E, E, hp->norm_eps);
+        if (hp->n_expert > 0) moe_ffn(c, il, n);
+        else dense_ffn(c, il, n);
+        op_add(s->x, s->tmp, n * E);
+    }
+    c->n_past += n;
+    if (hp->n_expert > 0) c->route_n = n;
+
+    if (!logits || (!all_logits && !want_last)) return;
+    const int r0 = all_logits ? 0 : n - 1, nr = n - r0;
+    for (int t = r0; t < n; t++)
+        op_rmsnorm(s->x + (size_t)t * E, m->output_norm, s->xn + (size_t)(t - r0) * E, E, hp->norm_eps);
+    if (mat_wants_q8a(&m->output)) quantize_rows(c, s->xn, s->xnq, nr, E);
+    mm_job o = job(&m->output, s->xn, s->xnq, nr, logits, hp->n_vocab);
+    run_jobs(c, &o, 1);
+}
+
+colibri_status context_eval(struct colibri_context *c, const int32_t *tokens, int32_t n_tokens, float *logits,
+                            int32_t all_logits) {
+    const model_hparams *hp = &c->model->hp;
+    if (n_tokens < 1) return cb_error(COLIBRI_E_INVALID_ARG, "n_tokens must be >= 1 (got %d)", (int)n_tokens);
+    if (!tokens) return cb_error(COLIBRI_E_INVALID_ARG, "tokens is NULL");
+    for (int32_t i = 0; i < n_tokens; i++)
+        if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
+            return cb_error(COLIBRI_E_INVALID_ARG, "token %d at index %d is outside the vocabulary [0, %d)",
+                            (int)tokens[i], (int)i, (int)hp->n_vocab);
+    if ((int64_t)c->n_past + n_tokens > c->n_ctx)
+        return cb_error(COLIBRI_E_CONTEXT_FULL, "%d tokens do not fit: %d of the context's %d positions are in use",
+                        (int)n_tokens, (int)c->n_past, (int)c->n_ctx);
+
+    const uint64_t allocs0 = cb_alloc_count();
+    const double t0 = now_seconds();
+    for (int32_t i = 0; i < n_tokens; i += c->n_batch) {
+        const int n = n_tokens - i < c->n_batch ? n_tokens - i : c->n_batch;
+        const int last = i + n == n_tokens;
+        float *dst = logits && all_logits ? logits + (size_t)i * hp->n_vocab : logits;
+        eval_chunk(c, tokens + i, n, dst, all_logits, last);
+    }
+    const double dt = now_seconds() - t0;
+
+    colibri_stats *st = &c->stats;
+    if (n_tokens > 1) {
+        st->n_prompt_tokens += (uint64_t)n_tokens;
+        st->prefill_seconds += dt;
+    } else {
+        st->n_decode_tokens += 1;
+        st->decode_seconds += dt;
+    }
+    st->n_eval_calls++;
+    st->allocs_last_eval = cb_alloc_count() - allocs0;
+    st->scratch_peak_bytes = c->arena.peak;
+    return COLIBRI_OK;
+}
+
+/* ---- context ---------------------------------------------------------- */
+
+/* Lays out the scratch buffers. With a == NULL only sums their (aligned) sizes into *total. */
+typedef struct planner {
+    arena *a;
+    size_t total;
+    int failed;
+} planner;
+
+static void *take(planner *p, size_t bytes) {
+    if (bytes == 0) return NULL;
+    if (!p->a) {
+        p->total += (bytes + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1);
+        return NULL;
+    }
+    void *r = arena_alloc(p->a, bytes);
+    if (!r) p->failed = 1;
+    return r;
+}
+
+static void plan_scratch(struct colibri_context *c, planner *p) {
+    const model_hparams *hp = &c->model->hp;
+    scratch *s = &c->s;
+    const size_t B = (size_t)c->n_batch, E = (size_t)hp->n_embd, hd = (size_t)hp->head_dim;
+    const size_t qd = (size_t)hp->n_head * hd, kvd = (size_t)hp->n_head_kv * hd;
+    const size_t k = (size_t)hp->n_expert_used, X = (size_t)hp->n_expert, P = B * k;
+    const size_t S = (size_t)hp->n_ff_shexp;
+    size_t F = (size_t)hp->n_ff;
+    if ((size_t)hp->n_ff_exp > F) F = (size_t)hp->n_ff_exp;
+    const size_t R = P > B ? P : B;
+    const size_t f = sizeof(float), q = sizeof(block_q8a);
+#define NB(n) (((n) + QK8A - 1) / QK8A)
+    s->x = take(p, B * E * f);
+    s->xn = take(p, B * E * f);
+    s->xnq = take(p, B * NB(E) * q);
+    s->qkv = take(p, B * (qd + 2 * kvd) * f);
+    s->att = take(p, B * qd * f);
+    s->attq = take(p, B * NB(qd) * q);
+    s->tmp = take(p, B * E * f);
+    s->rope_cs = take(p, B * (size_t)hp->n_rot * f);
+    s->scores = take(p, (size_t)c->n_threads * (size_t)c->n_ctx * f);
+    s->gate = take(p, R * F * f);
+    s->up = take(p, R * F * f);
+    s->actq = take(p, R * NB(F) * q);
+    s->down = take(p, P * E * f);
+    s->router = take(p, B * X * f);
+    s->sel = take(p, P * sizeof(int32_t));
+    s->selw = take(p, P * f);
+    s->cnt = X ? take(p, (X + 1) * sizeof(int32_t)) : NULL;
+    s->pair_tok = take(p, P * sizeof(int32_t));
+    s->pair_w = take(p, P * f);
+    s->tok_pair = take(p, P * sizeof(int32_t));
+    s->xg = take(p, P * E * f);
+    s->xgq = take(p, P * NB(E) * q);
+    s->sh_gate = take(p, B * S * f);
+    s->sh_up = take(p, B * S * f);
+    s->sh_actq = take(p, B * NB(S) * q);
+    s->sh_down = S ? take(p, B * E * f) : NULL;
+    s->sh_w = S ? take(p, B * f) : NULL;
+    s->jobs = take(p, (2 * X + 4) * sizeof(mm_job));
+#undef NB
+}
+
+void context_destroy(struct colibri_context *c) {
+    if (!c) return;
+    if (c->pool) pool_destroy(c->pool);
+    cb_free(c->k_cache);
+    cb_free(c->v_cache);
+    cb_free(c->inv_freq);
+    cb_free(c->route_ids);
+    cb_free(c->route_w);
+    arena_free(&c->arena);
+    cb_free(c);
+}
+
+colibri_status context_create(struct colibri_model *m, const colibri_context_params *params,
+                              struct colibri_context **out) {
+    *out = NULL;
+    const model_hparams *hp = &m->hp;
+    colibri_context_params p;
+    colibri_context_default_params(&p);
+    if (params) p = *params;
+    if (p.n_threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        p.n_threads = n > 0 ? (int32_t)(n < 256 ? n : 256) : 1;
+    }
+    if (p.n_threads > 256) return cb_error(COLIBRI_E_INVALID_ARG, "n_threads %d is above 256", (int)p.n_threads);
+    if (p.n_ctx <= 0) p.n_ctx = hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096;
+    if (p.n_ctx > MAX_CTX) return cb_error(COLIBRI_E_INVALID_ARG, "n_ctx %d is above %d", (int)p.n_ctx, MAX_CTX);
+    if (p.n_batch <= 0) p.n_batch = 512;
+    if (p.n_batch > MAX_BATCH) p.n_batch = MAX_BATCH;
+    if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
+
+    struct colibri_context *c = cb_calloc(1, sizeof *c);
+    if (!c) return cb_error(COLIBRI_E_NOMEM, "out of memory");
+    c->model = m;
+    c->n_ctx = p.n_ctx;
+    c->n_batch = p.n_batch;
+    c->n_threads = p.n_threads;
+
+    colibri_status st;
+    const size_t kv_elems = (size_t)hp->n_layer * hp->n_head_kv * (size_t)c->n_ctx * hp->head_dim;
+    c->kv_bytes = 2 * kv_elems * sizeof(uint16_t);
+    /* No memset: a position is always written before any attention reads it. */
+    c->k_cache = cb_aligned_alloc(64, kv_elems * sizeof(uint16_t));
+    c->v_cache = cb_aligned_alloc(64, kv_elems * sizeof(uint16_t));
+    c->inv_freq = cb_malloc((size_t)(hp->n_rot / 2) * sizeof(float));
+    const size_t route_elems = (size_t)c->n_batch * hp->n_layer * (hp->n_expert_used ? hp->n_expert_used : 1);
+    c->route_ids = cb_malloc(route_elems * sizeof(int32_t));
+    c->route_w = cb_malloc(route_elems * sizeof(float));
+    if (!c->k_cache || !c->v_cache || !c->inv_freq || !c->route_ids || !c->route_w) {
+        context_destroy(c);
+        return cb_error(COLIBRI_E_NOMEM, "cannot allocate a KV cache of %zu bytes for %d positions", c->kv_bytes,
+                        (int)c->n_ctx);
+    }
+    for (int i = 0; i < hp->n_rot / 2; i++)
+        c->inv_freq[i] = 1.0f / powf(hp->rope_freq_base, (float)(2 * i) / (float)hp->n_rot);
+
+    planner pl = {NULL, 0, 0};
+    plan_scratch(c, &pl);
+    if ((st = arena_init(&c->arena, pl.total))) {
+        context_destroy(c);
+        return st;
+    }
+    pl.a = &c->arena;
+    plan_scratch(c, &pl);
+    if (pl.failed) {
+        context_destroy(c);
+        return cb_error(COLIBRI_E_INTERNAL, "scratch plan does not fit its own arena");
+    }
+    if ((st = pool_create(c->n_threads, &c->pool))) {
+        context_destroy(c);
+        return st;
+    }
+    c->stats.kv_bytes = c->kv_bytes;
+    c->stats.scratch_bytes = c->arena.cap;
+    c->stats.weight_bytes = m->weight_bytes;
+    *out = c;
+    return COLIBRI_OK;
+}

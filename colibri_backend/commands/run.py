@@ -1,0 +1,134 @@
+"""`colibri run PROMPT`: generate from a prompt, streaming text to stdout and speed to stderr."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """Options shared by run and chat: which model and how to sample."""
+    p.add_argument("--model", "-m", default=None,
+                   help="a .gguf file, a Hugging Face checkpoint directory, or a known name "
+                   "(smollm2); default: the built-in default model")
+    p.add_argument("--max-tokens", "-n", type=int, default=256, help="tokens to generate at most (256)")
+    p.add_argument("--temperature", "-t", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * p(max) (0 = off)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="1 = off")
+    p.add_argument("--seed", type=int, default=None, help="random seed (same seed, same output)")
+    p.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                   help="stop when this text is generated (repeatable)")
+    p.add_argument("--threads", type=int, default=None, help="worker threads (default: all CPUs)")
+    p.add_argument("--context-length", type=int, default=None,
+                   help="context window in tokens (default: min(trained length, 4096))")
+
+
+def load_model(args: argparse.Namespace) -> Any:
+    import colibri_backend
+
+    model = args.model if args.model else colibri_backend.default_model_path()
+    return colibri_backend.load(model, threads=args.threads, context_length=args.context_length)
+
+
+def sampling_from_args(args: argparse.Namespace) -> Any:
+    from colibri_backend.adapters.sampling import SamplingParams
+
+    return SamplingParams(
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty, seed=args.seed, stop=list(args.stop or []),
+    )
+
+
+def stream_to_stdout(
+    model: Any, prompt_ids: list[int], args: argparse.Namespace
+) -> tuple[dict[str, Any], str]:
+    """Generate, writing text as it comes; return the timing figures and the whole text."""
+    sp = sampling_from_args(args)
+    t0 = time.perf_counter()
+    t_first = t_end = t0
+    n_gen = 0
+    finish = None
+    out = sys.stdout
+    pieces: list[str] = []
+    for ev in model.generate_tokens(prompt_ids, max_tokens=args.max_tokens, sampling=sp):
+        if n_gen == 0:
+            t_first = time.perf_counter()
+        if ev.token_id >= 0:
+            n_gen += 1
+        if ev.text:
+            out.write(ev.text)
+            out.flush()
+            pieces.append(ev.text)
+        finish = ev.finish_reason
+    t_end = time.perf_counter()
+    last = model.stats()["last"]
+    n_prompt_eval = last["prompt_tokens"] - last["cached_prompt_tokens"]
+    fig = {
+        "prompt_tokens": last["prompt_tokens"],
+        "prompt_evaluated": n_prompt_eval,
+        "prefill_seconds": last["prefill_seconds"],
+        "ttft": (t_first - t0) if n_gen else float("nan"),
+        "generated": n_gen,
+        "decode_seconds": t_end - t_first,
+        "finish": finish or "",
+    }
+    return fig, "".join(pieces)
+
+
+def report_speed(fig: dict[str, Any]) -> None:
+    prefill_rate = fig["prompt_evaluated"] / fig["prefill_seconds"] if fig["prefill_seconds"] > 0 else 0.0
+    # The first token comes out of the prefill; the decode rate counts the ones after it.
+    n_dec = max(int(fig["generated"]) - 1, 0)
+    decode_rate = n_dec / fig["decode_seconds"] if fig["decode_seconds"] > 0 and n_dec else 0.0
+    print(
+        f"prompt: {int(fig['prompt_tokens'])} tokens, {prefill_rate:.1f} tok/s | "
+        f"decode: {int(fig['generated'])} tokens, {decode_rate:.1f} tok/s | "
+        f"time to first token: {fig['ttft'] * 1000:.0f} ms | finish: {fig['finish']}",
+        file=sys.stderr,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    prompt = args.prompt
+    if prompt is None or prompt == "-":
+        prompt = sys.stdin.read()
+    if not prompt:
+        raise ValueError("the prompt is empty")
+    model = load_model(args)
+    try:
+        if args.chat:
+            messages = []
+            if args.system:
+                messages.append({"role": "system", "content": args.system})
+            messages.append({"role": "user", "content": prompt})
+            ids = model.chat_prompt_ids(messages)
+        else:
+            ids = model.tokenize(prompt)
+        fig, _ = stream_to_stdout(model, ids, args)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        if not args.quiet:
+            report_speed(fig)
+    finally:
+        model.close()
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "run",
+        help="generate text from a prompt (streams to stdout, speed to stderr)",
+        description="Generate text from PROMPT with a model, streaming it to stdout; prompt and decode "
+        "speed and time to first token go to stderr.",
+    )
+    p.add_argument("prompt", nargs="?", default=None, help="the prompt ('-' or nothing: read stdin)")
+    add_model_arguments(p)
+    p.add_argument("--chat", action="store_true",
+                   help="wrap the prompt as a user message in the model's chat template")
+    p.add_argument("--system", default=None, help="system message (with --chat)")
+    p.add_argument("--quiet", "-q", action="store_true", help="do not print the speed line")
+    p.set_defaults(func=run)

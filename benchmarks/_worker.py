@@ -1,0 +1,219 @@
+"""One benchmark run in a fresh process: load a model, prefill a prompt, generate tokens, report JSON.
+
+Started by benchmarks/bench.py once per run; not meant to be called by hand (but it can be, for debugging):
+
+    python benchmarks/_worker.py --engine colibri --model M.gguf --prompt-ids 1,2,3 --max-tokens 128
+
+Both engines are timed the same way, from this process, around a token generator that takes token ids:
+  * TTFT        = from the call that starts generation to the first generated token (prompt eval + 1 sample);
+  * prefill     = n_prompt / TTFT (tok/s);
+  * decode      = (n_generated - 1) / (time of the last token - time of the first token) (tok/s):
+                  each of those steps evaluates one token and samples the next;
+  * peak RSS    = VmHWM of this process at the end (the parent also records ru_maxrss from wait4).
+The engines' own counters (Colibri's Model.stats(), llama.cpp's perf context) are reported beside them.
+
+End-of-sequence tokens are banned through a logit bias in both engines, so every run generates exactly
+--max-tokens tokens and greedy runs of the two engines can be compared token by token.
+
+The result is the last line of stdout, prefixed with RESULT_PREFIX, so stray library output cannot corrupt it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+
+RESULT_PREFIX = "COLIBRI_BENCH_RESULT "
+
+
+def read_status_bytes(field: str) -> int | None:
+    """A memory field of /proc/self/status (e.g. VmHWM, VmRSS) in bytes, or None where there is no /proc."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def peak_rss_bytes() -> int:
+    hwm = read_status_bytes("VmHWM")
+    if hwm is not None:
+        return hwm
+    import resource
+
+    # ru_maxrss is KiB on Linux, bytes on macOS.
+    scale = 1 if sys.platform == "darwin" else 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+
+
+def time_generation(tokens: Iterator[int], max_tokens: int) -> tuple[list[int], list[float], float]:
+    """Pull max_tokens tokens from a started generator; return ids, arrival times and the start time."""
+    ids: list[int] = []
+    times: list[float] = []
+    t0 = time.perf_counter()
+    for tok in tokens:
+        times.append(time.perf_counter())
+        ids.append(int(tok))
+        if len(ids) >= max_tokens:
+            break
+    return ids, times, t0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# engines: each returns (generated ids, token arrival times, start time, load seconds, engine counters)
+
+
+def run_colibri(args: argparse.Namespace, prompt: list[int]) -> dict:
+    from colibri_backend.adapters.sampling import SamplingParams
+
+    import colibri_backend
+    from colibri_backend import _native
+
+    t_load = time.perf_counter()
+    model = colibri_backend.load(args.model, threads=args.threads, context_length=args.ctx)
+    load_s = time.perf_counter() - t_load
+    rss_loaded = read_status_bytes("VmRSS")
+
+    banned = sorted(eos_ids_colibri(model))
+    sampling = SamplingParams(
+        temperature=args.temperature, top_k=0, top_p=1.0, min_p=0.0, seed=args.seed,
+        logit_bias={t: -math.inf for t in banned},
+    )
+    events = model.generate_tokens(prompt, max_tokens=args.max_tokens, sampling=sampling, stop=None,
+                                   logprobs=None)
+    ids, times, t0 = time_generation((ev.token_id for ev in events), args.max_tokens)
+    stats = dict(model.stats())
+    model.close()
+    return {"ids": ids, "times": times, "t0": t0, "load_s": load_s, "rss_loaded": rss_loaded,
+            "engine_stats": jsonable(stats), "banned": banned,
+            "backend": _native.cpu_backend()}
+
+
+def eos_ids_colibri(model) -> set[int]:
+    ids = set()
+    eos = getattr(model.info, "eos_token_id", -1)
+    if eos is not None and eos >= 0:
+        ids.add(int(eos))
+    tok_eos = getattr(model.tokenizer, "eos_token_id", None)
+    if isinstance(tok_eos, int) and tok_eos >= 0:
+        ids.add(tok_eos)
+    return ids
+
+
+def run_llama_cpp(args: argparse.Namespace, prompt: list[int]) -> dict:
+    import llama_cpp
+    import numpy as np
+
+    t_load = time.perf_counter()
+    llm = llama_cpp.Llama(model_path=args.model, n_threads=args.threads, n_threads_batch=args.threads,
+                          n_ctx=args.ctx, n_batch=args.ctx, seed=args.seed, verbose=False)
+    load_s = time.perf_counter() - t_load
+    rss_loaded = read_status_bytes("VmRSS")
+
+    banned = sorted({int(llm.token_eos())} - {-1})
+    mask = np.zeros(llm.n_vocab(), dtype=np.float32)
+    mask[banned] = -np.inf
+
+    def ban_eos(_input_ids, scores):
+        return scores + mask
+
+    # top_k <= 0, top_p = 1 and min_p = 0 switch those samplers off: plain temperature sampling (or greedy).
+    gen = llm.generate(prompt, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, temp=args.temperature,
+                       repeat_penalty=1.0, reset=True,
+                       logits_processor=llama_cpp.LogitsProcessorList([ban_eos]))
+    ids, times, t0 = time_generation(gen, args.max_tokens)
+    gen.close()
+    counters = {}
+    try:
+        perf = llama_cpp.llama_perf_context(llm.ctx)
+        counters = {"t_p_eval_ms": perf.t_p_eval_ms, "n_p_eval": perf.n_p_eval, "t_eval_ms": perf.t_eval_ms,
+                    "n_eval": perf.n_eval, "t_load_ms": perf.t_load_ms}
+    except (AttributeError, TypeError):  # older/newer bindings without the perf API
+        pass
+    llm.close()
+    return {"ids": ids, "times": times, "t0": t0, "load_s": load_s, "rss_loaded": rss_loaded,
+            "engine_stats": counters, "banned": banned, "backend": llama_cpp.__version__}
+
+
+def jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+ENGINES = {"colibri": run_colibri, "llama_cpp": run_llama_cpp}
+
+
+def summarize(engine: str, args: argparse.Namespace, prompt: list[int], raw: dict) -> dict:
+    ids, times, t0 = raw["ids"], raw["times"], raw["t0"]
+    if not ids:
+        raise RuntimeError("the engine generated no tokens")
+    ttft = times[0] - t0
+    decode_s = times[-1] - times[0]
+    return {
+        "ok": True,
+        "engine": engine,
+        "model": args.model,
+        "threads": args.threads,
+        "temperature": args.temperature,
+        "seed": args.seed,
+        "n_prompt": len(prompt),
+        "n_generated": len(ids),
+        "load_s": raw["load_s"],
+        "ttft_s": ttft,
+        "prefill_tps": len(prompt) / ttft if ttft > 0 else None,
+        "decode_s": decode_s,
+        "decode_tps": (len(ids) - 1) / decode_s if len(ids) > 1 and decode_s > 0 else None,
+        "rss_after_load_bytes": raw["rss_loaded"],
+        "peak_rss_bytes": peak_rss_bytes(),
+        "banned_tokens": raw["banned"],
+        "generated_ids": ids,
+        "engine_backend": raw["backend"],
+        "engine_stats": raw["engine_stats"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="one benchmark run (started by benchmarks/bench.py)")
+    ap.add_argument("--engine", required=True, choices=sorted(ENGINES))
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--prompt-ids", required=True, help="comma-separated token ids")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=1234)
+    args = ap.parse_args(argv)
+
+    prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
+    try:
+        raw = ENGINES[args.engine](args, prompt)
+        result = summarize(args.engine, args, prompt, raw)
+    except Exception as exc:  # reported to the parent as a failed run rather than a bare traceback
+        traceback.print_exc(file=sys.stderr)
+        result = {"ok": False, "engine": args.engine, "model": args.model,
+                  "error": f"{type(exc).__name__}: {exc}", "peak_rss_bytes": peak_rss_bytes()}
+    sys.stdout.flush()
+    sys.stdout.write("\n" + RESULT_PREFIX + json.dumps(result) + "\n")
+    sys.stdout.flush()
+    os._exit(0 if result["ok"] else 1)  # skip interpreter teardown: nothing after this is measured
+
+
+if __name__ == "__main__":
+    sys.exit(main())

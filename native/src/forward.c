@@ -108,13 +108,20 @@ static void attn_worker(void *arg, int ith, int nth) {
         const int tok = it / nh, h = it % nh, kvh = h / group;
         const float *q = c->s.qkv + (size_t)tok * qkv_w + (size_t)h * hd;
         const size_t base = ((size_t)t->layer * hp->n_head_kv + kvh) * (size_t)c->n_ctx * hd;
-        const uint16_t *K = c->k_cache + base, *V = c->v_cache + base;
         const int n = t->p0 + tok + 1;
-        for (int j = 0; j < n; j++) sc[j] = dot_f16_f32(K + (size_t)j * hd, q, hd) * scale;
-        op_softmax(sc, n);
         float *out = c->s.att + (size_t)tok * qd + (size_t)h * hd;
         memset(out, 0, (size_t)hd * sizeof(float));
-        for (int j = 0; j < n; j++) axpy_f16(out, sc[j], V + (size_t)j * hd, hd);
+        if (c->kv_f32) {
+            const float *K = (const float *)c->k_cache + base, *V = (const float *)c->v_cache + base;
+            for (int j = 0; j < n; j++) sc[j] = dot_f32(K + (size_t)j * hd, q, hd) * scale;
+            op_softmax(sc, n);
+            for (int j = 0; j < n; j++) op_axpy(out, sc[j], V + (size_t)j * hd, hd);
+        } else {
+            const uint16_t *K = (const uint16_t *)c->k_cache + base, *V = (const uint16_t *)c->v_cache + base;
+            for (int j = 0; j < n; j++) sc[j] = dot_f16_f32(K + (size_t)j * hd, q, hd) * scale;
+            op_softmax(sc, n);
+            for (int j = 0; j < n; j++) axpy_f16(out, sc[j], V + (size_t)j * hd, hd);
+        }
     }
 }
 
@@ -158,8 +165,13 @@ static void attention_block(struct colibri_context *c, int il, int n, int p0) {
         const size_t pos = (size_t)(p0 + t);
         for (int h = 0; h < nkv; h++) {
             const size_t off = (((size_t)il * nkv + h) * (size_t)c->n_ctx + pos) * hd;
-            fp32_to_fp16_row(k + h * hd, c->k_cache + off, hd);
-            fp32_to_fp16_row(v + h * hd, c->v_cache + off, hd);
+            if (c->kv_f32) {
+                memcpy((float *)c->k_cache + off, k + h * hd, (size_t)hd * sizeof(float));
+                memcpy((float *)c->v_cache + off, v + h * hd, (size_t)hd * sizeof(float));
+            } else {
+                fp32_to_fp16_row(k + h * hd, (uint16_t *)c->k_cache + off, hd);
+                fp32_to_fp16_row(v + h * hd, (uint16_t *)c->v_cache + off, hd);
+            }
         }
     }
 
@@ -475,10 +487,12 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
 
     colibri_status st;
     const size_t kv_elems = (size_t)hp->n_layer * hp->n_head_kv * (size_t)c->n_ctx * hp->head_dim;
-    c->kv_bytes = 2 * kv_elems * sizeof(uint16_t);
+    c->kv_f32 = m->layers[0].wk.type == GGML_TYPE_F32;
+    const size_t kv_elem_bytes = c->kv_f32 ? sizeof(float) : sizeof(uint16_t);
+    c->kv_bytes = 2 * kv_elems * kv_elem_bytes;
     /* No memset: a position is always written before any attention reads it. */
-    c->k_cache = cb_aligned_alloc(64, kv_elems * sizeof(uint16_t));
-    c->v_cache = cb_aligned_alloc(64, kv_elems * sizeof(uint16_t));
+    c->k_cache = cb_aligned_alloc(64, kv_elems * kv_elem_bytes);
+    c->v_cache = cb_aligned_alloc(64, kv_elems * kv_elem_bytes);
     c->inv_freq = cb_malloc((size_t)(hp->n_rot / 2) * sizeof(float));
     const size_t route_elems = (size_t)c->n_batch * hp->n_layer * (hp->n_expert_used ? hp->n_expert_used : 1);
     c->route_ids = cb_malloc(route_elems * sizeof(int32_t));

@@ -151,8 +151,12 @@ struct colibri_context {
     int32_t n_ctx, n_batch, n_threads;
     int32_t n_past;
     cb_pool *pool;
-    uint16_t *k_cache;   /* [n_layer][n_head_kv][n_ctx][head_dim] f16 */
-    uint16_t *v_cache;   /* same layout */
+    /* KV cache [n_layer][n_head_kv][n_ctx][head_dim], F16 — or F32 when the model's attention
+     * weights are F32: a full-precision file is meant to reproduce the reference exactly, and
+     * F16 keys alone move its logits by ~1e-3 relative. */
+    void *k_cache;
+    void *v_cache;
+    int kv_f32;
     size_t kv_bytes;
     float *inv_freq;     /* [n_rot/2] */
     arena arena;

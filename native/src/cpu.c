@@ -1,0 +1,109 @@
+/* cpu.c — which instruction sets this CPU (and OS) supports, and the one dispatch table.
+ *
+ * The AVX2 and AVX-512 kernel files are compiled with those instruction sets enabled, so
+ * nothing in them may run before the checks here pass: CPUID says the CPU has the
+ * instructions, XGETBV says the OS saves the wider registers on context switches. */
+#include <stdatomic.h>
+#include <string.h>
+
+#include "error.h"
+#include "kernels_impl.h"
+
+#if defined(COLIBRI_HAVE_X86)
+#include <cpuid.h>
+
+static uint64_t read_xcr0(void) {
+    uint32_t lo, hi;
+    /* xgetbv with ecx = 0; written as asm so this file needs no -mxsave */
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+
+typedef struct cpu_caps {
+    int avx2;    /* AVX2 + FMA + F16C, YMM state enabled by the OS */
+    int avx512;  /* AVX-512 F/BW/VL/DQ/VNNI, ZMM and opmask state enabled by the OS */
+} cpu_caps;
+
+static cpu_caps detect_caps(void) {
+    cpu_caps caps = {0, 0};
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return caps;
+    const int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1, f16c = (c >> 29) & 1;
+    if (!osxsave || !avx) return caps;
+    const uint64_t xcr0 = read_xcr0();
+    const int ymm_os = (xcr0 & 0x6) == 0x6;    /* SSE and AVX state */
+    const int zmm_os = (xcr0 & 0xe6) == 0xe6;  /* plus opmask, ZMM_Hi256, Hi16_ZMM */
+    if (__get_cpuid_max(0, NULL) < 7) return caps;
+    __cpuid_count(7, 0, a, b, c, d);
+    const int avx2 = (b >> 5) & 1;
+    const int f = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
+    const int vnni = (c >> 11) & 1;
+    caps.avx2 = ymm_os && avx2 && fma && f16c;
+    caps.avx512 = caps.avx2 && zmm_os && f && dq && bw && vl && vnni;
+    return caps;
+}
+#endif
+
+/* Tables this build has, best first, and whether this CPU can run each. */
+static const kernel_table *const all_tables[] = {
+    &kernels_scalar,
+};
+#define N_TABLES (sizeof all_tables / sizeof all_tables[0])
+
+static int table_supported(const kernel_table *t) {
+#if defined(COLIBRI_HAVE_X86)
+    static atomic_int caps_state;  /* 0: not yet detected; else 1 + avx2 + 2 * avx512 */
+    int st = atomic_load_explicit(&caps_state, memory_order_relaxed);
+    if (st == 0) {
+        cpu_caps caps = detect_caps();
+        st = 1 + caps.avx2 + 2 * caps.avx512;
+        atomic_store_explicit(&caps_state, st, memory_order_relaxed);
+    }
+    if (t->isa == KERNEL_ISA_AVX512) return (st - 1) >> 1;
+    if (t->isa == KERNEL_ISA_AVX2) return (st - 1) & 1;
+#endif
+    return t->isa == KERNEL_ISA_SCALAR;
+}
+
+/* The dispatch table. Races on first use are benign: every thread picks the same table. */
+static _Atomic(const kernel_table *) current_table;
+
+static const kernel_table *best_table(void) {
+    for (size_t i = 0; i < N_TABLES; i++)
+        if (table_supported(all_tables[i])) return all_tables[i];
+    return &kernels_scalar;
+}
+
+const kernel_table *kernels_current(void) {
+    const kernel_table *t = atomic_load_explicit(&current_table, memory_order_acquire);
+    if (t) return t;
+    t = best_table();
+    atomic_store_explicit(&current_table, t, memory_order_release);
+    return t;
+}
+
+const char *kernels_backend_name(void) { return kernels_current()->name; }
+
+colibri_status kernels_select(const char *name) {
+    if (!name) {
+        atomic_store_explicit(&current_table, best_table(), memory_order_release);
+        return COLIBRI_OK;
+    }
+    for (size_t i = 0; i < N_TABLES; i++) {
+        if (strcmp(all_tables[i]->name, name) != 0) continue;
+        if (!table_supported(all_tables[i]))
+            return cb_error(COLIBRI_E_UNSUPPORTED, "CPU backend '%s' is not supported by this CPU", name);
+        atomic_store_explicit(&current_table, all_tables[i], memory_order_release);
+        return COLIBRI_OK;
+    }
+    if (strcmp(name, "avx2") == 0 || strcmp(name, "avx512") == 0)
+        return cb_error(COLIBRI_E_UNSUPPORTED, "CPU backend '%s' is not built for this architecture", name);
+    return cb_error(COLIBRI_E_INVALID_ARG, "unknown CPU backend '%s' (expected scalar, avx2 or avx512)", name);
+}
+
+COLIBRI_API const char *colibri_cpu_backend(void) { return kernels_backend_name(); }
+
+COLIBRI_API colibri_status colibri_set_cpu_backend(const char *name) {
+    if (!name) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_set_cpu_backend: name is NULL");
+    return kernels_select(name);
+}

@@ -1,0 +1,42 @@
+/* kernels_common.c — the public entry points of kernels.h: thin wrappers that go through
+ * the dispatch table chosen by cpu.c, plus the facts shared by every instruction set. */
+#include "kernels_impl.h"
+#include "types.h"
+
+int kernel_wants_q8a(uint32_t type) {
+    switch (type) {
+    case GGML_TYPE_Q8_0:
+    case GGML_TYPE_Q4_0:
+    case GGML_TYPE_Q4_1:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+void quantize_row_q8a(const float *x, block_q8a *y, int64_t n) {
+    kernels_current()->quantize_row_q8a(x, y, n);
+}
+
+void matmul_rows(uint32_t type, const void *W, size_t row_bytes, int n_cols,
+                 const float *X, const block_q8a *Xq, int n_tok,
+                 float *Y, int ldy, int r0, int r1) {
+    if (r1 <= r0 || n_tok <= 0) return;
+    kernels_current()->matmul_rows(type, W, row_bytes, n_cols, X, Xq, n_tok, Y, ldy, r0, r1);
+}
+
+float dot_f16_f32(const uint16_t *a, const float *b, int n) {
+    return kernels_current()->dot_f16_f32(a, b, n);
+}
+
+void axpy_f16(float *y, float alpha, const uint16_t *x, int n) {
+    kernels_current()->axpy_f16(y, alpha, x, n);
+}
+
+void fp32_to_fp16_row(const float *x, uint16_t *y, int n) {
+    kernels_current()->fp32_to_fp16_row(x, y, n);
+}
+
+float dot_f32(const float *a, const float *b, int n) {
+    return kernels_current()->dot_f32(a, b, n);
+}

@@ -1,0 +1,101 @@
+/* kernels_impl.h — private to the kernel files (kernels_*.c, cpu.c): the dispatch table
+ * each instruction set fills in, and the small scalar helpers they share.
+ *
+ * Everything outside the kernel files goes through the wrappers of kernels.h; the one
+ * process-wide mutable thing is the pointer to the table in use (cpu.c). */
+#ifndef COLIBRI_KERNELS_IMPL_H
+#define COLIBRI_KERNELS_IMPL_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels.h"
+
+typedef enum kernel_isa { KERNEL_ISA_SCALAR, KERNEL_ISA_AVX2, KERNEL_ISA_AVX512 } kernel_isa;
+
+typedef struct kernel_table {
+    const char *name;  /* "scalar", "avx2", "avx512" */
+    kernel_isa isa;    /* what the CPU must support to run it */
+    void (*matmul_rows)(uint32_t type, const void *W, size_t row_bytes, int n_cols,
+                        const float *X, const block_q8a *Xq, int n_tok,
+                        float *Y, int ldy, int r0, int r1);
+    void (*quantize_row_q8a)(const float *x, block_q8a *y, int64_t n);
+    float (*dot_f16_f32)(const uint16_t *a, const float *b, int n);
+    void (*axpy_f16)(float *y, float alpha, const uint16_t *x, int n);
+    void (*fp32_to_fp16_row)(const float *x, uint16_t *y, int n);
+    float (*dot_f32)(const float *a, const float *b, int n);
+} kernel_table;
+
+extern const kernel_table kernels_scalar;
+#if defined(COLIBRI_HAVE_X86)
+extern const kernel_table kernels_avx2;
+extern const kernel_table kernels_avx512;
+#endif
+
+/* The table in use (cpu.c); never NULL. */
+const kernel_table *kernels_current(void);
+
+/* Conversions, bit-exact with F16C (round to nearest even, NaN stays NaN, subnormals kept).
+ * Kept here rather than calling types.c so the kernels' scalar paths inline them. */
+static inline float kern_fp16_to_fp32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0x1f) {
+        /* inf / NaN: payload kept and a NaN made quiet, as F16C does */
+        bits = sign | 0x7f800000u | (man << 13) | (man ? 0x00400000u : 0u);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112u) << 23) | (man << 13);  /* normal: rebias 15 -> 127 */
+    } else if (man == 0) {
+        bits = sign;                                         /* +-0 */
+    } else {
+        /* subnormal: man * 2^-24, exact in float */
+        float f = (float)man * 5.9604644775390625e-8f;
+        uint32_t fb;
+        memcpy(&fb, &f, 4);
+        bits = sign | fb;
+    }
+    float out;
+    memcpy(&out, &bits, 4);
+    return out;
+}
+
+static inline uint16_t kern_fp32_to_fp16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) {
+        /* NaN: keep the top payload bits and force quiet, as F16C does */
+        return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
+    }
+    if (ax >= 0x477ff000u) {
+        /* >= 65520 rounds to infinity (65504 is the largest finite half) */
+        return (uint16_t)(sign | 0x7c00u);
+    }
+    if (ax < 0x38800000u) {
+        /* below the smallest normal half (2^-14): subnormal or zero; the float addition
+         * does the round-to-nearest-even for us (0.5f has ulp 2^-24 = half's subnormal step) */
+        float af;
+        memcpy(&af, &ax, 4);
+        float r = af + 0.5f;
+        uint32_t rb;
+        memcpy(&rb, &r, 4);
+        return (uint16_t)(sign | (rb - 0x3f000000u));
+    }
+    /* normal: rebias and round the 13 dropped bits to nearest even */
+    uint32_t odd = (ax >> 13) & 1u;
+    ax += 0xc8000fffu + odd;  /* (15 - 127) << 23, plus the rounding bias */
+    return (uint16_t)(sign | (ax >> 13));
+}
+
+static inline float kern_bf16_to_fp32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float out;
+    memcpy(&out, &bits, 4);
+    return out;
+}
+
+#endif

@@ -1,0 +1,592 @@
+/* test_kernels.c — every kernel set this CPU runs, against a double-precision reference
+ * written independently here (own fp16 decoding, own block arithmetic).
+ *
+ * Two kinds of data:
+ *   exact:  scales are powers of two and quants small, so every product and partial sum
+ *           is exact in float: every backend must return exactly the reference, bit for bit
+ *           (this pins down the integer dot products and the scale handling);
+ *   random: full-range quants and scales, where float rounding depends on summation order:
+ *           each backend must be within a tight bound of the reference, and its result for
+ *           a (row, token) must not depend on n_tok or on the row range it was computed in.
+ * Plus quantize_row_q8a against its definition and the attention helpers. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "kernels.h"
+#include "types.h"
+
+static int failures;
+#define CHECK(cond, ...)                                                               \
+    do {                                                                               \
+        if (!(cond)) {                                                                 \
+            if (failures++ < 30) {                                                     \
+                fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond); \
+                fprintf(stderr, __VA_ARGS__);                                          \
+                fprintf(stderr, "\n");                                                 \
+            }                                                                          \
+        }                                                                              \
+    } while (0)
+
+/* ---- random numbers ------------------------------------------------------ */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint64_t rnd_u64(void) {
+    rng_state ^= rng_state >> 12;
+    rng_state ^= rng_state << 25;
+    rng_state ^= rng_state >> 27;
+    return rng_state * 0x2545f4914f6cdd1dull;
+}
+static int rnd_int(int lo, int hi) { return lo + (int)(rnd_u64() % (uint64_t)(hi - lo + 1)); } /* [lo, hi] */
+static float rnd_unit(void) { return (float)((rnd_u64() >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; }
+
+/* ---- independent fp16 / bf16 handling ------------------------------------ */
+
+static double half_to_double(uint16_t h) {
+    int sign = h >> 15, exp = (h >> 10) & 31, man = h & 1023;
+    double v;
+    if (exp == 31) v = man ? NAN : INFINITY;
+    else if (exp == 0) v = ldexp(man, -24);
+    else v = ldexp(1024 + man, exp - 25);
+    return sign ? -v : v;
+}
+
+static uint16_t float_bits_hi(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)(u >> 16);
+}
+
+static uint16_t half_from_pow2(int sign, int e) { /* +-2^e, -14 <= e <= 15 */
+    return (uint16_t)((sign ? 0x8000 : 0) | ((e + 15) << 10));
+}
+
+/* nearest half to f (ties to even) by search over all finite halves; the reference for
+ * fp32_to_fp16_row on finite inputs */
+static uint16_t sorted_halves[31744]; /* positive finite halves 0x0000..0x7bff in order */
+static uint16_t half_nearest(float f) {
+    uint16_t sign = signbit(f) ? 0x8000 : 0;
+    double a = fabs((double)f);
+    if (a >= 65520.0) return sign | 0x7c00;
+    int lo = 0, hi = 31743;
+    while (hi - lo > 1) { /* largest index with value <= a */
+        int mid = (lo + hi) / 2;
+        if (half_to_double(sorted_halves[mid]) <= a) lo = mid;
+        else hi = mid;
+    }
+    double vlo = half_to_double(sorted_halves[lo]), vhi = half_to_double(sorted_halves[hi]);
+    uint16_t pick;
+    if (a <= vlo) pick = sorted_halves[lo];
+    else if (a - vlo < vhi - a) pick = sorted_halves[lo];
+    else if (a - vlo > vhi - a) pick = sorted_halves[hi];
+    else pick = (sorted_halves[lo] & 1) ? sorted_halves[hi] : sorted_halves[lo];
+    return sign | pick;
+}
+
+/* ---- test matrices ------------------------------------------------------- */
+
+typedef struct matrix {
+    uint32_t type;
+    int rows, cols;
+    size_t row_bytes;
+    unsigned char *data;  /* rows * row_bytes */
+} matrix;
+
+static size_t row_bytes_of(uint32_t type, int cols) {
+    switch (type) {
+    case GGML_TYPE_F32: return (size_t)cols * 4;
+    case GGML_TYPE_F16:
+    case GGML_TYPE_BF16: return (size_t)cols * 2;
+    case GGML_TYPE_Q8_0: return (size_t)cols / 32 * sizeof(block_q8_0);
+    case GGML_TYPE_Q4_0: return (size_t)cols / 32 * sizeof(block_q4_0);
+    case GGML_TYPE_Q4_1: return (size_t)cols / 32 * sizeof(block_q4_1);
+    }
+    return 0;
+}
+
+static const char *type_name(uint32_t type) {
+    switch (type) {
+    case GGML_TYPE_F32: return "F32";
+    case GGML_TYPE_F16: return "F16";
+    case GGML_TYPE_BF16: return "BF16";
+    case GGML_TYPE_Q8_0: return "Q8_0";
+    case GGML_TYPE_Q4_0: return "Q4_0";
+    case GGML_TYPE_Q4_1: return "Q4_1";
+    }
+    return "?";
+}
+
+/* a random fp16 scale: exact mode 2^-4..2^-6 with random sign, else a normal half in
+ * roughly [1e-3, 0.1] with random sign */
+static uint16_t rnd_scale(int exact) {
+    if (exact) return half_from_pow2(rnd_int(0, 1), -rnd_int(4, 6));
+    uint16_t h = (uint16_t)(((rnd_int(5, 11)) << 10) | rnd_int(0, 1023));
+    return (uint16_t)(h | (rnd_int(0, 1) << 15));
+}
+
+/* element value used for the float formats: exact mode small ints times 2^-4 */
+static float rnd_weight(int exact) {
+    if (exact) return (float)rnd_int(-15, 15) * 0.0625f;
+    return rnd_unit() * 2.0f;
+}
+
+static matrix make_matrix(uint32_t type, int rows, int cols, int exact) {
+    matrix m = {type, rows, cols, row_bytes_of(type, cols), NULL};
+    m.data = malloc(m.row_bytes * rows + 1);
+    for (int r = 0; r < rows; r++) {
+        unsigned char *row = m.data + r * m.row_bytes;
+        if (!kernel_wants_q8a(type)) {
+            for (int i = 0; i < cols; i++) {
+                float v = rnd_weight(exact);
+                if (type == GGML_TYPE_F32) memcpy(row + 4 * i, &v, 4);
+                else {
+                    uint16_t h = type == GGML_TYPE_F16 ? half_nearest(v) : float_bits_hi(v);
+                    memcpy(row + 2 * i, &h, 2);
+                }
+            }
+            continue;
+        }
+        for (int b = 0; b < cols / 32; b++) {
+            if (type == GGML_TYPE_Q8_0) {
+                block_q8_0 *blk = (block_q8_0 *)row + b;
+                blk->d = rnd_scale(exact);
+                for (int i = 0; i < 32; i++) blk->qs[i] = (int8_t)rnd_int(-128, 127);
+                continue;
+            }
+            unsigned char *qs;
+            if (type == GGML_TYPE_Q4_0) {
+                block_q4_0 *blk = (block_q4_0 *)row + b;
+                blk->d = rnd_scale(exact);
+                qs = blk->qs;
+            } else {
+                block_q4_1 *blk = (block_q4_1 *)row + b;
+                blk->d = rnd_scale(exact);
+                blk->m = rnd_scale(exact);
+                qs = blk->qs;
+            }
+            for (int i = 0; i < 16; i++) qs[i] = (unsigned char)rnd_int(0, 255);
+        }
+    }
+    return m;
+}
+
+/* ---- activations ------------------------------------------------------- */
+
+typedef struct acts {
+    int n_tok, cols;
+    float *x;       /* [n_tok][cols] */
+    block_q8a *xq;  /* [n_tok][cols / 32] */
+} acts;
+
+/* The definition of quantize_row_q8a, in the test's own words. */
+static void q8a_definition(const float *x, block_q8a *y, int n) {
+    for (int b = 0; b < n / 32; b++) {
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[b * 32 + i]));
+        float d = amax / 127.0f;
+        int sum = 0;
+        for (int i = 0; i < 32; i++) {
+            int q = d == 0.0f ? 0 : (int)roundf(x[b * 32 + i] / d);
+            y[b].qs[i] = (int8_t)q;
+            sum += q;
+        }
+        y[b].d = d;
+        y[b].s = d * (float)sum;
+    }
+}
+
+static acts make_acts(int n_tok, int cols, int exact) {
+    acts a = {n_tok, cols, malloc(sizeof(float) * n_tok * cols), NULL};
+    int nb = cols / 32;
+    a.xq = malloc(sizeof(block_q8a) * (nb ? nb : 1) * n_tok);
+    for (int t = 0; t < n_tok; t++) {
+        float *x = a.x + t * cols;
+        if (exact) {
+            for (int i = 0; i < cols; i++) x[i] = (float)rnd_int(-7, 7) * 0.125f;
+            for (int b = 0; b < nb; b++) { /* built directly: d a power of two, small quants */
+                block_q8a *q = &a.xq[t * nb + b];
+                q->d = ldexpf(1.0f, -rnd_int(3, 4));
+                int sum = 0;
+                for (int i = 0; i < 32; i++) sum += q->qs[i] = (int8_t)rnd_int(-7, 7);
+                q->s = q->d * (float)sum;
+            }
+        } else {
+            for (int i = 0; i < cols; i++) x[i] = rnd_unit();
+            if (nb > 2) { /* a silent block and a block with an outlier */
+                memset(x + 32, 0, 32 * sizeof(float));
+                x[64 + rnd_int(0, 31)] = 50.0f;
+            }
+            q8a_definition(x, a.xq + t * nb, nb * 32);
+        }
+    }
+    return a;
+}
+
+/* ---- reference ------------------------------------------------------------ */
+
+/* dot of row r with token t in double; *mag receives the sum of |terms| for the bound */
+static double ref_dot(const matrix *m, int r, const acts *a, int t, double *mag) {
+    const unsigned char *row = m->data + r * m->row_bytes;
+    double acc = 0.0, sabs = 0.0;
+    if (kernel_wants_q8a(m->type)) {
+        int nb = m->cols / 32;
+        const block_q8a *xq = a->xq + t * nb;
+        for (int b = 0; b < nb; b++) {
+            int wq[32];
+            double dw, dm = 0.0;
+            if (m->type == GGML_TYPE_Q8_0) {
+                const block_q8_0 *blk = (const block_q8_0 *)row + b;
+                dw = half_to_double(blk->d);
+                for (int i = 0; i < 32; i++) wq[i] = blk->qs[i];
+            } else {
+                const uint8_t *qs;
+                int off = 0;
+                if (m->type == GGML_TYPE_Q4_0) {
+                    const block_q4_0 *blk = (const block_q4_0 *)row + b;
+                    dw = half_to_double(blk->d);
+                    qs = blk->qs;
+                    off = 8;
+                } else {
+                    const block_q4_1 *blk = (const block_q4_1 *)row + b;
+                    dw = half_to_double(blk->d);
+                    dm = half_to_double(blk->m);
+                    qs = blk->qs;
+                }
+                for (int i = 0; i < 16; i++) {
+                    wq[i] = (qs[i] & 15) - off;
+                    wq[i + 16] = (qs[i] >> 4) - off;
+                }
+            }
+            for (int i = 0; i < 32; i++) {
+                double term = dw * xq[b].d * wq[i] * xq[b].qs[i];
+                acc += term;
+                sabs += fabs(term);
+            }
+            acc += dm * xq[b].s;
+            sabs += fabs(dm * xq[b].s);
+        }
+    } else {
+        const float *x = a->x + t * a->cols;
+        for (int i = 0; i < m->cols; i++) {
+            double w;
+            if (m->type == GGML_TYPE_F32) {
+                float f;
+                memcpy(&f, row + 4 * i, 4);
+                w = f;
+            } else {
+                uint16_t h;
+                memcpy(&h, row + 2 * i, 2);
+                if (m->type == GGML_TYPE_F16) w = half_to_double(h);
+                else {
+                    uint32_t u = (uint32_t)h << 16;
+                    float f;
+                    memcpy(&f, &u, 4);
+                    w = f;
+                }
+            }
+            acc += w * x[i];
+            sabs += fabs(w * x[i]);
+        }
+    }
+    *mag = sabs;
+    return acc;
+}
+
+/* ---- matmul ---------------------------------------------------------------- */
+
+static const float SENTINEL = -12345.678f;
+
+typedef struct case_stats {
+    int calls;
+    double worst_rel;  /* largest |y - ref| / bound seen */
+} case_stats;
+
+static void run_matmul(const matrix *m, const acts *a, int n_tok, int r0, int r1, float *Y, int ldy) {
+    for (int i = 0; i < n_tok * ldy; i++) Y[i] = SENTINEL;
+    matmul_rows(m->type, m->data, m->row_bytes, m->cols, a->x, kernel_wants_q8a(m->type) ? a->xq : NULL, n_tok, Y,
+                ldy, r0, r1);
+}
+
+static void test_matmul_case(const char *backend, uint32_t type, int rows, int cols, int exact, case_stats *st) {
+    static const int ntoks[] = {1, 2, 3, 5, 8, 17, 64};
+    const int max_tok = 64;
+    matrix m = make_matrix(type, rows, cols, exact);
+    acts a = make_acts(max_tok, cols, exact);
+    const int ldy = rows + 3;
+    double *ref = malloc(sizeof(double) * max_tok * rows), *mag = malloc(sizeof(double) * max_tok * rows);
+    for (int t = 0; t < max_tok; t++)
+        for (int r = 0; r < rows; r++) ref[t * rows + r] = ref_dot(&m, r, &a, t, &mag[t * rows + r]);
+    float *Y = malloc(sizeof(float) * max_tok * ldy), *Y1 = malloc(sizeof(float) * max_tok * ldy);
+    const int nb = kernel_wants_q8a(type) ? cols / 32 : cols;
+    /* bound on float rounding: a few roundings per term plus recursive summation */
+    const double eps = 1.0 / (1 << 23);
+    const double rel_bound = (nb + 8) * eps;
+
+    const int ranges[][2] = {{0, rows}, {3, rows - 4}, {rows - 1, rows}, {5, 5}};
+    for (size_t ri = 0; ri < sizeof ranges / sizeof ranges[0]; ri++) {
+        const int r0 = ranges[ri][0], r1 = ranges[ri][1];
+        for (size_t ti = 0; ti < sizeof ntoks / sizeof ntoks[0]; ti++) {
+            const int n_tok = ntoks[ti];
+            run_matmul(&m, &a, n_tok, r0, r1, Y, ldy);
+            st->calls++;
+            int bad_val = 0, bad_sentinel = 0;
+            for (int t = 0; t < n_tok; t++) {
+                for (int r = 0; r < ldy; r++) {
+                    float y = Y[t * ldy + r];
+                    if (r < r0 || r >= r1) {
+                        bad_sentinel += y != SENTINEL;
+                        continue;
+                    }
+                    double want = ref[t * rows + r];
+                    if (exact) {
+                        if (y != (float)want || (double)(float)want != want) {
+                            if (!bad_val++)
+                                fprintf(stderr, "  exact mismatch row %d tok %d: got %.9g want %.17g\n", r, t, y, want);
+                        }
+                    } else {
+                        double bound = rel_bound * mag[t * rows + r] + 1e-30;
+                        double err = fabs((double)y - want);
+                        if (err / bound > st->worst_rel) st->worst_rel = err / bound;
+                        if (!(err <= bound)) {
+                            if (!bad_val++)
+                                fprintf(stderr, "  row %d tok %d: got %.9g want %.9g (bound %.3g)\n", r, t, y, want,
+                                        bound);
+                        }
+                    }
+                }
+            }
+            CHECK(bad_val == 0, "%s %s %s cols=%d rows=[%d,%d) n_tok=%d: %d wrong values", backend, type_name(type),
+                  exact ? "exact" : "random", cols, r0, r1, n_tok, bad_val);
+            CHECK(bad_sentinel == 0, "%s %s cols=%d rows=[%d,%d) n_tok=%d: wrote %d values outside its rows",
+                  backend, type_name(type), cols, r0, r1, n_tok, bad_sentinel);
+
+            /* the same numbers one token at a time, and with the rows split in two
+             * unevenly: a (row, token) result must not depend on how the work was cut */
+            if (n_tok > 1 && r1 > r0) {
+                int mismatch = 0;
+                for (int t = 0; t < n_tok; t++) {
+                    acts one = a;
+                    one.x = a.x + t * cols;
+                    one.xq = a.xq + t * (cols / 32);
+                    run_matmul(&m, &one, 1, r0, r1, Y1, ldy);
+                    for (int r = r0; r < r1; r++)
+                        mismatch += memcmp(&Y1[r], &Y[t * ldy + r], sizeof(float)) != 0;
+                }
+                const int mid = r0 + (r1 - r0) / 3 + 1 > r1 ? r1 : r0 + (r1 - r0) / 3 + 1;
+                run_matmul(&m, &a, n_tok, r0, mid, Y1, ldy);
+                matmul_rows(m.type, m.data, m.row_bytes, m.cols, a.x, kernel_wants_q8a(type) ? a.xq : NULL, n_tok,
+                            Y1, ldy, mid, r1);
+                for (int t = 0; t < n_tok; t++)
+                    for (int r = r0; r < r1; r++)
+                        mismatch += memcmp(&Y1[t * ldy + r], &Y[t * ldy + r], sizeof(float)) != 0;
+                CHECK(mismatch == 0,
+                      "%s %s cols=%d n_tok=%d: %d results differ when computed per token or per row range", backend,
+                      type_name(type), cols, n_tok, mismatch);
+            }
+        }
+    }
+    free(Y1);
+    free(Y);
+    free(mag);
+    free(ref);
+    free(a.x);
+    free(a.xq);
+    free(m.data);
+}
+
+static void test_matmul(const char *backend) {
+    static const uint32_t types[] = {GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16,
+                                     GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1};
+    static const int qcols[] = {32, 96, 288, 1024};
+    static const int fcols[] = {1, 7, 32, 67, 96, 200, 1024};
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        uint32_t type = types[ti];
+        const int *cols = kernel_wants_q8a(type) ? qcols : fcols;
+        size_t n_cols = kernel_wants_q8a(type) ? sizeof qcols / sizeof qcols[0] : sizeof fcols / sizeof fcols[0];
+        case_stats st = {0, 0.0};
+        for (size_t ci = 0; ci < n_cols; ci++) {
+            for (int exact = 1; exact >= 0; exact--) {
+                test_matmul_case(backend, type, 37, cols[ci], exact, &st);
+                test_matmul_case(backend, type, 8, cols[ci], exact, &st);
+            }
+        }
+        printf("  %-6s %-4s: %4d calls, worst random-data error %.3f of the bound\n", backend, type_name(type),
+               st.calls, st.worst_rel);
+    }
+}
+
+/* ---- quantize_row_q8a ------------------------------------------------------ */
+
+static void test_quantize(const char *backend) {
+    enum { N = 32 * 40 };
+    static float x[N];
+    static block_q8a got[N / 32], want[N / 32];
+    for (int rep = 0; rep < 200; rep++) {
+        for (int i = 0; i < N; i++) x[i] = rnd_unit() * (rep % 3 == 0 ? 1e-3f : 3.0f);
+        /* special blocks: all zero, a single value, exact ties (amax 127 makes d = 1, so
+         * x / d = k + 0.5 must round away from zero), huge and tiny magnitudes, -0 */
+        memset(x, 0, 32 * sizeof(float));
+        memset(x + 32, 0, 32 * sizeof(float));
+        x[32 + rep % 32] = -1.0f;
+        for (int i = 0; i < 32; i++) x[64 + i] = (float)(i - 16) + 0.5f;
+        x[64] = 127.0f;
+        for (int i = 0; i < 32; i++) x[96 + i] = rnd_unit() * 1e30f;
+        for (int i = 0; i < 32; i++) x[128 + i] = rnd_unit() * 1e-35f;
+        x[160] = -0.0f;
+        q8a_definition(x, want, N);
+        quantize_row_q8a(x, got, N);
+        int bad = 0;
+        for (int b = 0; b < N / 32; b++) bad += memcmp(&got[b], &want[b], sizeof(block_q8a)) != 0;
+        CHECK(bad == 0, "%s quantize_row_q8a rep %d: %d of %d blocks differ from the definition", backend, rep, bad,
+              N / 32);
+        if (bad) break;
+    }
+    /* partial input: n = 32 writes exactly one block */
+    block_q8a two[2];
+    memset(two, 0x5a, sizeof two);
+    unsigned char untouched[sizeof(block_q8a)];
+    memset(untouched, 0x5a, sizeof untouched);
+    quantize_row_q8a(x, two, 32);
+    CHECK(memcmp(&two[1], untouched, sizeof untouched) == 0, "%s quantize_row_q8a wrote past n", backend);
+}
+
+/* ---- attention helpers ------------------------------------------------------ */
+
+static void test_attention_helpers(const char *backend) {
+    static const int lens[] = {1, 3, 8, 15, 16, 17, 31, 64, 100, 128, 129, 1000};
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+        const int n = lens[li];
+        uint16_t *h = malloc(2 * n);
+        float *a = malloc(4 * n), *b = malloc(4 * n), *y = malloc(4 * (n + 1)), *y0 = malloc(4 * n);
+        for (int i = 0; i < n; i++) {
+            a[i] = rnd_unit() * 4.0f;
+            b[i] = rnd_unit();
+            h[i] = half_nearest(rnd_unit() * 8.0f);
+            y0[i] = rnd_unit() * 2.0f;
+        }
+        double ref = 0, mag = 0, ref32 = 0, mag32 = 0;
+        for (int i = 0; i < n; i++) {
+            ref += half_to_double(h[i]) * b[i];
+            mag += fabs(half_to_double(h[i]) * b[i]);
+            ref32 += (double)a[i] * b[i];
+            mag32 += fabs((double)a[i] * b[i]);
+        }
+        const double eps = 1.0 / (1 << 23);
+        float got = dot_f16_f32(h, b, n);
+        CHECK(fabs(got - ref) <= (n + 4) * eps * mag + 1e-30, "%s dot_f16_f32 n=%d: %.9g vs %.9g", backend, n, got,
+              ref);
+        got = dot_f32(a, b, n);
+        CHECK(fabs(got - ref32) <= (n + 4) * eps * mag32 + 1e-30, "%s dot_f32 n=%d: %.9g vs %.9g", backend, n, got,
+              ref32);
+        const float alpha = rnd_unit() * 3.0f;
+        memcpy(y, y0, 4 * n);
+        y[n] = SENTINEL;
+        axpy_f16(y, alpha, h, n);
+        int bad = 0;
+        for (int i = 0; i < n; i++) {
+            double want = y0[i] + (double)alpha * half_to_double(h[i]);
+            double bound = 2 * eps * (fabs(y0[i]) + fabs(alpha * half_to_double(h[i]))) + 1e-30;
+            bad += !(fabs(y[i] - want) <= bound);
+        }
+        CHECK(bad == 0 && y[n] == SENTINEL, "%s axpy_f16 n=%d: %d wrong", backend, n, bad);
+        free(h), free(a), free(b), free(y), free(y0);
+    }
+
+    /* every half value converts exactly: y = 0 + 1 * x */
+    {
+        const int n = 65536;
+        uint16_t *h = malloc(2 * n);
+        float *y = malloc(4 * n);
+        for (int i = 0; i < n; i++) h[i] = (uint16_t)i, y[i] = 0.0f;
+        axpy_f16(y, 1.0f, h, n);
+        int bad = 0;
+        for (int i = 0; i < n; i++) {
+            double want = half_to_double((uint16_t)i);
+            if (isnan(want)) bad += !isnan(y[i]);
+            else bad += (double)y[i] != want;
+        }
+        CHECK(bad == 0, "%s: %d half values decoded wrongly", backend, bad);
+        free(h), free(y);
+    }
+
+    /* fp32 -> fp16: nearest, ties to even, overflow to inf, NaN stays NaN */
+    {
+        const int n = 1 << 20;
+        float *x = malloc(4 * n);
+        uint16_t *got = malloc(2 * (n + 1));
+        for (int i = 0; i < n; i++) {
+            uint32_t u;
+            if (i < 65536) { /* every half and every midpoint above it */
+                double v = half_to_double((uint16_t)i);
+                if (i % 2 && !isnan(v) && !isinf(v) && (i & 0x7fff) < 0x7bff)
+                    v = (v + half_to_double((uint16_t)(i + 1))) / 2;
+                float f = (float)v;
+                memcpy(&u, &f, 4);
+            } else if (i < 65536 + 4096) { /* around the overflow threshold and tiny values */
+                float f = (i % 2 ? 65504.0f : 3e-8f) * (1.0f + rnd_unit() * 0.01f);
+                memcpy(&u, &f, 4);
+            } else {
+                u = (uint32_t)rnd_u64(); /* any bit pattern, NaNs and infinities included */
+            }
+            memcpy(&x[i], &u, 4);
+        }
+        got[n] = 0xbeef;
+        fp32_to_fp16_row(x, got, n);
+        int bad = 0;
+        for (int i = 0; i < n; i++) {
+            if (isnan(x[i])) {
+                bad += (got[i] & 0x7c00) != 0x7c00 || (got[i] & 0x3ff) == 0;
+            } else {
+                uint16_t want = half_nearest(x[i]);
+                if (got[i] != want) {
+                    if (!bad) fprintf(stderr, "  fp32_to_fp16(%.9g) = %04x, want %04x\n", x[i], got[i], want);
+                    bad++;
+                }
+            }
+        }
+        CHECK(bad == 0 && got[n] == 0xbeef, "%s fp32_to_fp16_row: %d wrong of %d", backend, bad, n);
+        free(x), free(got);
+    }
+}
+
+int main(void) {
+    for (int i = 0; i < 31744; i++) sorted_halves[i] = (uint16_t)i;
+
+    /* selection: bad names are refused with a message, the best is the default */
+    CHECK(kernels_select("no-such-backend") == COLIBRI_E_INVALID_ARG, "unknown backend accepted");
+    CHECK(strlen(cb_last_error()) > 0, "no error message for an unknown backend");
+    CHECK(kernels_select(NULL) == COLIBRI_OK, "selecting the best backend failed");
+    const char *best = kernels_backend_name();
+    CHECK(strcmp(colibri_cpu_backend(), best) == 0, "colibri_cpu_backend disagrees");
+    CHECK(colibri_set_cpu_backend(NULL) == COLIBRI_E_INVALID_ARG, "colibri_set_cpu_backend(NULL) accepted");
+    printf("best kernel set on this CPU: %s\n", best);
+
+    static const char *backends[] = {"scalar", "avx2", "avx512"};
+    int tested = 0;
+    for (size_t bi = 0; bi < sizeof backends / sizeof backends[0]; bi++) {
+        colibri_status s = kernels_select(backends[bi]);
+        if (s == COLIBRI_E_UNSUPPORTED) {
+            printf("%s: not available here (%s)\n", backends[bi], cb_last_error());
+            continue;
+        }
+        CHECK(s == COLIBRI_OK, "kernels_select(%s) = %d", backends[bi], (int)s);
+        CHECK(strcmp(kernels_backend_name(), backends[bi]) == 0, "selected %s, running %s", backends[bi],
+              kernels_backend_name());
+        printf("%s:\n", backends[bi]);
+        test_quantize(backends[bi]);
+        test_attention_helpers(backends[bi]);
+        test_matmul(backends[bi]);
+        tested++;
+    }
+    CHECK(tested >= 1, "no backend tested");
+    kernels_select(NULL);
+    if (failures) {
+        fprintf(stderr, "test_kernels: %d failures\n", failures);
+        return 1;
+    }
+    printf("test_kernels: ok (%d kernel sets)\n", tested);
+    return 0;
+}

@@ -1,0 +1,797 @@
+"""Convert a Hugging Face checkpoint directory into a llama.cpp-compatible GGUF file.
+
+Supported architectures (config.json `model_type`): llama (dense), mixtral, qwen2_moe, qwen3_moe, olmoe,
+granitemoe. The output uses llama.cpp's tensor names and metadata keys, so the same file runs in llama.cpp and
+in Colibri; that is what the conformance suite and the benchmarks rely on.
+
+Only numpy, the `gguf` package and the standard library are used: no torch. Safetensors files are read through
+their JSON header and a memory map, one tensor at a time, so converting a checkpoint larger than memory is
+possible (peak memory is about one layer's stacked expert tensor of one projection, in float32).
+
+Layout decisions (the same as llama.cpp's converter, so both engines read the file identically):
+* q/k projection rows of llama-family attention (llama, mixtral, granitemoe) are permuted so that llama.cpp's
+  "normal" RoPE (adjacent pairs) equals transformers' rotate_half RoPE; qwen and olmoe use NeoX RoPE and are
+  written as they are.
+* experts are stacked per layer and projection: blk.N.ffn_{gate,up,down}_exps.weight [n_expert, rows, cols].
+* 1-D tensors, norms and routers stay F32 whatever the requested type; matrices whose row length is not a
+  multiple of the quantization block fall back to F16.
+* tensor data is aligned to 4096 bytes (general.alignment) so that later direct I/O can read experts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("colibri.convert")
+
+ALIGNMENT = 4096
+OUT_TYPES = ("f32", "f16", "q8_0", "q4_0")
+SUPPORTED_MODEL_TYPES = ("llama", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe")
+
+
+class ConversionError(ValueError):
+    """The checkpoint cannot be converted (unsupported feature, missing or inconsistent files)."""
+
+
+# --------------------------------------------------------------------------------------------------------------
+# safetensors reading (header + memory map; bf16 widened by hand because numpy has no bfloat16)
+
+_ST_DTYPES: dict[str, tuple[str, int]] = {
+    "F32": ("<f4", 4),
+    "F16": ("<f2", 2),
+    "BF16": ("<u2", 2),
+    "F64": ("<f8", 8),
+}
+
+
+@dataclass
+class _StTensor:
+    file: Path
+    dtype: str  # safetensors dtype name
+    shape: tuple[int, ...]
+    offset: int  # absolute byte offset in the file
+    nbytes: int
+
+
+def _read_safetensors_header(path: Path) -> dict[str, _StTensor]:
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise ConversionError(f"{path}: too short to be a safetensors file")
+        (hlen,) = struct.unpack("<Q", raw)
+        if hlen <= 0 or 8 + hlen > size or hlen > 100 * 1024 * 1024:
+            raise ConversionError(f"{path}: invalid safetensors header length {hlen}")
+        try:
+            header = json.loads(f.read(hlen))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConversionError(f"{path}: unreadable safetensors header: {exc}") from exc
+    base = 8 + hlen
+    out: dict[str, _StTensor] = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = meta.get("dtype")
+        if dtype not in _ST_DTYPES:
+            raise ConversionError(f"{path}: tensor {name} has unsupported dtype {dtype}")
+        shape = tuple(int(d) for d in meta["shape"])
+        begin, end = (int(x) for x in meta["data_offsets"])
+        expected = math.prod(shape) * _ST_DTYPES[dtype][1]
+        if end - begin != expected or begin < 0 or base + end > size:
+            raise ConversionError(f"{path}: tensor {name} has inconsistent data offsets")
+        out[name] = _StTensor(path, dtype, shape, base + begin, expected)
+    return out
+
+
+class _Checkpoint:
+    """All tensors of a checkpoint directory, read lazily as float32."""
+
+    def __init__(self, hf_dir: Path) -> None:
+        index = hf_dir / "model.safetensors.index.json"
+        if index.exists():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            files = sorted({hf_dir / f for f in weight_map.values()})
+        else:
+            files = sorted(hf_dir.glob("*.safetensors"))
+        if not files:
+            if any(hf_dir.glob("*.bin")) or any(hf_dir.glob("*.pt")):
+                raise ConversionError(
+                    f"{hf_dir}: only PyTorch pickle weights found; re-save the checkpoint with safetensors "
+                    "(model.save_pretrained(dir, safe_serialization=True)) and convert again"
+                )
+            raise ConversionError(f"{hf_dir}: no *.safetensors weights found")
+        self.tensors: dict[str, _StTensor] = {}
+        for f in files:
+            if not f.exists():
+                raise ConversionError(f"{f}: listed in the index but missing")
+            for name, t in _read_safetensors_header(f).items():
+                if name in self.tensors:
+                    raise ConversionError(f"tensor {name} appears in more than one safetensors file")
+                self.tensors[name] = t
+        self.used: set[str] = set()
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self._get(name).shape
+
+    def _get(self, name: str) -> _StTensor:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise ConversionError(f"checkpoint lacks tensor {name}") from None
+
+    def mark(self, name: str) -> None:
+        self._get(name)
+        self.used.add(name)
+
+    def load(self, name: str) -> np.ndarray:
+        t = self._get(name)
+        npdtype, _ = _ST_DTYPES[t.dtype]
+        count = math.prod(t.shape)
+        with open(t.file, "rb") as f:
+            f.seek(t.offset)
+            buf = f.read(t.nbytes)
+        if len(buf) != t.nbytes:
+            raise ConversionError(f"{t.file}: truncated data for tensor {name}")
+        raw = np.frombuffer(buf, dtype=npdtype, count=count)
+        if t.dtype == "BF16":
+            # bf16 is the top half of an IEEE float32: widen by shifting into the high 16 bits.
+            arr = (raw.astype(np.uint32) << 16).view(np.float32)
+        else:
+            arr = raw.astype(np.float32)
+        return arr.reshape(t.shape)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# model description from config.json
+
+
+@dataclass
+class _Hparams:
+    model_type: str
+    arch: str  # GGUF general.architecture
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    n_ctx: int
+    rms_eps: float
+    rope_theta: float
+    vocab_size: int
+    tie_embeddings: bool
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    n_ff_shexp: int = 0
+    norm_topk: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _first(cfg: dict[str, Any], *keys: str, default: Any = None) -> Any:
+    for k in keys:
+        if cfg.get(k) is not None:
+            return cfg[k]
+    return default
+
+
+def _rope_theta_and_check(cfg: dict[str, Any]) -> float:
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and params:
+        # transformers 5 may nest per-attention-type parameters ({"full_attention": {...}}).
+        if "rope_type" not in params and "rope_theta" not in params and len(params) == 1:
+            params = next(iter(params.values()))
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        if rope_type not in (None, "default"):
+            raise ConversionError(f"RoPE scaling '{rope_type}' is not supported yet (rope_parameters={params})")
+        theta = params.get("rope_theta", cfg.get("rope_theta"))
+    else:
+        scaling = cfg.get("rope_scaling")
+        if scaling:
+            rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+            if rope_type not in (None, "default"):
+                raise ConversionError(f"RoPE scaling '{rope_type}' is not supported yet (rope_scaling={scaling})")
+        theta = cfg.get("rope_theta")
+    return float(theta if theta is not None else 10000.0)
+
+
+def _hparams(cfg: dict[str, Any]) -> _Hparams:
+    mt = cfg.get("model_type")
+    if mt not in SUPPORTED_MODEL_TYPES:
+        raise ConversionError(
+            f"model_type '{mt}' is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    n_embd = int(cfg["hidden_size"])
+    n_head = int(cfg["num_attention_heads"])
+    n_head_kv = int(_first(cfg, "num_key_value_heads", default=n_head))
+    head_dim = int(_first(cfg, "head_dim", default=n_embd // n_head))
+    if n_head % n_head_kv:
+        raise ConversionError(f"num_attention_heads {n_head} is not a multiple of num_key_value_heads {n_head_kv}")
+    if head_dim % 2:
+        raise ConversionError(f"head_dim {head_dim} must be even for RoPE")
+    if cfg.get("hidden_act", "silu") not in ("silu", "swish"):
+        raise ConversionError(f"hidden_act '{cfg.get('hidden_act')}' is not supported (only SiLU/SwiGLU)")
+    if cfg.get("attention_bias") and mt in ("llama", "mixtral", "granitemoe", "olmoe"):
+        raise ConversionError(f"attention_bias=True is not supported for {mt}")
+    if cfg.get("mlp_bias"):
+        raise ConversionError("mlp_bias=True is not supported")
+    n_ctx = int(_first(cfg, "max_position_embeddings", default=4096))
+    # Sliding-window attention changes the math only when the window is shorter than the context.
+    window = cfg.get("sliding_window")
+    uses_window = cfg.get("use_sliding_window", mt in ("llama", "mixtral"))
+    if uses_window and window and int(window) < n_ctx:
+        raise ConversionError(
+            f"sliding-window attention (window {window} < context {n_ctx}) is not supported yet"
+        )
+    if mt in ("qwen2_moe", "qwen3_moe"):
+        if cfg.get("mlp_only_layers"):
+            raise ConversionError("mlp_only_layers (dense layers inside a Qwen MoE) is not supported yet")
+        if int(cfg.get("decoder_sparse_step", 1)) != 1:
+            raise ConversionError("decoder_sparse_step != 1 (dense layers inside a Qwen MoE) is not supported yet")
+    if mt == "olmoe" and cfg.get("clip_qkv") is not None:
+        raise ConversionError("OLMoE clip_qkv is not supported yet")
+    if mt == "granitemoe" and cfg.get("shared_intermediate_size"):
+        raise ConversionError("GraniteMoE shared experts (granitemoeshared) are not supported yet")
+
+    arch = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}.get(mt, mt)
+    hp = _Hparams(
+        model_type=mt,
+        arch=arch,
+        n_layer=int(cfg["num_hidden_layers"]),
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim=head_dim,
+        n_ff=int(cfg.get("intermediate_size") or 0),
+        n_ctx=n_ctx,
+        rms_eps=float(_first(cfg, "rms_norm_eps", default=1e-6)),
+        rope_theta=_rope_theta_and_check(cfg),
+        vocab_size=int(cfg["vocab_size"]),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", mt == "granitemoe")),
+    )
+    if mt != "llama":
+        hp.n_expert = int(_first(cfg, "num_local_experts", "num_experts", default=0))
+        hp.n_expert_used = int(_first(cfg, "num_experts_per_tok", "top_k", default=0))
+        if hp.n_expert <= 0 or not 0 < hp.n_expert_used <= hp.n_expert:
+            raise ConversionError(f"invalid expert counts: {hp.n_expert} experts, {hp.n_expert_used} used")
+    if mt in ("qwen2_moe", "qwen3_moe"):
+        hp.n_ff_exp = int(cfg["moe_intermediate_size"])
+        hp.norm_topk = bool(cfg.get("norm_topk_prob", False))
+    elif mt in ("mixtral", "olmoe", "granitemoe"):
+        hp.n_ff_exp = hp.n_ff
+        hp.norm_topk = {"mixtral": True, "granitemoe": True}.get(mt, bool(cfg.get("norm_topk_prob", False)))
+    if mt == "qwen2_moe":
+        hp.n_ff_shexp = int(cfg.get("shared_expert_intermediate_size") or 0)
+    if mt == "granitemoe":
+        hp.extra = {
+            "attention_scale": float(cfg.get("attention_multiplier", 1.0)),
+            "embedding_scale": float(cfg.get("embedding_multiplier", 1.0)),
+            "residual_scale": float(cfg.get("residual_multiplier", 1.0)),
+            "logit_scale": float(cfg.get("logits_scaling", 1.0)),
+        }
+    return hp
+
+
+# --------------------------------------------------------------------------------------------------------------
+# tensor plan: output name, logical shape (numpy order) and a producer that yields the data in chunks
+
+
+@dataclass
+class _OutTensor:
+    name: str
+    shape: tuple[int, ...]
+    keep_f32: bool  # norms, routers, 1-D tensors: never quantized
+    chunks: Callable[[], Iterator[np.ndarray]]  # yields float32 arrays whose concatenation is the tensor
+    qtype: int = 0  # GGMLQuantizationType, decided later
+    nbytes: int = 0
+
+
+def _permute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Reorder q/k projection rows from rotate_half pairing (i, i+d/2) to adjacent pairing (2i, 2i+1).
+
+    Within each head the first half of the rows holds the "real" parts and the second half the "imaginary"
+    parts for transformers' rotate_half RoPE; llama.cpp's normal RoPE rotates adjacent elements, so the rows
+    are interleaved: new row 2i = old row i, new row 2i+1 = old row i + d/2.
+    """
+    rows = w.shape[0]
+    half = rows // n_head // 2
+    return w.reshape(n_head, 2, half, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+class _Planner:
+    def __init__(self, ckpt: _Checkpoint, hp: _Hparams) -> None:
+        self.ck = ckpt
+        self.hp = hp
+        self.out: list[_OutTensor] = []
+
+    def add(
+        self,
+        name: str,
+        src: str,
+        *,
+        keep_f32: bool = False,
+        transform: Callable[[np.ndarray], np.ndarray] | None = None,
+        shape: tuple[int, ...] | None = None,
+    ) -> None:
+        self.ck.mark(src)
+        ck = self.ck
+
+        def chunks() -> Iterator[np.ndarray]:
+            a = ck.load(src)
+            yield transform(a) if transform else a
+
+        real_shape = shape if shape is not None else ck.shape(src)
+        self.out.append(_OutTensor(name, tuple(real_shape), keep_f32 or len(real_shape) == 1, chunks))
+
+    def add_stacked(self, name: str, srcs: list[str]) -> None:
+        """One [n_expert, rows, cols] tensor from per-expert 2-D tensors, read one expert at a time."""
+        shapes = {self.ck.shape(s) for s in srcs}
+        if len(shapes) != 1:
+            raise ConversionError(f"experts of {name} have different shapes: {sorted(shapes)}")
+        for s in srcs:
+            self.ck.mark(s)
+        ck = self.ck
+
+        def chunks() -> Iterator[np.ndarray]:
+            for s in srcs:
+                yield ck.load(s)
+
+        self.out.append(_OutTensor(name, (len(srcs), *shapes.pop()), False, chunks))
+
+    def add_split_stacked(self, name: str, src: str, part: slice, rows: int) -> None:
+        """One expert projection taken from a fused [n_expert, 2I, H] tensor (rows `part` of every expert)."""
+        self.ck.mark(src)
+        ck = self.ck
+        e, _, cols = ck.shape(src)
+
+        def chunks() -> Iterator[np.ndarray]:
+            full = ck.load(src)
+            for i in range(e):
+                yield np.ascontiguousarray(full[i, part, :])
+
+        self.out.append(_OutTensor(name, (e, rows, cols), False, chunks))
+
+    def add_whole_stacked(self, name: str, src: str) -> None:
+        self.ck.mark(src)
+        ck = self.ck
+
+        def chunks() -> Iterator[np.ndarray]:
+            full = ck.load(src)
+            for i in range(full.shape[0]):
+                yield full[i]
+
+        self.out.append(_OutTensor(name, tuple(ck.shape(src)), False, chunks))
+
+
+def _plan(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
+    p = _Planner(ck, hp)
+    mt = hp.model_type
+    permute = mt in ("llama", "mixtral", "granitemoe")
+
+    p.add("token_embd.weight", "model.embed_tokens.weight")
+    emb_shape = ck.shape("model.embed_tokens.weight")
+    if emb_shape != (hp.vocab_size, hp.n_embd):
+        raise ConversionError(f"embed_tokens has shape {emb_shape}, config says {(hp.vocab_size, hp.n_embd)}")
+
+    for i in range(hp.n_layer):
+        pre = f"model.layers.{i}."
+        blk = f"blk.{i}."
+        p.add(blk + "attn_norm.weight", pre + "input_layernorm.weight", keep_f32=True)
+        p.add(blk + "ffn_norm.weight", pre + "post_attention_layernorm.weight", keep_f32=True)
+        q_rows = hp.n_head * hp.head_dim
+        kv_rows = hp.n_head_kv * hp.head_dim
+        for proj, gname, rows, heads in (
+            ("q_proj", "attn_q", q_rows, hp.n_head),
+            ("k_proj", "attn_k", kv_rows, hp.n_head_kv),
+            ("v_proj", "attn_v", kv_rows, 0),
+        ):
+            src = pre + f"self_attn.{proj}.weight"
+            if ck.shape(src) != (rows, hp.n_embd):
+                raise ConversionError(f"{src} has shape {ck.shape(src)}, expected {(rows, hp.n_embd)}")
+            tf = None
+            if permute and heads:
+                tf = lambda w, h=heads: _permute_rope_rows(w, h)  # noqa: E731
+            p.add(blk + gname + ".weight", src, transform=tf)
+            bias = pre + f"self_attn.{proj}.bias"
+            if bias in ck:
+                btf = None
+                if permute and heads:
+                    btf = lambda b, h=heads: _permute_rope_rows(b, h)  # noqa: E731
+                p.add(blk + gname + ".bias", bias, transform=btf)
+        p.add(blk + "attn_output.weight", pre + "self_attn.o_proj.weight")
+        if pre + "self_attn.o_proj.bias" in ck:
+            p.add(blk + "attn_output.bias", pre + "self_attn.o_proj.bias")
+        if mt in ("qwen3_moe", "olmoe"):
+            p.add(blk + "attn_q_norm.weight", pre + "self_attn.q_norm.weight", keep_f32=True)
+            p.add(blk + "attn_k_norm.weight", pre + "self_attn.k_norm.weight", keep_f32=True)
+
+        if mt == "llama":
+            for proj, gname in (("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"), ("down_proj", "ffn_down")):
+                p.add(f"{blk}{gname}.weight", f"{pre}mlp.{proj}.weight")
+            continue
+
+        if mt == "granitemoe":
+            moe = pre + "block_sparse_moe."
+            p.add(blk + "ffn_gate_inp.weight", moe + "router.layer.weight", keep_f32=True)
+            e, two_i, h = ck.shape(moe + "input_linear.weight")
+            half = two_i // 2
+            p.add_split_stacked(blk + "ffn_gate_exps.weight", moe + "input_linear.weight", slice(0, half), half)
+            p.add_split_stacked(blk + "ffn_up_exps.weight", moe + "input_linear.weight", slice(half, two_i), half)
+            p.add_whole_stacked(blk + "ffn_down_exps.weight", moe + "output_linear.weight")
+            continue
+
+        if mt == "mixtral":
+            moe = pre + "block_sparse_moe."
+            router = moe + "gate.weight"
+            names = {"ffn_gate_exps": "w1", "ffn_up_exps": "w3", "ffn_down_exps": "w2"}
+        else:
+            moe = pre + "mlp."
+            router = moe + "gate.weight"
+            names = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
+        if ck.shape(router) != (hp.n_expert, hp.n_embd):
+            raise ConversionError(f"{router} has shape {ck.shape(router)}, expected {(hp.n_expert, hp.n_embd)}")
+        p.add(blk + "ffn_gate_inp.weight", router, keep_f32=True)
+        fused = moe + "experts.gate_up_proj"
+        if fused in ck or fused + ".weight" in ck:
+            # transformers' in-memory fused layout saved as is: gate_up [E, 2I, H] (gate first), down [E, H, I].
+            fname = fused if fused in ck else fused + ".weight"
+            e, two_i, h = ck.shape(fname)
+            half = two_i // 2
+            p.add_split_stacked(blk + "ffn_gate_exps.weight", fname, slice(0, half), half)
+            p.add_split_stacked(blk + "ffn_up_exps.weight", fname, slice(half, two_i), half)
+            dname = moe + "experts.down_proj"
+            p.add_whole_stacked(blk + "ffn_down_exps.weight", dname if dname in ck else dname + ".weight")
+        else:
+            for gname, hname in names.items():
+                p.add_stacked(
+                    f"{blk}{gname}.weight",
+                    [f"{moe}experts.{e}.{hname}.weight" for e in range(hp.n_expert)],
+                )
+        if mt == "qwen2_moe" and hp.n_ff_shexp:
+            for proj, gname in (("gate_proj", "ffn_gate_shexp"), ("up_proj", "ffn_up_shexp"),
+                                ("down_proj", "ffn_down_shexp")):
+                p.add(f"{blk}{gname}.weight", f"{moe}shared_expert.{proj}.weight")
+            # [1, H] in the checkpoint; llama.cpp declares it as a vector {n_embd}.
+            p.add(blk + "ffn_gate_inp_shexp.weight", moe + "shared_expert_gate.weight", keep_f32=True,
+                  transform=lambda w: w.reshape(-1), shape=(hp.n_embd,))
+
+    p.add("output_norm.weight", "model.norm.weight", keep_f32=True)
+    # llama.cpp's qwen2moe and olmoe loaders require output.weight even when the embeddings are tied.
+    needs_output = mt in ("qwen2_moe", "olmoe")
+    if not hp.tie_embeddings and "lm_head.weight" in ck:
+        p.add("output.weight", "lm_head.weight")
+    elif not hp.tie_embeddings:
+        raise ConversionError("config says tie_word_embeddings=false but the checkpoint has no lm_head.weight")
+    elif needs_output:
+        ck.used.add("model.embed_tokens.weight")
+        p.add("output.weight", "model.embed_tokens.weight")
+    if hp.tie_embeddings and "lm_head.weight" in ck:
+        ck.used.add("lm_head.weight")  # a tied copy saved anyway: the embedding is authoritative
+
+    leftovers = sorted(n for n in ck.tensors if n not in ck.used and not n.endswith("rotary_emb.inv_freq"))
+    if leftovers:
+        shown = ", ".join(leftovers[:8]) + (" ..." if len(leftovers) > 8 else "")
+        raise ConversionError(f"{len(leftovers)} checkpoint tensors have no GGUF mapping: {shown}")
+    return p.out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# tokenizer metadata from tokenizer.json / tokenizer_config.json
+
+_GPT2_RE = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_QWEN2_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+             r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+              r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def _pre_tokenizer_name(pre: dict[str, Any] | None) -> str:
+    """Name llama.cpp uses for the HF pre-tokenizer pipeline, recognised by its structure."""
+    if not pre:
+        raise ConversionError("tokenizer.json has no pre_tokenizer; only byte-level BPE tokenizers are supported")
+    steps = pre["pretokenizers"] if pre.get("type") == "Sequence" else [pre]
+    kinds = [s.get("type") for s in steps]
+    if not kinds or kinds[-1] != "ByteLevel":
+        raise ConversionError(
+            f"pre-tokenizer {kinds} is not byte-level BPE; SentencePiece-style tokenizers are not supported yet"
+        )
+    last = steps[-1]
+    if last.get("add_prefix_space"):
+        raise ConversionError("ByteLevel pre-tokenizer with add_prefix_space=true is not supported")
+    if len(steps) == 1 and last.get("use_regex", True):
+        return "gpt-2"
+    if kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits") and last.get("use_regex", True):
+        return "smollm"
+    if kinds == ["Split", "ByteLevel"] and not last.get("use_regex", True):
+        pattern = steps[0].get("pattern", {})
+        regex = pattern.get("Regex", pattern.get("String"))
+        if regex == _QWEN2_RE:
+            return "qwen2"
+        if regex == _LLAMA3_RE:
+            return "llama-bpe"
+        if regex == _GPT2_RE:
+            return "gpt-2"
+    raise ConversionError(
+        f"unrecognised byte-level pre-tokenizer {json.dumps(pre)[:300]}; llama.cpp would not tokenize it the same"
+    )
+
+
+def _token_content(tok: Any) -> str | None:
+    if isinstance(tok, dict):
+        return tok.get("content")
+    return tok if isinstance(tok, str) else None
+
+
+@dataclass
+class _Vocab:
+    tokens: list[str]
+    types: list[int]
+    merges: list[str]
+    pre: str
+    special_ids: dict[str, int]
+    add_bos: bool
+    add_eos: bool
+    chat_template: str | list[dict[str, str]] | None
+
+
+def _vocab(hf_dir: Path, cfg: dict[str, Any], n_vocab: int) -> _Vocab:
+    from gguf import TokenType
+
+    tj_path = hf_dir / "tokenizer.json"
+    if not tj_path.exists():
+        raise ConversionError(f"{hf_dir}: tokenizer.json is missing (needed for the GGUF tokenizer)")
+    tj = json.loads(tj_path.read_text(encoding="utf-8"))
+    model = tj.get("model", {})
+    if model.get("type") != "BPE" or model.get("byte_fallback"):
+        raise ConversionError(
+            f"tokenizer model {model.get('type')} (byte_fallback={model.get('byte_fallback')}) is not supported; "
+            "only byte-level BPE (GPT-2 style) tokenizers are"
+        )
+    pre = _pre_tokenizer_name(tj.get("pre_tokenizer"))
+    id_of: dict[str, int] = dict(model["vocab"])
+    special: set[int] = set()
+    added: set[int] = set()
+    for at in tj.get("added_tokens", []):
+        id_of[at["content"]] = int(at["id"])
+        (special if at.get("special") else added).add(int(at["id"]))
+    by_id: dict[int, str] = {}
+    for tok, idx in id_of.items():
+        by_id[int(idx)] = tok
+    if by_id and max(by_id) >= n_vocab:
+        raise ConversionError(f"tokenizer has token id {max(by_id)} but the model vocab_size is {n_vocab}")
+    tokens: list[str] = []
+    types: list[int] = []
+    for i in range(n_vocab):
+        tok = by_id.get(i)
+        if tok is None:
+            tokens.append(f"[PAD{i}]")
+            types.append(int(TokenType.UNUSED))
+        else:
+            tokens.append(tok)
+            types.append(int(TokenType.CONTROL if i in special else
+                             TokenType.USER_DEFINED if i in added else TokenType.NORMAL))
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+
+    tc_path = hf_dir / "tokenizer_config.json"
+    tc = json.loads(tc_path.read_text(encoding="utf-8")) if tc_path.exists() else {}
+    gen_path = hf_dir / "generation_config.json"
+    gen = json.loads(gen_path.read_text(encoding="utf-8")) if gen_path.exists() else {}
+
+    special_ids: dict[str, int] = {}
+    for kind in ("bos", "eos", "pad", "unk"):
+        content = _token_content(tc.get(f"{kind}_token"))
+        if content is not None and content in id_of:
+            special_ids[kind] = id_of[content]
+            continue
+        for source in (gen, cfg):
+            val = source.get(f"{kind}_token_id")
+            if isinstance(val, list) and val:
+                val = val[0]
+            if isinstance(val, int) and 0 <= val < n_vocab:
+                special_ids[kind] = val
+                break
+
+    add_bos = tc.get("add_bos_token")
+    add_eos = tc.get("add_eos_token")
+    post = tj.get("post_processor") or {}
+    if add_bos is None:
+        add_bos = False
+        if post.get("type") == "TemplateProcessing" and "bos" in special_ids:
+            single = post.get("single", [])
+            add_bos = bool(single) and "SpecialToken" in single[0] and \
+                single[0]["SpecialToken"].get("id") == tokens[special_ids["bos"]]
+
+    template = tc.get("chat_template")
+    jinja = hf_dir / "chat_template.jinja"
+    if template is None and jinja.exists():
+        template = jinja.read_text(encoding="utf-8")
+    return _Vocab(tokens, types, merges, pre, special_ids, bool(add_bos), bool(add_eos), template)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# writing
+
+
+def _choose_types(tensors: list[_OutTensor], out_type: str) -> None:
+    from gguf import GGML_QUANT_SIZES
+    from gguf import GGMLQuantizationType as Q
+
+    main = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0}[out_type]
+    has_output = any(t.name == "output.weight" for t in tensors)
+    for t in tensors:
+        q = Q.F32 if t.keep_f32 else main
+        # Q4_0 on the output head costs much more quality than anywhere else (llama.cpp keeps it at a higher
+        # precision too): the output projection, or the tied embedding that serves as it, gets Q8_0.
+        if q == Q.Q4_0 and (t.name == "output.weight" or (t.name == "token_embd.weight" and not has_output)):
+            q = Q.Q8_0
+        block, type_size = GGML_QUANT_SIZES[q]
+        if t.shape[-1] % block:
+            log.info("%s: row length %d is not a multiple of %d; writing F16", t.name, t.shape[-1], block)
+            q = Q.F16
+            block, type_size = GGML_QUANT_SIZES[q]
+        t.qtype = int(q)
+        t.nbytes = math.prod(t.shape[:-1]) * (t.shape[-1] // block) * type_size
+
+
+def _file_type(out_type: str) -> int:
+    from gguf import LlamaFileType
+
+    return int({"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
+                "q8_0": LlamaFileType.MOSTLY_Q8_0, "q4_0": LlamaFileType.MOSTLY_Q4_0}[out_type])
+
+
+def _write_metadata(w: Any, hp: _Hparams, vocab: _Vocab, name: str, out_type: str) -> None:
+    w.add_custom_alignment(ALIGNMENT)
+    w.add_type("model")
+    w.add_name(name)
+    w.add_file_type(_file_type(out_type))
+    w.add_quantization_version(2)
+    w.add_vocab_size(hp.vocab_size)
+    w.add_context_length(hp.n_ctx)
+    w.add_embedding_length(hp.n_embd)
+    w.add_block_count(hp.n_layer)
+    w.add_feed_forward_length(hp.n_ff if hp.n_ff else hp.n_ff_exp)
+    w.add_head_count(hp.n_head)
+    w.add_head_count_kv(hp.n_head_kv)
+    w.add_rope_dimension_count(hp.head_dim)
+    w.add_rope_freq_base(hp.rope_theta)
+    w.add_layer_norm_rms_eps(hp.rms_eps)
+    if hp.head_dim * hp.n_head != hp.n_embd or hp.model_type == "qwen3_moe":
+        w.add_key_length(hp.head_dim)
+        w.add_value_length(hp.head_dim)
+    if hp.n_expert:
+        w.add_expert_count(hp.n_expert)
+        w.add_expert_used_count(hp.n_expert_used)
+        w.add_expert_weights_norm(hp.norm_topk)
+        if hp.model_type in ("qwen2_moe", "qwen3_moe", "granitemoe", "olmoe", "mixtral"):
+            w.add_expert_feed_forward_length(hp.n_ff_exp)
+    if hp.n_ff_shexp:
+        w.add_expert_shared_feed_forward_length(hp.n_ff_shexp)
+    if hp.model_type == "granitemoe":
+        w.add_attention_scale(hp.extra["attention_scale"])
+        w.add_embedding_scale(hp.extra["embedding_scale"])
+        w.add_residual_scale(hp.extra["residual_scale"])
+        w.add_logit_scale(hp.extra["logit_scale"])
+
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(vocab.pre)
+    w.add_token_list(vocab.tokens)
+    w.add_token_types(vocab.types)
+    w.add_token_merges(vocab.merges)
+    setters = {"bos": w.add_bos_token_id, "eos": w.add_eos_token_id, "pad": w.add_pad_token_id,
+               "unk": w.add_unk_token_id}
+    for kind, idx in vocab.special_ids.items():
+        setters[kind](idx)
+    w.add_add_bos_token(vocab.add_bos)
+    w.add_add_eos_token(vocab.add_eos)
+    if vocab.chat_template:
+        w.add_chat_template(vocab.chat_template)
+
+
+def _encode(chunk: np.ndarray, qtype: int) -> np.ndarray:
+    from gguf import GGMLQuantizationType as Q
+    from gguf import quants
+
+    q = Q(qtype)
+    if q == Q.F32:
+        return np.ascontiguousarray(chunk, dtype=np.float32)
+    if q == Q.F16:
+        return np.ascontiguousarray(chunk, dtype=np.float16)
+    return quants.quantize(np.ascontiguousarray(chunk, dtype=np.float32), q)
+
+
+def convert(
+    hf_dir: str | os.PathLike[str],
+    out_path: str | os.PathLike[str],
+    out_type: str = "f16",
+    progress: bool = True,
+) -> Path:
+    """Convert the Hugging Face checkpoint in `hf_dir` to a GGUF file at `out_path` and return its path.
+
+    `out_type` is one of f32, f16, q8_0, q4_0 (norms, routers and vectors stay F32). The file is written to a
+    temporary name beside `out_path` and renamed when complete, so a reader never sees a partial file.
+    Raises ConversionError (a ValueError) with a clear message for anything this converter cannot represent
+    exactly.
+    """
+    import gguf
+
+    out_type = out_type.lower()
+    if out_type not in OUT_TYPES:
+        raise ConversionError(f"unknown output type '{out_type}'; choose one of {', '.join(OUT_TYPES)}")
+    src = Path(hf_dir)
+    cfg_path = src / "config.json"
+    if not cfg_path.is_file():
+        raise ConversionError(f"{src}: not a Hugging Face checkpoint directory (config.json is missing)")
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    hp = _hparams(cfg)
+    ck = _Checkpoint(src)
+    tensors = _plan(ck, hp)
+    vocab = _vocab(src, cfg, hp.vocab_size)
+    _choose_types(tensors, out_type)
+
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".part")
+    name = str(cfg.get("_name_or_path") or src.resolve().name)
+    w = gguf.GGUFWriter(tmp, hp.arch)
+    try:
+        _write_metadata(w, hp, vocab, name, out_type)
+        for t in tensors:
+            w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), t.nbytes,
+                              raw_dtype=gguf.GGMLQuantizationType(t.qtype))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        assert w.fout is not None
+        fout = w.fout[0]
+        bar = None
+        if progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=sum(t.nbytes for t in tensors), unit="B", unit_scale=True,
+                       desc=f"convert {out.name}")
+        for t in tensors:
+            pad = -fout.tell() % ALIGNMENT
+            fout.write(b"\0" * pad)
+            written = 0
+            for chunk in t.chunks():
+                data = _encode(chunk, t.qtype)
+                fout.write(data.tobytes())
+                written += data.nbytes
+                if bar is not None:
+                    bar.update(data.nbytes)
+            if written != t.nbytes:
+                raise ConversionError(f"internal error: {t.name} wrote {written} bytes, planned {t.nbytes}")
+        fout.write(b"\0" * (-fout.tell() % ALIGNMENT))
+        if bar is not None:
+            bar.close()
+        w.close()
+        os.replace(tmp, out)
+    except BaseException:
+        w.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    return out
+
+
+def describe(hf_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The GGUF architecture and key dimensions a checkpoint would convert to (validates the config only)."""
+    cfg = json.loads((Path(hf_dir) / "config.json").read_text(encoding="utf-8"))
+    hp = _hparams(cfg)
+    return {k: v for k, v in vars(hp).items() if k != "extra"} | dict(hp.extra)
+
+
+__all__ = ["ALIGNMENT", "OUT_TYPES", "SUPPORTED_MODEL_TYPES", "ConversionError", "convert", "describe"]

@@ -1,0 +1,453 @@
+"""The HF -> GGUF converter, checked without Colibri's engine.
+
+* The tiny checkpoints have exactly the tensor names and shapes transformers' save_pretrained writes.
+* llama.cpp running our F32 GGUF reproduces transformers' logits: this proves tensor names, layouts (the q/k
+  RoPE permutation, stacked experts), metadata and tokenizer are what llama.cpp expects, independently of
+  Colibri. Where llama.cpp is absent (never under CI=true), the recorded llama.cpp outputs are used, after
+  checking that today's converter writes the very same bytes they were recorded on.
+* File structure: alignment, tensor types, metadata, tokenizer; exact F32 round trip; bf16/f16 inputs;
+  quantized outputs; sharded checkpoints; refusals with clear messages; the CLI.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tiny_models as tm
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+from colibri_backend.convert import ALIGNMENT, ConversionError, convert
+
+COMPATIBLE = [s.name for s in tm.SPECS if s.llama_cpp_compatible]
+ALL = [s.name for s in tm.SPECS]
+N_POS = 128  # teacher-forced positions for the transformers comparisons (the issue asks for >= 64)
+
+
+def _fields(reader: GGUFReader) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, f in reader.fields.items():
+        if k.startswith("GGUF."):
+            continue
+        out[k] = f.contents()
+    return out
+
+
+def _tensors(reader: GGUFReader) -> dict[str, Any]:
+    return {t.name: t for t in reader.tensors}
+
+
+def _as_array(t: Any) -> np.ndarray:
+    """A GGUF tensor as float32 in numpy order (outermost dimension first)."""
+    shape = tuple(int(d) for d in reversed(t.shape))
+    return dequantize(np.asarray(t.data), t.tensor_type).reshape(shape).astype(np.float32)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the tiny checkpoints are what transformers itself writes
+
+
+def test_tiny_checkpoints_have_transformers_layout(tiny_zoo: tm.Any) -> None:
+    layout_path = tm.REFERENCE_DIR / "tiny_layout.json"
+    ours = {s.name: {k: list(v.shape) for k, v in tm.make_weights(s).items()} for s in tm.SPECS}
+    if tm.reference_engine("transformers") is not None:
+        theirs = {s.name: tm.transformers_layout(s) for s in tm.SPECS}
+        source = "live transformers"
+    else:
+        theirs = json.loads(layout_path.read_text())
+        source = f"recorded {layout_path.name}"
+    for name in ours:
+        assert ours[name] == theirs[name], f"{name}: tensor names/shapes differ from {source}"
+    tm.report(f"tiny checkpoint layouts match {source} for {len(ours)} specs")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# llama.cpp on our F32 file == transformers on the checkpoint
+
+
+@pytest.mark.parametrize("name", COMPATIBLE)
+def test_llama_cpp_runs_converted_f32_like_transformers(tiny_zoo: tm.Any, name: str) -> None:
+    ckpt = tiny_zoo.checkpoint(name)
+    gguf_path = tiny_zoo.gguf(name, "f32")
+    ids = tm.token_ids(ckpt, N_POS)
+    rec_name = f"tiny_{name}"
+    llama_cpp = tm.reference_engine("llama_cpp")
+    hf = tm.reference_engine("transformers")
+    ours = ref = None
+    if llama_cpp is not None:
+        ours = tm.llama_cpp_logits(gguf_path, ids, f32_kv=True)
+    else:
+        rec = tm.load_record(rec_name)
+        assert str(rec["gguf_sha_f32"]) == tm.file_sha(gguf_path), (
+            "the converter's F32 output changed since llama.cpp's outputs were recorded; rerun "
+            "conformance_tests/reference/regenerate.py where llama-cpp-python is installed")
+    if hf is not None:
+        ref = tm.transformers_logits(ckpt, ids)
+    else:
+        rec = tm.load_record(rec_name)
+        assert str(rec["fingerprint"]) == tm.checkpoint_fingerprint(ckpt), "recorded for another checkpoint"
+    if ours is not None and ref is not None:
+        cmp = tm.compare(ref, ours)
+        source = "live"
+    elif ref is not None:
+        cmp = tm.compare_to_record(_sub(tm.load_record(rec_name), "llama_f32kv"), ref)
+        source = "recorded llama.cpp vs live transformers"
+    elif ours is not None:
+        cmp = tm.compare_to_record(_sub(tm.load_record(rec_name), "hf"), ours)
+        source = "live llama.cpp vs recorded transformers"
+    else:
+        # Neither engine here: the file is byte-identical to the one both engines agreed on when recorded.
+        tm.report(f"{name}: F32 GGUF identical to the recorded, llama.cpp-validated file")
+        return
+    tm.report(cmp.line(f"{name} F32 GGUF in llama.cpp vs transformers ({source})"))
+    assert cmp.rel_diff <= 1e-3, cmp.line(name)
+    assert not cmp.argmax_mismatches, f"argmax differs at positions {cmp.argmax_mismatches}"
+
+
+def _sub(rec: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    return {k[len(prefix) + 1:]: v for k, v in rec.items() if k.startswith(prefix + "_")}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# file structure
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_metadata_tokenizer_and_alignment(tiny_zoo: tm.Any, name: str) -> None:
+    spec = tm.SPEC_BY_NAME[name]
+    ckpt = tiny_zoo.checkpoint(name)
+    reader = GGUFReader(tiny_zoo.gguf(name, "q8_0"))
+    f = _fields(reader)
+    cfg = spec.config
+    arch = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}.get(spec.model_type,
+                                                                                       spec.model_type)
+    assert f["general.architecture"] == arch
+    assert f["general.alignment"] == ALIGNMENT
+    assert f[f"{arch}.block_count"] == cfg["num_hidden_layers"]
+    assert f[f"{arch}.embedding_length"] == cfg["hidden_size"]
+    assert f[f"{arch}.attention.head_count"] == cfg["num_attention_heads"]
+    assert f[f"{arch}.attention.head_count_kv"] == cfg["num_key_value_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    assert f[f"{arch}.rope.dimension_count"] == head_dim
+    if head_dim * cfg["num_attention_heads"] != cfg["hidden_size"]:
+        assert f[f"{arch}.attention.key_length"] == head_dim
+        assert f[f"{arch}.attention.value_length"] == head_dim
+    assert math.isclose(f[f"{arch}.rope.freq_base"], 10000.0)
+    assert math.isclose(f[f"{arch}.attention.layer_norm_rms_epsilon"], cfg["rms_norm_eps"], rel_tol=1e-6)
+    n_expert = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
+    if n_expert:
+        assert f[f"{arch}.expert_count"] == n_expert
+        assert f[f"{arch}.expert_used_count"] == cfg["num_experts_per_tok"]
+        expected_norm = True if spec.model_type in ("mixtral", "granitemoe") else cfg["norm_topk_prob"]
+        assert f[f"{arch}.expert_weights_norm"] is expected_norm
+
+    # tokenizer: ids, merges, special tokens, chat template
+    tj = json.loads((ckpt / "tokenizer.json").read_text())
+    tokens = f["tokenizer.ggml.tokens"]
+    assert len(tokens) == cfg["vocab_size"]
+    for tok, idx in tj["model"]["vocab"].items():
+        assert tokens[idx] == tok
+    types = f["tokenizer.ggml.token_type"]
+    for at in tj["added_tokens"]:
+        assert tokens[at["id"]] == at["content"] and types[at["id"]] == 3  # CONTROL
+    for i in range(len(tj["model"]["vocab"]), cfg["vocab_size"]):
+        assert tokens[i] == f"[PAD{i}]" and types[i] == 5  # UNUSED padding rows
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+    assert f["tokenizer.ggml.merges"] == merges
+    assert f["tokenizer.ggml.model"] == "gpt2" and f["tokenizer.ggml.pre"] == "gpt-2"
+    assert f["tokenizer.ggml.bos_token_id"] == 0 and f["tokenizer.ggml.eos_token_id"] == 2
+    assert f["tokenizer.chat_template"] == tm.CHAT_TEMPLATE
+
+    # tensors: 4096-aligned data, F32 norms/routers, stacked experts [E, rows, cols]
+    tensors = _tensors(reader)
+    for t in reader.tensors:
+        assert t.data_offset % ALIGNMENT == 0, f"{t.name} at {t.data_offset} is not {ALIGNMENT}-aligned"
+    for tname, t in tensors.items():
+        if len(t.shape) == 1 or "norm" in tname or tname.endswith("ffn_gate_inp.weight"):
+            assert t.tensor_type == Q.F32, f"{tname} should stay F32, is {t.tensor_type.name}"
+        else:
+            assert t.tensor_type == Q.Q8_0, f"{tname} should be Q8_0, is {t.tensor_type.name}"
+    if n_expert:
+        ff = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
+        h = cfg["hidden_size"]
+        assert [int(d) for d in tensors["blk.0.ffn_gate_exps.weight"].shape] == [h, ff, n_expert]
+        assert [int(d) for d in tensors["blk.0.ffn_down_exps.weight"].shape] == [ff, h, n_expert]
+        assert [int(d) for d in tensors["blk.1.ffn_gate_inp.weight"].shape] == [h, n_expert]
+    has_output = "output.weight" in tensors
+    tied = cfg["tie_word_embeddings"]
+    # llama.cpp requires output.weight for qwen2moe and olmoe, tied or not.
+    assert has_output == (not tied or spec.model_type in ("qwen2_moe", "olmoe"))
+
+
+def _rope_half(x: np.ndarray, pos: np.ndarray, theta: float) -> np.ndarray:
+    """transformers' rotate_half RoPE on [n, heads, d]: pairs (i, i + d/2)."""
+    d = x.shape[-1]
+    inv = theta ** (-np.arange(0, d, 2) / d)
+    ang = pos[:, None, None] * inv[None, None, :]
+    cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
+    rot = np.concatenate([-x[..., d // 2:], x[..., : d // 2]], -1)
+    return x * cos + rot * sin
+
+
+def _rope_adjacent(x: np.ndarray, pos: np.ndarray, theta: float) -> np.ndarray:
+    """llama.cpp's normal RoPE on [n, heads, d]: pairs (2i, 2i + 1)."""
+    d = x.shape[-1]
+    inv = theta ** (-np.arange(0, d, 2) / d)
+    ang = pos[:, None, None] * inv[None, None, :]
+    a, b = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2] = a * np.cos(ang) - b * np.sin(ang)
+    out[..., 1::2] = a * np.sin(ang) + b * np.cos(ang)
+    return out
+
+
+@pytest.mark.parametrize("name", ["llama", "mixtral", "granitemoe", "qwen3moe", "qwen2moe", "olmoe"])
+def test_f32_tensors_round_trip_and_rope_equivalence(tiny_zoo: tm.Any, name: str) -> None:
+    """Every F32 tensor equals its checkpoint source (after the documented transforms), and for llama-family
+    models the permuted q/k with adjacent-pair RoPE give the same attention scores as HF's rotate_half."""
+    spec = tm.SPEC_BY_NAME[name]
+    w = tm.make_weights(spec)
+    t = _tensors(GGUFReader(tiny_zoo.gguf(name, "f32")))
+    cfg = spec.config
+    nh, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or cfg["hidden_size"] // nh
+    assert all(x.tensor_type == Q.F32 for x in t.values())
+    np.testing.assert_array_equal(_as_array(t["token_embd.weight"]), w["model.embed_tokens.weight"])
+    np.testing.assert_array_equal(_as_array(t["blk.1.attn_norm.weight"]), w["model.layers.1.input_layernorm.weight"])
+    np.testing.assert_array_equal(_as_array(t["blk.0.attn_v.weight"]), w["model.layers.0.self_attn.v_proj.weight"])
+    q_g, k_g = _as_array(t["blk.0.attn_q.weight"]), _as_array(t["blk.0.attn_k.weight"])
+    q_h, k_h = w["model.layers.0.self_attn.q_proj.weight"], w["model.layers.0.self_attn.k_proj.weight"]
+    llama_family = spec.model_type in ("llama", "mixtral", "granitemoe")
+    if not llama_family:
+        np.testing.assert_array_equal(q_g, q_h)
+        np.testing.assert_array_equal(k_g, k_h)
+    else:
+        assert not np.array_equal(q_g, q_h), "llama-family q must be permuted"
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((6, cfg["hidden_size"]))
+        pos = np.arange(6, dtype=np.float64) * 7
+        theta = cfg["rope_theta"]
+
+        def scores(q_w: np.ndarray, k_w: np.ndarray, rope: Any) -> np.ndarray:
+            q = rope((x @ q_w.T).reshape(6, nh, hd), pos, theta)
+            k = rope((x @ k_w.T).reshape(6, nkv, hd), pos, theta)
+            k = np.repeat(k, nh // nkv, axis=1)
+            return np.einsum("ihd,jhd->hij", q, k)
+
+        np.testing.assert_allclose(scores(q_g, k_g, _rope_adjacent), scores(q_h, k_h, _rope_half),
+                                   rtol=1e-9, atol=1e-9)
+    if spec.model_type == "mixtral":
+        stacked = _as_array(t["blk.1.ffn_up_exps.weight"])
+        for e in range(cfg["num_local_experts"]):
+            np.testing.assert_array_equal(stacked[e], w[f"model.layers.1.block_sparse_moe.experts.{e}.w3.weight"])
+    if spec.model_type == "granitemoe":
+        fused = w["model.layers.0.block_sparse_moe.input_linear.weight"]
+        ff = cfg["intermediate_size"]
+        np.testing.assert_array_equal(_as_array(t["blk.0.ffn_gate_exps.weight"]), fused[:, :ff])
+        np.testing.assert_array_equal(_as_array(t["blk.0.ffn_up_exps.weight"]), fused[:, ff:])
+    if spec.model_type == "qwen2_moe":
+        np.testing.assert_array_equal(_as_array(t["blk.0.ffn_gate_inp_shexp.weight"]),
+                                      w["model.layers.0.mlp.shared_expert_gate.weight"].reshape(-1))
+        np.testing.assert_array_equal(_as_array(t["blk.0.attn_k.bias"]), w["model.layers.0.self_attn.k_proj.bias"])
+    if cfg["tie_word_embeddings"] and "output.weight" in t:
+        np.testing.assert_array_equal(_as_array(t["output.weight"]), w["model.embed_tokens.weight"])
+    elif not cfg["tie_word_embeddings"]:
+        np.testing.assert_array_equal(_as_array(t["output.weight"]), w["lm_head.weight"])
+
+
+def _to_half_checkpoint(src: Path, dst: Path, kind: str) -> dict[str, np.ndarray]:
+    """Copy a checkpoint with its weights stored as bf16 or f16; returns the stored values as float32."""
+    from safetensors.numpy import load_file
+
+    shutil.copytree(src, dst)
+    weights = load_file(str(src / "model.safetensors"))
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    blobs, rounded, offset = [], {}, 0
+    for k in sorted(weights):
+        v = weights[k].astype(np.float32)
+        if kind == "bf16":
+            bits = v.view(np.uint32)
+            # round to nearest even, as torch does
+            bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+            raw = bits.tobytes()
+            rounded[k] = (bits.astype(np.uint32) << 16).view(np.float32)
+            dtype = "BF16"
+        else:
+            h = v.astype(np.float16)
+            raw = h.tobytes()
+            rounded[k] = h.astype(np.float32)
+            dtype = "F16"
+        header[k] = {"dtype": dtype, "shape": list(v.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    hbytes = json.dumps(header).encode()
+    hbytes += b" " * (-len(hbytes) % 8)
+    with open(dst / "model.safetensors", "wb") as f:
+        f.write(len(hbytes).to_bytes(8, "little"))
+        f.write(hbytes)
+        for b in blobs:
+            f.write(b)
+    return rounded
+
+
+@pytest.mark.parametrize("kind", ["bf16", "f16"])
+def test_half_precision_checkpoints(tiny_zoo: tm.Any, tmp_path: Path, kind: str) -> None:
+    ckpt = _to_half_checkpoint(tiny_zoo.checkpoint("qwen3moe"), tmp_path / kind, kind)
+    rounded = ckpt
+    out = convert(tmp_path / kind, tmp_path / f"{kind}.gguf", "f32", progress=False)
+    t = _tensors(GGUFReader(out))
+    np.testing.assert_array_equal(_as_array(t["token_embd.weight"]), rounded["model.embed_tokens.weight"])
+    np.testing.assert_array_equal(_as_array(t["blk.1.attn_q_norm.weight"]),
+                                  rounded["model.layers.1.self_attn.q_norm.weight"])
+    np.testing.assert_array_equal(_as_array(t["blk.0.ffn_down_exps.weight"])[5],
+                                  rounded["model.layers.0.mlp.experts.5.down_proj.weight"])
+
+
+@pytest.mark.parametrize("out_type,qtype,tol", [("f16", Q.F16, 2e-3), ("q8_0", Q.Q8_0, 1.5e-2),
+                                                 ("q4_0", Q.Q4_0, 0.2)])
+def test_quantized_outputs(tiny_zoo: tm.Any, out_type: str, qtype: Q, tol: float) -> None:
+    spec = tm.SPEC_BY_NAME["qwen3moe"]
+    w = tm.make_weights(spec)
+    t = _tensors(GGUFReader(tiny_zoo.gguf("qwen3moe", out_type)))
+    got = t["blk.1.ffn_gate_exps.weight"]
+    assert got.tensor_type == qtype
+    for e in (0, 7):
+        ref = w[f"model.layers.1.mlp.experts.{e}.gate_proj.weight"]
+        err = np.abs(_as_array(got)[e] - ref).max() / np.abs(ref).max()
+        assert err <= tol, f"{out_type}: relative error {err:.3g} > {tol}"
+    assert t["blk.0.ffn_gate_inp.weight"].tensor_type == Q.F32
+    assert t["blk.0.attn_k_norm.weight"].tensor_type == Q.F32
+    if out_type == "q4_0":  # the output head keeps 8 bits
+        assert t["output.weight"].tensor_type == Q.Q8_0
+
+
+def test_rows_not_multiple_of_block_fall_back_to_f16(tmp_path: Path, tiny_zoo: tm.Any) -> None:
+    base = tm.SPEC_BY_NAME["llama"]
+    spec = tm.TinySpec("llama_odd_ff", "llama", dict(base.config, intermediate_size=72), seed=3)
+    ckpt = tm.build_checkpoint(spec, tmp_path / "odd", tiny_zoo.tokenizer_dir())
+    t = _tensors(GGUFReader(convert(ckpt, tmp_path / "odd.gguf", "q8_0", progress=False)))
+    assert t["blk.0.ffn_down.weight"].tensor_type == Q.F16  # rows of 72 values
+    assert t["blk.0.ffn_up.weight"].tensor_type == Q.Q8_0  # rows of 128 values
+
+
+def test_sharded_checkpoint_gives_identical_file(tmp_path: Path, tiny_zoo: tm.Any) -> None:
+    from safetensors.numpy import load_file, save_file
+
+    src = tiny_zoo.checkpoint("mixtral")
+    dst = tmp_path / "sharded"
+    shutil.copytree(src, dst)
+    (dst / "model.safetensors").unlink()
+    weights = load_file(str(src / "model.safetensors"))
+    names = sorted(weights)
+    half = len(names) // 2
+    shards = {"model-00001-of-00002.safetensors": names[:half], "model-00002-of-00002.safetensors": names[half:]}
+    weight_map = {}
+    for fname, keys in shards.items():
+        save_file({k: weights[k] for k in keys}, str(dst / fname), metadata={"format": "pt"})
+        weight_map.update({k: fname for k in keys})
+    (dst / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    a = convert(dst, tmp_path / "sharded.gguf", "f16", progress=False)
+    b = tiny_zoo.gguf("mixtral", "f16")
+    ra, rb = GGUFReader(a), GGUFReader(b)
+    assert [t.name for t in ra.tensors] == [t.name for t in rb.tensors]
+    for ta, tb in zip(ra.tensors, rb.tensors):
+        np.testing.assert_array_equal(np.asarray(ta.data), np.asarray(tb.data))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# refusals
+
+
+def _mutated(src: Path, dst: Path, **changes: Any) -> Path:
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+@pytest.mark.parametrize("base,changes,message", [
+    ("mixtral", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "RoPE scaling"),
+    ("llama", {"rope_scaling": {"type": "linear", "factor": 2.0}, "rope_parameters": None}, "RoPE scaling"),
+    ("mixtral", {"sliding_window": 64}, "sliding-window"),
+    ("qwen2moe", {"use_sliding_window": True, "sliding_window": 128}, "sliding-window"),
+    ("qwen3moe", {"mlp_only_layers": [1]}, "mlp_only_layers"),
+    ("qwen2moe", {"decoder_sparse_step": 2}, "decoder_sparse_step"),
+    ("olmoe", {"clip_qkv": 8.0}, "clip_qkv"),
+    ("llama", {"model_type": "gpt2"}, "not supported"),
+    ("llama", {"hidden_act": "gelu"}, "hidden_act"),
+    ("llama", {"tie_word_embeddings": False}, "lm_head"),
+])
+def test_unsupported_configs_are_refused(tmp_path: Path, tiny_zoo: tm.Any, base: str, changes: dict[str, Any],
+                                         message: str) -> None:
+    ckpt = _mutated(tiny_zoo.checkpoint(base), tmp_path / "m", **changes)
+    with pytest.raises(ConversionError, match=message):
+        convert(ckpt, tmp_path / "out.gguf", "f16", progress=False)
+    assert not (tmp_path / "out.gguf").exists()
+    assert not list(tmp_path.glob("*.part"))
+
+
+def test_bad_checkpoints_are_refused(tmp_path: Path, tiny_zoo: tm.Any) -> None:
+    src = tiny_zoo.checkpoint("olmoe")
+    with pytest.raises(ConversionError, match="config.json"):
+        convert(tmp_path, tmp_path / "x.gguf", progress=False)
+    no_tok = tmp_path / "no_tok"
+    shutil.copytree(src, no_tok)
+    (no_tok / "tokenizer.json").unlink()
+    with pytest.raises(ConversionError, match="tokenizer.json"):
+        convert(no_tok, tmp_path / "x.gguf", progress=False)
+    extra = tmp_path / "extra"
+    shutil.copytree(src, extra)
+    from safetensors.numpy import load_file, save_file
+
+    w = load_file(str(src / "model.safetensors"))
+    w["model.layers.0.mlp.mystery.weight"] = np.zeros((4, 4), np.float32)
+    save_file(w, str(extra / "model.safetensors"))
+    with pytest.raises(ConversionError, match="no GGUF mapping"):
+        convert(extra, tmp_path / "x.gguf", progress=False)
+    trunc = tmp_path / "trunc"
+    shutil.copytree(src, trunc)
+    data = (trunc / "model.safetensors").read_bytes()
+    (trunc / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ConversionError, match="inconsistent data offsets|truncated"):
+        convert(trunc, tmp_path / "x.gguf", progress=False)
+    with pytest.raises(ConversionError, match="unknown output type"):
+        convert(src, tmp_path / "x.gguf", out_type="q2_k", progress=False)
+    spm = tmp_path / "spm"
+    shutil.copytree(src, spm)
+    tj = json.loads((spm / "tokenizer.json").read_text())
+    tj["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": False}
+    (spm / "tokenizer.json").write_text(json.dumps(tj))
+    with pytest.raises(ConversionError, match="not byte-level"):
+        convert(spm, tmp_path / "x.gguf", progress=False)
+    assert not (tmp_path / "x.gguf").exists()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# CLI
+
+
+def test_cli_convert(tmp_path: Path, tiny_zoo: tm.Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from colibri_backend.cli import main
+
+    src = tiny_zoo.checkpoint("qwen2moe")
+    out = tmp_path / "cli.gguf"
+    assert main(["convert", str(src), "-o", str(out), "--type", "q4_0", "--no-progress"]) == 0
+    assert GGUFReader(out).fields["general.file_type"].contents() == 2  # MOSTLY_Q4_0
+    assert "wrote" in capsys.readouterr().err
+    assert main(["convert", str(tmp_path / "missing"), "-o", str(out)]) == 1
+    assert "not a directory" in capsys.readouterr().err
+    bad = _mutated(src, tmp_path / "bad", mlp_only_layers=[0])
+    assert main(["convert", str(bad), "-o", str(tmp_path / "bad.gguf")]) == 1
+    assert "mlp_only_layers" in capsys.readouterr().err

@@ -46,6 +46,10 @@ static cpu_caps detect_caps(void) {
 
 /* Tables this build has, best first, and whether this CPU can run each. */
 static const kernel_table *const all_tables[] = {
+#if defined(COLIBRI_HAVE_X86)
+    &kernels_avx512,
+    &kernels_avx2,
+#endif
     &kernels_scalar,
 };
 #define N_TABLES (sizeof all_tables / sizeof all_tables[0])

@@ -1,0 +1,18 @@
+/* kernels_avx512.c — AVX-512 (F/BW/VL/DQ) + VNNI kernels (see kernels_x86.h for the
+ * shapes): the integer block dot product is one vpdpbusd instead of AVX2's two-step
+ * multiply-add, and the 32 vector registers allow wider prefill tiles. Compiled with
+ * the AVX-512 flags; cpu.c only selects this table after CPUID and XGETBV (ZMM and
+ * opmask state) confirm support. */
+#define X86_VNNI 1
+#include "kernels_x86.h"
+
+const kernel_table kernels_avx512 = {
+    .name = "avx512",
+    .isa = KERNEL_ISA_AVX512,
+    .matmul_rows = kx_matmul_rows,
+    .quantize_row_q8a = kx_quantize_row_q8a,
+    .dot_f16_f32 = kx_dot_f16_f32,
+    .axpy_f16 = kx_axpy_f16,
+    .fp32_to_fp16_row = kx_fp32_to_fp16_row,
+    .dot_f32 = kx_dot_f32,
+};

@@ -1,0 +1,354 @@
+/* kernels_x86.h — the x86 SIMD kernels, written once and compiled twice: kernels_avx2.c
+ * includes it with X86_VNNI 0 (AVX2 + FMA + F16C), kernels_avx512.c with X86_VNNI 1
+ * (AVX-512 VL/BW + VNNI on the same 256-bit vectors, plus wider tiles for its 32
+ * registers). Only those two files may include it: the code needs their -m flags.
+ *
+ * Shapes of the work:
+ *   matmul_rows walks the rows in tiles of R rows and, inside each, the tokens in tiles of
+ *   T tokens; every (row, token) pair has its own 8-lane float accumulator. A weight block
+ *   is loaded (and unpacked) once per tile and used for all T tokens, so prefill reuses
+ *   weights from registers and decode (T = 1) streams each weight byte exactly once.
+ *   The arithmetic of a (row, token) pair is the same whatever tile it lands in, so
+ *   results never depend on n_tok or on how rows are split between threads.
+ *
+ *   Quantized block (32 weights w, 32 activation quants q, scales dw and dq):
+ *     lanes[k] = sum_{i in 4k..4k+3} w_i q_i   (exact int32, one instruction with VNNI)
+ *     acc     += float(lanes) * (dw * dq)       (one fused multiply-add)
+ *     Q4_1:  acc += (dm / 8) * s   in every lane, which sums to dm * s
+ *   and the result is the sum of acc's lanes in a fixed order. */
+#ifndef COLIBRI_KERNELS_X86_H
+#define COLIBRI_KERNELS_X86_H
+
+#include <immintrin.h>
+
+#include "kernels_impl.h"
+#include "types.h"
+
+#ifndef X86_VNNI
+#error "define X86_VNNI before including kernels_x86.h"
+#endif
+
+#define KX_INLINE static inline __attribute__((always_inline))
+
+/* Tile sizes: rows per tile for decode (one token) and prefill, tokens per prefill tile.
+ * Accumulators: R * T ymm registers (16 on AVX2, 32 with AVX-512). */
+#if X86_VNNI
+#define KX_DECODE_ROWS 4
+#define KX_PREFILL_ROWS 4
+#define KX_PREFILL_TOKS 4
+#else
+#define KX_DECODE_ROWS 4
+#define KX_PREFILL_ROWS 2
+#define KX_PREFILL_TOKS 4
+#endif
+
+/* ---- small helpers --------------------------------------------------------- */
+
+/* Sum of the 8 lanes, always in the same order. */
+KX_INLINE float kx_hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+KX_INLINE __m256 kx_half_bcast(uint16_t h) { return _mm256_cvtph_ps(_mm_set1_epi16((short)h)); }
+
+/* Unpack 16 bytes of nibbles into 32 bytes 0..15: low nibbles first, then high. */
+KX_INLINE __m256i kx_unpack_nibbles(const uint8_t *qs) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)qs);
+    const __m128i m = _mm_set1_epi8(0x0f);
+    const __m128i lo = _mm_and_si128(b, m);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+}
+
+/* int32 lanes of sum(u * s) over groups of 4 bytes; u unsigned (<= 128), s signed
+ * (|s| <= 127 so the AVX2 16-bit intermediate cannot saturate: 2 * 128 * 127 < 32768). */
+KX_INLINE __m256i kx_dot_us(__m256i u, __m256i s) {
+#if X86_VNNI
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+/* ---- quantized tile ----------------------------------------------------------- */
+
+/* Per-row state of the current block, loaded once and used for every token of the tile. */
+typedef struct kx_wblock {
+    __m256i u;    /* unsigned operand: |w| (Q8_0, Q4_0) or q (Q4_1) */
+    __m256i sgn;  /* signs of w (Q8_0, Q4_0), applied to the activations */
+    __m256 dw;    /* weight scale in every lane */
+    __m256 dm8;   /* Q4_1: block minimum / 8 in every lane */
+} kx_wblock;
+
+KX_INLINE kx_wblock kx_load_wblock(uint32_t type, const char *row, int b) {
+    kx_wblock wb;
+    if (type == GGML_TYPE_Q8_0) {
+        const block_q8_0 *blk = (const block_q8_0 *)row + b;
+        wb.sgn = _mm256_loadu_si256((const __m256i *)blk->qs);
+        wb.u = _mm256_sign_epi8(wb.sgn, wb.sgn);
+        wb.dw = kx_half_bcast(blk->d);
+        wb.dm8 = _mm256_setzero_ps();
+    } else if (type == GGML_TYPE_Q4_0) {
+        const block_q4_0 *blk = (const block_q4_0 *)row + b;
+        wb.sgn = _mm256_sub_epi8(kx_unpack_nibbles(blk->qs), _mm256_set1_epi8(8));
+        wb.u = _mm256_sign_epi8(wb.sgn, wb.sgn);
+        wb.dw = kx_half_bcast(blk->d);
+        wb.dm8 = _mm256_setzero_ps();
+    } else { /* GGML_TYPE_Q4_1 */
+        const block_q4_1 *blk = (const block_q4_1 *)row + b;
+        wb.u = kx_unpack_nibbles(blk->qs);
+        wb.sgn = wb.u;
+        wb.dw = kx_half_bcast(blk->d);
+        wb.dm8 = _mm256_mul_ps(kx_half_bcast(blk->m), _mm256_set1_ps(0.125f));
+    }
+    return wb;
+}
+
+KX_INLINE __m256 kx_block_fma(uint32_t type, const kx_wblock *wb, const block_q8a *x, __m256 acc) {
+    __m256i q = _mm256_loadu_si256((const __m256i *)x->qs);
+    if (type != GGML_TYPE_Q4_1) q = _mm256_sign_epi8(q, wb->sgn);
+    const __m256 scale = _mm256_mul_ps(wb->dw, _mm256_broadcast_ss(&x->d));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(kx_dot_us(wb->u, q)), scale, acc);
+    if (type == GGML_TYPE_Q4_1) acc = _mm256_fmadd_ps(wb->dm8, _mm256_broadcast_ss(&x->s), acc);
+    return acc;
+}
+
+/* Y[t][r0 + i] for i < R, t in [t0, t0 + T). */
+KX_INLINE void kx_tile_q(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, float *Y,
+                         int ldy, int r0, int t0, const int R, const int T) {
+    __m256 acc[KX_PREFILL_ROWS > KX_DECODE_ROWS ? KX_PREFILL_ROWS : KX_DECODE_ROWS][KX_PREFILL_TOKS];
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < T; j++) acc[i][j] = _mm256_setzero_ps();
+    const block_q8a *xt = Xq + (size_t)t0 * nb;
+    for (int b = 0; b < nb; b++) {
+        for (int i = 0; i < R; i++) {
+            const kx_wblock wb = kx_load_wblock(type, W + (size_t)(r0 + i) * row_bytes, b);
+            for (int j = 0; j < T; j++) acc[i][j] = kx_block_fma(type, &wb, xt + (size_t)j * nb + b, acc[i][j]);
+        }
+    }
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < T; j++) Y[(size_t)(t0 + j) * ldy + r0 + i] = kx_hsum(acc[i][j]);
+}
+
+/* The tile shapes, instantiated with constant sizes so the accumulators live in registers. */
+#define KX_Q_TILE(TYPE, R, T) kx_tile_q(TYPE, W, row_bytes, nb, Xq, Y, ldy, r, t, R, T)
+
+#define KX_Q_DRIVER(NAME, TYPE)                                                                             \
+    static void NAME(const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok, float *Y,    \
+                     int ldy, int r0, int r1) {                                                              \
+        if (n_tok == 1) {                                                                                   \
+            const int t = 0;                                                                                \
+            int r = r0;                                                                                     \
+            for (; r + KX_DECODE_ROWS <= r1; r += KX_DECODE_ROWS) KX_Q_TILE(TYPE, KX_DECODE_ROWS, 1);        \
+            for (; r < r1; r++) KX_Q_TILE(TYPE, 1, 1);                                                      \
+            return;                                                                                         \
+        }                                                                                                   \
+        int r = r0;                                                                                         \
+        for (; r + KX_PREFILL_ROWS <= r1; r += KX_PREFILL_ROWS) {                                           \
+            int t = 0;                                                                                      \
+            for (; t + KX_PREFILL_TOKS <= n_tok; t += KX_PREFILL_TOKS)                                      \
+                KX_Q_TILE(TYPE, KX_PREFILL_ROWS, KX_PREFILL_TOKS);                                          \
+            for (; t < n_tok; t++) KX_Q_TILE(TYPE, KX_PREFILL_ROWS, 1);                                     \
+        }                                                                                                   \
+        for (; r < r1; r++) {                                                                               \
+            int t = 0;                                                                                      \
+            for (; t + KX_PREFILL_TOKS <= n_tok; t += KX_PREFILL_TOKS) KX_Q_TILE(TYPE, 1, KX_PREFILL_TOKS); \
+            for (; t < n_tok; t++) KX_Q_TILE(TYPE, 1, 1);                                                   \
+        }                                                                                                   \
+    }
+
+KX_Q_DRIVER(kx_matmul_q8_0, GGML_TYPE_Q8_0)
+KX_Q_DRIVER(kx_matmul_q4_0, GGML_TYPE_Q4_0)
+KX_Q_DRIVER(kx_matmul_q4_1, GGML_TYPE_Q4_1)
+
+/* ---- float tile ------------------------------------------------------------------ */
+
+KX_INLINE __m256 kx_load_w8(uint32_t type, const char *row, int c) {
+    if (type == GGML_TYPE_F32) return _mm256_loadu_ps((const float *)row + c);
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + c));
+    if (type == GGML_TYPE_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); /* BF16 */
+}
+
+KX_INLINE float kx_load_w1(uint32_t type, const char *row, int c) {
+    if (type == GGML_TYPE_F32) return ((const float *)row)[c];
+    if (type == GGML_TYPE_F16) return _cvtsh_ss(((const uint16_t *)row)[c]);
+    return kern_bf16_to_fp32(((const uint16_t *)row)[c]);
+}
+
+KX_INLINE void kx_tile_f(uint32_t type, const char *W, size_t row_bytes, int n_cols, const float *X, float *Y,
+                         int ldy, int r0, int t0, const int R, const int T) {
+    __m256 acc[KX_PREFILL_ROWS > KX_DECODE_ROWS ? KX_PREFILL_ROWS : KX_DECODE_ROWS][KX_PREFILL_TOKS];
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < T; j++) acc[i][j] = _mm256_setzero_ps();
+    const float *xt = X + (size_t)t0 * n_cols;
+    int c = 0;
+    for (; c + 8 <= n_cols; c += 8) {
+        for (int i = 0; i < R; i++) {
+            const __m256 w = kx_load_w8(type, W + (size_t)(r0 + i) * row_bytes, c);
+            for (int j = 0; j < T; j++)
+                acc[i][j] = _mm256_fmadd_ps(w, _mm256_loadu_ps(xt + (size_t)j * n_cols + c), acc[i][j]);
+        }
+    }
+    for (int i = 0; i < R; i++) {
+        const char *row = W + (size_t)(r0 + i) * row_bytes;
+        for (int j = 0; j < T; j++) {
+            float v = kx_hsum(acc[i][j]);
+            for (int cc = c; cc < n_cols; cc++) v += kx_load_w1(type, row, cc) * xt[(size_t)j * n_cols + cc];
+            Y[(size_t)(t0 + j) * ldy + r0 + i] = v;
+        }
+    }
+}
+
+#define KX_F_TILE(TYPE, R, T) kx_tile_f(TYPE, W, row_bytes, n_cols, X, Y, ldy, r, t, R, T)
+
+#define KX_F_DRIVER(NAME, TYPE)                                                                             \
+    static void NAME(const char *W, size_t row_bytes, int n_cols, const float *X, int n_tok, float *Y,     \
+                     int ldy, int r0, int r1) {                                                              \
+        if (n_tok == 1) {                                                                                   \
+            const int t = 0;                                                                                \
+            int r = r0;                                                                                     \
+            for (; r + KX_DECODE_ROWS <= r1; r += KX_DECODE_ROWS) KX_F_TILE(TYPE, KX_DECODE_ROWS, 1);        \
+            for (; r < r1; r++) KX_F_TILE(TYPE, 1, 1);                                                      \
+            return;                                                                                         \
+        }                                                                                                   \
+        int r = r0;                                                                                         \
+        for (; r + KX_PREFILL_ROWS <= r1; r += KX_PREFILL_ROWS) {                                           \
+            int t = 0;                                                                                      \
+            for (; t + KX_PREFILL_TOKS <= n_tok; t += KX_PREFILL_TOKS)                                      \
+                KX_F_TILE(TYPE, KX_PREFILL_ROWS, KX_PREFILL_TOKS);                                          \
+            for (; t < n_tok; t++) KX_F_TILE(TYPE, KX_PREFILL_ROWS, 1);                                     \
+        }                                                                                                   \
+        for (; r < r1; r++) {                                                                               \
+            int t = 0;                                                                                      \
+            for (; t + KX_PREFILL_TOKS <= n_tok; t += KX_PREFILL_TOKS) KX_F_TILE(TYPE, 1, KX_PREFILL_TOKS); \
+            for (; t < n_tok; t++) KX_F_TILE(TYPE, 1, 1);                                                   \
+        }                                                                                                   \
+    }
+
+KX_F_DRIVER(kx_matmul_f32, GGML_TYPE_F32)
+KX_F_DRIVER(kx_matmul_f16, GGML_TYPE_F16)
+KX_F_DRIVER(kx_matmul_bf16, GGML_TYPE_BF16)
+
+static void kx_matmul_rows(uint32_t type, const void *W, size_t row_bytes, int n_cols, const float *X,
+                           const block_q8a *Xq, int n_tok, float *Y, int ldy, int r0, int r1) {
+    const char *w = (const char *)W;
+    const int nb = n_cols / QK8A;
+    switch (type) {
+    case GGML_TYPE_F32: kx_matmul_f32(w, row_bytes, n_cols, X, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_F16: kx_matmul_f16(w, row_bytes, n_cols, X, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_BF16: kx_matmul_bf16(w, row_bytes, n_cols, X, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_Q8_0: kx_matmul_q8_0(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_Q4_0: kx_matmul_q4_0(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_Q4_1: kx_matmul_q4_1(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    default:
+        /* callers check types at load; NaN makes a slip visible */
+        for (int t = 0; t < n_tok; t++)
+            for (int r = r0; r < r1; r++) Y[(size_t)t * ldy + r] = NAN;
+        break;
+    }
+}
+
+/* ---- activation quantization --------------------------------------------------- */
+
+/* round(x) with halves away from zero, as roundf: trunc, then add +-1 where |frac| >= 0.5
+ * (x - trunc(x) is exact for |x| < 2^23, and our |x| <= 127). */
+KX_INLINE __m256 kx_round_away(__m256 v) {
+    const __m256 signmask = _mm256_set1_ps(-0.0f);
+    const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 frac = _mm256_andnot_ps(signmask, _mm256_sub_ps(v, t));
+    const __m256 one = _mm256_and_ps(_mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ), _mm256_set1_ps(1.0f));
+    return _mm256_add_ps(t, _mm256_or_ps(one, _mm256_and_ps(v, signmask)));
+}
+
+static void kx_quantize_row_q8a(const float *x, block_q8a *y, int64_t n) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int64_t b = 0; b < n / QK8A; b++) {
+        const float *xb = x + b * QK8A;
+        __m256 v[4];
+        for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(xb + 8 * k);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], absmask), _mm256_and_ps(v[1], absmask)),
+                                 _mm256_max_ps(_mm256_and_ps(v[2], absmask), _mm256_and_ps(v[3], absmask)));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4);
+        const float d = amax / 127.0f;
+        y[b].d = d;
+        if (d == 0.0f) {
+            memset(y[b].qs, 0, QK8A);
+            y[b].s = 0.0f;
+            continue;
+        }
+        /* divide (not multiply by 1/d) so the quants are exactly round(x / d) */
+        const __m256 dv = _mm256_set1_ps(d);
+        __m256i q[4];
+        for (int k = 0; k < 4; k++) q[k] = _mm256_cvtps_epi32(kx_round_away(_mm256_div_ps(v[k], dv)));
+        /* sum of the quants */
+        __m256i s8 = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
+        y[b].s = d * (float)_mm_cvtsi128_si32(s4);
+        /* narrow int32 -> int8; the packs interleave 128-bit lanes, the permute undoes it */
+        const __m256i p16a = _mm256_packs_epi32(q[0], q[1]);
+        const __m256i p16b = _mm256_packs_epi32(q[2], q[3]);
+        const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+        const __m256i out = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)y[b].qs, out);
+    }
+}
+
+/* ---- attention helpers ------------------------------------------------------- */
+
+static float kx_dot_f16_f32(const uint16_t *a, const float *b, int n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i))), _mm256_loadu_ps(b + i),
+                               acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i + 8))),
+                               _mm256_loadu_ps(b + i + 8), acc1);
+    }
+    for (; i + 8 <= n; i += 8)
+        acc0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i))), _mm256_loadu_ps(b + i),
+                               acc0);
+    float s = kx_hsum(_mm256_add_ps(acc0, acc1));
+    for (; i < n; i++) s += _cvtsh_ss(a[i]) * b[i];
+    return s;
+}
+
+static void kx_axpy_f16(float *y, float alpha, const uint16_t *x, int n) {
+    const __m256 a = _mm256_set1_ps(alpha);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))),
+                                                _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += alpha * _cvtsh_ss(x[i]);
+}
+
+static void kx_fp32_to_fp16_row(const float *x, uint16_t *y, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; i++) y[i] = kern_fp32_to_fp16(x[i]);
+}
+
+static float kx_dot_f32(const float *a, const float *b, int n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+    }
+    for (; i + 8 <= n; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+    float s = kx_hsum(_mm256_add_ps(acc0, acc1));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+#endif

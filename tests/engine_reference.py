@@ -123,13 +123,24 @@ def reference_forward(
             if hp["norm"]:
                 sw = sw / sw.sum()
             ids[t, il], wts[t, il] = sel, sw
-            for e, we in zip(sel, sw):
-                y[t] += we * _swiglu(h[t : t + 1], w[p + "ffn_gate_exps.weight"][e], w[p + "ffn_up_exps.weight"][e],
-                                     w[p + "ffn_down_exps.weight"][e])[0]
+            for e, we in zip(sel, sw, strict=True):
+                y[t] += (
+                    we
+                    * _swiglu(
+                        h[t : t + 1],
+                        w[p + "ffn_gate_exps.weight"][e],
+                        w[p + "ffn_up_exps.weight"][e],
+                        w[p + "ffn_down_exps.weight"][e],
+                    )[0]
+                )
         if p + "ffn_gate_shexp.weight" in w:
             gate = 1.0 / (1.0 + np.exp(-(h @ w[p + "ffn_gate_inp_shexp.weight"])))
-            y += gate[:, None] * _swiglu(h, w[p + "ffn_gate_shexp.weight"], w[p + "ffn_up_shexp.weight"],
-                                         w[p + "ffn_down_shexp.weight"])
+            y += gate[:, None] * _swiglu(
+                h,
+                w[p + "ffn_gate_shexp.weight"],
+                w[p + "ffn_up_shexp.weight"],
+                w[p + "ffn_down_shexp.weight"],
+            )
         x = x + y
     x = _rms(x, w["output_norm.weight"], eps)
     out = w.get("output.weight", w["token_embd.weight"])
@@ -138,7 +149,15 @@ def reference_forward(
 
 # ---- tiny random GGUF models ---------------------------------------------------------------------
 
-QTYPES = {"F32": QT.F32, "F16": QT.F16, "BF16": QT.BF16, "Q8_0": QT.Q8_0, "Q4_0": QT.Q4_0, "Q4_1": QT.Q4_1}
+QTYPES = {
+    "F32": QT.F32,
+    "F16": QT.F16,
+    "BF16": QT.BF16,
+    "Q8_0": QT.Q8_0,
+    "Q4_0": QT.Q4_0,
+    "Q4_1": QT.Q4_1,
+    "Q5_0": QT.Q5_0,
+}  # Q5_0: a valid ggml type the engine does not compute with (error-path tests)
 
 
 def _store(a: np.ndarray, qtype: str) -> tuple[np.ndarray, QT | None, np.ndarray]:
@@ -174,10 +193,15 @@ def make_tiny_model(
     wtype: str = "F32",
     n_rot: int | None = None,
     seed: int = 0,
+    skip_tensors: tuple[str, ...] = (),
+    tensor_types: dict[str, str] | None = None,
+    arch_name: str | None = None,
 ) -> RefModel:
     """Write a random GGUF model of `arch` ("llama", "mixtral", "qwen2moe", "qwen3moe", "olmoe") and
     return its reference description. Matrices use `wtype`; norms, biases and the router stay F32
-    (as llama.cpp's quantizer leaves them). `norm` None writes no expert_weights_norm key."""
+    (as llama.cpp's quantizer leaves them). `norm` None writes no expert_weights_norm key.
+    For error-path tests: skip_tensors are left out, tensor_types overrides the type of named
+    matrices, arch_name overrides general.architecture."""
     if arch not in ARCHS:
         raise ValueError(arch)
     rng = np.random.default_rng(seed)
@@ -186,13 +210,23 @@ def make_tiny_model(
     n_rot = head_dim if n_rot is None else n_rot
     defaults = {"llama": True, "mixtral": True, "qwen2moe": False, "qwen3moe": True, "olmoe": False}
     hp = {
-        "n_head": n_head, "n_head_kv": n_head_kv, "head_dim": head_dim, "eps": 1e-5, "n_rot": n_rot,
-        "rope_base": 10000.0, "n_layer": n_layer, "n_expert": n_expert if moe else 0,
-        "n_expert_used": n_expert_used if moe else 0, "norm": defaults[arch] if norm is None else norm,
+        "n_head": n_head,
+        "n_head_kv": n_head_kv,
+        "head_dim": head_dim,
+        "eps": 1e-5,
+        "n_rot": n_rot,
+        "rope_base": 10000.0,
+        "n_layer": n_layer,
+        "n_expert": n_expert if moe else 0,
+        "n_expert_used": n_expert_used if moe else 0,
+        "norm": defaults[arch] if norm is None else norm,
         "n_vocab": n_vocab,
     }
     ref = RefModel(arch=gguf_arch, hp=hp)
-    writer = gguf.GGUFWriter(str(path), gguf_arch)
+    writer = gguf.GGUFWriter(str(path), arch_name or gguf_arch)
+    types = tensor_types or {}
+    if arch_name:
+        gguf_arch = arch_name
     writer.add_block_count(n_layer)
     writer.add_context_length(512)
     writer.add_embedding_length(n_embd)
@@ -215,10 +249,13 @@ def make_tiny_model(
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
 
-    def mat(name: str, rows: int, cols: int, qtype: str = wtype, scale: float = 1.0,
-            permute_heads: int = 0) -> None:
+    def mat(
+        name: str, rows: int, cols: int, qtype: str = wtype, scale: float = 1.0, permute_heads: int = 0
+    ) -> None:
         a = rng.standard_normal((rows, cols)) * (scale / np.sqrt(cols))
-        data, raw, eff = _store(a, qtype)
+        data, raw, eff = _store(a, types.get(name, qtype))
+        if name in skip_tensors:
+            return
         if permute_heads:
             # quantization blocks run along a row, so permuting rows commutes with it
             data = permute_qk(data, permute_heads)
@@ -227,12 +264,16 @@ def make_tiny_model(
 
     def vec(name: str, n: int, center: float, spread: float) -> None:
         a = (center + spread * rng.standard_normal(n)).astype(np.float32)
+        if name in skip_tensors:
+            return
         writer.add_tensor(name, a)
         ref.w[name] = a.astype(np.float64)
 
     def experts(name: str, rows: int, cols: int) -> None:
         a = rng.standard_normal((n_expert, rows, cols)) * (1.0 / np.sqrt(cols))
-        data, raw, eff = _store(a.reshape(n_expert * rows, cols), wtype)
+        data, raw, eff = _store(a.reshape(n_expert * rows, cols), types.get(name, wtype))
+        if name in skip_tensors:
+            return
         if raw is None:
             data = data.reshape(n_expert, rows, cols)
         else:
@@ -304,9 +345,14 @@ def load_gguf_reference(path: str | Path) -> RefModel:
     n_expert = field(f"{arch}.expert_count", 0)
     defaults = {"llama": True, "qwen2moe": False, "qwen3moe": True, "olmoe": False}
     hp = {
-        "n_head": nh, "n_head_kv": nkv, "head_dim": hd, "eps": field(f"{arch}.attention.layer_norm_rms_epsilon"),
-        "n_rot": field(f"{arch}.rope.dimension_count", hd), "rope_base": field(f"{arch}.rope.freq_base", 10000.0),
-        "n_layer": field(f"{arch}.block_count"), "n_expert": n_expert,
+        "n_head": nh,
+        "n_head_kv": nkv,
+        "head_dim": hd,
+        "eps": field(f"{arch}.attention.layer_norm_rms_epsilon"),
+        "n_rot": field(f"{arch}.rope.dimension_count", hd),
+        "rope_base": field(f"{arch}.rope.freq_base", 10000.0),
+        "n_layer": field(f"{arch}.block_count"),
+        "n_expert": n_expert,
         "n_expert_used": field(f"{arch}.expert_used_count", 0),
         "norm": field(f"{arch}.expert_weights_norm", defaults[arch]),
     }

@@ -151,8 +151,27 @@ def test_every_half_bit_pattern(qtype: T) -> None:
 def test_special_values_through_quantize() -> None:
     """F16/BF16 quantization of values around the half/bfloat limits, then dequantization."""
     specials = np.array(
-        [0.0, -0.0, 1.0, -1.0, 65504.0, 65519.0, 65520.0, -70000.0, 6.1e-5, 6.0e-8, 2.98e-8, 1e-45,
-         3.4e38, np.inf, -np.inf, np.nan, 1.0 / 3.0, -2.5e-6, 1e-40],
+        [
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            65504.0,
+            65519.0,
+            65520.0,
+            -70000.0,
+            6.1e-5,
+            6.0e-8,
+            2.98e-8,
+            1e-45,
+            3.4e38,
+            np.inf,
+            -np.inf,
+            np.nan,
+            1.0 / 3.0,
+            -2.5e-6,
+            1e-40,
+        ],
         dtype=np.float32,
     )
     for qtype in (T.F16, T.BF16):

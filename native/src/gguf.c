@@ -10,6 +10,8 @@
  * Everything read from the file is untrusted. Every read goes through the cursor below,
  * which checks the bytes are there before touching them; counts are bounded by the bytes
  * left before anything is allocated for them; sizes are multiplied with overflow checks.
+ * Keys must be printable ASCII and tensor names valid UTF-8 (the spec's rules; other string
+ * values are passed through as bytes, since real tokenizer vocabularies are not always clean).
  * A file either passes every check in gguf_open() or is refused with COLIBRI_E_FORMAT
  * (COLIBRI_E_IO if it cannot be read) and a message naming the field and the numbers. */
 #include "gguf.h"
@@ -209,6 +211,39 @@ static colibri_status parse_value(cursor *c, gguf_kv *kv, uint64_t index) {
     return COLIBRI_OK;
 }
 
+/* Keys are ASCII by the spec; printable ASCII is required so messages and lookups stay sane. */
+static int printable_ascii(const uint8_t *b, uint64_t n) {
+    for (uint64_t i = 0; i < n; i++)
+        if (b[i] < 0x20 || b[i] > 0x7e) return 0;
+    return 1;
+}
+
+/* Strict UTF-8 (no overlongs, no surrogates, nothing past U+10FFFF); GGUF strings are UTF-8. */
+static int valid_utf8(const uint8_t *b, uint64_t n) {
+    uint64_t i = 0;
+    while (i < n) {
+        uint8_t c = b[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        int len;
+        uint32_t cp, min;
+        if ((c & 0xe0) == 0xc0) { len = 2; cp = c & 0x1f; min = 0x80; }
+        else if ((c & 0xf0) == 0xe0) { len = 3; cp = c & 0x0f; min = 0x800; }
+        else if ((c & 0xf8) == 0xf0) { len = 4; cp = c & 0x07; min = 0x10000; }
+        else return 0;
+        if ((uint64_t)len > n - i) return 0;
+        for (int k = 1; k < len; k++) {
+            if ((b[i + k] & 0xc0) != 0x80) return 0;
+            cp = (cp << 6) | (b[i + k] & 0x3f);
+        }
+        if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+        i += (uint64_t)len;
+    }
+    return 1;
+}
+
 static int str_eq(gguf_str s, const char *z, size_t zlen) { return s.len == zlen && memcmp(s.ptr, z, zlen) == 0; }
 
 /* qsort comparators over pointer arrays (qsort has no context argument). */
@@ -252,6 +287,9 @@ static colibri_status parse_kvs(cursor *c, gguf_file *f) {
             return cb_error(COLIBRI_E_FORMAT,
                             "metadata entry %llu of %llu: key length %llu exceeds the %llu bytes left in the file",
                             (ull)i, (ull)f->n_kv, (ull)n, (ull)left(c));
+        if (!printable_ascii(b, n))
+            return cb_error(COLIBRI_E_FORMAT, "metadata entry %llu of %llu: key is not printable ASCII", (ull)i,
+                            (ull)f->n_kv);
         kv->key.ptr = (const char *)b;
         kv->key.len = n;
         colibri_status st = parse_value(c, kv, i);
@@ -324,6 +362,9 @@ static colibri_status parse_tensor_infos(cursor *c, gguf_file *f) {
                             (ull)i, (ull)f->n_tensors, (ull)n, (ull)left(c));
         if (memchr(b, '\0', (size_t)n))
             return cb_error(COLIBRI_E_FORMAT, "tensor %llu of %llu: name contains a NUL byte", (ull)i,
+                            (ull)f->n_tensors);
+        if (!valid_utf8(b, n))
+            return cb_error(COLIBRI_E_FORMAT, "tensor %llu of %llu: name is not valid UTF-8", (ull)i,
                             (ull)f->n_tensors);
         memcpy(t->name, b, (size_t)n);
         t->name[n] = '\0';

@@ -327,6 +327,7 @@ static buf one_kv(void (*fill)(buf *)) {
     fill(&b);
     return b;
 }
+static void kv_ctrl_key(buf *b) { put_str(b, "a\tb"); put_u32(b, GGUF_VT_UINT8); put_u8(b, 1); put_u64(b, 0); }
 static void kv_ok(buf *b) { put_str(b, "a.b"); put_u32(b, GGUF_VT_UINT64); put_u64(b, 1ull << 40); }
 static void kv_bad_type(buf *b) { put_str(b, "a.b"); put_u32(b, 13); put_u32(b, 0); }
 static void kv_huge_str(buf *b) { put_str(b, "a.b"); put_u32(b, GGUF_VT_STRING); put_u64(b, 1ull << 62); put_u64(b, 0); }
@@ -379,6 +380,7 @@ static void test_metadata(void) {
 
     struct { void (*fill)(buf *); const char *needle; } cases[] = {
         {kv_bad_type, "unknown value type 13"},
+        {kv_ctrl_key, "not printable ASCII"},
         {kv_huge_str, "string length 4611686018427387904"},
         {kv_huge_key, "key length 1099511627776"},
         {kv_empty_key, "key length 0"},
@@ -447,6 +449,8 @@ static void test_tensor_table(void) {
         {{2, P_OFFSET, 1ull << 62}, "past the end"},
         {{2, P_OFFSET, 0}, "overlap"},
         {{0, P_NAMEBYTE, 0}, "NUL byte"},
+        {{0, P_NAMEBYTE, 0xff}, "not valid UTF-8"},
+        {{0, P_NAMEBYTE, 0xc0}, "not valid UTF-8"},   /* truncated/overlong sequence */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         buf c = patched(&b, cases[i].p);
@@ -484,6 +488,13 @@ static void test_tensor_table(void) {
     longname[128] = '\0';
     b = make_file(3, 0, &ln, 1);
     EXPECT_FAIL(b, COLIBRI_E_FORMAT, "name length 128");
+    free(b.p);
+
+    /* multi-byte UTF-8 names are fine */
+    tdesc u8 = {"t\xc3\xb6k\xe2\x82\xac.\xf0\x9f\x98\x80", 1, {8, 1, 1, 1}, GGML_TYPE_F32, -1};
+    b = make_file(3, 0, &u8, 1);
+    CHECK(open_bytes(b.p, b.n, &f) == COLIBRI_OK);
+    if (f.map) gguf_close(&f);
     free(b.p);
 
     /* a known type without kernels (Q4_K) still opens: refusing it is the model loader's job */

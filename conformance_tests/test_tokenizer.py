@@ -1,0 +1,276 @@
+"""Tokenizer conformance: the tokenizer Colibri builds from GGUF metadata gives the reference's ids.
+
+(a) SmolLM2's GGUF: our tokenizer against llama.cpp's tokenizer on the very same file.
+(b) Byte-level BPE tokenizers trained here with `tokenizers` (three pre-tokenizer styles), written
+    into GGUF metadata with gguf.GGUFWriter: our GGUF-built tokenizer against the HF tokenizer.
+Each runs over the same corpus of more than 200 varied strings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from colibri_backend.adapters.gguf_metadata import read_metadata
+from colibri_backend.adapters.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, Tokenizer
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def corpus() -> list[str]:
+    """More than 200 strings: prose, code, unicode scripts, emoji, whitespace runs, numbers,
+    special tokens, contractions, edge cases (empty, lone spaces, lone combining marks)."""
+    base = [
+        "",
+        " ",
+        "  ",
+        "\n",
+        "\t",
+        "\n\n\n",
+        " \n ",
+        "Hello world",
+        "Hello, world!",
+        " Hello world",
+        "hello   world",
+        "The quick brown fox jumps over the lazy dog.",
+        "I'm sure you'll see they've done it, we'd say it's fine.",
+        "I'M SURE YOU'LL SEE THEY'VE DONE IT",
+        "don't won't can't shan't",
+        "1234567890",
+        "3.14159265358979",
+        "1,000,000 and 2.5e-10",
+        "Phone: +1 (555) 123-4567",
+        "2024-01-31T12:34:56Z",
+        "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)",
+        "for (int i = 0; i < n; ++i) { sum += a[i] * b[i]; }",
+        "#include <stdio.h>\nint main(void) { printf(\"%d\\n\", 42); return 0; }",
+        "SELECT name, COUNT(*) FROM users WHERE age >= 18 GROUP BY name;",
+        "const f = async (x) => { await g(x?.y ?? 0); };",
+        "<div class=\"a\">text &amp; more</div>",
+        "{\"key\": [1, 2, {\"nested\": null}], \"b\": true}",
+        "x = [i**2 for i in range(10) if i % 2 == 0]",
+        "    indented with four spaces",
+        "\tindented with a tab",
+        "trailing spaces   ",
+        "mixed \t whitespace \n\n  runs\t\t\t",
+        "a\r\nb\r\n",
+        "Ünïcödé façade naïve café résumé",
+        "Straße Größe Übermaß",
+        "Привет, как дела? Всё хорошо.",
+        "Γειά σου Κόσμε",
+        "שלום עולם",
+        "مرحبا بالعالم",
+        "नमस्ते दुनिया",
+        "こんにちは世界、元気ですか？",
+        "你好，世界！我们今天学习分词。",
+        "안녕하세요 세계",
+        "ไทย ภาษา",
+        "Tiếng Việt có dấu",
+        "😀😃😄😁",
+        "👍🏽 thumbs up with skin tone",
+        "👨‍👩‍👧‍👦 family",
+        "🇫🇷🇩🇪🇯🇵 flags",
+        "emoji at end 🎉",
+        "∑_{i=1}^{n} i = n(n+1)/2 ∀ n ∈ ℕ",
+        "→ ← ↑ ↓ ⇒ ⇔",
+        "e\u0301 combining acute",
+        "\u0301",
+        "zero\u200bwidth\u200bspace",
+        "non\u00a0breaking\u00a0space",
+        "full\u3000width\u3000space",
+        "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n",
+        "<|endoftext|>",
+        "text<|endoftext|>more text",
+        "<|im_start|><|im_end|>",
+        "<|im_start|>system\nYou are helpful.<|im_end|>",
+        "not a <|special|> token",
+        "<|im_start",
+        "im_end|>",
+        "''''''",
+        "\"quoted\" 'single'",
+        "!!!???...,,,;;;",
+        "---===+++***",
+        "a-b_c.d/e\\f",
+        "https://example.com/path?query=1&x=y#frag",
+        "user@example.com",
+        "CamelCaseIdentifierName snake_case_name kebab-case-name",
+        "ALLCAPS lowercase MiXeD",
+        "$100 €50 £20 ¥1000",
+        "100% of 50°C",
+        "tab\tseparated\tvalues\t1\t2",
+        "line1\nline2\nline3",
+        "   leading spaces",
+        "word" * 20,
+        "a " * 50,
+        "😀" * 10,
+        "\n" * 10,
+        " " * 17,
+        "0" * 25,
+        "123 456 7890 12 3",
+        "x1 y22 z333 w4444",
+        "version 3.11.7 and v2.0.0-rc1",
+        "'s 't 're 've 'm 'll 'd",
+        " 's",
+        "it's",
+        "IT'S",
+    ]
+    words = ["alpha", "Beta", "GAMMA", "délta", "ε", "42", "3.5", "🙂", "über", "日本", "x_y", "--", "'ll"]
+    seps = [" ", "  ", "\t", "\n", " \n", "", ", ", ". "]
+    generated = []
+    for i in range(120):
+        parts = [words[(i * 7 + j * 3) % len(words)] for j in range(1 + i % 6)]
+        sep = seps[i % len(seps)]
+        s = sep.join(parts)
+        if i % 5 == 0:
+            s = " " + s
+        if i % 9 == 0:
+            s = s + "  "
+        if i % 11 == 0:
+            s = SPECIALS[i % len(SPECIALS)] + s
+        generated.append(s)
+    strings = base + generated
+    assert len(strings) >= 200
+    return strings
+
+
+CORPUS = corpus()
+
+
+# ---------------------------------------------------------------------------------------------
+# (a) SmolLM2 GGUF vs llama.cpp on the same file
+
+
+def smollm2_path() -> Path:
+    env = os.environ.get("COLIBRI_SMOLLM2_GGUF")
+    if env:
+        return Path(env)
+    from colibri_backend.models import resolve_model
+
+    return resolve_model("smollm2").gguf
+
+
+@pytest.fixture(scope="module")
+def smollm2_gguf() -> Path:
+    return smollm2_path()
+
+
+def test_smollm2_matches_llama_cpp(smollm2_gguf: Path) -> None:
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the reference here")
+    ref = llama_cpp.Llama(model_path=str(smollm2_gguf), vocab_only=True, verbose=False)
+    ours = Tokenizer.from_gguf_metadata(read_metadata(smollm2_gguf), source=str(smollm2_gguf))
+    mismatches = []
+    for s in CORPUS:
+        expected = ref.tokenize(s.encode("utf-8"), add_bos=False, special=True)
+        got = ours.encode(s, add_special_tokens=False)
+        if got != expected:
+            mismatches.append((s, expected, got))
+    assert not mismatches, f"{len(mismatches)} of {len(CORPUS)} differ; first: {mismatches[0]!r}"
+
+
+def test_smollm2_roundtrip_and_specials(smollm2_gguf: Path) -> None:
+    tok = Tokenizer.from_gguf_metadata(read_metadata(smollm2_gguf))
+    for s in CORPUS:
+        assert tok.decode(tok.encode(s, add_special_tokens=False)) == s
+    im_end = tok.token_to_id("<|im_end|>")
+    assert im_end is not None and im_end in tok.stop_token_ids
+    assert tok.encode("<|im_start|>user", add_special_tokens=False)[0] == tok.token_to_id("<|im_start|>")
+
+
+# ---------------------------------------------------------------------------------------------
+# (b) tokenizers-trained BPE -> GGUF metadata -> our tokenizer == the HF tokenizer
+
+
+def _train(pre: str) -> object:
+    from tokenizers import Regex, decoders, pre_tokenizers, trainers
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers.models import BPE
+
+    from colibri_backend.adapters.tokenizer import PRE_TOKENIZER_REGEXES
+
+    tok = HFTokenizer(BPE())
+    if pre == "gpt-2":
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    elif pre == "smollm":
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True),
+             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+        )
+    else:  # the llama-3 style split, written out as its tokenizer.json does
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(PRE_TOKENIZER_REGEXES[pre][0]), behavior="isolated"),
+             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=1200,
+        min_frequency=1,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    training = list(CORPUS) * 3
+    for path in sorted((Path(__file__).resolve().parent.parent / "colibri_backend").glob("*.py")):
+        training.append(path.read_text(encoding="utf-8"))
+    tok.train_from_iterator(training, trainer=trainer)
+    return tok
+
+
+def _write_gguf(hf: object, pre: str, path: Path) -> None:
+    import gguf
+    import numpy as np
+
+    spec = json.loads(hf.to_str())  # type: ignore[attr-defined]
+    vocab = hf.get_vocab(with_added_tokens=True)  # type: ignore[attr-defined]
+    by_id = sorted(vocab.items(), key=lambda kv: kv[1])
+    assert [i for _, i in by_id] == list(range(len(by_id)))
+    tokens = [t for t, _ in by_id]
+    types = [TOKEN_CONTROL if t in SPECIALS else TOKEN_NORMAL for t in tokens]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(vocab["<|im_start|>"])
+    w.add_eos_token_id(vocab["<|im_end|>"])
+    w.add_add_bos_token(False)
+    w.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize("pre", ["gpt-2", "smollm", "llama-bpe"])
+def test_trained_bpe_via_gguf_matches_hf(pre: str, tmp_path: Path) -> None:
+    hf = _train(pre)
+    path = tmp_path / f"bpe-{pre}.gguf"
+    _write_gguf(hf, pre, path)
+    ours = Tokenizer.from_gguf_metadata(read_metadata(path), source=str(path))
+    assert ours.vocab_size == hf.get_vocab_size(with_added_tokens=True)  # type: ignore[attr-defined]
+    mismatches = []
+    for s in CORPUS:
+        expected = hf.encode(s, add_special_tokens=False).ids  # type: ignore[attr-defined]
+        got = ours.encode(s, add_special_tokens=False)
+        if got != expected:
+            mismatches.append((s, expected, got))
+    assert not mismatches, f"{len(mismatches)} of {len(CORPUS)} differ; first: {mismatches[0]!r}"
+    for s in CORPUS:
+        assert ours.decode(ours.encode(s, add_special_tokens=False)) == s
+
+
+def test_tokenizer_json_beside_gguf_wins(tmp_path: Path) -> None:
+    hf = _train("gpt-2")
+    path = tmp_path / "m.gguf"
+    _write_gguf(hf, "gpt-2", path)
+    hf.save(str(tmp_path / "tokenizer.json"))  # type: ignore[attr-defined]
+    tok = Tokenizer.from_gguf(path)
+    assert tok.source.endswith("tokenizer.json")
+    assert tok.eos_token == "<|im_end|>"
+    assert tok.encode("Hello <|im_end|>", add_special_tokens=False) == hf.encode(  # type: ignore[attr-defined]
+        "Hello <|im_end|>", add_special_tokens=False
+    ).ids

@@ -1,0 +1,260 @@
+"""The Python engine API through SmolLM2-135M-Instruct (a real trained model)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import colibri_backend
+from colibri_backend import ContextFullError, ModelFormatError
+from colibri_backend.adapters.sampling import SamplingParams
+from colibri_backend.engine import GenerationEvent, Model
+
+PROMPT = "The capital of France is"
+
+
+def smollm2_path() -> Path:
+    env = os.environ.get("COLIBRI_SMOLLM2_GGUF")
+    return Path(env) if env else colibri_backend.resolve_model("smollm2").gguf
+
+
+@pytest.fixture(scope="module")
+def model() -> Model:
+    m = colibri_backend.load(smollm2_path(), threads=2, context_length=256)
+    yield m
+    m.close()
+
+
+def test_info_and_attributes(model: Model) -> None:
+    info = model.info
+    assert (info.arch, info.n_vocab, info.n_layer, info.n_embd) == ("llama", 49152, 30, 576)
+    assert (info.n_head, info.n_head_kv, info.head_dim, info.n_expert) == (9, 3, 64, 0)
+    assert info.n_params == 134515008 and info.file_bytes == model.path.stat().st_size
+    assert model.context_length == 256
+    assert model.chat_template and "<|im_start|>" in model.chat_template
+    assert model.tokenizer.vocab_size == 49152
+
+
+def test_tokenize_detokenize(model: Model) -> None:
+    ids = model.tokenize("Hello, world! 123")
+    assert ids == [19556, 28, 905, 17, 216, 33, 34, 35]
+    assert model.detokenize(ids) == "Hello, world! 123"
+    assert model.tokenize("<|im_start|>user", add_special_tokens=False)[0] == 1
+
+
+def test_logits_shape_and_greedy_agreement(model: Model) -> None:
+    ids = model.tokenize(PROMPT)
+    logits = model.logits(ids)
+    assert logits.shape == (len(ids), 49152) and logits.dtype == np.float32
+    assert np.isfinite(logits).all()
+    first = next(iter(model.generate_tokens(ids, max_tokens=1)))
+    assert first.token_id == int(np.argmax(logits[-1]))
+    assert model.detokenize([first.token_id]) == " Paris"
+    assert model.logits([]).shape == (0, 49152)
+
+
+def test_logits_rows_equal_incremental_decoding(model: Model) -> None:
+    ids = model.tokenize("One two three four")
+    full = model.logits(ids)
+    prefix = model.logits(ids[:2])
+    np.testing.assert_allclose(full[:2], prefix, rtol=1e-4, atol=1e-4)
+
+
+def test_greedy_generate_is_deterministic(model: Model) -> None:
+    a = model.generate(PROMPT, max_tokens=12)
+    b = model.generate(PROMPT, max_tokens=12)
+    assert a == b
+    assert a.startswith(" Paris")
+
+
+def test_seeded_sampling_repeats(model: Model) -> None:
+    kw = dict(max_tokens=10, temperature=1.0, top_p=0.95, seed=1234)
+    assert model.generate(PROMPT, **kw) == model.generate(PROMPT, **kw)
+    outs = {model.generate(PROMPT, max_tokens=10, temperature=1.5, seed=s) for s in (1, 2, 3, 4)}
+    assert len(outs) > 1
+
+
+def test_stream_equals_generate(model: Model) -> None:
+    prompt = "Write a short sentence about cats:"
+    pieces = list(model.stream(prompt, max_tokens=14))
+    assert "".join(pieces) == model.generate(prompt, max_tokens=14)
+    assert all(pieces)
+
+
+def test_stream_is_utf8_safe(model: Model) -> None:
+    # Greedy SmolLM2 answers this with katakana, each character split over two byte-level tokens:
+    # the first token of a pair must release nothing, the second the whole character.
+    prompt = "日本語で挨拶してください: こんにちは"
+    events = list(model.generate_tokens(model.tokenize(prompt), max_tokens=12))
+    texts = [e.text for e in events]
+    full = model.detokenize([e.token_id for e in events])
+    assert "\ufffd" not in full and any(ord(c) > 0x3000 for c in full)
+    assert "".join(texts) == full
+    assert "" in texts  # some tokens carried half a character and were held back
+    assert all("\ufffd" not in t for t in texts)
+    assert "".join(model.stream(prompt, max_tokens=12)) == full
+
+
+def test_stop_strings_cut_and_never_leak(model: Model) -> None:
+    full = model.generate(PROMPT, max_tokens=16)
+    assert len(full) > 8
+    stop = full[5:9]
+    expected = full[: full.index(stop)]
+    assert model.generate(PROMPT, max_tokens=16, stop=stop) == expected
+    pieces = list(model.stream(PROMPT, max_tokens=16, stop=[stop, "never-appears"]))
+    assert "".join(pieces) == expected
+    events = list(model.generate_tokens(model.tokenize(PROMPT), max_tokens=16, stop=[stop]))
+    assert events[-1].finish_reason == "stop"
+    assert all(e.finish_reason is None for e in events[:-1])
+
+
+def test_finish_reasons_and_max_tokens(model: Model) -> None:
+    ids = model.tokenize(PROMPT)
+    events = list(model.generate_tokens(ids, max_tokens=3))
+    assert len(events) == 3 and events[-1].finish_reason == "length"
+    assert [e.finish_reason for e in events[:-1]] == [None, None]
+    zero = list(model.generate_tokens(ids, max_tokens=0))
+    assert zero == [GenerationEvent(-1, "", finish_reason="length")]
+    # The chat template's end-of-turn token ends a chat reply with "stop".
+    chat_ids = model.chat_prompt_ids([{"role": "user", "content": "Say hi."}])
+    events = list(model.generate_tokens(chat_ids, max_tokens=60))
+    assert events[-1].finish_reason == "stop"
+    assert events[-1].token_id in model.tokenizer.stop_token_ids
+
+
+def test_logprobs(model: Model) -> None:
+    ids = model.tokenize(PROMPT)
+    events = list(model.generate_tokens(ids, max_tokens=3, logprobs=5))
+    logits = model.logits(ids)[-1].astype(np.float64)
+    ref = logits - (logits.max() + np.log(np.exp(logits - logits.max()).sum()))
+    first = events[0]
+    assert first.logprob == pytest.approx(ref[first.token_id], abs=1e-4)
+    assert first.top_logprobs is not None and len(first.top_logprobs) == 5
+    best_text, best_lp = next(iter(first.top_logprobs.items()))
+    assert best_text == " Paris" and best_lp == pytest.approx(first.logprob, abs=1e-6)
+    assert list(first.top_logprobs.values()) == sorted(first.top_logprobs.values(), reverse=True)
+    assert all(e.logprob is not None and e.logprob <= 0 for e in events)
+    assert all(e.top_logprobs is None for e in model.generate_tokens(ids, max_tokens=2, logprobs=0))
+
+
+def test_kv_cache_prefix_reuse(model: Model) -> None:
+    ids = model.tokenize("A list of fruits: apple, banana,")
+    list(model.generate_tokens(ids, max_tokens=4))
+    longer = ids + model.tokenize(" cherry,")
+    reused = [e.token_id for e in model.generate_tokens(longer, max_tokens=6)]
+    assert model.stats()["last"]["cached_prompt_tokens"] == len(ids)
+    model.logits([1])  # clears the cache
+    fresh = [e.token_id for e in model.generate_tokens(longer, max_tokens=6)]
+    assert model.stats()["last"]["cached_prompt_tokens"] == 0
+    assert reused == fresh
+
+
+def test_chat_uses_template(model: Model) -> None:
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    text = model.apply_chat_template(messages)
+    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
+    ids = model.chat_prompt_ids(messages)
+    assert ids == model.tokenize(text, add_special_tokens=False)
+    assert ids[0] == model.tokenizer.token_to_id("<|im_start|>")
+    reply = model.chat(messages, max_tokens=20)
+    assert reply == model.generate(ids, max_tokens=20)
+    assert reply.strip()
+    assert "".join(model.chat_stream(messages, max_tokens=20)) == reply
+
+
+def test_sampling_arguments(model: Model) -> None:
+    banned = model.tokenize(" Paris", add_special_tokens=False)[0]
+    out = model.generate(PROMPT, max_tokens=3, logit_bias={banned: float("-inf")})
+    assert not out.startswith(" Paris")
+    sp = SamplingParams(temperature=0.7, top_k=20, min_p=0.05, repetition_penalty=1.3, seed=5)
+    a = [e.token_id for e in model.generate_tokens(model.tokenize(PROMPT), max_tokens=8, sampling=sp)]
+    b = [e.token_id for e in model.generate_tokens(model.tokenize(PROMPT), max_tokens=8, sampling=sp)]
+    assert a == b
+    with pytest.raises(ValueError):
+        model.generate(PROMPT, temperature=-1)
+
+
+def test_stats(model: Model) -> None:
+    model.generate(PROMPT, max_tokens=4)
+    s = model.stats()
+    for key in ("n_prompt_tokens", "n_decode_tokens", "prefill_seconds", "decode_seconds", "allocs_total",
+                "allocs_last_eval", "kv_bytes", "weight_bytes", "decode_tokens_per_second", "cpu_backend"):
+        assert key in s
+    assert s["allocs_last_eval"] == 0  # a decode step allocates nothing
+    assert s["last"]["generated_tokens"] == 4 and s["last"]["time_to_first_token"] > 0
+
+
+def test_routing_of_a_dense_model_is_empty(model: Model) -> None:
+    model.logits(model.tokenize(PROMPT))
+    ids, weights = model.routing()
+    assert ids.shape == (0, 30, 0) and weights.shape == (0, 30, 0)
+
+
+def test_bad_inputs(model: Model) -> None:
+    with pytest.raises(ValueError, match="out of range"):
+        model.logits([0, 49152])
+    with pytest.raises(ValueError, match="empty"):
+        model.generate([])
+    with colibri_backend.load(model.path, threads=2, context_length=32) as small:
+        assert small.context_length == 32
+        with pytest.raises(ContextFullError):
+            small.logits([17] * 33)
+        with pytest.raises(ContextFullError):
+            list(small.generate_tokens([17] * 40, max_tokens=1))
+        # A generation that reaches the end of the window stops with "length".
+        events = list(small.generate_tokens([17] * 26, max_tokens=20))
+        assert len(events) <= 7
+        assert events[-1].finish_reason == ("length" if len(events) == 7 else "stop")
+
+
+def test_concurrent_calls_are_serialized(model: Model) -> None:
+    expected = model.generate(PROMPT, max_tokens=5)
+    results: list[str] = []
+
+    def work() -> None:
+        results.append(model.generate(PROMPT, max_tokens=5))
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [expected] * 3
+
+
+def test_load_errors(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="not found"):
+        colibri_backend.load(tmp_path / "missing.gguf")
+    with pytest.raises(FileNotFoundError, match="known name"):
+        colibri_backend.load("no-such-model-name")
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        colibri_backend.load(tmp_path)
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a gguf file at all" * 10)
+    with pytest.raises(ModelFormatError):
+        colibri_backend.load(junk)
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    with pytest.raises(ModelFormatError):
+        colibri_backend.load(empty)
+    truncated = tmp_path / "truncated.gguf"
+    with open(smollm2_path(), "rb") as src:
+        truncated.write_bytes(src.read(3_000_000))
+    with pytest.raises(ModelFormatError):
+        colibri_backend.load(truncated)
+
+
+def test_context_manager_and_close(tmp_path: Path) -> None:
+    copy = tmp_path / "smol.gguf"
+    shutil.copyfile(smollm2_path(), copy)
+    with colibri_backend.load(copy, threads=1, context_length=64) as m:
+        assert m.generate("Hi", max_tokens=2)
+    assert m.closed
+    m.close()  # twice is fine
+    with pytest.raises(colibri_backend.EngineError, match="closed"):
+        m.generate("Hi", max_tokens=1)

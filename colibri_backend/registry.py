@@ -1,0 +1,160 @@
+"""The plugin manager and the backend registry built from it.
+
+Every backend, Colibri's own included, arrives through the ``colibri`` entry-point group and its
+``colibri_register_backends`` hook (see :mod:`colibri_backend.hookspecs`). A plugin that fails to
+import or to register is recorded with its error instead of breaking the others, so
+``colibri backends`` can always show what is there and what is wrong.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+from colibri_backend.errors import ColibriError
+from colibri_backend.hookspecs import PROJECT_NAME, ColibriSpecs
+
+if TYPE_CHECKING:
+    from colibri_backend.backends import Backend, LoadedModel
+    from colibri_backend.config import ModelConfig
+
+ENTRY_POINT_GROUP = "colibri"
+
+
+class UnknownBackendError(ColibriError):
+    """No registered backend has that name."""
+
+
+class BackendUnavailableError(ColibriError):
+    """The backend is registered but cannot run here (for example its package is missing)."""
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    """A registered backend and the plugin that registered it."""
+
+    name: str
+    backend: Backend
+    plugin: str
+
+    def unavailable_reason(self) -> str | None:
+        """Why the backend cannot run here, or None when it can."""
+        try:
+            return self.backend.unavailable_reason()
+        except Exception as exc:  # a plugin's own probe failing is itself a reason
+            return f"availability check failed: {type(exc).__name__}: {exc}"
+
+
+@dataclass(frozen=True)
+class PluginProblem:
+    """A plugin that could not be imported, or whose hook raised or registered badly."""
+
+    plugin: str
+    message: str
+
+
+def make_plugin_manager(load_entry_points: bool = True) -> tuple[pluggy.PluginManager, list[PluginProblem]]:
+    """A plugin manager with Colibri's hookspecs and, by default, every installed plugin."""
+    pm = pluggy.PluginManager(PROJECT_NAME)
+    pm.add_hookspecs(ColibriSpecs)
+    problems: list[PluginProblem] = []
+    if load_entry_points:
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            if pm.get_plugin(ep.name) is not None or pm.is_blocked(ep.name):
+                continue  # the same distribution seen twice on sys.path
+            try:
+                plugin = ep.load()
+            except Exception as exc:
+                why = f"cannot import {ep.value}: {type(exc).__name__}: {exc}"
+                problems.append(PluginProblem(ep.name, why))
+                continue
+            pm.register(plugin, name=ep.name)
+    return pm, problems
+
+
+class Registry:
+    """Backends by name, collected from a plugin manager's ``colibri_register_backends`` hooks."""
+
+    def __init__(self, pm: pluggy.PluginManager, problems: list[PluginProblem] | None = None) -> None:
+        self.plugin_manager = pm
+        self.problems: list[PluginProblem] = list(problems or [])
+        self._entries: dict[str, BackendEntry] = {}
+        # Call each implementation on its own so a registration is attributed to its plugin and
+        # one plugin raising does not hide the backends of the others.
+        for impl in pm.hook.colibri_register_backends.get_hookimpls():
+            plugin_name = pm.get_name(impl.plugin) or repr(impl.plugin)
+            try:
+                impl.function(register=self._registrar(plugin_name))
+            except Exception as exc:
+                why = f"colibri_register_backends raised {type(exc).__name__}: {exc}"
+                self.problems.append(PluginProblem(plugin_name, why))
+
+    def _registrar(self, plugin_name: str):
+        def register(backend: Any) -> None:
+            missing = [a for a in ("name", "load", "unavailable_reason") if not hasattr(backend, a)]
+            if missing:
+                self.problems.append(
+                    PluginProblem(plugin_name, f"registered {backend!r}, which lacks {', '.join(missing)}")
+                )
+                return
+            name = str(backend.name)
+            if name in self._entries:
+                kept = self._entries[name].plugin
+                self.problems.append(
+                    PluginProblem(plugin_name, f"backend {name!r} is already registered by plugin {kept!r}")
+                )
+                return
+            self._entries[name] = BackendEntry(name=name, backend=backend, plugin=plugin_name)
+
+        return register
+
+    def names(self) -> list[str]:
+        """Registered backend names, sorted."""
+        return sorted(self._entries)
+
+    def entries(self) -> list[BackendEntry]:
+        """Registered backends, sorted by name."""
+        return [self._entries[n] for n in self.names()]
+
+    def get(self, name: str) -> BackendEntry:
+        """The backend called ``name``; raises UnknownBackendError listing the known ones."""
+        try:
+            return self._entries[name]
+        except KeyError:
+            known = ", ".join(self.names()) or "none"
+            raise UnknownBackendError(f"unknown backend {name!r} (registered: {known})") from None
+
+    def require(self, name: str) -> Backend:
+        """The backend called ``name``, checked to be runnable here."""
+        entry = self.get(name)
+        reason = entry.unavailable_reason()
+        if reason is not None:
+            raise BackendUnavailableError(f"backend {name!r} is unavailable: {reason}")
+        return entry.backend
+
+    def load_model(self, model: ModelConfig) -> LoadedModel:
+        """Load a configured model alias with its backend."""
+        return self.require(model.backend).load(model)
+
+
+_lock = threading.Lock()
+_default: Registry | None = None
+
+
+def get_registry(refresh: bool = False) -> Registry:
+    """The process-wide registry of installed plugins (built once, on first use)."""
+    global _default
+    with _lock:
+        if _default is None or refresh:
+            pm, problems = make_plugin_manager()
+            _default = Registry(pm, problems)
+        return _default
+
+
+def load_model(model: ModelConfig) -> LoadedModel:
+    """Load a configured model with the backend it names, through the default registry."""
+    return get_registry().load_model(model)

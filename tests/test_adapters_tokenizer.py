@@ -1,0 +1,146 @@
+"""Tokenizer adapter, GGUF metadata reader and the stop-string helpers (no native engine needed)."""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from colibri_backend.adapters.gguf_metadata import read_metadata
+from colibri_backend.adapters.tokenizer import Tokenizer
+from colibri_backend.engine import _held_suffix, _stop_cut
+from colibri_backend.errors import ModelFormatError, UnsupportedModelError
+
+
+def smollm2_path() -> Path:
+    env = os.environ.get("COLIBRI_SMOLLM2_GGUF")
+    if env:
+        return Path(env)
+    from colibri_backend.models import resolve_model
+
+    return resolve_model("smollm2").gguf
+
+
+@pytest.fixture(scope="module")
+def meta() -> dict:
+    return read_metadata(smollm2_path())
+
+
+@pytest.fixture(scope="module")
+def tok(meta: dict) -> Tokenizer:
+    return Tokenizer.from_gguf_metadata(meta)
+
+
+def test_metadata_equals_gguf_reader(meta: dict) -> None:
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(smollm2_path()))
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") and key not in ("GGUF.version", "GGUF.tensor_count"):
+            continue
+        expected = field.contents()
+        got = meta[key]
+        if isinstance(got, np.ndarray):
+            assert got.tolist() == list(expected), key
+        elif isinstance(expected, float):
+            assert got == pytest.approx(expected), key
+        else:
+            assert got == expected, key
+
+
+def _gguf_header(n_kv: int, body: bytes = b"", version: int = 3) -> bytes:
+    return b"GGUF" + struct.pack("<IQQ", version, 0, n_kv) + body
+
+
+def _kv_string(key: str, value: str) -> bytes:
+    k, v = key.encode(), value.encode()
+    return struct.pack("<Q", len(k)) + k + struct.pack("<I", 8) + struct.pack("<Q", len(v)) + v
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"GGUF",
+        b"GGML" + b"\0" * 30,
+        _gguf_header(0, version=7),
+        _gguf_header(1),  # promises a key/value that is not there
+        _gguf_header(1, _kv_string("general.name", "x")[:-1]),  # string runs past the end
+        _gguf_header(1, struct.pack("<Q", 1) + b"k" + struct.pack("<I", 99)),  # unknown value type
+        _gguf_header(1, struct.pack("<Q", 1) + b"k" + struct.pack("<IIQ", 9, 4, 1 << 40)),  # huge array
+        _gguf_header(1 << 40),
+    ],
+)
+def test_metadata_reader_rejects_bad_files(tmp_path: Path, data: bytes) -> None:
+    path = tmp_path / "bad.gguf"
+    path.write_bytes(data)
+    with pytest.raises(ModelFormatError):
+        read_metadata(path)
+
+
+def test_metadata_reader_small_file(tmp_path: Path) -> None:
+    path = tmp_path / "ok.gguf"
+    path.write_bytes(_gguf_header(1, _kv_string("general.name", "tiny")))
+    assert read_metadata(path)["general.name"] == "tiny"
+
+
+def test_special_tokens_and_ids(tok: Tokenizer) -> None:
+    assert tok.vocab_size == 49152
+    assert (tok.bos_token_id, tok.eos_token_id) == (1, 2)
+    assert tok.eos_token == "<|im_end|>"
+    assert tok.stop_token_ids == {0, 2}  # <|endoftext|> and <|im_end|>
+    assert tok.encode("<|im_start|>user\nhi<|im_end|>") == [1, 4093, 198, 6004, 2]
+    assert tok.decode([1, 4093, 198, 6004, 2], skip_special_tokens=True) == "user\nhi"
+    assert not tok.add_bos  # SmolLM2's GGUF says add_bos_token = false
+
+
+def test_roundtrip(tok: Tokenizer) -> None:
+    for s in ["", " ", "x  y\t\n", "héllo 😀 日本語", "def f(x):\n    return x ** 2\n", "1234567"]:
+        assert tok.decode(tok.encode(s)) == s
+    assert tok.encode("12345") == [33, 34, 35, 36, 37]  # smollm pre-tokenizer splits every digit
+
+
+def test_incremental_decoder_never_splits_characters(tok: Tokenizer) -> None:
+    text = "Grüße 😀👍🏽 日本語 — done"
+    ids = tok.encode(text)
+    assert len(ids) > len(text.split())  # some characters span several tokens
+    dec = tok.incremental_decoder()
+    pieces = [dec.add(i) for i in ids] + [dec.flush()]
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces)
+    assert "" in pieces[:-1]
+
+
+def test_incremental_decoder_flushes_invalid_bytes(tok: Tokenizer) -> None:
+    # The byte-level token for a lone UTF-8 lead byte (0xE6): never completed.
+    lead = tok.token_to_id("æ")
+    assert lead is not None
+    dec = tok.incremental_decoder()
+    assert dec.add(lead) == ""
+    assert dec.flush() == "\ufffd"
+    # After a run of invalid bytes the decoder stops waiting and moves on.
+    dec = tok.incremental_decoder()
+    out = "".join(dec.add(lead) for _ in range(10)) + dec.flush()
+    assert out == "\ufffd" * 10
+
+
+def test_unsupported_tokenizer_model(meta: dict) -> None:
+    with pytest.raises(UnsupportedModelError, match="not supported"):
+        Tokenizer.from_gguf_metadata({**meta, "tokenizer.ggml.model": "llama"})
+    with pytest.raises(UnsupportedModelError, match="unknown tokenizer.ggml.pre"):
+        Tokenizer.from_gguf_metadata({**meta, "tokenizer.ggml.pre": "martian"})
+    with pytest.raises(ModelFormatError):
+        Tokenizer.from_gguf_metadata({"general.architecture": "llama"})
+
+
+def test_stop_helpers() -> None:
+    assert _stop_cut("hello world", ["wor", "lo"]) == 3
+    assert _stop_cut("hello", ["xyz"]) == -1
+    assert _held_suffix("the end is ne", ["near", "x"]) == 2
+    assert _held_suffix("abc", ["abcd"]) == 3
+    assert _held_suffix("abc", ["zz"]) == 0
+    assert _held_suffix("", ["a"]) == 0
+    assert _held_suffix("a", ["a"]) == 0  # a complete stop string is cut, not held

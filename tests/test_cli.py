@@ -1,0 +1,123 @@
+"""The `colibri` CLI: inspect, run and chat."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from colibri_backend.cli import main
+
+
+def smollm2_path() -> Path:
+    env = os.environ.get("COLIBRI_SMOLLM2_GGUF")
+    if env:
+        return Path(env)
+    from colibri_backend.models import resolve_model
+
+    return resolve_model("smollm2").gguf
+
+
+def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "colibri_backend.cli", *args],
+        input=stdin, capture_output=True, text=True, timeout=600,
+    )
+
+
+def _fields(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(": ")
+        assert sep, f"not a key: value line: {line!r}"
+        out[key] = value
+    return out
+
+
+def test_inspect_plain(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", str(smollm2_path())]) == 0
+    f = _fields(capsys.readouterr().out)
+    assert f["architecture"] == "llama"
+    assert f["dim.block_count"] == "30" and f["dim.embedding_length"] == "576"
+    assert f["dim.attention.head_count_kv"] == "3"
+    assert f["tensors"] == "272" and f["parameters"].startswith("134515008 ")
+    assert f["tied_output"] == "yes"
+    assert f["type.Q4_1"].startswith("210 tensors")
+    cats = {k: int(v.split()[0]) for k, v in f.items() if k.startswith("bytes.")}
+    assert set(cats) >= {"bytes.attention", "bytes.experts", "bytes.shared_experts", "bytes.dense_ffn",
+                         "bytes.norms", "bytes.router", "bytes.embeddings", "bytes.output"}
+    assert sum(cats.values()) == int(f["tensor_bytes"].split()[0])
+    assert cats["bytes.experts"] == 0 and cats["bytes.dense_ffn"] > 0
+
+
+def test_inspect_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", "--json", str(smollm2_path())]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["architecture"] == "llama" and r["n_tensors"] == 272
+    assert r["tensor_types"]["Q8_0"]["tensors"] == 1
+    assert sum(r["bytes_by_category"].values()) == r["tensor_bytes"]
+
+
+def test_inspect_categories() -> None:
+    from colibri_backend.commands.inspect import categorize
+
+    assert categorize("blk.3.ffn_gate_exps.weight") == "experts"
+    assert categorize("blk.3.ffn_down_shexp.weight") == "shared_experts"
+    assert categorize("blk.3.ffn_gate_inp_shexp.weight") == "shared_experts"
+    assert categorize("blk.3.ffn_gate_inp.weight") == "router"
+    assert categorize("blk.3.ffn_up.weight") == "dense_ffn"
+    assert categorize("blk.3.attn_q.bias") == "attention"
+    assert categorize("blk.3.attn_k_norm.weight") == "norms"
+    assert categorize("output_norm.weight") == "norms"
+    assert categorize("output.weight") == "output"
+    assert categorize("token_embd.weight") == "embeddings"
+
+
+def test_inspect_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"hello")
+    assert main(["inspect", str(bad)]) == 1
+    assert "error" in capsys.readouterr().err
+    assert main(["inspect", str(tmp_path / "missing.gguf")]) == 1
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_run_streams_text_and_reports_speed() -> None:
+    r = _cli("run", "--model", str(smollm2_path()), "--max-tokens", "6", "--threads", "2",
+             "The capital of France is")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(" Paris")
+    assert "tok/s" in r.stderr and "time to first token" in r.stderr and "prompt: " in r.stderr
+
+
+def test_run_chat_and_sampling_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["run", "--model", str(smollm2_path()), "-n", "8", "--threads", "2", "--chat",
+            "--temperature", "0.8", "--top-p", "0.9", "--top-k", "40", "--seed", "3", "Say hello."]
+    assert main(args) == 0
+    first = capsys.readouterr()
+    assert main(args) == 0
+    second = capsys.readouterr()
+    assert first.out == second.out and first.out.strip()
+    assert "decode:" in first.err
+
+
+def test_run_errors(tmp_path: Path) -> None:
+    r = _cli("run", "--model", str(tmp_path / "nope.gguf"), "hi")
+    assert r.returncode == 1 and "error" in r.stderr and "Traceback" not in r.stderr
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"\0" * 100)
+    r = _cli("run", "--model", str(junk), "hi")
+    assert r.returncode == 1 and "COLIBRI_E_FORMAT" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_chat_repl_from_stdin() -> None:
+    r = _cli("chat", "--model", str(smollm2_path()), "-n", "8", "--threads", "2",
+             stdin="Hello!\n/reset\nWhat is 2+2?\n/exit\n")
+    assert r.returncode == 0, r.stderr
+    replies = [line for line in r.stdout.splitlines() if line.strip()]
+    assert len(replies) >= 2
+    assert "conversation cleared" in r.stderr

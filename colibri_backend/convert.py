@@ -43,7 +43,7 @@ class ConversionError(ValueError):
     """The checkpoint cannot be converted (unsupported feature, missing or inconsistent files)."""
 
 
-# --------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # safetensors reading (header + memory map; bf16 widened by hand because numpy has no bfloat16)
 
 _ST_DTYPES: dict[str, tuple[str, int]] = {
@@ -154,7 +154,7 @@ class _Checkpoint:
         return arr.reshape(t.shape)
 
 
-# --------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # model description from config.json
 
 
@@ -196,14 +196,18 @@ def _rope_theta_and_check(cfg: dict[str, Any]) -> float:
             params = next(iter(params.values()))
         rope_type = params.get("rope_type", params.get("type", "default"))
         if rope_type not in (None, "default"):
-            raise ConversionError(f"RoPE scaling '{rope_type}' is not supported yet (rope_parameters={params})")
+            raise ConversionError(
+                f"RoPE scaling '{rope_type}' is not supported yet (rope_parameters={params})"
+            )
         theta = params.get("rope_theta", cfg.get("rope_theta"))
     else:
         scaling = cfg.get("rope_scaling")
         if scaling:
             rope_type = scaling.get("rope_type", scaling.get("type", "default"))
             if rope_type not in (None, "default"):
-                raise ConversionError(f"RoPE scaling '{rope_type}' is not supported yet (rope_scaling={scaling})")
+                raise ConversionError(
+                    f"RoPE scaling '{rope_type}' is not supported yet (rope_scaling={scaling})"
+                )
         theta = cfg.get("rope_theta")
     return float(theta if theta is not None else 10000.0)
 
@@ -219,7 +223,9 @@ def _hparams(cfg: dict[str, Any]) -> _Hparams:
     n_head_kv = int(_first(cfg, "num_key_value_heads", default=n_head))
     head_dim = int(_first(cfg, "head_dim", default=n_embd // n_head))
     if n_head % n_head_kv:
-        raise ConversionError(f"num_attention_heads {n_head} is not a multiple of num_key_value_heads {n_head_kv}")
+        raise ConversionError(
+            f"num_attention_heads {n_head} is not a multiple of num_key_value_heads {n_head_kv}"
+        )
     if head_dim % 2:
         raise ConversionError(f"head_dim {head_dim} must be even for RoPE")
     if cfg.get("hidden_act", "silu") not in ("silu", "swish"):
@@ -240,7 +246,9 @@ def _hparams(cfg: dict[str, Any]) -> _Hparams:
         if cfg.get("mlp_only_layers"):
             raise ConversionError("mlp_only_layers (dense layers inside a Qwen MoE) is not supported yet")
         if int(cfg.get("decoder_sparse_step", 1)) != 1:
-            raise ConversionError("decoder_sparse_step != 1 (dense layers inside a Qwen MoE) is not supported yet")
+            raise ConversionError(
+                "decoder_sparse_step != 1 (dense layers inside a Qwen MoE) is not supported yet"
+            )
     if mt == "olmoe" and cfg.get("clip_qkv") is not None:
         raise ConversionError("OLMoE clip_qkv is not supported yet")
     if mt == "granitemoe" and cfg.get("shared_intermediate_size"):
@@ -285,7 +293,7 @@ def _hparams(cfg: dict[str, Any]) -> _Hparams:
     return hp
 
 
-# --------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # tensor plan: output name, logical shape (numpy order) and a producer that yields the data in chunks
 
 
@@ -428,8 +436,12 @@ def _plan(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
             p.add(blk + "ffn_gate_inp.weight", moe + "router.layer.weight", keep_f32=True)
             e, two_i, h = ck.shape(moe + "input_linear.weight")
             half = two_i // 2
-            p.add_split_stacked(blk + "ffn_gate_exps.weight", moe + "input_linear.weight", slice(0, half), half)
-            p.add_split_stacked(blk + "ffn_up_exps.weight", moe + "input_linear.weight", slice(half, two_i), half)
+            p.add_split_stacked(
+                blk + "ffn_gate_exps.weight", moe + "input_linear.weight", slice(0, half), half
+            )
+            p.add_split_stacked(
+                blk + "ffn_up_exps.weight", moe + "input_linear.weight", slice(half, two_i), half
+            )
             p.add_whole_stacked(blk + "ffn_down_exps.weight", moe + "output_linear.weight")
             continue
 
@@ -442,11 +454,13 @@ def _plan(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
             router = moe + "gate.weight"
             names = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
         if ck.shape(router) != (hp.n_expert, hp.n_embd):
-            raise ConversionError(f"{router} has shape {ck.shape(router)}, expected {(hp.n_expert, hp.n_embd)}")
+            raise ConversionError(
+                f"{router} has shape {ck.shape(router)}, expected {(hp.n_expert, hp.n_embd)}"
+            )
         p.add(blk + "ffn_gate_inp.weight", router, keep_f32=True)
         fused = moe + "experts.gate_up_proj"
         if fused in ck or fused + ".weight" in ck:
-            # transformers' in-memory fused layout saved as is: gate_up [E, 2I, H] (gate first), down [E, H, I].
+            # transformers' fused layout saved as is: gate_up [E, 2I, H] (gate rows first), down [E, H, I].
             fname = fused if fused in ck else fused + ".weight"
             e, two_i, h = ck.shape(fname)
             half = two_i // 2
@@ -461,12 +475,20 @@ def _plan(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
                     [f"{moe}experts.{e}.{hname}.weight" for e in range(hp.n_expert)],
                 )
         if mt == "qwen2_moe" and hp.n_ff_shexp:
-            for proj, gname in (("gate_proj", "ffn_gate_shexp"), ("up_proj", "ffn_up_shexp"),
-                                ("down_proj", "ffn_down_shexp")):
+            for proj, gname in (
+                ("gate_proj", "ffn_gate_shexp"),
+                ("up_proj", "ffn_up_shexp"),
+                ("down_proj", "ffn_down_shexp"),
+            ):
                 p.add(f"{blk}{gname}.weight", f"{moe}shared_expert.{proj}.weight")
             # [1, H] in the checkpoint; llama.cpp declares it as a vector {n_embd}.
-            p.add(blk + "ffn_gate_inp_shexp.weight", moe + "shared_expert_gate.weight", keep_f32=True,
-                  transform=lambda w: w.reshape(-1), shape=(hp.n_embd,))
+            p.add(
+                blk + "ffn_gate_inp_shexp.weight",
+                moe + "shared_expert_gate.weight",
+                keep_f32=True,
+                transform=lambda w: w.reshape(-1),
+                shape=(hp.n_embd,),
+            )
 
     p.add("output_norm.weight", "model.norm.weight", keep_f32=True)
     # llama.cpp's qwen2moe and olmoe loaders require output.weight even when the embeddings are tied.
@@ -474,7 +496,9 @@ def _plan(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
     if not hp.tie_embeddings and "lm_head.weight" in ck:
         p.add("output.weight", "lm_head.weight")
     elif not hp.tie_embeddings:
-        raise ConversionError("config says tie_word_embeddings=false but the checkpoint has no lm_head.weight")
+        raise ConversionError(
+            "config says tie_word_embeddings=false but the checkpoint has no lm_head.weight"
+        )
     elif needs_output:
         ck.used.add("model.embed_tokens.weight")
         p.add("output.weight", "model.embed_tokens.weight")
@@ -488,25 +512,32 @@ def _plan(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
     return p.out
 
 
-# --------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # tokenizer metadata from tokenizer.json / tokenizer_config.json
 
 _GPT2_RE = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_QWEN2_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-             r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-              r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_RE = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_LLAMA3_RE = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 def _pre_tokenizer_name(pre: dict[str, Any] | None) -> str:
     """Name llama.cpp uses for the HF pre-tokenizer pipeline, recognised by its structure."""
     if not pre:
-        raise ConversionError("tokenizer.json has no pre_tokenizer; only byte-level BPE tokenizers are supported")
+        raise ConversionError(
+            "tokenizer.json has no pre_tokenizer; only byte-level BPE tokenizers are supported"
+        )
     steps = pre["pretokenizers"] if pre.get("type") == "Sequence" else [pre]
     kinds = [s.get("type") for s in steps]
     if not kinds or kinds[-1] != "ByteLevel":
         raise ConversionError(
-            f"pre-tokenizer {kinds} is not byte-level BPE; SentencePiece-style tokenizers are not supported yet"
+            f"pre-tokenizer {kinds} is not byte-level BPE; "
+            "SentencePiece-style tokenizers are not supported yet"
         )
     last = steps[-1]
     if last.get("add_prefix_space"):
@@ -525,7 +556,8 @@ def _pre_tokenizer_name(pre: dict[str, Any] | None) -> str:
         if regex == _GPT2_RE:
             return "gpt-2"
     raise ConversionError(
-        f"unrecognised byte-level pre-tokenizer {json.dumps(pre)[:300]}; llama.cpp would not tokenize it the same"
+        f"unrecognised byte-level pre-tokenizer {json.dumps(pre)[:300]}; "
+        "llama.cpp would not tokenize it the same"
     )
 
 
@@ -557,7 +589,8 @@ def _vocab(hf_dir: Path, cfg: dict[str, Any], n_vocab: int) -> _Vocab:
     model = tj.get("model", {})
     if model.get("type") != "BPE" or model.get("byte_fallback"):
         raise ConversionError(
-            f"tokenizer model {model.get('type')} (byte_fallback={model.get('byte_fallback')}) is not supported; "
+            f"tokenizer model {model.get('type')} (byte_fallback={model.get('byte_fallback')}) "
+            "is not supported; "
             "only byte-level BPE (GPT-2 style) tokenizers are"
         )
     pre = _pre_tokenizer_name(tj.get("pre_tokenizer"))
@@ -581,8 +614,15 @@ def _vocab(hf_dir: Path, cfg: dict[str, Any], n_vocab: int) -> _Vocab:
             types.append(int(TokenType.UNUSED))
         else:
             tokens.append(tok)
-            types.append(int(TokenType.CONTROL if i in special else
-                             TokenType.USER_DEFINED if i in added else TokenType.NORMAL))
+            types.append(
+                int(
+                    TokenType.CONTROL
+                    if i in special
+                    else TokenType.USER_DEFINED
+                    if i in added
+                    else TokenType.NORMAL
+                )
+            )
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
 
     tc_path = hf_dir / "tokenizer_config.json"
@@ -611,8 +651,11 @@ def _vocab(hf_dir: Path, cfg: dict[str, Any], n_vocab: int) -> _Vocab:
         add_bos = False
         if post.get("type") == "TemplateProcessing" and "bos" in special_ids:
             single = post.get("single", [])
-            add_bos = bool(single) and "SpecialToken" in single[0] and \
-                single[0]["SpecialToken"].get("id") == tokens[special_ids["bos"]]
+            add_bos = (
+                bool(single)
+                and "SpecialToken" in single[0]
+                and single[0]["SpecialToken"].get("id") == tokens[special_ids["bos"]]
+            )
 
     template = tc.get("chat_template")
     jinja = hf_dir / "chat_template.jinja"
@@ -621,7 +664,7 @@ def _vocab(hf_dir: Path, cfg: dict[str, Any], n_vocab: int) -> _Vocab:
     return _Vocab(tokens, types, merges, pre, special_ids, bool(add_bos), bool(add_eos), template)
 
 
-# --------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # writing
 
 
@@ -649,8 +692,14 @@ def _choose_types(tensors: list[_OutTensor], out_type: str) -> None:
 def _file_type(out_type: str) -> int:
     from gguf import LlamaFileType
 
-    return int({"f32": LlamaFileType.ALL_F32, "f16": LlamaFileType.MOSTLY_F16,
-                "q8_0": LlamaFileType.MOSTLY_Q8_0, "q4_0": LlamaFileType.MOSTLY_Q4_0}[out_type])
+    return int(
+        {
+            "f32": LlamaFileType.ALL_F32,
+            "f16": LlamaFileType.MOSTLY_F16,
+            "q8_0": LlamaFileType.MOSTLY_Q8_0,
+            "q4_0": LlamaFileType.MOSTLY_Q4_0,
+        }[out_type]
+    )
 
 
 def _write_metadata(w: Any, hp: _Hparams, vocab: _Vocab, name: str, out_type: str) -> None:
@@ -691,8 +740,12 @@ def _write_metadata(w: Any, hp: _Hparams, vocab: _Vocab, name: str, out_type: st
     w.add_token_list(vocab.tokens)
     w.add_token_types(vocab.types)
     w.add_token_merges(vocab.merges)
-    setters = {"bos": w.add_bos_token_id, "eos": w.add_eos_token_id, "pad": w.add_pad_token_id,
-               "unk": w.add_unk_token_id}
+    setters = {
+        "bos": w.add_bos_token_id,
+        "eos": w.add_eos_token_id,
+        "pad": w.add_pad_token_id,
+        "unk": w.add_unk_token_id,
+    }
     for kind, idx in vocab.special_ids.items():
         setters[kind](idx)
     w.add_add_bos_token(vocab.add_bos)
@@ -750,8 +803,9 @@ def convert(
     try:
         _write_metadata(w, hp, vocab, name, out_type)
         for t in tensors:
-            w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), t.nbytes,
-                              raw_dtype=gguf.GGMLQuantizationType(t.qtype))
+            w.add_tensor_info(
+                t.name, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=gguf.GGMLQuantizationType(t.qtype)
+            )
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
@@ -761,8 +815,9 @@ def convert(
         if progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=sum(t.nbytes for t in tensors), unit="B", unit_scale=True,
-                       desc=f"convert {out.name}")
+            bar = tqdm(
+                total=sum(t.nbytes for t in tensors), unit="B", unit_scale=True, desc=f"convert {out.name}"
+            )
         for t in tensors:
             pad = -fout.tell() % ALIGNMENT
             fout.write(b"\0" * pad)

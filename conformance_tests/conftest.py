@@ -3,9 +3,10 @@
 * `tiny_zoo`: the tiny random checkpoints of tiny_models.SPECS, built once per session in a temporary
   directory, and their GGUF conversions (any of f32 / f16 / q8_0 / q4_0), made on first request.
 * `smollm2_gguf`: SmolLM2-135M-Instruct Q4_1 (resolved as the product does, or the development copy).
-* tiny_models.reference_engine(name) (used by the tests): imports a reference engine (transformers+torch or llama_cpp). Where it is missing,
-  tests fall back to the recorded outputs in conformance_tests/reference/; under CI=true a missing engine is a
-  failure, so the live comparison can never be silently skipped there.
+* tiny_models.reference_engine(name) (used by the tests): imports a reference engine (transformers +
+  torch, or llama_cpp). Where it is missing, tests fall back to the recorded outputs in
+  conformance_tests/reference/; under CI=true a missing engine is a failure, so the live comparison can
+  never be silently skipped there.
 * tiny_models.english_text(): real English prose available offline (this Python installation's
   LICENSE.txt), read at test time.
 """
@@ -50,8 +51,12 @@ class TinyZoo:
         if key not in self._ggufs:
             from colibri_backend.convert import convert
 
-            self._ggufs[key] = convert(self.checkpoint(name), self.root / f"{name}.{out_type}.gguf",
-                                       out_type=out_type, progress=False)
+            self._ggufs[key] = convert(
+                self.checkpoint(name),
+                self.root / f"{name}.{out_type}.gguf",
+                out_type=out_type,
+                progress=False,
+            )
         return self._ggufs[key]
 
 

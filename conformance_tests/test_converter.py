@@ -50,7 +50,7 @@ def _as_array(t: Any) -> np.ndarray:
     return dequantize(np.asarray(t.data), t.tensor_type).reshape(shape).astype(np.float32)
 
 
-# --------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # the tiny checkpoints are what transformers itself writes
 
 
@@ -68,7 +68,7 @@ def test_tiny_checkpoints_have_transformers_layout(tiny_zoo: tm.Any) -> None:
     tm.report(f"tiny checkpoint layouts match {source} for {len(ours)} specs")
 
 
-# --------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # llama.cpp on our F32 file == transformers on the checkpoint
 
 
@@ -87,7 +87,8 @@ def test_llama_cpp_runs_converted_f32_like_transformers(tiny_zoo: tm.Any, name: 
         rec = tm.load_record(rec_name)
         assert str(rec["gguf_sha_f32"]) == tm.file_sha(gguf_path), (
             "the converter's F32 output changed since llama.cpp's outputs were recorded; rerun "
-            "conformance_tests/reference/regenerate.py where llama-cpp-python is installed")
+            "conformance_tests/reference/regenerate.py where llama-cpp-python is installed"
+        )
     if hf is not None:
         ref = tm.transformers_logits(ckpt, ids)
     else:
@@ -112,10 +113,10 @@ def test_llama_cpp_runs_converted_f32_like_transformers(tiny_zoo: tm.Any, name: 
 
 
 def _sub(rec: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
-    return {k[len(prefix) + 1:]: v for k, v in rec.items() if k.startswith(prefix + "_")}
+    return {k[len(prefix) + 1 :]: v for k, v in rec.items() if k.startswith(prefix + "_")}
 
 
-# --------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # file structure
 
 
@@ -126,8 +127,9 @@ def test_metadata_tokenizer_and_alignment(tiny_zoo: tm.Any, name: str) -> None:
     reader = GGUFReader(tiny_zoo.gguf(name, "q8_0"))
     f = _fields(reader)
     cfg = spec.config
-    arch = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}.get(spec.model_type,
-                                                                                       spec.model_type)
+    arch = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}.get(
+        spec.model_type, spec.model_type
+    )
     assert f["general.architecture"] == arch
     assert f["general.alignment"] == ALIGNMENT
     assert f[f"{arch}.block_count"] == cfg["num_hidden_layers"]
@@ -192,7 +194,7 @@ def _rope_half(x: np.ndarray, pos: np.ndarray, theta: float) -> np.ndarray:
     inv = theta ** (-np.arange(0, d, 2) / d)
     ang = pos[:, None, None] * inv[None, None, :]
     cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
-    rot = np.concatenate([-x[..., d // 2:], x[..., : d // 2]], -1)
+    rot = np.concatenate([-x[..., d // 2 :], x[..., : d // 2]], -1)
     return x * cos + rot * sin
 
 
@@ -220,8 +222,12 @@ def test_f32_tensors_round_trip_and_rope_equivalence(tiny_zoo: tm.Any, name: str
     hd = cfg.get("head_dim") or cfg["hidden_size"] // nh
     assert all(x.tensor_type == Q.F32 for x in t.values())
     np.testing.assert_array_equal(_as_array(t["token_embd.weight"]), w["model.embed_tokens.weight"])
-    np.testing.assert_array_equal(_as_array(t["blk.1.attn_norm.weight"]), w["model.layers.1.input_layernorm.weight"])
-    np.testing.assert_array_equal(_as_array(t["blk.0.attn_v.weight"]), w["model.layers.0.self_attn.v_proj.weight"])
+    np.testing.assert_array_equal(
+        _as_array(t["blk.1.attn_norm.weight"]), w["model.layers.1.input_layernorm.weight"]
+    )
+    np.testing.assert_array_equal(
+        _as_array(t["blk.0.attn_v.weight"]), w["model.layers.0.self_attn.v_proj.weight"]
+    )
     q_g, k_g = _as_array(t["blk.0.attn_q.weight"]), _as_array(t["blk.0.attn_k.weight"])
     q_h, k_h = w["model.layers.0.self_attn.q_proj.weight"], w["model.layers.0.self_attn.k_proj.weight"]
     llama_family = spec.model_type in ("llama", "mixtral", "granitemoe")
@@ -241,21 +247,28 @@ def test_f32_tensors_round_trip_and_rope_equivalence(tiny_zoo: tm.Any, name: str
             k = np.repeat(k, nh // nkv, axis=1)
             return np.einsum("ihd,jhd->hij", q, k)
 
-        np.testing.assert_allclose(scores(q_g, k_g, _rope_adjacent), scores(q_h, k_h, _rope_half),
-                                   rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(
+            scores(q_g, k_g, _rope_adjacent), scores(q_h, k_h, _rope_half), rtol=1e-9, atol=1e-9
+        )
     if spec.model_type == "mixtral":
         stacked = _as_array(t["blk.1.ffn_up_exps.weight"])
         for e in range(cfg["num_local_experts"]):
-            np.testing.assert_array_equal(stacked[e], w[f"model.layers.1.block_sparse_moe.experts.{e}.w3.weight"])
+            np.testing.assert_array_equal(
+                stacked[e], w[f"model.layers.1.block_sparse_moe.experts.{e}.w3.weight"]
+            )
     if spec.model_type == "granitemoe":
         fused = w["model.layers.0.block_sparse_moe.input_linear.weight"]
         ff = cfg["intermediate_size"]
         np.testing.assert_array_equal(_as_array(t["blk.0.ffn_gate_exps.weight"]), fused[:, :ff])
         np.testing.assert_array_equal(_as_array(t["blk.0.ffn_up_exps.weight"]), fused[:, ff:])
     if spec.model_type == "qwen2_moe":
-        np.testing.assert_array_equal(_as_array(t["blk.0.ffn_gate_inp_shexp.weight"]),
-                                      w["model.layers.0.mlp.shared_expert_gate.weight"].reshape(-1))
-        np.testing.assert_array_equal(_as_array(t["blk.0.attn_k.bias"]), w["model.layers.0.self_attn.k_proj.bias"])
+        np.testing.assert_array_equal(
+            _as_array(t["blk.0.ffn_gate_inp_shexp.weight"]),
+            w["model.layers.0.mlp.shared_expert_gate.weight"].reshape(-1),
+        )
+        np.testing.assert_array_equal(
+            _as_array(t["blk.0.attn_k.bias"]), w["model.layers.0.self_attn.k_proj.bias"]
+        )
     if cfg["tie_word_embeddings"] and "output.weight" in t:
         np.testing.assert_array_equal(_as_array(t["output.weight"]), w["model.embed_tokens.weight"])
     elif not cfg["tie_word_embeddings"]:
@@ -304,14 +317,18 @@ def test_half_precision_checkpoints(tiny_zoo: tm.Any, tmp_path: Path, kind: str)
     out = convert(tmp_path / kind, tmp_path / f"{kind}.gguf", "f32", progress=False)
     t = _tensors(GGUFReader(out))
     np.testing.assert_array_equal(_as_array(t["token_embd.weight"]), rounded["model.embed_tokens.weight"])
-    np.testing.assert_array_equal(_as_array(t["blk.1.attn_q_norm.weight"]),
-                                  rounded["model.layers.1.self_attn.q_norm.weight"])
-    np.testing.assert_array_equal(_as_array(t["blk.0.ffn_down_exps.weight"])[5],
-                                  rounded["model.layers.0.mlp.experts.5.down_proj.weight"])
+    np.testing.assert_array_equal(
+        _as_array(t["blk.1.attn_q_norm.weight"]), rounded["model.layers.1.self_attn.q_norm.weight"]
+    )
+    np.testing.assert_array_equal(
+        _as_array(t["blk.0.ffn_down_exps.weight"])[5],
+        rounded["model.layers.0.mlp.experts.5.down_proj.weight"],
+    )
 
 
-@pytest.mark.parametrize("out_type,qtype,tol", [("f16", Q.F16, 2e-3), ("q8_0", Q.Q8_0, 1.5e-2),
-                                                 ("q4_0", Q.Q4_0, 0.2)])
+@pytest.mark.parametrize(
+    "out_type,qtype,tol", [("f16", Q.F16, 2e-3), ("q8_0", Q.Q8_0, 1.5e-2), ("q4_0", Q.Q4_0, 0.2)]
+)
 def test_quantized_outputs(tiny_zoo: tm.Any, out_type: str, qtype: Q, tol: float) -> None:
     spec = tm.SPEC_BY_NAME["qwen3moe"]
     w = tm.make_weights(spec)
@@ -347,7 +364,10 @@ def test_sharded_checkpoint_gives_identical_file(tmp_path: Path, tiny_zoo: tm.An
     weights = load_file(str(src / "model.safetensors"))
     names = sorted(weights)
     half = len(names) // 2
-    shards = {"model-00001-of-00002.safetensors": names[:half], "model-00002-of-00002.safetensors": names[half:]}
+    shards = {
+        "model-00001-of-00002.safetensors": names[:half],
+        "model-00002-of-00002.safetensors": names[half:],
+    }
     weight_map = {}
     for fname, keys in shards.items():
         save_file({k: weights[k] for k in keys}, str(dst / fname), metadata={"format": "pt"})
@@ -357,11 +377,11 @@ def test_sharded_checkpoint_gives_identical_file(tmp_path: Path, tiny_zoo: tm.An
     b = tiny_zoo.gguf("mixtral", "f16")
     ra, rb = GGUFReader(a), GGUFReader(b)
     assert [t.name for t in ra.tensors] == [t.name for t in rb.tensors]
-    for ta, tb in zip(ra.tensors, rb.tensors):
+    for ta, tb in zip(ra.tensors, rb.tensors, strict=True):
         np.testing.assert_array_equal(np.asarray(ta.data), np.asarray(tb.data))
 
 
-# --------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # refusals
 
 
@@ -377,20 +397,32 @@ def _mutated(src: Path, dst: Path, **changes: Any) -> Path:
     return dst
 
 
-@pytest.mark.parametrize("base,changes,message", [
-    ("mixtral", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "RoPE scaling"),
-    ("llama", {"rope_scaling": {"type": "linear", "factor": 2.0}, "rope_parameters": None}, "RoPE scaling"),
-    ("mixtral", {"sliding_window": 64}, "sliding-window"),
-    ("qwen2moe", {"use_sliding_window": True, "sliding_window": 128}, "sliding-window"),
-    ("qwen3moe", {"mlp_only_layers": [1]}, "mlp_only_layers"),
-    ("qwen2moe", {"decoder_sparse_step": 2}, "decoder_sparse_step"),
-    ("olmoe", {"clip_qkv": 8.0}, "clip_qkv"),
-    ("llama", {"model_type": "gpt2"}, "not supported"),
-    ("llama", {"hidden_act": "gelu"}, "hidden_act"),
-    ("llama", {"tie_word_embeddings": False}, "lm_head"),
-])
-def test_unsupported_configs_are_refused(tmp_path: Path, tiny_zoo: tm.Any, base: str, changes: dict[str, Any],
-                                         message: str) -> None:
+@pytest.mark.parametrize(
+    "base,changes,message",
+    [
+        (
+            "mixtral",
+            {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}},
+            "RoPE scaling",
+        ),
+        (
+            "llama",
+            {"rope_scaling": {"type": "linear", "factor": 2.0}, "rope_parameters": None},
+            "RoPE scaling",
+        ),
+        ("mixtral", {"sliding_window": 64}, "sliding-window"),
+        ("qwen2moe", {"use_sliding_window": True, "sliding_window": 128}, "sliding-window"),
+        ("qwen3moe", {"mlp_only_layers": [1]}, "mlp_only_layers"),
+        ("qwen2moe", {"decoder_sparse_step": 2}, "decoder_sparse_step"),
+        ("olmoe", {"clip_qkv": 8.0}, "clip_qkv"),
+        ("llama", {"model_type": "gpt2"}, "not supported"),
+        ("llama", {"hidden_act": "gelu"}, "hidden_act"),
+        ("llama", {"tie_word_embeddings": False}, "lm_head"),
+    ],
+)
+def test_unsupported_configs_are_refused(
+    tmp_path: Path, tiny_zoo: tm.Any, base: str, changes: dict[str, Any], message: str
+) -> None:
     ckpt = _mutated(tiny_zoo.checkpoint(base), tmp_path / "m", **changes)
     with pytest.raises(ConversionError, match=message):
         convert(ckpt, tmp_path / "out.gguf", "f16", progress=False)
@@ -427,14 +459,19 @@ def test_bad_checkpoints_are_refused(tmp_path: Path, tiny_zoo: tm.Any) -> None:
     spm = tmp_path / "spm"
     shutil.copytree(src, spm)
     tj = json.loads((spm / "tokenizer.json").read_text())
-    tj["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": False}
+    tj["pre_tokenizer"] = {
+        "type": "Metaspace",
+        "replacement": "\u2581",
+        "prepend_scheme": "first",
+        "split": False,
+    }
     (spm / "tokenizer.json").write_text(json.dumps(tj))
     with pytest.raises(ConversionError, match="not byte-level"):
         convert(spm, tmp_path / "x.gguf", progress=False)
     assert not (tmp_path / "x.gguf").exists()
 
 
-# --------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------------
 # CLI
 
 

@@ -19,8 +19,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("hf_dir", metavar="HF_DIR", help="checkpoint directory")
     p.add_argument("-o", "--output", required=True, metavar="OUT.gguf", help="output GGUF path")
-    p.add_argument("--type", dest="out_type", choices=OUT_TYPES, default="f16",
-                   help="tensor type of the weight matrices (norms and routers stay F32; default: f16)")
+    p.add_argument(
+        "--type",
+        dest="out_type",
+        choices=OUT_TYPES,
+        default="f16",
+        help="tensor type of the weight matrices (norms and routers stay F32; default: f16)",
+    )
     p.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
     p.set_defaults(func=run)
 
@@ -31,7 +36,9 @@ def run(args: argparse.Namespace) -> int:
     src = Path(args.hf_dir)
     if not src.is_dir():
         raise FileNotFoundError(f"{src} is not a directory")
-    out = convert(src, args.output, out_type=args.out_type, progress=not args.no_progress and sys.stderr.isatty())
+    out = convert(
+        src, args.output, out_type=args.out_type, progress=not args.no_progress and sys.stderr.isatty()
+    )
     size = out.stat().st_size
     print(f"wrote {out} ({size / 2**20:.1f} MiB, {args.out_type})", file=sys.stderr)
     return 0

@@ -1,0 +1,104 @@
+"""Regenerate the recorded reference outputs of the conformance suite.
+
+    python conformance_tests/reference/regenerate.py     # needs torch, transformers, llama-cpp-python
+
+Writes, next to this script:
+  tiny_layout.json   tensor names/shapes transformers' save_pretrained writes for each tiny spec
+  tiny_<name>.npz    per tiny checkpoint: its fingerprint; transformers' top-K logits over 128 positions
+                     and greedy 32-token continuation (ids + log-probabilities); for llama.cpp-compatible
+                     specs, llama.cpp's top-K logits on our F32 (F32 KV cache), F16 and Q8_0 files, with
+                     the files' hashes
+  smollm2_q4_1.npz   llama.cpp on SmolLM2-135M-Instruct Q4_1: token ids of the English text, top-K
+                     logits, greedy continuations of the test prompts with llama.cpp's top-2 margins
+The tests use these only where a reference engine is not installed (never under CI=true).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+import test_vs_llama_cpp as tl  # noqa: E402
+import test_vs_transformers as tt  # noqa: E402
+import tiny_models as tm  # noqa: E402
+from conftest import TinyZoo  # noqa: E402
+
+
+def _put(out: dict[str, np.ndarray], prefix: str, rec: dict[str, np.ndarray]) -> None:
+    for k, v in rec.items():
+        out[f"{prefix}_{k}"] = v
+
+
+def tiny(root: Path) -> None:
+    zoo = TinyZoo(root)
+    layout = {s.name: tm.transformers_layout(s) for s in tm.SPECS}
+    (HERE / "tiny_layout.json").write_text(json.dumps(layout, indent=1, sort_keys=True))
+    for spec in tm.SPECS:
+        ckpt = zoo.checkpoint(spec.name)
+        out: dict[str, np.ndarray] = {"fingerprint": np.array(tm.checkpoint_fingerprint(ckpt))}
+        ids = tm.token_ids(ckpt, tt.N_POS)
+        out["ids"] = np.array(ids, dtype=np.int32)
+        _put(out, "hf", tm.record(tm.transformers_logits(ckpt, ids)))
+        prompt = tm.token_ids(ckpt, tt.PROMPT_LEN, seed=3)
+        greedy = tm.transformers_greedy(ckpt, prompt, tt.N_GREEDY)
+        out["greedy_prompt"] = np.array(prompt, dtype=np.int32)
+        out["hf_greedy"] = np.array(greedy, dtype=np.int32)
+        out["hf_greedy_logprobs"] = tm.greedy_logprobs(
+            tm.transformers_logits(ckpt, prompt + greedy), len(prompt), greedy
+        )
+        if spec.llama_cpp_compatible:
+            f32 = zoo.gguf(spec.name, "f32")
+            out["gguf_sha_f32"] = np.array(tm.file_sha(f32))
+            _put(out, "llama_f32kv", tm.record(tm.llama_cpp_logits(f32, ids, f32_kv=True)))
+            ids256 = tm.token_ids(ckpt, tl.TINY_N, seed=1)
+            out["ids256"] = np.array(ids256, dtype=np.int32)
+            for out_type in ("f16", "q8_0"):
+                g = zoo.gguf(spec.name, out_type)
+                out[f"gguf_sha_{out_type}"] = np.array(tm.file_sha(g))
+                _put(out, f"llama_{out_type}", tm.record(tm.llama_cpp_logits(g, ids256)))
+        np.savez_compressed(HERE / f"tiny_{spec.name}.npz", **out)
+        print(f"tiny_{spec.name}.npz", flush=True)
+
+
+def smollm2() -> None:
+    import llama_cpp
+
+    path = tm.resolve_smollm2()
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    ids = llm.tokenize(tm.english_text().encode("utf-8"), add_bos=False, special=False)[: tl.SMOL_N]
+    llm.close()
+    out: dict[str, np.ndarray] = {
+        "gguf_sha": np.array(tm.file_sha(path)),
+        "ids": np.array(ids, dtype=np.int32),
+    }
+    _put(out, "llama", tm.record(tm.llama_cpp_logits(path, ids)))
+    for i, prompt in enumerate(tl.GREEDY_PROMPTS):
+        llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+        p = llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=False)
+        llm.close()
+        toks, rows = tl.llama_cpp_greedy(path, p, tl.GREEDY_N)
+        top2 = np.sort(rows, axis=-1)[:, -2:]
+        out[f"greedy_{i}_prompt"] = np.array(p, dtype=np.int32)
+        out[f"greedy_{i}_ids"] = np.array(toks, dtype=np.int32)
+        out[f"greedy_{i}_margins"] = (top2[:, 1] - top2[:, 0]).astype(np.float32)
+    np.savez_compressed(HERE / "smollm2_q4_1.npz", **out)
+    print("smollm2_q4_1.npz", flush=True)
+
+
+def main() -> int:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="colibri-ref-") as tmp:
+        tiny(Path(tmp))
+    smollm2()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

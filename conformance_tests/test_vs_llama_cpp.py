@@ -1,0 +1,157 @@
+"""Colibri against llama.cpp (llama-cpp-python) on the same GGUF files.
+
+* SmolLM2-135M-Instruct Q4_1 (a real trained model), teacher-forced over >= 256 tokens of real English text
+  (this Python installation's LICENSE.txt, read at test time): the same top token at >= 99% of positions and
+  mean KL(llama.cpp || Colibri) <= 0.01; greedy continuations of a few prompts identical, or the first
+  divergence at a near-tie of llama.cpp's own logits.
+* The tiny random checkpoints converted to F16 and Q8_0: the same thresholds over 256 positions.
+Without llama-cpp-python (never under CI=true) the recorded llama.cpp outputs in reference/ are used, after
+checking that the GGUF is byte-identical to the one they were recorded on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tiny_models as tm
+
+SMOL_N = 320  # teacher-forced positions on SmolLM2 (the issue asks for >= 256)
+TINY_N = 256
+TOP1_MIN = 0.99
+KL_MEAN_MAX = 0.01
+GREEDY_PROMPTS = (
+    "The capital of France is",
+    "Here is a short poem about the sea:\n",
+    "def fibonacci(n):",
+)
+GREEDY_N = 32
+NEAR_TIE = 0.1  # logits: a greedy divergence is acceptable only where llama.cpp's top two are this close
+
+
+def _sub(rec: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    return {k[len(prefix) + 1 :]: v for k, v in rec.items() if k.startswith(prefix + "_")}
+
+
+def _check(cmp: tm.Comparison, label: str) -> None:
+    tm.report(cmp.line(label))
+    assert cmp.top1_agreement >= TOP1_MIN, f"{label}: top-1 agreement {cmp.top1_agreement:.4f} < {TOP1_MIN}"
+    assert cmp.kl_mean <= KL_MEAN_MAX, f"{label}: mean KL {cmp.kl_mean:.4g} > {KL_MEAN_MAX}"
+
+
+def smollm2_ids(model: Any) -> list[int]:
+    ids = model.tokenize(tm.english_text(), add_special_tokens=False)[:SMOL_N]
+    assert len(ids) >= 256, f"only {len(ids)} tokens of English text available"
+    return ids
+
+
+def test_smollm2_q4_1_teacher_forced(smollm2_gguf: Path, colibri: Any) -> None:
+    llama_cpp = tm.reference_engine("llama_cpp")
+    with colibri.load(smollm2_gguf, threads=tm.ENGINE_THREADS, context_length=512) as model:
+        if llama_cpp is not None:
+            ids = smollm2_ids(model)
+            rec = None
+        else:
+            rec = tm.load_record("smollm2_q4_1")
+            assert str(rec["gguf_sha"]) == tm.file_sha(smollm2_gguf), "recorded on a different SmolLM2 file"
+            ids = rec["ids"].tolist()
+        ours = model.logits(ids)
+    if rec is None:
+        cmp = tm.compare(tm.llama_cpp_logits(smollm2_gguf, ids), ours)
+        source = "live"
+    else:
+        cmp = tm.compare_to_record(_sub(rec, "llama"), ours)
+        source = "recorded"
+    _check(cmp, f"SmolLM2 Q4_1 Colibri vs llama.cpp ({source})")
+
+
+def llama_cpp_greedy(gguf: Path, prompt: list[int], n_new: int) -> tuple[list[int], np.ndarray]:
+    """Greedy token ids from llama.cpp and its logits at each generated step ([n_new, vocab])."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(
+        model_path=str(gguf), logits_all=True, n_ctx=512, n_threads=tm.LLAMA_CPP_THREADS, verbose=False
+    )
+    try:
+        llm.reset()
+        llm.eval(prompt)
+        out: list[int] = []
+        rows = []
+        for _ in range(n_new):
+            row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+            tok = int(row.argmax())
+            rows.append(row)
+            out.append(tok)
+            if tok == llm.token_eos():
+                break
+            llm.eval([tok])
+        return out, np.stack(rows)
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("prompt", GREEDY_PROMPTS)
+def test_smollm2_greedy_matches_llama_cpp(smollm2_gguf: Path, colibri: Any, prompt: str) -> None:
+    from colibri_backend.adapters.sampling import SamplingParams
+
+    llama_cpp = tm.reference_engine("llama_cpp")
+    key = f"greedy_{GREEDY_PROMPTS.index(prompt)}"
+    with colibri.load(smollm2_gguf, threads=tm.ENGINE_THREADS, context_length=512) as model:
+        if llama_cpp is not None:
+            ids = model.tokenize(prompt, add_special_tokens=False)
+            ref, ref_rows = llama_cpp_greedy(smollm2_gguf, ids, GREEDY_N)
+            source = "live"
+        else:
+            rec = tm.load_record("smollm2_q4_1")
+            ids = rec[f"{key}_prompt"].tolist()
+            ref, ref_rows = rec[f"{key}_ids"].tolist(), None
+            margins = rec[f"{key}_margins"]
+            source = "recorded"
+        events = model.generate_tokens(ids, max_tokens=GREEDY_N, sampling=SamplingParams(temperature=0.0))
+        ours = [e.token_id for e in events if e.token_id >= 0]
+        text = model.detokenize(ours)
+    if ref_rows is not None:
+        top2 = np.sort(ref_rows, axis=-1)[:, -2:]
+        margins = top2[:, 1] - top2[:, 0]
+    diverge = next((i for i, (a, b) in enumerate(zip(ours, ref, strict=False)) if a != b), None)
+    tm.report(
+        f"SmolLM2 greedy {prompt!r} ({source}): "
+        + (
+            "identical"
+            if diverge is None
+            else f"first divergence at token {diverge} (llama.cpp top-2 margin {margins[diverge]:.3g})"
+        )
+        + f" -> {text!r}"
+    )
+    if diverge is None:
+        n = min(len(ours), len(ref))
+        assert len(ours) == len(ref) or ours[n - 1] == ref[n - 1], "one engine stopped earlier"
+    else:
+        assert margins[diverge] <= NEAR_TIE, (
+            f"greedy outputs diverge at token {diverge} where llama.cpp's margin is {margins[diverge]:.3g}"
+        )
+
+
+@pytest.mark.parametrize("out_type", ["f16", "q8_0"])
+@pytest.mark.parametrize("name", [n for n in tm.ENGINE_SPECS if tm.SPEC_BY_NAME[n].llama_cpp_compatible])
+def test_tiny_models_same_file(tiny_zoo: Any, colibri: Any, name: str, out_type: str) -> None:
+    ckpt = tiny_zoo.checkpoint(name)
+    gguf = tiny_zoo.gguf(name, out_type)
+    ids = tm.token_ids(ckpt, TINY_N, seed=1)
+    with colibri.load(gguf, threads=tm.ENGINE_THREADS, context_length=TINY_N) as model:
+        ours = model.logits(ids)
+    if tm.reference_engine("llama_cpp") is not None:
+        cmp = tm.compare(tm.llama_cpp_logits(gguf, ids), ours)
+        source = "live"
+    else:
+        rec = tm.load_record(f"tiny_{name}")
+        assert str(rec[f"gguf_sha_{out_type}"]) == tm.file_sha(gguf), (
+            "the converter's output changed since llama.cpp's outputs were recorded; rerun "
+            "conformance_tests/reference/regenerate.py where llama-cpp-python is installed"
+        )
+        assert rec["ids256"].tolist() == ids
+        cmp = tm.compare_to_record(_sub(rec, f"llama_{out_type}"), ours)
+        source = "recorded"
+    _check(cmp, f"{name} {out_type.upper()} Colibri vs llama.cpp ({source})")

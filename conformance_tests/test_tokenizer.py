@@ -46,11 +46,11 @@ def corpus() -> list[str]:
         "2024-01-31T12:34:56Z",
         "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)",
         "for (int i = 0; i < n; ++i) { sum += a[i] * b[i]; }",
-        "#include <stdio.h>\nint main(void) { printf(\"%d\\n\", 42); return 0; }",
+        '#include <stdio.h>\nint main(void) { printf("%d\\n", 42); return 0; }',
         "SELECT name, COUNT(*) FROM users WHERE age >= 18 GROUP BY name;",
         "const f = async (x) => { await g(x?.y ?? 0); };",
-        "<div class=\"a\">text &amp; more</div>",
-        "{\"key\": [1, 2, {\"nested\": null}], \"b\": true}",
+        '<div class="a">text &amp; more</div>',
+        '{"key": [1, 2, {"nested": null}], "b": true}',
         "x = [i**2 for i in range(10) if i % 2 == 0]",
         "    indented with four spaces",
         "\tindented with a tab",
@@ -195,13 +195,17 @@ def _train(pre: str) -> object:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     elif pre == "smollm":
         tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True),
-             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            ]
         )
     else:  # the llama-3 style split, written out as its tokenizer.json does
         tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Split(Regex(PRE_TOKENIZER_REGEXES[pre][0]), behavior="isolated"),
-             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+            [
+                pre_tokenizers.Split(Regex(PRE_TOKENIZER_REGEXES[pre][0]), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
         )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
@@ -271,6 +275,9 @@ def test_tokenizer_json_beside_gguf_wins(tmp_path: Path) -> None:
     tok = Tokenizer.from_gguf(path)
     assert tok.source.endswith("tokenizer.json")
     assert tok.eos_token == "<|im_end|>"
-    assert tok.encode("Hello <|im_end|>", add_special_tokens=False) == hf.encode(  # type: ignore[attr-defined]
-        "Hello <|im_end|>", add_special_tokens=False
-    ).ids
+    assert (
+        tok.encode("Hello <|im_end|>", add_special_tokens=False)
+        == hf.encode(  # type: ignore[attr-defined]
+            "Hello <|im_end|>", add_special_tokens=False
+        ).ids
+    )

@@ -192,10 +192,21 @@ class ModelSlot:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"colibri-{cfg.alias}")
         self.in_flight = 0  # requests admitted and not finished (running + waiting)
         self.jobs: set[_Job] = set()
+        # stats() taken on the slot's thread between requests: a backend may hold its model lock for
+        # a whole generation, and /metrics must never wait for one.
+        self.stats: dict[str, Any] = {}
+
+    def snapshot_stats(self) -> None:
+        if self.model is not None:
+            try:
+                self.stats = dict(self.model.stats())
+            except Exception as exc:  # best effort: a failing stats() must not fail requests
+                self.stats = {"stats_error": 1, "_error": str(exc)}
 
     def load(self, loader: Callable[[ModelConfig], LoadedModel]) -> None:
         try:
             self.model = loader(self.cfg)
+            self.snapshot_stats()
             self.state = "ready"
         except Exception as exc:  # reported by /health and as 503 on requests
             self.error = f"{type(exc).__name__}: {exc}"
@@ -223,6 +234,7 @@ class ModelSlot:
         except Exception as exc:
             job.post(("error", exc))
         finally:
+            self.snapshot_stats()
             job.post(("end",))
 
 
@@ -357,12 +369,8 @@ class ServerState:
         for alias, slot in self.slots.items():
             if slot.model is None or slot.state != "ready":
                 continue
-            try:
-                stats = slot.model.stats()
-            except Exception:  # stats are best effort; never fail the scrape
-                continue
             flat: list[tuple[str, float]] = []
-            _flatten("", stats, flat)
+            _flatten("", slot.stats, flat)
             for key, value in flat:
                 engine.setdefault(key, []).append((f'{{model="{_label(alias)}"}}', value))
         for key in sorted(engine):

@@ -1,0 +1,317 @@
+"""Plugin system (pluggy hooks + entry points), the backend registry, `colibri backends`, and the
+shared generation helpers every step-wise backend uses (sampling, stop strings, UTF-8 safety)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from importlib.metadata import entry_points
+
+import numpy as np
+import pytest
+
+from colibri_backend import cli
+from colibri_backend.adapters.sampling import SamplingParams
+from colibri_backend.backends import (
+    BaseModel,
+    ByteDecoder,
+    Capabilities,
+    LoadedModel,
+    StepModel,
+    StopMatcher,
+    sample_token,
+)
+from colibri_backend.config import ModelConfig
+from colibri_backend.errors import ContextFullError
+from colibri_backend.hookspecs import hookimpl
+from colibri_backend.registry import (
+    BackendUnavailableError,
+    Registry,
+    UnknownBackendError,
+    get_registry,
+    make_plugin_manager,
+)
+
+BUILTIN = {"colibri", "llama_cpp", "transformers"}
+
+# ------------------------------------------------------------------ a scripted test backend
+
+# Byte pieces; 4 + 5 together are "é" (C3 A9), split across two tokens like byte-level BPE does.
+PIECES = [b"", b"Hello", b" world", b"!", b"\xc3", b"\xa9", b" END", b" more", b"\n"]
+EOS = 0
+
+
+class ScriptedModel(StepModel):
+    """Puts all probability mass on the next token of a fixed script (then EOS)."""
+
+    backend = "scripted"
+
+    def __init__(self, cfg: ModelConfig, script: Sequence[int]) -> None:
+        super().__init__()
+        self.name = cfg.alias
+        self.context_length = cfg.context_length or 64
+        self.capabilities = Capabilities(logits=False, logprobs=True, chat=True)
+        self.chat_template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<assistant>"
+        self.eos_token_ids = frozenset({EOS})
+        self.script = list(script)
+        self.step = 0
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [1] * max(1, len(text.split()))
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return b"".join(PIECES[i] for i in ids).decode("utf-8", errors="replace")
+
+    def token_text(self, token_id: int) -> str:
+        return PIECES[token_id].decode("utf-8", errors="replace")
+
+    def _new_decoder(self, prompt_ids: list[int]) -> ByteDecoder:
+        return ByteDecoder(lambda t: PIECES[t])
+
+    def _logits(self) -> np.ndarray:
+        x = np.full(len(PIECES), -10.0, dtype=np.float32)
+        x[self.script[self.step] if self.step < len(self.script) else EOS] = 10.0
+        return x
+
+    def _prefill(self, prompt_ids: list[int]) -> np.ndarray:
+        self.step = 0
+        return self._logits()
+
+    def _decode(self, token_id: int) -> np.ndarray:
+        self.step += 1
+        return self._logits()
+
+
+class ScriptedBackend:
+    name = "scripted"
+    description = "test backend"
+
+    def __init__(self, script: Sequence[int] = (1, 2, 3)) -> None:
+        self.script = script
+
+    def unavailable_reason(self) -> str | None:
+        return None
+
+    def load(self, model: ModelConfig) -> ScriptedModel:
+        return ScriptedModel(model, self.script)
+
+
+class MissingPackageBackend:
+    name = "needs_pkg"
+    description = "a backend whose package is absent"
+
+    def unavailable_reason(self) -> str | None:
+        return "Python package 'nonexistent_pkg' is not installed"
+
+    def load(self, model: ModelConfig) -> LoadedModel:
+        raise AssertionError("must not be called")
+
+
+class ThirdPartyPlugin:
+    @hookimpl
+    def colibri_register_backends(self, register):
+        register(ScriptedBackend())
+        register(MissingPackageBackend())
+
+
+class BrokenPlugin:
+    @hookimpl
+    def colibri_register_backends(self, register):
+        register(object())  # not a backend
+        raise RuntimeError("boom")
+
+
+class DuplicatePlugin:
+    @hookimpl
+    def colibri_register_backends(self, register):
+        register(ScriptedBackend())
+
+
+def registry_with(*plugins: object, entry_points_too: bool = False) -> Registry:
+    pm, problems = make_plugin_manager(load_entry_points=entry_points_too)
+    for i, p in enumerate(plugins):
+        pm.register(p, name=f"test{i}")
+    return Registry(pm, problems)
+
+
+# ------------------------------------------------------------------ registry
+
+
+def test_builtin_backends_come_through_entry_points() -> None:
+    declared = {ep.name: ep.value for ep in entry_points(group="colibri")}
+    assert BUILTIN <= set(declared)
+    assert declared["colibri"] == "colibri_backend.plugins.colibri_native"
+    reg = get_registry(refresh=True)
+    assert BUILTIN <= set(reg.names())
+    for name in BUILTIN:
+        entry = reg.get(name)
+        assert entry.plugin == name  # registered by the plugin loaded from that entry point
+        reason = entry.unavailable_reason()
+        assert reason is None or isinstance(reason, str) and reason
+    assert not [p for p in reg.problems if p.plugin in BUILTIN]
+
+
+def test_third_party_plugin_registers_like_builtins() -> None:
+    reg = registry_with(ThirdPartyPlugin(), entry_points_too=True)
+    assert {"scripted", "needs_pkg"} | BUILTIN <= set(reg.names())
+    assert reg.get("scripted").plugin == "test0"
+    model = reg.load_model(ModelConfig(alias="s", path="unused", backend="scripted"))
+    assert isinstance(model, LoadedModel)
+    assert model.generate("hi", max_tokens=10) == "Hello world!"
+
+
+def test_unknown_and_unavailable_backends() -> None:
+    reg = registry_with(ThirdPartyPlugin())
+    with pytest.raises(UnknownBackendError, match="unknown backend 'nope' .*registered: needs_pkg, scripted"):
+        reg.get("nope")
+    with pytest.raises(BackendUnavailableError, match="needs_pkg.*nonexistent_pkg"):
+        reg.load_model(ModelConfig(alias="x", path="unused", backend="needs_pkg"))
+
+
+def test_a_broken_plugin_does_not_hide_the_others() -> None:
+    reg = registry_with(BrokenPlugin(), ThirdPartyPlugin(), DuplicatePlugin())
+    assert "scripted" in reg.names() and reg.get("scripted").plugin == "test1"
+    msgs = [(p.plugin, p.message) for p in reg.problems]
+    assert any(pl == "test0" and "lacks" in m for pl, m in msgs)
+    assert any(pl == "test0" and "RuntimeError: boom" in m for pl, m in msgs)
+    assert any(pl == "test2" and "already registered by plugin 'test1'" in m for pl, m in msgs)
+
+
+def test_entry_point_that_fails_to_import_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib.metadata import EntryPoint
+
+    import colibri_backend.registry as registry
+
+    bad = EntryPoint(name="ghost", value="colibri_no_such_module_xyz", group="colibri")
+    real = registry.entry_points
+    monkeypatch.setattr(registry, "entry_points", lambda group: [*real(group=group), bad])
+    pm, problems = make_plugin_manager()
+    reg = Registry(pm, problems)
+    assert BUILTIN <= set(reg.names())
+    assert any(p.plugin == "ghost" and "cannot import colibri_no_such_module_xyz" in p.message
+               for p in reg.problems)
+
+
+def test_colibri_backends_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["backends", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    rows = {r["name"]: r for r in data["backends"]}
+    assert BUILTIN <= set(rows)
+    for r in rows.values():
+        assert r["available"] == (r["reason"] is None)
+    assert cli.main(["backends"]) == 0
+    text = capsys.readouterr().out
+    for name in BUILTIN:
+        assert name in text
+        assert ("available" in text) or ("unavailable:" in text)
+
+
+def test_missing_package_reason_names_the_package() -> None:
+    from colibri_backend.backends import missing_module_reason
+
+    assert missing_module_reason("json") is None
+    reason = missing_module_reason("colibri_surely_missing_pkg", extra="llama-cpp")
+    assert "colibri_surely_missing_pkg" in reason and "colibri-backend[llama-cpp]" in reason
+
+
+# ------------------------------------------------------------------ shared generation helpers
+
+
+def scripted(script: Sequence[int], **kw) -> ScriptedModel:
+    return ScriptedModel(ModelConfig(alias="s", path="unused", backend="scripted", **kw), script)
+
+
+def test_generation_events_finish_reasons_and_utf8() -> None:
+    m = scripted([1, 4, 5, 3])  # "Hello" "\xc3" "\xa9" "!" then EOS
+    evs = list(m.generate_tokens([1], max_tokens=10, sampling=SamplingParams()))
+    assert [e.token_id for e in evs] == [1, 4, 5, 3, EOS]
+    assert [e.text for e in evs] == ["Hello", "", "é", "!", ""]  # half a character is held back
+    assert evs[-1].finish_reason == "stop" and all(e.finish_reason is None for e in evs[:-1])
+    evs = list(m.generate_tokens([1], max_tokens=2))
+    assert [e.text for e in evs] == ["Hello", "\ufffd"]  # cut inside a character: flushed as U+FFFD
+    assert evs[-1].finish_reason == "length"
+
+
+def test_stop_strings_never_leak() -> None:
+    m = scripted([1, 2, 6, 7])  # "Hello world END more"
+    assert m.generate("x", max_tokens=10, stop=[" END"]) == "Hello world"
+    assert m.generate("x", max_tokens=10, stop=["ld E"]) == "Hello wor"
+    evs = list(m.generate_tokens([1], max_tokens=10, stop=[" END"]))
+    assert evs[-1].finish_reason == "stop" and evs[-1].token_id == 6
+    assert "".join(e.text for e in evs) == "Hello world"
+    # a stop string that only starts to match is released when the match fails
+    assert m.generate("x", max_tokens=10, stop=[" ENDING"]) == "Hello world END more"
+
+
+def test_logprobs_and_chat() -> None:
+    m = scripted([1, 2])
+    evs = list(m.generate_tokens([1], max_tokens=5, logprobs=2))
+    assert evs[0].logprob == pytest.approx(np.log(1 / (1 + 8 * np.exp(-20.0))), abs=1e-6)
+    top = evs[0].top_logprobs
+    assert len(top) == 2 and next(iter(top)) == "Hello" and top["Hello"] == pytest.approx(evs[0].logprob)
+    assert m.render_chat([{"role": "user", "content": "hi"}]) == "<user>hi<assistant>"
+    assert m.chat([{"role": "user", "content": "hi"}], max_tokens=5) == "Hello world"
+
+
+def test_context_limits() -> None:
+    m = scripted([1, 2, 3, 7, 7, 7, 7], context_length=4)
+    with pytest.raises(ContextFullError):
+        list(m.generate_tokens([1, 1, 1, 1], max_tokens=3))
+    evs = list(m.generate_tokens([1, 1], max_tokens=100))  # clamped to the room left
+    assert len(evs) == 2 and evs[-1].finish_reason == "length"
+
+
+def test_stop_matcher_holds_partial_matches() -> None:
+    sm = StopMatcher(["</s>", "###"])
+    assert sm.feed("abc<") == ("abc", False)
+    assert sm.feed("/") == ("", False)
+    assert sm.feed("x") == ("</x", False)
+    assert sm.feed("#") == ("", False)
+    assert sm.feed("## tail") == ("", True)
+
+
+def test_sampler_greedy_penalties_and_seed() -> None:
+    logits = np.array([1.0, 3.0, 2.0, 0.5])
+    rng = np.random.default_rng(0)
+    assert sample_token(logits, SamplingParams(), [], rng) == 1
+    assert sample_token(logits, SamplingParams(logit_bias={3: 10.0}), [], rng) == 3
+    assert sample_token(logits, SamplingParams(logit_bias={1: float("-inf")}), [], rng) == 2
+    # repetition penalty 4 turns 3.0 into 0.75 for the seen token 1
+    assert sample_token(logits, SamplingParams(repetition_penalty=4.0), [1], rng) == 2
+    assert sample_token(logits, SamplingParams(presence_penalty=1.5), [1], rng) == 2
+    assert sample_token(logits, SamplingParams(frequency_penalty=0.6), [1, 1], rng) == 2
+    assert sample_token(logits, SamplingParams(frequency_penalty=0.6, penalty_last_n=1), [1, 0], rng) == 1
+    sp = SamplingParams(temperature=1.0, seed=5)
+    draws = [sample_token(logits, sp, [], np.random.default_rng(sp.effective_seed())) for _ in range(3)]
+    assert len(set(draws)) == 1  # same seed, same draw
+    many = {sample_token(logits, SamplingParams(temperature=1.0), [], rng) for _ in range(200)}
+    assert many == {0, 1, 2, 3}
+    def support(**kw) -> set[int]:
+        return {sample_token(logits, SamplingParams(temperature=1.0, **kw), [], rng) for _ in range(200)}
+
+    assert support(top_k=2) == {1, 2}
+    assert support(top_p=0.5) == {1}  # p(1) = 0.63 alone covers 0.5
+    assert support(min_p=0.3) == {1, 2}  # p(2)/p(1) = 0.37, p(0)/p(1) = 0.14
+
+
+def test_base_model_default_capabilities() -> None:
+    class Minimal(BaseModel):
+        name, backend, context_length, capabilities = "m", "minimal", 8, Capabilities()
+
+        def tokenize(self, text, add_special_tokens=True):
+            return [0]
+
+        def detokenize(self, ids):
+            return ""
+
+        def generate_tokens(self, prompt_ids, *, max_tokens, sampling=None, stop=None, logprobs=None):
+            return iter(())
+
+    m = Minimal()
+    from colibri_backend.backends import CapabilityError
+
+    with pytest.raises(CapabilityError, match="does not provide logits"):
+        m.logits([0])
+    with pytest.raises(CapabilityError, match="no chat template"):
+        m.chat([{"role": "user", "content": "x"}])
+    assert m.stats() == {}

@@ -108,7 +108,7 @@ def test_f32_logits_and_routing_match_reference(tmp_path: Path, arch: str, shape
     ref = make_tiny_model(tmp_path / "m.gguf", arch, **shape)
     toks = _tokens(ref, 64)
     want, want_ids, want_w = reference_forward(ref, toks)
-    eng = Engine(tmp_path / "m.gguf", n_batch=64)
+    eng = Engine(tmp_path / "m.gguf", n_batch=24)  # three chunks: routing must cover all 64 tokens
     try:
         got = eng.eval(toks)
         assert _rel_err(got, want) <= 1e-4
@@ -221,10 +221,15 @@ def test_all_logits_last_logits_and_chunking_agree(moe_file: tuple[Path, RefMode
         big.truncate(0)
         last = big.eval(toks, all_logits=False)
         np.testing.assert_array_equal(last[0], all_rows[-1])
+        big_ids, big_w = big.routing(64)
         chunked = small.eval(toks)
         # same math; only the int8 blocks of the batched kernels may group sums differently
         np.testing.assert_allclose(chunked, all_rows, atol=1e-4 * np.abs(all_rows).max())
         assert (chunked.argmax(-1) == all_rows.argmax(-1)).all()
+        small_ids, small_w = small.routing(64)
+        assert small_ids.shape[0] == big_ids.shape[0] == len(toks)
+        assert (small_ids == big_ids).all()
+        np.testing.assert_allclose(small_w, big_w, atol=1e-5)
         # token by token (decode path) against the batch
         small.truncate(0)
         steps = np.concatenate([small.eval([t]) for t in toks])

@@ -212,7 +212,8 @@ static void moe_ffn(struct colibri_context *c, int il, int n) {
     const int has_sh = S > 0;
     const int nbE = E / QK8A, nbF = F / QK8A;
 
-    const int q_in = mat_wants_q8a(&w->router) || (has_sh && (mat_wants_q8a(&w->sh_gate) || mat_wants_q8a(&w->sh_up)));
+    const int q_in =
+        mat_wants_q8a(&w->router) || (has_sh && (mat_wants_q8a(&w->sh_gate) || mat_wants_q8a(&w->sh_up)));
     const int q_exp = kernel_wants_q8a(w->gate_exps.type) || kernel_wants_q8a(w->up_exps.type);
     if (q_in || q_exp) quantize_rows(c, s->xn, s->xnq, n, E);
 
@@ -239,8 +240,9 @@ static void moe_ffn(struct colibri_context *c, int il, int n) {
         }
         if (hp->expert_weights_norm && sum > 0.0f)
             for (int j = 0; j < k; j++) sw[j] /= sum;
-        int32_t *rid = c->route_ids + ((size_t)t * hp->n_layer + il) * k;
-        float *rw = c->route_w + ((size_t)t * hp->n_layer + il) * k;
+        const size_t rt = (size_t)c->route_base + t;
+        int32_t *rid = c->route_ids + (rt * hp->n_layer + il) * k;
+        float *rw = c->route_w + (rt * hp->n_layer + il) * k;
         memcpy(rid, sel, (size_t)k * sizeof *rid);
         memcpy(rw, sw, (size_t)k * sizeof *rw);
     }
@@ -337,7 +339,6 @@ static void eval_chunk(struct colibri_context *c, const int32_t *tok, int n, flo
         op_add(s->x, s->tmp, n * E);
     }
     c->n_past += n;
-    if (hp->n_expert > 0) c->route_n = n;
 
     if (!logits || (!all_logits && !want_last)) return;
     const int r0 = all_logits ? 0 : n - 1, nr = n - r0;
@@ -367,8 +368,10 @@ colibri_status context_eval(struct colibri_context *c, const int32_t *tokens, in
         const int n = n_tokens - i < c->n_batch ? n_tokens - i : c->n_batch;
         const int last = i + n == n_tokens;
         float *dst = logits && all_logits ? logits + (size_t)i * hp->n_vocab : logits;
+        c->route_base = i;
         eval_chunk(c, tokens + i, n, dst, all_logits, last);
     }
+    c->route_n = hp->n_expert > 0 ? n_tokens : 0;
     const double dt = now_seconds() - t0;
 
     colibri_stats *st = &c->stats;
@@ -494,7 +497,7 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
     c->k_cache = cb_aligned_alloc(64, kv_elems * kv_elem_bytes);
     c->v_cache = cb_aligned_alloc(64, kv_elems * kv_elem_bytes);
     c->inv_freq = cb_malloc((size_t)(hp->n_rot / 2) * sizeof(float));
-    const size_t route_elems = (size_t)c->n_batch * hp->n_layer * (hp->n_expert_used ? hp->n_expert_used : 1);
+    const size_t route_elems = hp->n_expert ? (size_t)c->n_ctx * hp->n_layer * hp->n_expert_used : 1;
     c->route_ids = cb_malloc(route_elems * sizeof(int32_t));
     c->route_w = cb_malloc(route_elems * sizeof(float));
     if (!c->k_cache || !c->v_cache || !c->inv_freq || !c->route_ids || !c->route_w) {

@@ -161,9 +161,13 @@ struct colibri_context {
     float *inv_freq;     /* [n_rot/2] */
     arena arena;
     scratch s;
-    int32_t *route_ids;  /* [n_batch][n_layer][k] routing of the last chunk of the last eval */
+    /* Routing of every token of the last eval, [n_ctx][n_layer][k]: an eval never exceeds n_ctx
+     * tokens, and this is a few percent of the KV cache (8 bytes per layer and expert vs
+     * 2 * n_head_kv * head_dim * 2 bytes per layer). */
+    int32_t *route_ids;
     float *route_w;
     int32_t route_n;     /* tokens recorded */
+    int32_t route_base;  /* index in the eval of the chunk being run */
     colibri_stats stats;
 };
 

@@ -258,3 +258,70 @@ def test_context_manager_and_close(tmp_path: Path) -> None:
     m.close()  # twice is fine
     with pytest.raises(colibri_backend.EngineError, match="closed"):
         m.generate("Hi", max_tokens=1)
+
+
+def test_native_binding_helpers() -> None:
+    from colibri_backend import _native
+
+    lib = _native.load_library()
+    assert lib.colibri_abi_version() == _native.ABI_VERSION
+    assert _native.cpu_backend() in ("scalar", "avx2", "avx512")
+    # Q8_0: one block = fp16 scale + 32 int8 values.
+    import gguf
+
+    values = np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32)
+    raw = gguf.quants.quantize(values, gguf.GGMLQuantizationType.Q8_0)
+    ours = _native.dequantize(int(gguf.GGMLQuantizationType.Q8_0), raw.tobytes(), 64)
+    ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q8_0).reshape(-1)
+    np.testing.assert_array_equal(ours, ref)
+    with pytest.raises(colibri_backend.EngineError):
+        _native.dequantize(int(gguf.GGMLQuantizationType.Q8_0), raw.tobytes()[:10], 64)
+
+
+def test_library_lookup_errors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from colibri_backend import _native
+
+    monkeypatch.setenv("COLIBRI_LIB", str(tmp_path / "libmissing.so"))
+    with pytest.raises(colibri_backend.EngineError, match="does not exist"):
+        _native.find_library()
+    not_a_lib = tmp_path / "libcolibri.so"
+    not_a_lib.write_bytes(b"garbage")
+    with pytest.raises(colibri_backend.EngineError, match="cannot load"):
+        _native.Library(not_a_lib)
+
+
+@pytest.fixture(scope="module")
+def tiny_mixtral_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from conformance_tests import tiny_models
+
+    spec = next(s for s in tiny_models.SPECS if s.name == "mixtral")
+    root = tmp_path_factory.mktemp("ckpt")
+    tok_dir = tiny_models.build_tokenizer(root / "tok")
+    return tiny_models.build_checkpoint(spec, root / "mixtral", tok_dir)
+
+
+def test_load_hf_checkpoint_converts_once(tiny_mixtral_checkpoint: Path, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLIBRI_CACHE", str(tmp_path / "cache"))
+    ckpt = tiny_mixtral_checkpoint
+    with colibri_backend.load(ckpt, threads=1) as m:
+        assert m.info.arch == "mixtral" and m.info.n_expert == 4
+        assert m.path.parent == tmp_path / "cache" / "converted"
+        assert m.tokenizer.source == str(ckpt / "tokenizer.json")
+        assert m.chat_template is not None
+        ids = m.tokenize("def main():\n    return 0")
+        logits = m.logits(ids)
+        assert logits.shape == (len(ids), m.info.n_vocab)
+        experts, weights = m.routing()
+        assert experts.shape == (len(ids), m.info.n_layer, 2) and weights.shape == experts.shape
+        assert ((experts >= 0) & (experts < 4)).all()
+        np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)  # mixtral renormalises its top-2
+        first = m.path
+        mtime = first.stat().st_mtime_ns
+    with colibri_backend.load(ckpt, threads=1) as again:  # cached: no second conversion
+        assert again.path == first and first.stat().st_mtime_ns == mtime
+    os.utime(ckpt / "config.json", ns=(1, 1))  # the checkpoint changed: convert again
+    assert colibri_backend.resolve_model(ckpt).gguf != first

@@ -1,0 +1,664 @@
+/* tokenizer.c — byte-level BPE (GPT-2 style) from GGUF metadata, for colibri-run.
+ *
+ * Encoding, as Hugging Face's tokenizers does it for these vocabularies:
+ *   1. special tokens: control / user-defined token strings found literally in the text are cut
+ *      out first and become their ids (longest match wins);
+ *   2. pre-tokenizer: the text between them is split into words by the regex the vocabulary names
+ *      in tokenizer.ggml.pre, implemented by hand (no regex engine in libc):
+ *        gpt2 family   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+ *                      ("smollm", "starcoder", ... first isolate every digit: Digits(individual))
+ *        llama3 family (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}
+ *                      | ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+   (qwen2: \p{N} alone)
+ *      Unknown pre-tokenizer names use the gpt2 regex.
+ *   3. each word's bytes are mapped to the GPT-2 byte alphabet (printable bytes stand for
+ *      themselves, the others for U+0100 + n), split into characters and merged pairwise,
+ *      always merging the adjacent pair with the lowest rank in tokenizer.ggml.merges (leftmost
+ *      on ties) until no pair has a rank; each remaining symbol is one token. (llama-3
+ *      vocabularies first look the whole word up, as their tokenizer.json's ignore_merges says.)
+ *
+ * The approximation: Unicode categories. \p{L}, \p{N} and \s are exact for ASCII. Beyond it a
+ * code point counts as whitespace or a number only in the ranges listed in char_class() (the
+ * common Unicode spaces, Latin-1 superscripts and fractions, Arabic-Indic, Devanagari and fullwidth
+ * digits, number forms, circled numbers), as punctuation/symbol in the listed punctuation, symbol,
+ * combining-mark and emoji ranges, and as a letter otherwise. Text in Latin, Greek, Cyrillic, CJK
+ * and most other scripts therefore splits exactly as the reference does; rare symbols and marks
+ * outside those ranges may split differently (the token ids still decode to the same text).
+ *
+ * Memory: tables are built once in tokenizer_load (strings stay in the GGUF map); encode uses
+ * scratch buffers sized by the text, allocated and freed per call (it is not on the decode path). */
+#include "tokenizer.h"
+
+#include <string.h>
+
+#include "alloc.h"
+#include "error.h"
+
+typedef enum { PRE_GPT2, PRE_GPT2_DIGITS, PRE_LLAMA3, PRE_QWEN2 } pre_kind;
+
+typedef struct strtab {
+    int32_t *slots;     /* [cap] index into the string list, -1 empty */
+    uint64_t cap;       /* power of two */
+} strtab;
+
+struct cb_tokenizer {
+    const gguf_file *f;
+    int32_t n_vocab;
+    const char **tok;       /* [n_vocab] token text (byte-alphabet for normal tokens), in the map */
+    uint32_t *tok_len;      /* [n_vocab] */
+    int32_t *tok_type;      /* [n_vocab] TOKEN_TYPE_* */
+    strtab vocab;           /* text -> id */
+    int32_t n_merges;
+    const char **merge;     /* [n_merges] "left right", in the map */
+    uint32_t *merge_len;    /* [n_merges] */
+    strtab merges;          /* "left right" -> rank */
+    int32_t *special;       /* [n_special] ids of control/user-defined tokens, longest text first */
+    int32_t n_special;
+    int32_t bos, eos;
+    int add_bos;
+    pre_kind pre;
+    uint16_t byte_cp[256];  /* GPT-2 byte alphabet: byte -> code point */
+    int16_t cp_byte[324];   /* and back (-1: not in the alphabet) */
+};
+
+/* ---- GPT-2 byte alphabet ------------------------------------------------------------ */
+
+static int byte_is_printable(unsigned b) { return (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || b >= 0xae; }
+
+/* Fills both directions of the byte alphabet: printable bytes stand for themselves, the
+ * others, in increasing order, for U+0100, U+0101, ... */
+static void init_byte_alphabet(cb_tokenizer *t) {
+    unsigned n = 0;
+    for (unsigned i = 0; i < 324; i++) t->cp_byte[i] = -1;
+    for (unsigned b = 0; b < 256; b++) {
+        unsigned cp = byte_is_printable(b) ? b : 256 + n++;
+        t->byte_cp[b] = (uint16_t)cp;
+        t->cp_byte[cp] = (int16_t)b;
+    }
+}
+
+static size_t put_utf8(uint32_t cp, char *o) {
+    if (cp < 0x80) { o[0] = (char)cp; return 1; }
+    if (cp < 0x800) { o[0] = (char)(0xc0 | (cp >> 6)); o[1] = (char)(0x80 | (cp & 0x3f)); return 2; }
+    if (cp < 0x10000) {
+        o[0] = (char)(0xe0 | (cp >> 12)); o[1] = (char)(0x80 | ((cp >> 6) & 0x3f)); o[2] = (char)(0x80 | (cp & 0x3f));
+        return 3;
+    }
+    o[0] = (char)(0xf0 | (cp >> 18)); o[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
+    o[2] = (char)(0x80 | ((cp >> 6) & 0x3f)); o[3] = (char)(0x80 | (cp & 0x3f));
+    return 4;
+}
+
+/* Decodes one UTF-8 character at s[0..n); invalid or truncated sequences count as one byte
+ * with code point U+FFFD (classified as a symbol). Returns its length in bytes (>= 1). */
+static size_t get_utf8(const unsigned char *s, size_t n, uint32_t *cp) {
+    unsigned c = s[0];
+    size_t len;
+    uint32_t v, min;
+    if (c < 0x80) { *cp = c; return 1; }
+    if ((c & 0xe0) == 0xc0) { len = 2; v = c & 0x1f; min = 0x80; }
+    else if ((c & 0xf0) == 0xe0) { len = 3; v = c & 0x0f; min = 0x800; }
+    else if ((c & 0xf8) == 0xf0) { len = 4; v = c & 0x07; min = 0x10000; }
+    else { *cp = 0xfffd; return 1; }
+    if (len > n) { *cp = 0xfffd; return 1; }
+    for (size_t k = 1; k < len; k++) {
+        if ((s[k] & 0xc0) != 0x80) { *cp = 0xfffd; return 1; }
+        v = (v << 6) | (s[k] & 0x3f);
+    }
+    if (v < min || v > 0x10ffff || (v >= 0xd800 && v <= 0xdfff)) { *cp = 0xfffd; return 1; }
+    *cp = v;
+    return len;
+}
+
+/* ---- character classes (see the approximation note at the top) ----------------------- */
+
+typedef enum { C_LETTER, C_NUMBER, C_SPACE, C_OTHER } char_class_t;
+
+static int in(uint32_t c, uint32_t lo, uint32_t hi) { return c >= lo && c <= hi; }
+
+static char_class_t char_class(uint32_t c) {
+    if (c < 0x80) {
+        if ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') return C_LETTER;
+        if (c >= '0' && c <= '9') return C_NUMBER;
+        if (c == ' ' || in(c, 0x09, 0x0d)) return C_SPACE;
+        return C_OTHER;
+    }
+    /* whitespace */
+    if (c == 0x85 || c == 0xa0 || c == 0x1680 || in(c, 0x2000, 0x200a) || c == 0x2028 || c == 0x2029 ||
+        c == 0x202f || c == 0x205f || c == 0x3000)
+        return C_SPACE;
+    /* numbers (Nd, Nl, No) */
+    if (c == 0xb2 || c == 0xb3 || c == 0xb9 || in(c, 0xbc, 0xbe) || in(c, 0x660, 0x669) || in(c, 0x6f0, 0x6f9) ||
+        in(c, 0x966, 0x96f) || in(c, 0x9e6, 0x9ef) || in(c, 0xe50, 0xe59) || c == 0x2070 || in(c, 0x2074, 0x2079) ||
+        in(c, 0x2080, 0x2089) || in(c, 0x2150, 0x2182) || in(c, 0x2185, 0x2189) || in(c, 0x2460, 0x249b) ||
+        in(c, 0x24ea, 0x24ff) || in(c, 0x2776, 0x2793) || c == 0x3007 || in(c, 0x3021, 0x3029) ||
+        in(c, 0xff10, 0xff19))
+        return C_NUMBER;
+    /* punctuation, symbols, combining marks, format characters, emoji: neither L nor N */
+    if ((in(c, 0xa1, 0xbf) && c != 0xaa && c != 0xb5 && c != 0xba) || c == 0xd7 || c == 0xf7 ||
+        in(c, 0x2c2, 0x2c5) || in(c, 0x2d2, 0x2df) || in(c, 0x2e5, 0x2eb) || c == 0x2ed || in(c, 0x2ef, 0x2ff) ||
+        in(c, 0x300, 0x36f) || c == 0x37e || c == 0x387 || in(c, 0x483, 0x489) || in(c, 0x55a, 0x55f) ||
+        in(c, 0x591, 0x5c7) || in(c, 0x5f3, 0x5f4) || in(c, 0x600, 0x61f) || in(c, 0x64b, 0x65f) ||
+        in(c, 0x6d4, 0x6ed) || in(c, 0x900, 0x903) || in(c, 0x93a, 0x94f) || in(c, 0x951, 0x957) ||
+        in(c, 0x962, 0x965) || in(c, 0x970, 0x970) || in(c, 0xe31, 0xe31) || in(c, 0xe34, 0xe3a) ||
+        in(c, 0xe47, 0xe4f) || in(c, 0x1ab0, 0x1aff) || in(c, 0x1dc0, 0x1dff) || in(c, 0x200b, 0x200f) ||
+        in(c, 0x2010, 0x2027) || in(c, 0x202a, 0x202e) || in(c, 0x2030, 0x205e) || in(c, 0x2060, 0x206f) ||
+        in(c, 0x207a, 0x207e) || in(c, 0x208a, 0x208e) || in(c, 0x20a0, 0x20ff) || in(c, 0x2100, 0x2101) ||
+        in(c, 0x2103, 0x2106) || in(c, 0x2108, 0x2109) || c == 0x2114 || in(c, 0x2116, 0x2118) ||
+        in(c, 0x211e, 0x2123) || c == 0x2125 || c == 0x2127 || c == 0x2129 || c == 0x212e || in(c, 0x213a, 0x213b) ||
+        in(c, 0x2140, 0x2144) || in(c, 0x214a, 0x214d) || c == 0x214f || in(c, 0x218a, 0x218b) ||
+        in(c, 0x2190, 0x245f) || in(c, 0x249c, 0x24e9) || in(c, 0x2500, 0x2775) || in(c, 0x2794, 0x2bff) ||
+        in(c, 0x2e00, 0x2e7f) || in(c, 0x3001, 0x3004) || in(c, 0x3008, 0x3020) || in(c, 0x302a, 0x3030) ||
+        in(c, 0x3036, 0x3037) || in(c, 0x303d, 0x303f) || in(c, 0x3099, 0x309c) || c == 0x30a0 || c == 0x30fb ||
+        in(c, 0xfe00, 0xfe0f) || in(c, 0xfe10, 0xfe19) || in(c, 0xfe20, 0xfe6f) || c == 0xfeff ||
+        in(c, 0xff01, 0xff0f) || in(c, 0xff1a, 0xff20) || in(c, 0xff3b, 0xff40) || in(c, 0xff5b, 0xff65) ||
+        in(c, 0xffe0, 0xffee) || in(c, 0xfff9, 0xfffd) || in(c, 0x1f000, 0x1faff) || in(c, 0xe0000, 0xe007f))
+        return C_OTHER;
+    return C_LETTER;
+}
+
+/* ---- string hash tables ----------------------------------------------------------------- */
+
+static uint64_t hash_bytes(const char *s, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+    return h;
+}
+
+static colibri_status strtab_init(strtab *t, uint64_t n) {
+    uint64_t cap = 16;
+    while (cap < 2 * n) cap <<= 1;
+    t->slots = cb_malloc((size_t)cap * sizeof *t->slots);
+    if (!t->slots) return cb_error(COLIBRI_E_NOMEM, "tokenizer: out of memory for a table of %llu strings",
+                                   (unsigned long long)n);
+    memset(t->slots, 0xff, (size_t)cap * sizeof *t->slots);
+    t->cap = cap;
+    return COLIBRI_OK;
+}
+
+/* Inserts index i (string strs[i]) unless an equal string is present (the first one wins). */
+static void strtab_put(strtab *t, const char **strs, const uint32_t *lens, int32_t i) {
+    uint64_t h = hash_bytes(strs[i], lens[i]) & (t->cap - 1);
+    while (t->slots[h] >= 0) {
+        int32_t j = t->slots[h];
+        if (lens[j] == lens[i] && memcmp(strs[j], strs[i], lens[i]) == 0) return;
+        h = (h + 1) & (t->cap - 1);
+    }
+    t->slots[h] = i;
+}
+
+static int32_t strtab_get(const strtab *t, const char **strs, const uint32_t *lens, const char *s, size_t n) {
+    uint64_t h = hash_bytes(s, n) & (t->cap - 1);
+    while (t->slots[h] >= 0) {
+        int32_t j = t->slots[h];
+        if (lens[j] == n && memcmp(strs[j], s, n) == 0) return j;
+        h = (h + 1) & (t->cap - 1);
+    }
+    return -1;
+}
+
+/* ---- loading ------------------------------------------------------------------------------- */
+
+void tokenizer_free(cb_tokenizer *t) {
+    if (!t) return;
+    cb_free(t->tok);
+    cb_free(t->tok_len);
+    cb_free(t->tok_type);
+    cb_free(t->vocab.slots);
+    cb_free(t->merge);
+    cb_free(t->merge_len);
+    cb_free(t->merges.slots);
+    cb_free(t->special);
+    cb_free(t);
+}
+
+static uint64_t ld64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+/* Reads a STRING array (bounds were checked by gguf_open) into ptr/len lists. */
+static colibri_status read_str_array(const gguf_kv *kv, const char *key, int32_t n, const char **ptr, uint32_t *len) {
+    const uint8_t *p = kv->arr_data;
+    for (int32_t i = 0; i < n; i++) {
+        uint64_t l = ld64(p);
+        if (l > UINT32_MAX) return cb_error(COLIBRI_E_FORMAT, "%s: string %d is %llu bytes long", key, (int)i,
+                                            (unsigned long long)l);
+        ptr[i] = (const char *)(p + 8);
+        len[i] = (uint32_t)l;
+        p += 8 + l;
+    }
+    return COLIBRI_OK;
+}
+
+static pre_kind pre_from_name(const char *s) {
+    static const char *digits[] = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"};
+    static const char *llama3[] = {"llama-bpe", "llama3", "dbrx", "smaug-bpe", "falcon3", "pixtral"};
+    static const char *qwen2[] = {"qwen2", "deepseek-r1-qwen", "megrez", "hunyuan"};
+    for (size_t i = 0; i < sizeof digits / sizeof *digits; i++) if (!strcmp(s, digits[i])) return PRE_GPT2_DIGITS;
+    for (size_t i = 0; i < sizeof llama3 / sizeof *llama3; i++) if (!strcmp(s, llama3[i])) return PRE_LLAMA3;
+    for (size_t i = 0; i < sizeof qwen2 / sizeof *qwen2; i++) if (!strcmp(s, qwen2[i])) return PRE_QWEN2;
+    return PRE_GPT2;
+}
+
+/* Orders the special tokens longest first (then by id) so the longest literal match wins.
+ * Insertion sort: there are few of them, and it needs the tokenizer as context. */
+static void sort_specials(cb_tokenizer *t) {
+    for (int32_t i = 1; i < t->n_special; i++) {
+        int32_t x = t->special[i], j = i;
+        while (j > 0) {
+            int32_t y = t->special[j - 1];
+            if (t->tok_len[y] > t->tok_len[x] || (t->tok_len[y] == t->tok_len[x] && y < x)) break;
+            t->special[j] = y;
+            j--;
+        }
+        t->special[j] = x;
+    }
+}
+
+colibri_status tokenizer_load(const gguf_file *f, cb_tokenizer **out) {
+    if (!f || !out) return cb_error(COLIBRI_E_INVALID_ARG, "tokenizer_load: NULL argument");
+    *out = NULL;
+    char model[32] = "", pre[64] = "default";
+    if (gguf_get_str(f, "tokenizer.ggml.model", model, sizeof model) != 1)
+        return cb_error(COLIBRI_E_FORMAT, "tokenizer: tokenizer.ggml.model is missing");
+    if (strcmp(model, "gpt2") != 0)
+        return cb_error(COLIBRI_E_UNSUPPORTED, "tokenizer: model '%s' is not supported (only gpt2 byte-level BPE)",
+                        model);
+    gguf_get_str(f, "tokenizer.ggml.pre", pre, sizeof pre);
+
+    const gguf_kv *ktok = gguf_find(f, "tokenizer.ggml.tokens");
+    const gguf_kv *kmerge = gguf_find(f, "tokenizer.ggml.merges");
+    const gguf_kv *ktype = gguf_find(f, "tokenizer.ggml.token_type");
+    if (!ktok || ktok->type != GGUF_VT_ARRAY || ktok->arr_type != GGUF_VT_STRING || ktok->arr_len == 0 ||
+        ktok->arr_len > INT32_MAX)
+        return cb_error(COLIBRI_E_FORMAT, "tokenizer: tokenizer.ggml.tokens must be a non-empty array of strings");
+    if (!kmerge || kmerge->type != GGUF_VT_ARRAY || kmerge->arr_type != GGUF_VT_STRING || kmerge->arr_len > INT32_MAX)
+        return cb_error(COLIBRI_E_FORMAT, "tokenizer: tokenizer.ggml.merges must be an array of strings");
+    if (ktype && (ktype->type != GGUF_VT_ARRAY || ktype->arr_type != GGUF_VT_INT32 || ktype->arr_len != ktok->arr_len))
+        return cb_error(COLIBRI_E_FORMAT, "tokenizer: tokenizer.ggml.token_type must be %llu int32 values",
+                        (unsigned long long)ktok->arr_len);
+
+    cb_tokenizer *t = cb_calloc(1, sizeof *t);
+    if (!t) return cb_error(COLIBRI_E_NOMEM, "tokenizer: out of memory");
+    t->f = f;
+    t->n_vocab = (int32_t)ktok->arr_len;
+    t->n_merges = (int32_t)kmerge->arr_len;
+    t->pre = pre_from_name(pre);
+    colibri_status st = COLIBRI_E_NOMEM;
+    t->tok = cb_malloc((size_t)t->n_vocab * sizeof *t->tok);
+    t->tok_len = cb_malloc((size_t)t->n_vocab * sizeof *t->tok_len);
+    t->tok_type = cb_malloc((size_t)t->n_vocab * sizeof *t->tok_type);
+    t->merge = cb_malloc(((size_t)t->n_merges + 1) * sizeof *t->merge);
+    t->merge_len = cb_malloc(((size_t)t->n_merges + 1) * sizeof *t->merge_len);
+    t->special = cb_malloc((size_t)t->n_vocab * sizeof *t->special);
+    if (!t->tok || !t->tok_len || !t->tok_type || !t->merge || !t->merge_len || !t->special) {
+        cb_error(COLIBRI_E_NOMEM, "tokenizer: out of memory for %d tokens", (int)t->n_vocab);
+        goto fail;
+    }
+    if ((st = read_str_array(ktok, "tokenizer.ggml.tokens", t->n_vocab, t->tok, t->tok_len))) goto fail;
+    if ((st = read_str_array(kmerge, "tokenizer.ggml.merges", t->n_merges, t->merge, t->merge_len))) goto fail;
+    for (int32_t i = 0; i < t->n_vocab; i++) {
+        int32_t ty = TOKEN_TYPE_NORMAL;
+        if (ktype) {
+            const uint8_t *p = ktype->arr_data + 4 * (size_t)i;
+            ty = (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+        }
+        t->tok_type[i] = ty;
+        if ((ty == TOKEN_TYPE_CONTROL || ty == TOKEN_TYPE_USER_DEFINED) && t->tok_len[i] > 0)
+            t->special[t->n_special++] = i;
+    }
+    sort_specials(t);
+    init_byte_alphabet(t);
+    if ((st = strtab_init(&t->vocab, (uint64_t)t->n_vocab))) goto fail;
+    for (int32_t i = 0; i < t->n_vocab; i++) strtab_put(&t->vocab, t->tok, t->tok_len, i);
+    if ((st = strtab_init(&t->merges, (uint64_t)t->n_merges))) goto fail;
+    for (int32_t i = 0; i < t->n_merges; i++) strtab_put(&t->merges, t->merge, t->merge_len, i);
+
+    t->bos = t->eos = -1;
+    int32_t v;
+    if (gguf_get_i32(f, "tokenizer.ggml.bos_token_id", &v) == 1 && v >= 0 && v < t->n_vocab) t->bos = v;
+    if (gguf_get_i32(f, "tokenizer.ggml.eos_token_id", &v) == 1 && v >= 0 && v < t->n_vocab) t->eos = v;
+    int b;
+    t->add_bos = gguf_get_bool(f, "tokenizer.ggml.add_bos_token", &b) == 1 ? b : 0;
+    cb_clear_error();   /* optional keys of the wrong type are ignored, not errors */
+    *out = t;
+    return COLIBRI_OK;
+fail:
+    tokenizer_free(t);
+    return st;
+}
+
+int32_t tokenizer_n_vocab(const cb_tokenizer *t) { return t ? t->n_vocab : 0; }
+int32_t tokenizer_bos(const cb_tokenizer *t) { return t ? t->bos : -1; }
+int32_t tokenizer_eos(const cb_tokenizer *t) { return t ? t->eos : -1; }
+int tokenizer_add_bos(const cb_tokenizer *t) { return t ? t->add_bos : 0; }
+int tokenizer_token_type(const cb_tokenizer *t, int32_t id) {
+    return t && id >= 0 && id < t->n_vocab ? t->tok_type[id] : 0;
+}
+
+/* ---- encoding ------------------------------------------------------------------------------ */
+
+typedef struct enc {
+    const cb_tokenizer *t;
+    int32_t *out;
+    int32_t cap;
+    int32_t count;
+    char *mapped;     /* [2 * len] a word in the byte alphabet */
+    int32_t *sym;     /* [len + 1] symbol start offsets into mapped */
+    char *key;        /* [2 * len + 2] "left right" lookup key */
+} enc;
+
+static void emit(enc *e, int32_t id) {
+    if (e->count < e->cap) e->out[e->count] = id;
+    e->count++;
+}
+
+/* BPE over one pre-tokenized word (raw bytes). */
+static void bpe_word(enc *e, const unsigned char *w, size_t n) {
+    const cb_tokenizer *t = e->t;
+    size_t m = 0;
+    int32_t ns = 0;
+    for (size_t i = 0; i < n; i++) {
+        e->sym[ns++] = (int32_t)m;
+        m += put_utf8(t->byte_cp[w[i]], e->mapped + m);
+    }
+    e->sym[ns] = (int32_t)m;   /* sentinel: symbol k spans [sym[k], sym[k+1]) */
+
+    /* llama-3 vocabularies (ignore_merges in tokenizer.json): a word that is itself a token is
+     * taken whole, even where the merges would split it differently */
+    if (t->pre == PRE_LLAMA3) {
+        int32_t whole = strtab_get(&t->vocab, t->tok, t->tok_len, e->mapped, m);
+        if (whole >= 0) {
+            emit(e, whole);
+            return;
+        }
+    }
+
+    while (ns > 1) {
+        int32_t best = -1, best_rank = INT32_MAX;
+        for (int32_t k = 0; k + 1 < ns; k++) {
+            size_t l1 = (size_t)(e->sym[k + 1] - e->sym[k]), l2 = (size_t)(e->sym[k + 2] - e->sym[k + 1]);
+            memcpy(e->key, e->mapped + e->sym[k], l1);
+            e->key[l1] = ' ';
+            memcpy(e->key + l1 + 1, e->mapped + e->sym[k + 1], l2);
+            int32_t r = strtab_get(&t->merges, t->merge, t->merge_len, e->key, l1 + 1 + l2);
+            if (r >= 0 && r < best_rank) {
+                best_rank = r;
+                best = k;
+            }
+        }
+        if (best < 0) break;
+        memmove(e->sym + best + 1, e->sym + best + 2, (size_t)(ns - best - 1) * sizeof *e->sym);
+        ns--;
+    }
+    for (int32_t k = 0; k < ns; k++) {
+        const char *s = e->mapped + e->sym[k];
+        size_t l = (size_t)(e->sym[k + 1] - e->sym[k]);
+        int32_t id = strtab_get(&t->vocab, t->tok, t->tok_len, s, l);
+        if (id >= 0) {
+            emit(e, id);
+            continue;
+        }
+        /* not in the vocabulary (an incomplete vocabulary): fall back to one token per character */
+        for (size_t o = 0; o < l;) {
+            uint32_t cp;
+            size_t cl = get_utf8((const unsigned char *)s + o, l - o, &cp);
+            id = strtab_get(&t->vocab, t->tok, t->tok_len, s + o, cl);
+            if (id >= 0) emit(e, id);
+            o += cl;
+        }
+    }
+}
+
+typedef struct cur {
+    const unsigned char *s;
+    size_t n;
+} cur;
+
+/* Character at byte offset i (i < n): its code point, class and length. */
+static size_t at(const cur *c, size_t i, uint32_t *cp, char_class_t *cls) {
+    size_t l = get_utf8(c->s + i, c->n - i, cp);
+    *cls = char_class(*cp);
+    return l;
+}
+
+/* Byte offset after the run of characters of class k starting at i. */
+static size_t run_of(const cur *c, size_t i, char_class_t k) {
+    while (i < c->n) {
+        uint32_t cp;
+        char_class_t cl;
+        size_t l = at(c, i, &cp, &cl);
+        if (cl != k) break;
+        i += l;
+    }
+    return i;
+}
+
+static int lower_ascii(uint32_t cp) { return cp < 0x80 ? (int)(cp | 0x20) : -1; }
+
+/* Length of a contraction ('s 't 're 've 'm 'll 'd) at i, 0 if none. */
+static size_t contraction(const cur *c, size_t i, int case_insensitive) {
+    if (c->s[i] != '\'' || i + 1 >= c->n) return 0;
+    int a = c->s[i + 1], b = i + 2 < c->n ? c->s[i + 2] : 0;
+    if (case_insensitive) {
+        a = lower_ascii((uint32_t)a);
+        b = b ? lower_ascii((uint32_t)b) : 0;
+    }
+    if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
+    if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 3;
+    return 0;
+}
+
+static int is_crlf(uint32_t cp) { return cp == '\r' || cp == '\n'; }
+
+/* Whitespace alternatives shared by both regex families, at a whitespace character i:
+ *   (llama3 only) \s*[\r\n]+  — up to and including the last newline of the run
+ *   \s+(?!\S)                 — the run, minus its last character if a non-space follows
+ *   \s+                       — a single whitespace character followed by a non-space */
+static size_t whitespace_match(const cur *c, size_t i, int newline_rule) {
+    size_t end = run_of(c, i, C_SPACE);
+    if (newline_rule) {
+        size_t last_nl = 0, found = 0;
+        for (size_t k = i; k < end; k++)
+            if (is_crlf(c->s[k])) {
+                last_nl = k;
+                found = 1;
+            }
+        if (found) return last_nl + 1 - i;
+    }
+    if (end == c->n) return end - i;
+    /* followed by a non-space: give back the last whitespace character if there are two or more */
+    size_t last = i, k = i;
+    while (k < end) {
+        last = k;
+        uint32_t cp;
+        char_class_t cl;
+        k += at(c, k, &cp, &cl);
+    }
+    return last > i ? last - i : end - i;
+}
+
+/* One match of the gpt2 regex at i; returns its length (>= 1). */
+static size_t match_gpt2(const cur *c, size_t i) {
+    size_t l = contraction(c, i, 0);
+    if (l) return l;
+    uint32_t cp, cp2;
+    char_class_t cl, cl2 = C_SPACE;
+    at(c, i, &cp, &cl);
+    if (cp == ' ' && i + 1 < c->n) {
+        at(c, i + 1, &cp2, &cl2);
+        if (cl2 == C_LETTER || cl2 == C_NUMBER || cl2 == C_OTHER) return run_of(c, i + 1, cl2) - i;
+    }
+    if (cl == C_LETTER || cl == C_NUMBER || cl == C_OTHER) return run_of(c, i, cl) - i;
+    return whitespace_match(c, i, 0);
+}
+
+/* One match of the llama3 regex at i (max_digits: 3, or 1 for qwen2). */
+static size_t match_llama3(const cur *c, size_t i, int max_digits) {
+    size_t l = contraction(c, i, 1);
+    if (l) return l;
+    uint32_t cp, cp2;
+    char_class_t cl, cl2 = C_SPACE;
+    size_t l0 = at(c, i, &cp, &cl);
+    if (cl == C_LETTER) return run_of(c, i, C_LETTER) - i;
+    /* [^\r\n\p{L}\p{N}]?\p{L}+ with the optional character present */
+    if (cl != C_NUMBER && !is_crlf(cp) && i + l0 < c->n) {
+        at(c, i + l0, &cp2, &cl2);
+        if (cl2 == C_LETTER) return run_of(c, i + l0, C_LETTER) - i;
+    }
+    if (cl == C_NUMBER) {
+        size_t k = i;
+        for (int d = 0; d < max_digits && k < c->n; d++) {
+            uint32_t x;
+            char_class_t xc;
+            size_t xl = at(c, k, &x, &xc);
+            if (xc != C_NUMBER) break;
+            k += xl;
+        }
+        return k - i;
+    }
+    /* ' ?[^\s\p{L}\p{N}]+[\r\n]*' */
+    size_t start = i;
+    if (cp == ' ' && i + 1 < c->n) {
+        at(c, i + 1, &cp2, &cl2);
+        if (cl2 == C_OTHER) start = i + 1;
+    }
+    at(c, start, &cp2, &cl2);
+    if (cl2 == C_OTHER) {
+        size_t k = run_of(c, start, C_OTHER);
+        while (k < c->n && is_crlf(c->s[k])) k++;
+        return k - i;
+    }
+    return whitespace_match(c, i, 1);
+}
+
+/* Pre-tokenizes and encodes a piece of text that holds no special tokens. */
+static void encode_text(enc *e, const unsigned char *s, size_t n) {
+    const pre_kind pk = e->t->pre;
+    size_t i = 0;
+    while (i < n) {
+        /* Digits(individual_digits): every digit is a word of its own, the regex runs between them */
+        size_t end = n;
+        if (pk == PRE_GPT2_DIGITS) {
+            cur whole = {s, n};
+            uint32_t cp;
+            char_class_t cl;
+            size_t l = at(&whole, i, &cp, &cl);
+            if (cl == C_NUMBER) {
+                bpe_word(e, s + i, l);
+                i += l;
+                continue;
+            }
+            end = i;
+            while (end < n) {
+                size_t ll = at(&whole, end, &cp, &cl);
+                if (cl == C_NUMBER) break;
+                end += ll;
+            }
+        }
+        cur c = {s, end};
+        while (i < end) {
+            size_t l = pk == PRE_LLAMA3 ? match_llama3(&c, i, 3)
+                       : pk == PRE_QWEN2 ? match_llama3(&c, i, 1)
+                                         : match_gpt2(&c, i);
+            bpe_word(e, s + i, l);
+            i += l;
+        }
+    }
+}
+
+int32_t tokenizer_encode(const cb_tokenizer *t, const char *text, size_t len, int add_bos, int parse_special,
+                         int32_t *out, int32_t cap) {
+    if (!t || (!text && len) || (!out && cap > 0) || cap < 0) {
+        cb_error(COLIBRI_E_INVALID_ARG, "tokenizer_encode: bad arguments");
+        return -1;
+    }
+    if (len > (size_t)INT32_MAX / 2 - 2) {
+        cb_error(COLIBRI_E_INVALID_ARG, "tokenizer_encode: text of %zu bytes is too long", len);
+        return -1;
+    }
+    enc e = {t, out, cap, 0, NULL, NULL, NULL};
+    e.mapped = cb_malloc(2 * len + 2);
+    e.sym = cb_malloc((len + 2) * sizeof *e.sym);
+    e.key = cb_malloc(2 * len + 3);
+    if (!e.mapped || !e.sym || !e.key) {
+        cb_free(e.mapped);
+        cb_free(e.sym);
+        cb_free(e.key);
+        cb_error(COLIBRI_E_NOMEM, "tokenizer_encode: out of memory for %zu bytes of text", len);
+        return -1;
+    }
+    if (add_bos && t->bos >= 0) emit(&e, t->bos);
+    const unsigned char *s = (const unsigned char *)text;
+    size_t seg = 0;
+    for (size_t i = 0; i < len;) {
+        int32_t hit = -1;
+        if (parse_special) {
+            for (int32_t k = 0; k < t->n_special; k++) {   /* longest first */
+                int32_t id = t->special[k];
+                uint32_t l = t->tok_len[id];
+                if (l <= len - i && memcmp(s + i, t->tok[id], l) == 0) {
+                    hit = id;
+                    break;
+                }
+            }
+        }
+        if (hit < 0) {
+            i++;
+            continue;
+        }
+        if (i > seg) encode_text(&e, s + seg, i - seg);
+        emit(&e, hit);
+        i += t->tok_len[hit];
+        seg = i;
+    }
+    if (len > seg) encode_text(&e, s + seg, len - seg);
+    cb_free(e.mapped);
+    cb_free(e.sym);
+    cb_free(e.key);
+    return e.count;
+}
+
+/* ---- decoding ------------------------------------------------------------------------------ */
+
+int32_t tokenizer_decode(const cb_tokenizer *t, int32_t id, int show_special, char *buf, size_t cap) {
+    if (!t || id < 0 || id >= t->n_vocab) return -1;
+    const unsigned char *s = (const unsigned char *)t->tok[id];
+    size_t n = t->tok_len[id];
+    int ty = t->tok_type[id];
+    size_t w = 0;
+    if (ty == TOKEN_TYPE_CONTROL || ty == TOKEN_TYPE_UNKNOWN || ty == TOKEN_TYPE_UNUSED) {
+        if (!show_special) return 0;
+        ty = TOKEN_TYPE_USER_DEFINED;   /* shown as its literal text */
+    }
+    if (ty == TOKEN_TYPE_USER_DEFINED) {
+        for (size_t i = 0; i < n; i++, w++)
+            if (w < cap) buf[w] = (char)s[i];
+        return (int32_t)w;
+    }
+    if (ty == TOKEN_TYPE_BYTE && n == 6 && s[0] == '<' && s[1] == '0' && s[2] == 'x' && s[5] == '>') {
+        int v = 0;
+        for (int k = 3; k < 5; k++) {
+            int d = s[k];
+            v = v * 16 + (d >= '0' && d <= '9' ? d - '0' : d >= 'A' && d <= 'F' ? d - 'A' + 10 : d >= 'a' && d <= 'f' ? d - 'a' + 10 : 0);
+        }
+        if (cap > 0) buf[0] = (char)v;
+        return 1;
+    }
+    /* normal token: map the byte alphabet back to bytes; characters outside it are copied */
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t l = get_utf8(s + i, n - i, &cp);
+        int b = cp < 324 ? t->cp_byte[cp] : -1;
+        if (b >= 0) {
+            if (w < cap) buf[w] = (char)b;
+            w++;
+        } else {
+            for (size_t k = 0; k < l; k++, w++)
+                if (w < cap) buf[w] = (char)s[i + k];
+        }
+        i += l;
+    }
+    return (int32_t)w;
+}

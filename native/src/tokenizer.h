@@ -1,0 +1,50 @@
+/* tokenizer.h — byte-level BPE from GGUF metadata, for the stand-alone runner (colibri-run).
+ *
+ * Python uses the Hugging Face tokenizers library instead; this one exists so a device without
+ * Python can turn a prompt into tokens and tokens back into text. It reads
+ * tokenizer.ggml.{model, pre, tokens, token_type, merges, bos_token_id, eos_token_id,
+ * add_bos_token} from a gguf_file; only model "gpt2" (byte-level BPE) is supported.
+ * The tokenizer borrows the strings of the gguf_file, which must stay open while it is used. */
+#ifndef COLIBRI_TOKENIZER_H
+#define COLIBRI_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "colibri.h"
+#include "gguf.h"
+
+typedef struct cb_tokenizer cb_tokenizer;
+
+/* Token types as stored in tokenizer.ggml.token_type (llama.cpp's numbering). */
+enum {
+    TOKEN_TYPE_NORMAL = 1,
+    TOKEN_TYPE_UNKNOWN = 2,
+    TOKEN_TYPE_CONTROL = 3,
+    TOKEN_TYPE_USER_DEFINED = 4,
+    TOKEN_TYPE_UNUSED = 5,
+    TOKEN_TYPE_BYTE = 6,
+};
+
+colibri_status tokenizer_load(const gguf_file *f, cb_tokenizer **out);
+void tokenizer_free(cb_tokenizer *t);
+
+int32_t tokenizer_n_vocab(const cb_tokenizer *t);
+int32_t tokenizer_bos(const cb_tokenizer *t);       /* -1 if none */
+int32_t tokenizer_eos(const cb_tokenizer *t);       /* -1 if none */
+int tokenizer_add_bos(const cb_tokenizer *t);        /* tokenizer.ggml.add_bos_token (default 0) */
+int tokenizer_token_type(const cb_tokenizer *t, int32_t id);   /* 0 if out of range */
+
+/* Encodes len bytes of text. Control and user-defined tokens written literally in the text
+ * (e.g. "<|im_start|>") become those tokens when parse_special is set. A BOS is prepended
+ * when add_bos is set and the vocabulary has one. Writes at most cap ids; returns the number
+ * of tokens the text needs (which may exceed cap: call again with a larger buffer), or -1 on
+ * failure (message set). len + 1 ids are always enough. */
+int32_t tokenizer_encode(const cb_tokenizer *t, const char *text, size_t len, int add_bos, int parse_special,
+                         int32_t *out, int32_t cap);
+
+/* Bytes of token `id` as text (control tokens give "" unless show_special). Writes at most cap
+ * bytes (no NUL); returns the full length, or -1 for an id out of range. */
+int32_t tokenizer_decode(const cb_tokenizer *t, int32_t id, int show_special, char *buf, size_t cap);
+
+#endif

@@ -22,14 +22,14 @@ GGUF_MAGIC = b"GGUF"
 
 # GGUF value type ids -> (struct format, numpy dtype) for the fixed-size ones.
 _SCALARS: dict[int, tuple[str, str]] = {
-    0: ("<B", "<u1"),   # UINT8
-    1: ("<b", "<i1"),   # INT8
-    2: ("<H", "<u2"),   # UINT16
-    3: ("<h", "<i2"),   # INT16
-    4: ("<I", "<u4"),   # UINT32
-    5: ("<i", "<i4"),   # INT32
-    6: ("<f", "<f4"),   # FLOAT32
-    7: ("<?", "<u1"),   # BOOL
+    0: ("<B", "<u1"),  # UINT8
+    1: ("<b", "<i1"),  # INT8
+    2: ("<H", "<u2"),  # UINT16
+    3: ("<h", "<i2"),  # INT16
+    4: ("<I", "<u4"),  # UINT32
+    5: ("<i", "<i4"),  # INT32
+    6: ("<f", "<f4"),  # FLOAT32
+    7: ("<?", "<u1"),  # BOOL
     10: ("<Q", "<u8"),  # UINT64
     11: ("<q", "<i8"),  # INT64
     12: ("<d", "<f8"),  # FLOAT64

@@ -107,6 +107,7 @@ class SamplingParams:
         max_completion_tokens. Extensions llama.cpp's server also accepts: top_k, min_p,
         repetition_penalty (alias repeat_penalty).
         """
+
         def get(*names: str) -> Any:
             for n in names:
                 if request.get(n) is not None:
@@ -166,8 +167,16 @@ class SamplingParams:
                 values.update({k: v for k, v in config.items() if v is not None})
             else:
                 for name in (
-                    "do_sample", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-                    "max_new_tokens", "stop_strings", "seed", "sequence_bias",
+                    "do_sample",
+                    "temperature",
+                    "top_p",
+                    "top_k",
+                    "min_p",
+                    "repetition_penalty",
+                    "max_new_tokens",
+                    "stop_strings",
+                    "seed",
+                    "sequence_bias",
                 ):
                     v = getattr(config, name, None)
                     if v is not None:
@@ -181,8 +190,11 @@ class SamplingParams:
         max_new = values.get("max_new_tokens", values.get("max_tokens"))
         if not do_sample:
             return cls(
-                temperature=0.0, repetition_penalty=rep, seed=values.get("seed"),
-                max_tokens=None if max_new is None else int(max_new), stop=list(stop or []),
+                temperature=0.0,
+                repetition_penalty=rep,
+                seed=values.get("seed"),
+                max_tokens=None if max_new is None else int(max_new),
+                stop=list(stop or []),
             )
         return cls(
             temperature=float(values.get("temperature", 1.0)),

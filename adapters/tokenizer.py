@@ -115,9 +115,7 @@ class Tokenizer:
         self.add_bos = add_bos
         self.source = source
         specials = {t.content for t in hf.get_added_tokens_decoder().values() if t.special}
-        self.special_token_ids: set[int] = {
-            i for i, t in hf.get_added_tokens_decoder().items() if t.special
-        }
+        self.special_token_ids: set[int] = {i for i, t in hf.get_added_tokens_decoder().items() if t.special}
         self.special_tokens: set[str] = specials
         stop = set(end_of_turn_ids)
         if eos_token_id is not None:

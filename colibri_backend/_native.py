@@ -307,9 +307,7 @@ def dequantize(type_id: int, raw: bytes | bytearray | memoryview | np.ndarray, n
     src = np.frombuffer(bytes(raw) if not isinstance(raw, np.ndarray) else raw.tobytes(), dtype=np.uint8)
     out = np.empty(n_elements, dtype=np.float32)
     src_ptr = src.ctypes.data_as(c_void_p) if src.size else None
-    status = lib.colibri_dequantize(
-        int(type_id), src_ptr, src.size, out.ctypes.data_as(_f32p), n_elements
-    )
+    status = lib.colibri_dequantize(int(type_id), src_ptr, src.size, out.ctypes.data_as(_f32p), n_elements)
     lib.check(status, f"dequantize(type={type_id}, n={n_elements})")
     return out
 

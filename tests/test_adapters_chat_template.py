@@ -42,7 +42,7 @@ FANCY = """{{ bos_token }}
 
 MESSAGES = [
     {"role": "system", "content": "Be brief."},
-    {"role": "user", "content": "Héllo \"there\" 😀"},
+    {"role": "user", "content": 'Héllo "there" 😀'},
     {"role": "assistant", "content": "Hi!"},
     {"role": "user", "content": "Bye\nnow"},
 ]
@@ -55,7 +55,8 @@ def _reference(template: str, messages: list, **kwargs: object) -> str:
 
     tok = transformers.PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer(WordLevel({"<s>": 0, "</s>": 1, "<unk>": 2}, unk_token="<unk>")),
-        bos_token="<s>", eos_token="</s>",
+        bos_token="<s>",
+        eos_token="</s>",
     )
     tok.chat_template = template
     return tok.apply_chat_template(messages, tokenize=False, **kwargs)
@@ -113,8 +114,11 @@ def test_template_from_tokenizer_config(tmp_path: Path) -> None:
     cfg = tmp_path / "tokenizer_config.json"
     cfg.write_text(json.dumps({"chat_template": SMOLLM2}))
     assert template_from_tokenizer_config(cfg) == SMOLLM2
-    cfg.write_text(json.dumps({"chat_template": [{"name": "tool_use", "template": "T"},
-                                                 {"name": "default", "template": "D"}]}))
+    cfg.write_text(
+        json.dumps(
+            {"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}]}
+        )
+    )
     assert template_from_tokenizer_config(cfg) == "D"
     assert template_from_tokenizer_config(cfg, "tool_use") == "T"
     (tmp_path / "chat_template.jinja").write_text("J")

@@ -43,9 +43,17 @@ def test_from_openai_defaults_and_fields() -> None:
     assert sp.temperature == 1.0 and sp.top_p == 1.0 and sp.seed is None
     sp = SamplingParams.from_openai(
         {
-            "temperature": 0.2, "top_p": 0.9, "presence_penalty": 0.5, "frequency_penalty": -0.5,
-            "seed": 7, "stop": "END", "logit_bias": {"42": -100, "7": 3.5}, "max_completion_tokens": 9,
-            "top_k": 40, "min_p": 0.05, "repeat_penalty": 1.1,
+            "temperature": 0.2,
+            "top_p": 0.9,
+            "presence_penalty": 0.5,
+            "frequency_penalty": -0.5,
+            "seed": 7,
+            "stop": "END",
+            "logit_bias": {"42": -100, "7": 3.5},
+            "max_completion_tokens": 9,
+            "top_k": 40,
+            "min_p": 0.05,
+            "repeat_penalty": 1.1,
         }
     )
     assert (sp.temperature, sp.top_p, sp.seed, sp.max_tokens) == (0.2, 0.9, 7, 9)
@@ -97,8 +105,17 @@ def test_from_llm_options() -> None:
 
 
 def test_to_native_fields_and_seed() -> None:
-    sp = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.05, repetition_penalty=1.1,
-                        presence_penalty=0.2, frequency_penalty=0.3, penalty_last_n=64, seed=123)
+    sp = SamplingParams(
+        temperature=0.8,
+        top_k=40,
+        top_p=0.9,
+        min_p=0.05,
+        repetition_penalty=1.1,
+        presence_penalty=0.2,
+        frequency_penalty=0.3,
+        penalty_last_n=64,
+        seed=123,
+    )
     c = sp.to_native()
     assert c.top_k == 40 and c.penalty_last_n == 64 and c.seed == 123
     assert c.temperature == pytest.approx(0.8) and c.top_p == pytest.approx(0.9)

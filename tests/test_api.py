@@ -182,8 +182,18 @@ def test_sampling_arguments(model: Model) -> None:
 def test_stats(model: Model) -> None:
     model.generate(PROMPT, max_tokens=4)
     s = model.stats()
-    for key in ("n_prompt_tokens", "n_decode_tokens", "prefill_seconds", "decode_seconds", "allocs_total",
-                "allocs_last_eval", "kv_bytes", "weight_bytes", "decode_tokens_per_second", "cpu_backend"):
+    for key in (
+        "n_prompt_tokens",
+        "n_decode_tokens",
+        "prefill_seconds",
+        "decode_seconds",
+        "allocs_total",
+        "allocs_last_eval",
+        "kv_bytes",
+        "weight_bytes",
+        "decode_tokens_per_second",
+        "cpu_backend",
+    ):
         assert key in s
     assert s["allocs_last_eval"] == 0  # a decode step allocates nothing
     assert s["last"]["generated_tokens"] == 4 and s["last"]["time_to_first_token"] > 0
@@ -303,8 +313,9 @@ def tiny_mixtral_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_models.build_checkpoint(spec, root / "mixtral", tok_dir)
 
 
-def test_load_hf_checkpoint_converts_once(tiny_mixtral_checkpoint: Path, tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_load_hf_checkpoint_converts_once(
+    tiny_mixtral_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("COLIBRI_CACHE", str(tmp_path / "cache"))
     ckpt = tiny_mixtral_checkpoint
     with colibri_backend.load(ckpt, threads=1) as m:

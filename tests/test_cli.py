@@ -25,7 +25,10 @@ def smollm2_path() -> Path:
 def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "colibri_backend.cli", *args],
-        input=stdin, capture_output=True, text=True, timeout=600,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -48,8 +51,16 @@ def test_inspect_plain(capsys: pytest.CaptureFixture[str]) -> None:
     assert f["tied_output"] == "yes"
     assert f["type.Q4_1"].startswith("210 tensors")
     cats = {k: int(v.split()[0]) for k, v in f.items() if k.startswith("bytes.")}
-    assert set(cats) >= {"bytes.attention", "bytes.experts", "bytes.shared_experts", "bytes.dense_ffn",
-                         "bytes.norms", "bytes.router", "bytes.embeddings", "bytes.output"}
+    assert set(cats) >= {
+        "bytes.attention",
+        "bytes.experts",
+        "bytes.shared_experts",
+        "bytes.dense_ffn",
+        "bytes.norms",
+        "bytes.router",
+        "bytes.embeddings",
+        "bytes.output",
+    }
     assert sum(cats.values()) == int(f["tensor_bytes"].split()[0])
     assert cats["bytes.experts"] == 0 and cats["bytes.dense_ffn"] > 0
 
@@ -87,16 +98,41 @@ def test_inspect_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_run_streams_text_and_reports_speed() -> None:
-    r = _cli("run", "--model", str(smollm2_path()), "--max-tokens", "6", "--threads", "2",
-             "The capital of France is")
+    r = _cli(
+        "run",
+        "--model",
+        str(smollm2_path()),
+        "--max-tokens",
+        "6",
+        "--threads",
+        "2",
+        "The capital of France is",
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith(" Paris")
     assert "tok/s" in r.stderr and "time to first token" in r.stderr and "prompt: " in r.stderr
 
 
 def test_run_chat_and_sampling_flags(capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["run", "--model", str(smollm2_path()), "-n", "8", "--threads", "2", "--chat",
-            "--temperature", "0.8", "--top-p", "0.9", "--top-k", "40", "--seed", "3", "Say hello."]
+    args = [
+        "run",
+        "--model",
+        str(smollm2_path()),
+        "-n",
+        "8",
+        "--threads",
+        "2",
+        "--chat",
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.9",
+        "--top-k",
+        "40",
+        "--seed",
+        "3",
+        "Say hello.",
+    ]
     assert main(args) == 0
     first = capsys.readouterr()
     assert main(args) == 0
@@ -115,8 +151,16 @@ def test_run_errors(tmp_path: Path) -> None:
 
 
 def test_chat_repl_from_stdin() -> None:
-    r = _cli("chat", "--model", str(smollm2_path()), "-n", "8", "--threads", "2",
-             stdin="Hello!\n/reset\nWhat is 2+2?\n/exit\n")
+    r = _cli(
+        "chat",
+        "--model",
+        str(smollm2_path()),
+        "-n",
+        "8",
+        "--threads",
+        "2",
+        stdin="Hello!\n/reset\nWhat is 2+2?\n/exit\n",
+    )
     assert r.returncode == 0, r.stderr
     replies = [line for line in r.stdout.splitlines() if line.strip()]
     assert len(replies) >= 2

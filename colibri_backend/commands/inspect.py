@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any
 
 CATEGORIES = (
-    "attention", "experts", "shared_experts", "dense_ffn", "norms", "router", "embeddings", "output", "other",
+    "attention",
+    "experts",
+    "shared_experts",
+    "dense_ffn",
+    "norms",
+    "router",
+    "embeddings",
+    "output",
+    "other",
 )
 
 _BLOCK = re.compile(r"^blk\.\d+\.(.+)$")

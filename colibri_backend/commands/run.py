@@ -10,9 +10,13 @@ from typing import Any
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """Options shared by run and chat: which model and how to sample."""
-    p.add_argument("--model", "-m", default=None,
-                   help="a .gguf file, a Hugging Face checkpoint directory, or a known name "
-                   "(smollm2); default: the built-in default model")
+    p.add_argument(
+        "--model",
+        "-m",
+        default=None,
+        help="a .gguf file, a Hugging Face checkpoint directory, or a known name "
+        "(smollm2); default: the built-in default model",
+    )
     p.add_argument("--max-tokens", "-n", type=int, default=256, help="tokens to generate at most (256)")
     p.add_argument("--temperature", "-t", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
@@ -20,11 +24,20 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-p", type=float, default=0.0, help="drop tokens below min_p * p(max) (0 = off)")
     p.add_argument("--repetition-penalty", type=float, default=1.0, help="1 = off")
     p.add_argument("--seed", type=int, default=None, help="random seed (same seed, same output)")
-    p.add_argument("--stop", action="append", default=None, metavar="TEXT",
-                   help="stop when this text is generated (repeatable)")
+    p.add_argument(
+        "--stop",
+        action="append",
+        default=None,
+        metavar="TEXT",
+        help="stop when this text is generated (repeatable)",
+    )
     p.add_argument("--threads", type=int, default=None, help="worker threads (default: all CPUs)")
-    p.add_argument("--context-length", type=int, default=None,
-                   help="context window in tokens (default: min(trained length, 4096))")
+    p.add_argument(
+        "--context-length",
+        type=int,
+        default=None,
+        help="context window in tokens (default: min(trained length, 4096))",
+    )
 
 
 def load_model(args: argparse.Namespace) -> Any:
@@ -38,8 +51,13 @@ def sampling_from_args(args: argparse.Namespace) -> Any:
     from colibri_backend.adapters.sampling import SamplingParams
 
     return SamplingParams(
-        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
-        repetition_penalty=args.repetition_penalty, seed=args.seed, stop=list(args.stop or []),
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+        stop=list(args.stop or []),
     )
 
 
@@ -127,8 +145,9 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("prompt", nargs="?", default=None, help="the prompt ('-' or nothing: read stdin)")
     add_model_arguments(p)
-    p.add_argument("--chat", action="store_true",
-                   help="wrap the prompt as a user message in the model's chat template")
+    p.add_argument(
+        "--chat", action="store_true", help="wrap the prompt as a user message in the model's chat template"
+    )
     p.add_argument("--system", default=None, help="system message (with --chat)")
     p.add_argument("--quiet", "-q", action="store_true", help="do not print the speed line")
     p.set_defaults(func=run)

@@ -64,6 +64,46 @@ static mm_job job(const mat *w, const float *x, const block_q8a *xq, int n_tok, 
     return j;
 }
 
+typedef struct glu_task {
+    const glu_job *jobs;
+    int n_jobs;
+} glu_task;
+
+static void glu_worker(void *arg, int ith, int nth) {
+    const glu_task *t = arg;
+    for (int j = 0; j < t->n_jobs; j++) {
+        const glu_job *jb = &t->jobs[j];
+        const int F = jb->gate.rows;
+        int r0, r1;
+        /* whole q8a blocks per thread, so each thread can quantize what it produced */
+        pool_split(F, ith, nth, QK8A, &r0, &r1);
+        if (r0 >= r1) continue;
+        matmul_rows(jb->gate.type, jb->gate.data, jb->gate.row_bytes, jb->gate.cols, jb->x, jb->xq, jb->n_tok, jb->g,
+                    F, r0, r1);
+        matmul_rows(jb->up.type, jb->up.data, jb->up.row_bytes, jb->up.cols, jb->x, jb->xq, jb->n_tok, jb->u, F, r0,
+                    r1);
+        for (int tk = 0; tk < jb->n_tok; tk++) {
+            float *g = jb->g + (size_t)tk * F + r0;
+            op_silu_mul(g, jb->u + (size_t)tk * F + r0, r1 - r0);
+            if (jb->actq) quantize_row_q8a(g, jb->actq + ((size_t)tk * F + r0) / QK8A, r1 - r0);
+        }
+    }
+}
+
+static void run_glu(struct colibri_context *c, const glu_job *jobs, int n_jobs) {
+    if (n_jobs == 0) return;
+    glu_task t = {jobs, n_jobs};
+    pool_run(c->pool, glu_worker, &t);
+}
+
+/* actq is only asked for when the down projection is quantized, and then F % 32 == 0 (the
+ * down matrix has F columns, whole blocks), so every thread's row range is whole blocks. */
+static glu_job glu(const mat *gate, const mat *up, const float *x, const block_q8a *xq, int n_tok, float *g, float *u,
+                   block_q8a *actq) {
+    glu_job j = {.gate = *gate, .up = *up, .x = x, .xq = xq, .n_tok = n_tok, .g = g, .u = u, .actq = actq};
+    return j;
+}
+
 typedef struct quant_task {
     const float *x;
     block_q8a *y;
@@ -191,13 +231,12 @@ static void dense_ffn(struct colibri_context *c, int il, int n) {
     const model_hparams *hp = &c->model->hp;
     const layer_weights *w = &c->model->layers[il];
     scratch *s = &c->s;
-    const int E = hp->n_embd, F = hp->n_ff;
+    const int E = hp->n_embd;
     if (mat_wants_q8a(&w->ffn_gate) || mat_wants_q8a(&w->ffn_up)) quantize_rows(c, s->xn, s->xnq, n, E);
-    mm_job gu[2] = {job(&w->ffn_gate, s->xn, s->xnq, n, s->gate, F), job(&w->ffn_up, s->xn, s->xnq, n, s->up, F)};
-    run_jobs(c, gu, 2);
-    for (int t = 0; t < n; t++) op_silu_mul(s->gate + (size_t)t * F, s->up + (size_t)t * F, F);
-    if (mat_wants_q8a(&w->ffn_down)) quantize_rows(c, s->gate, s->actq, n, F);
-    mm_job d = job(&w->ffn_down, s->gate, s->actq, n, s->tmp, E);
+    block_q8a *actq = mat_wants_q8a(&w->ffn_down) ? s->actq : NULL;
+    glu_job gj = glu(&w->ffn_gate, &w->ffn_up, s->xn, s->xnq, n, s->gate, s->up, actq);
+    run_glu(c, &gj, 1);
+    mm_job d = job(&w->ffn_down, s->gate, actq, n, s->tmp, E);
     run_jobs(c, &d, 1);
 }
 
@@ -217,14 +256,9 @@ static void moe_ffn(struct colibri_context *c, int il, int n) {
     const int q_exp = kernel_wants_q8a(w->gate_exps.type) || kernel_wants_q8a(w->up_exps.type);
     if (q_in || q_exp) quantize_rows(c, s->xn, s->xnq, n, E);
 
-    /* 1. router logits and the shared expert's gate/up, one pool run */
-    int nj = 0;
-    s->jobs[nj++] = job(&w->router, s->xn, s->xnq, n, s->router, X);
-    if (has_sh) {
-        s->jobs[nj++] = job(&w->sh_gate, s->xn, s->xnq, n, s->sh_gate, S);
-        s->jobs[nj++] = job(&w->sh_up, s->xn, s->xnq, n, s->sh_up, S);
-    }
-    run_jobs(c, s->jobs, nj);
+    /* 1. router logits */
+    mm_job rj = job(&w->router, s->xn, s->xnq, n, s->router, X);
+    run_jobs(c, &rj, 1);
 
     /* 2. softmax over all experts (f32), top-k, optional renormalisation */
     for (int t = 0; t < n; t++) {
@@ -264,26 +298,20 @@ static void moe_ffn(struct colibri_context *c, int il, int n) {
         }
     }
 
-    /* 4. gate/up of every expert that has tokens, one pool run */
-    nj = 0;
+    /* 4. SwiGLU of every expert that has tokens (and of the shared expert), one pool run */
+    const int q_down = kernel_wants_q8a(w->down_exps.type);
+    block_q8a *sh_actq = has_sh && mat_wants_q8a(&w->sh_down) ? s->sh_actq : NULL;
+    int nj = 0;
     for (int e = 0; e < X; e++) {
         const int start = e ? cnt[e - 1] : 0, count = cnt[e] - start;
         if (count == 0) continue;
         const expert_view ev = model_expert_view(m, il, e);
-        const float *xg = s->xg + (size_t)start * E;
-        const block_q8a *xgq = s->xgq + (size_t)start * nbE;
-        s->jobs[nj++] = job(&ev.gate, xg, xgq, count, s->gate + (size_t)start * F, F);
-        s->jobs[nj++] = job(&ev.up, xg, xgq, count, s->up + (size_t)start * F, F);
+        s->glu[nj++] = glu(&ev.gate, &ev.up, s->xg + (size_t)start * E, s->xgq + (size_t)start * nbE, count,
+                           s->gate + (size_t)start * F, s->up + (size_t)start * F,
+                           q_down ? s->actq + (size_t)start * nbF : NULL);
     }
-    run_jobs(c, s->jobs, nj);
-
-    const int P = n * k;
-    for (int p = 0; p < P; p++) op_silu_mul(s->gate + (size_t)p * F, s->up + (size_t)p * F, F);
-    if (kernel_wants_q8a(w->down_exps.type)) quantize_rows(c, s->gate, s->actq, P, F);
-    if (has_sh) {
-        for (int t = 0; t < n; t++) op_silu_mul(s->sh_gate + (size_t)t * S, s->sh_up + (size_t)t * S, S);
-        if (mat_wants_q8a(&w->sh_down)) quantize_rows(c, s->sh_gate, s->sh_actq, n, S);
-    }
+    if (has_sh) s->glu[nj++] = glu(&w->sh_gate, &w->sh_up, s->xn, s->xnq, n, s->sh_gate, s->sh_up, sh_actq);
+    run_glu(c, s->glu, nj);
 
     /* 5. down projections of every active expert (and of the shared expert), one pool run */
     nj = 0;
@@ -294,7 +322,7 @@ static void moe_ffn(struct colibri_context *c, int il, int n) {
         s->jobs[nj++] = job(&ev.down, s->gate + (size_t)start * F, s->actq + (size_t)start * nbF, count,
                             s->down + (size_t)start * E, E);
     }
-    if (has_sh) s->jobs[nj++] = job(&w->sh_down, s->sh_gate, s->sh_actq, n, s->sh_down, E);
+    if (has_sh) s->jobs[nj++] = job(&w->sh_down, s->sh_gate, sh_actq, n, s->sh_down, E);
     run_jobs(c, s->jobs, nj);
 
     /* 6. y = sum_j w_j * expert_j(x) [+ sigmoid(x . w_sg) * shared(x)] */
@@ -447,7 +475,8 @@ static void plan_scratch(struct colibri_context *c, planner *p) {
     s->sh_actq = take(p, B * NB(S) * q);
     s->sh_down = S ? take(p, B * E * f) : NULL;
     s->sh_w = S ? take(p, B * f) : NULL;
-    s->jobs = take(p, (2 * X + 4) * sizeof(mm_job));
+    s->jobs = take(p, (X + 4) * sizeof(mm_job));
+    s->glu = take(p, (X + 2) * sizeof(glu_job));
 #undef NB
 }
 

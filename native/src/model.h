@@ -112,6 +112,19 @@ typedef struct mm_job {
     int ldy;
 } mm_job;
 
+/* A SwiGLU job: g = silu(W_gate x) * (W_up x) for n_tok tokens, g and u rows of width ld =
+ * gate.rows; with actq set, g is also quantized to block_q8a rows (ld / 32 blocks) for the
+ * down projection. Each thread finishes its own rows completely (both products, the gate,
+ * the quantization of its blocks), so no serial pass remains between gate/up and down. */
+typedef struct glu_job {
+    mat gate, up;
+    const float *x;
+    const block_q8a *xq;
+    int n_tok;
+    float *g, *u;
+    block_q8a *actq;
+} glu_job;
+
 /* Per-eval scratch, laid out once at context creation (B = n_batch, P = B * n_expert_used). */
 typedef struct scratch {
     float *x;            /* [B][n_embd] residual stream */
@@ -143,7 +156,8 @@ typedef struct scratch {
     block_q8a *sh_actq;  /* [B][n_ff_shexp/32] */
     float *sh_down;      /* [B][n_embd] */
     float *sh_w;         /* [B] sigmoid gate of the shared expert */
-    mm_job *jobs;        /* [2*n_expert + 4] */
+    mm_job *jobs;        /* [n_expert + 4] */
+    glu_job *glu;        /* [n_expert + 2] */
 } scratch;
 
 struct colibri_context {

@@ -302,6 +302,17 @@ class Model:
             self._eval(ids, out, all_logits=True)
             return out
 
+    def next_logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Logits after the last of `token_ids` (float32 [n_vocab]), evaluating only the part the
+        KV cache does not already hold. The cache then holds `token_ids`."""
+        ids = self._check_ids(token_ids)
+        if ids.size == 0:
+            raise ValueError("cannot compute logits of an empty sequence")
+        with self._lock:
+            self._check_open()
+            self._prefill(ids)
+            return self._logits.copy()
+
     def routing(self) -> tuple[np.ndarray, np.ndarray]:
         """Experts chosen in the last evaluation: (ids int32, weights float32), each shaped
         [n_tokens, n_layer, n_expert_used]. Dense models give n_tokens = 0."""

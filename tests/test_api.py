@@ -336,3 +336,15 @@ def test_load_hf_checkpoint_converts_once(
         assert again.path == first and first.stat().st_mtime_ns == mtime
     os.utime(ckpt / "config.json", ns=(1, 1))  # the checkpoint changed: convert again
     assert colibri_backend.resolve_model(ckpt).gguf != first
+
+
+def test_next_logits_reuses_the_cache(model: Model) -> None:
+    ids = model.tokenize("Counting: one, two, three,")
+    full = model.logits(ids)
+    step = model.next_logits(ids + [model.tokenize(" four", add_special_tokens=False)[0]])
+    assert step.shape == (49152,)
+    again = model.logits(ids + [model.tokenize(" four", add_special_tokens=False)[0]])[-1]
+    np.testing.assert_allclose(step, again, rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(model.next_logits(ids), full[-1], rtol=1e-3, atol=1e-3)
+    with pytest.raises(ValueError):
+        model.next_logits([])

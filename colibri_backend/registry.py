@@ -158,3 +158,15 @@ def get_registry(refresh: bool = False) -> Registry:
 def load_model(model: ModelConfig) -> LoadedModel:
     """Load a configured model with the backend it names, through the default registry."""
     return get_registry().load_model(model)
+
+
+def open_model(name: str | None = None, config: str | None = None) -> LoadedModel:
+    """Load a model the way an application should: by alias from the configuration.
+
+    ``name`` is an alias from colibri.toml (default: the configured default model), or a path or
+    known model name; ``config`` a colibri.toml path (default: $COLIBRI_CONFIG, ./colibri.toml, ...).
+    The backend comes from the configuration and $COLIBRI_BACKEND, so the same code runs on any of
+    them."""
+    from colibri_backend.config import load_config
+
+    return load_model(load_config(config).model(name))

@@ -188,8 +188,9 @@ def test_entry_point_that_fails_to_import_is_reported(monkeypatch: pytest.Monkey
     pm, problems = make_plugin_manager()
     reg = Registry(pm, problems)
     assert BUILTIN <= set(reg.names())
-    assert any(p.plugin == "ghost" and "cannot import colibri_no_such_module_xyz" in p.message
-               for p in reg.problems)
+    assert any(
+        p.plugin == "ghost" and "cannot import colibri_no_such_module_xyz" in p.message for p in reg.problems
+    )
 
 
 def test_colibri_backends_command(capsys: pytest.CaptureFixture[str]) -> None:
@@ -286,6 +287,7 @@ def test_sampler_greedy_penalties_and_seed() -> None:
     assert len(set(draws)) == 1  # same seed, same draw
     many = {sample_token(logits, SamplingParams(temperature=1.0), [], rng) for _ in range(200)}
     assert many == {0, 1, 2, 3}
+
     def support(**kw) -> set[int]:
         return {sample_token(logits, SamplingParams(temperature=1.0, **kw), [], rng) for _ in range(200)}
 
@@ -315,3 +317,93 @@ def test_base_model_default_capabilities() -> None:
     with pytest.raises(CapabilityError, match="no chat template"):
         m.chat([{"role": "user", "content": "x"}])
     assert m.stats() == {}
+
+
+# ------------------------------------------------------------------ the transformers backend
+
+
+@pytest.fixture(scope="module")
+def tiny_hf_checkpoint(tmp_path_factory: pytest.TempPathFactory):
+    """A random 2-layer llama checkpoint with a small byte-level BPE tokenizer and a chat template."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    out = tmp_path_factory.mktemp("tiny_hf")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = [
+        "The quick brown fox jumps over the lazy dog.",
+        "Hello world! héllo wörld 🙂",
+        "def f(x): return x",
+    ]
+    tok.train_from_iterator(
+        corpus * 20,
+        trainers.BpeTrainer(
+            vocab_size=300,
+            special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", bos_token="<|endoftext|>")
+    fast.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    fast.save_pretrained(out)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=len(fast),
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        bos_token_id=0,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(out)
+    return out, model, fast
+
+
+def test_transformers_backend_matches_transformers(tiny_hf_checkpoint) -> None:
+    import torch
+
+    path, hf_model, hf_tok = tiny_hf_checkpoint
+    reg = get_registry()
+    assert reg.get("transformers").unavailable_reason() is None
+    m = reg.load_model(ModelConfig(alias="tiny", path=str(path), backend="transformers", threads=2))
+    try:
+        assert m.context_length == 128 and m.capabilities.logits and m.capabilities.chat
+        ids = m.tokenize("The quick brown fox")
+        assert ids == hf_tok.encode("The quick brown fox")
+        with torch.inference_mode():
+            ref = hf_model.generate(
+                torch.tensor([ids]),
+                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=12,
+                eos_token_id=2,
+                pad_token_id=2,
+            )
+        expected = ref[0, len(ids) :].tolist()
+        events = list(m.generate_tokens(ids, max_tokens=12))
+        assert [e.token_id for e in events] == expected
+        text = "".join(e.text for e in events)
+        assert text == hf_tok.decode([t for t in expected if t != 2], skip_special_tokens=True)
+        with torch.inference_mode():
+            want = hf_model(torch.tensor([ids])).logits[0].numpy()
+        np.testing.assert_allclose(m.logits(ids), want, rtol=1e-5, atol=1e-5)
+        rendered = m.render_chat([{"role": "user", "content": "hi"}])
+        assert rendered == hf_tok.apply_chat_template(
+            [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+        )
+        seeded = [m.generate("Hello", max_tokens=8, temperature=1.0, seed=3) for _ in range(2)]
+        assert seeded[0] == seeded[1]
+        assert m.stats()["generated_tokens"] > 0
+    finally:
+        m.close()

@@ -135,7 +135,7 @@ static float rnd_weight(int exact) {
 
 static matrix make_matrix(uint32_t type, int rows, int cols, int exact) {
     matrix m = {type, rows, cols, row_bytes_of(type, cols), NULL};
-    m.data = malloc(m.row_bytes * rows + 1);
+    m.data = malloc(m.row_bytes * rows);
     for (int r = 0; r < rows; r++) {
         unsigned char *row = m.data + r * m.row_bytes;
         if (!kernel_wants_q8a(type)) {
@@ -400,7 +400,8 @@ static void test_matmul_case(const char *backend, uint32_t type, int rows, int c
 static void test_matmul(const char *backend) {
     static const uint32_t types[] = {GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16,
                                      GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1};
-    static const int qcols[] = {32, 96, 288, 1024};
+        /* 1, 3, 9, 17, 18, 32 and 49 blocks: odd pairs, partial and several 16-block chunks */
+    static const int qcols[] = {32, 96, 288, 544, 576, 1024, 1568};
     static const int fcols[] = {1, 7, 32, 67, 96, 200, 1024};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         uint32_t type = types[ti];

@@ -1,0 +1,284 @@
+/* bench_kernels.c — throughput of matmul_rows per weight type, kernel set, token count and
+ * thread count, on the matrix shapes of the benchmark models.
+ *
+ *   bench-kernels [--backend scalar|avx2|avx512|all] [--threads N] [--ntok N] [--hot]
+ *                 [--seconds S] [--quick]
+ *
+ * Decode is memory-bound, so by default each call reads a different copy of the matrix
+ * out of a ring larger than the last-level cache ("cold", like a real forward pass that
+ * touches hundreds of MB per token); --hot reuses one copy (cache-resident). GB/s counts
+ * weight bytes read; GFLOP/s counts 2 * rows * cols * n_tok. Each figure is the median
+ * of several timed repetitions. Activation quantization is outside the timing (it is
+ * timed on its own line). */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "error.h"
+#include "kernels.h"
+#include "threads.h"
+#include "types.h"
+
+typedef struct shape {
+    const char *what;
+    uint32_t type;
+    int rows, cols;
+} shape;
+
+static const shape SHAPES[] = {
+    {"bench ffn_up/gate expert", GGML_TYPE_Q8_0, 2816, 1024},
+    {"bench ffn_down expert", GGML_TYPE_Q8_0, 1024, 2816},
+    {"smollm2 ffn_up/gate", GGML_TYPE_Q4_1, 1536, 576},
+    {"smollm2 ffn_down", GGML_TYPE_Q4_1, 576, 1536},
+    {"smollm2 output", GGML_TYPE_Q8_0, 49152, 576},
+    {"type sweep", GGML_TYPE_Q4_0, 2816, 1024},
+    {"type sweep", GGML_TYPE_F16, 2816, 1024},
+    {"type sweep", GGML_TYPE_BF16, 2816, 1024},
+    {"type sweep", GGML_TYPE_F32, 2816, 1024},
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* CPU time of the whole process (all threads): on a loaded machine, wall time includes
+ * time our threads sat preempted; CPU time / threads does not (spinning still counts). */
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static uint64_t rng = 0x2545f4914f6cdd1dull;
+static uint32_t rnd32(void) {
+    rng ^= rng >> 12, rng ^= rng << 25, rng ^= rng >> 27;
+    return (uint32_t)((rng * 0x2545f4914f6cdd1dull) >> 32);
+}
+static float rnd_f(void) { return (float)(rnd32() >> 8) / 8388608.0f - 1.0f; }
+
+static const char *tname(uint32_t t) {
+    switch (t) {
+    case GGML_TYPE_F32: return "F32";
+    case GGML_TYPE_F16: return "F16";
+    case GGML_TYPE_BF16: return "BF16";
+    case GGML_TYPE_Q8_0: return "Q8_0";
+    case GGML_TYPE_Q4_0: return "Q4_0";
+    case GGML_TYPE_Q4_1: return "Q4_1";
+    }
+    return "?";
+}
+
+static size_t row_bytes_of(uint32_t type, int cols) {
+    switch (type) {
+    case GGML_TYPE_F32: return (size_t)cols * 4;
+    case GGML_TYPE_F16:
+    case GGML_TYPE_BF16: return (size_t)cols * 2;
+    case GGML_TYPE_Q8_0: return (size_t)cols / 32 * sizeof(block_q8_0);
+    case GGML_TYPE_Q4_0: return (size_t)cols / 32 * sizeof(block_q4_0);
+    case GGML_TYPE_Q4_1: return (size_t)cols / 32 * sizeof(block_q4_1);
+    }
+    return 0;
+}
+
+/* Plausible values: small fp16 scales, random quants, floats in [-1, 1]. */
+static void fill_matrix(uint32_t type, unsigned char *w, int rows, int cols) {
+    const size_t rb = row_bytes_of(type, cols);
+    for (int r = 0; r < rows; r++) {
+        unsigned char *row = w + (size_t)r * rb;
+        for (size_t i = 0; i < rb; i++) row[i] = (unsigned char)rnd32();
+        if (type == GGML_TYPE_F32) {
+            for (int c = 0; c < cols; c++) ((float *)row)[c] = rnd_f();
+        } else if (type == GGML_TYPE_F16 || type == GGML_TYPE_BF16) {
+            for (int c = 0; c < cols; c++) {
+                float f = rnd_f();
+                uint32_t u;
+                memcpy(&u, &f, 4);
+                if (type == GGML_TYPE_F16) fp32_to_fp16_row(&f, (uint16_t *)row + c, 1);
+                else ((uint16_t *)row)[c] = (uint16_t)(u >> 16);
+            }
+        } else {
+            const size_t bb = type == GGML_TYPE_Q8_0 ? sizeof(block_q8_0)
+                              : type == GGML_TYPE_Q4_0 ? sizeof(block_q4_0) : sizeof(block_q4_1);
+            for (int b = 0; b < cols / 32; b++) {
+                float dm[2] = {0.01f + 0.01f * rnd_f(), -0.08f + 0.01f * rnd_f()};
+                uint16_t h[2];
+                fp32_to_fp16_row(dm, h, 2);
+                memcpy(row + b * bb, &h[0], 2);
+                if (type == GGML_TYPE_Q4_1) memcpy(row + b * bb + 2, &h[1], 2);
+            }
+        }
+    }
+}
+
+typedef struct job {
+    uint32_t type;
+    const unsigned char *W;
+    size_t row_bytes;
+    int rows, cols, n_tok;
+    const float *X;
+    const block_q8a *Xq;
+    float *Y;
+} job;
+
+static void job_task(void *arg, int ith, int nth) {
+    const job *j = arg;
+    int r0, r1;
+    pool_split(j->rows, ith, nth, 16, &r0, &r1);
+    matmul_rows(j->type, j->W, j->row_bytes, j->cols, j->X, j->Xq, j->n_tok, j->Y, j->rows, r0, r1);
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+typedef struct options {
+    const char *backend;  /* NULL: every available one */
+    int threads;          /* 0: 1 and 2 */
+    int ntok;             /* 0: 1 and 64 */
+    int hot;
+    double seconds;       /* per measurement */
+} options;
+
+/* Median seconds per call over `reps` repetitions of about seconds/reps each; *cpu_per_call
+ * gets the median process CPU seconds per call divided by the thread count. */
+static double time_calls(cb_pool *pool, job *base, const unsigned char *ring, size_t ring_copies, size_t mat_bytes,
+                         double seconds, double *cpu_per_call, double *best_per_call) {
+    enum { REPS = 15 };
+    double per_call[REPS], cpu_call[REPS];
+    size_t copy = 0;
+    /* calibrate: how many calls fill a repetition */
+    int calls = 1;
+    for (;;) {
+        double t0 = now_s();
+        for (int i = 0; i < calls; i++) {
+            base->W = ring + (copy++ % ring_copies) * mat_bytes;
+            pool_run(pool, job_task, base);
+        }
+        double dt = now_s() - t0;
+        if (dt > seconds / REPS / 4 || calls > (1 << 20)) {
+            calls = (int)(calls * (seconds / REPS) / (dt > 1e-9 ? dt : 1e-9)) + 1;
+            break;
+        }
+        calls *= 2;
+    }
+    for (int r = 0; r < REPS; r++) {
+        double t0 = now_s(), c0 = cpu_s();
+        for (int i = 0; i < calls; i++) {
+            base->W = ring + (copy++ % ring_copies) * mat_bytes;
+            pool_run(pool, job_task, base);
+        }
+        per_call[r] = (now_s() - t0) / calls;
+        cpu_call[r] = (cpu_s() - c0) / calls / pool_size(pool);
+    }
+    qsort(per_call, REPS, sizeof(double), cmp_double);
+    qsort(cpu_call, REPS, sizeof(double), cmp_double);
+    *cpu_per_call = cpu_call[REPS / 2];
+    *best_per_call = per_call[0];
+    return per_call[REPS / 2];
+}
+
+static int run_backend(const char *backend, const options *o) {
+    if (kernels_select(backend) != COLIBRI_OK) {
+        printf("%-7s not available on this CPU: %s\n", backend, cb_last_error());
+        return 0;
+    }
+    const int thread_counts[2] = {1, 2};
+    const int ntoks[2] = {1, 64};
+    for (size_t si = 0; si < sizeof SHAPES / sizeof SHAPES[0]; si++) {
+        const shape *s = &SHAPES[si];
+        const size_t rb = row_bytes_of(s->type, s->cols);
+        const size_t mat_bytes = ((rb * s->rows) + 63) / 64 * 64;
+        /* ring: more bytes than the last-level cache (480 MiB on the reference machine) */
+        const size_t ring_target = (size_t)640 << 20;
+        size_t copies = o->hot ? 1 : (ring_target + mat_bytes - 1) / mat_bytes;
+        unsigned char *ring = aligned_alloc(64, copies * mat_bytes);
+        if (!ring) {
+            fprintf(stderr, "out of memory for %zu MB\n", copies * mat_bytes >> 20);
+            return 1;
+        }
+        fill_matrix(s->type, ring, s->rows, s->cols);
+        for (size_t c = 1; c < copies; c++) memcpy(ring + c * mat_bytes, ring, mat_bytes);
+
+        const int max_tok = 64;
+        float *X = malloc(sizeof(float) * max_tok * s->cols);
+        block_q8a *Xq = malloc(sizeof(block_q8a) * max_tok * (s->cols / 32));
+        float *Y = malloc(sizeof(float) * max_tok * s->rows);
+        for (int i = 0; i < max_tok * s->cols; i++) X[i] = rnd_f();
+        quantize_row_q8a(X, Xq, (int64_t)max_tok * s->cols);
+
+        for (int ti = 0; ti < 2; ti++) {
+            const int nt = o->ntok ? o->ntok : ntoks[ti];
+            if (o->ntok && ti) break;
+            if (nt > max_tok) continue;
+            for (int hi = 0; hi < 2; hi++) {
+                const int th = o->threads ? o->threads : thread_counts[hi];
+                if (o->threads && hi) break;
+                cb_pool *pool = NULL;
+                if (pool_create(th, &pool) != COLIBRI_OK) {
+                    fprintf(stderr, "pool_create: %s\n", cb_last_error());
+                    return 1;
+                }
+                job j = {s->type, ring, rb, s->rows, s->cols, nt, X, Xq, Y};
+                double csec, best;
+                double sec = time_calls(pool, &j, ring, copies, mat_bytes, o->seconds, &csec, &best);
+                pool_destroy(pool);
+                double bytes = (double)rb * s->rows;
+                double flops = 2.0 * s->rows * s->cols * nt;
+                printf("%-6s %-4s %5dx%-5d n_tok=%-2d thr=%d  median %8.1f us %5.1f GB/s %6.1f GFLOP/s | best %5.1f GB/s "
+                       "%6.1f GFLOP/s | per CPU-s %5.1f GB/s  (%s%s)\n",
+                       backend, tname(s->type), s->rows, s->cols, nt, th, sec * 1e6, bytes / sec * 1e-9,
+                       flops / sec * 1e-9, bytes / best * 1e-9, flops / best * 1e-9, bytes / csec * 1e-9, s->what,
+                       o->hot ? ", hot" : "");
+                fflush(stdout);
+            }
+        }
+        /* activation quantization, for scale */
+        if (si == 0) {
+            double t0 = now_s();
+            int reps = 2000;
+            for (int r = 0; r < reps; r++) quantize_row_q8a(X, Xq, s->cols);
+            double us = (now_s() - t0) / reps * 1e6;
+            printf("%-7s quantize_row_q8a %d values: %.2f us\n", backend, s->cols, us);
+        }
+        free(Y);
+        free(Xq);
+        free(X);
+        free(ring);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    options o = {NULL, 0, 0, 0, 0.7};
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--backend") && i + 1 < argc) o.backend = argv[++i];
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) o.threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--ntok") && i + 1 < argc) o.ntok = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) o.seconds = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--hot")) o.hot = 1;
+        else if (!strcmp(argv[i], "--quick")) o.seconds = 0.15;
+        else {
+            fprintf(stderr,
+                    "usage: %s [--backend scalar|avx2|avx512|all] [--threads N] [--ntok N] [--hot] "
+                    "[--seconds S] [--quick]\n",
+                    argv[0]);
+            return 2;
+        }
+    }
+    if (o.threads < 0 || o.ntok < 0 || o.ntok > 64 || !(o.seconds > 0)) {
+        fprintf(stderr, "bad arguments (threads >= 1, 1 <= ntok <= 64, seconds > 0)\n");
+        return 2;
+    }
+    printf("best kernel set: %s\n", (kernels_select(NULL), kernels_backend_name()));
+    if (o.backend && strcmp(o.backend, "all") != 0) return run_backend(o.backend, &o);
+    static const char *all[] = {"avx512", "avx2", "scalar"};
+    for (size_t i = 0; i < 3; i++)
+        if (run_backend(all[i], &o)) return 1;
+    return 0;
+}

@@ -6,6 +6,8 @@ or is built from the GGUF's own metadata the way llama.cpp reads it:
   pre-tokenizer regexes llama.cpp uses for tokenizer.ggml.pre; control tokens (token_type 3)
   become special added tokens, user-defined ones (4) plain added tokens; BOS is prepended when
   tokenizer.ggml.add_bos_token says so.
+  tokenizer.ggml.model == "llama": SentencePiece BPE over tokens and scores with byte fallback, the
+  way llama.cpp runs it (see _spm_tokenizer).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tokenizers import AddedToken, Regex, decoders, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.models import BPE
 
@@ -96,6 +98,79 @@ def _as_int(value: Any, default: int | None = None) -> int | None:
     return int(value)
 
 
+def _byte_level_bpe_tokenizer(
+    meta: dict[str, Any], tokens: list[str], types: list[int], vocab: dict[str, int], source: str
+) -> HFTokenizer:
+    """GPT-2 style byte-level BPE: tokens and merges as stored, llama.cpp's pre-tokenizer regexes."""
+    merges_raw: list[str] = list(meta.get("tokenizer.ggml.merges") or [])
+    merges: list[tuple[str, str]] = []
+    for m in merges_raw:
+        left, sep, right = m.partition(" ")
+        if not sep:
+            raise ModelFormatError("COLIBRI_E_FORMAT", f"{source}: malformed merge {m!r}")
+        merges.append((left, right))
+    pre = str(meta.get("tokenizer.ggml.pre", "default"))
+    unk_id = _as_int(meta.get("tokenizer.ggml.unknown_token_id"))
+    unk = tokens[unk_id] if unk_id is not None and 0 <= unk_id < len(tokens) else None
+    bpe = BPE(
+        vocab=vocab,
+        merges=merges,
+        unk_token=unk if unk_id is not None and types[unk_id] == TOKEN_UNKNOWN else None,
+        fuse_unk=False,
+        byte_fallback=False,
+        # llama.cpp looks a whole pre-token up in the vocabulary first only for llama-3 vocabularies.
+        ignore_merges=pre in ("llama-bpe", "llama3"),
+    )
+    hf = HFTokenizer(bpe)
+    hf.pre_tokenizer = _pre_tokenizer(pre)
+    hf.decoder = decoders.ByteLevel()
+    return hf
+
+
+def _spm_tokenizer(
+    meta: dict[str, Any], tokens: list[str], types: list[int], vocab: dict[str, int], source: str
+) -> HFTokenizer:
+    """SentencePiece BPE (llama, mistral, mixtral vocabularies) as llama.cpp runs it.
+
+    llama.cpp prefixes each text fragment with a space (tokenizer.ggml.add_space_prefix, default
+    on; also after every special token), writes spaces as U+2581, then repeatedly merges the
+    adjacent pair whose merged piece has the highest score; characters with no piece become
+    <0xXX> byte tokens. The same as a BPE whose merge ranks follow the merged piece's score,
+    with byte fallback.
+    """
+    scores_raw = meta.get("tokenizer.ggml.scores")
+    if scores_raw is None or len(scores_raw) != len(tokens):
+        raise ModelFormatError(
+            "COLIBRI_E_FORMAT", f"{source}: tokenizer.ggml.scores missing or the wrong length"
+        )
+    scores = [float(x) for x in scores_raw]
+    ranked: list[tuple[float, int, int, int, str, str]] = []
+    for i, (tok, ty) in enumerate(zip(tokens, types, strict=True)):
+        if ty not in (TOKEN_NORMAL, TOKEN_USER_DEFINED) or len(tok) < 2 or vocab.get(tok) != i:
+            continue
+        for cut in range(1, len(tok)):
+            left, right = tok[:cut], tok[cut:]
+            li, ri = vocab.get(left), vocab.get(right)
+            if li is not None and ri is not None:
+                ranked.append((-scores[i], i, li, ri, left, right))
+    ranked.sort()
+    merges = [(left, right) for *_, left, right in ranked]
+    unk_id = _as_int(meta.get("tokenizer.ggml.unknown_token_id"), 0)
+    unk = tokens[unk_id] if unk_id is not None and 0 <= unk_id < len(tokens) else None
+    bpe = BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True)
+    hf = HFTokenizer(bpe)
+    steps: list[normalizers.Normalizer] = []
+    if bool(meta.get("tokenizer.ggml.add_space_prefix", True)):
+        steps.append(normalizers.Prepend("\u2581"))
+    steps.append(normalizers.Replace(" ", "\u2581"))
+    hf.normalizer = normalizers.Sequence(steps)
+    dec: list[decoders.Decoder] = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if bool(meta.get("tokenizer.ggml.add_space_prefix", True)):
+        dec.append(decoders.Strip(" ", 1, 0))
+    hf.decoder = decoders.Sequence(dec)
+    return hf
+
+
 class Tokenizer:
     """encode/decode plus the special tokens generation needs."""
 
@@ -160,16 +235,15 @@ class Tokenizer:
         model = meta.get("tokenizer.ggml.model")
         if model is None:
             raise ModelFormatError("COLIBRI_E_FORMAT", f"{source}: the file has no tokenizer metadata")
-        if model != "gpt2":
+        if model not in ("gpt2", "llama"):
             raise UnsupportedModelError(
                 "COLIBRI_E_UNSUPPORTED",
                 f"{source}: tokenizer.ggml.model={model!r} is not supported without a tokenizer.json; "
-                "only byte-level BPE ('gpt2') is built from GGUF metadata",
+                "byte-level BPE ('gpt2') and SentencePiece BPE ('llama') are built from GGUF metadata",
             )
         tokens: list[str] = list(meta.get("tokenizer.ggml.tokens") or [])
         if not tokens:
             raise ModelFormatError("COLIBRI_E_FORMAT", f"{source}: tokenizer.ggml.tokens is empty")
-        merges_raw: list[str] = list(meta.get("tokenizer.ggml.merges") or [])
         types_raw = meta.get("tokenizer.ggml.token_type")
         types = [int(t) for t in types_raw] if types_raw is not None else [TOKEN_NORMAL] * len(tokens)
         if len(types) != len(tokens):
@@ -181,27 +255,12 @@ class Tokenizer:
         for i, tok in enumerate(tokens):
             # A duplicated token text keeps its first id, as llama.cpp's text->id map does.
             vocab.setdefault(tok, i)
-        merges: list[tuple[str, str]] = []
-        for m in merges_raw:
-            left, sep, right = m.partition(" ")
-            if not sep:
-                raise ModelFormatError("COLIBRI_E_FORMAT", f"{source}: malformed merge {m!r}")
-            merges.append((left, right))
-        pre = str(meta.get("tokenizer.ggml.pre", "default"))
-        unk_id = _as_int(meta.get("tokenizer.ggml.unknown_token_id"))
-        unk = tokens[unk_id] if unk_id is not None and 0 <= unk_id < len(tokens) else None
-        bpe = BPE(
-            vocab=vocab,
-            merges=merges,
-            unk_token=unk if unk_id is not None and types[unk_id] == TOKEN_UNKNOWN else None,
-            fuse_unk=False,
-            byte_fallback=False,
-            # llama.cpp looks a whole pre-token up in the vocabulary first only for llama-3 vocabularies.
-            ignore_merges=pre in ("llama-bpe", "llama3"),
-        )
-        hf = HFTokenizer(bpe)
-        hf.pre_tokenizer = _pre_tokenizer(pre)
-        hf.decoder = decoders.ByteLevel()
+        if model == "llama":
+            hf = _spm_tokenizer(meta, tokens, types, vocab, source)
+            default_add_bos = True
+        else:
+            hf = _byte_level_bpe_tokenizer(meta, tokens, types, vocab, source)
+            default_add_bos = False
         added: list[AddedToken] = []
         for i, (tok, ty) in enumerate(zip(tokens, types, strict=True)):
             if ty in (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN) and vocab.get(tok) == i:
@@ -212,7 +271,7 @@ class Tokenizer:
             hf.add_tokens(added)
         bos = _as_int(meta.get("tokenizer.ggml.bos_token_id"))
         eos = _as_int(meta.get("tokenizer.ggml.eos_token_id"))
-        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False)) and bos is not None
+        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", default_add_bos)) and bos is not None
         add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and eos is not None
         if add_bos or add_eos:
             single = (["$A"] if not add_bos else [tokens[bos], "$A"]) + ([tokens[eos]] if add_eos else [])

@@ -3,6 +3,8 @@
 (a) SmolLM2's GGUF: our tokenizer against llama.cpp's tokenizer on the very same file.
 (b) Byte-level BPE tokenizers trained here with `tokenizers` (three pre-tokenizer styles), written
     into GGUF metadata with gguf.GGUFWriter: our GGUF-built tokenizer against the HF tokenizer.
+(c) A SentencePiece-style vocabulary (tokens + scores + byte tokens, tokenizer.ggml.model "llama",
+    as Mixtral's GGUFs carry) trained here: our tokenizer against llama.cpp on the same file.
 Each runs over the same corpus of more than 200 varied strings.
 """
 
@@ -281,3 +283,84 @@ def test_tokenizer_json_beside_gguf_wins(tmp_path: Path) -> None:
             "Hello <|im_end|>", add_special_tokens=False
         ).ids
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# (c) SentencePiece BPE vocabulary ("llama" tokenizer model) vs llama.cpp
+
+
+def _write_spm_gguf(path: Path) -> None:
+    import gguf
+    import numpy as np
+    from tokenizers import SentencePieceBPETokenizer
+
+    sp = SentencePieceBPETokenizer(unk_token="<unk>", replacement="\u2581", add_prefix_space=True)
+    training = list(CORPUS) * 3
+    for src in sorted((Path(__file__).resolve().parent.parent / "colibri_backend").glob("*.py")):
+        training.append(src.read_text(encoding="utf-8"))
+    sp.train_from_iterator(
+        training,
+        vocab_size=1500,
+        min_frequency=1,
+        special_tokens=["<unk>", "<s>", "</s>"],
+        show_progress=False,
+    )
+    # llama's layout: <unk> <s> </s>, the 256 byte tokens, then the pieces in merge order (score -rank).
+    head = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    pieces = [t for t, _ in sorted(sp.get_vocab().items(), key=lambda kv: kv[1]) if t not in head]
+    tokens = head + pieces
+    types = [2, TOKEN_CONTROL, TOKEN_CONTROL] + [6] * 256 + [TOKEN_NORMAL] * len(pieces)
+    scores = [0.0] * len(head) + [-float(i) for i in range(len(pieces))]
+    w = gguf.GGUFWriter(str(path), "llama")
+    # Enough hyperparameters for llama.cpp to open the file for its vocabulary.
+    w.add_context_length(128)
+    w.add_embedding_length(8)
+    w.add_block_count(1)
+    w.add_feed_forward_length(16)
+    w.add_head_count(1)
+    w.add_head_count_kv(1)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(8)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_scores(scores)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(True)
+    w.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def spm_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("spm") / "spm.gguf"
+    _write_spm_gguf(path)
+    return path
+
+
+def test_spm_vocabulary_roundtrip_and_bos(spm_gguf: Path) -> None:
+    tok = Tokenizer.from_gguf_metadata(read_metadata(spm_gguf))
+    assert tok.add_bos and tok.encode("Hello")[0] == 1
+    for s in CORPUS:
+        assert tok.decode(tok.encode(s, add_special_tokens=False)) == s
+    # A character the vocabulary lacks falls back to its UTF-8 bytes.
+    ids = tok.encode("\u0b95", add_special_tokens=False)
+    assert [tok.id_to_token(i) for i in ids][-3:] == ["<0xE0>", "<0xAE>", "<0x95>"]
+
+
+def test_spm_vocabulary_matches_llama_cpp(spm_gguf: Path) -> None:
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the reference here")
+    ref = llama_cpp.Llama(model_path=str(spm_gguf), vocab_only=True, verbose=False)
+    ours = Tokenizer.from_gguf_metadata(read_metadata(spm_gguf))
+    mismatches = []
+    for s in CORPUS:
+        expected = ref.tokenize(s.encode("utf-8"), add_bos=False, special=True)
+        got = ours.encode(s, add_special_tokens=False)
+        if got != expected:
+            mismatches.append((s, expected, got))
+    assert not mismatches, f"{len(mismatches)} of {len(CORPUS)} differ; first: {mismatches[0]!r}"

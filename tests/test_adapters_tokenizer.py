@@ -129,11 +129,13 @@ def test_incremental_decoder_flushes_invalid_bytes(tok: Tokenizer) -> None:
 
 def test_unsupported_tokenizer_model(meta: dict) -> None:
     with pytest.raises(UnsupportedModelError, match="not supported"):
-        Tokenizer.from_gguf_metadata({**meta, "tokenizer.ggml.model": "llama"})
+        Tokenizer.from_gguf_metadata({**meta, "tokenizer.ggml.model": "rwkv"})
     with pytest.raises(UnsupportedModelError, match="unknown tokenizer.ggml.pre"):
         Tokenizer.from_gguf_metadata({**meta, "tokenizer.ggml.pre": "martian"})
     with pytest.raises(ModelFormatError):
         Tokenizer.from_gguf_metadata({"general.architecture": "llama"})
+    with pytest.raises(ModelFormatError, match="scores"):  # a SentencePiece vocabulary needs its scores
+        Tokenizer.from_gguf_metadata({**meta, "tokenizer.ggml.model": "llama"})
 
 
 def test_stop_helpers() -> None:

@@ -24,6 +24,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -760,20 +761,23 @@ def create_app(state: ServerState) -> FastAPI:
                 count = 0
                 last_secs: dict[int, float] = {}
                 try:
-                    async for _, idx, ev, secs in events(p, request):
-                        if idx not in started:
-                            started.add(idx)
-                            yield chunk([{"index": idx, "delta": {"role": "assistant", "content": ""},
-                                          "logprobs": None, "finish_reason": None}])
-                        count += 1
-                        last_secs[idx] = secs
-                        lp = {"content": [chat_logprob_entry(model, ev)]} if p.logprobs is not None else None
-                        if ev.text or lp is not None:
-                            yield chunk([{"index": idx, "delta": {"content": ev.text}, "logprobs": lp,
-                                          "finish_reason": None}])
-                        if ev.finish_reason:
-                            yield chunk([{"index": idx, "delta": {}, "logprobs": None,
-                                          "finish_reason": ev.finish_reason}])
+                    async with aclosing(events(p, request)) as stream:
+                        async for _, idx, ev, secs in stream:
+                            if idx not in started:
+                                started.add(idx)
+                                yield chunk([{"index": idx, "delta": {"role": "assistant", "content": ""},
+                                              "logprobs": None, "finish_reason": None}])
+                            count += 1
+                            last_secs[idx] = secs
+                            lp = None
+                            if p.logprobs is not None:
+                                lp = {"content": [chat_logprob_entry(model, ev)]}
+                            if ev.text or lp is not None:
+                                yield chunk([{"index": idx, "delta": {"content": ev.text}, "logprobs": lp,
+                                              "finish_reason": None}])
+                            if ev.finish_reason:
+                                yield chunk([{"index": idx, "delta": {}, "logprobs": None,
+                                              "finish_reason": ev.finish_reason}])
                 except APIError as err:
                     yield _sse(err.body())
                     yield b"data: [DONE]\n\n"
@@ -791,14 +795,15 @@ def create_app(state: ServerState) -> FastAPI:
         count = 0
         last_secs: dict[int, float] = {}
         try:
-            async for _, idx, ev, secs in events(p, request):
-                texts[idx].append(ev.text)
-                count += 1
-                last_secs[idx] = secs
-                if p.logprobs is not None:
-                    lps[idx].append(chat_logprob_entry(model, ev))
-                if ev.finish_reason:
-                    finish[idx] = ev.finish_reason
+            async with aclosing(events(p, request)) as stream:
+                async for _, idx, ev, secs in stream:
+                    texts[idx].append(ev.text)
+                    count += 1
+                    last_secs[idx] = secs
+                    if p.logprobs is not None:
+                        lps[idx].append(chat_logprob_entry(model, ev))
+                    if ev.finish_reason:
+                        finish[idx] = ev.finish_reason
         finally:
             p.ticket.release()
         usage = account(p, count, sum(last_secs.values()))
@@ -886,19 +891,20 @@ def create_app(state: ServerState) -> FastAPI:
                 last_secs: dict[int, float] = {}
                 offsets: dict[int, int] = {}
                 try:
-                    async for _, idx, ev, secs in events(p, request):
-                        count += 1
-                        last_secs[idx] = secs
-                        lp = None
-                        if p.logprobs is not None:
-                            acc = LogprobAcc()
-                            acc.offset = offsets.get(idx, 0)
-                            acc.add(ev)
-                            lp = acc.as_dict()
-                        offsets[idx] = offsets.get(idx, 0) + len(ev.text)
-                        if ev.text or lp is not None or ev.finish_reason:
-                            yield chunk([{"index": idx, "text": ev.text, "logprobs": lp,
-                                          "finish_reason": ev.finish_reason}])
+                    async with aclosing(events(p, request)) as stream:
+                        async for _, idx, ev, secs in stream:
+                            count += 1
+                            last_secs[idx] = secs
+                            lp = None
+                            if p.logprobs is not None:
+                                acc = LogprobAcc()
+                                acc.offset = offsets.get(idx, 0)
+                                acc.add(ev)
+                                lp = acc.as_dict()
+                            offsets[idx] = offsets.get(idx, 0) + len(ev.text)
+                            if ev.text or lp is not None or ev.finish_reason:
+                                yield chunk([{"index": idx, "text": ev.text, "logprobs": lp,
+                                              "finish_reason": ev.finish_reason}])
                 except APIError as err:
                     yield _sse(err.body())
                     yield b"data: [DONE]\n\n"
@@ -916,14 +922,15 @@ def create_app(state: ServerState) -> FastAPI:
         count = 0
         last_secs: dict[int, float] = {}
         try:
-            async for _, idx, ev, secs in events(p, request):
-                texts[idx].append(ev.text)
-                count += 1
-                last_secs[idx] = secs
-                if p.logprobs is not None:
-                    accs[idx].add(ev)
-                if ev.finish_reason:
-                    finish[idx] = ev.finish_reason
+            async with aclosing(events(p, request)) as stream:
+                async for _, idx, ev, secs in stream:
+                    texts[idx].append(ev.text)
+                    count += 1
+                    last_secs[idx] = secs
+                    if p.logprobs is not None:
+                        accs[idx].add(ev)
+                    if ev.finish_reason:
+                        finish[idx] = ev.finish_reason
         finally:
             p.ticket.release()
         usage = account(p, count, sum(last_secs.values()))

@@ -59,6 +59,7 @@ class TransformersModel(StepModel):
         self.model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs, **opts).eval()
         self.name = cfg.alias
         self.path = Path(path)
+        self.n_vocab = int(self.model.config.vocab_size)
         trained = getattr(self.model.config, "max_position_embeddings", None) or DEFAULT_CONTEXT
         self.context_length = int(cfg.context_length or min(int(trained), DEFAULT_CONTEXT))
         self.chat_template = cfg.chat_template or getattr(self.tokenizer, "chat_template", None) or None

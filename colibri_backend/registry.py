@@ -9,6 +9,7 @@ import or to register is recorded with its error instead of breaking the others,
 from __future__ import annotations
 
 import threading
+import warnings
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
@@ -138,7 +139,12 @@ class Registry:
 
     def load_model(self, model: ModelConfig) -> LoadedModel:
         """Load a configured model alias with its backend."""
-        return self.require(model.backend).load(model)
+        loaded = self.require(model.backend).load(model)
+        caps = getattr(loaded, "capabilities", None)
+        if model.memory_budget is not None and not getattr(caps, "memory_budget", False):
+            warnings.warn(f"model {model.alias!r}: backend {model.backend!r} does not support memory_budget; "
+                          "the whole model is loaded", RuntimeWarning, stacklevel=2)
+        return loaded
 
 
 _lock = threading.Lock()

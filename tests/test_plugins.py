@@ -407,3 +407,9 @@ def test_transformers_backend_matches_transformers(tiny_hf_checkpoint) -> None:
         assert m.stats()["generated_tokens"] > 0
     finally:
         m.close()
+
+
+def test_memory_budget_warns_when_the_backend_cannot_honour_it() -> None:
+    reg = registry_with(ThirdPartyPlugin())
+    with pytest.warns(RuntimeWarning, match="does not support memory_budget"):
+        reg.load_model(ModelConfig(alias="s", path="unused", backend="scripted", memory_budget=1 << 30))

@@ -234,7 +234,7 @@ static colibri_status read_str_array(const gguf_kv *kv, const char *key, int32_t
 static pre_kind pre_from_name(const char *s) {
     static const char *digits[] = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"};
     static const char *llama3[] = {"llama-bpe", "llama3", "dbrx", "smaug-bpe", "falcon3", "pixtral"};
-    static const char *qwen2[] = {"qwen2", "deepseek-r1-qwen", "megrez", "hunyuan"};
+    static const char *qwen2[] = {"qwen2", "stablelm2", "deepseek-r1-qwen", "megrez", "hunyuan"};
     for (size_t i = 0; i < sizeof digits / sizeof *digits; i++) if (!strcmp(s, digits[i])) return PRE_GPT2_DIGITS;
     for (size_t i = 0; i < sizeof llama3 / sizeof *llama3; i++) if (!strcmp(s, llama3[i])) return PRE_LLAMA3;
     for (size_t i = 0; i < sizeof qwen2 / sizeof *qwen2; i++) if (!strcmp(s, qwen2[i])) return PRE_QWEN2;

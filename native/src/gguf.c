@@ -18,7 +18,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -246,9 +245,36 @@ static int valid_utf8(const uint8_t *b, uint64_t n) {
 
 static int str_eq(gguf_str s, const char *z, size_t zlen) { return s.len == zlen && memcmp(s.ptr, z, zlen) == 0; }
 
-/* qsort comparators over pointer arrays (qsort has no context argument). */
+/* In-place heapsort of a pointer array. Not qsort: glibc's qsort may allocate a merge buffer
+ * with malloc, and every engine allocation goes through alloc.h. */
+static void sort_ptrs(const void **a, uint64_t n, int (*cmp)(const void *, const void *)) {
+    if (n < 2) return;
+    for (uint64_t start = n / 2; start-- > 0;) {
+        for (uint64_t i = start;;) {   /* sift down */
+            uint64_t l = 2 * i + 1, m = i;
+            if (l < n && cmp(&a[l], &a[m]) > 0) m = l;
+            if (l + 1 < n && cmp(&a[l + 1], &a[m]) > 0) m = l + 1;
+            if (m == i) break;
+            const void *t = a[i]; a[i] = a[m]; a[m] = t;
+            i = m;
+        }
+    }
+    for (uint64_t end = n - 1; end > 0; end--) {
+        const void *t = a[0]; a[0] = a[end]; a[end] = t;
+        for (uint64_t i = 0;;) {
+            uint64_t l = 2 * i + 1, m = i;
+            if (l < end && cmp(&a[l], &a[m]) > 0) m = l;
+            if (l + 1 < end && cmp(&a[l + 1], &a[m]) > 0) m = l + 1;
+            if (m == i) break;
+            const void *u = a[i]; a[i] = a[m]; a[m] = u;
+            i = m;
+        }
+    }
+}
+
+/* Comparators over pointer arrays: each argument points at an element pointer. */
 static int cmp_kv_key(const void *a, const void *b) {
-    const gguf_kv *x = *(const gguf_kv *const *)a, *y = *(const gguf_kv *const *)b;
+    const gguf_kv *x = *(const void *const *)a, *y = *(const void *const *)b;
     uint64_t n = x->key.len < y->key.len ? x->key.len : y->key.len;
     int r = memcmp(x->key.ptr, y->key.ptr, (size_t)n);
     if (r) return r;
@@ -256,12 +282,12 @@ static int cmp_kv_key(const void *a, const void *b) {
 }
 
 static int cmp_tensor_name(const void *a, const void *b) {
-    const gguf_tensor *x = *(const gguf_tensor *const *)a, *y = *(const gguf_tensor *const *)b;
+    const gguf_tensor *x = *(const void *const *)a, *y = *(const void *const *)b;
     return strcmp(x->name, y->name);
 }
 
 static int cmp_tensor_offset(const void *a, const void *b) {
-    const gguf_tensor *x = *(const gguf_tensor *const *)a, *y = *(const gguf_tensor *const *)b;
+    const gguf_tensor *x = *(const void *const *)a, *y = *(const void *const *)b;
     return (x->offset > y->offset) - (x->offset < y->offset);
 }
 
@@ -298,14 +324,15 @@ static colibri_status parse_kvs(cursor *c, gguf_file *f) {
 
     /* duplicate keys make lookups ambiguous */
     if (f->n_kv > 1) {
-        const gguf_kv **idx = cb_malloc((size_t)f->n_kv * sizeof *idx);
+        const void **idx = cb_malloc((size_t)f->n_kv * sizeof *idx);
         if (!idx) return cb_error(COLIBRI_E_NOMEM, "out of memory checking metadata keys");
         for (uint64_t i = 0; i < f->n_kv; i++) idx[i] = &f->kv[i];
-        qsort(idx, (size_t)f->n_kv, sizeof *idx, cmp_kv_key);
+        sort_ptrs(idx, f->n_kv, cmp_kv_key);
         for (uint64_t i = 1; i < f->n_kv; i++) {
             if (cmp_kv_key(&idx[i - 1], &idx[i]) == 0) {
                 colibri_status st = cb_error(COLIBRI_E_FORMAT, "metadata key '%.*s' appears more than once",
-                                             klen(idx[i]->key), idx[i]->key.ptr);
+                                             klen(((const gguf_kv *)idx[i])->key),
+                                             ((const gguf_kv *)idx[i])->key.ptr);
                 cb_free(idx);
                 return st;
             }
@@ -436,16 +463,17 @@ static colibri_status check_tensor_data(gguf_file *f) {
     }
     if (f->n_tensors < 2) return COLIBRI_OK;
 
-    const gguf_tensor **idx = cb_malloc((size_t)f->n_tensors * sizeof *idx);
+    const void **idx = cb_malloc((size_t)f->n_tensors * sizeof *idx);
     if (!idx) return cb_error(COLIBRI_E_NOMEM, "out of memory checking the tensor table");
     colibri_status st = COLIBRI_OK;
     for (uint64_t i = 0; i < f->n_tensors; i++) idx[i] = &f->tensors[i];
-    qsort(idx, (size_t)f->n_tensors, sizeof *idx, cmp_tensor_name);
+    sort_ptrs(idx, f->n_tensors, cmp_tensor_name);
     for (uint64_t i = 1; i < f->n_tensors && st == COLIBRI_OK; i++)
-        if (strcmp(idx[i - 1]->name, idx[i]->name) == 0)
-            st = cb_error(COLIBRI_E_FORMAT, "tensor name '%s' appears more than once", idx[i]->name);
+        if (cmp_tensor_name(&idx[i - 1], &idx[i]) == 0)
+            st = cb_error(COLIBRI_E_FORMAT, "tensor name '%s' appears more than once",
+                          ((const gguf_tensor *)idx[i])->name);
     if (st == COLIBRI_OK) {
-        qsort(idx, (size_t)f->n_tensors, sizeof *idx, cmp_tensor_offset);
+        sort_ptrs(idx, f->n_tensors, cmp_tensor_offset);
         for (uint64_t i = 1; i < f->n_tensors && st == COLIBRI_OK; i++) {
             const gguf_tensor *a = idx[i - 1], *b = idx[i];
             if (a->offset + a->nbytes > b->offset)   /* no overflow: both ranges lie inside the file */

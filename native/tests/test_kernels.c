@@ -3,11 +3,13 @@
  *
  * Two kinds of data:
  *   exact:  scales are powers of two and quants small, so every product and partial sum
- *           is exact in float: every backend must return exactly the reference, bit for bit
- *           (this pins down the integer dot products and the scale handling);
+ *           is exact in float: every backend must return exactly the reference (and so the
+ *           scalar kernels' result), bit for bit: this pins down the integer dot products
+ *           and the scale handling;
  *   random: full-range quants and scales, where float rounding depends on summation order:
- *           each backend must be within a tight bound of the reference, and its result for
- *           a (row, token) must not depend on n_tok or on the row range it was computed in.
+ *           each backend must be within a tight bound of the reference and within twice
+ *           that of the scalar kernels, and its result for a (row, token) must not depend
+ *           on n_tok or on the row range it was computed in.
  * Plus quantize_row_q8a against its definition and the attention helpers. */
 #include <math.h>
 #include <stdint.h>
@@ -325,6 +327,15 @@ static void test_matmul_case(const char *backend, uint32_t type, int rows, int c
     const double eps = 1.0 / (1 << 23);
     const double rel_bound = (nb + 8) * eps;
 
+    /* the scalar kernels' answer for all tokens and rows, to compare the SIMD sets with */
+    float *Ys = NULL;
+    if (strcmp(backend, "scalar") != 0) {
+        Ys = malloc(sizeof(float) * max_tok * ldy);
+        kernels_select("scalar");
+        run_matmul(&m, &a, max_tok, 0, rows, Ys, ldy);
+        kernels_select(backend);
+    }
+
     const int ranges[][2] = {{0, rows}, {3, rows - 4}, {rows - 1, rows}, {5, 5}};
     for (size_t ri = 0; ri < sizeof ranges / sizeof ranges[0]; ri++) {
         const int r0 = ranges[ri][0], r1 = ranges[ri][1];
@@ -346,6 +357,11 @@ static void test_matmul_case(const char *backend, uint32_t type, int rows, int c
                             if (!bad_val++)
                                 fprintf(stderr, "  exact mismatch row %d tok %d: got %.9g want %.17g\n", r, t, y, want);
                         }
+                        if (Ys && Ys[t * ldy + r] != y) { /* exact data: every backend bit-identical */
+                            if (!bad_val++)
+                                fprintf(stderr, "  exact data, row %d tok %d: got %.9g, scalar kernels %.9g\n", r, t,
+                                        y, Ys[t * ldy + r]);
+                        }
                     } else {
                         double bound = rel_bound * mag[t * rows + r] + 1e-30;
                         double err = fabs((double)y - want);
@@ -354,6 +370,13 @@ static void test_matmul_case(const char *backend, uint32_t type, int rows, int c
                             if (!bad_val++)
                                 fprintf(stderr, "  row %d tok %d: got %.9g want %.9g (bound %.3g)\n", r, t, y, want,
                                         bound);
+                        }
+                        /* and against the scalar kernels: both sit within the bound of the
+                         * reference, so within twice the bound of each other */
+                        if (Ys && !(fabs((double)y - Ys[t * ldy + r]) <= 2 * bound)) {
+                            if (!bad_val++)
+                                fprintf(stderr, "  row %d tok %d: got %.9g, scalar kernels %.9g\n", r, t, y,
+                                        Ys[t * ldy + r]);
                         }
                     }
                 }
@@ -388,6 +411,7 @@ static void test_matmul_case(const char *backend, uint32_t type, int rows, int c
             }
         }
     }
+    free(Ys);
     free(Y1);
     free(Y);
     free(mag);

@@ -467,12 +467,10 @@ def make_mutations(base: bytes, lay: Layout, seed: int = 20261129) -> list[Mutat
             rewrite(gt, v, True, "unknown ggml type")
         rewrite(gt, 12, True, "Q4_K: row not a multiple of 256")
         # known ggml types without kernels: a valid GGUF, which the model loader must refuse as unsupported
-        nb_q5 = (
-            t.ne[0]
-            // 32
-            * 22
-            * (t.nbytes // (GGML_SIZES[t.ggml_type][1] * t.ne[0] // GGML_SIZES[t.ggml_type][0]))
-        )
+        rows = 1
+        for d in t.ne[1:]:
+            rows *= d
+        nb_q5 = t.ne[0] // 32 * 22 * rows  # Q5_0 is the largest of the three: the data still fits
         if t.ggml_type in (0, 1, 30) and t.ne[0] % 32 == 0 and nb_q5 <= t.nbytes:
             for v, label in ((6, "Q5_0"), (20, "IQ4_NL"), (39, "MXFP4")):
                 rewrite(gt, v, True, f"{label}: known type without kernels")

@@ -405,6 +405,14 @@ class Model:
                 for t in prompt:  # penalties see the prompt too, as in HF and llama.cpp
                     lib.check(lib.colibri_sampler_accept(sampler, int(t)), "sampler accept")
                 decoder = tok.incremental_decoder(skip_special_tokens=True)
+                # Special tokens never appear in the text, so a stop string that is one (say
+                # "<|user|>") stops on the token itself.
+                stop_ids = set(tok.stop_token_ids)
+                for s in stops:
+                    if s in tok.special_tokens:
+                        sid = tok.token_to_id(s)
+                        if sid is not None:
+                            stop_ids.add(sid)
                 pending = ""
                 out_tok = c_int32(0)
                 step_buf = np.empty(1, dtype=np.int32)
@@ -420,7 +428,7 @@ class Model:
                         lp, top = _log_softmax_at(self._logits, token, logprobs, tok)
                     lib.check(lib.colibri_sampler_accept(sampler, token), "sampler accept")
                     self._last["generated_tokens"] = float(step + 1)
-                    if token in tok.stop_token_ids:
+                    if token in stop_ids:
                         yield GenerationEvent(token, pending + decoder.flush(), lp, top, "stop")
                         return
                     pending += decoder.add(token)

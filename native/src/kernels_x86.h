@@ -44,6 +44,17 @@
 #define KX_PREFILL_TOKS 4
 #endif
 
+/* Prefill walks the tokens in chunks whose activations take about this many bytes, each
+ * chunk against all the rows, so they stay in L2 while the weights stream through (the
+ * weights are then read once per chunk, which is cheap next to the compute). */
+#define KX_CHUNK_BYTES (256 * 1024)
+
+KX_INLINE int kx_token_chunk(size_t bytes_per_token) {
+    size_t n = KX_CHUNK_BYTES / (bytes_per_token ? bytes_per_token : 1);
+    n -= n % KX_PREFILL_TOKS;
+    return n < KX_PREFILL_TOKS ? KX_PREFILL_TOKS : n > 4096 ? 4096 : (int)n;
+}
+
 /* ---- small helpers --------------------------------------------------------- */
 
 /* Sum of the 8 lanes, always in the same order. */
@@ -148,17 +159,21 @@ KX_INLINE void kx_tile_q(uint32_t type, const char *W, size_t row_bytes, int nb,
             for (; r < r1; r++) KX_Q_TILE(TYPE, 1, 1);                                                      \
             return;                                                                                         \
         }                                                                                                   \
-        int r = r0;                                                                                         \
-        for (; r + KX_PREFILL_ROWS <= r1; r += KX_PREFILL_ROWS) {                                           \
-            int t = 0;                                                                                      \
-            for (; t + KX_PREFILL_TOKS <= n_tok; t += KX_PREFILL_TOKS)                                      \
-                KX_Q_TILE(TYPE, KX_PREFILL_ROWS, KX_PREFILL_TOKS);                                          \
-            for (; t < n_tok; t++) KX_Q_TILE(TYPE, KX_PREFILL_ROWS, 1);                                     \
-        }                                                                                                   \
-        for (; r < r1; r++) {                                                                               \
-            int t = 0;                                                                                      \
-            for (; t + KX_PREFILL_TOKS <= n_tok; t += KX_PREFILL_TOKS) KX_Q_TILE(TYPE, 1, KX_PREFILL_TOKS); \
-            for (; t < n_tok; t++) KX_Q_TILE(TYPE, 1, 1);                                                   \
+        const int chunk = kx_token_chunk((size_t)nb * sizeof(block_q8a));                                  \
+        for (int tc = 0; tc < n_tok; tc += chunk) {                                                         \
+            const int tend = n_tok - tc < chunk ? n_tok : tc + chunk;                                       \
+            int r = r0;                                                                                     \
+            for (; r + KX_PREFILL_ROWS <= r1; r += KX_PREFILL_ROWS) {                                       \
+                int t = tc;                                                                                 \
+                for (; t + KX_PREFILL_TOKS <= tend; t += KX_PREFILL_TOKS)                                   \
+                    KX_Q_TILE(TYPE, KX_PREFILL_ROWS, KX_PREFILL_TOKS);                                      \
+                for (; t < tend; t++) KX_Q_TILE(TYPE, KX_PREFILL_ROWS, 1);                                  \
+            }                                                                                               \
+            for (; r < r1; r++) {                                                                           \
+                int t = tc;                                                                                 \
+                for (; t + KX_PREFILL_TOKS <= tend; t += KX_PREFILL_TOKS) KX_Q_TILE(TYPE, 1, KX_PREFILL_TOKS); \
+                for (; t < tend; t++) KX_Q_TILE(TYPE, 1, 1);                                                \
+            }                                                                                               \
         }                                                                                                   \
     }
 
@@ -360,17 +375,21 @@ KX_INLINE void kx_tile_f(uint32_t type, const char *W, size_t row_bytes, int n_c
             for (; r < r1; r++) KX_F_TILE(TYPE, 1, 1);                                                      \
             return;                                                                                         \
         }                                                                                                   \
-        int r = r0;                                                                                         \
-        for (; r + KX_PREFILL_ROWS <= r1; r += KX_PREFILL_ROWS) {                                           \
-            int t = 0;                                                                                      \
-            for (; t + KX_PREFILL_TOKS <= n_tok; t += KX_PREFILL_TOKS)                                      \
-                KX_F_TILE(TYPE, KX_PREFILL_ROWS, KX_PREFILL_TOKS);                                          \
-            for (; t < n_tok; t++) KX_F_TILE(TYPE, KX_PREFILL_ROWS, 1);                                     \
-        }                                                                                                   \
-        for (; r < r1; r++) {                                                                               \
-            int t = 0;                                                                                      \
-            for (; t + KX_PREFILL_TOKS <= n_tok; t += KX_PREFILL_TOKS) KX_F_TILE(TYPE, 1, KX_PREFILL_TOKS); \
-            for (; t < n_tok; t++) KX_F_TILE(TYPE, 1, 1);                                                   \
+        const int chunk = kx_token_chunk((size_t)n_cols * sizeof(float));                                  \
+        for (int tc = 0; tc < n_tok; tc += chunk) {                                                         \
+            const int tend = n_tok - tc < chunk ? n_tok : tc + chunk;                                       \
+            int r = r0;                                                                                     \
+            for (; r + KX_PREFILL_ROWS <= r1; r += KX_PREFILL_ROWS) {                                       \
+                int t = tc;                                                                                 \
+                for (; t + KX_PREFILL_TOKS <= tend; t += KX_PREFILL_TOKS)                                   \
+                    KX_F_TILE(TYPE, KX_PREFILL_ROWS, KX_PREFILL_TOKS);                                      \
+                for (; t < tend; t++) KX_F_TILE(TYPE, KX_PREFILL_ROWS, 1);                                  \
+            }                                                                                               \
+            for (; r < r1; r++) {                                                                           \
+                int t = tc;                                                                                 \
+                for (; t + KX_PREFILL_TOKS <= tend; t += KX_PREFILL_TOKS) KX_F_TILE(TYPE, 1, KX_PREFILL_TOKS); \
+                for (; t < tend; t++) KX_F_TILE(TYPE, 1, 1);                                                \
+            }                                                                                               \
         }                                                                                                   \
     }
 

@@ -155,7 +155,10 @@ static matrix make_matrix(uint32_t type, int rows, int cols, int exact) {
             if (type == GGML_TYPE_Q8_0) {
                 block_q8_0 *blk = (block_q8_0 *)row + b;
                 blk->d = rnd_scale(exact);
-                for (int i = 0; i < 32; i++) blk->qs[i] = (int8_t)rnd_int(-128, 127);
+                /* exact data must keep every partial sum below 2^24 units: full-range quants
+                 * up to 49 blocks, narrower ones on the widest rows */
+                const int lo = exact && cols > 2048 ? -32 : -128;
+                for (int i = 0; i < 32; i++) blk->qs[i] = (int8_t)rnd_int(lo, -lo - 1);
                 continue;
             }
             unsigned char *qs;
@@ -424,9 +427,10 @@ static void test_matmul_case(const char *backend, uint32_t type, int rows, int c
 static void test_matmul(const char *backend) {
     static const uint32_t types[] = {GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16,
                                      GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1};
-        /* 1, 3, 9, 17, 18, 32 and 49 blocks: odd pairs, partial and several 16-block chunks */
-    static const int qcols[] = {32, 96, 288, 544, 576, 1024, 1568};
-    static const int fcols[] = {1, 7, 32, 67, 96, 200, 1024};
+        /* 1, 3, 9, 17, 18, 32, 49 and 256 blocks: odd pairs, partial and several 16-block
+     * chunks; the widest rows also make prefill split 64 tokens into L2-sized chunks */
+    static const int qcols[] = {32, 96, 288, 544, 576, 1024, 1568, 8192};
+    static const int fcols[] = {1, 7, 32, 67, 96, 200, 1024, 8192};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         uint32_t type = types[ti];
         const int *cols = kernel_wants_q8a(type) ? qcols : fcols;

@@ -1,5 +1,6 @@
-/* tokenizer.c — byte-level BPE (GPT-2 style) from GGUF metadata, for colibri-run.
+/* tokenizer.c — the two BPE flavours of GGUF vocabularies, for colibri-run.
  *
+ * tokenizer.ggml.model "gpt2": byte-level BPE with ranked merges (SmolLM2, Qwen, OLMoE, ...).
  * Encoding, as Hugging Face's tokenizers does it for these vocabularies:
  *   1. special tokens: control / user-defined token strings found literally in the text are cut
  *      out first and become their ids (longest match wins);
@@ -24,10 +25,18 @@
  * and most other scripts therefore splits exactly as the reference does; rare symbols and marks
  * outside those ranges may split differently (the token ids still decode to the same text).
  *
+ * tokenizer.ggml.model "llama": SentencePiece BPE with scores (Mixtral, Llama 2), as llama.cpp
+ * encodes it: special tokens cut out first; each text fragment gets a leading space when it starts
+ * the text or follows a special token (tokenizer.ggml.add_space_prefix, default on), spaces become
+ * U+2581; the fragment is split into UTF-8 characters, and the adjacent pair whose concatenation is
+ * the token with the highest score is merged (leftmost on ties) until no concatenation is a token;
+ * characters that are not tokens become their bytes' <0xXX> tokens. BOS is added by default.
+ *
  * Memory: tables are built once in tokenizer_load (strings stay in the GGUF map); encode uses
  * scratch buffers sized by the text, allocated and freed per call (it is not on the decode path). */
 #include "tokenizer.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "alloc.h"
@@ -56,6 +65,11 @@ struct cb_tokenizer {
     int32_t bos, eos;
     int add_bos;
     pre_kind pre;
+    int spm;                /* 1: SentencePiece ("llama"), 0: byte-level BPE ("gpt2") */
+    int add_space_prefix;   /* SentencePiece: prepend a space to each text fragment */
+    const uint8_t *scores;  /* SentencePiece: [n_vocab] little-endian float32 scores, in the map */
+    int32_t byte_tok[256];  /* SentencePiece: id of <0xXX> per byte, -1 if absent */
+    int32_t unk;            /* tokenizer.ggml.unknown_token_id, -1 if none */
     uint16_t byte_cp[256];  /* GPT-2 byte alphabet: byte -> code point */
     int16_t cp_byte[324];   /* and back (-1: not in the alphabet) */
 };
@@ -262,8 +276,10 @@ colibri_status tokenizer_load(const gguf_file *f, cb_tokenizer **out) {
     char model[32] = "", pre[64] = "default";
     if (gguf_get_str(f, "tokenizer.ggml.model", model, sizeof model) != 1)
         return cb_error(COLIBRI_E_FORMAT, "tokenizer: tokenizer.ggml.model is missing");
-    if (strcmp(model, "gpt2") != 0)
-        return cb_error(COLIBRI_E_UNSUPPORTED, "tokenizer: model '%s' is not supported (only gpt2 byte-level BPE)",
+    const int spm = strcmp(model, "llama") == 0;
+    if (strcmp(model, "gpt2") != 0 && !spm)
+        return cb_error(COLIBRI_E_UNSUPPORTED,
+                        "tokenizer: model '%s' is not supported (gpt2 byte-level BPE and llama SentencePiece are)",
                         model);
     gguf_get_str(f, "tokenizer.ggml.pre", pre, sizeof pre);
 
@@ -273,8 +289,14 @@ colibri_status tokenizer_load(const gguf_file *f, cb_tokenizer **out) {
     if (!ktok || ktok->type != GGUF_VT_ARRAY || ktok->arr_type != GGUF_VT_STRING || ktok->arr_len == 0 ||
         ktok->arr_len > INT32_MAX)
         return cb_error(COLIBRI_E_FORMAT, "tokenizer: tokenizer.ggml.tokens must be a non-empty array of strings");
-    if (!kmerge || kmerge->type != GGUF_VT_ARRAY || kmerge->arr_type != GGUF_VT_STRING || kmerge->arr_len > INT32_MAX)
+    const gguf_kv *kscore = gguf_find(f, "tokenizer.ggml.scores");
+    if (spm && (!kscore || kscore->type != GGUF_VT_ARRAY || kscore->arr_type != GGUF_VT_FLOAT32 ||
+                kscore->arr_len != ktok->arr_len))
+        return cb_error(COLIBRI_E_FORMAT, "tokenizer: a SentencePiece vocabulary needs tokenizer.ggml.scores, "
+                        "%llu float32 values", (unsigned long long)ktok->arr_len);
+    if (kmerge && (kmerge->type != GGUF_VT_ARRAY || kmerge->arr_type != GGUF_VT_STRING || kmerge->arr_len > INT32_MAX))
         return cb_error(COLIBRI_E_FORMAT, "tokenizer: tokenizer.ggml.merges must be an array of strings");
+    if (!spm && !kmerge) return cb_error(COLIBRI_E_FORMAT, "tokenizer: tokenizer.ggml.merges is missing");
     if (ktype && (ktype->type != GGUF_VT_ARRAY || ktype->arr_type != GGUF_VT_INT32 || ktype->arr_len != ktok->arr_len))
         return cb_error(COLIBRI_E_FORMAT, "tokenizer: tokenizer.ggml.token_type must be %llu int32 values",
                         (unsigned long long)ktok->arr_len);
@@ -283,8 +305,10 @@ colibri_status tokenizer_load(const gguf_file *f, cb_tokenizer **out) {
     if (!t) return cb_error(COLIBRI_E_NOMEM, "tokenizer: out of memory");
     t->f = f;
     t->n_vocab = (int32_t)ktok->arr_len;
-    t->n_merges = (int32_t)kmerge->arr_len;
+    t->n_merges = spm ? 0 : (int32_t)kmerge->arr_len;   /* SentencePiece merges by score, not by list */
     t->pre = pre_from_name(pre);
+    t->spm = spm;
+    t->scores = spm ? kscore->arr_data : NULL;
     colibri_status st = COLIBRI_E_NOMEM;
     t->tok = cb_malloc((size_t)t->n_vocab * sizeof *t->tok);
     t->tok_len = cb_malloc((size_t)t->n_vocab * sizeof *t->tok_len);
@@ -297,7 +321,9 @@ colibri_status tokenizer_load(const gguf_file *f, cb_tokenizer **out) {
         goto fail;
     }
     if ((st = read_str_array(ktok, "tokenizer.ggml.tokens", t->n_vocab, t->tok, t->tok_len))) goto fail;
-    if ((st = read_str_array(kmerge, "tokenizer.ggml.merges", t->n_merges, t->merge, t->merge_len))) goto fail;
+    if (t->n_merges > 0 &&
+        (st = read_str_array(kmerge, "tokenizer.ggml.merges", t->n_merges, t->merge, t->merge_len)))
+        goto fail;
     for (int32_t i = 0; i < t->n_vocab; i++) {
         int32_t ty = TOKEN_TYPE_NORMAL;
         if (ktype) {
@@ -305,7 +331,9 @@ colibri_status tokenizer_load(const gguf_file *f, cb_tokenizer **out) {
             ty = (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
         }
         t->tok_type[i] = ty;
-        if ((ty == TOKEN_TYPE_CONTROL || ty == TOKEN_TYPE_USER_DEFINED) && t->tok_len[i] > 0)
+        /* like llama.cpp, literal control, user-defined and unknown-token texts are parsed as specials */
+        if ((ty == TOKEN_TYPE_CONTROL || ty == TOKEN_TYPE_USER_DEFINED || ty == TOKEN_TYPE_UNKNOWN) &&
+            t->tok_len[i] > 0)
             t->special[t->n_special++] = i;
     }
     sort_specials(t);
@@ -319,8 +347,16 @@ colibri_status tokenizer_load(const gguf_file *f, cb_tokenizer **out) {
     int32_t v;
     if (gguf_get_i32(f, "tokenizer.ggml.bos_token_id", &v) == 1 && v >= 0 && v < t->n_vocab) t->bos = v;
     if (gguf_get_i32(f, "tokenizer.ggml.eos_token_id", &v) == 1 && v >= 0 && v < t->n_vocab) t->eos = v;
+    t->unk = -1;
+    if (gguf_get_i32(f, "tokenizer.ggml.unknown_token_id", &v) == 1 && v >= 0 && v < t->n_vocab) t->unk = v;
     int b;
-    t->add_bos = gguf_get_bool(f, "tokenizer.ggml.add_bos_token", &b) == 1 ? b : 0;
+    t->add_bos = gguf_get_bool(f, "tokenizer.ggml.add_bos_token", &b) == 1 ? b : spm;   /* SentencePiece: on */
+    t->add_space_prefix = gguf_get_bool(f, "tokenizer.ggml.add_space_prefix", &b) == 1 ? b : 1;
+    for (int x = 0; x < 256; x++) {
+        char name[8];
+        snprintf(name, sizeof name, "<0x%02X>", x);
+        t->byte_tok[x] = strtab_get(&t->vocab, t->tok, t->tok_len, name, 6);
+    }
     cb_clear_error();   /* optional keys of the wrong type are ignored, not errors */
     *out = t;
     return COLIBRI_OK;
@@ -568,18 +604,157 @@ static void encode_text(enc *e, const unsigned char *s, size_t n) {
     }
 }
 
+/* ---- SentencePiece ---------------------------------------------------------------------- */
+
+static float spm_score(const cb_tokenizer *t, int32_t id) {
+    const uint8_t *p = t->scores + 4 * (size_t)id;
+    uint32_t u = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* A candidate merge of symbol `left` with its right neighbour, valid while both still have the
+ * lengths they had when it was queued. */
+typedef struct bigram {
+    float score;
+    int32_t left, right;
+    int32_t size;   /* bytes of the merged text */
+} bigram;
+
+/* Max-heap order: higher score first, then the leftmost pair. */
+static int bigram_before(const bigram *a, const bigram *b) {
+    return a->score > b->score || (a->score == b->score && a->left < b->left);
+}
+
+typedef struct spm_state {
+    const char *text;   /* escaped fragment */
+    int32_t *start, *len, *prev, *next;   /* [n_sym] symbols as a linked list over the text */
+    bigram *heap;       /* [cap] */
+    int32_t n_heap, cap;
+} spm_state;
+
+static void heap_push(spm_state *st, bigram b) {
+    if (st->n_heap == st->cap) return;   /* cannot happen: cap bounds every push (see spm_encode) */
+    int32_t i = st->n_heap++;
+    while (i > 0) {
+        int32_t parent = (i - 1) / 2;
+        if (!bigram_before(&b, &st->heap[parent])) break;
+        st->heap[i] = st->heap[parent];
+        i = parent;
+    }
+    st->heap[i] = b;
+}
+
+static bigram heap_pop(spm_state *st) {
+    bigram top = st->heap[0], last = st->heap[--st->n_heap];
+    int32_t i = 0, n = st->n_heap;
+    for (;;) {
+        int32_t l = 2 * i + 1, m = -1;
+        if (l >= n) break;
+        m = (l + 1 < n && bigram_before(&st->heap[l + 1], &st->heap[l])) ? l + 1 : l;
+        if (!bigram_before(&st->heap[m], &last)) break;
+        st->heap[i] = st->heap[m];
+        i = m;
+    }
+    if (n > 0) st->heap[i] = last;
+    return top;
+}
+
+static void try_bigram(const cb_tokenizer *t, spm_state *st, int32_t left, int32_t right) {
+    if (left < 0 || right < 0) return;
+    int32_t size = st->len[left] + st->len[right];
+    int32_t id = strtab_get(&t->vocab, t->tok, t->tok_len, st->text + st->start[left], (size_t)size);
+    if (id < 0) return;
+    heap_push(st, (bigram){spm_score(t, id), left, right, size});
+}
+
+/* Encodes one raw-text fragment (no specials in it); `lead_space`: prepend a space. */
+static int spm_encode(enc *e, const char *s, size_t n, int lead_space) {
+    const cb_tokenizer *t = e->t;
+    /* escape: optional leading space, then ' ' -> U+2581 (3 bytes) */
+    size_t m = 0;
+    for (size_t i = 0; i < n + (lead_space ? 1 : 0); i++) {
+        char ch = lead_space ? (i == 0 ? ' ' : s[i - 1]) : s[i];
+        if (ch == ' ') {
+            memcpy(e->mapped + m, "\xe2\x96\x81", 3);
+            m += 3;
+        } else {
+            e->mapped[m++] = ch;
+        }
+    }
+    if (m == 0) return 0;
+    /* symbols: UTF-8 characters; every merge removes one symbol and queues at most two bigrams */
+    int32_t ns = 0;
+    for (size_t i = 0; i < m; ns++) {
+        uint32_t cp;
+        size_t l = get_utf8((const unsigned char *)e->mapped + i, m - i, &cp);
+        i += l;
+    }
+    spm_state st = {e->mapped, NULL, NULL, NULL, NULL, NULL, 0, 3 * ns + 1};
+    st.start = cb_malloc((size_t)ns * 4 * sizeof(int32_t));
+    st.heap = cb_malloc((size_t)st.cap * sizeof *st.heap);
+    if (!st.start || !st.heap) {
+        cb_free(st.start);
+        cb_free(st.heap);
+        cb_error(COLIBRI_E_NOMEM, "tokenizer_encode: out of memory");
+        return -1;
+    }
+    st.len = st.start + ns;
+    st.prev = st.len + ns;
+    st.next = st.prev + ns;
+    size_t off = 0;
+    for (int32_t k = 0; k < ns; k++) {
+        uint32_t cp;
+        size_t l = get_utf8((const unsigned char *)e->mapped + off, m - off, &cp);
+        st.start[k] = (int32_t)off;
+        st.len[k] = (int32_t)l;
+        st.prev[k] = k - 1;
+        st.next[k] = k + 1 < ns ? k + 1 : -1;
+        off += l;
+    }
+    for (int32_t k = 0; k + 1 < ns; k++) try_bigram(t, &st, k, k + 1);
+    while (st.n_heap > 0) {
+        bigram b = heap_pop(&st);
+        /* stale: one side was merged away or grew since this pair was queued */
+        if (st.len[b.left] == 0 || st.len[b.right] == 0 || st.len[b.left] + st.len[b.right] != b.size) continue;
+        st.len[b.left] += st.len[b.right];
+        st.len[b.right] = 0;
+        st.next[b.left] = st.next[b.right];
+        if (st.next[b.right] >= 0) st.prev[st.next[b.right]] = b.left;
+        try_bigram(t, &st, st.prev[b.left], b.left);
+        try_bigram(t, &st, b.left, st.next[b.left]);
+    }
+    for (int32_t k = 0; k >= 0 && k < ns; k = st.next[k]) {
+        const char *sym = e->mapped + st.start[k];
+        int32_t id = strtab_get(&t->vocab, t->tok, t->tok_len, sym, (size_t)st.len[k]);
+        if (id >= 0) {
+            emit(e, id);
+            continue;
+        }
+        for (int32_t i = 0; i < st.len[k]; i++) {   /* byte fallback */
+            int32_t bt = t->byte_tok[(unsigned char)sym[i]];
+            if (bt >= 0) emit(e, bt);
+            else if (t->unk >= 0) emit(e, t->unk);
+        }
+    }
+    cb_free(st.start);
+    cb_free(st.heap);
+    return 0;
+}
+
 int32_t tokenizer_encode(const cb_tokenizer *t, const char *text, size_t len, int add_bos, int parse_special,
                          int32_t *out, int32_t cap) {
     if (!t || (!text && len) || (!out && cap > 0) || cap < 0) {
         cb_error(COLIBRI_E_INVALID_ARG, "tokenizer_encode: bad arguments");
         return -1;
     }
-    if (len > (size_t)INT32_MAX / 2 - 2) {
+    if (len > (size_t)INT32_MAX / 4 - 4) {
         cb_error(COLIBRI_E_INVALID_ARG, "tokenizer_encode: text of %zu bytes is too long", len);
         return -1;
     }
     enc e = {t, out, cap, 0, NULL, NULL, NULL};
-    e.mapped = cb_malloc(2 * len + 2);
+    e.mapped = cb_malloc(3 * len + 4);   /* byte alphabet: <= 2 bytes per byte; SentencePiece: <= 3 */
     e.sym = cb_malloc((len + 2) * sizeof *e.sym);
     e.key = cb_malloc(2 * len + 3);
     if (!e.mapped || !e.sym || !e.key) {
@@ -591,10 +766,12 @@ int32_t tokenizer_encode(const cb_tokenizer *t, const char *text, size_t len, in
     }
     if (add_bos && t->bos >= 0) emit(&e, t->bos);
     const unsigned char *s = (const unsigned char *)text;
+    int prev_special = 1;   /* SentencePiece: a fragment at the start or after a special gets a space */
+    int failed = 0;
     size_t seg = 0;
-    for (size_t i = 0; i < len;) {
+    for (size_t i = 0; i <= len && !failed;) {
         int32_t hit = -1;
-        if (parse_special) {
+        if (parse_special && i < len) {
             for (int32_t k = 0; k < t->n_special; k++) {   /* longest first */
                 int32_t id = t->special[k];
                 uint32_t l = t->tok_len[id];
@@ -604,20 +781,25 @@ int32_t tokenizer_encode(const cb_tokenizer *t, const char *text, size_t len, in
                 }
             }
         }
-        if (hit < 0) {
+        if (hit < 0 && i < len) {
             i++;
             continue;
         }
-        if (i > seg) encode_text(&e, s + seg, i - seg);
+        if (i > seg) {   /* the raw text before the special (or before the end) */
+            if (t->spm) failed = spm_encode(&e, text + seg, i - seg, t->add_space_prefix && prev_special) != 0;
+            else encode_text(&e, s + seg, i - seg);
+            prev_special = 0;
+        }
+        if (hit < 0) break;   /* i == len */
         emit(&e, hit);
+        prev_special = 1;
         i += t->tok_len[hit];
         seg = i;
     }
-    if (len > seg) encode_text(&e, s + seg, len - seg);
     cb_free(e.mapped);
     cb_free(e.sym);
     cb_free(e.key);
-    return e.count;
+    return failed ? -1 : e.count;
 }
 
 /* ---- decoding ------------------------------------------------------------------------------ */
@@ -645,6 +827,20 @@ int32_t tokenizer_decode(const cb_tokenizer *t, int32_t id, int show_special, ch
         }
         if (cap > 0) buf[0] = (char)v;
         return 1;
+    }
+    if (t->spm) {   /* normal SentencePiece token: U+2581 is a space */
+        for (size_t i = 0; i < n;) {
+            if (i + 3 <= n && s[i] == 0xe2 && s[i + 1] == 0x96 && s[i + 2] == 0x81) {
+                if (w < cap) buf[w] = ' ';
+                w++;
+                i += 3;
+            } else {
+                if (w < cap) buf[w] = (char)s[i];
+                w++;
+                i++;
+            }
+        }
+        return (int32_t)w;
     }
     /* normal token: map the byte alphabet back to bytes; characters outside it are copied */
     for (size_t i = 0; i < n;) {

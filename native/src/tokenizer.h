@@ -1,9 +1,11 @@
-/* tokenizer.h — byte-level BPE from GGUF metadata, for the stand-alone runner (colibri-run).
+/* tokenizer.h — BPE tokenizers from GGUF metadata, for the stand-alone runner (colibri-run).
  *
  * Python uses the Hugging Face tokenizers library instead; this one exists so a device without
  * Python can turn a prompt into tokens and tokens back into text. It reads
- * tokenizer.ggml.{model, pre, tokens, token_type, merges, bos_token_id, eos_token_id,
- * add_bos_token} from a gguf_file; only model "gpt2" (byte-level BPE) is supported.
+ * tokenizer.ggml.{model, pre, tokens, token_type, merges, scores, bos_token_id, eos_token_id,
+ * unknown_token_id, add_bos_token, add_space_prefix} from a gguf_file. Models "gpt2" (byte-level
+ * BPE with ranked merges) and "llama" (SentencePiece BPE with scores and byte fallback) are
+ * supported; see tokenizer.c for the exact rules.
  * The tokenizer borrows the strings of the gguf_file, which must stay open while it is used. */
 #ifndef COLIBRI_TOKENIZER_H
 #define COLIBRI_TOKENIZER_H
@@ -32,14 +34,16 @@ void tokenizer_free(cb_tokenizer *t);
 int32_t tokenizer_n_vocab(const cb_tokenizer *t);
 int32_t tokenizer_bos(const cb_tokenizer *t);       /* -1 if none */
 int32_t tokenizer_eos(const cb_tokenizer *t);       /* -1 if none */
-int tokenizer_add_bos(const cb_tokenizer *t);        /* tokenizer.ggml.add_bos_token (default 0) */
+int tokenizer_add_bos(const cb_tokenizer *t);        /* tokenizer.ggml.add_bos_token (default: 0 for gpt2,
+                                                        1 for SentencePiece) */
 int tokenizer_token_type(const cb_tokenizer *t, int32_t id);   /* 0 if out of range */
 
-/* Encodes len bytes of text. Control and user-defined tokens written literally in the text
+/* Encodes len bytes of text. Control, user-defined and unknown tokens written literally in the text
  * (e.g. "<|im_start|>") become those tokens when parse_special is set. A BOS is prepended
  * when add_bos is set and the vocabulary has one. Writes at most cap ids; returns the number
  * of tokens the text needs (which may exceed cap: call again with a larger buffer), or -1 on
- * failure (message set). len + 1 ids are always enough. */
+ * failure (message set). 3 * len + 4 ids are always enough (SentencePiece byte fallback turns a
+ * space into the three bytes of U+2581 when the vocabulary lacks it). */
 int32_t tokenizer_encode(const cb_tokenizer *t, const char *text, size_t len, int add_bos, int parse_special,
                          int32_t *out, int32_t cap);
 

@@ -1,7 +1,8 @@
-/* test_tokenizer.c — the runner's byte-level BPE on a small vocabulary written here: every byte
- * string round-trips, merges apply by rank (not left to right), merges never cross the
+/* test_tokenizer.c — the runner's tokenizers on small vocabularies written here. Byte-level BPE:
+ * every byte string round-trips, merges apply by rank (not left to right), merges never cross the
  * pre-tokenizer's word boundaries, digits are isolated for "smollm", special tokens are cut out,
- * BOS is added on request. (Agreement with Hugging Face tokenizers on a real vocabulary is
+ * BOS is added on request. SentencePiece: merges by score with leftmost ties, byte fallback,
+ * the space prefix after specials. (Agreement with Hugging Face tokenizers on a real vocabulary is
  * checked against SmolLM2 outside the unit tests; see the io report.) */
 #include <stdio.h>
 #include <stdlib.h>
@@ -222,7 +223,7 @@ static void test_digits_and_unsupported(void) {
     }
     gguf_close(&f);
 
-    /* a SentencePiece vocabulary is refused clearly */
+    /* an unknown tokenizer model is refused clearly */
     buf b = {0};
     put_u32(&b, 0x46554747u);
     put_u32(&b, 3);
@@ -230,13 +231,108 @@ static void test_digits_and_unsupported(void) {
     put_u64(&b, 1);
     put_str(&b, "tokenizer.ggml.model");
     put_u32(&b, GGUF_VT_STRING);
-    put_str(&b, "llama");
+    put_str(&b, "bert");
     FILE *fp = fopen(tmp_path, "wb");
     if (!fp || fwrite(b.p, 1, b.n, fp) != b.n) abort();
     fclose(fp);
     free(b.p);
     CHECK(gguf_open(tmp_path, &f) == COLIBRI_OK);
-    CHECK(tokenizer_load(&f, &t) == COLIBRI_E_UNSUPPORTED && strstr(cb_last_error(), "llama"));
+    CHECK(tokenizer_load(&f, &t) == COLIBRI_E_UNSUPPORTED && strstr(cb_last_error(), "bert"));
+    gguf_close(&f);
+}
+
+/* SentencePiece: <unk> <s> </s>, the 256 byte tokens, then pieces with falling scores. */
+static const char *SPM_PIECES[] = {"\xe2\x96\x81", "h", "e", "l", "o", "ll", "he", "\xe2\x96\x81he", "llo",
+                                   "\xe2\x96\x81hello", "x"};
+#define N_SPM_PIECES 11
+#define SPM_FIRST 259
+
+static void write_spm_vocab(void) {
+    const int n = SPM_FIRST + N_SPM_PIECES;
+    buf b = {0};
+    put_u32(&b, 0x46554747u);
+    put_u32(&b, 3);
+    put_u64(&b, 0);
+    put_u64(&b, 6);
+    put_str(&b, "tokenizer.ggml.model");
+    put_u32(&b, GGUF_VT_STRING);
+    put_str(&b, "llama");
+    put_str(&b, "tokenizer.ggml.tokens");
+    put_u32(&b, GGUF_VT_ARRAY);
+    put_u32(&b, GGUF_VT_STRING);
+    put_u64(&b, (uint64_t)n);
+    put_str(&b, "<unk>");
+    put_str(&b, "<s>");
+    put_str(&b, "</s>");
+    for (int x = 0; x < 256; x++) {
+        char name[8];
+        snprintf(name, sizeof name, "<0x%02X>", x);
+        put_str(&b, name);
+    }
+    for (int i = 0; i < N_SPM_PIECES; i++) put_str(&b, SPM_PIECES[i]);
+    put_str(&b, "tokenizer.ggml.token_type");
+    put_u32(&b, GGUF_VT_ARRAY);
+    put_u32(&b, GGUF_VT_INT32);
+    put_u64(&b, (uint64_t)n);
+    put_u32(&b, TOKEN_TYPE_UNKNOWN);
+    put_u32(&b, TOKEN_TYPE_CONTROL);
+    put_u32(&b, TOKEN_TYPE_CONTROL);
+    for (int x = 0; x < 256; x++) put_u32(&b, TOKEN_TYPE_BYTE);
+    for (int i = 0; i < N_SPM_PIECES; i++) put_u32(&b, TOKEN_TYPE_NORMAL);
+    put_str(&b, "tokenizer.ggml.scores");
+    put_u32(&b, GGUF_VT_ARRAY);
+    put_u32(&b, GGUF_VT_FLOAT32);
+    put_u64(&b, (uint64_t)n);
+    for (int i = 0; i < n; i++) {
+        float sc = i < SPM_FIRST ? 0.0f : -1.0f - (float)(i - SPM_FIRST);
+        uint32_t u;
+        memcpy(&u, &sc, 4);
+        put_u32(&b, u);
+    }
+    put_str(&b, "tokenizer.ggml.bos_token_id");
+    put_u32(&b, GGUF_VT_UINT32);
+    put_u32(&b, 1);
+    put_str(&b, "tokenizer.ggml.unknown_token_id");
+    put_u32(&b, GGUF_VT_UINT32);
+    put_u32(&b, 0);
+    FILE *fp = fopen(tmp_path, "wb");
+    if (!fp || fwrite(b.p, 1, b.n, fp) != b.n) abort();
+    fclose(fp);
+    free(b.p);
+}
+
+static void test_spm(void) {
+    write_spm_vocab();
+    gguf_file f;
+    cb_tokenizer *t = NULL;
+    CHECK(gguf_open(tmp_path, &f) == COLIBRI_OK);
+    CHECK(tokenizer_load(&f, &t) == COLIBRI_OK);
+    if (!t) {
+        fprintf(stderr, "spm load: %s\n", cb_last_error());
+        failures++;
+        gguf_close(&f);
+        return;
+    }
+    CHECK(tokenizer_add_bos(t) == 1);   /* SentencePiece default */
+    const int32_t P = SPM_FIRST;        /* ids: ▁ h e l o ll he ▁he llo ▁hello x = P+0 .. P+10 */
+    int32_t ids[64];
+    /* "▁hello": ll (best score) first, then he, ▁he, llo, and finally ▁he + llo */
+    int n = tokenizer_encode(t, "hello", 5, 1, 1, ids, 64);
+    CHECK(same(ids, n, (int32_t[]){1, P + 9}, 2));
+    /* equal scores: the leftmost pair merges first (▁ ll l, not ▁ l ll) */
+    n = tokenizer_encode(t, "lll", 3, 1, 1, ids, 64);
+    CHECK(same(ids, n, (int32_t[]){1, P + 0, P + 5, P + 3}, 4));
+    /* characters without a token fall back to their bytes */
+    n = tokenizer_encode(t, "\xc3\xa9", 2, 0, 1, ids, 64);
+    CHECK(same(ids, n, (int32_t[]){P + 0, 3 + 0xc3, 3 + 0xa9}, 3));
+    /* a fragment after a special token gets the space prefix again; specials are never merged */
+    n = tokenizer_encode(t, "<s>x </s>", 9, 1, 1, ids, 64);
+    CHECK(same(ids, n, (int32_t[]){1, 1, P + 0, P + 10, P + 0, 2}, 6));
+    char d[16];
+    CHECK(tokenizer_decode(t, P + 9, 0, d, sizeof d) == 6 && memcmp(d, " hello", 6) == 0);
+    CHECK(tokenizer_decode(t, 3 + 'A', 0, d, sizeof d) == 1 && d[0] == 'A');
+    CHECK(tokenizer_decode(t, 1, 0, d, sizeof d) == 0);
+    tokenizer_free(t);
     gguf_close(&f);
 }
 
@@ -244,6 +340,7 @@ int main(void) {
     snprintf(tmp_path, sizeof tmp_path, "/tmp/colibri_test_tokenizer_%d.gguf", (int)getpid());
     test_gpt2();
     test_digits_and_unsupported();
+    test_spm();
     unlink(tmp_path);
     if (failures) {
         fprintf(stderr, "test_tokenizer: %d failure(s)\n", failures);

@@ -241,9 +241,21 @@ int main(int argc, char **argv) {
     size_t tlen = 0;
     text = build_text(&o, &f, prompt, plen, &tlen);
     if (!text) goto out;
-    ids = malloc((tlen + 2) * sizeof *ids);
+    if (tlen > (1u << 28)) {
+        fprintf(stderr, "colibri-run: the prompt is %zu bytes; at most 256 MiB is supported\n", tlen);
+        goto out;
+    }
+    int32_t cap = (int32_t)(tlen + 2);
+    ids = malloc((size_t)cap * sizeof *ids);
     if (!ids) goto out;
-    int32_t n_prompt = tokenizer_encode(tok, text, tlen, tokenizer_add_bos(tok), 1, ids, (int32_t)(tlen + 2));
+    int32_t n_prompt = tokenizer_encode(tok, text, tlen, tokenizer_add_bos(tok), 1, ids, cap);
+    if (n_prompt > cap) {   /* byte fallback produced more tokens than bytes: once more, with room */
+        free(ids);
+        cap = n_prompt;
+        ids = malloc((size_t)cap * sizeof *ids);
+        if (!ids) goto out;
+        n_prompt = tokenizer_encode(tok, text, tlen, tokenizer_add_bos(tok), 1, ids, cap);
+    }
     if (n_prompt < 0) {
         fprintf(stderr, "colibri-run: tokenizer: %s\n", cb_last_error());
         goto out;

@@ -2,7 +2,7 @@
 
 A tiny llama-architecture model (two layers, every computable tensor type, a gpt2 tokenizer
 section) is written here with the gguf package's GGUFWriter; the engine must load it and run it.
-From it about 1500 mutants are derived: truncations at many offsets, bit flips in the header,
+From it about 2300 mutants are derived: truncations at many offsets, bit flips in the header,
 metadata and tensor table, and header/metadata/tensor-table fields rewritten (huge counts and
 lengths, unknown types, offsets past the end or misaligned, zero or huge dimensions, duplicate
 and missing tensor names, hyperparameters that contradict the tensor shapes). Each goes through

@@ -1,8 +1,7 @@
-/* kernels_avx512.c — AVX-512 (F/BW/VL/DQ) + VNNI kernels (see kernels_x86.h for the
- * shapes): the integer block dot product is one vpdpbusd instead of AVX2's two-step
- * multiply-add, and the 32 vector registers allow wider prefill tiles. Compiled with
- * the AVX-512 flags; cpu.c only selects this table after CPUID and XGETBV (ZMM and
- * opmask state) confirm support. */
+/* kernels_avx512.c — AVX-512 (F/BW/VL/DQ) + VNNI kernels (see kernels_x86.h): quantized
+ * weights go two blocks per 512-bit vector through vpdpbusd, with 8-row decode tiles and
+ * 4 x 4 prefill tiles in the 32 vector registers. Compiled with the AVX-512 flags; cpu.c
+ * only selects this table after CPUID and XGETBV (ZMM and opmask state) confirm support. */
 #define X86_VNNI 1
 #include "kernels_x86.h"
 

@@ -1,9 +1,11 @@
 /* kernels_x86.h — the x86 SIMD kernels, written once and compiled twice: kernels_avx2.c
  * includes it with X86_VNNI 0 (AVX2 + FMA + F16C), kernels_avx512.c with X86_VNNI 1
- * (AVX-512 VL/BW + VNNI on the same 256-bit vectors, plus wider tiles for its 32
- * registers). Only those two files may include it: the code needs their -m flags.
+ * (AVX-512 F/BW/VL/DQ + VNNI). With AVX-512 the quantized formats use their own tile
+ * (two blocks per 512-bit vector, further down); the float formats, the activation
+ * quantization and the attention helpers are the same 256-bit code in both. Only those
+ * two files may include this header: the code needs their -m flags.
  *
- * Shapes of the work (the AVX-512 quantized tile further down differs in the details):
+ * Shapes of the work (the AVX-512 quantized tile differs in the details, not the plan):
  *   matmul_rows walks the rows in tiles of R rows and, inside each, the tokens in tiles of
  *   T tokens; every (row, token) pair has its own 8-lane float accumulator. A weight block
  *   is loaded (and unpacked) once per tile and used for all T tokens, so prefill reuses

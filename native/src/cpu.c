@@ -70,7 +70,9 @@ static int table_supported(const kernel_table *t) {
     return t->isa == KERNEL_ISA_SCALAR;
 }
 
-/* The dispatch table. Races on first use are benign: every thread picks the same table. */
+/* The dispatch table. Races on first use are benign: every thread picks the same table.
+ * Switching it (kernels_select) while other threads compute is safe, each kernel call
+ * using one table throughout, but results may then mix the sets' rounding. */
 static _Atomic(const kernel_table *) current_table;
 
 static const kernel_table *best_table(void) {

@@ -10,7 +10,8 @@
  * Everything read from the file is untrusted. Every read goes through the cursor below,
  * which checks the bytes are there before touching them; counts are bounded by the bytes
  * left before anything is allocated for them; sizes are multiplied with overflow checks.
- * Keys must be printable ASCII and tensor names valid UTF-8 (the spec's rules; other string
+ * Keys must be printable ASCII and tensor names valid UTF-8 without control characters (the
+ * spec's rules, and what keeps messages readable; other string
  * values are passed through as bytes, since real tokenizer vocabularies are not always clean).
  * A file either passes every check in gguf_open() or is refused with COLIBRI_E_FORMAT
  * (COLIBRI_E_IO if it cannot be read) and a message naming the field and the numbers. */
@@ -393,6 +394,10 @@ static colibri_status parse_tensor_infos(cursor *c, gguf_file *f) {
         if (!valid_utf8(b, n))
             return cb_error(COLIBRI_E_FORMAT, "tensor %llu of %llu: name is not valid UTF-8", (ull)i,
                             (ull)f->n_tensors);
+        for (uint64_t k = 0; k < n; k++)   /* names end up in messages and lookups: no control characters */
+            if (b[k] < 0x20 || b[k] == 0x7f)
+                return cb_error(COLIBRI_E_FORMAT, "tensor %llu of %llu: name contains control character 0x%02x",
+                                (ull)i, (ull)f->n_tensors, b[k]);
         memcpy(t->name, b, (size_t)n);
         t->name[n] = '\0';
 

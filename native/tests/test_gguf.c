@@ -451,6 +451,7 @@ static void test_tensor_table(void) {
         {{0, P_NAMEBYTE, 0}, "NUL byte"},
         {{0, P_NAMEBYTE, 0xff}, "not valid UTF-8"},
         {{0, P_NAMEBYTE, 0xc0}, "not valid UTF-8"},   /* truncated/overlong sequence */
+        {{0, P_NAMEBYTE, '\n'}, "control character 0x0a"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         buf c = patched(&b, cases[i].p);

@@ -46,6 +46,16 @@ static colibri_status eval_one(colibri_model *m, int *finite) {
     return st;
 }
 
+/* Messages may quote strings from the file: keep one line per file, bytes outside printable
+ * ASCII (and UTF-8 sequences) shown as \xNN. */
+static void print_escaped(const char *msg) {
+    for (const unsigned char *p = (const unsigned char *)msg; *p; p++) {
+        if (*p >= 0x20 && *p < 0x7f) putchar(*p);
+        else printf("\\x%02x", *p);
+    }
+    putchar('\n');
+}
+
 int main(int argc, char **argv) {
     int do_eval = 0, first = 1;
     if (argc > 1 && strcmp(argv[1], "--eval") == 0) {
@@ -71,7 +81,8 @@ int main(int argc, char **argv) {
         if (st == COLIBRI_OK) {
             printf(finite ? "ok\n" : "ok (non-finite logits)\n");
         } else {
-            printf("error%s: %s: %s\n", what, colibri_status_name(st), colibri_last_error());
+            printf("error%s: %s: ", what, colibri_status_name(st));
+            print_escaped(colibri_last_error());
             n_bad++;
         }
         colibri_model_close(m);

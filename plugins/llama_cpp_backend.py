@@ -7,8 +7,11 @@ this backend as on the others. ``llama_cpp`` is imported only when a model is lo
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
-from collections.abc import Sequence
+import os
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,51 @@ from colibri_backend.errors import ColibriError
 from colibri_backend.hookspecs import hookimpl
 
 DEFAULT_CONTEXT = 2048
+_PARAMS_LOCK = threading.Lock()
+
+
+def _import_llama_cpp() -> Any:
+    """Import llama_cpp with OpenMP told to sleep, not spin, while it waits for work.
+
+    llama.cpp's CPU backend runs on OpenMP; with the default active wait policy its threads spin
+    between ops, and on a machine whose cores are shared (a server next to other processes, CI) a
+    decode step then takes seconds instead of milliseconds (measured here: 6.7 s/token spinning,
+    under 30 ms passive). The variable must be set before the OpenMP runtime loads; an explicit
+    OMP_WAIT_POLICY in the environment wins."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import llama_cpp
+
+    return llama_cpp
+
+
+@contextlib.contextmanager
+def _without_extra_buffers(llama_cpp: Any, disable: bool) -> Iterator[None]:
+    """Load with llama_model_params.use_extra_bufts off: no AMX / repacked weight buffers.
+
+    llama-cpp-python 0.3.36 built on a CPU that advertises AMX repacks Q4/Q8 weights into AMX
+    buffers, and its first decode then dies with SIGSEGV where the kernel does not grant AMX tile
+    state to the process (seen on this project's machines). Llama() has no argument for the field,
+    so its default-params function is wrapped for the duration of the load. Set
+    ``options.extra_buffers = true`` on an alias to keep llama.cpp's default.
+    """
+    if not disable:
+        yield
+        return
+    lowlevel = llama_cpp.llama_cpp
+    with _PARAMS_LOCK:
+        original = lowlevel.llama_model_default_params
+
+        def params() -> Any:
+            p = original()
+            if hasattr(p, "use_extra_bufts"):
+                p.use_extra_bufts = False
+            return p
+
+        lowlevel.llama_model_default_params = params
+        try:
+            yield
+        finally:
+            lowlevel.llama_model_default_params = original
 
 
 class LlamaCppModel(StepModel):
@@ -34,23 +82,25 @@ class LlamaCppModel(StepModel):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        import llama_cpp
+        llama_cpp = _import_llama_cpp()
 
         path = resolve_model_path(cfg.path, want_gguf=True)
         if not path.is_file() or path.suffix.lower() != ".gguf":
             raise ColibriError(f"backend 'llama_cpp' loads GGUF files; {str(path)!r} is not one")
         opts = dict(cfg.options)
         threads = cfg.threads or default_threads()
-        self._llama = llama_cpp.Llama(
-            model_path=str(path),
-            n_ctx=cfg.context_length or int(opts.pop("n_ctx", DEFAULT_CONTEXT)),
-            n_threads=threads,
-            n_threads_batch=threads,
-            n_batch=int(opts.pop("n_batch", 512)),
-            logits_all=False,
-            verbose=bool(opts.pop("verbose", False)),
-            **opts,
-        )
+        extra_buffers = bool(opts.pop("extra_buffers", False))
+        with _without_extra_buffers(llama_cpp, not extra_buffers):
+            self._llama = llama_cpp.Llama(
+                model_path=str(path),
+                n_ctx=cfg.context_length or int(opts.pop("n_ctx", DEFAULT_CONTEXT)),
+                n_threads=threads,
+                n_threads_batch=threads,
+                n_batch=int(opts.pop("n_batch", 512)),
+                logits_all=False,
+                verbose=bool(opts.pop("verbose", False)),
+                **opts,
+            )
         self._lib = llama_cpp
         self.name = cfg.alias
         self.path = Path(path)
@@ -77,10 +127,22 @@ class LlamaCppModel(StepModel):
         # Hugging Face tokenizers do.
         return list(self._llama.tokenize(text.encode("utf-8"), add_bos=add_special_tokens, special=True))
 
+    def _raw_piece(self, tok: int, special: bool) -> bytes:
+        # llama_token_to_piece returns the piece's length (negative: the buffer was too small);
+        # the wrapper in llama_cpp._internals returns the whole fixed-size buffer, NULs included.
+        vocab = self._llama._model.vocab
+        size = 64
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = self._lib.llama_token_to_piece(vocab, tok, buf, size, 0, special)
+            if n >= 0:
+                return buf.raw[:n]
+            size = -n
+
     def _piece(self, tok: int) -> bytes:
         b = self._piece_cache.get(tok)
         if b is None:
-            b = self._llama._model.token_to_piece(tok, special=False)
+            b = self._raw_piece(tok, special=False)
             self._piece_cache[tok] = b
         return b
 
@@ -94,7 +156,7 @@ class LlamaCppModel(StepModel):
         def text(tok: int) -> str:
             if tok < 0:
                 return ""
-            return self._llama._model.token_to_piece(tok, special=True).decode("utf-8", errors="replace")
+            return self._raw_piece(tok, special=True).decode("utf-8", errors="replace")
 
         return {"bos_token": text(self._bos), "eos_token": text(self._eos)}
 
@@ -151,7 +213,14 @@ class LlamaCppBackend:
     description = "llama.cpp through llama-cpp-python (GGUF files)"
 
     def unavailable_reason(self) -> str | None:
-        return missing_module_reason("llama_cpp", extra="llama-cpp", try_import=True)
+        reason = missing_module_reason("llama_cpp", extra="llama-cpp")
+        if reason is not None:
+            return reason
+        try:
+            _import_llama_cpp()
+        except Exception as exc:  # installed but broken (e.g. its shared library is missing)
+            return f"Python package 'llama_cpp' is installed but fails to import: {type(exc).__name__}: {exc}"
+        return None
 
     def load(self, model: ModelConfig) -> LlamaCppModel:
         return LlamaCppModel(model)

@@ -465,8 +465,9 @@ def test_llama_cpp_backend_reuses_its_cache_correctly(smol_pair) -> None:
 
 
 def test_colibri_and_llama_cpp_agree_on_greedy_chat(smol_pair) -> None:
-    """Same GGUF, same template, greedy: the same tokens, or a first divergence at a near-tie of
-    llama.cpp's own logits (two quantized engines may round a tie either way)."""
+    """Same GGUF, same template, greedy: the same tokens, or a first divergence at a near-tie that
+    both engines see (the same two candidates on top, less than half a logit apart in each): the two
+    engines round differently (llama.cpp quantizes activations to 8 bits for Q4_1 products)."""
     col, lla = smol_pair["colibri"], smol_pair["llama_cpp"]
     for q in CHATS:
         msgs = [{"role": "user", "content": q}]
@@ -475,8 +476,12 @@ def test_colibri_and_llama_cpp_agree_on_greedy_chat(smol_pair) -> None:
         assert prompt == lla.tokenize(lla.render_chat(msgs), add_special_tokens=False)
         a = [e.token_id for e in col.generate_tokens(prompt, max_tokens=24)]
         b = [e.token_id for e in lla.generate_tokens(prompt, max_tokens=24)]
-        if a != b:
-            k = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
-            row = lla.logits(prompt + b[:k])[-1]
-            margin = float(row[b[k]] - row[a[k]])
-            assert margin < 0.05, f"{q!r}: diverge at token {k} with llama.cpp margin {margin:.3f}"
+        if a == b:
+            continue
+        k = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+        ctx = prompt + a[:k]
+        for row in (col.logits(ctx)[-1], lla.logits(ctx)[-1]):
+            top2 = [int(t) for t in np.argsort(-row)[:2]]
+            assert sorted(top2) == sorted([a[k], b[k]]), f"{q!r}: token {k}: not a two-way tie ({top2})"
+            margin = float(row[top2[0]] - row[top2[1]])
+            assert margin < 0.5, f"{q!r}: token {k}: margin {margin:.3f}"

@@ -12,8 +12,11 @@ Both engines are timed the same way, from this process, around a token generator
   * peak RSS    = VmHWM of this process at the end (the parent also records ru_maxrss from wait4).
 The engines' own counters (Colibri's Model.stats(), llama.cpp's perf context) are reported beside them.
 
-End-of-sequence tokens are banned through a logit bias in both engines, so every run generates exactly
---max-tokens tokens and greedy runs of the two engines can be compared token by token.
+End-of-sequence and end-of-turn tokens (--ban-ids, chosen by the parent from the GGUF metadata) are
+banned through a logit bias in both engines, so every run generates exactly --max-tokens tokens and greedy
+runs of the two engines can be compared token by token. Colibri also stops on its tokenizer's stop
+tokens; any of those missing from --ban-ids are banned too (and reported), since a stop would end the run
+early.
 
 The result is the last line of stdout, prefixed with RESULT_PREFIX, so stray library output cannot corrupt it.
 """
@@ -73,17 +76,16 @@ def time_generation(tokens: Iterator[int], max_tokens: int) -> tuple[list[int], 
 
 
 def run_colibri(args: argparse.Namespace, prompt: list[int]) -> dict:
-    from colibri_backend.adapters.sampling import SamplingParams
-
     import colibri_backend
     from colibri_backend import _native
+    from colibri_backend.adapters.sampling import SamplingParams
 
     t_load = time.perf_counter()
     model = colibri_backend.load(args.model, threads=args.threads, context_length=args.ctx)
     load_s = time.perf_counter() - t_load
     rss_loaded = read_status_bytes("VmRSS")
 
-    banned = sorted(eos_ids_colibri(model))
+    banned = sorted(set(args.ban_ids) | set(model.tokenizer.stop_token_ids))
     sampling = SamplingParams(
         temperature=args.temperature, top_k=0, top_p=1.0, min_p=0.0, seed=args.seed,
         logit_bias={t: -math.inf for t in banned},
@@ -98,28 +100,51 @@ def run_colibri(args: argparse.Namespace, prompt: list[int]) -> dict:
             "backend": _native.cpu_backend()}
 
 
-def eos_ids_colibri(model) -> set[int]:
-    ids = set()
-    eos = getattr(model.info, "eos_token_id", -1)
-    if eos is not None and eos >= 0:
-        ids.add(int(eos))
-    tok_eos = getattr(model.tokenizer, "eos_token_id", None)
-    if isinstance(tok_eos, int) and tok_eos >= 0:
-        ids.add(tok_eos)
-    return ids
+def cpu_has_amx() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and "amx_int8" in line.split() for line in f)
+    except OSError:
+        return False
+
+
+def llama_cpp_plain_buffers(llama_cpp) -> None:
+    """Make llama-cpp-python load weights into plain CPU buffers (use_extra_bufts = false).
+
+    On CPUs with AMX, llama.cpp 0.3.36 (ggml 0.25.3) places quantized weights in its AMX buffer type and
+    segfaults in ggml_backend_amx_mul_mat on the first evaluation (seen on this machine's Xeon under
+    Firecracker). The Llama class has no parameter for it, so the default model parameters are wrapped.
+    This also turns off the REPACK buffers (interleaved Q4_0/Q8_0 layouts), so llama.cpp runs its
+    standard AVX-512 dot-product kernels.
+    """
+    low = llama_cpp.llama_cpp
+    if getattr(low.llama_model_default_params, "_colibri_plain", False):
+        return
+    original = low.llama_model_default_params
+
+    def params():
+        p = original()
+        p.use_extra_bufts = False
+        return p
+
+    params._colibri_plain = True
+    low.llama_model_default_params = params
 
 
 def run_llama_cpp(args: argparse.Namespace, prompt: list[int]) -> dict:
     import llama_cpp
     import numpy as np
 
+    extra_bufts = args.llama_extra_bufts == "on" or (args.llama_extra_bufts == "auto" and not cpu_has_amx())
+    if not extra_bufts:
+        llama_cpp_plain_buffers(llama_cpp)
     t_load = time.perf_counter()
     llm = llama_cpp.Llama(model_path=args.model, n_threads=args.threads, n_threads_batch=args.threads,
                           n_ctx=args.ctx, n_batch=args.ctx, seed=args.seed, verbose=False)
     load_s = time.perf_counter() - t_load
     rss_loaded = read_status_bytes("VmRSS")
 
-    banned = sorted({int(llm.token_eos())} - {-1})
+    banned = sorted(set(args.ban_ids))
     mask = np.zeros(llm.n_vocab(), dtype=np.float32)
     mask[banned] = -np.inf
 
@@ -141,7 +166,8 @@ def run_llama_cpp(args: argparse.Namespace, prompt: list[int]) -> dict:
         pass
     llm.close()
     return {"ids": ids, "times": times, "t0": t0, "load_s": load_s, "rss_loaded": rss_loaded,
-            "engine_stats": counters, "banned": banned, "backend": llama_cpp.__version__}
+            "engine_stats": {**counters, "extra_bufts": extra_bufts}, "banned": banned,
+            "backend": llama_cpp.__version__}
 
 
 def jsonable(value):
@@ -199,7 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--ban-ids", default="", help="comma-separated token ids never to generate")
+    ap.add_argument("--llama-extra-bufts", choices=["auto", "on", "off"], default="auto",
+                    help="llama.cpp extra (AMX/REPACK) weight buffers; auto: off on AMX CPUs (crash)")
     args = ap.parse_args(argv)
+    args.ban_ids = [int(t) for t in args.ban_ids.split(",") if t.strip()]
 
     prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
     try:

@@ -85,6 +85,29 @@ def resolve_model(spec: str, cache_dir: Path, bench_type: str) -> tuple[str, Pat
     return path.name, path
 
 
+# Control tokens that end a turn in common chat formats; generation would stop on them.
+END_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "</s>")
+
+
+def banned_ids(model_path: Path) -> list[int]:
+    """Ids that would end generation early: EOS/EOT/EOM from the metadata and end-of-turn control tokens."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(model_path)).fields
+    ids: set[int] = set()
+    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+        if key in fields:
+            ids.add(int(fields[key].contents()))
+    if "tokenizer.ggml.tokens" in fields:
+        tokens = fields["tokenizer.ggml.tokens"].contents()
+        types = fields["tokenizer.ggml.token_type"].contents() if "tokenizer.ggml.token_type" in fields \
+            else []
+        for i, text in enumerate(tokens):
+            if text in END_TEXTS and (not types or types[i] == 3):
+                ids.add(i)
+    return sorted(ids)
+
+
 def prompt_ids(model_path: Path, n_tokens: int) -> list[int]:
     """The first n_tokens ids of PROMPT_TEXT under the model's own tokenizer (read from the GGUF metadata)."""
     from make_bench_models import tokenizer_from_gguf, tokenizer_json
@@ -222,14 +245,19 @@ class RunRequest:
     round: int
 
 
-def run_worker(req: RunRequest, args: argparse.Namespace, prompt: list[int], cap_index: int) -> dict:
+def run_worker(req: RunRequest, args: argparse.Namespace, prompt: list[int], ban: list[int],
+               cap_index: int) -> dict:
     cmd = [
         sys.executable, str(HERE / "_worker.py"),
         "--engine", req.engine, "--model", str(req.model_path),
         "--prompt-ids", ",".join(map(str, prompt)),
         "--max-tokens", str(args.max_tokens), "--threads", str(args.threads), "--ctx", str(args.ctx),
         "--temperature", str(SAMPLING_MODES[req.sampling]), "--seed", str(args.seed),
+        "--ban-ids", ",".join(map(str, ban)), "--llama-extra-bufts", args.llama_extra_bufts,
     ]
+    env = dict(os.environ)
+    if args.omp_wait_policy:
+        env["OMP_WAIT_POLICY"] = args.omp_wait_policy
     if args.nice:
         cmd = ["nice", "-n", str(args.nice)] + cmd
     cgroup_ctx: contextlib.AbstractContextManager = contextlib.nullcontext()
@@ -241,7 +269,7 @@ def run_worker(req: RunRequest, args: argparse.Namespace, prompt: list[int], cap
         cgroup_ctx = cgroup
     with cgroup_ctx, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=REPO,
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=REPO, env=env,
                                 preexec_fn=cgroup.join if cgroup is not None else None)
         timer = threading.Timer(args.timeout, lambda: _kill(proc.pid))
         timer.start()
@@ -462,6 +490,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cgroup-version", choices=["auto", "v1", "v2"], default="auto")
     ap.add_argument("--no-prewarm", action="store_true", help="do not read each model once before its runs")
     ap.add_argument("--nice", type=int, default=0, help="run children under nice -n N")
+    ap.add_argument("--llama-extra-bufts", choices=["auto", "on", "off"], default="auto",
+                    help="llama.cpp's AMX/REPACK weight buffers (auto: off on AMX CPUs, where they crash)")
+    ap.add_argument("--omp-wait-policy", choices=["active", "passive"], default=None,
+                    help="OMP_WAIT_POLICY for the children (llama.cpp uses OpenMP); default: unset")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds before a run is killed")
     ap.add_argument("--json", type=Path, default=None, help="write every run and the summary here")
     ap.add_argument("--markdown", action="store_true", help="print the summary as Markdown tables")
@@ -477,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     models = [resolve_model(m, args.cache_dir, args.bench_type) for m in (args.model or ["smollm2", "bench-a",
                                                                                         "bench-b"])]
     prompts = {str(path): prompt_ids(path, args.prompt_tokens) for _, path in models}
+    bans = {str(path): banned_ids(path) for _, path in models}
 
     results: list[dict] = []
     warmed: set[Path] = set()
@@ -485,7 +518,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.memory_cap and not args.no_prewarm and req.model_path not in warmed:
             prewarm_page_cache(req.model_path)
             warmed.add(req.model_path)
-        r = run_worker(req, args, prompts[str(req.model_path)], i)
+        r = run_worker(req, args, prompts[str(req.model_path)], bans[str(req.model_path)], i)
         results.append(r)
         if r.get("ok"):
             print(f"[{i + 1}/{len(requests)}] {req.model_label} {req.engine:9s} {req.sampling:7s} "
@@ -505,7 +538,8 @@ def main(argv: list[str] | None = None) -> int:
                          "threads": args.threads, "ctx": args.ctx, "runs": args.runs, "samplings": samplings,
                          "sampled_temperature": SAMPLING_MODES["sampled"], "seed": args.seed,
                          "memory_cap_bytes": args.memory_cap, "prompt_text": PROMPT_TEXT,
-                         "prompt_ids": prompts, "argv": sys.argv},
+                         "llama_extra_bufts": args.llama_extra_bufts, "omp_wait_policy": args.omp_wait_policy,
+                         "prompt_ids": prompts, "banned_ids": bans, "argv": sys.argv},
             "summary": rows,
             "runs": results,
         }, indent=1) + "\n")

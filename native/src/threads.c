@@ -44,6 +44,7 @@ struct cb_pool {
     void *arg;
     int n_threads;                       /* including the caller */
     int n_started;                       /* worker threads actually created */
+    unsigned fork_epoch;                 /* fork_epoch when created: the workers exist only there */
     pool_worker *workers;                /* [n_threads - 1] */
     pthread_mutex_t run_mu;              /* one pool_run at a time per pool */
     pthread_mutex_t mu;                  /* guards the condition variables */
@@ -59,6 +60,18 @@ struct cb_pool {
 /* The pool whose job the current thread is running, so a nested pool_run on the same
  * pool runs inline instead of deadlocking. */
 static _Thread_local const cb_pool *tls_running_pool;
+
+/* Bumped in the child of every fork(). A forked child has only the forking thread, not
+ * the pool's workers (Python's multiprocessing forks by default), so a pool created
+ * before the fork runs its jobs in the calling thread instead of waiting forever. */
+static atomic_uint fork_epoch;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static void on_fork_child(void) { atomic_fetch_add_explicit(&fork_epoch, 1, memory_order_relaxed); }
+static void register_atfork(void) { pthread_atfork(NULL, NULL, on_fork_child); }
+
+static int pool_forked(const cb_pool *p) {
+    return p->fork_epoch != atomic_load_explicit(&fork_epoch, memory_order_relaxed);
+}
 
 static inline void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -164,10 +177,12 @@ colibri_status pool_create(int n_threads, cb_pool **out) {
     if (n_threads < 1 || n_threads > POOL_MAX_THREADS)
         return cb_error(COLIBRI_E_INVALID_ARG, "pool_create: n_threads = %d, expected 1..%d", n_threads,
                         POOL_MAX_THREADS);
+    pthread_once(&atfork_once, register_atfork);
     cb_pool *p = cb_aligned_alloc(CACHE_LINE, sizeof *p);
     if (!p) return cb_error(COLIBRI_E_NOMEM, "pool_create: out of memory");
     memset(p, 0, sizeof *p);
     p->n_threads = n_threads;
+    p->fork_epoch = atomic_load_explicit(&fork_epoch, memory_order_relaxed);
     if (n_threads > 1) {
         p->workers = cb_calloc((size_t)(n_threads - 1), sizeof *p->workers);
         if (!p->workers) {
@@ -204,6 +219,13 @@ colibri_status pool_create(int n_threads, cb_pool **out) {
 
 void pool_destroy(cb_pool *p) {
     if (!p) return;
+    if (pool_forked(p)) {
+        /* in a forked child: no workers to stop, and the locks may have been copied in any
+         * state, so only the memory is given back */
+        cb_free(p->workers);
+        cb_free(p);
+        return;
+    }
     if (!atomic_load(&p->stop)) stop_workers(p);
     pthread_cond_destroy(&p->cv_done);
     pthread_cond_destroy(&p->cv_work);
@@ -222,6 +244,14 @@ void pool_run(cb_pool *p, pool_task fn, void *arg) {
         const cb_pool *outer = tls_running_pool;
         tls_running_pool = p;
         fn(arg, 0, 1);
+        tls_running_pool = outer;
+        return;
+    }
+    if (pool_forked(p)) {
+        /* a forked child: every part of the job, one after the other, in this thread */
+        const cb_pool *outer = tls_running_pool;
+        tls_running_pool = p;
+        for (int ith = 0; ith < p->n_threads; ith++) fn(arg, ith, p->n_threads);
         tls_running_pool = outer;
         return;
     }

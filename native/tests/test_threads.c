@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "alloc.h"
 #include "error.h"
@@ -223,6 +225,40 @@ static void test_bad_args(void) {
 
 static void noop_task(void *arg, int ith, int nth) { (void)arg, (void)ith, (void)nth; }
 
+/* ---- fork ---------------------------------------------------------------- */
+
+/* A child forked from a process with a running pool has no workers: the pool must still
+ * run every part of a job (in the calling thread) and be destroyable, never hang. */
+static void test_fork(void) {
+    cb_pool *pool = NULL;
+    CHECK(pool_create(3, &pool) == COLIBRI_OK, "pool_create: %s", cb_last_error());
+    if (!pool) return;
+    count_job job;
+    memset(&job, 0, sizeof job);
+    job.nth_expected = 3;
+    pool_run(pool, count_task, &job);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(20); /* a hang becomes a failure */
+        for (int r = 0; r < 100; r++) pool_run(pool, count_task, &job);
+        int ok = atomic_load(&job.bad_nth) == 0;
+        for (int t = 0; t < 3; t++) ok &= atomic_load(&job.calls[t]) == 101;
+        pool_destroy(pool);
+        _exit(ok ? 0 : 1);
+    }
+    CHECK(pid > 0, "fork failed");
+    int status = 0;
+    if (pid > 0) waitpid(pid, &status, 0);
+    CHECK(pid > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+          "the pool misbehaved in a forked child (status %d)", status);
+    /* the parent's pool is unaffected */
+    pool_run(pool, count_task, &job);
+    CHECK(atomic_load(&job.calls[0]) == 2 && atomic_load(&job.calls[2]) == 2, "parent pool broken after fork");
+    pool_destroy(pool);
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -264,6 +300,7 @@ int main(void) {
         if (i % 2) pool_run(pool, noop_task, NULL);
         pool_destroy(pool);
     }
+    test_fork();
     report_overhead(1);
     report_overhead(2);
     if (failures) {

@@ -90,6 +90,7 @@ class LlamaCppModel(StepModel):
         opts = dict(cfg.options)
         threads = cfg.threads or default_threads()
         extra_buffers = bool(opts.pop("extra_buffers", False))
+        self._prefix_cache = bool(opts.pop("prefix_cache", False))
         with _without_extra_buffers(llama_cpp, not extra_buffers):
             self._llama = llama_cpp.Llama(
                 model_path=str(path),
@@ -171,13 +172,17 @@ class LlamaCppModel(StepModel):
 
     def _prefill(self, prompt_ids: list[int]) -> np.ndarray:
         llm = self._llama
-        # Reuse the KV cache for the prompt prefix the previous request shared (chat turns, retries);
-        # at least the last prompt token is evaluated again so its logits are fresh.
         n_keep = 0
-        old = llm.input_ids[: llm.n_tokens]
-        limit = min(len(old), len(prompt_ids) - 1)
-        while n_keep < limit and int(old[n_keep]) == prompt_ids[n_keep]:
-            n_keep += 1
+        if self._prefix_cache:
+            # Reuse the KV cache for the prefix the previous request shared; the last prompt token is
+            # evaluated again so its logits are fresh. Off by default: llama.cpp's logits depend on
+            # how the prompt was batched (up to 0.6 apart on SmolLM2 Q4_1 between one 36-token batch
+            # and a cached prefix + 1 token), so reuse would make a seeded request's output depend
+            # on the requests before it.
+            old = llm.input_ids[: llm.n_tokens]
+            limit = min(len(old), len(prompt_ids) - 1)
+            while n_keep < limit and int(old[n_keep]) == prompt_ids[n_keep]:
+                n_keep += 1
         llm.n_tokens = n_keep
         llm.eval(prompt_ids[n_keep:])
         return self._last_logits()

@@ -454,6 +454,7 @@ def smol_pair():
 
 def test_llama_cpp_backend_reuses_its_cache_correctly(smol_pair) -> None:
     m = smol_pair["llama_cpp"]
+    m._prefix_cache = True  # the opt-in path (options.prefix_cache); greedy tokens must not change
     first = m.tokenize("The history of France is")
     longer = m.tokenize("The history of France is long and")
     ref_longer = [e.token_id for e in m.generate_tokens(longer, max_tokens=6)]  # from a cold cache

@@ -267,6 +267,7 @@ def run_worker(req: RunRequest, args: argparse.Namespace, prompt: list[int], ban
         name = f"colibri-bench-{os.getpid()}-{cap_index}"
         cgroup = MemoryCgroup(args.memory_cap, name, args.cgroup_version)
         cgroup_ctx = cgroup
+    load_before = load_average()
     with cgroup_ctx, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.monotonic()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=REPO, env=env,
@@ -293,7 +294,7 @@ def run_worker(req: RunRequest, args: argparse.Namespace, prompt: list[int], ban
                                          f"{stderr.strip().splitlines()[-1:] or ''}"}
     result.update({
         "model_label": req.model_label, "sampling": req.sampling, "round": req.round, "engine": req.engine,
-        "exit_code": proc.returncode, "wall_s": wall,
+        "exit_code": proc.returncode, "wall_s": wall, "load_average_before": load_before,
         # ru_maxrss of the reaped child, KiB on Linux.
         "ru_maxrss_bytes": usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024),
     })
@@ -438,8 +439,16 @@ def markdown(rows: list[dict], engines: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def load_average() -> list[float] | None:
+    try:
+        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
+    except (OSError, ValueError):
+        return None
+
+
 def environment() -> dict:
     env: dict = {
+        "load_average_end": load_average(),
         "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -511,6 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = {str(path): prompt_ids(path, args.prompt_tokens) for _, path in models}
     bans = {str(path): banned_ids(path) for _, path in models}
 
+    load_start = load_average()
     results: list[dict] = []
     warmed: set[Path] = set()
     requests = list(schedule(models, engines, samplings, args.runs))
@@ -533,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
-            "environment": environment(),
+            "environment": {**environment(), "load_average_start": load_start},
             "protocol": {"prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
                          "threads": args.threads, "ctx": args.ctx, "runs": args.runs, "samplings": samplings,
                          "sampled_temperature": SAMPLING_MODES["sampled"], "seed": args.seed,

@@ -188,7 +188,7 @@ class Model:
         self._logits = np.empty(n_vocab, dtype=np.float32)  # last-token logits of each step
         self._cached: list[int] = []  # tokens whose K/V are in the cache, in order
         self._last_eval_tokens = 0
-        self._last: dict[str, float] = {}
+        self._last: dict[str, Any] = {}
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -390,10 +390,10 @@ class Model:
             reused = self._prefill(prompt)
             t_prefill = time.perf_counter()
             self._last = {
-                "prompt_tokens": float(prompt.size),
-                "cached_prompt_tokens": float(reused),
+                "prompt_tokens": int(prompt.size),
+                "cached_prompt_tokens": reused,
                 "prefill_seconds": t_prefill - t_start,
-                "generated_tokens": 0.0,
+                "generated_tokens": 0,
                 "decode_seconds": 0.0,
                 "time_to_first_token": math.nan,
             }
@@ -427,7 +427,7 @@ class Model:
                     if logprobs is not None:
                         lp, top = _log_softmax_at(self._logits, token, logprobs, tok)
                     lib.check(lib.colibri_sampler_accept(sampler, token), "sampler accept")
-                    self._last["generated_tokens"] = float(step + 1)
+                    self._last["generated_tokens"] = step + 1
                     if token in stop_ids:
                         yield GenerationEvent(token, pending + decoder.flush(), lp, top, "stop")
                         return

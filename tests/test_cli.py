@@ -165,3 +165,13 @@ def test_chat_repl_from_stdin() -> None:
     replies = [line for line in r.stdout.splitlines() if line.strip()]
     assert len(replies) >= 2
     assert "conversation cleared" in r.stderr
+
+
+def test_run_stats_flag() -> None:
+    r = _cli("run", "--model", str(smollm2_path()), "-n", "3", "--threads", "2", "--stats", "-q", "Hello")
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.startswith("stats.")]
+    stats = dict(line.split(": ", 1) for line in lines)
+    assert stats["stats.last.generated_tokens"] == "3"
+    assert stats["stats.allocs_last_eval"] == "0"
+    assert "tok/s" not in r.stderr  # -q drops the speed line

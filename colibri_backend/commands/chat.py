@@ -61,6 +61,11 @@ def run(args: argparse.Namespace) -> int:
                 print(f"error: {exc}", file=sys.stderr)
                 messages.pop()
                 continue
+            except KeyboardInterrupt:
+                # Ctrl-C stops this reply, not the session; the unfinished turn is dropped.
+                print("\n(interrupted)", file=sys.stderr)
+                messages.pop()
+                continue
             sys.stdout.write("\n")
             sys.stdout.flush()
             messages.append({"role": "assistant", "content": reply})

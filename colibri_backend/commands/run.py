@@ -110,6 +110,16 @@ def report_speed(fig: dict[str, Any]) -> None:
     )
 
 
+def report_stats(model: Any) -> None:
+    """The engine's counters, one `key: value` per line, on stderr."""
+    stats = model.stats()
+    last = stats.pop("last", {})
+    for key, value in stats.items():
+        print(f"stats.{key}: {value}", file=sys.stderr)
+    for key, value in last.items():
+        print(f"stats.last.{key}: {value}", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     prompt = args.prompt
     if prompt is None or prompt == "-":
@@ -131,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         if not args.quiet:
             report_speed(fig)
+        if args.stats:
+            report_stats(model)
     finally:
         model.close()
     return 0
@@ -150,4 +162,9 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--system", default=None, help="system message (with --chat)")
     p.add_argument("--quiet", "-q", action="store_true", help="do not print the speed line")
+    p.add_argument(
+        "--stats",
+        action="store_true",
+        help="print the engine's counters (tokens, timings, allocations, memory)",
+    )
     p.set_defaults(func=run)

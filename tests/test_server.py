@@ -440,3 +440,31 @@ def test_serve_refuses_bad_arguments_clearly(capsys: pytest.CaptureFixture[str])
     assert "--port must be between 0 and 65535" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["serve", "--config", "x.toml", "--model", "y"])  # mutually exclusive
+
+
+def test_loading_and_shutting_down_answer_503() -> None:
+    """In-process (no model file): a model still loading, then a server shutting down."""
+    from fastapi.testclient import TestClient
+
+    from colibri_backend.config import Config, ModelConfig
+    from colibri_backend.server import ServerState, create_app
+
+    release = threading.Event()
+
+    def slow_loader(cfg: ModelConfig):
+        release.wait(30)
+        raise RuntimeError("no such engine")
+
+    cfg = Config(models={"m": ModelConfig(alias="m", path="x.gguf", backend="fake")}, default_model="m")
+    state = ServerState(cfg, api_key=None, loader=slow_loader)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    with TestClient(create_app(state)) as client:
+        assert client.get("/health").json()["status"] == "loading"
+        assert_error(client.post("/v1/chat/completions", json=body), 503, "model_loading")
+        release.set()
+        state.wait_loaded(30)
+        assert client.get("/health").json()["models"]["m"]["error"] == "RuntimeError: no such engine"
+        assert_error(client.post("/v1/chat/completions", json=body), 503, "model_unavailable")
+        state.begin_shutdown()
+        assert_error(client.post("/v1/chat/completions", json=body), 503, "shutting_down")
+        assert client.get("/health").json()["status"] == "shutting_down"

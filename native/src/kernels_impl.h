@@ -11,6 +11,13 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "types.h"
+
+/* The kernels index blocks by these sizes (GGUF's packed layouts). */
+_Static_assert(sizeof(block_q8_0) == 34, "block_q8_0 must be 34 bytes");
+_Static_assert(sizeof(block_q4_0) == 18, "block_q4_0 must be 18 bytes");
+_Static_assert(sizeof(block_q4_1) == 20, "block_q4_1 must be 20 bytes");
+_Static_assert(sizeof(block_q8a) == 40, "block_q8a must be 40 bytes");
 
 typedef enum kernel_isa { KERNEL_ISA_SCALAR, KERNEL_ISA_AVX2, KERNEL_ISA_AVX512 } kernel_isa;
 

@@ -22,6 +22,7 @@
 #define COLIBRI_KERNELS_X86_H
 
 #include <immintrin.h>
+#include <stddef.h>
 
 #include "kernels_impl.h"
 #include "types.h"
@@ -226,16 +227,11 @@ KX_INLINE __m512i kz_load_wpair(uint32_t type, const char *row, int b, int two) 
         if (two) w = _mm512_inserti64x4(w, _mm256_loadu_si256((const __m256i *)blk[1].qs), 1);
         return w;
     }
-    const uint8_t *q0, *q1;
-    if (type == GGML_TYPE_Q4_0) {
-        q0 = ((const block_q4_0 *)row)[b].qs;
-        q1 = ((const block_q4_0 *)row)[b + 1].qs;
-    } else {
-        q0 = ((const block_q4_1 *)row)[b].qs;
-        q1 = ((const block_q4_1 *)row)[b + 1].qs;
-    }
+    const size_t bb = kz_block_bytes(type);
+    const size_t qoff = type == GGML_TYPE_Q4_0 ? offsetof(block_q4_0, qs) : offsetof(block_q4_1, qs);
+    const char *q0 = row + (size_t)b * bb + qoff;
     __m256i y = _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)q0));
-    if (two) y = _mm256_inserti128_si256(y, _mm_loadu_si128((const __m128i *)q1), 1);
+    if (two) y = _mm256_inserti128_si256(y, _mm_loadu_si128((const __m128i *)(q0 + bb)), 1);
     const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(y), _mm256_srli_epi16(y, 4), 1);
     return _mm512_and_si512(z, _mm512_set1_epi8(0x0f));
 }

@@ -2,8 +2,9 @@
  * thread count, on the matrix shapes of the benchmark models.
  *
  *   bench-kernels [--backend scalar|avx2|avx512|all] [--threads N] [--ntok N] [--hot]
- *                 [--seconds S] [--quick]
+ *                 [--rows N] [--seconds S] [--quick]
  *
+ * (--hot --rows 256 --threads 1 measures compute throughput on an L2-resident matrix.)
  * Decode is memory-bound, so by default each call reads a different copy of the matrix
  * out of a ring larger than the last-level cache ("cold", like a real forward pass that
  * touches hundreds of MB per token); --hot reuses one copy (cache-resident). GB/s counts
@@ -156,6 +157,7 @@ typedef struct options {
     int threads;          /* 0: 1 and 2 */
     int ntok;             /* 0: 1 and 64 */
     int hot;
+    int rows;             /* > 0: override every shape's row count (with --hot: a cache-resident matrix) */
     double seconds;       /* per measurement */
 } options;
 
@@ -205,7 +207,9 @@ static int run_backend(const char *backend, const options *o) {
     const int thread_counts[2] = {1, 2};
     const int ntoks[2] = {1, 64};
     for (size_t si = 0; si < sizeof SHAPES / sizeof SHAPES[0]; si++) {
-        const shape *s = &SHAPES[si];
+        shape sh = SHAPES[si];
+        if (o->rows > 0) sh.rows = o->rows;
+        const shape *s = &sh;
         const size_t rb = row_bytes_of(s->type, s->cols);
         const size_t mat_bytes = ((rb * s->rows) + 63) / 64 * 64;
         /* ring: more bytes than the last-level cache (480 MiB on the reference machine) */
@@ -281,24 +285,25 @@ static int run_backend(const char *backend, const options *o) {
 }
 
 int main(int argc, char **argv) {
-    options o = {NULL, 0, 0, 0, 0.7};
+    options o = {NULL, 0, 0, 0, 0, 0.7};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--backend") && i + 1 < argc) o.backend = argv[++i];
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) o.threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--ntok") && i + 1 < argc) o.ntok = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) o.seconds = atof(argv[++i]);
         else if (!strcmp(argv[i], "--hot")) o.hot = 1;
+        else if (!strcmp(argv[i], "--rows") && i + 1 < argc) o.rows = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick")) o.seconds = 0.15;
         else {
             fprintf(stderr,
                     "usage: %s [--backend scalar|avx2|avx512|all] [--threads N] [--ntok N] [--hot] "
-                    "[--seconds S] [--quick]\n",
+                    "[--rows N] [--seconds S] [--quick]\n",
                     argv[0]);
             return 2;
         }
     }
-    if (o.threads < 0 || o.ntok < 0 || o.ntok > 64 || !(o.seconds > 0)) {
-        fprintf(stderr, "bad arguments (threads >= 1, 1 <= ntok <= 64, seconds > 0)\n");
+    if (o.threads < 0 || o.ntok < 0 || o.ntok > 64 || o.rows < 0 || !(o.seconds > 0)) {
+        fprintf(stderr, "bad arguments (threads >= 1, 1 <= ntok <= 64, rows >= 1, seconds > 0)\n");
         return 2;
     }
     printf("best kernel set: %s\n", (kernels_select(NULL), kernels_backend_name()));

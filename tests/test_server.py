@@ -468,3 +468,92 @@ def test_loading_and_shutting_down_answer_503() -> None:
         state.begin_shutdown()
         assert_error(client.post("/v1/chat/completions", json=body), 503, "shutting_down")
         assert client.get("/health").json()["status"] == "shutting_down"
+
+
+class _Echo:
+    """A fake loaded model for in-process tests: repeats 'ab' and counts its prompts."""
+
+    name, backend, context_length = "echo", "fake", 64
+
+    def __init__(self) -> None:
+        from colibri_backend.backends import Capabilities
+
+        self.capabilities = Capabilities(logprobs=True, chat=True)
+        self.n_vocab = 100
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) % 100 for c in text] or [0]
+
+    def detokenize(self, ids) -> str:
+        return "".join(chr(97 + i % 2) for i in ids)
+
+    def token_text(self, token_id: int) -> str:
+        return chr(97 + token_id % 2)
+
+    def render_chat(self, messages, add_generation_prompt: bool = True) -> str:
+        return "".join(m["content"] for m in messages)
+
+    def generate_tokens(self, prompt_ids, *, max_tokens, sampling=None, stop=None, logprobs=None):
+        from colibri_backend.backends import GenerationEvent
+
+        for i in range(max_tokens):
+            yield GenerationEvent(
+                i,
+                "ab"[i % 2],
+                -0.5 if logprobs is not None else None,
+                {"a": -0.5, "b": -1.0} if logprobs else None,
+                "length" if i == max_tokens - 1 else None,
+            )
+
+    def stats(self) -> dict:
+        return {"experts": {"hits": 7, "misses": 3}, "bytes_read": 1024, "name": "not a number"}
+
+    def close(self) -> None:
+        pass
+
+
+def test_multiple_choices_prompts_and_engine_metrics_in_process() -> None:
+    from fastapi.testclient import TestClient
+
+    from colibri_backend.config import Config, ModelConfig
+    from colibri_backend.server import ServerState, create_app
+
+    cfg = Config(models={"e": ModelConfig(alias="e", path="x", backend="fake")}, default_model="e")
+    state = ServerState(cfg, api_key=None, loader=lambda c: _Echo())
+    with TestClient(create_app(state)) as client:
+        state.wait_loaded(10)
+        r = client.post(
+            "/v1/completions",
+            json={"model": "e", "prompt": ["hi", "yo"], "max_tokens": 3, "n": 2, "logprobs": 1},
+        ).json()
+        assert [c["index"] for c in r["choices"]] == [0, 1, 2, 3]
+        assert all(c["text"] == "aba" and c["finish_reason"] == "length" for c in r["choices"])
+        assert r["choices"][0]["logprobs"]["text_offset"] == [0, 1, 2]
+        assert r["usage"] == {"prompt_tokens": 4, "completion_tokens": 12, "total_tokens": 16}
+        body = {
+            "model": "e",
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            "max_tokens": 2,
+            "n": 2,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        with client.stream("POST", "/v1/chat/completions", json=body) as s:
+            events = [json.loads(ln[6:]) for ln in s.iter_lines() if ln.startswith("data: {")]
+        texts: dict[int, str] = {}
+        for e in events:
+            for c in e["choices"]:
+                texts[c["index"]] = texts.get(c["index"], "") + (c["delta"].get("content") or "")
+        assert texts == {0: "ab", 1: "ab"}
+        assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 4
+        bad = dict(body, messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])
+        assert_error(client.post("/v1/chat/completions", json=bad), 400, "invalid_value", "messages")
+        assert_error(
+            client.post("/v1/chat/completions", json=dict(body, tools=[{"type": "function"}])),
+            400,
+            param="tools",
+        )
+        metrics = client.get("/metrics").text
+        assert 'colibri_engine_experts_hits{model="e"} 7' in metrics
+        assert 'colibri_engine_bytes_read{model="e"} 1024' in metrics
+        assert "not a number" not in metrics

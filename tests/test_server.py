@@ -557,3 +557,20 @@ def test_multiple_choices_prompts_and_engine_metrics_in_process() -> None:
         assert 'colibri_engine_experts_hits{model="e"} 7' in metrics
         assert 'colibri_engine_bytes_read{model="e"} 1024' in metrics
         assert "not a number" not in metrics
+
+
+def test_serve_fails_fast_when_its_only_backend_cannot_run(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from colibri_backend import cli
+    from colibri_backend.registry import get_registry
+
+    entry = get_registry().get("transformers")
+    monkeypatch.setattr(
+        entry.backend, "unavailable_reason", lambda: "Python package 'torch' is not installed"
+    )
+    assert cli.main(["serve", "--model", "smollm2", "--backend", "transformers"]) == 1
+    assert (
+        "backend 'transformers' is unavailable: Python package 'torch' is not installed"
+        in capsys.readouterr().err
+    )

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from colibri_backend.config import load_config
-    from colibri_backend.registry import get_registry
+    from colibri_backend.registry import BackendUnavailableError, get_registry
     from colibri_backend.server import ServerState, serve
 
     cfg = load_config(args.config)
@@ -66,8 +66,15 @@ def run(args: argparse.Namespace) -> int:
     host = args.host or cfg.server.host
 
     registry = get_registry()
-    for alias in aliases:  # fail fast on a typo'd backend name; a missing package is reported per model
-        registry.get(cfg.models[alias].backend)
+    for alias in aliases:
+        entry = registry.get(cfg.models[alias].backend)  # an unknown backend name is a typo: fail now
+        reason = entry.unavailable_reason()
+        if reason is not None:
+            if len(aliases) == 1:
+                raise BackendUnavailableError(f"backend {entry.name!r} is unavailable: {reason}")
+            # With several aliases the others are still served; this one answers 503 with the reason.
+            print(f"colibri serve: warning: model {alias!r}: backend {entry.name!r} is unavailable: {reason}",
+                  file=sys.stderr)
     state = ServerState(cfg, aliases=aliases, api_key=args.api_key, max_queue=args.max_queue)
 
     def ready(bound: int) -> None:

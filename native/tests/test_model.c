@@ -313,6 +313,12 @@ static void test_engine_contracts(const char *dir, const char *arch, int n_exper
     CHECK_OK(colibri_eval(c, toks, T, one, 0));
     CHECK(max_abs_diff(one, ref + (size_t)(T - 1) * V, V) == 0.0f);
 
+    /* no logits at all: the cache is filled the same way */
+    CHECK_OK(colibri_truncate(c, 0));
+    CHECK_OK(colibri_eval(c, toks, T - 1, NULL, 1));
+    CHECK_OK(colibri_eval(c, toks + T - 1, 1, one, 0));
+    CHECK(max_abs_diff(one, ref + (size_t)(T - 1) * V, V) <= tol);
+
     /* prefix reuse: keep 10 positions, continue token by token; no allocation per step */
     CHECK_OK(colibri_truncate(c, 10));
     for (int i = 10; i < T; i++) {
@@ -342,7 +348,7 @@ static void test_engine_contracts(const char *dir, const char *arch, int n_exper
     CHECK(colibri_n_past(c) == 0);
     colibri_stats st;
     CHECK_OK(colibri_get_stats(c, &st));
-    CHECK(st.n_prompt_tokens == 2 * T + 8 && st.n_decode_tokens == T - 10 && st.kv_bytes > 0);
+    CHECK(st.n_prompt_tokens == 3 * T - 1 + 8 && st.n_decode_tokens == T - 10 + 1 && st.kv_bytes > 0);
     colibri_reset_stats(c);
     CHECK_OK(colibri_get_stats(c, &st));
     CHECK(st.n_prompt_tokens == 0 && st.n_eval_calls == 0 && st.kv_bytes > 0 && st.scratch_bytes > 0);

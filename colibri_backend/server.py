@@ -147,9 +147,9 @@ def _metric_name(key: str) -> str:
 
 def _flatten(prefix: str, value: Any, out: list[tuple[str, float]]) -> None:
     if isinstance(value, bool):
-        out.append((prefix, float(value)))
-    elif isinstance(value, (int, float)):
-        out.append((prefix, float(value)))
+        out.append((prefix, int(value)))
+    elif isinstance(value, (int, float)):  # ints stay ints: byte counts print exactly
+        out.append((prefix, value))
     elif isinstance(value, dict):
         for k, v in value.items():
             _flatten(f"{prefix}_{_metric_name(str(k))}" if prefix else _metric_name(str(k)), v, out)
@@ -341,7 +341,7 @@ class ServerState:
             lines.append(f"# HELP {name} {help_}")
             lines.append(f"# TYPE {name} {kind}")
             for labels, value in samples:
-                text = f"{value:.6g}" if isinstance(value, float) else str(value)
+                text = f"{value:.10g}" if isinstance(value, float) else str(value)
                 lines.append(f"{name}{labels} {text}")
 
         metric("colibri_requests_total", "counter", "HTTP requests answered, by endpoint and status.",

@@ -842,11 +842,4 @@ def convert(
     return out
 
 
-def describe(hf_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """The GGUF architecture and key dimensions a checkpoint would convert to (validates the config only)."""
-    cfg = json.loads((Path(hf_dir) / "config.json").read_text(encoding="utf-8"))
-    hp = _hparams(cfg)
-    return {k: v for k, v in vars(hp).items() if k != "extra"} | dict(hp.extra)
-
-
-__all__ = ["ALIGNMENT", "OUT_TYPES", "SUPPORTED_MODEL_TYPES", "ConversionError", "convert", "describe"]
+__all__ = ["ALIGNMENT", "OUT_TYPES", "SUPPORTED_MODEL_TYPES", "ConversionError", "convert"]

@@ -54,7 +54,7 @@ def _as_array(t: Any) -> np.ndarray:
 # the tiny checkpoints are what transformers itself writes
 
 
-def test_tiny_checkpoints_have_transformers_layout(tiny_zoo: tm.Any) -> None:
+def test_tiny_checkpoints_have_transformers_layout(tiny_zoo: Any) -> None:
     layout_path = tm.REFERENCE_DIR / "tiny_layout.json"
     ours = {s.name: {k: list(v.shape) for k, v in tm.make_weights(s).items()} for s in tm.SPECS}
     if tm.reference_engine("transformers") is not None:
@@ -73,7 +73,7 @@ def test_tiny_checkpoints_have_transformers_layout(tiny_zoo: tm.Any) -> None:
 
 
 @pytest.mark.parametrize("name", COMPATIBLE)
-def test_llama_cpp_runs_converted_f32_like_transformers(tiny_zoo: tm.Any, name: str) -> None:
+def test_llama_cpp_runs_converted_f32_like_transformers(tiny_zoo: Any, name: str) -> None:
     ckpt = tiny_zoo.checkpoint(name)
     gguf_path = tiny_zoo.gguf(name, "f32")
     ids = tm.token_ids(ckpt, N_POS)
@@ -116,12 +116,42 @@ def _sub(rec: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
     return {k[len(prefix) + 1 :]: v for k, v in rec.items() if k.startswith(prefix + "_")}
 
 
+TOKENIZER_SAMPLES = (
+    "def f(x):\n    return x ** 2  # square\n\n\n",
+    "Ünïcödé — “quotes”, emoji 🦜🐦 and CJK 漢字かな",
+    "   leading spaces, trailing tabs\t\t, numbers 1234567 3.14159",
+    "<|im_start|>user\nhello<|im_end|>",
+)
+
+
+def test_llama_cpp_tokenizes_like_hf(tiny_zoo: Any) -> None:
+    """The GGUF tokenizer metadata (tokens, merges, types, pre-tokenizer name) makes llama.cpp tokenize
+    exactly as the HF tokenizer.json does, special tokens included."""
+    from tokenizers import Tokenizer
+
+    ckpt = tiny_zoo.checkpoint("llama")
+    hf = Tokenizer.from_file(str(ckpt / "tokenizer.json"))
+    texts = [*TOKENIZER_SAMPLES, tm.corpus_text()[5000:9000]]
+    expected = [hf.encode(t, add_special_tokens=False).ids for t in texts]
+    if tm.reference_engine("llama_cpp") is not None:
+        got = tm.llama_cpp_tokenize(tiny_zoo.gguf("llama", "f32"), texts)
+        source = "live"
+    else:
+        rec = tm.load_record("tiny_llama")
+        flat, lens = rec["llama_tok_ids"].tolist(), rec["llama_tok_lens"].tolist()
+        got = [flat[sum(lens[:i]) : sum(lens[: i + 1])] for i in range(len(lens))]
+        source = "recorded"
+    for text, e, g in zip(texts, expected, got, strict=True):
+        assert g == e, f"llama.cpp ({source}) tokenizes {text[:40]!r} differently: {g[:20]} vs HF {e[:20]}"
+    tm.report(f"llama.cpp tokenization of our GGUF == HF tokenizer on {len(texts)} texts ({source})")
+
+
 # ----------------------------------------------------------------------------------------------------
 # file structure
 
 
 @pytest.mark.parametrize("name", ALL)
-def test_metadata_tokenizer_and_alignment(tiny_zoo: tm.Any, name: str) -> None:
+def test_metadata_tokenizer_and_alignment(tiny_zoo: Any, name: str) -> None:
     spec = tm.SPEC_BY_NAME[name]
     ckpt = tiny_zoo.checkpoint(name)
     reader = GGUFReader(tiny_zoo.gguf(name, "q8_0"))
@@ -211,7 +241,7 @@ def _rope_adjacent(x: np.ndarray, pos: np.ndarray, theta: float) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", ["llama", "mixtral", "granitemoe", "qwen3moe", "qwen2moe", "olmoe"])
-def test_f32_tensors_round_trip_and_rope_equivalence(tiny_zoo: tm.Any, name: str) -> None:
+def test_f32_tensors_round_trip_and_rope_equivalence(tiny_zoo: Any, name: str) -> None:
     """Every F32 tensor equals its checkpoint source (after the documented transforms), and for llama-family
     models the permuted q/k with adjacent-pair RoPE give the same attention scores as HF's rotate_half."""
     spec = tm.SPEC_BY_NAME[name]
@@ -311,7 +341,7 @@ def _to_half_checkpoint(src: Path, dst: Path, kind: str) -> dict[str, np.ndarray
 
 
 @pytest.mark.parametrize("kind", ["bf16", "f16"])
-def test_half_precision_checkpoints(tiny_zoo: tm.Any, tmp_path: Path, kind: str) -> None:
+def test_half_precision_checkpoints(tiny_zoo: Any, tmp_path: Path, kind: str) -> None:
     ckpt = _to_half_checkpoint(tiny_zoo.checkpoint("qwen3moe"), tmp_path / kind, kind)
     rounded = ckpt
     out = convert(tmp_path / kind, tmp_path / f"{kind}.gguf", "f32", progress=False)
@@ -329,7 +359,7 @@ def test_half_precision_checkpoints(tiny_zoo: tm.Any, tmp_path: Path, kind: str)
 @pytest.mark.parametrize(
     "out_type,qtype,tol", [("f16", Q.F16, 2e-3), ("q8_0", Q.Q8_0, 1.5e-2), ("q4_0", Q.Q4_0, 0.2)]
 )
-def test_quantized_outputs(tiny_zoo: tm.Any, out_type: str, qtype: Q, tol: float) -> None:
+def test_quantized_outputs(tiny_zoo: Any, out_type: str, qtype: Q, tol: float) -> None:
     spec = tm.SPEC_BY_NAME["qwen3moe"]
     w = tm.make_weights(spec)
     t = _tensors(GGUFReader(tiny_zoo.gguf("qwen3moe", out_type)))
@@ -345,7 +375,7 @@ def test_quantized_outputs(tiny_zoo: tm.Any, out_type: str, qtype: Q, tol: float
         assert t["output.weight"].tensor_type == Q.Q8_0
 
 
-def test_rows_not_multiple_of_block_fall_back_to_f16(tmp_path: Path, tiny_zoo: tm.Any) -> None:
+def test_rows_not_multiple_of_block_fall_back_to_f16(tmp_path: Path, tiny_zoo: Any) -> None:
     base = tm.SPEC_BY_NAME["llama"]
     spec = tm.TinySpec("llama_odd_ff", "llama", dict(base.config, intermediate_size=72), seed=3)
     ckpt = tm.build_checkpoint(spec, tmp_path / "odd", tiny_zoo.tokenizer_dir())
@@ -354,7 +384,7 @@ def test_rows_not_multiple_of_block_fall_back_to_f16(tmp_path: Path, tiny_zoo: t
     assert t["blk.0.ffn_up.weight"].tensor_type == Q.Q8_0  # rows of 128 values
 
 
-def test_sharded_checkpoint_gives_identical_file(tmp_path: Path, tiny_zoo: tm.Any) -> None:
+def test_sharded_checkpoint_gives_identical_file(tmp_path: Path, tiny_zoo: Any) -> None:
     from safetensors.numpy import load_file, save_file
 
     src = tiny_zoo.checkpoint("mixtral")
@@ -421,7 +451,7 @@ def _mutated(src: Path, dst: Path, **changes: Any) -> Path:
     ],
 )
 def test_unsupported_configs_are_refused(
-    tmp_path: Path, tiny_zoo: tm.Any, base: str, changes: dict[str, Any], message: str
+    tmp_path: Path, tiny_zoo: Any, base: str, changes: dict[str, Any], message: str
 ) -> None:
     ckpt = _mutated(tiny_zoo.checkpoint(base), tmp_path / "m", **changes)
     with pytest.raises(ConversionError, match=message):
@@ -430,7 +460,7 @@ def test_unsupported_configs_are_refused(
     assert not list(tmp_path.glob("*.part"))
 
 
-def test_bad_checkpoints_are_refused(tmp_path: Path, tiny_zoo: tm.Any) -> None:
+def test_bad_checkpoints_are_refused(tmp_path: Path, tiny_zoo: Any) -> None:
     src = tiny_zoo.checkpoint("olmoe")
     with pytest.raises(ConversionError, match="config.json"):
         convert(tmp_path, tmp_path / "x.gguf", progress=False)
@@ -475,7 +505,7 @@ def test_bad_checkpoints_are_refused(tmp_path: Path, tiny_zoo: tm.Any) -> None:
 # CLI
 
 
-def test_cli_convert(tmp_path: Path, tiny_zoo: tm.Any, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_convert(tmp_path: Path, tiny_zoo: Any, capsys: pytest.CaptureFixture[str]) -> None:
     from colibri_backend.cli import main
 
     src = tiny_zoo.checkpoint("qwen2moe")

@@ -28,7 +28,9 @@ GREEDY_PROMPTS = (
     "def fibonacci(n):",
 )
 GREEDY_N = 32
-NEAR_TIE = 0.1  # logits: a greedy divergence is acceptable only where llama.cpp's top two are this close
+# A greedy divergence counts as explained only where Colibri picks llama.cpp's runner-up and llama.cpp's top
+# two logits are within NEAR_TIE (a probability ratio below 1.65): quantized engines round differently.
+NEAR_TIE = 0.5
 
 
 def _sub(rec: dict[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
@@ -69,11 +71,8 @@ def test_smollm2_q4_1_teacher_forced(smollm2_gguf: Path, colibri: Any) -> None:
 
 def llama_cpp_greedy(gguf: Path, prompt: list[int], n_new: int) -> tuple[list[int], np.ndarray]:
     """Greedy token ids from llama.cpp and its logits at each generated step ([n_new, vocab])."""
-    import llama_cpp
-
-    llm = llama_cpp.Llama(
-        model_path=str(gguf), logits_all=True, n_ctx=512, n_threads=tm.LLAMA_CPP_THREADS, verbose=False
-    )
+    # logits_all=False: llama-cpp-python still keeps the last row of every eval in scores[n_tokens - 1]
+    llm = tm.open_llama_cpp(gguf, logits_all=False, n_ctx=512, n_threads=tm.LLAMA_CPP_THREADS)
     try:
         llm.reset()
         llm.eval(prompt)
@@ -113,25 +112,30 @@ def test_smollm2_greedy_matches_llama_cpp(smollm2_gguf: Path, colibri: Any, prom
         ours = [e.token_id for e in events if e.token_id >= 0]
         text = model.detokenize(ours)
     if ref_rows is not None:
-        top2 = np.sort(ref_rows, axis=-1)[:, -2:]
-        margins = top2[:, 1] - top2[:, 0]
-    diverge = next((i for i, (a, b) in enumerate(zip(ours, ref, strict=False)) if a != b), None)
-    tm.report(
-        f"SmolLM2 greedy {prompt!r} ({source}): "
-        + (
-            "identical"
-            if diverge is None
-            else f"first divergence at token {diverge} (llama.cpp top-2 margin {margins[diverge]:.3g})"
+        order = np.argsort(-ref_rows, axis=-1)
+        seconds = order[:, 1]
+        margins = (
+            ref_rows[np.arange(len(ref_rows)), order[:, 0]] - ref_rows[np.arange(len(ref_rows)), seconds]
         )
-        + f" -> {text!r}"
+    else:
+        seconds = rec[f"{key}_second"]
+    diverge = next((i for i, (a, b) in enumerate(zip(ours, ref, strict=False)) if a != b), None)
+    detail = (
+        "identical"
+        if diverge is None
+        else (
+            f"first divergence at token {diverge}: Colibri chose llama.cpp's "
+            f"{'runner-up' if ours[diverge] == seconds[diverge] else 'non-top-2 token'} "
+            f"(llama.cpp top-2 margin {margins[diverge]:.3g} logits)"
+        )
     )
+    tm.report(f"SmolLM2 greedy {prompt!r} ({source}): {detail} -> {text!r}")
     if diverge is None:
         n = min(len(ours), len(ref))
         assert len(ours) == len(ref) or ours[n - 1] == ref[n - 1], "one engine stopped earlier"
     else:
-        assert margins[diverge] <= NEAR_TIE, (
-            f"greedy outputs diverge at token {diverge} where llama.cpp's margin is {margins[diverge]:.3g}"
-        )
+        # An explained divergence: a near-tie in llama.cpp's own logits, resolved the other way.
+        assert ours[diverge] == seconds[diverge] and margins[diverge] <= NEAR_TIE, detail
 
 
 @pytest.mark.parametrize("out_type", ["f16", "q8_0"])

@@ -299,6 +299,8 @@ _ARCH_CLASS = {
 # cycles under greedy decoding; the greedy tests therefore also compare the log-probability of every
 # generated token.)
 BRANCH_GAIN = 3.0
+# Routers are sharper than the other projections, so that expert choices are clear-cut.
+ROUTER_GAIN = 2.0
 
 
 def make_weights(spec: TinySpec) -> dict[str, np.ndarray]:
@@ -357,7 +359,7 @@ def make_weights(spec: TinySpec) -> dict[str, np.ndarray]:
         ff = c.get("moe_intermediate_size") or c["intermediate_size"]
         if mt == "granitemoe":
             m = p + "block_sparse_moe."
-            w[m + "router.layer.weight"] = lin(n_exp, hidden, 2.0)
+            w[m + "router.layer.weight"] = lin(n_exp, hidden, ROUTER_GAIN)
             w[m + "input_linear.weight"] = lin(2 * ff, hidden, lead=(n_exp,))
             w[m + "output_linear.weight"] = lin(hidden, ff, BRANCH_GAIN, lead=(n_exp,))
             continue
@@ -367,7 +369,7 @@ def make_weights(spec: TinySpec) -> dict[str, np.ndarray]:
         else:
             m = p + "mlp."
             names = ("gate_proj", "up_proj", "down_proj")
-        w[m + "gate.weight"] = lin(n_exp, hidden, 2.0)
+        w[m + "gate.weight"] = lin(n_exp, hidden, ROUTER_GAIN)
         for e in range(n_exp):
             w[f"{m}experts.{e}.{names[0]}.weight"] = lin(ff, hidden)
             w[f"{m}experts.{e}.{names[1]}.weight"] = lin(ff, hidden)
@@ -377,7 +379,7 @@ def make_weights(spec: TinySpec) -> dict[str, np.ndarray]:
             w[m + "shared_expert.gate_proj.weight"] = lin(sff, hidden)
             w[m + "shared_expert.up_proj.weight"] = lin(sff, hidden)
             w[m + "shared_expert.down_proj.weight"] = lin(hidden, sff, BRANCH_GAIN)
-            w[m + "shared_expert_gate.weight"] = lin(1, hidden, 2.0)
+            w[m + "shared_expert_gate.weight"] = lin(1, hidden, ROUTER_GAIN)
     w["model.norm.weight"] = norm(hidden)
     if not c.get("tie_word_embeddings"):
         w["lm_head.weight"] = lin(n_vocab, hidden, 4.0)
@@ -509,6 +511,32 @@ def transformers_greedy(ckpt_dir: Path, prompt: list[int], n_new: int) -> list[i
     return [int(t) for t in out[0, len(prompt) :]]
 
 
+def open_llama_cpp(gguf_path: Path, **kwargs: Any) -> Any:
+    """llama_cpp.Llama on `gguf_path` (verbose off) without llama.cpp's "extra buffer types".
+
+    On this machine class (AVX-512 + AMX, sandboxed) llama.cpp's AMX / weight-repacking buffers crash the
+    process (SIGSEGV in llama_decode on any quantized matmul) - probably AMX tile state the sandbox does not
+    grant. Plain CPU buffers give llama.cpp's reference results; llama-cpp-python does not expose the switch,
+    so the model-parameter defaults are patched for this one construction.
+    """
+    import llama_cpp
+    import llama_cpp.llama_cpp as low
+
+    original = low.llama_model_default_params
+
+    def defaults_without_extra_buffers() -> Any:
+        params = original()
+        if hasattr(params, "use_extra_bufts"):
+            params.use_extra_bufts = False
+        return params
+
+    low.llama_model_default_params = defaults_without_extra_buffers
+    try:
+        return llama_cpp.Llama(model_path=str(gguf_path), verbose=False, **kwargs)
+    finally:
+        low.llama_model_default_params = original
+
+
 def llama_cpp_logits(gguf_path: Path, ids: list[int], f32_kv: bool = False) -> np.ndarray:
     """Teacher-forced logits [len(ids), vocab] from llama.cpp (llama-cpp-python), 2 threads.
 
@@ -519,19 +547,27 @@ def llama_cpp_logits(gguf_path: Path, ids: list[int], f32_kv: bool = False) -> n
     kwargs: dict[str, Any] = {}
     if f32_kv:
         kwargs.update(type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
-    llm = llama_cpp.Llama(
-        model_path=str(gguf_path),
+    llm = open_llama_cpp(
+        gguf_path,
         logits_all=True,
         n_ctx=max(64, len(ids)),
         n_batch=max(64, len(ids)),
         n_threads=LLAMA_CPP_THREADS,
-        verbose=False,
         **kwargs,
     )
     try:
         llm.reset()
         llm.eval(ids)
         return np.array(llm.scores[: len(ids)], dtype=np.float32)
+    finally:
+        llm.close()
+
+
+def llama_cpp_tokenize(gguf_path: Path, texts: list[str]) -> list[list[int]]:
+    """llama.cpp's token ids for each text (special tokens parsed, no BOS added)."""
+    llm = open_llama_cpp(gguf_path, vocab_only=True)
+    try:
+        return [llm.tokenize(t.encode("utf-8"), add_bos=False, special=True) for t in texts]
     finally:
         llm.close()
 

@@ -1,6 +1,7 @@
 """Regenerate the recorded reference outputs of the conformance suite.
 
-    python conformance_tests/reference/regenerate.py     # needs torch, transformers, llama-cpp-python
+    python conformance_tests/reference/regenerate.py [tiny] [smollm2]   # needs torch, transformers,
+                                                                        # llama-cpp-python
 
 Writes, next to this script:
   tiny_layout.json   tensor names/shapes transformers' save_pretrained writes for each tiny spec
@@ -24,6 +25,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+import test_converter as tc  # noqa: E402
 import test_vs_llama_cpp as tl  # noqa: E402
 import test_vs_transformers as tt  # noqa: E402
 import tiny_models as tm  # noqa: E402
@@ -62,15 +64,18 @@ def tiny(root: Path) -> None:
                 g = zoo.gguf(spec.name, out_type)
                 out[f"gguf_sha_{out_type}"] = np.array(tm.file_sha(g))
                 _put(out, f"llama_{out_type}", tm.record(tm.llama_cpp_logits(g, ids256)))
+        if spec.name == "llama":
+            texts = [*tc.TOKENIZER_SAMPLES, tm.corpus_text()[5000:9000]]
+            toks = tm.llama_cpp_tokenize(zoo.gguf("llama", "f32"), texts)
+            out["llama_tok_ids"] = np.array([t for seq in toks for t in seq], dtype=np.int32)
+            out["llama_tok_lens"] = np.array([len(seq) for seq in toks], dtype=np.int32)
         np.savez_compressed(HERE / f"tiny_{spec.name}.npz", **out)
         print(f"tiny_{spec.name}.npz", flush=True)
 
 
 def smollm2() -> None:
-    import llama_cpp
-
     path = tm.resolve_smollm2()
-    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    llm = tm.open_llama_cpp(path, vocab_only=True)
     ids = llm.tokenize(tm.english_text().encode("utf-8"), add_bos=False, special=False)[: tl.SMOL_N]
     llm.close()
     out: dict[str, np.ndarray] = {
@@ -79,26 +84,31 @@ def smollm2() -> None:
     }
     _put(out, "llama", tm.record(tm.llama_cpp_logits(path, ids)))
     for i, prompt in enumerate(tl.GREEDY_PROMPTS):
-        llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+        llm = tm.open_llama_cpp(path, vocab_only=True)
         p = llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=False)
         llm.close()
         toks, rows = tl.llama_cpp_greedy(path, p, tl.GREEDY_N)
-        top2 = np.sort(rows, axis=-1)[:, -2:]
+        order = np.argsort(-rows, axis=-1)
+        at = np.arange(len(rows))
         out[f"greedy_{i}_prompt"] = np.array(p, dtype=np.int32)
         out[f"greedy_{i}_ids"] = np.array(toks, dtype=np.int32)
-        out[f"greedy_{i}_margins"] = (top2[:, 1] - top2[:, 0]).astype(np.float32)
+        out[f"greedy_{i}_second"] = order[:, 1].astype(np.int32)
+        out[f"greedy_{i}_margins"] = (rows[at, order[:, 0]] - rows[at, order[:, 1]]).astype(np.float32)
     np.savez_compressed(HERE / "smollm2_q4_1.npz", **out)
     print("smollm2_q4_1.npz", flush=True)
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
     import tempfile
 
-    with tempfile.TemporaryDirectory(prefix="colibri-ref-") as tmp:
-        tiny(Path(tmp))
-    smollm2()
+    parts = set(argv) or {"tiny", "smollm2"}
+    if "tiny" in parts:
+        with tempfile.TemporaryDirectory(prefix="colibri-ref-") as tmp:
+            tiny(Path(tmp))
+    if "smollm2" in parts:
+        smollm2()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

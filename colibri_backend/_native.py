@@ -103,6 +103,57 @@ class ContextParamsC(Structure):
         ("n_threads", c_int32),
         ("n_ctx", c_int32),
         ("n_batch", c_int32),
+        ("memory_budget", c_uint64),
+        ("expert_policy", c_int32),
+        ("prefetch", c_int32),
+    ]
+
+
+# expert cache policies and prefetch flags (colibri.h)
+POLICY_LFU = 0
+POLICY_LRU = 1
+PREFETCH_NONE = 0
+PREFETCH_LOOKAHEAD = 1
+PREFETCH_TEMPORAL = 2
+
+
+class MemoryPlanC(Structure):
+    _fields_ = [
+        ("budget", c_uint64),
+        ("metadata_bytes", c_uint64),
+        ("resident_weight_bytes", c_uint64),
+        ("model_table_bytes", c_uint64),
+        ("kv_bytes", c_uint64),
+        ("scratch_bytes", c_uint64),
+        ("context_bytes", c_uint64),
+        ("store_table_bytes", c_uint64),
+        ("expert_total_bytes", c_uint64),
+        ("expert_slot_bytes", c_uint64),
+        ("expert_bytes", c_uint64),
+        ("total_bytes", c_uint64),
+        ("min_budget", c_uint64),
+        ("n_expert_total", c_int32),
+        ("n_expert_slots", c_int32),
+        ("min_expert_slots", c_int32),
+        ("all_resident", c_int32),
+        ("fits", c_int32),
+    ]
+
+
+class ExpertStatsC(Structure):
+    _fields_ = [
+        ("layer", c_int32),
+        ("expert", c_int32),
+        ("calls", c_uint64),
+        ("hits", c_uint64),
+        ("misses", c_uint64),
+        ("prefetch_issued", c_uint64),
+        ("prefetch_used", c_uint64),
+        ("prefetch_wasted", c_uint64),
+        ("bytes_read", c_uint64),
+        ("stall_seconds", c_double),
+        ("resident", c_int32),
+        ("reserved", c_int32),
     ]
 
 
@@ -119,6 +170,23 @@ class StatsC(Structure):
         ("scratch_bytes", c_uint64),
         ("scratch_peak_bytes", c_uint64),
         ("weight_bytes", c_uint64),
+        ("memory_budget", c_uint64),
+        ("planned_bytes", c_uint64),
+        ("expert_slots", c_uint64),
+        ("expert_calls", c_uint64),
+        ("expert_hits", c_uint64),
+        ("expert_misses", c_uint64),
+        ("prefetch_issued", c_uint64),
+        ("prefetch_used", c_uint64),
+        ("prefetch_wasted", c_uint64),
+        ("expert_bytes_read", c_uint64),
+        ("expert_stall_seconds", c_double),
+        ("lookahead_predicted", c_uint64),
+        ("lookahead_correct", c_uint64),
+        ("lookahead_actual", c_uint64),
+        ("temporal_predicted", c_uint64),
+        ("temporal_correct", c_uint64),
+        ("temporal_actual", c_uint64),
     ]
 
 
@@ -152,6 +220,10 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "colibri_context_default_params": (None, [POINTER(ContextParamsC)]),
     "colibri_context_new": (c_int, [c_void_p, POINTER(ContextParamsC), POINTER(c_void_p)]),
     "colibri_context_free": (None, [c_void_p]),
+    "colibri_plan": (c_int, [c_char_p, POINTER(ContextParamsC), POINTER(MemoryPlanC)]),
+    "colibri_plan_model": (c_int, [c_void_p, POINTER(ContextParamsC), POINTER(MemoryPlanC)]),
+    "colibri_get_memory_plan": (c_int, [c_void_p, POINTER(MemoryPlanC)]),
+    "colibri_get_expert_stats": (c_int, [c_void_p, POINTER(ExpertStatsC), c_int32, _i32p]),
     "colibri_context_n_ctx": (c_int32, [c_void_p]),
     "colibri_n_past": (c_int32, [c_void_p]),
     "colibri_truncate": (c_int, [c_void_p, c_int32]),

@@ -88,13 +88,61 @@ typedef struct colibri_context_params {
     int32_t n_threads;      /* <= 0: number of online CPUs */
     int32_t n_ctx;          /* <= 0: min(model's n_ctx_train, 4096) */
     int32_t n_batch;        /* max tokens per colibri_eval call (prefill chunk); <= 0: 512 */
+    /* Memory budget in bytes for everything the engine holds (weights it keeps resident, KV
+     * cache, scratch, expert slots; see colibri_memory_plan). 0: no limit, every weight
+     * resident (mapped). A budget too small for the minimum working set gives COLIBRI_E_BUDGET. */
+    uint64_t memory_budget;
+    int32_t expert_policy;  /* COLIBRI_POLICY_LFU (default) or COLIBRI_POLICY_LRU */
+    int32_t prefetch;       /* bit set of COLIBRI_PREFETCH_*; default LOOKAHEAD | TEMPORAL */
 } colibri_context_params;
+
+/* Expert cache policies (which slot a miss evicts, after prefetched-but-unused slots). */
+#define COLIBRI_POLICY_LFU 0  /* frequency with exponential decay (half-life 32 tokens) */
+#define COLIBRI_POLICY_LRU 1  /* least recently used */
+/* Expert predictors feeding the loader thread. */
+#define COLIBRI_PREFETCH_NONE 0
+#define COLIBRI_PREFETCH_LOOKAHEAD 1  /* layer l+1's router applied to layer l's FFN input */
+#define COLIBRI_PREFETCH_TEMPORAL 2   /* experts the recent tokens used at that layer */
+
+/* The ledger: every byte the engine will hold for a model and context parameters. */
+typedef struct colibri_memory_plan {
+    uint64_t budget;                 /* requested budget; 0 = unlimited */
+    uint64_t metadata_bytes;         /* GGUF header, metadata, tensor table (read at open) */
+    uint64_t resident_weight_bytes;  /* every tensor except the routed experts (attention, norms,
+                                        routers, shared experts, embeddings, output head) */
+    uint64_t model_table_bytes;      /* f32 copies of norms/biases, layer structs */
+    uint64_t kv_bytes;               /* KV cache */
+    uint64_t scratch_bytes;          /* scratch arena */
+    uint64_t context_bytes;          /* routing record, thread stacks, small per-context tables */
+    uint64_t store_table_bytes;      /* expert store bookkeeping: per-expert entries, counters,
+                                        request queue, predictor buffers, loader stack */
+    uint64_t expert_total_bytes;     /* all routed experts in the file */
+    uint64_t expert_slot_bytes;      /* one slot (the largest expert, gate+up+down, page padded) */
+    uint64_t expert_bytes;           /* slot memory, or expert_total_bytes when all are resident */
+    uint64_t total_bytes;            /* sum of the categories above */
+    uint64_t min_budget;             /* the smallest budget that works */
+    int32_t n_expert_total;          /* n_layer * n_expert */
+    int32_t n_expert_slots;          /* slots; = n_expert_total when all resident */
+    int32_t min_expert_slots;        /* minimum working set: top-k slots */
+    int32_t all_resident;            /* 1: no streaming, experts read from the mapped file */
+    int32_t fits;                    /* 1 if the budget holds the minimum working set */
+} colibri_memory_plan;
+
+/* The plan for opening `path` with `params` (NULL: defaults), without allocating the context.
+ * Returns COLIBRI_OK with out->fits = 0 when the budget is too small (colibri_context_new
+ * would refuse it with COLIBRI_E_BUDGET). */
+COLIBRI_API colibri_status colibri_plan(const char *path, const colibri_context_params *params,
+                                        colibri_memory_plan *out);
+COLIBRI_API colibri_status colibri_plan_model(const colibri_model *model, const colibri_context_params *params,
+                                              colibri_memory_plan *out);
 
 COLIBRI_API void colibri_context_default_params(colibri_context_params *out);
 COLIBRI_API colibri_status colibri_context_new(colibri_model *model, const colibri_context_params *params,
                                                colibri_context **out);
 COLIBRI_API void colibri_context_free(colibri_context *ctx);
 COLIBRI_API int32_t colibri_context_n_ctx(const colibri_context *ctx);
+/* The plan the context was created with. */
+COLIBRI_API colibri_status colibri_get_memory_plan(const colibri_context *ctx, colibri_memory_plan *out);
 
 /* Number of tokens in the KV cache. */
 COLIBRI_API int32_t colibri_n_past(const colibri_context *ctx);
@@ -128,7 +176,39 @@ typedef struct colibri_stats {
     uint64_t scratch_bytes;        /* scratch arena capacity */
     uint64_t scratch_peak_bytes;   /* high-water mark of the scratch arena */
     uint64_t weight_bytes;         /* bytes of tensor data the model uses */
+    /* expert store (all zero when every expert is resident) */
+    uint64_t memory_budget;        /* the context's budget (0 = unlimited) */
+    uint64_t planned_bytes;        /* colibri_memory_plan.total_bytes */
+    uint64_t expert_slots;         /* slots in the store (0: no store) */
+    uint64_t expert_calls;         /* (token group, expert) uses */
+    uint64_t expert_hits;          /* ... found resident or already loading */
+    uint64_t expert_misses;        /* ... read synchronously */
+    uint64_t prefetch_issued;
+    uint64_t prefetch_used;        /* prefetched experts later used */
+    uint64_t prefetch_wasted;      /* prefetched experts evicted unused */
+    uint64_t expert_bytes_read;
+    double expert_stall_seconds;   /* time the forward pass waited for expert bytes */
+    /* predictor accuracy, decode steps: precision = correct / predicted, recall = correct / actual */
+    uint64_t lookahead_predicted, lookahead_correct, lookahead_actual;
+    uint64_t temporal_predicted, temporal_correct, temporal_actual;
 } colibri_stats;
+
+/* Counters of one expert of one layer. */
+typedef struct colibri_expert_stats {
+    int32_t layer;
+    int32_t expert;
+    uint64_t calls, hits, misses;
+    uint64_t prefetch_issued, prefetch_used, prefetch_wasted;
+    uint64_t bytes_read;
+    double stall_seconds;
+    int32_t resident;              /* 1 if in a slot now */
+    int32_t reserved;
+} colibri_expert_stats;
+
+/* Per-expert counters, layer-major ([n_layer][n_expert]); writes at most max entries.
+ * Writes nothing when the context has no expert store. */
+COLIBRI_API colibri_status colibri_get_expert_stats(const colibri_context *ctx, colibri_expert_stats *out,
+                                                    int32_t max, int32_t *n_written);
 
 COLIBRI_API colibri_status colibri_get_stats(const colibri_context *ctx, colibri_stats *out);
 COLIBRI_API void colibri_reset_stats(colibri_context *ctx);

@@ -5,7 +5,10 @@
 #include "alloc.h"
 #include "colibri.h"
 #include "error.h"
+#include "experts.h"
+#include "ledger.h"
 #include "model.h"
+#include "predict.h"
 
 int colibri_abi_version(void) { return COLIBRI_ABI_VERSION; }
 
@@ -50,6 +53,47 @@ void colibri_context_default_params(colibri_context_params *out) {
     out->n_threads = 0;
     out->n_ctx = 0;
     out->n_batch = 512;
+    out->memory_budget = 0;
+    out->expert_policy = COLIBRI_POLICY_LFU;
+    out->prefetch = COLIBRI_PREFETCH_LOOKAHEAD | COLIBRI_PREFETCH_TEMPORAL;
+}
+
+colibri_status colibri_plan_model(const colibri_model *model, const colibri_context_params *params,
+                                  colibri_memory_plan *out) {
+    if (!model || !out) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_plan_model: NULL argument");
+    colibri_context_params p;
+    colibri_status st = context_resolve_params(model, params, &p);
+    if (st) return st;
+    return ledger_plan(model, &p, out);
+}
+
+colibri_status colibri_plan(const char *path, const colibri_context_params *params, colibri_memory_plan *out) {
+    if (!path || !out) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_plan: NULL argument");
+    colibri_model *m = NULL;
+    colibri_status st = model_load(path, &m);
+    if (st) return st;
+    st = colibri_plan_model(m, params, out);
+    model_free(m);
+    return st;
+}
+
+colibri_status colibri_get_memory_plan(const colibri_context *ctx, colibri_memory_plan *out) {
+    if (!ctx || !out) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_get_memory_plan: NULL argument");
+    *out = ctx->plan;
+    return COLIBRI_OK;
+}
+
+colibri_status colibri_get_expert_stats(const colibri_context *ctx, colibri_expert_stats *out, int32_t max,
+                                        int32_t *n_written) {
+    if (!ctx || !n_written) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_get_expert_stats: NULL argument");
+    *n_written = 0;
+    if (max < 0) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_get_expert_stats: max is negative");
+    if (!ctx->store || max == 0) return COLIBRI_OK;
+    if (!out) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_get_expert_stats: out is NULL");
+    int n = 0;
+    store_expert_stats(ctx->store, out, max, &n);
+    *n_written = n;
+    return COLIBRI_OK;
 }
 
 colibri_status colibri_context_new(colibri_model *model, const colibri_context_params *params,
@@ -104,6 +148,8 @@ colibri_status colibri_get_stats(const colibri_context *ctx, colibri_stats *out)
     *out = ctx->stats;
     out->allocs_total = cb_alloc_count();
     out->scratch_peak_bytes = ctx->arena.peak;
+    if (ctx->store) store_fill_stats(ctx->store, out);
+    if (ctx->pred) predictor_fill_stats(ctx->pred, out);
     return COLIBRI_OK;
 }
 
@@ -115,4 +161,9 @@ void colibri_reset_stats(colibri_context *ctx) {
     ctx->stats.scratch_bytes = keep.scratch_bytes;
     ctx->stats.weight_bytes = keep.weight_bytes;
     ctx->stats.scratch_peak_bytes = keep.scratch_peak_bytes;
+    ctx->stats.memory_budget = keep.memory_budget;
+    ctx->stats.planned_bytes = keep.planned_bytes;
+    ctx->stats.expert_slots = keep.expert_slots;
+    if (ctx->store) store_reset_stats(ctx->store);
+    if (ctx->pred) predictor_reset_stats(ctx->pred);
 }

@@ -16,8 +16,11 @@
 
 #include "alloc.h"
 #include "error.h"
+#include "experts.h"
+#include "ledger.h"
 #include "model.h"
 #include "ops.h"
+#include "predict.h"
 #include "types.h"
 
 /* Rows per split point: 16 floats of output = one cache line, so threads never share one. */
@@ -240,16 +243,85 @@ static void dense_ffn(struct colibri_context *c, int il, int n) {
     run_jobs(c, &d, 1);
 }
 
+/* SwiGLU then down projection of the experts ids[0..n_ids) (views alongside) over the tokens
+ * grouped for them in s.xg, plus the shared expert when with_shared: one pool run each.
+ * Every job writes its own rows, so how experts are split into waves never changes a value. */
+static void expert_wave(struct colibri_context *c, int il, int n, const int32_t *ids, const expert_view *views,
+                        int n_ids, int with_shared, int q_down, block_q8a *sh_actq) {
+    const layer_weights *w = &c->model->layers[il];
+    scratch *s = &c->s;
+    const int E = c->model->hp.n_embd, F = c->model->hp.n_ff_exp;
+    const int nbE = E / QK8A, nbF = F / QK8A;
+    const int32_t *cnt = s->cnt;
+    int nj = 0;
+    for (int i = 0; i < n_ids; i++) {
+        const int e = ids[i], start = e ? cnt[e - 1] : 0, count = cnt[e] - start;
+        s->glu[nj++] = glu(&views[i].gate, &views[i].up, s->xg + (size_t)start * E, s->xgq + (size_t)start * nbE,
+                           count, s->gate + (size_t)start * F, s->up + (size_t)start * F,
+                           q_down ? s->actq + (size_t)start * nbF : NULL);
+    }
+    if (with_shared) s->glu[nj++] = glu(&w->sh_gate, &w->sh_up, s->xn, s->xnq, n, s->sh_gate, s->sh_up, sh_actq);
+    run_glu(c, s->glu, nj);
+
+    nj = 0;
+    for (int i = 0; i < n_ids; i++) {
+        const int e = ids[i], start = e ? cnt[e - 1] : 0, count = cnt[e] - start;
+        s->jobs[nj++] = job(&views[i].down, s->gate + (size_t)start * F, s->actq + (size_t)start * nbF, count,
+                            s->down + (size_t)start * E, E);
+    }
+    if (with_shared) s->jobs[nj++] = job(&w->sh_down, s->sh_gate, sh_actq, n, s->sh_down, E);
+    run_jobs(c, s->jobs, nj);
+}
+
+/* Hand the loader thread the experts the predictors expect at the next layer (or, after the
+ * last layer, at layer 0 of the next token). */
+static void issue_prefetch(struct colibri_context *c, int il) {
+    const int L = c->model->hp.n_layer;
+    const int next = il + 1 < L ? il + 1 : 0;
+    const int n_ids = predictor_predict(c->pred, next, il + 1 < L ? c->s.xn : NULL, c->pf_ids);
+    for (int i = 0; i < n_ids; i++) store_prefetch(c->store, next, c->pf_ids[i]);
+}
+
+/* Experts from the store: waves of as many experts as the slots can hold at once (a decode
+ * step is one wave whenever the budget passed the ledger). */
+static colibri_status streamed_experts(struct colibri_context *c, int il, int n, int has_sh, int q_down,
+                                       block_q8a *sh_actq) {
+    const int X = c->model->hp.n_expert;
+    const int32_t *cnt = c->s.cnt;
+    int e = 0, first = 1;
+    for (;;) {
+        store_wave_begin(c->store);
+        int nw = 0;
+        while (e < X) {
+            const int start = e ? cnt[e - 1] : 0;
+            if (cnt[e] == start) {
+                e++;
+                continue;
+            }
+            int got;
+            colibri_status st = store_acquire(c->store, il, e, &c->views[nw], &got);
+            if (st) return st;
+            if (!got) break;
+            c->wave_ids[nw++] = e++;
+        }
+        if (first && n == 1 && c->pred) issue_prefetch(c, il);
+        if (nw == 0 && e < X) return cb_error(COLIBRI_E_INTERNAL, "no expert slot could be freed");
+        expert_wave(c, il, n, c->wave_ids, c->views, nw, first && has_sh, q_down, sh_actq);
+        first = 0;
+        if (e >= X) return COLIBRI_OK;
+    }
+}
+
 /* Router, top-k, grouping by expert, expert SwiGLUs (plus the shared expert), weighted sum
  * into s.tmp. Records the routing of the chunk for colibri_get_routing. */
-static void moe_ffn(struct colibri_context *c, int il, int n) {
+static colibri_status moe_ffn(struct colibri_context *c, int il, int n) {
     const struct colibri_model *m = c->model;
     const model_hparams *hp = &m->hp;
     const layer_weights *w = &m->layers[il];
     scratch *s = &c->s;
-    const int E = hp->n_embd, X = hp->n_expert, k = hp->n_expert_used, F = hp->n_ff_exp, S = hp->n_ff_shexp;
+    const int E = hp->n_embd, X = hp->n_expert, k = hp->n_expert_used, S = hp->n_ff_shexp;
     const int has_sh = S > 0;
-    const int nbE = E / QK8A, nbF = F / QK8A;
+    const int nbE = E / QK8A;
 
     const int q_in =
         mat_wants_q8a(&w->router) || (has_sh && (mat_wants_q8a(&w->sh_gate) || mat_wants_q8a(&w->sh_up)));
@@ -279,6 +351,10 @@ static void moe_ffn(struct colibri_context *c, int il, int n) {
         float *rw = c->route_w + (rt * hp->n_layer + il) * k;
         memcpy(rid, sel, (size_t)k * sizeof *rid);
         memcpy(rw, sw, (size_t)k * sizeof *rw);
+        if (c->pred) {
+            if (n == 1) predictor_score(c->pred, il, sel);
+            predictor_observe(c->pred, il, sel);
+        }
     }
 
     /* 3. group the (token, expert) pairs by expert: cnt[e] becomes the end offset of
@@ -298,32 +374,22 @@ static void moe_ffn(struct colibri_context *c, int il, int n) {
         }
     }
 
-    /* 4. SwiGLU of every expert that has tokens (and of the shared expert), one pool run */
+    /* 4-5. SwiGLU of every expert that has tokens (and of the shared expert), then their down
+     *      projections: from the mapped file in one wave, or from the expert store */
     const int q_down = kernel_wants_q8a(w->down_exps.type);
     block_q8a *sh_actq = has_sh && mat_wants_q8a(&w->sh_down) ? s->sh_actq : NULL;
-    int nj = 0;
-    for (int e = 0; e < X; e++) {
-        const int start = e ? cnt[e - 1] : 0, count = cnt[e] - start;
-        if (count == 0) continue;
-        const expert_view ev = model_expert_view(m, il, e);
-        s->glu[nj++] = glu(&ev.gate, &ev.up, s->xg + (size_t)start * E, s->xgq + (size_t)start * nbE, count,
-                           s->gate + (size_t)start * F, s->up + (size_t)start * F,
-                           q_down ? s->actq + (size_t)start * nbF : NULL);
+    if (c->store) {
+        colibri_status st = streamed_experts(c, il, n, has_sh, q_down, sh_actq);
+        if (st) return st;
+    } else {
+        int nw = 0;
+        for (int e = 0; e < X; e++) {
+            if (cnt[e] == (e ? cnt[e - 1] : 0)) continue;
+            c->views[nw] = model_expert_view(m, il, e);
+            c->wave_ids[nw++] = e;
+        }
+        expert_wave(c, il, n, c->wave_ids, c->views, nw, has_sh, q_down, sh_actq);
     }
-    if (has_sh) s->glu[nj++] = glu(&w->sh_gate, &w->sh_up, s->xn, s->xnq, n, s->sh_gate, s->sh_up, sh_actq);
-    run_glu(c, s->glu, nj);
-
-    /* 5. down projections of every active expert (and of the shared expert), one pool run */
-    nj = 0;
-    for (int e = 0; e < X; e++) {
-        const int start = e ? cnt[e - 1] : 0, count = cnt[e] - start;
-        if (count == 0) continue;
-        const expert_view ev = model_expert_view(m, il, e);
-        s->jobs[nj++] = job(&ev.down, s->gate + (size_t)start * F, s->actq + (size_t)start * nbF, count,
-                            s->down + (size_t)start * E, E);
-    }
-    if (has_sh) s->jobs[nj++] = job(&w->sh_down, s->sh_gate, sh_actq, n, s->sh_down, E);
-    run_jobs(c, s->jobs, nj);
 
     /* 6. y = sum_j w_j * expert_j(x) [+ sigmoid(x . w_sg) * shared(x)] */
     for (int t = 0; t < n; t++) {
@@ -336,14 +402,15 @@ static void moe_ffn(struct colibri_context *c, int il, int n) {
             op_axpy(y, g, s->sh_down + (size_t)t * E, E);
         }
     }
+    return COLIBRI_OK;
 }
 
 /* ---- one chunk -------------------------------------------------------- */
 
 /* Tokens tok[0..n) at positions n_past.. ; logits rows go to `logits` (row stride n_vocab)
  * for every token when all_logits, else for the last token only when want_last. */
-static void eval_chunk(struct colibri_context *c, const int32_t *tok, int n, float *logits, int all_logits,
-                       int want_last) {
+static colibri_status eval_chunk(struct colibri_context *c, const int32_t *tok, int n, float *logits,
+                                 int all_logits, int want_last) {
     const struct colibri_model *m = c->model;
     const model_hparams *hp = &m->hp;
     scratch *s = &c->s;
@@ -353,6 +420,7 @@ static void eval_chunk(struct colibri_context *c, const int32_t *tok, int n, flo
         dequantize_row(m->tok_embd.type, (const char *)m->tok_embd.data + (size_t)tok[t] * m->tok_embd.row_bytes,
                        s->x + (size_t)t * E, (uint64_t)E);
     for (int t = 0; t < n; t++) op_rope_angles(s->rope_cs + (size_t)t * hp->n_rot, c->inv_freq, hp->n_rot, p0 + t);
+    if (c->store) store_tick(c->store, n);
 
     for (int il = 0; il < hp->n_layer; il++) {
         const layer_weights *w = &m->layers[il];
@@ -362,19 +430,24 @@ static void eval_chunk(struct colibri_context *c, const int32_t *tok, int n, flo
         op_add(s->x, s->tmp, n * E);
         for (int t = 0; t < n; t++)
             op_rmsnorm(s->x + (size_t)t * E, w->ffn_norm, s->xn + (size_t)t * E, E, hp->norm_eps);
-        if (hp->n_expert > 0) moe_ffn(c, il, n);
-        else dense_ffn(c, il, n);
+        if (hp->n_expert > 0) {
+            colibri_status st = moe_ffn(c, il, n);
+            if (st) return st;
+        } else {
+            dense_ffn(c, il, n);
+        }
         op_add(s->x, s->tmp, n * E);
     }
     c->n_past += n;
 
-    if (!logits || (!all_logits && !want_last)) return;
+    if (!logits || (!all_logits && !want_last)) return COLIBRI_OK;
     const int r0 = all_logits ? 0 : n - 1, nr = n - r0;
     for (int t = r0; t < n; t++)
         op_rmsnorm(s->x + (size_t)t * E, m->output_norm, s->xn + (size_t)(t - r0) * E, E, hp->norm_eps);
     if (mat_wants_q8a(&m->output)) quantize_rows(c, s->xn, s->xnq, nr, E);
     mm_job o = job(&m->output, s->xn, s->xnq, nr, logits, hp->n_vocab);
     run_jobs(c, &o, 1);
+    return COLIBRI_OK;
 }
 
 colibri_status context_eval(struct colibri_context *c, const int32_t *tokens, int32_t n_tokens, float *logits,
@@ -392,12 +465,19 @@ colibri_status context_eval(struct colibri_context *c, const int32_t *tokens, in
 
     const uint64_t allocs0 = cb_alloc_count();
     const double t0 = now_seconds();
+    const int32_t past0 = c->n_past;
     for (int32_t i = 0; i < n_tokens; i += c->n_batch) {
         const int n = n_tokens - i < c->n_batch ? n_tokens - i : c->n_batch;
         const int last = i + n == n_tokens;
         float *dst = logits && all_logits ? logits + (size_t)i * hp->n_vocab : logits;
         c->route_base = i;
-        eval_chunk(c, tokens + i, n, dst, all_logits, last);
+        colibri_status st = eval_chunk(c, tokens + i, n, dst, all_logits, last);
+        if (st) {
+            /* an expert could not be read: the call did nothing, the context stays usable */
+            c->n_past = past0;
+            c->route_n = 0;
+            return st;
+        }
     }
     c->route_n = hp->n_expert > 0 ? n_tokens : 0;
     const double dt = now_seconds() - t0;
@@ -488,13 +568,20 @@ void context_destroy(struct colibri_context *c) {
     cb_free(c->inv_freq);
     cb_free(c->route_ids);
     cb_free(c->route_w);
+    store_destroy(c->store);
+    if (c->pred) {
+        predictor_free(c->pred);
+        cb_free(c->pred);
+    }
+    cb_free(c->views);
+    cb_free(c->wave_ids);
+    cb_free(c->pf_ids);
     arena_free(&c->arena);
     cb_free(c);
 }
 
-colibri_status context_create(struct colibri_model *m, const colibri_context_params *params,
-                              struct colibri_context **out) {
-    *out = NULL;
+colibri_status context_resolve_params(const struct colibri_model *m, const colibri_context_params *params,
+                                      colibri_context_params *out) {
     const model_hparams *hp = &m->hp;
     colibri_context_params p;
     colibri_context_default_params(&p);
@@ -509,6 +596,39 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
     if (p.n_batch <= 0) p.n_batch = 512;
     if (p.n_batch > MAX_BATCH) p.n_batch = MAX_BATCH;
     if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
+    if (p.expert_policy != COLIBRI_POLICY_LFU && p.expert_policy != COLIBRI_POLICY_LRU)
+        return cb_error(COLIBRI_E_INVALID_ARG, "expert_policy %d is not COLIBRI_POLICY_LFU or _LRU",
+                        (int)p.expert_policy);
+    if (p.prefetch < 0 || p.prefetch > (COLIBRI_PREFETCH_LOOKAHEAD | COLIBRI_PREFETCH_TEMPORAL))
+        return cb_error(COLIBRI_E_INVALID_ARG, "prefetch flags %d are not a set of COLIBRI_PREFETCH_*",
+                        (int)p.prefetch);
+    *out = p;
+    return COLIBRI_OK;
+}
+
+size_t context_scratch_bytes(const struct colibri_model *m, const colibri_context_params *p) {
+    struct colibri_context c;
+    memset(&c, 0, sizeof c);
+    c.model = (struct colibri_model *)m;
+    c.n_ctx = p->n_ctx;
+    c.n_batch = p->n_batch;
+    c.n_threads = p->n_threads;
+    planner pl = {NULL, 0, 0};
+    plan_scratch(&c, &pl);
+    return (pl.total + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1);
+}
+
+colibri_status context_create(struct colibri_model *m, const colibri_context_params *params,
+                              struct colibri_context **out) {
+    *out = NULL;
+    const model_hparams *hp = &m->hp;
+    colibri_context_params p;
+    colibri_status st = context_resolve_params(m, params, &p);
+    if (st) return st;
+    /* the ledger first: a budget that cannot work is refused before anything is allocated */
+    colibri_memory_plan plan;
+    if ((st = ledger_plan(m, &p, &plan))) return st;
+    if (!plan.fits) return ledger_refuse(&plan);
 
     struct colibri_context *c = cb_calloc(1, sizeof *c);
     if (!c) return cb_error(COLIBRI_E_NOMEM, "out of memory");
@@ -516,8 +636,8 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
     c->n_ctx = p.n_ctx;
     c->n_batch = p.n_batch;
     c->n_threads = p.n_threads;
-
-    colibri_status st;
+    c->plan = plan;
+    c->prefetch = p.prefetch;
     const size_t kv_elems = (size_t)hp->n_layer * hp->n_head_kv * (size_t)c->n_ctx * hp->head_dim;
     c->kv_f32 = m->layers[0].wk.type == GGML_TYPE_F32;
     const size_t kv_elem_bytes = c->kv_f32 ? sizeof(float) : sizeof(uint16_t);
@@ -553,9 +673,40 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
         context_destroy(c);
         return st;
     }
+    if (hp->n_expert > 0) {
+        c->views = cb_malloc((size_t)hp->n_expert * sizeof(expert_view));
+        c->wave_ids = cb_malloc((size_t)hp->n_expert * sizeof(int32_t));
+        c->pf_ids = cb_malloc(2 * (size_t)hp->n_expert_used * sizeof(int32_t));
+        if (!c->views || !c->wave_ids || !c->pf_ids) {
+            context_destroy(c);
+            return cb_error(COLIBRI_E_NOMEM, "out of memory");
+        }
+    }
+    if (!plan.all_resident) {
+        if ((st = store_create(m, plan.n_expert_slots, p.expert_policy, &c->store))) {
+            context_destroy(c);
+            return st;
+        }
+        if (p.prefetch) {
+            c->pred = cb_calloc(1, sizeof *c->pred);
+            if (!c->pred) {
+                context_destroy(c);
+                return cb_error(COLIBRI_E_NOMEM, "out of memory");
+            }
+            if ((st = predictor_init(c->pred, m, p.prefetch))) {
+                cb_free(c->pred);
+                c->pred = NULL;
+                context_destroy(c);
+                return st;
+            }
+        }
+    }
     c->stats.kv_bytes = c->kv_bytes;
     c->stats.scratch_bytes = c->arena.cap;
     c->stats.weight_bytes = m->weight_bytes;
+    c->stats.memory_budget = plan.budget;
+    c->stats.planned_bytes = plan.total_bytes;
+    c->stats.expert_slots = c->store ? (uint64_t)plan.n_expert_slots : 0;
     *out = c;
     return COLIBRI_OK;
 }

@@ -358,6 +358,7 @@ void model_free(struct colibri_model *m) {
         cb_free(m->layers);
     }
     cb_free(m->output_norm);
+    cb_free(m->path);
     gguf_close(&m->file);
     cb_free(m);
 }
@@ -371,6 +372,13 @@ colibri_status model_load(const char *path, struct colibri_model **out) {
         cb_free(m);
         return st;
     }
+    const size_t path_len = strlen(path);
+    m->path = cb_malloc(path_len + 1);
+    if (!m->path) {
+        model_free(m);
+        return cb_error(COLIBRI_E_NOMEM, "out of memory");
+    }
+    memcpy(m->path, path, path_len + 1);
     char arch[64];
     int r = gguf_get_str(&m->file, "general.architecture", arch, sizeof arch);
     if (r <= 0) {

@@ -88,6 +88,7 @@ struct colibri_model {
     layer_weights *layers;    /* [n_layer], heap */
     uint64_t n_params;
     uint64_t weight_bytes;
+    char *path;               /* the file, reopened by the expert store for streaming (heap) */
 };
 
 /* Open, validate and describe a GGUF model (model.c). */
@@ -183,8 +184,22 @@ struct colibri_context {
     int32_t route_n;     /* tokens recorded */
     int32_t route_base;  /* index in the eval of the chunk being run */
     colibri_stats stats;
+    /* memory budget (ledger.c) and expert streaming (experts.c, predict.c); store == NULL
+     * when every expert is resident */
+    colibri_memory_plan plan;
+    struct expert_store *store;
+    struct predictor *pred;
+    int prefetch;            /* COLIBRI_PREFETCH_* flags */
+    expert_view *views;      /* [n_expert] views of the experts of the wave being computed */
+    int32_t *wave_ids;       /* [n_expert] their ids */
+    int32_t *pf_ids;         /* [2 * n_expert_used] experts to prefetch */
 };
 
+/* Fill defaults and check limits of context parameters (as context_create applies them). */
+colibri_status context_resolve_params(const struct colibri_model *m, const colibri_context_params *in,
+                                      colibri_context_params *out);
+/* Bytes of the scratch arena a context with these (resolved) parameters lays out. */
+size_t context_scratch_bytes(const struct colibri_model *m, const colibri_context_params *p);
 colibri_status context_create(struct colibri_model *m, const colibri_context_params *p,
                               struct colibri_context **out);
 void context_destroy(struct colibri_context *c);

@@ -1,0 +1,477 @@
+/* experts.c — expert slots, cache policy, loader thread and request queue (see experts.h).
+ *
+ * Ownership rule that keeps this simple: the forward-pass thread owns every field except a
+ * slot's `state` and `io_errno`, which the loader thread writes once per request after its
+ * reads (release store) and the forward thread reads (acquire load). A slot in state LOADING
+ * is never evicted or read, so the loader is the only writer of its bytes until it is READY. */
+#include "experts.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <semaphore.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "alloc.h"
+#include "error.h"
+
+#ifndef O_DIRECT
+#define O_DIRECT 0
+#endif
+
+enum { SLOT_FREE = 0, SLOT_LOADING, SLOT_READY, SLOT_FAILED };
+
+typedef struct slot {
+    unsigned char *mem;     /* [slot_bytes], STORE_IO_ALIGN aligned */
+    int32_t layer, expert;  /* owner; -1 when free */
+    _Atomic int state;
+    _Atomic int io_errno;   /* set by whoever read it, on failure */
+    int prefetched;         /* loaded by a prefetch and not used since */
+    uint64_t pinned_wave;   /* == store->wave: needed by the wave being computed */
+    double freq;            /* LFU score at last_tick */
+    uint64_t last_tick;     /* token step of the last use */
+    uint64_t last_use;      /* LRU order: value of store->use_clock at the last use */
+} slot;
+
+typedef struct counters {
+    uint64_t calls, hits, misses, pf_issued, pf_used, pf_wasted, bytes_read;
+    double stall_s;
+} counters;
+
+struct expert_store {
+    const struct colibri_model *m;
+    int n_layer, n_expert, n_slots, policy, floor;
+    size_t slot_bytes;
+    size_t region_off[3];   /* offset of gate, up, down inside a slot */
+    int fd, fd_direct;      /* fd_direct = -1 when O_DIRECT is unavailable */
+    _Atomic int direct_ok;  /* cleared for good after the first EINVAL */
+    _Atomic int fail_reads; /* fault injection */
+    unsigned char *mem;
+    slot *slots;            /* [n_slots] */
+    int32_t *where;         /* [n_layer][n_expert] slot index or -1 */
+    int32_t *layer_count;   /* [n_layer] slots owned by each layer */
+    counters *cnt;          /* [n_layer][n_expert] */
+    uint64_t tick, wave, use_clock;
+    double decay;           /* per-token LFU decay factor */
+    /* loader thread and its queue: ring[head % CAP] is written by the forward thread only,
+     * ring[tail % CAP] read by the loader only */
+    int32_t ring[STORE_QUEUE_CAP];
+    _Atomic uint32_t head, tail;
+    sem_t wake;
+    _Atomic int stop;
+    pthread_t loader;
+    int loader_started, sem_ready;
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+/* File range of projection p (0 gate, 1 up, 2 down) of expert e in layer l. */
+static void expert_range(const struct colibri_model *m, int l, int e, int p, uint64_t *off, uint64_t *len) {
+    const layer_weights *w = &m->layers[l];
+    const mat3 *t = p == 0 ? &w->gate_exps : p == 1 ? &w->up_exps : &w->down_exps;
+    *off = (uint64_t)((const unsigned char *)t->data - m->file.map) + (uint64_t)e * t->expert_bytes;
+    *len = t->expert_bytes;
+}
+
+/* Largest page-padded region of projection p over all layers: the expert's bytes plus up to
+ * one page on each side, so the aligned window around them always fits. */
+static size_t region_bytes(const struct colibri_model *m, int p) {
+    size_t best = 0;
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        uint64_t off, len;
+        expert_range(m, l, 0, p, &off, &len);
+        size_t r = round_up((size_t)len, STORE_IO_ALIGN) + STORE_IO_ALIGN;
+        if (r > best) best = r;
+    }
+    return best;
+}
+
+size_t store_slot_bytes(const struct colibri_model *m) {
+    if (m->hp.n_expert == 0) return 0;
+    return region_bytes(m, 0) + region_bytes(m, 1) + region_bytes(m, 2);
+}
+
+size_t store_table_bytes(const struct colibri_model *m, int n_slots) {
+    const size_t n = (size_t)m->hp.n_layer * (size_t)m->hp.n_expert;
+    return sizeof(struct expert_store) + (size_t)n_slots * sizeof(slot) + n * (sizeof(int32_t) + sizeof(counters)) +
+           (size_t)m->hp.n_layer * sizeof(int32_t) + 64 * 1024 /* loader thread stack in use */;
+}
+
+/* ---- reading ---------------------------------------------------------- */
+
+static int pread_full(int fd, unsigned char *dst, size_t n, uint64_t off, size_t need) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, dst + got, n - got, (off_t)(off + got));
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return errno;
+        }
+        if (r == 0) break;  /* end of file: fine once the bytes we need are in */
+        got += (size_t)r;
+    }
+    return got >= need ? 0 : EIO;
+}
+
+/* Read expert (l, e) into slot mem; returns 0 or an errno. Called by either thread, on a
+ * slot that no one else touches meanwhile. */
+static int read_expert(expert_store *s, int l, int e, unsigned char *mem) {
+    if (atomic_load(&s->fail_reads) > 0 && atomic_fetch_sub(&s->fail_reads, 1) > 0) return EIO;
+    for (int p = 0; p < 3; p++) {
+        uint64_t off, len;
+        expert_range(s->m, l, e, p, &off, &len);
+        const uint64_t a = off & ~(uint64_t)(STORE_IO_ALIGN - 1);
+        unsigned char *dst = mem + s->region_off[p];
+        int err = EINVAL;
+        if (s->fd_direct >= 0 && atomic_load_explicit(&s->direct_ok, memory_order_relaxed)) {
+            const size_t span = round_up((size_t)(off + len - a), STORE_IO_ALIGN);
+            err = pread_full(s->fd_direct, dst, span, a, (size_t)(off + len - a));
+            if (err == EINVAL) atomic_store(&s->direct_ok, 0);  /* this file system refuses it */
+        }
+        if (err == EINVAL) err = pread_full(s->fd, dst + (off - a), (size_t)len, off, (size_t)len);
+        if (err) return err;
+    }
+    return 0;
+}
+
+static size_t expert_bytes(const expert_store *s, int l) {
+    const layer_weights *w = &s->m->layers[l];
+    return w->gate_exps.expert_bytes + w->up_exps.expert_bytes + w->down_exps.expert_bytes;
+}
+
+static void *loader_main(void *arg) {
+    expert_store *s = arg;
+    for (;;) {
+        while (sem_wait(&s->wake) != 0 && errno == EINTR) {
+        }
+        if (atomic_load_explicit(&s->stop, memory_order_acquire)) break;
+        const uint32_t t = atomic_load_explicit(&s->tail, memory_order_relaxed);
+        if (t == atomic_load_explicit(&s->head, memory_order_acquire)) continue;
+        slot *sl = &s->slots[s->ring[t % STORE_QUEUE_CAP]];
+        atomic_store_explicit(&s->tail, t + 1, memory_order_release);
+        const int err = read_expert(s, sl->layer, sl->expert, sl->mem);
+        atomic_store_explicit(&sl->io_errno, err, memory_order_relaxed);
+        atomic_store_explicit(&sl->state, err ? SLOT_FAILED : SLOT_READY, memory_order_release);
+    }
+    return NULL;
+}
+
+/* ---- lifetime --------------------------------------------------------- */
+
+colibri_status store_create(const struct colibri_model *m, int n_slots, int policy, expert_store **out) {
+    *out = NULL;
+    if (n_slots < 1) return cb_error(COLIBRI_E_INTERNAL, "expert store needs at least one slot");
+    if (!m->path) return cb_error(COLIBRI_E_INTERNAL, "expert store needs the model's file path");
+    expert_store *s = cb_calloc(1, sizeof *s);
+    if (!s) return cb_error(COLIBRI_E_NOMEM, "out of memory");
+    s->m = m;
+    s->n_layer = m->hp.n_layer;
+    s->n_expert = m->hp.n_expert;
+    s->n_slots = n_slots;
+    s->policy = policy;
+    s->fd = s->fd_direct = -1;
+    /* Per-layer floor: a layer keeps min(k, slots/layers) experts, so a budget below one
+     * token's worth of experts cannot fall into the cycle where every access misses. */
+    s->floor = n_slots / s->n_layer < m->hp.n_expert_used ? n_slots / s->n_layer : m->hp.n_expert_used;
+    s->decay = pow(0.5, 1.0 / STORE_LFU_HALF_LIFE);
+    s->region_off[0] = 0;
+    s->region_off[1] = region_bytes(m, 0);
+    s->region_off[2] = s->region_off[1] + region_bytes(m, 1);
+    s->slot_bytes = store_slot_bytes(m);
+    const size_t n = (size_t)s->n_layer * s->n_expert;
+    s->slots = cb_calloc((size_t)n_slots, sizeof(slot));
+    s->where = cb_malloc(n * sizeof(int32_t));
+    s->layer_count = cb_calloc((size_t)s->n_layer, sizeof(int32_t));
+    s->cnt = cb_calloc(n, sizeof(counters));
+    s->mem = cb_aligned_alloc(STORE_IO_ALIGN, (size_t)n_slots * s->slot_bytes);
+    if (!s->slots || !s->where || !s->layer_count || !s->cnt || !s->mem) {
+        store_destroy(s);
+        return cb_error(COLIBRI_E_NOMEM, "cannot allocate %d expert slots of %zu bytes", n_slots, s->slot_bytes);
+    }
+    for (size_t i = 0; i < n; i++) s->where[i] = -1;
+    for (int i = 0; i < n_slots; i++) {
+        s->slots[i].mem = s->mem + (size_t)i * s->slot_bytes;
+        s->slots[i].layer = s->slots[i].expert = -1;
+        atomic_init(&s->slots[i].state, SLOT_FREE);
+    }
+    s->fd = open(m->path, O_RDONLY | O_CLOEXEC);
+    if (s->fd < 0) {
+        const int err = errno;
+        store_destroy(s);
+        return cb_error(COLIBRI_E_IO, "cannot open %s for expert streaming: %s", m->path, strerror(err));
+    }
+    if (O_DIRECT) s->fd_direct = open(m->path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+    atomic_init(&s->direct_ok, s->fd_direct >= 0);
+    if (sem_init(&s->wake, 0, 0) != 0) {
+        store_destroy(s);
+        return cb_error(COLIBRI_E_INTERNAL, "sem_init failed");
+    }
+    s->sem_ready = 1;
+    if (pthread_create(&s->loader, NULL, loader_main, s) != 0) {
+        store_destroy(s);
+        return cb_error(COLIBRI_E_INTERNAL, "cannot start the expert loader thread");
+    }
+    s->loader_started = 1;
+    *out = s;
+    return COLIBRI_OK;
+}
+
+void store_destroy(expert_store *s) {
+    if (!s) return;
+    if (s->loader_started) {
+        atomic_store_explicit(&s->stop, 1, memory_order_release);
+        sem_post(&s->wake);
+        pthread_join(s->loader, NULL);
+    }
+    if (s->sem_ready) sem_destroy(&s->wake);
+    if (s->fd >= 0) close(s->fd);
+    if (s->fd_direct >= 0) close(s->fd_direct);
+    cb_free(s->mem);
+    cb_free(s->slots);
+    cb_free(s->where);
+    cb_free(s->layer_count);
+    cb_free(s->cnt);
+    cb_free(s);
+}
+
+/* ---- policy ----------------------------------------------------------- */
+
+void store_tick(expert_store *s, int n_tokens) { s->tick += (uint64_t)(n_tokens > 0 ? n_tokens : 1); }
+
+void store_wave_begin(expert_store *s) { s->wave++; }
+
+static double lfu_score(const expert_store *s, const slot *sl) {
+    return sl->freq * pow(s->decay, (double)(s->tick - sl->last_tick));
+}
+
+static void touch(expert_store *s, slot *sl) {
+    sl->freq = lfu_score(s, sl) + 1.0;
+    sl->last_tick = s->tick;
+    sl->last_use = ++s->use_clock;
+}
+
+static void release_slot(expert_store *s, int i) {
+    slot *sl = &s->slots[i];
+    if (sl->layer >= 0) {
+        const size_t id = (size_t)sl->layer * s->n_expert + sl->expert;
+        if (sl->prefetched) s->cnt[id].pf_wasted++;
+        s->where[id] = -1;
+        s->layer_count[sl->layer]--;
+    }
+    sl->layer = sl->expert = -1;
+    sl->prefetched = 0;
+    sl->freq = 0.0;
+    atomic_store_explicit(&sl->state, SLOT_FREE, memory_order_relaxed);
+}
+
+/* A slot to (re)use, or -1. Order: free slots, prefetched-never-used ones, then the policy's
+ * lowest score; never a slot pinned by the current wave or still loading. The per-layer
+ * floor protects a layer's last few experts from other layers (first pass only). */
+static int pick_victim(expert_store *s, int for_layer) {
+    for (int pass = 0; pass < 2; pass++) {
+        int best = -1, best_class = 2;
+        double best_score = 0.0;
+        for (int i = 0; i < s->n_slots; i++) {
+            slot *sl = &s->slots[i];
+            const int st = atomic_load_explicit(&sl->state, memory_order_acquire);
+            if (st == SLOT_FREE || st == SLOT_FAILED) return i;
+            if (st == SLOT_LOADING || sl->pinned_wave == s->wave) continue;
+            const int cls = sl->prefetched ? 0 : 1;
+            if (pass == 0 && cls == 1 && sl->layer != for_layer && s->layer_count[sl->layer] <= s->floor) continue;
+            const double score = s->policy == COLIBRI_POLICY_LRU ? (double)sl->last_use : lfu_score(s, sl);
+            if (best < 0 || cls < best_class || (cls == best_class && score < best_score)) {
+                best = i;
+                best_class = cls;
+                best_score = score;
+            }
+        }
+        if (best >= 0) return best;
+    }
+    return -1;
+}
+
+static int any_loading(const expert_store *s) {
+    for (int i = 0; i < s->n_slots; i++)
+        if (atomic_load_explicit(&s->slots[i].state, memory_order_acquire) == SLOT_LOADING) return 1;
+    return 0;
+}
+
+/* Wait until slot i is no longer LOADING; returns its state. */
+static int wait_slot(const slot *sl) {
+    int st, spins = 0;
+    while ((st = atomic_load_explicit(&sl->state, memory_order_acquire)) == SLOT_LOADING) {
+        if (++spins < 64) sched_yield();
+        else {
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return st;
+}
+
+static void claim(expert_store *s, int i, int layer, int e) {
+    slot *sl = &s->slots[i];
+    if (sl->layer >= 0 || atomic_load_explicit(&sl->state, memory_order_relaxed) == SLOT_FAILED) release_slot(s, i);
+    sl->layer = layer;
+    sl->expert = e;
+    sl->freq = 0.0;
+    sl->last_tick = s->tick;
+    s->where[(size_t)layer * s->n_expert + e] = i;
+    s->layer_count[layer]++;
+}
+
+static void fill_view(const expert_store *s, const slot *sl, int layer, int e, expert_view *v) {
+    const layer_weights *w = &s->m->layers[layer];
+    const mat3 *src[3] = {&w->gate_exps, &w->up_exps, &w->down_exps};
+    mat *dst[3] = {&v->gate, &v->up, &v->down};
+    for (int p = 0; p < 3; p++) {
+        uint64_t off, len;
+        expert_range(s->m, layer, e, p, &off, &len);
+        dst[p]->data = sl->mem + s->region_off[p] + (off & (STORE_IO_ALIGN - 1));
+        dst[p]->type = src[p]->type;
+        dst[p]->rows = src[p]->rows;
+        dst[p]->cols = src[p]->cols;
+        dst[p]->row_bytes = src[p]->row_bytes;
+    }
+}
+
+colibri_status store_acquire(expert_store *s, int layer, int e, expert_view *view, int *got) {
+    *got = 0;
+    const size_t id = (size_t)layer * s->n_expert + e;
+    counters *c = &s->cnt[id];
+    int i = s->where[id];
+    if (i >= 0) {
+        slot *sl = &s->slots[i];
+        int st = atomic_load_explicit(&sl->state, memory_order_acquire);
+        if (st == SLOT_LOADING) {
+            const double t0 = now_s();
+            st = wait_slot(sl);
+            c->stall_s += now_s() - t0;
+        }
+        if (st == SLOT_READY) {
+            c->calls++;
+            c->hits++;
+            if (sl->prefetched) {
+                c->pf_used++;
+                sl->prefetched = 0;
+            }
+            sl->pinned_wave = s->wave;
+            touch(s, sl);
+            fill_view(s, sl, layer, e, view);
+            *got = 1;
+            return COLIBRI_OK;
+        }
+        /* a prefetch that failed: drop it and read synchronously below, so the error (if it
+         * persists) reaches the caller of this step */
+        release_slot(s, i);
+    }
+    int v;
+    while ((v = pick_victim(s, layer)) < 0) {
+        if (!any_loading(s)) return COLIBRI_OK;  /* every slot pinned by this wave */
+        for (int j = 0; j < s->n_slots; j++) wait_slot(&s->slots[j]);
+    }
+    claim(s, v, layer, e);
+    slot *sl = &s->slots[v];
+    const double t0 = now_s();
+    const int err = read_expert(s, layer, e, sl->mem);
+    c->stall_s += now_s() - t0;
+    c->calls++;
+    c->misses++;
+    if (err) {
+        release_slot(s, v);
+        return cb_error(COLIBRI_E_IO, "reading expert %d of layer %d from %s: %s", e, layer, s->m->path,
+                        strerror(err));
+    }
+    c->bytes_read += expert_bytes(s, layer);
+    atomic_store_explicit(&sl->state, SLOT_READY, memory_order_relaxed);
+    sl->pinned_wave = s->wave;
+    touch(s, sl);
+    fill_view(s, sl, layer, e, view);
+    *got = 1;
+    return COLIBRI_OK;
+}
+
+void store_prefetch(expert_store *s, int layer, int e) {
+    const size_t id = (size_t)layer * s->n_expert + e;
+    if (s->where[id] >= 0) return;
+    const uint32_t h = atomic_load_explicit(&s->head, memory_order_relaxed);
+    if (h - atomic_load_explicit(&s->tail, memory_order_acquire) >= STORE_QUEUE_CAP) return;  /* queue full */
+    const int v = pick_victim(s, layer);
+    if (v < 0) return;
+    claim(s, v, layer, e);
+    slot *sl = &s->slots[v];
+    sl->prefetched = 1;
+    sl->freq = 0.0;
+    atomic_store_explicit(&sl->state, SLOT_LOADING, memory_order_relaxed);
+    s->cnt[id].pf_issued++;
+    s->cnt[id].bytes_read += expert_bytes(s, layer);
+    s->ring[h % STORE_QUEUE_CAP] = v;
+    atomic_store_explicit(&s->head, h + 1, memory_order_release);
+    sem_post(&s->wake);
+}
+
+int store_is_resident(const expert_store *s, int layer, int e) {
+    return s->where[(size_t)layer * s->n_expert + e] >= 0;
+}
+
+int store_n_slots(const expert_store *s) { return s->n_slots; }
+
+void store_fail_next_reads(expert_store *s, int n) { atomic_store(&s->fail_reads, n); }
+
+/* ---- counters --------------------------------------------------------- */
+
+void store_fill_stats(const expert_store *s, colibri_stats *o) {
+    o->expert_slots = (uint64_t)s->n_slots;
+    o->expert_calls = o->expert_hits = o->expert_misses = 0;
+    o->prefetch_issued = o->prefetch_used = o->prefetch_wasted = o->expert_bytes_read = 0;
+    o->expert_stall_seconds = 0.0;
+    const size_t n = (size_t)s->n_layer * s->n_expert;
+    for (size_t i = 0; i < n; i++) {
+        const counters *c = &s->cnt[i];
+        o->expert_calls += c->calls;
+        o->expert_hits += c->hits;
+        o->expert_misses += c->misses;
+        o->prefetch_issued += c->pf_issued;
+        o->prefetch_used += c->pf_used;
+        o->prefetch_wasted += c->pf_wasted;
+        o->expert_bytes_read += c->bytes_read;
+        o->expert_stall_seconds += c->stall_s;
+    }
+}
+
+void store_expert_stats(const expert_store *s, colibri_expert_stats *out, int max, int *n_written) {
+    const int n = s->n_layer * s->n_expert;
+    int w = 0;
+    for (int i = 0; i < n && w < max; i++, w++) {
+        const counters *c = &s->cnt[i];
+        colibri_expert_stats *o = &out[w];
+        memset(o, 0, sizeof *o);
+        o->layer = i / s->n_expert;
+        o->expert = i % s->n_expert;
+        o->calls = c->calls;
+        o->hits = c->hits;
+        o->misses = c->misses;
+        o->prefetch_issued = c->pf_issued;
+        o->prefetch_used = c->pf_used;
+        o->prefetch_wasted = c->pf_wasted;
+        o->bytes_read = c->bytes_read;
+        o->stall_seconds = c->stall_s;
+        o->resident = s->where[i] >= 0;
+    }
+    *n_written = w;
+}
+
+void store_reset_stats(expert_store *s) {
+    memset(s->cnt, 0, (size_t)s->n_layer * s->n_expert * sizeof(counters));
+}

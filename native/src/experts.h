@@ -1,0 +1,56 @@
+/* experts.h — the expert store: routed experts streamed from the GGUF file into a fixed set
+ * of slots when the memory budget cannot hold them all.
+ *
+ * Every slot is sized for the largest expert (gate + up + down, each page padded so that
+ * O_DIRECT reads can land in place). All bookkeeping (which expert sits in which slot,
+ * scores, counters) belongs to the thread running the forward pass; a loader thread only
+ * performs the reads it is handed through a lock-free single-producer/single-consumer
+ * queue and publishes each slot's completion with one atomic store. The forward pass thus
+ * sees the same bytes, in the same order of operations, whatever the budget: the store
+ * changes when bytes arrive, never the math. */
+#ifndef COLIBRI_EXPERTS_H
+#define COLIBRI_EXPERTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "colibri.h"
+#include "model.h"
+
+#define STORE_IO_ALIGN 4096   /* O_DIRECT granule; slots and their regions are aligned to it */
+#define STORE_QUEUE_CAP 256   /* prefetch requests in flight at most (power of two) */
+#define STORE_LFU_HALF_LIFE 32.0  /* tokens after which an expert's frequency counts half */
+
+typedef struct expert_store expert_store;
+
+/* Bytes of one slot for this model (largest expert, padded), 0 for a dense model. */
+size_t store_slot_bytes(const struct colibri_model *m);
+/* Bookkeeping bytes of a store with n_slots slots (tables, counters, queue, loader stack). */
+size_t store_table_bytes(const struct colibri_model *m, int n_slots);
+
+colibri_status store_create(const struct colibri_model *m, int n_slots, int policy, expert_store **out);
+void store_destroy(expert_store *s);
+
+/* A new token step (ages LFU frequencies). */
+void store_tick(expert_store *s, int n_tokens);
+/* A new wave: experts acquired from now on are pinned until the next wave begins. */
+void store_wave_begin(expert_store *s);
+/* Make expert e of layer l resident and pin it for the current wave. *got = 1 and *view set
+ * on success; *got = 0 when every slot is pinned by this wave (run the wave, then retry).
+ * An I/O error returns COLIBRI_E_IO with a message; the store stays consistent. */
+colibri_status store_acquire(expert_store *s, int layer, int e, expert_view *view, int *got);
+/* Ask the loader thread for expert e of layer l if it is not resident and a slot can be
+ * given up for it (never one pinned by the current wave, never one still loading). */
+void store_prefetch(expert_store *s, int layer, int e);
+int store_is_resident(const expert_store *s, int layer, int e);
+
+int store_n_slots(const expert_store *s);
+/* Counters: totals into the stats struct, per expert into out[n_layer * n_expert]. */
+void store_fill_stats(const expert_store *s, colibri_stats *out);
+void store_expert_stats(const expert_store *s, colibri_expert_stats *out, int max, int *n_written);
+void store_reset_stats(expert_store *s);
+
+/* Fault injection for tests: the next n reads fail with EIO. */
+void store_fail_next_reads(expert_store *s, int n);
+
+#endif

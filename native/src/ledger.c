@@ -1,0 +1,87 @@
+/* ledger.c — the memory plan (see ledger.h and docs/memory.md). */
+#include "ledger.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "error.h"
+#include "experts.h"
+#include "predict.h"
+#include "types.h"
+
+/* Pages of a worker thread's stack that a forward pass touches (it uses no large locals). */
+#define THREAD_STACK_BYTES (64 * 1024)
+
+static int is_expert_tensor(const char *name) {
+    return strstr(name, "_exps.weight") != NULL;
+}
+
+colibri_status ledger_plan(const struct colibri_model *m, const colibri_context_params *p,
+                           colibri_memory_plan *o) {
+    memset(o, 0, sizeof *o);
+    const model_hparams *hp = &m->hp;
+    o->budget = p->memory_budget;
+    o->metadata_bytes = m->file.data_offset;
+    o->model_table_bytes = (size_t)hp->n_layer * sizeof(layer_weights) + sizeof *m;
+    for (uint64_t i = 0; i < m->file.n_tensors; i++) {
+        const gguf_tensor *t = &m->file.tensors[i];
+        if (is_expert_tensor(t->name)) o->expert_total_bytes += t->nbytes;
+        else o->resident_weight_bytes += t->nbytes;
+        if (t->ne[1] == 1 && t->ne[2] == 1 && t->ne[3] == 1) o->model_table_bytes += t->ne[0] * sizeof(float);
+    }
+    o->model_table_bytes += m->file.n_tensors * sizeof(gguf_tensor) + m->file.n_kv * sizeof(gguf_kv);
+
+    const int kv_f32 = m->layers[0].wk.type == GGML_TYPE_F32;
+    o->kv_bytes = 2ull * hp->n_layer * hp->n_head_kv * (uint64_t)p->n_ctx * hp->head_dim * (kv_f32 ? 4 : 2);
+    o->scratch_bytes = context_scratch_bytes(m, p);
+    const uint64_t route = hp->n_expert ? (uint64_t)p->n_ctx * hp->n_layer * hp->n_expert_used * 8 : 8;
+    o->context_bytes = route + sizeof(struct colibri_context) + (uint64_t)hp->n_rot * 4 +
+                       (uint64_t)p->n_threads * THREAD_STACK_BYTES +
+                       (uint64_t)hp->n_expert * (sizeof(expert_view) + sizeof(int32_t)) +
+                       2ull * hp->n_expert_used * sizeof(int32_t);
+
+    o->n_expert_total = hp->n_layer * hp->n_expert;
+    o->expert_slot_bytes = store_slot_bytes(m);
+    o->min_expert_slots = hp->n_expert_used;
+    const uint64_t fixed = o->metadata_bytes + o->resident_weight_bytes + o->model_table_bytes + o->kv_bytes +
+                           o->scratch_bytes + o->context_bytes;
+
+    if (hp->n_expert == 0 || o->budget == 0 || o->budget >= fixed + o->expert_total_bytes) {
+        /* everything resident: experts are read from the mapped file, no store */
+        o->all_resident = 1;
+        o->n_expert_slots = o->n_expert_total;
+        o->expert_bytes = o->expert_total_bytes;
+        o->total_bytes = fixed + o->expert_bytes;
+        o->min_budget = hp->n_expert == 0
+                            ? o->total_bytes
+                            : fixed + store_table_bytes(m, o->min_expert_slots) + predictor_bytes(m) +
+                                  (uint64_t)o->min_expert_slots * o->expert_slot_bytes;
+        if (o->min_budget > o->total_bytes) o->min_budget = o->total_bytes;
+        o->fits = o->budget == 0 || o->budget >= o->total_bytes;
+        return COLIBRI_OK;
+    }
+
+    /* streaming: the rest of the budget becomes slots (the tables grow with the slot count,
+     * so solve for n in fixed + tables(n) + n * slot <= budget) */
+    const uint64_t tables0 = store_table_bytes(m, 0) + predictor_bytes(m);
+    const uint64_t per_slot = o->expert_slot_bytes + (store_table_bytes(m, 1) - store_table_bytes(m, 0));
+    uint64_t n = 0;
+    if (o->budget > fixed + tables0) n = (o->budget - fixed - tables0) / per_slot;
+    if (n > (uint64_t)o->n_expert_total) n = (uint64_t)o->n_expert_total;
+    o->n_expert_slots = (int32_t)n;
+    o->store_table_bytes = store_table_bytes(m, (int)n) + predictor_bytes(m);
+    o->expert_bytes = n * o->expert_slot_bytes;
+    o->total_bytes = fixed + o->store_table_bytes + o->expert_bytes;
+    o->min_budget = fixed + store_table_bytes(m, o->min_expert_slots) + predictor_bytes(m) +
+                    (uint64_t)o->min_expert_slots * o->expert_slot_bytes;
+    o->fits = o->n_expert_slots >= o->min_expert_slots;
+    return COLIBRI_OK;
+}
+
+colibri_status ledger_refuse(const colibri_memory_plan *o) {
+    return cb_error(COLIBRI_E_BUDGET,
+                    "memory budget %llu bytes (%.1f MiB) cannot hold the minimum working set; "
+                    "at least %llu bytes (%.1f MiB) are needed with these context settings",
+                    (unsigned long long)o->budget, (double)o->budget / 1048576.0,
+                    (unsigned long long)o->min_budget, (double)o->min_budget / 1048576.0);
+}

@@ -30,6 +30,7 @@ from colibri_backend.adapters.chat_template import render_chat, template_from_to
 from colibri_backend.adapters.gguf_metadata import read_metadata
 from colibri_backend.adapters.sampling import SamplingParams
 from colibri_backend.adapters.tokenizer import Tokenizer
+from colibri_backend.budget import parse_policy, parse_prefetch, plan_to_dict, resolve_budget
 from colibri_backend.errors import ContextFullError, EngineError
 from colibri_backend.models import resolve_model
 
@@ -134,6 +135,9 @@ class Model:
         batch_size: int | None = None,
         hf_dir: str | os.PathLike[str] | None = None,
         name: str | None = None,
+        memory_budget: str | int | None = 0,
+        expert_policy: str = "lfu",
+        prefetch: str = "lookahead,temporal",
     ) -> None:
         self._lock = threading.RLock()
         self._model = c_void_p()
@@ -161,6 +165,9 @@ class Model:
             params.n_ctx = int(context_length or 0)
             if batch_size:
                 params.n_batch = int(batch_size)
+            params.memory_budget = resolve_budget(memory_budget)
+            params.expert_policy = parse_policy(expert_policy)
+            params.prefetch = parse_prefetch(prefetch)
             lib.check(lib.colibri_context_new(self._model, byref(params), byref(self._ctx)), "context")
             self.context_length: int = int(lib.colibri_context_n_ctx(self._ctx))
             self.threads = params.n_threads
@@ -573,7 +580,49 @@ class Model:
             out["context_length"] = self.context_length
             out["cpu_backend"] = _native.cpu_backend()
             out["last"] = dict(self._last)
+            out["memory_plan"] = self.memory_plan()
+            out["expert_layers"] = self._expert_layers()
             return out
+
+    def memory_plan(self) -> dict[str, int]:
+        """The ledger's plan this context was created with (bytes per category, slots, fits)."""
+        with self._lock:
+            self._check_open()
+            plan = _native.MemoryPlanC()
+            self._lib.check(self._lib.colibri_get_memory_plan(self._ctx, byref(plan)), "memory plan")
+            return plan_to_dict(plan)
+
+    def expert_stats(self) -> list[dict[str, Any]]:
+        """Counters of every (layer, expert) of the expert store; empty when all experts are resident."""
+        with self._lock:
+            self._check_open()
+            n_total = self.info.n_layer * self.info.n_expert
+            if n_total == 0:
+                return []
+            arr = (_native.ExpertStatsC * n_total)()
+            n = c_int32()
+            self._lib.check(
+                self._lib.colibri_get_expert_stats(self._ctx, arr, n_total, byref(n)), "expert stats"
+            )
+            names = [f for f, _ in _native.ExpertStatsC._fields_ if f != "reserved"]
+            return [{f: getattr(arr[i], f) for f in names} for i in range(n.value)]
+
+    def _expert_layers(self) -> list[dict[str, Any]]:
+        """expert_stats() summed per layer, with hit rate and stall time."""
+        per: list[dict[str, Any]] = []
+        keys = ("calls", "hits", "misses", "prefetch_issued", "prefetch_used", "prefetch_wasted")
+        keys += ("bytes_read",)
+        for e in self.expert_stats():
+            while len(per) <= e["layer"]:
+                per.append({"layer": len(per), **{k: 0 for k in keys}, "stall_seconds": 0.0, "resident": 0})
+            row = per[e["layer"]]
+            for k in keys:
+                row[k] += e[k]
+            row["stall_seconds"] += e["stall_seconds"]
+            row["resident"] += e["resident"]
+        for row in per:
+            row["hit_rate"] = row["hits"] / row["calls"] if row["calls"] else 0.0
+        return per
 
     def reset_stats(self) -> None:
         with self._lock:
@@ -586,15 +635,26 @@ def load(
     threads: int | None = None,
     context_length: int | None = None,
     batch_size: int | None = None,
+    memory_budget: str | int | None = None,
+    expert_policy: str = "lfu",
+    prefetch: str = "lookahead,temporal",
 ) -> Model:
     """Load a model: a GGUF path, a Hugging Face checkpoint directory (converted once and
-    cached) or a known name such as "smollm2"."""
+    cached) or a known name such as "smollm2".
+
+    memory_budget: bytes or a size string ("512M", "1.5G") for everything the engine holds;
+    None: a share of the available memory or cgroup limit (colibri_backend.budget); 0: no limit.
+    Experts that do not fit are streamed from the file (expert_policy "lfu" or "lru"; prefetch
+    "lookahead", "temporal", "lookahead,temporal" or "none"). Output is identical at any budget."""
     resolved = resolve_model(model)
     return Model(
         resolved.gguf,
         threads=threads,
         context_length=context_length,
         batch_size=batch_size,
+        memory_budget=memory_budget,
+        expert_policy=expert_policy,
+        prefetch=prefetch,
         hf_dir=resolved.hf_dir,
         name=resolved.name or None,
     )

@@ -1,0 +1,205 @@
+"""Memory budgets: parsing sizes ("512M", "1.5G", "2GiB", bytes) and the default budget from the
+machine's available memory or the cgroup limit the process runs under.
+
+Units are binary (K = 1024 bytes, M = 1024**2, ...), with an optional "B" or "iB" suffix.
+The budget covers what the engine holds (see docs/memory.md); the Python interpreter and its
+libraries come on top, which is why the default keeps a margin.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+
+# Fraction of the available memory the default budget takes: the rest is left to the Python
+# process itself (interpreter, numpy, tokenizer) and to the page cache of the resident weights.
+DEFAULT_FRACTION = 0.85
+UNLIMITED = ("0", "none", "unlimited", "off")
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes of a size such as 512M, 1.5G, 2GiB, 1048576. 0 / "none" / "unlimited" mean no limit (0)."""
+    if isinstance(text, bool):
+        raise ValueError(f"not a memory size: {text!r}")
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"a memory size cannot be negative: {text}")
+        return text
+    s = str(text).strip()
+    if s.lower() in UNLIMITED:
+        return 0
+    m = _SIZE_RE.match(s)
+    if not m:
+        raise ValueError(f"not a memory size: {text!r} (use e.g. 512M, 1.5G, 2GiB or a number of bytes)")
+    value = float(m.group(1)) * _UNITS[m.group(2).upper()]
+    if value < 1 and value != 0:
+        raise ValueError(f"memory size {text!r} is less than one byte")
+    return int(value)
+
+
+def format_size(n: int) -> str:
+    """A byte count the way people read it: 1.50 GiB, 512.0 MiB, 900 B."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}" if unit == "GiB" else f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        raw = path.read_text().strip()
+    except OSError:
+        return None
+    if not raw or raw == "max":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        return None
+    # cgroup v1 reports "no limit" as a huge number (PAGE_COUNTER_MAX * page size)
+    return value if value < (1 << 60) else None
+
+
+def mem_available(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    """MemAvailable from /proc/meminfo in bytes, or None."""
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def cgroup_limit(
+    proc_cgroup: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")
+) -> int | None:
+    """Memory the process's cgroup still allows (limit minus usage), cgroup v2 or v1; None if unlimited."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    best: int | None = None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, rel = parts
+        rel = rel.lstrip("/")
+        if controllers == "":  # v2 unified hierarchy: check this cgroup and its ancestors
+            d = root / rel
+            while True:
+                limit = _read_int(d / "memory.max")
+                if limit is not None:
+                    used = _read_int(d / "memory.current") or 0
+                    free = max(limit - used, 0)
+                    best = free if best is None else min(best, free)
+                if d == root or root not in d.parents:
+                    break
+                d = d.parent
+        elif "memory" in controllers.split(","):
+            d = root / "memory" / rel
+            limit = _read_int(d / "memory.limit_in_bytes")
+            if limit is not None:
+                used = _read_int(d / "memory.usage_in_bytes") or 0
+                free = max(limit - used, 0)
+                best = free if best is None else min(best, free)
+    return best
+
+
+def default_budget() -> int:
+    """The budget used when none is given: DEFAULT_FRACTION of what the machine or the cgroup still
+    allows (whichever is smaller); 0 (unlimited) when neither can be read."""
+    env = os.environ.get("COLIBRI_MEMORY_BUDGET")
+    if env:
+        return parse_size(env)
+    candidates = [v for v in (mem_available(), cgroup_limit()) if v is not None]
+    if not candidates:
+        return 0
+    return int(min(candidates) * DEFAULT_FRACTION)
+
+
+def resolve_budget(value: str | int | None) -> int:
+    """Bytes for a user's memory_budget argument: None -> default_budget(), else parse_size."""
+    if value is None:
+        return default_budget()
+    return parse_size(value)
+
+
+POLICIES = {"lfu": 0, "lru": 1}
+PREFETCHERS = {"lookahead": 1, "temporal": 2}
+
+
+def parse_policy(name: str) -> int:
+    """colibri.h COLIBRI_POLICY_* value of "lfu" (frequency with decay, the default) or "lru"."""
+    key = name.strip().lower()
+    if key not in POLICIES:
+        raise ValueError(f"unknown expert cache policy {name!r} (choose from {', '.join(POLICIES)})")
+    return POLICIES[key]
+
+
+def parse_prefetch(spec: str) -> int:
+    """COLIBRI_PREFETCH_* flags of "lookahead", "temporal", "lookahead,temporal" (= "both"), "none"."""
+    key = spec.strip().lower()
+    if key in ("none", "off", ""):
+        return 0
+    if key in ("both", "all"):
+        return PREFETCHERS["lookahead"] | PREFETCHERS["temporal"]
+    flags = 0
+    for part in key.split(","):
+        part = part.strip()
+        if part not in PREFETCHERS:
+            raise ValueError(f"unknown predictor {part!r} (choose from lookahead, temporal, both, none)")
+        flags |= PREFETCHERS[part]
+    return flags
+
+
+def plan_to_dict(plan: object) -> dict[str, int]:
+    """A colibri_memory_plan (ctypes struct) as a plain dict."""
+    return {name: int(getattr(plan, name)) for name, _ in plan._fields_}  # type: ignore[attr-defined]
+
+
+# Rows of the plan table: (field, label), in the order the bytes are added up.
+PLAN_ROWS = (
+    ("metadata_bytes", "GGUF metadata and tensor table"),
+    ("resident_weight_bytes", "resident weights (attention, norms, routers, shared experts, embd, head)"),
+    ("model_table_bytes", "model tables (f32 norms and biases, layer structs)"),
+    ("kv_bytes", "KV cache"),
+    ("scratch_bytes", "scratch arena"),
+    ("context_bytes", "context (routing record, thread stacks, small tables)"),
+    ("store_table_bytes", "expert store bookkeeping and predictors"),
+    ("expert_bytes", "experts (slots, or all experts when resident)"),
+)
+
+
+def format_plan(plan: dict[str, int]) -> str:
+    """The plan as a table, with the verdict on the last line."""
+    lines = []
+    for key, label in PLAN_ROWS:
+        lines.append(f"  {label:<82} {format_size(plan[key]):>12}")
+    lines.append(f"  {'total':<82} {format_size(plan['total_bytes']):>12}")
+    budget = plan["budget"]
+    if plan["n_expert_total"]:
+        mode = (
+            "all experts resident (no streaming)"
+            if plan["all_resident"]
+            else f"{plan['n_expert_slots']} of {plan['n_expert_total']} experts in slots of "
+            f"{format_size(plan['expert_slot_bytes'])} (streamed from the file)"
+        )
+        total = format_size(plan["expert_total_bytes"])
+        lines.append(f"  experts: {mode}; routed experts in the file: {total}")
+    lines.append(f"  minimum budget: {format_size(plan['min_budget'])} ({plan['min_budget']} bytes)")
+    if budget == 0:
+        lines.append("  budget: unlimited -> fits")
+    elif plan["fits"]:
+        lines.append(f"  budget: {format_size(budget)} -> fits")
+    else:
+        lines.append(
+            f"  budget: {format_size(budget)} -> does NOT fit; at least {format_size(plan['min_budget'])} "
+            f"({plan['min_budget']} bytes) is needed"
+        )
+    return "\n".join(lines)

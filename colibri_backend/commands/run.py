@@ -38,13 +38,34 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="context window in tokens (default: min(trained length, 4096))",
     )
+    p.add_argument(
+        "--memory-budget",
+        default=None,
+        help="memory for the engine: 512M, 1.5G, bytes, 0 = unlimited (default: a share of available "
+        "memory or the cgroup limit); experts that do not fit are streamed from the file",
+    )
+    p.add_argument(
+        "--expert-policy", choices=("lfu", "lru"), default="lfu", help="expert cache policy (lfu, with decay)"
+    )
+    p.add_argument(
+        "--prefetch",
+        default="lookahead,temporal",
+        help="expert predictors feeding the loader: lookahead, temporal, both, none (lookahead,temporal)",
+    )
 
 
 def load_model(args: argparse.Namespace) -> Any:
     import colibri_backend
 
     model = args.model if args.model else colibri_backend.default_model_path()
-    return colibri_backend.load(model, threads=args.threads, context_length=args.context_length)
+    return colibri_backend.load(
+        model,
+        threads=args.threads,
+        context_length=args.context_length,
+        memory_budget=args.memory_budget,
+        expert_policy=args.expert_policy,
+        prefetch=args.prefetch,
+    )
 
 
 def sampling_from_args(args: argparse.Namespace) -> Any:
@@ -114,10 +135,32 @@ def report_stats(model: Any) -> None:
     """The engine's counters, one `key: value` per line, on stderr."""
     stats = model.stats()
     last = stats.pop("last", {})
+    plan = stats.pop("memory_plan", {})
+    layers = stats.pop("expert_layers", [])
     for key, value in stats.items():
         print(f"stats.{key}: {value}", file=sys.stderr)
     for key, value in last.items():
         print(f"stats.last.{key}: {value}", file=sys.stderr)
+    for key, value in plan.items():
+        print(f"stats.memory_plan.{key}: {value}", file=sys.stderr)
+    if layers:
+        print(expert_table(layers), file=sys.stderr)
+
+
+def expert_table(layers: list[dict[str, Any]]) -> str:
+    """The expert store's counters, one row per layer."""
+    head = (
+        f"{'layer':>5} {'calls':>7} {'hits':>7} {'misses':>7} {'hit%':>6} {'pf.issued':>9} {'pf.used':>7} "
+        f"{'pf.wasted':>9} {'MiB read':>9} {'stall ms':>9} {'resident':>8}"
+    )
+    rows = [head]
+    for r in layers:
+        rows.append(
+            f"{r['layer']:>5} {r['calls']:>7} {r['hits']:>7} {r['misses']:>7} {100 * r['hit_rate']:>6.1f} "
+            f"{r['prefetch_issued']:>9} {r['prefetch_used']:>7} {r['prefetch_wasted']:>9} "
+            f"{r['bytes_read'] / 1048576:>9.1f} {1000 * r['stall_seconds']:>9.1f} {r['resident']:>8}"
+        )
+    return "\n".join(rows)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,287 @@
+/* test_experts.c — the ledger and the expert store through the public API plus the store's
+ * fault injection, on a tiny F32 mixtral written here:
+ *   - the plan adds up, refuses a budget one byte below its minimum and accepts the minimum;
+ *   - logits are bit-identical at the minimum budget, at half the experts, and unbudgeted,
+ *     for LFU and LRU, with and without prefetch;
+ *   - a read error while streaming returns COLIBRI_E_IO, leaves n_past untouched, and the
+ *     next call succeeds with the same logits as an undisturbed run. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "colibri.h"
+#include "experts.h"
+#include "model.h"
+
+static int failures = 0;
+#define CHECK(cond)                                                                  \
+    do {                                                                             \
+        if (!(cond)) {                                                               \
+            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+            failures++;                                                              \
+        }                                                                            \
+    } while (0)
+#define CHECK_OK(expr)                                                                                   \
+    do {                                                                                                 \
+        colibri_status st_ = (expr);                                                                     \
+        if (st_ != COLIBRI_OK) {                                                                         \
+            fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #expr, colibri_status_name(st_), \
+                    colibri_last_error());                                                               \
+            failures++;                                                                                  \
+        }                                                                                                \
+    } while (0)
+
+/* ---- a minimal GGUF writer: F32 tensors, u32/f32/string metadata ------------------------- */
+
+enum { V = 61, E = 64, L = 3, H = 4, HKV = 2, HD = 16, FF = 128, X = 6, K = 2 };
+
+static FILE *out_f;
+static uint64_t rng = 7;
+static void put(const void *p, size_t n) { fwrite(p, 1, n, out_f); }
+static void put_u32(uint32_t v) { put(&v, 4); }
+static void put_u64(uint64_t v) { put(&v, 8); }
+static void put_str(const char *s) {
+    put_u64(strlen(s));
+    put(s, strlen(s));
+}
+static void kv_u32(const char *key, uint32_t v) {
+    put_str(key);
+    put_u32(4);
+    put_u32(v);
+}
+static void kv_f32(const char *key, float v) {
+    put_str(key);
+    put_u32(6);
+    put(&v, 4);
+}
+static float rnd(void) {
+    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (float)((rng >> 40) & 0xffffff) / (float)(1 << 23) - 1.0f;
+}
+
+typedef struct tdesc {
+    char name[48];
+    uint64_t ne[3];
+    int nd;
+    float center, spread;
+} tdesc;
+
+static int describe(tdesc *t) {
+    int n = 0;
+#define T(nm, d, a, b, c, ce, sp) \
+    (snprintf(t[n].name, 48, "%s", nm), t[n].nd = d, t[n].ne[0] = a, t[n].ne[1] = b, t[n].ne[2] = c, \
+     t[n].center = ce, t[n].spread = sp, n++)
+    T("token_embd.weight", 2, E, V, 1, 0.0f, 1.0f);
+    T("output_norm.weight", 1, E, 1, 1, 1.0f, 0.1f);
+    T("output.weight", 2, E, V, 1, 0.0f, 0.3f);
+    char nm[48];
+    for (int l = 0; l < L; l++) {
+#define B(s) (snprintf(nm, sizeof nm, "blk.%d.%s", l, s), nm)
+        T(B("attn_norm.weight"), 1, E, 1, 1, 1.0f, 0.1f);
+        T(B("attn_q.weight"), 2, E, H * HD, 1, 0.0f, 0.3f);
+        T(B("attn_k.weight"), 2, E, HKV * HD, 1, 0.0f, 0.3f);
+        T(B("attn_v.weight"), 2, E, HKV * HD, 1, 0.0f, 0.3f);
+        T(B("attn_output.weight"), 2, H * HD, E, 1, 0.0f, 0.3f);
+        T(B("ffn_norm.weight"), 1, E, 1, 1, 1.0f, 0.1f);
+        T(B("ffn_gate_inp.weight"), 2, E, X, 1, 0.0f, 1.0f);
+        T(B("ffn_gate_exps.weight"), 3, E, FF, X, 0.0f, 0.3f);
+        T(B("ffn_up_exps.weight"), 3, E, FF, X, 0.0f, 0.3f);
+        T(B("ffn_down_exps.weight"), 3, FF, E, X, 0.0f, 0.3f);
+#undef B
+    }
+#undef T
+    return n;
+}
+
+static void write_model(const char *path) {
+    static tdesc t[64];
+    const int n = describe(t);
+    out_f = fopen(path, "wb");
+    if (!out_f) {
+        fprintf(stderr, "cannot write %s\n", path);
+        exit(1);
+    }
+    put("GGUF", 4);
+    put_u32(3);
+    put_u64((uint64_t)n);
+    put_u64(11);
+    put_str("general.architecture");
+    put_u32(8);
+    put_str("llama");
+    kv_u32("llama.block_count", L);
+    kv_u32("llama.embedding_length", E);
+    kv_u32("llama.attention.head_count", H);
+    kv_u32("llama.attention.head_count_kv", HKV);
+    kv_u32("llama.attention.key_length", HD);
+    kv_u32("llama.context_length", 256);
+    kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    kv_u32("llama.expert_count", X);
+    kv_u32("llama.expert_used_count", K);
+    kv_u32("llama.expert_feed_forward_length", FF);
+    uint64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        put_str(t[i].name);
+        put_u32((uint32_t)t[i].nd);
+        for (int d = 0; d < t[i].nd; d++) put_u64(t[i].ne[d]);
+        put_u32(0);
+        put_u64(off);
+        off += (t[i].ne[0] * t[i].ne[1] * t[i].ne[2] * 4 + 31) / 32 * 32;
+    }
+    long pos = ftell(out_f);
+    while (pos++ % 32) put("", 1);
+    for (int i = 0; i < n; i++) {
+        const uint64_t cnt = t[i].ne[0] * t[i].ne[1] * t[i].ne[2];
+        for (uint64_t j = 0; j < cnt; j++) {
+            float v = t[i].center + t[i].spread * rnd();
+            put(&v, 4);
+        }
+        for (uint64_t j = cnt * 4; j % 32; j++) put("", 1);
+    }
+    fclose(out_f);
+}
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+enum { NCTX = 64, NB = 8, PROMPT = 19, GEN = 6 };
+
+static colibri_context *ctx_with(colibri_model *m, uint64_t budget, int policy, int prefetch) {
+    colibri_context_params p;
+    colibri_context_default_params(&p);
+    p.n_threads = 2;
+    p.n_ctx = NCTX;
+    p.n_batch = NB;
+    p.memory_budget = budget;
+    p.expert_policy = policy;
+    p.prefetch = prefetch;
+    colibri_context *c = NULL;
+    CHECK_OK(colibri_context_new(m, &p, &c));
+    return c;
+}
+
+/* Prompt logits (all rows) then GEN greedy steps' logits into out[(PROMPT + GEN) * V]. */
+static void run_greedy(colibri_context *c, const int32_t *prompt, float *out) {
+    CHECK_OK(colibri_eval(c, prompt, PROMPT, out, 1));
+    const float *last = out + (size_t)(PROMPT - 1) * V;
+    for (int g = 0; g < GEN; g++) {
+        int32_t best = 0;
+        for (int v = 1; v < V; v++)
+            if (last[v] > last[best]) best = v;
+        float *dst = out + (size_t)(PROMPT + g) * V;
+        CHECK_OK(colibri_eval(c, &best, 1, dst, 0));
+        last = dst;
+    }
+}
+
+int main(void) {
+    char dir[] = "/tmp/colibri_test_experts_XXXXXX";
+    if (!mkdtemp(dir)) return 1;
+    char path[256];
+    snprintf(path, sizeof path, "%s/moe.gguf", dir);
+    write_model(path);
+
+    colibri_model *m = NULL;
+    CHECK_OK(colibri_model_open(path, &m));
+    if (!m) return 1;
+    int32_t prompt[PROMPT];
+    for (int i = 0; i < PROMPT; i++) prompt[i] = (i * 29 + 3) % V;
+    static float ref[(PROMPT + GEN) * V], got[(PROMPT + GEN) * V];
+
+    /* unbudgeted reference */
+    colibri_context *c = ctx_with(m, 0, COLIBRI_POLICY_LFU, 3);
+    run_greedy(c, prompt, ref);
+    colibri_context_free(c);
+
+    /* the plan: categories add up, minimum is exact */
+    colibri_context_params p;
+    colibri_context_default_params(&p);
+    p.n_threads = 2;
+    p.n_ctx = NCTX;
+    p.n_batch = NB;
+    p.memory_budget = 1ull << 40;
+    colibri_memory_plan plan;
+    CHECK_OK(colibri_plan(path, &p, &plan));
+    CHECK(plan.all_resident && plan.fits && plan.n_expert_total == L * X && plan.min_expert_slots == K);
+    CHECK(plan.metadata_bytes + plan.resident_weight_bytes + plan.model_table_bytes + plan.kv_bytes +
+              plan.scratch_bytes + plan.context_bytes + plan.store_table_bytes + plan.expert_bytes ==
+          plan.total_bytes);
+    CHECK(plan.expert_total_bytes == (uint64_t)L * X * 3 * FF * E * 4);
+    const uint64_t min_budget = plan.min_budget;
+    p.memory_budget = min_budget - 1;
+    CHECK_OK(colibri_plan(path, &p, &plan));
+    CHECK(!plan.fits);
+    colibri_context *bad = NULL;
+    CHECK(colibri_context_new(m, &p, &bad) == COLIBRI_E_BUDGET && bad == NULL);
+    char want[32];
+    snprintf(want, sizeof want, "%llu", (unsigned long long)min_budget);
+    CHECK(strstr(colibri_last_error(), want) != NULL);
+
+    /* bit-identical at the minimum (K slots) and at about half the experts, both policies,
+     * prefetch on and off */
+    /* each slot also costs a little bookkeeping (well under 256 bytes) */
+    const uint64_t budgets[2] = {min_budget, min_budget + (uint64_t)(L * X / 2 - K) * (store_slot_bytes(m) + 256)};
+    for (int b = 0; b < 2; b++)
+        for (int policy = 0; policy < 2; policy++)
+            for (int pf = 0; pf <= 3; pf += 3) {
+                c = ctx_with(m, budgets[b], policy, pf);
+                if (!c) continue;
+                CHECK(c->store != NULL);
+                CHECK_OK(colibri_get_memory_plan(c, &plan));
+                CHECK(plan.n_expert_slots == (b == 0 ? K : L * X / 2));
+                memset(got, 0, sizeof got);
+                run_greedy(c, prompt, got);
+                CHECK(memcmp(got, ref, sizeof ref) == 0);
+                colibri_stats s;
+                CHECK_OK(colibri_get_stats(c, &s));
+                CHECK(s.expert_misses > 0 && s.expert_calls == s.expert_hits + s.expert_misses);
+                CHECK(pf ? s.lookahead_predicted > 0 : s.prefetch_issued == 0);
+                colibri_context_free(c);
+            }
+
+    /* an I/O error mid-stream: an error for the caller, nothing changed, the next call works */
+    c = ctx_with(m, min_budget, COLIBRI_POLICY_LFU, 0);
+    if (c) {
+        CHECK_OK(colibri_eval(c, prompt, PROMPT, got, 1));
+        const int32_t next = 5;
+        store_fail_next_reads(c->store, 1000);
+        float step[V];
+        CHECK(colibri_eval(c, &next, 1, step, 0) == COLIBRI_E_IO);
+        CHECK(strstr(colibri_last_error(), "reading expert") != NULL);
+        CHECK(colibri_n_past(c) == PROMPT);
+        store_fail_next_reads(c->store, 0);
+        CHECK_OK(colibri_eval(c, &next, 1, step, 0));
+        CHECK(colibri_n_past(c) == PROMPT + 1);
+        /* the same step in an undisturbed context */
+        colibri_context *c2 = ctx_with(m, 0, COLIBRI_POLICY_LFU, 0);
+        float ref_step[V];
+        CHECK_OK(colibri_eval(c2, prompt, PROMPT, NULL, 0));
+        CHECK_OK(colibri_eval(c2, &next, 1, ref_step, 0));
+        CHECK(memcmp(step, ref_step, sizeof step) == 0);
+        colibri_context_free(c2);
+        colibri_context_free(c);
+    }
+    /* a failed prefetch is retried synchronously: the step succeeds */
+    c = ctx_with(m, min_budget + 2 * store_slot_bytes(m), COLIBRI_POLICY_LFU, 3);
+    if (c) {
+        CHECK_OK(colibri_eval(c, prompt, PROMPT, NULL, 0));
+        for (int i = 0; i < 4; i++) {
+            const int32_t t = (int32_t)(i * 7 + 1);
+            store_fail_next_reads(c->store, 1);
+            colibri_status st = colibri_eval(c, &t, 1, NULL, 0);
+            /* the one failing read hits either a prefetch (retried: OK) or a demand read (E_IO) */
+            CHECK(st == COLIBRI_OK || st == COLIBRI_E_IO);
+        }
+        colibri_context_free(c);
+    }
+
+    colibri_model_close(m);
+    unlink(path);
+    rmdir(dir);
+    if (failures) {
+        fprintf(stderr, "test_experts: %d failure(s)\n", failures);
+        return 1;
+    }
+    printf("test_experts: ok\n");
+    return 0;
+}

@@ -1,0 +1,220 @@
+"""Memory-budget sweeps of Colibri's expert streaming.
+
+Two modes:
+
+  budget   (no root needed) For each budget (fractions of the GGUF size), a fresh process loads the model
+           with memory_budget=fraction * size, generates greedily from a fixed prompt, then computes the
+           teacher-forced logits of prompt + generation. The parent checks greedy ids and logits are
+           bit-identical to the unbudgeted run and prints decode tok/s, expert hit rate, bytes read per
+           token, stall share, prefetch figures, predictor precision/recall and peak RSS against the
+           ledger's plan (RSS growth from just before the load, so the interpreter is not counted).
+
+      python benchmarks/capped_sweep.py budget --model ~/.cache/colibri/bench/bench-a-q8_0.gguf \\
+          --fractions 1,0.5,0.25 --max-tokens 32
+
+  capped   (root) The issue's capped sweep: for each fraction, benchmarks/bench.py runs Colibri and llama.cpp
+           in a fresh cgroup whose memory limit is fraction * size (page cache dropped first, cgroup removed
+           afterwards, both done by bench.py). Colibri gets its budget through COLIBRI_MEMORY_BUDGET =
+           cap - --overhead (the Python process itself lives in the same cgroup).
+
+      python benchmarks/capped_sweep.py capped --model bench-a --fractions 1,0.6,0.4,0.25 --runs 1
+
+Results go to stdout as a table and, with --json, to a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+RESULT = "CAPPED_SWEEP_RESULT "
+
+
+def vm_field(name: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(name + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def child(args: argparse.Namespace) -> int:
+    """One point: load with a budget, greedy-generate, teacher-force, report JSON on the last line."""
+    import numpy as np
+
+    import colibri_backend
+
+    rss_before = vm_field("VmRSS")
+    model = colibri_backend.load(
+        args.model,
+        threads=args.threads,
+        context_length=args.ctx,
+        batch_size=args.batch,
+        memory_budget=args.budget,
+        expert_policy=args.policy,
+        prefetch=args.prefetch,
+    )
+    rng = np.random.default_rng(args.seed)
+    prompt = [int(t) for t in rng.integers(100, model.info.n_vocab - 100, args.prompt_tokens)]
+    model.reset_stats()
+    from colibri_backend.adapters.sampling import SamplingParams
+
+    sampling = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=args.seed,
+                              logit_bias={t: float("-inf") for t in model.tokenizer.stop_token_ids})
+    ids: list[int] = []
+    times: list[float] = []
+    for ev in model.generate_tokens(prompt, max_tokens=args.max_tokens, sampling=sampling, stop=None,
+                                    logprobs=None):
+        times.append(time.perf_counter())
+        ids.append(int(ev.token_id))
+    stats = model.stats()
+    decode_s = times[-1] - times[0] if len(times) > 1 else 0.0
+    logits = model.logits(prompt + ids) if args.teacher_force else None
+    out = {
+        "budget": args.budget,
+        "ids": ids,
+        "logits_sha256": hashlib.sha256(logits.tobytes()).hexdigest() if logits is not None else None,
+        "decode_tok_s": (len(ids) - 1) / decode_s if decode_s > 0 else 0.0,
+        "n_decode": len(ids) - 1,
+        "stats": {k: v for k, v in stats.items() if k not in ("expert_layers", "last")},
+        "rss_before": rss_before,
+        "vm_hwm": vm_field("VmHWM"),
+    }
+    model.close()
+    print(RESULT + json.dumps(out))
+    return 0
+
+
+def run_point(args: argparse.Namespace, budget: int, teacher_force: bool) -> dict:
+    cmd = [sys.executable, __file__, "child", "--model", str(args.model), "--budget", str(budget),
+           "--threads", str(args.threads), "--ctx", str(args.ctx), "--batch", str(args.batch),
+           "--max-tokens", str(args.max_tokens), "--prompt-tokens", str(args.prompt_tokens),
+           "--seed", str(args.seed), "--policy", args.policy, "--prefetch", args.prefetch]
+    if teacher_force:
+        cmd.append("--teacher-force")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT):
+            return json.loads(line[len(RESULT):])
+    raise RuntimeError(f"budget {budget}: child failed (rc {proc.returncode}):\n{proc.stderr[-2000:]}")
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b else 0.0
+
+
+def budget_sweep(args: argparse.Namespace) -> int:
+    size = os.path.getsize(args.model)
+    fractions = [float(f) for f in args.fractions.split(",")]
+    ref = run_point(args, 0, True)
+    rows = [("unbudgeted", ref)]
+    for f in fractions:
+        rows.append((f"{f:.0%}", run_point(args, int(size * f), True)))
+    print(f"model {args.model} ({size / 2**20:.1f} MiB), {args.max_tokens} greedy tokens, "
+          f"policy {args.policy}, prefetch {args.prefetch}, threads {args.threads}")
+    head = ("budget", "identical", "decode tok/s", "hit %", "MiB read/tok", "stall %",
+            "pf issued/used/wasted", "lookahead P/R", "temporal P/R", "plan MiB", "RSS growth MiB",
+            "RSS/plan")
+    print(" | ".join(head))
+    for name, r in rows:
+        s = r["stats"]
+        same = r["ids"] == ref["ids"] and r["logits_sha256"] == ref["logits_sha256"]
+        n_tok = max(r["n_decode"] + 1, 1)
+        plan_total = s["memory_plan"]["total_bytes"]
+        growth = r["vm_hwm"] - r["rss_before"]
+        cells = (
+            name,
+            "yes" if same else "NO",
+            f"{r['decode_tok_s']:.2f}",
+            f"{100 * ratio(s['expert_hits'], s['expert_calls']):.1f}" if s["expert_calls"] else "-",
+            f"{s['expert_bytes_read'] / 2**20 / n_tok:.1f}",
+            f"{100 * ratio(s['expert_stall_seconds'], s['decode_seconds'] + s['prefill_seconds']):.1f}",
+            f"{s['prefetch_issued']}/{s['prefetch_used']}/{s['prefetch_wasted']}",
+            f"{ratio(s['lookahead_correct'], s['lookahead_predicted']):.2f}/"
+            f"{ratio(s['lookahead_correct'], s['lookahead_actual']):.2f}",
+            f"{ratio(s['temporal_correct'], s['temporal_predicted']):.2f}/"
+            f"{ratio(s['temporal_correct'], s['temporal_actual']):.2f}",
+            f"{plan_total / 2**20:.1f}",
+            f"{growth / 2**20:.1f}",
+            f"{ratio(growth, plan_total):.2f}",
+        )
+        print(" | ".join(cells))
+    if args.json:
+        args.json.write_text(json.dumps([{"name": n, **r} for n, r in rows], indent=2))
+    same = all(r["ids"] == ref["ids"] and r["logits_sha256"] == ref["logits_sha256"] for _, r in rows)
+    return 0 if same else 1
+
+
+def capped_sweep(args: argparse.Namespace) -> int:
+    sys.path.insert(0, str(HERE))
+    from make_bench_models import gguf_path  # noqa: E402  (the bench model's file, to size the caps)
+
+    path = Path(args.model) if Path(args.model).is_file() else gguf_path(args.cache_dir, args.model, "q8_0")
+    size = path.stat().st_size
+    overhead = int(args.overhead_mib * 2**20)
+    results = []
+    for f in (float(x) for x in args.fractions.split(",")):
+        cap = int(size * f)
+        env = dict(os.environ, COLIBRI_MEMORY_BUDGET=str(max(cap - overhead, 1)))
+        out = Path(args.out_dir) / f"capped_{f:.2f}.json"
+        cmd = [sys.executable, str(HERE / "bench.py"), "--model", args.model, "--engines", args.engines,
+               "--sampling", args.sampling, "--runs", str(args.runs), "--max-tokens", str(args.max_tokens),
+               "--threads", str(args.threads), "--ctx", str(args.ctx), "--memory-cap", str(cap),
+               "--json", str(out), "--markdown"]
+        print(f"== cap {f:.0%} of {size / 2**20:.0f} MiB = {cap / 2**20:.0f} MiB, Colibri budget "
+              f"{(cap - overhead) / 2**20:.0f} MiB", flush=True)
+        proc = subprocess.run(cmd, env=env, text=True, timeout=args.timeout)
+        results.append({"fraction": f, "cap": cap, "rc": proc.returncode, "json": str(out)})
+    print(json.dumps(results, indent=2))
+    return 0 if all(r["rc"] == 0 for r in results) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="mode", required=True)
+    for name in ("budget", "child", "capped"):
+        p = sub.add_parser(name)
+        p.add_argument("--model", required=True)
+        p.add_argument("--threads", type=int, default=2)
+        p.add_argument("--ctx", type=int, default=512)
+        p.add_argument("--max-tokens", type=int, default=32)
+        p.add_argument("--timeout", type=float, default=1800.0)
+        if name != "capped":
+            p.add_argument("--batch", type=int, default=64)
+            p.add_argument("--prompt-tokens", type=int, default=32)
+            p.add_argument("--seed", type=int, default=1234)
+            p.add_argument("--policy", default="lfu")
+            p.add_argument("--prefetch", default="lookahead,temporal")
+        if name == "budget":
+            p.add_argument("--fractions", default="1,0.5,0.25")
+            p.add_argument("--json", type=Path, default=None)
+        if name == "child":
+            p.add_argument("--budget", type=int, required=True)
+            p.add_argument("--teacher-force", action="store_true")
+        if name == "capped":
+            p.add_argument("--fractions", default="1,0.6,0.4,0.25")
+            p.add_argument("--engines", default="colibri,llama_cpp")
+            p.add_argument("--sampling", default="both")
+            p.add_argument("--runs", type=int, default=1)
+            p.add_argument("--overhead-mib", type=float, default=160.0,
+                           help="memory left to the Python process inside the cgroup (MiB)")
+            p.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "colibri" / "bench")
+            p.add_argument("--out-dir", default=".")
+    args = ap.parse_args(argv)
+    if args.mode == "child":
+        return child(args)
+    if args.mode == "budget":
+        return budget_sweep(args)
+    return capped_sweep(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -23,6 +23,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import signal
 import statistics
 import subprocess
@@ -109,12 +110,18 @@ def banned_ids(model_path: Path) -> list[int]:
 
 
 def prompt_ids(model_path: Path, n_tokens: int) -> list[int]:
-    """The first n_tokens ids of PROMPT_TEXT under the model's own tokenizer (read from the GGUF metadata)."""
-    from make_bench_models import tokenizer_from_gguf, tokenizer_json
-    from tokenizers import Tokenizer
+    """The first n_tokens ids of PROMPT_TEXT under the model's own tokenizer (read from the GGUF metadata):
+    Colibri's tokenizer adapter where the package is importable, else a byte-level BPE rebuilt here."""
+    try:
+        from colibri_backend.adapters.tokenizer import Tokenizer as ColibriTokenizer
 
-    tok = Tokenizer.from_str(json.dumps(tokenizer_json(tokenizer_from_gguf(model_path))))
-    ids = tok.encode(PROMPT_TEXT, add_special_tokens=False).ids
+        ids = ColibriTokenizer.from_gguf(model_path).encode(PROMPT_TEXT, add_special_tokens=False)
+    except ImportError:
+        from make_bench_models import tokenizer_from_gguf, tokenizer_json
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_str(json.dumps(tokenizer_json(tokenizer_from_gguf(model_path))))
+        ids = tok.encode(PROMPT_TEXT, add_special_tokens=False).ids
     if len(ids) < n_tokens:
         raise SystemExit(f"the fixed prompt has only {len(ids)} tokens under this tokenizer, "
                          f"{n_tokens} requested")
@@ -132,15 +139,17 @@ def prewarm_page_cache(path: Path) -> None:
 # memory cap: a cgroup per run
 
 
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "KB": 1000, "MB": 10**6, "GB": 10**9,
+               "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30}
+
+
 def parse_size(text: str) -> int:
-    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "KB": 1000, "MB": 10**6, "GB": 10**9,
-             "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30}
-    t = text.strip().upper().replace(" ", "")
-    num = t.rstrip("KMGIB")
-    unit = t[len(num):]
-    if unit not in units or not num:
+    """Bytes from "1034M" / "1.5G" / "512MiB" (binary) or "250MB" / "1GB" (decimal) or a plain number."""
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    unit = m.group(2).upper() if m else ""
+    if m is None or unit not in _SIZE_UNITS or float(m.group(1)) <= 0:
         raise argparse.ArgumentTypeError(f"cannot parse size {text!r} (examples: 1034M, 1.5G, 250MB)")
-    return int(float(num) * units[unit])
+    return int(float(m.group(1)) * _SIZE_UNITS[unit])
 
 
 def drop_page_cache() -> None:

@@ -1,0 +1,140 @@
+"""The benchmark scripts work (they are scripts, not timed tests: nothing here checks a speed).
+
+* make_bench_models: the shapes give the advertised parameter counts; a shrunken bench-A / bench-B
+  checkpoint loads in transformers with no missing or unexpected weights, converts with our converter and
+  gives transformers' logits in Colibri; the rebuilt SmolLM2 tokenizer matches Colibri's own.
+* _worker.py / bench.py: a real run on a tiny model reports complete, consistent JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+import bench  # noqa: E402
+import make_bench_models as mbm  # noqa: E402
+
+import colibri_backend  # noqa: E402
+from colibri_backend.convert import convert  # noqa: E402
+
+
+def smollm2() -> Path:
+    return Path(colibri_backend.resolve_model("smollm2").gguf)
+
+
+def tiny(name: str) -> mbm.BenchSpec:
+    base = mbm.SPECS[name]
+    return dataclasses.replace(base, name=f"tiny-{name}", n_layer=2, hidden=64, n_head=4, n_head_kv=2,
+                               head_dim=16, n_ff_exp=32, n_expert=max(base.n_expert // 2, 4),
+                               n_expert_used=min(base.n_expert_used, 4))
+
+
+def test_full_size_parameter_counts() -> None:
+    assert round(mbm.param_count(mbm.SPECS["bench-a"]) / 1e9, 3) == 1.250
+    assert round(mbm.param_count(mbm.SPECS["bench-b"]) / 1e9, 3) == 1.754
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    root = tmp_path_factory.mktemp("bench_models")
+    out = {}
+    for name in ("bench-a", "bench-b"):
+        spec = tiny(name)
+        ckpt = root / spec.name / "hf"
+        mbm.write_checkpoint(spec, ckpt, smollm2(), log=lambda *a: None)
+        gguf = convert(ckpt, root / f"{spec.name}.f32.gguf", out_type="f32", progress=False)
+        out[name] = (ckpt, gguf)
+    return out
+
+
+@pytest.mark.parametrize("name", ["bench-a", "bench-b"])
+def test_checkpoint_loads_in_transformers_and_matches_colibri(tiny_models, name: str) -> None:
+    torch = pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    ckpt, gguf = tiny_models[name]
+    model, info = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32, output_loading_info=True)
+    assert not any(info.values()), info
+    assert type(model).__name__ == ("MixtralForCausalLM" if name == "bench-a" else "Qwen3MoeForCausalLM")
+    ids = bench.prompt_ids(gguf, 24)
+    with torch.no_grad():
+        ref = model(torch.tensor([ids])).logits[0].numpy()
+    with colibri_backend.load(gguf, threads=2) as m:
+        got = m.logits(ids)
+    assert np.max(np.abs(got - ref)) <= 1e-3 * np.max(np.abs(ref))
+    assert mbm.checkpoint_is_current(tiny(name), ckpt)
+    assert not mbm.checkpoint_is_current(dataclasses.replace(tiny(name), seed=1), ckpt)
+
+
+def test_rebuilt_tokenizer_matches_colibri() -> None:
+    from tokenizers import Tokenizer
+
+    from colibri_backend.adapters.tokenizer import Tokenizer as ColibriTokenizer
+
+    ours = Tokenizer.from_str(json.dumps(mbm.tokenizer_json(mbm.tokenizer_from_gguf(smollm2()))))
+    theirs = ColibriTokenizer.from_gguf(smollm2())
+    texts = (bench.PROMPT_TEXT, "Numbers 12345 and  two  spaces\n\tindent", "<|im_start|>user\nhi<|im_end|>",
+             "café naïve — ünïcödé 🙂", "def f(x):\n    return x**2  # square")
+    for text in texts:
+        expected = theirs.encode(text, add_special_tokens=False)
+        assert ours.encode(text, add_special_tokens=False).ids == expected
+
+
+def test_worker_and_runner_on_a_tiny_model(tiny_models, tmp_path: Path) -> None:
+    _, gguf = tiny_models["bench-b"]
+    prompt = bench.prompt_ids(gguf, 16)
+    ban = bench.banned_ids(gguf)
+    assert ban == [0, 2]  # SmolLM2's <|endoftext|> and <|im_end|> (EOS)
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "_worker.py"), "--engine", "colibri", "--model", str(gguf),
+         "--prompt-ids", ",".join(map(str, prompt)), "--max-tokens", "12", "--temperature", "0.8",
+         "--seed", "5", "--ban-ids", ",".join(map(str, ban))],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    line = [x for x in proc.stdout.splitlines() if x.startswith("COLIBRI_BENCH_RESULT ")][-1]
+    r = json.loads(line.split(" ", 1)[1])
+    assert r["ok"] and r["n_prompt"] == 16 and r["n_generated"] == 12
+    assert not set(r["generated_ids"]) & set(ban)
+    assert r["ttft_s"] > 0 and r["decode_tps"] > 0 and r["prefill_tps"] == pytest.approx(16 / r["ttft_s"])
+    assert r["peak_rss_bytes"] >= r["rss_after_load_bytes"] > 0
+    assert r["engine_stats"]["allocs_last_eval"] == 0
+
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "bench.py"), "--model", str(gguf), "--engines", "colibri",
+         "--runs", "2", "--sampling", "both", "--prompt-tokens", "16", "--max-tokens", "8",
+         "--json", str(out), "--markdown"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert len(data["runs"]) == 4 and all(r["ok"] for r in data["runs"])
+    assert [(r["sampling"], r["round"]) for r in data["runs"]] == [("greedy", 0), ("greedy", 1),
+                                                                     ("sampled", 0), ("sampled", 1)]
+    # Greedy runs in fresh processes give the same tokens; so do sampled runs with the same seed.
+    assert data["runs"][0]["generated_ids"] == data["runs"][1]["generated_ids"]
+    assert data["runs"][2]["generated_ids"] == data["runs"][3]["generated_ids"]
+    row = data["summary"][0]["engines"]["colibri"]
+    assert row["runs_ok"] == 4 and row["decode_tps_greedy"] > 0 and row["decode_tps_sampled"] > 0
+    assert "| tiny-bench-b.f32.gguf | Colibri | 4 |" in proc.stdout
+
+
+def test_parse_size() -> None:
+    assert bench.parse_size("1034M") == 1034 << 20
+    assert bench.parse_size("1.5G") == int(1.5 * (1 << 30))
+    assert bench.parse_size("250MB") == 250_000_000
+    assert bench.parse_size("4096") == 4096
+    for bad in ("lots", "12XB", "-1G", ""):
+        with pytest.raises(Exception, match="cannot parse"):
+            bench.parse_size(bad)

@@ -1,7 +1,7 @@
 """ColibriForCausalLM behind transformers: Auto classes, generate(), pipeline(), streaming, forward().
 
 The reference for greedy output is transformers' own model on the conformance suite's tiny random checkpoints
-(llama, mixtral, qwen3_moe), converted to F32 GGUF so the comparison is at full precision.
+(llama, mixtral, qwen2_moe, qwen3_moe, olmoe), converted to F32 GGUF so the comparison is at full precision.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from transformers import (  # noqa: E402
 ColibriConfig = transformers_glue.ColibriConfig
 ColibriForCausalLM = transformers_glue.ColibriForCausalLM
 
-GREEDY_ARCHS = ("llama", "mixtral", "qwen3moe")
+GREEDY_ARCHS = ("llama", "mixtral", "qwen2moe", "qwen3moe", "olmoe")
 N_NEW = 32
 
 

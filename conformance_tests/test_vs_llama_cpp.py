@@ -71,15 +71,16 @@ def test_smollm2_q4_1_teacher_forced(smollm2_gguf: Path, colibri: Any) -> None:
 
 def llama_cpp_greedy(gguf: Path, prompt: list[int], n_new: int) -> tuple[list[int], np.ndarray]:
     """Greedy token ids from llama.cpp and its logits at each generated step ([n_new, vocab])."""
-    # logits_all=False: llama-cpp-python still keeps the last row of every eval in scores[n_tokens - 1]
     llm = tm.open_llama_cpp(gguf, logits_all=False, n_ctx=512, n_threads=tm.LLAMA_CPP_THREADS)
+    n_vocab = llm.n_vocab()
     try:
         llm.reset()
         llm.eval(prompt)
         out: list[int] = []
         rows = []
         for _ in range(n_new):
-            row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+            # the last evaluated position's logits (llama-cpp-python keeps no copy without logits_all)
+            row = np.ctypeslib.as_array(llm._ctx.get_logits_ith(-1), shape=(n_vocab,)).astype(np.float32)
             tok = int(row.argmax())
             rows.append(row)
             out.append(tok)

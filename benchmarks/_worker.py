@@ -72,7 +72,8 @@ def time_generation(tokens: Iterator[int], max_tokens: int) -> tuple[list[int], 
 
 
 # ---------------------------------------------------------------------------------------------------------
-# engines: each returns (generated ids, token arrival times, start time, load seconds, engine counters)
+# engines: each returns a dict with the generated ids, their arrival times, the start time, the load time,
+# the RSS after loading, the engine's own counters and the banned token ids
 
 
 def run_colibri(args: argparse.Namespace, prompt: list[int]) -> dict:
@@ -93,6 +94,7 @@ def run_colibri(args: argparse.Namespace, prompt: list[int]) -> dict:
     events = model.generate_tokens(prompt, max_tokens=args.max_tokens, sampling=sampling, stop=None,
                                    logprobs=None)
     ids, times, t0 = time_generation((ev.token_id for ev in events), args.max_tokens)
+    events.close()  # releases the sampler; the clock has stopped
     stats = dict(model.stats())
     model.close()
     return {"ids": ids, "times": times, "t0": t0, "load_s": load_s, "rss_loaded": rss_loaded,

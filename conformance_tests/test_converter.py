@@ -518,3 +518,22 @@ def test_cli_convert(tmp_path: Path, tiny_zoo: Any, capsys: pytest.CaptureFixtur
     bad = _mutated(src, tmp_path / "bad", mlp_only_layers=[0])
     assert main(["convert", str(bad), "-o", str(tmp_path / "bad.gguf")]) == 1
     assert "mlp_only_layers" in capsys.readouterr().err
+
+
+def test_older_config_spellings(tmp_path: Path, tiny_zoo: Any) -> None:
+    """Hub configs written before transformers 5: top-level rope_theta, num_experts instead of
+    num_local_experts; the converter reads both."""
+    src = tiny_zoo.checkpoint("mixtral")
+    cfg = json.loads((src / "config.json").read_text())
+    n_exp = cfg["num_local_experts"]
+    old = _mutated(
+        src,
+        tmp_path / "old",
+        rope_parameters=None,
+        rope_theta=500000.0,
+        num_local_experts=None,
+        num_experts=n_exp,
+    )
+    f = _fields(GGUFReader(convert(old, tmp_path / "old.gguf", "f16", progress=False)))
+    assert math.isclose(f["llama.rope.freq_base"], 500000.0)
+    assert f["llama.expert_count"] == n_exp

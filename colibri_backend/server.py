@@ -273,9 +273,16 @@ class ServerState:
         self.loader = loader
         self.metrics = Metrics()
         self.shutting_down = False
+        # serve() starts loading itself, after announcing the port: some backends (llama-cpp-python)
+        # point the process's stderr at /dev/null while they load, which would swallow the line.
+        self.load_on_startup = True
         self._loader_thread: threading.Thread | None = None
 
     def start_loading(self) -> None:
+        """Load every served model in a background thread (once; later calls do nothing)."""
+        if self._loader_thread is not None:
+            return
+
         def load_all() -> None:
             for slot in self.slots.values():
                 if self.shutting_down:
@@ -437,7 +444,8 @@ def create_app(state: ServerState) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        state.start_loading()
+        if state.load_on_startup:
+            state.start_loading()
         try:
             yield
         finally:
@@ -951,6 +959,7 @@ def serve(state: ServerState, host: str = "127.0.0.1", port: int = 8000, log_lev
     """Run the server until SIGINT / SIGTERM. ``on_ready(port)`` is called once it listens."""
     import uvicorn
 
+    state.load_on_startup = False
     app = create_app(state)
 
     class _Server(uvicorn.Server):
@@ -964,6 +973,7 @@ def serve(state: ServerState, host: str = "127.0.0.1", port: int = 8000, log_lev
             if on_ready is not None and self.servers:
                 bound = self.servers[0].sockets[0].getsockname()[1]
                 on_ready(int(bound))
+            state.start_loading()
 
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5,
                             access_log=log_level == "debug")

@@ -162,6 +162,10 @@ def test_health_models_and_metrics(server: Server) -> None:
     assert m[f'colibri_model_ready{{model="smol",backend="{server.backend}"}}'] == 1
     assert m[f'colibri_model_ready{{model="broken",backend="{server.backend}"}}'] == 0
     assert 'colibri_queue_depth{model="smol"}' in m
+    assert any(k.startswith("colibri_engine_") and 'model="smol"' in k for k in m)  # the backend's stats()
+    if server.backend == "colibri":  # the engine reports its plan; a decode step allocates nothing
+        assert m['colibri_engine_allocs_last_eval{model="smol"}'] == 0
+        assert m['colibri_engine_memory_plan_total_bytes{model="smol"}'] > 0
 
 
 def test_chat_non_streaming_and_streaming_agree(server: Server) -> None:

@@ -536,8 +536,8 @@ def _pre_tokenizer_name(pre: dict[str, Any] | None) -> str:
     kinds = [s.get("type") for s in steps]
     if not kinds or kinds[-1] != "ByteLevel":
         raise ConversionError(
-            f"pre-tokenizer {kinds} is not byte-level BPE; "
-            "SentencePiece-style tokenizers are not supported yet"
+            f"pre-tokenizer {kinds} is not byte-level BPE, and the BPE model has no byte fallback "
+            "(SentencePiece-style tokenizers need byte_fallback=true)"
         )
     last = steps[-1]
     if last.get("add_prefix_space"):
@@ -561,6 +561,38 @@ def _pre_tokenizer_name(pre: dict[str, Any] | None) -> str:
     )
 
 
+def _is_byte_token(tok: str) -> bool:
+    return (
+        len(tok) == 6
+        and tok.startswith("<0x")
+        and tok.endswith(">")
+        and all(c in "0123456789ABCDEF" for c in tok[3:5])
+    )
+
+
+def _spm_space_prefix(tj: dict[str, Any]) -> bool:
+    """Whether a SentencePiece-style tokenizer.json turns spaces into U+2581 and prefixes one; refuse others.
+
+    Two spellings exist: normalizer Sequence[Prepend("\u2581"), Replace(" ", "\u2581")] with no
+    pre-tokenizer (Llama 2 / Mistral), or a Metaspace pre-tokenizer (newer files).
+    """
+    norm = tj.get("normalizer") or {}
+    steps = norm.get("normalizers", []) if norm.get("type") == "Sequence" else ([norm] if norm else [])
+    kinds = [n.get("type") for n in steps]
+    pre = tj.get("pre_tokenizer")
+    if pre is None and "Replace" in kinds and set(kinds) <= {"Prepend", "Replace"}:
+        return "Prepend" in kinds
+    if pre and pre.get("type") == "Metaspace" and not steps:
+        if pre.get("split", False):
+            raise ConversionError("Metaspace pre-tokenizer with split=true is not supported")
+        scheme = pre.get("prepend_scheme", "always" if pre.get("add_prefix_space", True) else "never")
+        return scheme in ("first", "always")
+    raise ConversionError(
+        f"unrecognised SentencePiece-style tokenizer (normalizer {kinds}, pre-tokenizer "
+        f"{(pre or {}).get('type')}); llama.cpp would not tokenize it the same"
+    )
+
+
 def _token_content(tok: Any) -> str | None:
     if isinstance(tok, dict):
         return tok.get("content")
@@ -569,10 +601,13 @@ def _token_content(tok: Any) -> str | None:
 
 @dataclass
 class _Vocab:
+    model: str  # tokenizer.ggml.model: "gpt2" (byte-level BPE) or "llama" (SentencePiece-style BPE)
     tokens: list[str]
     types: list[int]
-    merges: list[str]
-    pre: str
+    merges: list[str]  # gpt2 only
+    scores: list[float]  # llama only
+    add_space_prefix: bool  # llama only
+    pre: str  # gpt2 only
     special_ids: dict[str, int]
     add_bos: bool
     add_eos: bool
@@ -587,13 +622,14 @@ def _vocab(hf_dir: Path, cfg: dict[str, Any], n_vocab: int) -> _Vocab:
         raise ConversionError(f"{hf_dir}: tokenizer.json is missing (needed for the GGUF tokenizer)")
     tj = json.loads(tj_path.read_text(encoding="utf-8"))
     model = tj.get("model", {})
-    if model.get("type") != "BPE" or model.get("byte_fallback"):
+    if model.get("type") != "BPE":
         raise ConversionError(
-            f"tokenizer model {model.get('type')} (byte_fallback={model.get('byte_fallback')}) "
-            "is not supported; "
-            "only byte-level BPE (GPT-2 style) tokenizers are"
+            f"tokenizer model {model.get('type')} is not supported; only BPE tokenizers (byte-level, or "
+            "SentencePiece-style with byte fallback) are"
         )
-    pre = _pre_tokenizer_name(tj.get("pre_tokenizer"))
+    spm = bool(model.get("byte_fallback"))
+    space_prefix = _spm_space_prefix(tj) if spm else False
+    pre = "" if spm else _pre_tokenizer_name(tj.get("pre_tokenizer"))
     id_of: dict[str, int] = dict(model["vocab"])
     special: set[int] = set()
     added: set[int] = set()
@@ -605,25 +641,39 @@ def _vocab(hf_dir: Path, cfg: dict[str, Any], n_vocab: int) -> _Vocab:
         by_id[int(idx)] = tok
     if by_id and max(by_id) >= n_vocab:
         raise ConversionError(f"tokenizer has token id {max(by_id)} but the model vocab_size is {n_vocab}")
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    # SentencePiece-style: llama.cpp merges the adjacent pair whose concatenation has the highest score, so
+    # the token made by the merge of rank r scores -r and the merge order equals the BPE rank order.
+    score_of: dict[str, float] = {}
+    if spm:
+        for rank, merge in enumerate(merges):
+            left, _, right = merge.partition(" ")
+            score_of.setdefault(left + right, -float(rank + 1))
+    unk = model.get("unk_token")
     tokens: list[str] = []
     types: list[int] = []
+    scores: list[float] = []
     for i in range(n_vocab):
         tok = by_id.get(i)
         if tok is None:
             tokens.append(f"[PAD{i}]")
             types.append(int(TokenType.UNUSED))
+            scores.append(-1e9)
+            continue
+        tokens.append(tok)
+        scores.append(score_of.get(tok, 0.0))
+        if spm and tok == unk:
+            types.append(int(TokenType.UNKNOWN))
+        elif spm and _is_byte_token(tok):
+            types.append(int(TokenType.BYTE))
+        elif i in special:
+            types.append(int(TokenType.CONTROL))
+        elif i in added:
+            types.append(int(TokenType.USER_DEFINED))
         else:
-            tokens.append(tok)
-            types.append(
-                int(
-                    TokenType.CONTROL
-                    if i in special
-                    else TokenType.USER_DEFINED
-                    if i in added
-                    else TokenType.NORMAL
-                )
-            )
-    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+            types.append(int(TokenType.NORMAL))
+    if spm and sum(t == TokenType.BYTE for t in types) != 256:
+        raise ConversionError("byte-fallback tokenizer without the 256 <0xNN> byte tokens")
 
     tc_path = hf_dir / "tokenizer_config.json"
     tc = json.loads(tc_path.read_text(encoding="utf-8")) if tc_path.exists() else {}
@@ -661,7 +711,19 @@ def _vocab(hf_dir: Path, cfg: dict[str, Any], n_vocab: int) -> _Vocab:
     jinja = hf_dir / "chat_template.jinja"
     if template is None and jinja.exists():
         template = jinja.read_text(encoding="utf-8")
-    return _Vocab(tokens, types, merges, pre, special_ids, bool(add_bos), bool(add_eos), template)
+    return _Vocab(
+        model="llama" if spm else "gpt2",
+        tokens=tokens,
+        types=types,
+        merges=[] if spm else merges,
+        scores=scores if spm else [],
+        add_space_prefix=space_prefix,
+        pre=pre,
+        special_ids=special_ids,
+        add_bos=bool(add_bos),
+        add_eos=bool(add_eos),
+        chat_template=template,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -735,11 +797,15 @@ def _write_metadata(w: Any, hp: _Hparams, vocab: _Vocab, name: str, out_type: st
         w.add_residual_scale(hp.extra["residual_scale"])
         w.add_logit_scale(hp.extra["logit_scale"])
 
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(vocab.pre)
+    w.add_tokenizer_model(vocab.model)
     w.add_token_list(vocab.tokens)
     w.add_token_types(vocab.types)
-    w.add_token_merges(vocab.merges)
+    if vocab.model == "gpt2":
+        w.add_tokenizer_pre(vocab.pre)
+        w.add_token_merges(vocab.merges)
+    else:
+        w.add_token_scores(vocab.scores)
+        w.add_add_space_prefix(vocab.add_space_prefix)
     setters = {
         "bos": w.add_bos_token_id,
         "eos": w.add_eos_token_id,

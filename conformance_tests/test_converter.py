@@ -146,6 +146,49 @@ def test_llama_cpp_tokenizes_like_hf(tiny_zoo: Any) -> None:
     tm.report(f"llama.cpp tokenization of our GGUF == HF tokenizer on {len(texts)} texts ({source})")
 
 
+SPM_SAMPLES = (
+    "Hello world, this is a test.",
+    "def f(x):\n    return x ** 2  # square",
+    "  two leading spaces and   runs   of spaces",
+    "Ünïcödé — emoji 🦜 and CJK 漢字 fall back to bytes",
+)
+
+
+def test_sentencepiece_style_tokenizer(tmp_path: Path, tiny_zoo: Any) -> None:
+    """A byte-fallback BPE tokenizer.json (Llama 2 / Mistral / Mixtral style) becomes tokenizer.ggml.model
+    "llama" with scores that make llama.cpp's merge order equal the BPE merge ranks."""
+    from tokenizers import Tokenizer
+
+    tok_dir = tm.build_spm_tokenizer(tmp_path / "spm_tok")
+    spec = tm.SPEC_BY_NAME["mixtral"]
+    ckpt = tm.build_checkpoint(spec, tmp_path / "mixtral_spm", tok_dir)
+    gguf_path = convert(ckpt, tmp_path / "spm.gguf", "f16", progress=False)
+    f = _fields(GGUFReader(gguf_path))
+    assert f["tokenizer.ggml.model"] == "llama" and "tokenizer.ggml.merges" not in f
+    assert f["tokenizer.ggml.add_space_prefix"] is True and f["tokenizer.ggml.add_bos_token"] is True
+    types = f["tokenizer.ggml.token_type"]
+    tokens = f["tokenizer.ggml.tokens"]
+    assert types[0] == 2 and tokens[0] == "<unk>"  # UNKNOWN
+    assert types[1] == 3 and types[2] == 3  # <s>, </s>: CONTROL
+    assert sum(t == 6 for t in types) == 256  # BYTE
+    hf = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    texts = [*SPM_SAMPLES, tm.corpus_text()[12000:15000]]
+    expected = [hf.encode(t, add_special_tokens=False).ids for t in texts]
+    if tm.reference_engine("llama_cpp") is None:
+        tm.report(
+            "SentencePiece-style tokenizer: metadata checked; llama.cpp absent, tokenization not compared"
+        )
+        return
+    llm = tm.open_llama_cpp(gguf_path, vocab_only=True)
+    try:
+        got = [llm.tokenize(t.encode("utf-8"), add_bos=False, special=False) for t in texts]
+    finally:
+        llm.close()
+    for text, e, g in zip(texts, expected, got, strict=True):
+        assert g == e, f"llama.cpp tokenizes {text[:40]!r} as {g[:16]}, HF as {e[:16]}"
+    tm.report(f"SentencePiece-style tokenizer: llama.cpp == HF on {len(texts)} texts")
+
+
 # ----------------------------------------------------------------------------------------------------
 # file structure
 

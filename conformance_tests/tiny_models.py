@@ -283,6 +283,42 @@ def build_tokenizer(out_dir: Path) -> Path:
     return out_dir
 
 
+def build_spm_tokenizer(out_dir: Path) -> Path:
+    """A SentencePiece-style BPE (byte fallback, U+2581 for spaces, Llama 2 / Mistral layout), 1000 tokens."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    specials = ["<unk>", "<s>", "</s>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=TOKENIZER_VOCAB,
+        special_tokens=specials + [f"<0x{i:02X}>" for i in range(256)],
+        show_progress=False,
+    )
+    lines = corpus_text().splitlines()
+    tok.train_from_iterator([lines[i : i + 200] for i in range(0, len(lines), 200)], trainer=trainer)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out_dir / "tokenizer.json"))
+    # as in Llama 2 / Mistral files: only <unk>, <s>, </s> are added tokens; the byte tokens are plain vocab
+    tj = json.loads((out_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    tj["added_tokens"] = [t for t in tj["added_tokens"] if t["content"] in specials]
+    (out_dir / "tokenizer.json").write_text(json.dumps(tj, ensure_ascii=False), encoding="utf-8")
+    tok_cfg = {
+        "tokenizer_class": "LlamaTokenizerFast",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
+    return out_dir
+
+
 _ARCH_CLASS = {
     "llama": "LlamaForCausalLM",
     "mixtral": "MixtralForCausalLM",

@@ -146,6 +146,28 @@ def test_llama_cpp_tokenizes_like_hf(tiny_zoo: Any) -> None:
     tm.report(f"llama.cpp tokenization of our GGUF == HF tokenizer on {len(texts)} texts ({source})")
 
 
+@pytest.mark.parametrize("pre", tm.PRE_TOKENIZERS)
+def test_byte_level_pre_tokenizers(tmp_path: Path, tiny_zoo: Any, pre: str) -> None:
+    """Each recognised HF pre-tokenizer pipeline is written under the llama.cpp name whose built-in regexes
+    split text the same way (checked by tokenizing in llama.cpp)."""
+    from tokenizers import Tokenizer
+
+    tok_dir = tm.build_tokenizer(tmp_path / f"tok_{pre}", pre=pre)
+    ckpt = tm.build_checkpoint(tm.SPEC_BY_NAME["olmoe"], tmp_path / f"olmoe_{pre}", tok_dir)
+    gguf_path = convert(ckpt, tmp_path / f"{pre}.gguf", "f16", progress=False)
+    assert _fields(GGUFReader(gguf_path))["tokenizer.ggml.pre"] == pre
+    hf = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+    texts = [*TOKENIZER_SAMPLES, "call 12345 or 2024-01-31\r\n\n  x's  we'll", tm.corpus_text()[20000:23000]]
+    expected = [hf.encode(t, add_special_tokens=False).ids for t in texts]
+    if tm.reference_engine("llama_cpp") is None:
+        tm.report(f"pre-tokenizer {pre}: name checked; llama.cpp absent, tokenization not compared")
+        return
+    got = tm.llama_cpp_tokenize(gguf_path, texts)
+    for text, e, g in zip(texts, expected, got, strict=True):
+        assert g == e, f"{pre}: llama.cpp tokenizes {text[:40]!r} as {g[:16]}, HF as {e[:16]}"
+    tm.report(f"pre-tokenizer {pre}: llama.cpp == HF on {len(texts)} texts")
+
+
 SPM_SAMPLES = (
     "Hello world, this is a test.",
     "def f(x):\n    return x ** 2  # square",

@@ -253,12 +253,42 @@ def corpus_text() -> str:
     return "\n".join(parts)
 
 
-def build_tokenizer(out_dir: Path) -> Path:
+# Byte-level pre-tokenizer pipelines of real checkpoints, by the name llama.cpp gives them.
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+PRE_TOKENIZERS = ("gpt-2", "qwen2", "llama-bpe", "smollm")
+
+
+def _pre_tokenizer(kind: str) -> Any:
+    from tokenizers import Regex, pre_tokenizers
+
+    if kind == "gpt-2":  # GPT-2, OLMoE
+        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if kind == "smollm":  # SmolLM / StarCoder: single digits, then GPT-2
+        return pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        )
+    regex = {"qwen2": QWEN2_SPLIT, "llama-bpe": LLAMA3_SPLIT}[kind]  # Qwen2/3(-MoE), Llama 3
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+
+
+def build_tokenizer(out_dir: Path, pre: str = "gpt-2") -> Path:
     """Train a byte-level BPE on standard-library text; write tokenizer.json and tokenizer_config.json."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.pre_tokenizer = _pre_tokenizer(pre)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=TOKENIZER_VOCAB,

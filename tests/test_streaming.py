@@ -233,3 +233,48 @@ def test_plan_command(moe: tuple[Path, dict]) -> None:
     bad = subprocess.run(cmd + ["--memory-budget", "1K"], capture_output=True, text=True, env=env)
     assert bad.returncode == 2
     assert "does NOT fit" in bad.stdout and "--memory-budget" in bad.stderr
+
+
+_RSS_CHILD = r"""
+import ctypes, sys
+import numpy as np
+from colibri_backend import _native as N
+LIB = N.load_library()
+def vm(name):
+    for line in open("/proc/self/status"):
+        if line.startswith(name + ":"):
+            return int(line.split()[1]) * 1024
+path, budget = sys.argv[1], int(sys.argv[2])
+toks = np.random.default_rng(0).integers(0, 301, 48).astype(np.int32)
+out = np.zeros(301, np.float32)
+before = vm("VmRSS")
+m, c = ctypes.c_void_p(), ctypes.c_void_p()
+LIB.check(LIB.colibri_model_open(path.encode(), ctypes.byref(m)))
+p = N.ContextParamsC(2, 64, 16, budget, 0, 3)
+LIB.check(LIB.colibri_context_new(m, ctypes.byref(p), ctypes.byref(c)))
+LIB.check(LIB.colibri_eval(c, N.i32_ptr(toks), len(toks), N.f32_ptr(out), 0))
+for _ in range(8):
+    t = np.asarray([int(np.argmax(out))], np.int32)
+    LIB.check(LIB.colibri_eval(c, N.i32_ptr(t), 1, N.f32_ptr(out), 0))
+plan = N.MemoryPlanC()
+LIB.check(LIB.colibri_get_memory_plan(c, ctypes.byref(plan)))
+print(vm("VmHWM") - before, plan.total_bytes, plan.n_expert_slots, plan.n_expert_total)
+"""
+
+
+@pytest.mark.parametrize("fraction", [0.5, 0.25])
+def test_peak_rss_within_ten_percent_of_plan(tmp_path: Path, fraction: float) -> None:
+    """A fresh process: peak RSS growth from just before the model opens to the end of a prompt and
+    eight decode steps stays within 10% of the ledger's total (the experts dominate: ~100 MB file)."""
+    path = tmp_path / "mid.gguf"
+    make_tiny_model(path, "mixtral", wtype="F32", n_expert=8, n_expert_used=2, n_embd=256, n_layer=4,
+                    n_ff_exp=1024, head_dim=32, n_head=8, n_head_kv=4)
+    budget = int(os.path.getsize(path) * fraction)
+    env = dict(os.environ, COLIBRI_LIB=str(LIB.path))
+    proc = subprocess.run([sys.executable, "-c", _RSS_CHILD, str(path), str(budget)], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    growth, planned, slots, total = (int(v) for v in proc.stdout.split())
+    assert 0 < slots < total
+    assert planned <= budget
+    assert abs(growth - planned) <= 0.10 * planned, f"peak RSS growth {growth} vs plan {planned}"

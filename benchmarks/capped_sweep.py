@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--engines", default="colibri,llama_cpp")
             p.add_argument("--sampling", default="both")
             p.add_argument("--runs", type=int, default=1)
-            p.add_argument("--overhead-mib", type=float, default=160.0,
+            p.add_argument("--overhead-mib", type=float, default=80.0,
                            help="memory left to the Python process inside the cgroup (MiB)")
             p.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "colibri" / "bench")
             p.add_argument("--out-dir", default=".")

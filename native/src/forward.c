@@ -569,6 +569,7 @@ void context_destroy(struct colibri_context *c) {
     cb_free(c->route_ids);
     cb_free(c->route_w);
     store_destroy(c->store);
+    if (c->resident_locked) ledger_unlock_resident(c->model);
     if (c->pred) {
         predictor_free(c->pred);
         cb_free(c->pred);
@@ -687,6 +688,7 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
             context_destroy(c);
             return st;
         }
+        c->resident_locked = ledger_lock_resident(m);
         if (p.prefetch) {
             c->pred = cb_calloc(1, sizeof *c->pred);
             if (!c->pred) {

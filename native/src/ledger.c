@@ -3,6 +3,8 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "error.h"
 #include "experts.h"
@@ -76,6 +78,47 @@ colibri_status ledger_plan(const struct colibri_model *m, const colibri_context_
                     (uint64_t)o->min_expert_slots * o->expert_slot_bytes;
     o->fits = o->n_expert_slots >= o->min_expert_slots;
     return COLIBRI_OK;
+}
+
+/* Apply mlock (lock != 0) or munlock to the metadata and every non-expert tensor's pages. */
+static int lock_ranges(struct colibri_model *m, int lock) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t base = (uintptr_t)m->file.map;
+    for (uint64_t i = 0; i <= m->file.n_tensors; i++) {
+        uint64_t off, len;
+        if (i == m->file.n_tensors) {
+            off = 0;
+            len = m->file.data_offset;
+        } else {
+            const gguf_tensor *t = &m->file.tensors[i];
+            if (is_expert_tensor(t->name)) continue;
+            off = t->offset;
+            len = t->nbytes;
+        }
+        if (len == 0) continue;
+        const uintptr_t a = (base + off) & ~(page - 1);
+        const size_t n = (size_t)(base + off + len - a);
+        if (lock ? mlock((const void *)a, n) : munlock((const void *)a, n)) return 0;
+    }
+    return 1;
+}
+
+int ledger_lock_resident(struct colibri_model *m) {
+    if (m->resident_locks > 0) {
+        m->resident_locks++;
+        return 1;
+    }
+    if (!lock_ranges(m, 1)) {
+        lock_ranges(m, 0);  /* undo a partial lock */
+        return 0;
+    }
+    m->resident_locks = 1;
+    return 1;
+}
+
+void ledger_unlock_resident(struct colibri_model *m) {
+    if (m->resident_locks <= 0) return;
+    if (--m->resident_locks == 0) lock_ranges(m, 0);
 }
 
 colibri_status ledger_refuse(const colibri_memory_plan *o) {

@@ -18,4 +18,12 @@ colibri_status ledger_plan(const struct colibri_model *m, const colibri_context_
 /* COLIBRI_E_BUDGET with a message naming the budget that would work. */
 colibri_status ledger_refuse(const colibri_memory_plan *plan);
 
+/* Under a budget the resident weights are mapped file pages, which memory pressure (a cgroup
+ * limit) would reclaim and fault back in from storage on every step. Locking them (mlock) keeps
+ * what the plan calls resident actually resident. Best effort: returns 1 when the pages are
+ * locked (or already were, by another context), 0 when the system refused (RLIMIT_MEMLOCK);
+ * the engine works either way. Reference counted per model. */
+int ledger_lock_resident(struct colibri_model *m);
+void ledger_unlock_resident(struct colibri_model *m);
+
 #endif

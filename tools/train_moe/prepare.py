@@ -89,6 +89,22 @@ def save_hf_tokenizer(tok: Tokenizer, out_dir: Path, model_max_length: int) -> N
     )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(out_dir))
+    make_portable_tokenizer_config(out_dir)
+
+
+def make_portable_tokenizer_config(out_dir: Path) -> None:
+    """Make tokenizer_config.json readable by transformers 4.x, llama.cpp's converter and jinja2 users.
+
+    transformers 5 writes ``tokenizer_class: TokenizersBackend`` and keeps the chat template only in
+    ``chat_template.jinja``; older readers expect ``PreTrainedTokenizerFast``, the template inside
+    tokenizer_config.json and ``additional_special_tokens``.
+    """
+    path = out_dir / "tokenizer_config.json"
+    cfg = json.loads(path.read_text())
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    cfg["chat_template"] = CHAT_TEMPLATE
+    cfg["additional_special_tokens"] = ["<|im_start|>", "<|im_end|>"]
+    path.write_text(json.dumps(cfg, indent=2) + "\n")
 
 
 def encode_docs(tok: Tokenizer, texts: list[str]) -> np.ndarray:
@@ -131,10 +147,16 @@ def main() -> None:
         "excluded_dirs": sorted(EXCLUDED_DIRS),
         "heldout_rule": f"int(sha256(relpath)[:8 bytes], big-endian) % 100 < {args.heldout_percent}",
         "vocab_size": tok.get_vocab_size(),
-        "train": {"files": len(train_files), "bytes": sum(len(t.encode()) for t in train_texts),
-                  "tokens": int(train_ids.size)},
-        "heldout": {"files": len(held_files), "bytes": sum(len(t.encode()) for t in held_texts),
-                    "tokens": int(held_ids.size)},
+        "train": {
+            "files": len(train_files),
+            "bytes": sum(len(t.encode()) for t in train_texts),
+            "tokens": int(train_ids.size),
+        },
+        "heldout": {
+            "files": len(held_files),
+            "bytes": sum(len(t.encode()) for t in held_texts),
+            "tokens": int(held_ids.size),
+        },
         "train_files": train_files,
         "heldout_files": held_files,
     }

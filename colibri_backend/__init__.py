@@ -5,7 +5,9 @@
     print(model.generate("def fibonacci(n):", max_tokens=64))
 
 Importing the package is cheap: the native library and the tokenizer load on first use, and
-neither torch nor transformers is ever imported here.
+neither torch nor transformers is ever imported here. ColibriConfig / ColibriForCausalLM are registered
+with transformers' Auto classes on import: at once if transformers is already loaded, otherwise by an
+import hook the moment it is.
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ from colibri_backend.errors import (
 )
 
 __version__ = "0.1.0"
+
+from colibri_backend import transformers_glue as _transformers_glue  # noqa: E402
+
+_transformers_glue.register()
 
 if TYPE_CHECKING:
     from colibri_backend.adapters.sampling import SamplingParams

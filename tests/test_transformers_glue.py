@@ -80,8 +80,7 @@ def test_registered_with_auto_classes() -> None:
 def test_register_defers_until_transformers_is_imported() -> None:
     code = (
         "import sys\n"
-        "from colibri_backend import transformers_glue as g\n"
-        "g.register()\n"
+        "import colibri_backend\n"  # importing the package is what registers (the contract)
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
         "from transformers import AutoConfig, AutoModelForCausalLM\n"
         "cfg = AutoConfig.for_model('colibri')\n"

@@ -14,24 +14,8 @@
 #include "colibri.h"
 #include "experts.h"
 #include "model.h"
+#include "test_util.h"
 
-static int failures = 0;
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-            failures++;                                                              \
-        }                                                                            \
-    } while (0)
-#define CHECK_OK(expr)                                                                                   \
-    do {                                                                                                 \
-        colibri_status st_ = (expr);                                                                     \
-        if (st_ != COLIBRI_OK) {                                                                         \
-            fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #expr, colibri_status_name(st_), \
-                    colibri_last_error());                                                               \
-            failures++;                                                                                  \
-        }                                                                                                \
-    } while (0)
 
 /* ---- a minimal GGUF writer: F32 tensors, u32/f32/string metadata ------------------------- */
 

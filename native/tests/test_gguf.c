@@ -11,36 +11,15 @@
 #include "error.h"
 #include "gguf.h"
 #include "types.h"
+#include "test_util.h"
 
-static int failures = 0;
-#define CHECK(cond)                                                                       \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);      \
-            failures++;                                                                   \
-        }                                                                                 \
-    } while (0)
 
 /* ---- a tiny GGUF writer --------------------------------------------------------------- */
 
-typedef struct buf {
-    unsigned char *p;
-    size_t n, cap;
-} buf;
-
-static void put(buf *b, const void *src, size_t n) {
-    if (b->n + n > b->cap) {
-        b->cap = (b->n + n) * 2 + 64;
-        b->p = realloc(b->p, b->cap);
-        if (!b->p) abort();
-    }
-    memcpy(b->p + b->n, src, n);
-    b->n += n;
-}
-static void put_u8(buf *b, uint8_t v) { put(b, &v, 1); }
+static void put_u8(buf *b, uint8_t v) { buf_put(b, &v, 1); }
 static void put_u32(buf *b, uint32_t v) {
     unsigned char x[4] = {v, v >> 8, v >> 16, v >> 24};
-    put(b, x, 4);
+    buf_put(b, x, 4);
 }
 static void put_u64(buf *b, uint64_t v) {
     put_u32(b, (uint32_t)v);
@@ -53,7 +32,7 @@ static void put_f32(buf *b, float f) {
 }
 static void put_str(buf *b, const char *s) {
     put_u64(b, strlen(s));
-    put(b, s, strlen(s));
+    buf_put(b, s, strlen(s));
 }
 static void pad_to(buf *b, size_t align) {
     while (b->n % align) put_u8(b, 0);

@@ -12,46 +12,16 @@
 #include <unistd.h>
 
 #include "colibri.h"
+#include "test_util.h"
 
-static int failures = 0;
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-            failures++;                                                              \
-        }                                                                            \
-    } while (0)
-#define CHECK_OK(expr)                                                                                   \
-    do {                                                                                                 \
-        colibri_status st_ = (expr);                                                                     \
-        if (st_ != COLIBRI_OK) {                                                                         \
-            fprintf(stderr, "%s:%d: %s -> %s: %s\n", __FILE__, __LINE__, #expr, colibri_status_name(st_), \
-                    colibri_last_error());                                                               \
-            failures++;                                                                                  \
-        }                                                                                                \
-    } while (0)
 
 /* ---- a tiny GGUF writer (F32 tensors, u32/f32/string/bool metadata) ------------------- */
 
-typedef struct buf {
-    unsigned char *p;
-    size_t n, cap;
-} buf;
-
-static void put(buf *b, const void *src, size_t n) {
-    if (b->n + n > b->cap) {
-        b->cap = (b->n + n) * 2 + 64;
-        b->p = realloc(b->p, b->cap);
-        if (!b->p) abort();
-    }
-    memcpy(b->p + b->n, src, n);
-    b->n += n;
-}
-static void put_u32(buf *b, uint32_t v) { put(b, &v, 4); }  /* little-endian hosts only (x86-64, arm64) */
-static void put_u64(buf *b, uint64_t v) { put(b, &v, 8); }
+static void put_u32(buf *b, uint32_t v) { buf_put(b, &v, 4); }  /* little-endian hosts only (x86-64, arm64) */
+static void put_u64(buf *b, uint64_t v) { buf_put(b, &v, 8); }
 static void put_str(buf *b, const char *s) {
     put_u64(b, strlen(s));
-    put(b, s, strlen(s));
+    buf_put(b, s, strlen(s));
 }
 
 #define MAX_T 64
@@ -136,13 +106,13 @@ static void kv_f32(buf *b, const char *arch, const char *key, float v) {
     snprintf(k, sizeof k, "%s.%s", arch, key);
     put_str(b, k);
     put_u32(b, 6);
-    put(b, &v, 4);
+    buf_put(b, &v, 4);
 }
 
 static void write_model(model_spec *m, const char *path) {
     build_tensors(m);
     buf b = {0};
-    put(&b, "GGUF", 4);
+    buf_put(&b, "GGUF", 4);
     put_u32(&b, 3);
     put_u64(&b, (uint64_t)m->n_t);
     const int moe = m->n_expert > 0;
@@ -176,11 +146,11 @@ static void write_model(model_spec *m, const char *path) {
         put_u64(&b, off);
         off += (t->ne[0] * t->ne[1] * t->ne[2] * 4 + 31) / 32 * 32;
     }
-    while (b.n % 32) put(&b, "", 1);
+    while (b.n % 32) buf_put(&b, "", 1);
     for (int i = 0; i < m->n_t; i++) {
         tensor_spec *t = &m->t[i];
-        put(&b, t->data, t->ne[0] * t->ne[1] * t->ne[2] * 4);
-        while (b.n % 32) put(&b, "", 1);
+        buf_put(&b, t->data, t->ne[0] * t->ne[1] * t->ne[2] * 4);
+        while (b.n % 32) buf_put(&b, "", 1);
     }
     FILE *f = fopen(path, "wb");
     if (!f || fwrite(b.p, 1, b.n, f) != b.n) {

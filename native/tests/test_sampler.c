@@ -9,15 +9,8 @@
 #include "alloc.h"
 #include "colibri.h"
 #include "error.h"
+#include "test_util.h"
 
-static int failures = 0;
-#define CHECK(cond)                                                                       \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);      \
-            failures++;                                                                   \
-        }                                                                                 \
-    } while (0)
 
 static colibri_sampler *make(float temp, int top_k, float top_p, float min_p, uint64_t seed, int n_vocab) {
     colibri_sampler_params p;

@@ -12,33 +12,12 @@
 #include "error.h"
 #include "gguf.h"
 #include "tokenizer.h"
+#include "test_util.h"
 
-static int failures = 0;
-#define CHECK(cond)                                                                       \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);      \
-            failures++;                                                                   \
-        }                                                                                 \
-    } while (0)
 
-typedef struct buf {
-    unsigned char *p;
-    size_t n, cap;
-} buf;
-
-static void put(buf *b, const void *src, size_t n) {
-    if (b->n + n > b->cap) {
-        b->cap = (b->n + n) * 2 + 64;
-        b->p = realloc(b->p, b->cap);
-        if (!b->p) abort();
-    }
-    memcpy(b->p + b->n, src, n);
-    b->n += n;
-}
 static void put_u32(buf *b, uint32_t v) {
     unsigned char x[4] = {v, v >> 8, v >> 16, v >> 24};
-    put(b, x, 4);
+    buf_put(b, x, 4);
 }
 static void put_u64(buf *b, uint64_t v) {
     put_u32(b, (uint32_t)v);
@@ -46,7 +25,7 @@ static void put_u64(buf *b, uint64_t v) {
 }
 static void put_strn(buf *b, const char *s, size_t n) {
     put_u64(b, n);
-    put(b, s, n);
+    buf_put(b, s, n);
 }
 static void put_str(buf *b, const char *s) { put_strn(b, s, strlen(s)); }
 
@@ -115,7 +94,7 @@ static void write_vocab(const char *pre, int add_bos) {
     put_str(&b, "tokenizer.ggml.add_bos_token");
     put_u32(&b, GGUF_VT_BOOL);
     unsigned char one = (unsigned char)add_bos;
-    put(&b, &one, 1);
+    buf_put(&b, &one, 1);
     FILE *fp = fopen(tmp_path, "wb");
     if (!fp || fwrite(b.p, 1, b.n, fp) != b.n) abort();
     fclose(fp);

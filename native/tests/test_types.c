@@ -7,15 +7,8 @@
 #include "colibri.h"
 #include "error.h"
 #include "types.h"
+#include "test_util.h"
 
-static int failures = 0;
-#define CHECK(cond)                                                                       \
-    do {                                                                                  \
-        if (!(cond)) {                                                                    \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);      \
-            failures++;                                                                   \
-        }                                                                                 \
-    } while (0)
 
 static uint32_t bits(float f) {
     uint32_t u;

@@ -440,7 +440,9 @@ def _define_classes() -> dict[str, type]:
             return None
 
         def resize_token_embeddings(self, *args: Any, **kwargs: Any) -> Any:
-            raise NotImplementedError("Colibri's weights live in the GGUF file; they cannot be resized")
+            from colibri_backend.errors import ColibriError
+
+            raise ColibriError("Colibri's weights live in the GGUF file; the embeddings cannot be resized")
 
         def _init_weights(self, module: Any) -> None:
             pass

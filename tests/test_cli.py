@@ -175,3 +175,10 @@ def test_run_stats_flag() -> None:
     assert stats["stats.last.generated_tokens"] == "3"
     assert stats["stats.allocs_last_eval"] == "0"
     assert "tok/s" not in r.stderr  # -q drops the speed line
+
+
+def test_chat_defaults_to_the_instruction_tuned_model() -> None:
+    from colibri_backend.cli import build_parser
+
+    assert build_parser().parse_args(["chat"]).model == "smollm2"
+    assert build_parser().parse_args(["run", "x"]).model is None  # run: the bundled default model

@@ -80,9 +80,12 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "chat",
         help="chat interactively with a model (uses its chat template)",
-        description="Chat with a model in the terminal. " + HELP,
+        description="Chat with a model in the terminal (default model: smollm2, an instruction-tuned "
+        "model; the bundled code model has no chat training). " + HELP,
     )
     add_model_arguments(p)
+    # The bundled default model completes Python and was never taught to chat; SmolLM2-Instruct was.
+    p.set_defaults(model="smollm2")
     p.add_argument("--system", default=None, help="system message")
     p.add_argument("--verbose", "-v", action="store_true", help="print speed after each reply")
     p.set_defaults(func=run)

@@ -15,7 +15,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         "-m",
         default=None,
         help="a .gguf file, a Hugging Face checkpoint directory, or a known name "
-        "(smollm2); default: the built-in default model",
+        "(colibri-moe, smollm2); default: the bundled colibri-moe",
     )
     p.add_argument("--max-tokens", "-n", type=int, default=256, help="tokens to generate at most (256)")
     p.add_argument("--temperature", "-t", type=float, default=0.0, help="0 = greedy (default)")

@@ -88,18 +88,30 @@ def run_colibri(args: argparse.Namespace, prompt: list[int]) -> dict:
 
     banned = sorted(set(args.ban_ids) | set(model.tokenizer.stop_token_ids))
     sampling = SamplingParams(
-        temperature=args.temperature, top_k=0, top_p=1.0, min_p=0.0, seed=args.seed,
+        temperature=args.temperature,
+        top_k=0,
+        top_p=1.0,
+        min_p=0.0,
+        seed=args.seed,
         logit_bias={t: -math.inf for t in banned},
     )
-    events = model.generate_tokens(prompt, max_tokens=args.max_tokens, sampling=sampling, stop=None,
-                                   logprobs=None)
+    events = model.generate_tokens(
+        prompt, max_tokens=args.max_tokens, sampling=sampling, stop=None, logprobs=None
+    )
     ids, times, t0 = time_generation((ev.token_id for ev in events), args.max_tokens)
     events.close()  # releases the sampler; the clock has stopped
     stats = dict(model.stats())
     model.close()
-    return {"ids": ids, "times": times, "t0": t0, "load_s": load_s, "rss_loaded": rss_loaded,
-            "engine_stats": jsonable(stats), "banned": banned,
-            "backend": _native.cpu_backend()}
+    return {
+        "ids": ids,
+        "times": times,
+        "t0": t0,
+        "load_s": load_s,
+        "rss_loaded": rss_loaded,
+        "engine_stats": jsonable(stats),
+        "banned": banned,
+        "backend": _native.cpu_backend(),
+    }
 
 
 def cpu_has_amx() -> bool:
@@ -141,8 +153,15 @@ def run_llama_cpp(args: argparse.Namespace, prompt: list[int]) -> dict:
     if not extra_bufts:
         llama_cpp_plain_buffers(llama_cpp)
     t_load = time.perf_counter()
-    llm = llama_cpp.Llama(model_path=args.model, n_threads=args.threads, n_threads_batch=args.threads,
-                          n_ctx=args.ctx, n_batch=args.ctx, seed=args.seed, verbose=False)
+    llm = llama_cpp.Llama(
+        model_path=args.model,
+        n_threads=args.threads,
+        n_threads_batch=args.threads,
+        n_ctx=args.ctx,
+        n_batch=args.ctx,
+        seed=args.seed,
+        verbose=False,
+    )
     load_s = time.perf_counter() - t_load
     rss_loaded = read_status_bytes("VmRSS")
 
@@ -154,22 +173,42 @@ def run_llama_cpp(args: argparse.Namespace, prompt: list[int]) -> dict:
         return scores + mask
 
     # top_k <= 0, top_p = 1 and min_p = 0 switch those samplers off: plain temperature sampling (or greedy).
-    gen = llm.generate(prompt, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, temp=args.temperature,
-                       repeat_penalty=1.0, reset=True,
-                       logits_processor=llama_cpp.LogitsProcessorList([ban_eos]))
+    gen = llm.generate(
+        prompt,
+        top_k=0,
+        top_p=1.0,
+        min_p=0.0,
+        typical_p=1.0,
+        temp=args.temperature,
+        repeat_penalty=1.0,
+        reset=True,
+        logits_processor=llama_cpp.LogitsProcessorList([ban_eos]),
+    )
     ids, times, t0 = time_generation(gen, args.max_tokens)
     gen.close()
     counters = {}
     try:
         perf = llama_cpp.llama_perf_context(llm.ctx)
-        counters = {"t_p_eval_ms": perf.t_p_eval_ms, "n_p_eval": perf.n_p_eval, "t_eval_ms": perf.t_eval_ms,
-                    "n_eval": perf.n_eval, "t_load_ms": perf.t_load_ms}
+        counters = {
+            "t_p_eval_ms": perf.t_p_eval_ms,
+            "n_p_eval": perf.n_p_eval,
+            "t_eval_ms": perf.t_eval_ms,
+            "n_eval": perf.n_eval,
+            "t_load_ms": perf.t_load_ms,
+        }
     except (AttributeError, TypeError):  # older/newer bindings without the perf API
         pass
     llm.close()
-    return {"ids": ids, "times": times, "t0": t0, "load_s": load_s, "rss_loaded": rss_loaded,
-            "engine_stats": {**counters, "extra_bufts": extra_bufts}, "banned": banned,
-            "backend": llama_cpp.__version__}
+    return {
+        "ids": ids,
+        "times": times,
+        "t0": t0,
+        "load_s": load_s,
+        "rss_loaded": rss_loaded,
+        "engine_stats": {**counters, "extra_bufts": extra_bufts},
+        "banned": banned,
+        "backend": llama_cpp.__version__,
+    }
 
 
 def jsonable(value):
@@ -228,8 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--ban-ids", default="", help="comma-separated token ids never to generate")
-    ap.add_argument("--llama-extra-bufts", choices=["auto", "on", "off"], default="auto",
-                    help="llama.cpp extra (AMX/REPACK) weight buffers; auto: off on AMX CPUs (crash)")
+    ap.add_argument(
+        "--llama-extra-bufts",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="llama.cpp extra (AMX/REPACK) weight buffers; auto: off on AMX CPUs (crash)",
+    )
     args = ap.parse_args(argv)
     args.ban_ids = [int(t) for t in args.ban_ids.split(",") if t.strip()]
 
@@ -239,8 +282,13 @@ def main(argv: list[str] | None = None) -> int:
         result = summarize(args.engine, args, prompt, raw)
     except Exception as exc:  # reported to the parent as a failed run rather than a bare traceback
         traceback.print_exc(file=sys.stderr)
-        result = {"ok": False, "engine": args.engine, "model": args.model,
-                  "error": f"{type(exc).__name__}: {exc}", "peak_rss_bytes": peak_rss_bytes()}
+        result = {
+            "ok": False,
+            "engine": args.engine,
+            "model": args.model,
+            "error": f"{type(exc).__name__}: {exc}",
+            "peak_rss_bytes": peak_rss_bytes(),
+        }
     sys.stdout.flush()
     sys.stdout.write("\n" + RESULT_PREFIX + json.dumps(result) + "\n")
     sys.stdout.flush()

@@ -83,8 +83,10 @@ def resolve_model(spec: str, cache_dir: Path, bench_type: str) -> tuple[str, Pat
     if key in SPECS:
         path = gguf_path(cache_dir, key, bench_type)
         if not path.is_file():
-            raise SystemExit(f"{path} does not exist; run: nice python benchmarks/make_bench_models.py "
-                             f"--models {key} --out-type {bench_type} --cache-dir {cache_dir}")
+            raise SystemExit(
+                f"{path} does not exist; run: nice python benchmarks/make_bench_models.py "
+                f"--models {key} --out-type {bench_type} --cache-dir {cache_dir}"
+            )
         return f"bench-{key[-1].upper()} {bench_type.upper()}", path
     path = Path(spec).expanduser()
     if not path.is_file():
@@ -107,8 +109,9 @@ def banned_ids(model_path: Path) -> list[int]:
             ids.add(int(fields[key].contents()))
     if "tokenizer.ggml.tokens" in fields:
         tokens = fields["tokenizer.ggml.tokens"].contents()
-        types = fields["tokenizer.ggml.token_type"].contents() if "tokenizer.ggml.token_type" in fields \
-            else []
+        types = (
+            fields["tokenizer.ggml.token_type"].contents() if "tokenizer.ggml.token_type" in fields else []
+        )
         for i, text in enumerate(tokens):
             if text in END_TEXTS and (not types or types[i] == 3):
                 ids.add(i)
@@ -129,8 +132,9 @@ def prompt_ids(model_path: Path, n_tokens: int) -> list[int]:
         tok = Tokenizer.from_str(json.dumps(tokenizer_json(tokenizer_from_gguf(model_path))))
         ids = tok.encode(PROMPT_TEXT, add_special_tokens=False).ids
     if len(ids) < n_tokens:
-        raise SystemExit(f"the fixed prompt has only {len(ids)} tokens under this tokenizer, "
-                         f"{n_tokens} requested")
+        raise SystemExit(
+            f"the fixed prompt has only {len(ids)} tokens under this tokenizer, {n_tokens} requested"
+        )
     return ids[:n_tokens]
 
 
@@ -145,8 +149,18 @@ def prewarm_page_cache(path: Path) -> None:
 # memory cap: a cgroup per run
 
 
-_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "KB": 1000, "MB": 10**6, "GB": 10**9,
-               "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30}
+_SIZE_UNITS = {
+    "": 1,
+    "K": 1 << 10,
+    "M": 1 << 20,
+    "G": 1 << 30,
+    "KB": 1000,
+    "MB": 10**6,
+    "GB": 10**9,
+    "KIB": 1 << 10,
+    "MIB": 1 << 20,
+    "GIB": 1 << 30,
+}
 
 
 def parse_size(text: str) -> int:
@@ -260,15 +274,32 @@ class RunRequest:
     round: int
 
 
-def run_worker(req: RunRequest, args: argparse.Namespace, prompt: list[int], ban: list[int],
-               cap_index: int) -> dict:
+def run_worker(
+    req: RunRequest, args: argparse.Namespace, prompt: list[int], ban: list[int], cap_index: int
+) -> dict:
     cmd = [
-        sys.executable, str(HERE / "_worker.py"),
-        "--engine", req.engine, "--model", str(req.model_path),
-        "--prompt-ids", ",".join(map(str, prompt)),
-        "--max-tokens", str(args.max_tokens), "--threads", str(args.threads), "--ctx", str(args.ctx),
-        "--temperature", str(SAMPLING_MODES[req.sampling]), "--seed", str(args.seed),
-        "--ban-ids", ",".join(map(str, ban)), "--llama-extra-bufts", args.llama_extra_bufts,
+        sys.executable,
+        str(HERE / "_worker.py"),
+        "--engine",
+        req.engine,
+        "--model",
+        str(req.model_path),
+        "--prompt-ids",
+        ",".join(map(str, prompt)),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--threads",
+        str(args.threads),
+        "--ctx",
+        str(args.ctx),
+        "--temperature",
+        str(SAMPLING_MODES[req.sampling]),
+        "--seed",
+        str(args.seed),
+        "--ban-ids",
+        ",".join(map(str, ban)),
+        "--llama-extra-bufts",
+        args.llama_extra_bufts,
     ]
     env = dict(os.environ)
     if args.omp_wait_policy:
@@ -285,8 +316,14 @@ def run_worker(req: RunRequest, args: argparse.Namespace, prompt: list[int], ban
     load_before = load_average()
     with cgroup_ctx, tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=REPO, env=env,
-                                preexec_fn=cgroup.join if cgroup is not None else None)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=err,
+            cwd=REPO,
+            env=env,
+            preexec_fn=cgroup.join if cgroup is not None else None,
+        )
         timer = threading.Timer(args.timeout, lambda: _kill(proc.pid))
         timer.start()
         try:
@@ -302,20 +339,36 @@ def run_worker(req: RunRequest, args: argparse.Namespace, prompt: list[int], ban
     result: dict | None = None
     for line in reversed(stdout.splitlines()):
         if line.startswith(RESULT_PREFIX):
-            result = json.loads(line[len(RESULT_PREFIX):])
+            result = json.loads(line[len(RESULT_PREFIX) :])
             break
     if result is None:
-        result = {"ok": False, "error": f"worker exited with {proc.returncode} and no result: "
-                                         f"{stderr.strip().splitlines()[-1:] or ''}"}
-    result.update({
-        "model_label": req.model_label, "sampling": req.sampling, "round": req.round, "engine": req.engine,
-        "exit_code": proc.returncode, "wall_s": wall, "load_average_before": load_before,
-        # ru_maxrss of the reaped child, KiB on Linux.
-        "ru_maxrss_bytes": usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024),
-    })
+        result = {
+            "ok": False,
+            "error": f"worker exited with {proc.returncode} and no result: "
+            f"{stderr.strip().splitlines()[-1:] or ''}",
+        }
+    result.update(
+        {
+            "model_label": req.model_label,
+            "sampling": req.sampling,
+            "round": req.round,
+            "engine": req.engine,
+            "exit_code": proc.returncode,
+            "wall_s": wall,
+            "load_average_before": load_before,
+            # ru_maxrss of the reaped child, KiB on Linux.
+            "ru_maxrss_bytes": usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024),
+        }
+    )
     if cgroup is not None:
-        result.update({"memory_cap_bytes": args.memory_cap, "cgroup_version": cgroup.version,
-                       "cgroup_peak_bytes": cgroup.peak_bytes, "cgroup_limit_hits": cgroup.oom_events})
+        result.update(
+            {
+                "memory_cap_bytes": args.memory_cap,
+                "cgroup_version": cgroup.version,
+                "cgroup_peak_bytes": cgroup.peak_bytes,
+                "cgroup_limit_hits": cgroup.oom_events,
+            }
+        )
     if not result.get("ok"):
         result["stderr_tail"] = stderr[-2000:]
     return result
@@ -326,8 +379,9 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def schedule(models: list[tuple[str, Path]], engines: list[str], samplings: list[str], runs: int
-             ) -> Iterator[RunRequest]:
+def schedule(
+    models: list[tuple[str, Path]], engines: list[str], samplings: list[str], runs: int
+) -> Iterator[RunRequest]:
     """Per model and sampling mode: rounds of one run per engine, A B A B ..."""
     for label, path in models:
         for sampling in samplings:
@@ -367,17 +421,19 @@ def summarize(results: list[dict], engines: list[str]) -> list[dict]:
                 vals = [r["decode_tps"] for r in ok if r["sampling"] == mode]
                 e[f"decode_tps_{mode}"] = median(vals)
                 e[f"decode_tps_{mode}_range"] = [min(vals), max(vals)] if vals else None
-            e["prefill_tps_range"] = ([min(r["prefill_tps"] for r in ok), max(r["prefill_tps"] for r in ok)]
-                                      if ok else None)
+            e["prefill_tps_range"] = (
+                [min(r["prefill_tps"] for r in ok), max(r["prefill_tps"] for r in ok)] if ok else None
+            )
             caps = [r["cgroup_peak_bytes"] / 2**20 for r in ok if r.get("cgroup_peak_bytes")]
             if caps:
                 e["cgroup_peak_mib"] = median(caps)
             row["engines"][engine] = e
         if "colibri" in row["engines"] and "llama_cpp" in row["engines"]:
             c, ll = row["engines"]["colibri"], row["engines"]["llama_cpp"]
-            row["ratio"] = {k: (c[k] / ll[k] if c.get(k) and ll.get(k) else None)
-                            for k in ("decode_tps_greedy", "decode_tps_sampled", "prefill_tps", "ttft_ms",
-                                      "peak_rss_mib")}
+            row["ratio"] = {
+                k: (c[k] / ll[k] if c.get(k) and ll.get(k) else None)
+                for k in ("decode_tps_greedy", "decode_tps_sampled", "prefill_tps", "ttft_ms", "peak_rss_mib")
+            }
             row["greedy_agreement"] = greedy_agreement(results, label)
         rows.append(row)
     return rows
@@ -385,6 +441,7 @@ def summarize(results: list[dict], engines: list[str]) -> list[dict]:
 
 def greedy_agreement(results: list[dict], label: str) -> dict | None:
     """How many leading greedy tokens the two engines share (first runs of each)."""
+
     def first(engine: str) -> list[int] | None:
         for r in results:
             same = r["model_label"] == label and r["engine"] == engine
@@ -477,8 +534,12 @@ def environment() -> dict:
     with contextlib.suppress(OSError):
         env["mem_total_gib"] = round(int(Path("/proc/meminfo").read_text().split()[1]) / 2**20, 1)
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        env["colibri_commit"] = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                                               capture_output=True, text=True, timeout=10).stdout.strip()
+        env["colibri_commit"] = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     with contextlib.suppress(Exception):
         from importlib.metadata import version
 
@@ -494,11 +555,18 @@ def environment() -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--model", action="append", default=None,
-                    help="smollm2, default, bench-a, bench-b or a GGUF path (repeatable; "
-                         "default: smollm2, bench-a, bench-b)")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
+    ap.add_argument(
+        "--model",
+        action="append",
+        default=None,
+        help="smollm2, default, bench-a, bench-b or a GGUF path (repeatable; "
+        "default: smollm2, bench-a, bench-b)",
+    )
     ap.add_argument("--engines", default="colibri,llama_cpp", help="comma-separated: colibri, llama_cpp")
     ap.add_argument("--runs", type=int, default=3, help="runs per engine, model and sampling mode")
     ap.add_argument("--sampling", choices=["greedy", "sampled", "both"], default="both")
@@ -507,18 +575,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR,
-                    help="where make_bench_models.py wrote the bench models")
+    ap.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=DEFAULT_CACHE_DIR,
+        help="where make_bench_models.py wrote the bench models",
+    )
     ap.add_argument("--bench-type", default="q8_0", help="tensor type of the bench-A/B files (default q8_0)")
-    ap.add_argument("--memory-cap", type=parse_size, default=None,
-                    help="run each child in a cgroup with this memory limit, page cache dropped first (root)")
+    ap.add_argument(
+        "--memory-cap",
+        type=parse_size,
+        default=None,
+        help="run each child in a cgroup with this memory limit, page cache dropped first (root)",
+    )
     ap.add_argument("--cgroup-version", choices=["auto", "v1", "v2"], default="auto")
     ap.add_argument("--no-prewarm", action="store_true", help="do not read each model once before its runs")
     ap.add_argument("--nice", type=int, default=0, help="run children under nice -n N")
-    ap.add_argument("--llama-extra-bufts", choices=["auto", "on", "off"], default="auto",
-                    help="llama.cpp's AMX/REPACK weight buffers (auto: off on AMX CPUs, where they crash)")
-    ap.add_argument("--omp-wait-policy", choices=["active", "passive"], default=None,
-                    help="OMP_WAIT_POLICY for the children (llama.cpp uses OpenMP); default: unset")
+    ap.add_argument(
+        "--llama-extra-bufts",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="llama.cpp's AMX/REPACK weight buffers (auto: off on AMX CPUs, where they crash)",
+    )
+    ap.add_argument(
+        "--omp-wait-policy",
+        choices=["active", "passive"],
+        default=None,
+        help="OMP_WAIT_POLICY for the children (llama.cpp uses OpenMP); default: unset",
+    )
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds before a run is killed")
     ap.add_argument("--json", type=Path, default=None, help="write every run and the summary here")
     ap.add_argument("--markdown", action="store_true", help="print the summary as Markdown tables")
@@ -531,8 +615,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs < 1:
         ap.error("--runs must be at least 1")
     samplings = list(SAMPLING_MODES) if args.sampling == "both" else [args.sampling]
-    models = [resolve_model(m, args.cache_dir, args.bench_type) for m in (args.model or ["smollm2", "bench-a",
-                                                                                        "bench-b"])]
+    models = [
+        resolve_model(m, args.cache_dir, args.bench_type)
+        for m in (args.model or ["smollm2", "bench-a", "bench-b"])
+    ]
     prompts = {str(path): prompt_ids(path, args.prompt_tokens) for _, path in models}
     bans = {str(path): banned_ids(path) for _, path in models}
 
@@ -547,28 +633,50 @@ def main(argv: list[str] | None = None) -> int:
         r = run_worker(req, args, prompts[str(req.model_path)], bans[str(req.model_path)], i)
         results.append(r)
         if r.get("ok"):
-            print(f"[{i + 1}/{len(requests)}] {req.model_label} {req.engine:9s} {req.sampling:7s} "
-                  f"decode {r['decode_tps']:.1f} tok/s, prefill {r['prefill_tps']:.1f} tok/s, "
-                  f"TTFT {r['ttft_s'] * 1000:.0f} ms, peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB",
-                  file=sys.stderr)
+            print(
+                f"[{i + 1}/{len(requests)}] {req.model_label} {req.engine:9s} {req.sampling:7s} "
+                f"decode {r['decode_tps']:.1f} tok/s, prefill {r['prefill_tps']:.1f} tok/s, "
+                f"TTFT {r['ttft_s'] * 1000:.0f} ms, peak RSS {r['peak_rss_bytes'] / 2**20:.0f} MiB",
+                file=sys.stderr,
+            )
         else:
-            print(f"[{i + 1}/{len(requests)}] {req.model_label} {req.engine} {req.sampling}: FAILED: "
-                  f"{r.get('error')}", file=sys.stderr)
+            print(
+                f"[{i + 1}/{len(requests)}] {req.model_label} {req.engine} {req.sampling}: FAILED: "
+                f"{r.get('error')}",
+                file=sys.stderr,
+            )
 
     rows = summarize(results, engines)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
-            "environment": {**environment(), "load_average_start": load_start},
-            "protocol": {"prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
-                         "threads": args.threads, "ctx": args.ctx, "runs": args.runs, "samplings": samplings,
-                         "sampled_temperature": SAMPLING_MODES["sampled"], "seed": args.seed,
-                         "memory_cap_bytes": args.memory_cap, "prompt_text": PROMPT_TEXT,
-                         "llama_extra_bufts": args.llama_extra_bufts, "omp_wait_policy": args.omp_wait_policy,
-                         "prompt_ids": prompts, "banned_ids": bans, "argv": sys.argv},
-            "summary": rows,
-            "runs": results,
-        }, indent=1) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "environment": {**environment(), "load_average_start": load_start},
+                    "protocol": {
+                        "prompt_tokens": args.prompt_tokens,
+                        "max_tokens": args.max_tokens,
+                        "threads": args.threads,
+                        "ctx": args.ctx,
+                        "runs": args.runs,
+                        "samplings": samplings,
+                        "sampled_temperature": SAMPLING_MODES["sampled"],
+                        "seed": args.seed,
+                        "memory_cap_bytes": args.memory_cap,
+                        "prompt_text": PROMPT_TEXT,
+                        "llama_extra_bufts": args.llama_extra_bufts,
+                        "omp_wait_policy": args.omp_wait_policy,
+                        "prompt_ids": prompts,
+                        "banned_ids": bans,
+                        "argv": sys.argv,
+                    },
+                    "summary": rows,
+                    "runs": results,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
     if args.markdown:
         print(markdown(rows, engines))
     else:

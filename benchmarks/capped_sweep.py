@@ -67,12 +67,19 @@ def child(args: argparse.Namespace) -> int:
     model.reset_stats()
     from colibri_backend.adapters.sampling import SamplingParams
 
-    sampling = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=args.seed,
-                              logit_bias={t: float("-inf") for t in model.tokenizer.stop_token_ids})
+    sampling = SamplingParams(
+        temperature=0.0,
+        top_k=0,
+        top_p=1.0,
+        min_p=0.0,
+        seed=args.seed,
+        logit_bias={t: float("-inf") for t in model.tokenizer.stop_token_ids},
+    )
     ids: list[int] = []
     times: list[float] = []
-    for ev in model.generate_tokens(prompt, max_tokens=args.max_tokens, sampling=sampling, stop=None,
-                                    logprobs=None):
+    for ev in model.generate_tokens(
+        prompt, max_tokens=args.max_tokens, sampling=sampling, stop=None, logprobs=None
+    ):
         times.append(time.perf_counter())
         ids.append(int(ev.token_id))
     stats = model.stats()
@@ -94,16 +101,37 @@ def child(args: argparse.Namespace) -> int:
 
 
 def run_point(args: argparse.Namespace, budget: int, teacher_force: bool) -> dict:
-    cmd = [sys.executable, __file__, "child", "--model", str(args.model), "--budget", str(budget),
-           "--threads", str(args.threads), "--ctx", str(args.ctx), "--batch", str(args.batch),
-           "--max-tokens", str(args.max_tokens), "--prompt-tokens", str(args.prompt_tokens),
-           "--seed", str(args.seed), "--policy", args.policy, "--prefetch", args.prefetch]
+    cmd = [
+        sys.executable,
+        __file__,
+        "child",
+        "--model",
+        str(args.model),
+        "--budget",
+        str(budget),
+        "--threads",
+        str(args.threads),
+        "--ctx",
+        str(args.ctx),
+        "--batch",
+        str(args.batch),
+        "--max-tokens",
+        str(args.max_tokens),
+        "--prompt-tokens",
+        str(args.prompt_tokens),
+        "--seed",
+        str(args.seed),
+        "--policy",
+        args.policy,
+        "--prefetch",
+        args.prefetch,
+    ]
     if teacher_force:
         cmd.append("--teacher-force")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(RESULT):
-            return json.loads(line[len(RESULT):])
+            return json.loads(line[len(RESULT) :])
     raise RuntimeError(f"budget {budget}: child failed (rc {proc.returncode}):\n{proc.stderr[-2000:]}")
 
 
@@ -118,11 +146,24 @@ def budget_sweep(args: argparse.Namespace) -> int:
     rows = [("unbudgeted", ref)]
     for f in fractions:
         rows.append((f"{f:.0%}", run_point(args, int(size * f), True)))
-    print(f"model {args.model} ({size / 2**20:.1f} MiB), {args.max_tokens} greedy tokens, "
-          f"policy {args.policy}, prefetch {args.prefetch}, threads {args.threads}")
-    head = ("budget", "identical", "decode tok/s", "hit %", "MiB read/tok", "stall %",
-            "pf issued/used/wasted", "lookahead P/R", "temporal P/R", "plan MiB", "RSS growth MiB",
-            "RSS/plan")
+    print(
+        f"model {args.model} ({size / 2**20:.1f} MiB), {args.max_tokens} greedy tokens, "
+        f"policy {args.policy}, prefetch {args.prefetch}, threads {args.threads}"
+    )
+    head = (
+        "budget",
+        "identical",
+        "decode tok/s",
+        "hit %",
+        "MiB read/tok",
+        "stall %",
+        "pf issued/used/wasted",
+        "lookahead P/R",
+        "temporal P/R",
+        "plan MiB",
+        "RSS growth MiB",
+        "RSS/plan",
+    )
     print(" | ".join(head))
     for name, r in rows:
         s = r["stats"]
@@ -165,12 +206,34 @@ def capped_sweep(args: argparse.Namespace) -> int:
         cap = int(size * f)
         env = dict(os.environ, COLIBRI_MEMORY_BUDGET=str(max(cap - overhead, 1)))
         out = Path(args.out_dir) / f"capped_{f:.2f}.json"
-        cmd = [sys.executable, str(HERE / "bench.py"), "--model", args.model, "--engines", args.engines,
-               "--sampling", args.sampling, "--runs", str(args.runs), "--max-tokens", str(args.max_tokens),
-               "--threads", str(args.threads), "--ctx", str(args.ctx), "--memory-cap", str(cap),
-               "--json", str(out), "--markdown"]
-        print(f"== cap {f:.0%} of {size / 2**20:.0f} MiB = {cap / 2**20:.0f} MiB, Colibri budget "
-              f"{(cap - overhead) / 2**20:.0f} MiB", flush=True)
+        cmd = [
+            sys.executable,
+            str(HERE / "bench.py"),
+            "--model",
+            args.model,
+            "--engines",
+            args.engines,
+            "--sampling",
+            args.sampling,
+            "--runs",
+            str(args.runs),
+            "--max-tokens",
+            str(args.max_tokens),
+            "--threads",
+            str(args.threads),
+            "--ctx",
+            str(args.ctx),
+            "--memory-cap",
+            str(cap),
+            "--json",
+            str(out),
+            "--markdown",
+        ]
+        print(
+            f"== cap {f:.0%} of {size / 2**20:.0f} MiB = {cap / 2**20:.0f} MiB, Colibri budget "
+            f"{(cap - overhead) / 2**20:.0f} MiB",
+            flush=True,
+        )
         proc = subprocess.run(cmd, env=env, text=True, timeout=args.timeout)
         results.append({"fraction": f, "cap": cap, "rc": proc.returncode, "json": str(out)})
     print(json.dumps(results, indent=2))
@@ -204,8 +267,12 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--engines", default="colibri,llama_cpp")
             p.add_argument("--sampling", default="both")
             p.add_argument("--runs", type=int, default=1)
-            p.add_argument("--overhead-mib", type=float, default=80.0,
-                           help="memory left to the Python process inside the cgroup (MiB)")
+            p.add_argument(
+                "--overhead-mib",
+                type=float,
+                default=80.0,
+                help="memory left to the Python process inside the cgroup (MiB)",
+            )
             p.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "colibri" / "bench")
             p.add_argument("--out-dir", default=".")
     args = ap.parse_args(argv)

@@ -73,12 +73,33 @@ class BenchSpec:
 
 SPECS: dict[str, BenchSpec] = {
     "bench-a": BenchSpec(
-        name="bench-a", arch="mixtral", n_layer=16, hidden=1024, n_head=16, n_head_kv=4, head_dim=64,
-        n_expert=8, n_expert_used=2, n_ff_exp=2816, vocab=49152, seed=1001,
+        name="bench-a",
+        arch="mixtral",
+        n_layer=16,
+        hidden=1024,
+        n_head=16,
+        n_head_kv=4,
+        head_dim=64,
+        n_expert=8,
+        n_expert_used=2,
+        n_ff_exp=2816,
+        vocab=49152,
+        seed=1001,
     ),
     "bench-b": BenchSpec(
-        name="bench-b", arch="qwen3_moe", n_layer=16, hidden=1024, n_head=16, n_head_kv=4, head_dim=64,
-        n_expert=64, n_expert_used=8, n_ff_exp=512, vocab=49152, seed=1002, rms_eps=1e-6,
+        name="bench-b",
+        arch="qwen3_moe",
+        n_layer=16,
+        hidden=1024,
+        n_head=16,
+        n_head_kv=4,
+        head_dim=64,
+        n_expert=64,
+        n_expert_used=8,
+        n_ff_exp=512,
+        vocab=49152,
+        seed=1002,
+        rms_eps=1e-6,
     ),
 }
 
@@ -235,8 +256,11 @@ def write_checkpoint(spec: BenchSpec, out_dir: Path, tokenizer_gguf: Path, log=p
     write_tokenizer_files(tok, tmp, spec.context_length)
     (tmp / "config.json").write_text(json.dumps(hf_config(spec, tok.bos_id, tok.eos_id), indent=2) + "\n")
     (tmp / "generation_config.json").write_text(
-        json.dumps({"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "transformers_version": "5.24.0"},
-                   indent=2) + "\n"
+        json.dumps(
+            {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "transformers_version": "5.24.0"},
+            indent=2,
+        )
+        + "\n"
     )
 
     all_shards = shards(spec)
@@ -255,8 +279,16 @@ def write_checkpoint(spec: BenchSpec, out_dir: Path, tokenizer_gguf: Path, log=p
     index = {"metadata": {"total_size": total_bytes}, "weight_map": dict(sorted(weight_map.items()))}
     (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     (tmp / "colibri_bench_stamp.json").write_text(
-        json.dumps({"spec": dataclasses.asdict(spec), "stamp": spec.stamp(), "params": param_count(spec),
-                    "format": FORMAT_VERSION}, indent=2) + "\n"
+        json.dumps(
+            {
+                "spec": dataclasses.asdict(spec),
+                "stamp": spec.stamp(),
+                "params": param_count(spec),
+                "format": FORMAT_VERSION,
+            },
+            indent=2,
+        )
+        + "\n"
     )
     if out_dir.exists():
         shutil.rmtree(out_dir)
@@ -325,8 +357,17 @@ def tokenizer_json(tok: GgufTokenizer) -> dict:
     added = []
     for i, (text, ttype) in enumerate(zip(tok.tokens, tok.token_types, strict=True)):
         if ttype in (_TOKEN_TYPE_CONTROL, _TOKEN_TYPE_USER_DEFINED):
-            added.append({"id": i, "content": text, "single_word": False, "lstrip": False, "rstrip": False,
-                          "normalized": False, "special": ttype == _TOKEN_TYPE_CONTROL})
+            added.append(
+                {
+                    "id": i,
+                    "content": text,
+                    "single_word": False,
+                    "lstrip": False,
+                    "rstrip": False,
+                    "normalized": False,
+                    "special": ttype == _TOKEN_TYPE_CONTROL,
+                }
+            )
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
     return {
         "version": "1.0",
@@ -334,13 +375,21 @@ def tokenizer_json(tok: GgufTokenizer) -> dict:
         "padding": None,
         "added_tokens": added,
         "normalizer": None,
-        "pre_tokenizer": {"type": "Sequence",
-                          "pretokenizers": [{"type": "Digits", "individual_digits": True}, byte_level]},
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [{"type": "Digits", "individual_digits": True}, byte_level],
+        },
         "post_processor": {**byte_level, "trim_offsets": False},
         "decoder": byte_level,
         "model": {
-            "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-            "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
             "vocab": {text: i for i, text in enumerate(tok.tokens)},
             "merges": [m.split(" ", 1) for m in tok.merges],
         },
@@ -373,8 +422,9 @@ def write_tokenizer_files(tok: GgufTokenizer, out_dir: Path, context_length: int
         "model_max_length": context_length,
         "tokenizer_class": "GPT2Tokenizer",
         "added_tokens_decoder": {
-            str(t["id"]): {k: t[k] for k in ("content", "lstrip", "normalized", "rstrip", "single_word",
-                                             "special")}
+            str(t["id"]): {
+                k: t[k] for k in ("content", "lstrip", "normalized", "rstrip", "single_word", "special")
+            }
             for t in data["added_tokens"]
         },
     }
@@ -397,8 +447,9 @@ def find_smollm2_gguf() -> Path:
         pass
     if SMOLLM2_GGUF_FALLBACK.is_file():
         return SMOLLM2_GGUF_FALLBACK
-    raise FileNotFoundError("SmolLM2 GGUF not found; pass --tokenizer-gguf PATH "
-                            "(any gpt2-BPE GGUF with 49152 tokens)")
+    raise FileNotFoundError(
+        "SmolLM2 GGUF not found; pass --tokenizer-gguf PATH (any gpt2-BPE GGUF with 49152 tokens)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -426,8 +477,9 @@ def convert_checkpoint(spec: BenchSpec, ckpt: Path, out: Path, out_type: str, fo
     try:
         from colibri_backend.convert import convert
     except ImportError as exc:
-        raise RuntimeError(f"Colibri's converter is not available ({exc}); "
-                           f"the checkpoint is in {ckpt}") from exc
+        raise RuntimeError(
+            f"Colibri's converter is not available ({exc}); the checkpoint is in {ckpt}"
+        ) from exc
     tmp = out.with_name(out.name + ".partial")
     tmp.unlink(missing_ok=True)
     stamp_file.unlink(missing_ok=True)
@@ -440,15 +492,23 @@ def convert_checkpoint(spec: BenchSpec, ckpt: Path, out: Path, out_type: str, fo
     return out
 
 
-def make_model(spec: BenchSpec, cache_dir: Path, out_type: str, tokenizer_gguf: Path, force: bool = False,
-               keep_checkpoint: bool = True, log=print) -> Path:
+def make_model(
+    spec: BenchSpec,
+    cache_dir: Path,
+    out_type: str,
+    tokenizer_gguf: Path,
+    force: bool = False,
+    keep_checkpoint: bool = True,
+    log=print,
+) -> Path:
     """Write (if needed) the checkpoint of `spec` and convert it (if needed); return the GGUF path."""
     ckpt = checkpoint_dir(cache_dir, spec.name)
     out = gguf_path(cache_dir, spec.name, out_type)
     stamp_file = out.with_name(out.name + ".stamp.json")
     wanted = {"checkpoint": spec.stamp(), "out_type": out_type}
-    gguf_current = (not force and out.is_file() and stamp_file.is_file()
-                    and json.loads(stamp_file.read_text()) == wanted)
+    gguf_current = (
+        not force and out.is_file() and stamp_file.is_file() and json.loads(stamp_file.read_text()) == wanted
+    )
     if gguf_current:
         log(f"{spec.name}: {out} is up to date")
         return out
@@ -473,14 +533,23 @@ def iter_models(names: str) -> Iterator[BenchSpec]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="bench-a,bench-b", help="comma-separated: bench-a, bench-b")
-    ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR,
-                    help=f"output directory (default {DEFAULT_CACHE_DIR}; env COLIBRI_BENCH_DIR)")
+    ap.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=DEFAULT_CACHE_DIR,
+        help=f"output directory (default {DEFAULT_CACHE_DIR}; env COLIBRI_BENCH_DIR)",
+    )
     ap.add_argument("--out-type", default="q8_0", choices=["f32", "f16", "q8_0", "q4_0"])
-    ap.add_argument("--tokenizer-gguf", type=Path, default=None,
-                    help="GGUF whose tokenizer the models use (default: SmolLM2-135M-Instruct)")
+    ap.add_argument(
+        "--tokenizer-gguf",
+        type=Path,
+        default=None,
+        help="GGUF whose tokenizer the models use (default: SmolLM2-135M-Instruct)",
+    )
     ap.add_argument("--checkpoint-only", action="store_true", help="write the HF checkpoints, do not convert")
-    ap.add_argument("--remove-checkpoint", action="store_true",
-                    help="delete each checkpoint after conversion")
+    ap.add_argument(
+        "--remove-checkpoint", action="store_true", help="delete each checkpoint after conversion"
+    )
     ap.add_argument("--force", action="store_true", help="rewrite even when the cache is up to date")
     args = ap.parse_args(argv)
 
@@ -496,8 +565,14 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(f"{spec.name}: checkpoint {ckpt} is up to date")
             continue
-        path = make_model(spec, args.cache_dir, args.out_type, tokenizer_gguf, force=args.force,
-                          keep_checkpoint=not args.remove_checkpoint)
+        path = make_model(
+            spec,
+            args.cache_dir,
+            args.out_type,
+            tokenizer_gguf,
+            force=args.force,
+            keep_checkpoint=not args.remove_checkpoint,
+        )
         print(path)
     return 0
 

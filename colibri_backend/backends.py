@@ -82,9 +82,15 @@ class LoadedModel(Protocol):
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str: ...
 
-    def generate_tokens(self, prompt_ids: Sequence[int], *, max_tokens: int, sampling: Any = None,
-                        stop: Sequence[str] | None = None,
-                        logprobs: int | None = None) -> Iterator[GenerationEvent]: ...
+    def generate_tokens(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_tokens: int,
+        sampling: Any = None,
+        stop: Sequence[str] | None = None,
+        logprobs: int | None = None,
+    ) -> Iterator[GenerationEvent]: ...
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, **kw: Any) -> str: ...
 
@@ -165,13 +171,24 @@ def default_threads() -> int:
 # ---------------------------------------------------------------- chat templates
 
 
-def render_chat_template(template: str, messages: list[dict[str, Any]], *, bos_token: str = "",
-                         eos_token: str = "", add_generation_prompt: bool = True) -> str:
+def render_chat_template(
+    template: str,
+    messages: list[dict[str, Any]],
+    *,
+    bos_token: str = "",
+    eos_token: str = "",
+    add_generation_prompt: bool = True,
+) -> str:
     """Render a Hugging Face style jinja chat template (through the project's adapter)."""
     from colibri_backend.adapters import chat_template as ct
 
-    return ct.render_chat(template, messages, bos_token=bos_token, eos_token=eos_token,
-                          add_generation_prompt=add_generation_prompt)
+    return ct.render_chat(
+        template,
+        messages,
+        bos_token=bos_token,
+        eos_token=eos_token,
+        add_generation_prompt=add_generation_prompt,
+    )
 
 
 # ---------------------------------------------------------------- text helpers
@@ -240,20 +257,20 @@ class TextDiffDecoder:
 
     def _text(self) -> str:
         full = self.decode(self.context + self.ids)
-        return full[len(self.base):] if full.startswith(self.base) else self.decode(self.ids)
+        return full[len(self.base) :] if full.startswith(self.base) else self.decode(self.ids)
 
     def add(self, token_id: int) -> str:
         self.ids.append(token_id)
         text = self._text()
         if text.endswith("\ufffd"):
             return ""
-        out = text[self.emitted:]
+        out = text[self.emitted :]
         self.emitted = len(text)
         return out
 
     def flush(self) -> str:
         text = self._text()
-        out = text[self.emitted:]
+        out = text[self.emitted :]
         self.emitted = len(text)
         return out
 
@@ -267,8 +284,9 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return x - m - np.log(np.sum(np.exp(x - m)))
 
 
-def sample_token(logits: np.ndarray, s: SamplingParams, history: Sequence[int],
-                 rng: np.random.Generator) -> int:
+def sample_token(
+    logits: np.ndarray, s: SamplingParams, history: Sequence[int], rng: np.random.Generator
+) -> int:
     """Pick the next token the way colibri_sampler does: logit bias; repetition, presence and
     frequency penalties over the last ``penalty_last_n`` tokens of prompt + output (all when <= 0);
     then greedy (temperature 0) or top-k, top-p, min-p and temperature sampling."""
@@ -276,7 +294,7 @@ def sample_token(logits: np.ndarray, s: SamplingParams, history: Sequence[int],
     for tok, bias in (s.logit_bias or {}).items():
         if 0 <= tok < x.shape[0]:
             x[tok] += bias
-    window = history[-s.penalty_last_n:] if s.penalty_last_n > 0 else history
+    window = history[-s.penalty_last_n :] if s.penalty_last_n > 0 else history
     if len(window) and (s.repetition_penalty != 1.0 or s.presence_penalty or s.frequency_penalty):
         ids, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
         if s.repetition_penalty != 1.0:
@@ -322,9 +340,15 @@ class BaseModel(ABC):
     def detokenize(self, ids: Sequence[int]) -> str: ...
 
     @abstractmethod
-    def generate_tokens(self, prompt_ids: Sequence[int], *, max_tokens: int, sampling: Any = None,
-                        stop: Sequence[str] | None = None,
-                        logprobs: int | None = None) -> Iterator[GenerationEvent]: ...
+    def generate_tokens(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_tokens: int,
+        sampling: Any = None,
+        stop: Sequence[str] | None = None,
+        logprobs: int | None = None,
+    ) -> Iterator[GenerationEvent]: ...
 
     def special_tokens(self) -> dict[str, str]:
         """bos_token / eos_token text for chat templates."""
@@ -332,18 +356,29 @@ class BaseModel(ABC):
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         if not self.chat_template:
-            raise CapabilityError(f"model {self.name!r} has no chat template; set chat_template in its "
-                                  "colibri.toml alias")
+            raise CapabilityError(
+                f"model {self.name!r} has no chat template; set chat_template in its colibri.toml alias"
+            )
         sp = self.special_tokens()
-        return render_chat_template(self.chat_template, messages, bos_token=sp.get("bos_token", ""),
-                                    eos_token=sp.get("eos_token", ""),
-                                    add_generation_prompt=add_generation_prompt)
+        return render_chat_template(
+            self.chat_template,
+            messages,
+            bos_token=sp.get("bos_token", ""),
+            eos_token=sp.get("eos_token", ""),
+            add_generation_prompt=add_generation_prompt,
+        )
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         return self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
 
-    def stream(self, prompt: str | Sequence[int], max_tokens: int = 128, stop: Sequence[str] | None = None,
-               sampling: Any = None, **sampling_kw: Any) -> Iterator[str]:
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        max_tokens: int = 128,
+        stop: Sequence[str] | None = None,
+        sampling: Any = None,
+        **sampling_kw: Any,
+    ) -> Iterator[str]:
         """Text deltas of a completion of ``prompt``."""
         s = as_sampling(sampling, **sampling_kw)
         ids = self._prompt_ids(prompt)
@@ -351,8 +386,14 @@ class BaseModel(ABC):
             if ev.text:
                 yield ev.text
 
-    def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, stop: Sequence[str] | None = None,
-                 sampling: Any = None, **sampling_kw: Any) -> str:
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        max_tokens: int = 128,
+        stop: Sequence[str] | None = None,
+        sampling: Any = None,
+        **sampling_kw: Any,
+    ) -> str:
         """The completion of ``prompt``."""
         parts = self.stream(prompt, max_tokens=max_tokens, stop=stop, sampling=sampling, **sampling_kw)
         return "".join(parts)
@@ -419,17 +460,24 @@ class StepModel(BaseModel):
             out.setdefault(self.token_text(int(i)), float(lp[i]))
         return out
 
-    def generate_tokens(self, prompt_ids: Sequence[int], *, max_tokens: int, sampling: Any = None,
-                        stop: Sequence[str] | None = None,
-                        logprobs: int | None = None) -> Iterator[GenerationEvent]:
+    def generate_tokens(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_tokens: int,
+        sampling: Any = None,
+        stop: Sequence[str] | None = None,
+        logprobs: int | None = None,
+    ) -> Iterator[GenerationEvent]:
         import time
 
         ids = [int(t) for t in prompt_ids]
         if not ids:
             raise ValueError("the prompt is empty")
         if len(ids) >= self.context_length:
-            raise ContextFullError("CONTEXT_FULL", f"the prompt has {len(ids)} tokens; the context holds "
-                                   f"{self.context_length}")
+            raise ContextFullError(
+                "CONTEXT_FULL", f"the prompt has {len(ids)} tokens; the context holds {self.context_length}"
+            )
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
         max_tokens = min(max_tokens, self.context_length - len(ids))
@@ -455,8 +503,9 @@ class StepModel(BaseModel):
                 lp = float(full[tok])
                 top = self._top(full, logprobs) if logprobs > 0 else {}
             if tok in self.eos_token_ids:
-                yield GenerationEvent(tok, matcher.feed(decoder.flush())[0] + matcher.flush(), lp, top,
-                                      "stop")
+                yield GenerationEvent(
+                    tok, matcher.feed(decoder.flush())[0] + matcher.flush(), lp, top, "stop"
+                )
                 return
             text, stopped = matcher.feed(decoder.add(tok))
             if stopped:
@@ -465,8 +514,9 @@ class StepModel(BaseModel):
             if len(generated) >= max_tokens:
                 tail, stopped = matcher.feed(decoder.flush())
                 text += tail
-                yield GenerationEvent(tok, text + ("" if stopped else matcher.flush()), lp, top,
-                                      "stop" if stopped else "length")
+                yield GenerationEvent(
+                    tok, text + ("" if stopped else matcher.flush()), lp, top, "stop" if stopped else "length"
+                )
                 return
             yield GenerationEvent(tok, text, lp, top, None)
             t0 = time.perf_counter()
@@ -481,6 +531,7 @@ class StepModel(BaseModel):
             "generated_tokens": self._n_generated,
             "prefill_seconds": round(self._t_prefill, 6),
             "decode_seconds": round(self._t_decode, 6),
-            "decode_tokens_per_second": (round(self._n_decoded / self._t_decode, 3) if self._t_decode
-                                         else 0.0),
+            "decode_tokens_per_second": (
+                round(self._n_decoded / self._t_decode, 3) if self._t_decode else 0.0
+            ),
         }

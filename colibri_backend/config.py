@@ -142,8 +142,9 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
 
 
-def find_config_file(explicit: str | os.PathLike[str] | None = None,
-                     env: Mapping[str, str] | None = None) -> Path | None:
+def find_config_file(
+    explicit: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
+) -> Path | None:
     """The configuration file to use, or None when there is none (defaults apply)."""
     env = os.environ if env is None else env
     if explicit is not None:
@@ -167,10 +168,17 @@ def find_config_file(explicit: str | os.PathLike[str] | None = None,
 
 def _expand_model_path(value: str, base: Path) -> str:
     """A path made absolute against ``base``; a bare known name (``smollm2``) stays as it is."""
-    looks_like_path = ("/" in value or os.sep in value or value.startswith(("~", "."))
-                       or value.endswith((".gguf", ".safetensors")))
-    candidate = (base / Path(value).expanduser()) if not Path(value).expanduser().is_absolute() \
+    looks_like_path = (
+        "/" in value
+        or os.sep in value
+        or value.startswith(("~", "."))
+        or value.endswith((".gguf", ".safetensors"))
+    )
+    candidate = (
+        (base / Path(value).expanduser())
+        if not Path(value).expanduser().is_absolute()
         else Path(value).expanduser()
+    )
     if looks_like_path or candidate.exists():
         return str(candidate.resolve())
     return value
@@ -185,8 +193,9 @@ class _Checker:
     def fail(self, key: str, message: str) -> ConfigError:
         return ConfigError(f"{self.source}: {key}: {message}")
 
-    def string(self, table: Mapping[str, Any], name: str, prefix: str,
-               default: str | None = None) -> str | None:
+    def string(
+        self, table: Mapping[str, Any], name: str, prefix: str, default: str | None = None
+    ) -> str | None:
         if name not in table:
             return default
         v = table[name]
@@ -194,8 +203,9 @@ class _Checker:
             raise self.fail(prefix + name, f"expected a non-empty string, got {v!r}")
         return v
 
-    def integer(self, table: Mapping[str, Any], name: str, prefix: str, lo: int, hi: int,
-                default: int | None = None) -> int | None:
+    def integer(
+        self, table: Mapping[str, Any], name: str, prefix: str, lo: int, hi: int, default: int | None = None
+    ) -> int | None:
         if name not in table:
             return default
         v = table[name]
@@ -222,12 +232,16 @@ def _parse_model(c: _Checker, alias: str, table: Any, base: Path, default_backen
     if not isinstance(table, dict):
         raise c.fail(f"models.{alias}", "expected a table such as [models.NAME] with a path")
     if not _ALIAS_RE.match(alias):
-        raise c.fail(f"models.{alias}", "alias must start with a letter or digit and use only letters, "
-                     "digits and . _ : / -")
+        raise c.fail(
+            f"models.{alias}",
+            "alias must start with a letter or digit and use only letters, digits and . _ : / -",
+        )
     c.unknown(table, _MODEL_KEYS, prefix)
     if "path" not in table:
-        raise c.fail(prefix + "path", "missing: every model alias needs a path (a file, a directory or a "
-                     "known model name)")
+        raise c.fail(
+            prefix + "path",
+            "missing: every model alias needs a path (a file, a directory or a known model name)",
+        )
     path = _expand_model_path(c.string(table, "path", prefix) or "", base)
     budget = None
     if "memory_budget" in table:
@@ -237,12 +251,13 @@ def _parse_model(c: _Checker, alias: str, table: Any, base: Path, default_backen
             raise ConfigError(f"{c.source}: {exc}") from None
     template = c.string(table, "chat_template", prefix)
     if template is not None and "{" not in template:  # a file name, not template text
-        tpath = (base / Path(template).expanduser())
+        tpath = base / Path(template).expanduser()
         try:
             template = tpath.read_text(encoding="utf-8")
         except OSError as exc:
-            raise c.fail(prefix + "chat_template", f"cannot read template file {str(tpath)!r}: "
-                         f"{exc.strerror or exc}") from None
+            raise c.fail(
+                prefix + "chat_template", f"cannot read template file {str(tpath)!r}: {exc.strerror or exc}"
+            ) from None
     options = table.get("options", {})
     if not isinstance(options, dict):
         raise c.fail(prefix + "options", f"expected a table, got {options!r}")
@@ -258,8 +273,7 @@ def _parse_model(c: _Checker, alias: str, table: Any, base: Path, default_backen
     )
 
 
-def parse_config(data: Mapping[str, Any], source: str = CONFIG_FILE_NAME,
-                 base: Path | None = None) -> Config:
+def parse_config(data: Mapping[str, Any], source: str = CONFIG_FILE_NAME, base: Path | None = None) -> Config:
     """A Config from already-parsed TOML data (no environment applied)."""
     c = _Checker(source)
     base = base or Path.cwd()
@@ -309,8 +323,11 @@ def apply_env(cfg: Config, env: Mapping[str, str] | None = None) -> Config:
     backend = env.get("COLIBRI_BACKEND") or None
     threads = _env_int(env, "COLIBRI_THREADS", 1, 1024)
     ctx = _env_int(env, "COLIBRI_CONTEXT_LENGTH", 16, 1 << 24)
-    budget = parse_size(env["COLIBRI_MEMORY_BUDGET"], "COLIBRI_MEMORY_BUDGET") \
-        if env.get("COLIBRI_MEMORY_BUDGET") else None
+    budget = (
+        parse_size(env["COLIBRI_MEMORY_BUDGET"], "COLIBRI_MEMORY_BUDGET")
+        if env.get("COLIBRI_MEMORY_BUDGET")
+        else None
+    )
     changes: dict[str, Any] = {}
     if backend:
         changes["backend"] = backend

@@ -142,8 +142,12 @@ class Registry:
         loaded = self.require(model.backend).load(model)
         caps = getattr(loaded, "capabilities", None)
         if model.memory_budget is not None and not getattr(caps, "memory_budget", False):
-            warnings.warn(f"model {model.alias!r}: backend {model.backend!r} does not support memory_budget; "
-                          "the whole model is loaded", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"model {model.alias!r}: backend {model.backend!r} does not support memory_budget; "
+                "the whole model is loaded",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         return loaded
 
 

@@ -44,8 +44,14 @@ MAX_TOP_LOGPROBS = 20
 class APIError(Exception):
     """An error answered to the client as an OpenAI error object."""
 
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -69,6 +75,7 @@ def _param_of(message: str, candidates: Sequence[str]) -> str | None:
 
 
 # --------------------------------------------------------------------------- request schemas
+
 
 def _schemas() -> tuple[type, type]:
     """Pydantic request models (built lazily so importing this module stays cheap)."""
@@ -220,8 +227,13 @@ class ModelSlot:
             if job.cancel.is_set() or model is None:
                 return
             for index, (prompt_ids, sampling) in enumerate(job.runs):
-                gen = model.generate_tokens(prompt_ids, max_tokens=job.max_tokens, sampling=sampling,
-                                            stop=job.stop or None, logprobs=job.logprobs)
+                gen = model.generate_tokens(
+                    prompt_ids,
+                    max_tokens=job.max_tokens,
+                    sampling=sampling,
+                    stop=job.stop or None,
+                    logprobs=job.logprobs,
+                )
                 t0 = time.perf_counter()
                 try:
                     for ev in gen:
@@ -258,9 +270,14 @@ class _Ticket:
 class ServerState:
     """Everything the app needs: served models, limits, metrics."""
 
-    def __init__(self, config: Config, aliases: Sequence[str] | None = None, api_key: str | None = None,
-                 max_queue: int | None = None,
-                 loader: Callable[[ModelConfig], LoadedModel] | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        aliases: Sequence[str] | None = None,
+        api_key: str | None = None,
+        max_queue: int | None = None,
+        loader: Callable[[ModelConfig], LoadedModel] | None = None,
+    ) -> None:
         self.config = config
         names = list(aliases) if aliases else list(config.models) or [config.default_model]
         self.slots: dict[str, ModelSlot] = {n: ModelSlot(config.model(n)) for n in names}
@@ -321,22 +338,38 @@ class ServerState:
         slot = self.slots.get(name) if isinstance(name, str) else None
         if slot is None:
             known = ", ".join(self.slots)
-            raise APIError(404, f"The model '{name}' does not exist (served: {known})",
-                           "invalid_request_error", "model", "model_not_found")
+            raise APIError(
+                404,
+                f"The model '{name}' does not exist (served: {known})",
+                "invalid_request_error",
+                "model",
+                "model_not_found",
+            )
         if slot.state == "loading":
-            raise APIError(503, f"model '{name}' is still loading; retry shortly", "server_error", None,
-                           "model_loading")
+            raise APIError(
+                503, f"model '{name}' is still loading; retry shortly", "server_error", None, "model_loading"
+            )
         if slot.state != "ready" or slot.model is None:
-            raise APIError(503, f"model '{name}' is not available: {slot.error or slot.state}",
-                           "server_error", None, "model_unavailable")
+            raise APIError(
+                503,
+                f"model '{name}' is not available: {slot.error or slot.state}",
+                "server_error",
+                None,
+                "model_unavailable",
+            )
         return slot
 
     def admit(self, slot: ModelSlot) -> _Ticket:
         # in_flight counts the running request too: max_queue is how many may wait behind it.
         if slot.in_flight >= self.max_queue + 1:
-            raise APIError(429, f"too many requests queued for model '{slot.cfg.alias}' "
-                           f"({self.max_queue} waiting); retry later", "rate_limit_error", None,
-                           "queue_full")
+            raise APIError(
+                429,
+                f"too many requests queued for model '{slot.cfg.alias}' "
+                f"({self.max_queue} waiting); retry later",
+                "rate_limit_error",
+                None,
+                "queue_full",
+            )
         slot.in_flight += 1
         return _Ticket(slot)
 
@@ -351,26 +384,55 @@ class ServerState:
                 text = f"{value:.10g}" if isinstance(value, float) else str(value)
                 lines.append(f"{name}{labels} {text}")
 
-        metric("colibri_requests_total", "counter", "HTTP requests answered, by endpoint and status.",
-               [(f'{{endpoint="{_label(e)}",status="{s}"}}', c) for (e, s), c in sorted(m.requests.items())])
+        metric(
+            "colibri_requests_total",
+            "counter",
+            "HTTP requests answered, by endpoint and status.",
+            [(f'{{endpoint="{_label(e)}",status="{s}"}}', c) for (e, s), c in sorted(m.requests.items())],
+        )
         metric("colibri_prompt_tokens_total", "counter", "Prompt tokens processed.", [("", m.prompt_tokens)])
         metric("colibri_completion_tokens_total", "counter", "Tokens generated.", [("", m.completion_tokens)])
-        metric("colibri_generation_seconds_total", "counter", "Seconds spent generating.",
-               [("", float(m.generation_seconds))])
-        metric("colibri_cancelled_requests_total", "counter", "Requests cancelled by a client disconnect.",
-               [("", m.cancelled)])
+        metric(
+            "colibri_generation_seconds_total",
+            "counter",
+            "Seconds spent generating.",
+            [("", float(m.generation_seconds))],
+        )
+        metric(
+            "colibri_cancelled_requests_total",
+            "counter",
+            "Requests cancelled by a client disconnect.",
+            [("", m.cancelled)],
+        )
         overall = m.completion_tokens / m.generation_seconds if m.generation_seconds > 0 else 0.0
-        metric("colibri_tokens_per_second", "gauge",
-               "Generation speed: tokens / generation seconds over the server's life (window=\"all\") and "
-               "of the last request (window=\"last\").",
-               [('{window="all"}', float(overall)), ('{window="last"}', float(m.last_tokens_per_second))])
-        metric("colibri_queue_depth", "gauge", "Requests waiting for a model (not counting the running one).",
-               [(f'{{model="{_label(a)}"}}', max(0, s.in_flight - 1)) for a, s in self.slots.items()])
-        metric("colibri_requests_in_flight", "gauge", "Requests admitted and not finished, per model.",
-               [(f'{{model="{_label(a)}"}}', s.in_flight) for a, s in self.slots.items()])
-        metric("colibri_model_ready", "gauge", "1 when the model is loaded and serving.",
-               [(f'{{model="{_label(a)}",backend="{_label(s.cfg.backend)}"}}', int(s.state == "ready"))
-                for a, s in self.slots.items()])
+        metric(
+            "colibri_tokens_per_second",
+            "gauge",
+            'Generation speed: tokens / generation seconds over the server\'s life (window="all") and '
+            'of the last request (window="last").',
+            [('{window="all"}', float(overall)), ('{window="last"}', float(m.last_tokens_per_second))],
+        )
+        metric(
+            "colibri_queue_depth",
+            "gauge",
+            "Requests waiting for a model (not counting the running one).",
+            [(f'{{model="{_label(a)}"}}', max(0, s.in_flight - 1)) for a, s in self.slots.items()],
+        )
+        metric(
+            "colibri_requests_in_flight",
+            "gauge",
+            "Requests admitted and not finished, per model.",
+            [(f'{{model="{_label(a)}"}}', s.in_flight) for a, s in self.slots.items()],
+        )
+        metric(
+            "colibri_model_ready",
+            "gauge",
+            "1 when the model is loaded and serving.",
+            [
+                (f'{{model="{_label(a)}",backend="{_label(s.cfg.backend)}"}}', int(s.state == "ready"))
+                for a, s in self.slots.items()
+            ],
+        )
         # Engine counters (expert cache hits / misses, bytes read, memory plan, ...) as the backend
         # reports them in stats(); numeric leaves only, nested keys joined with "_".
         engine: dict[str, list[tuple[str, float]]] = {}
@@ -382,8 +444,12 @@ class ServerState:
             for key, value in flat:
                 engine.setdefault(key, []).append((f'{{model="{_label(alias)}"}}', value))
         for key in sorted(engine):
-            metric(f"colibri_engine_{key}", "gauge", f"Engine statistic '{key}' from the backend's stats().",
-                   engine[key])
+            metric(
+                f"colibri_engine_{key}",
+                "gauge",
+                f"Engine statistic '{key}' from the backend's stats().",
+                engine[key],
+            )
         return "\n".join(lines) + "\n"
 
 
@@ -398,8 +464,11 @@ def _content_text(content: Any, index: int) -> str:
     parts = []
     for j, part in enumerate(content):
         if part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise _bad_value(f"messages[{index}].content[{j}]: only text parts are supported "
-                             f"(got type {part.get('type')!r})", "messages")
+            raise _bad_value(
+                f"messages[{index}].content[{j}]: only text parts are supported "
+                f"(got type {part.get('type')!r})",
+                "messages",
+            )
         parts.append(part["text"])
     return "".join(parts)
 
@@ -421,9 +490,25 @@ def _sampling(body: dict[str, Any]) -> Any:
         return SamplingParams.from_openai(body)
     except (ValueError, TypeError) as exc:
         msg = str(exc)
-        raise _bad_value(msg, _param_of(msg, ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
-                                              "frequency_penalty", "repetition_penalty", "logit_bias", "seed",
-                                              "max_tokens", "stop"))) from None
+        raise _bad_value(
+            msg,
+            _param_of(
+                msg,
+                (
+                    "temperature",
+                    "top_p",
+                    "top_k",
+                    "min_p",
+                    "presence_penalty",
+                    "frequency_penalty",
+                    "repetition_penalty",
+                    "logit_bias",
+                    "seed",
+                    "max_tokens",
+                    "stop",
+                ),
+            ),
+        ) from None
 
 
 def _sse(obj: Any) -> bytes:
@@ -469,11 +554,21 @@ def create_app(state: ServerState) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 404:
-            err = APIError(404, f"Unknown route {request.method} {request.url.path}", "invalid_request_error",
-                           None, "unknown_url")
+            err = APIError(
+                404,
+                f"Unknown route {request.method} {request.url.path}",
+                "invalid_request_error",
+                None,
+                "unknown_url",
+            )
         elif exc.status_code == 405:
-            err = APIError(405, f"Method {request.method} is not allowed on {request.url.path}",
-                           "invalid_request_error", None, "method_not_allowed")
+            err = APIError(
+                405,
+                f"Method {request.method} is not allowed on {request.url.path}",
+                "invalid_request_error",
+                None,
+                "method_not_allowed",
+            )
         else:
             err = APIError(exc.status_code, str(exc.detail), "invalid_request_error", None, None)
         return error_response(err)
@@ -514,8 +609,11 @@ def create_app(state: ServerState) -> FastAPI:
         when the client disconnects before or during the stream."""
 
         def __init__(self, body: AsyncIterator[bytes], ticket: _Ticket) -> None:
-            super().__init__(body, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            super().__init__(
+                body,
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
             self._ticket = ticket
 
         async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -533,42 +631,60 @@ def create_app(state: ServerState) -> FastAPI:
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:
-            raise APIError(401, "Missing API key: send 'Authorization: Bearer <key>'",
-                           "invalid_request_error", None, "missing_api_key")
+            raise APIError(
+                401,
+                "Missing API key: send 'Authorization: Bearer <key>'",
+                "invalid_request_error",
+                None,
+                "missing_api_key",
+            )
         if not hmac.compare_digest(token.strip().encode(), state.api_key.encode()):
-            raise APIError(401, "Incorrect API key provided", "invalid_request_error", None,
-                           "invalid_api_key")
+            raise APIError(
+                401, "Incorrect API key provided", "invalid_request_error", None, "invalid_api_key"
+            )
 
     async def parse(request: Request, schema: type) -> tuple[Any, dict[str, Any]]:
         raw = await request.body()
         try:
             data = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise APIError(400, f"The request body is not valid JSON: {exc}", "invalid_request_error", None,
-                           "invalid_json") from None
+            raise APIError(
+                400,
+                f"The request body is not valid JSON: {exc}",
+                "invalid_request_error",
+                None,
+                "invalid_json",
+            ) from None
         if not isinstance(data, dict):
-            raise APIError(400, "The request body must be a JSON object", "invalid_request_error", None,
-                           "invalid_json")
+            raise APIError(
+                400, "The request body must be a JSON object", "invalid_request_error", None, "invalid_json"
+            )
         try:
             parsed = schema.model_validate_json(raw)
         except ValidationError as exc:
             first = exc.errors()[0]
             loc = ".".join(str(p) for p in first.get("loc", ())) or None
-            status, code = (400, "missing_required_parameter") if first.get("type") == "missing" \
+            status, code = (
+                (400, "missing_required_parameter")
+                if first.get("type") == "missing"
                 else (422, "invalid_type")
+            )
             msg = f"{loc}: {first.get('msg')}" if loc else str(first.get("msg"))
             if len(exc.errors()) > 1:
                 msg += f" (and {len(exc.errors()) - 1} more problem(s))"
-            raise APIError(status, msg, "invalid_request_error", loc.split(".")[0] if loc else None,
-                           code) from None
+            raise APIError(
+                status, msg, "invalid_request_error", loc.split(".")[0] if loc else None, code
+            ) from None
         return parsed, data
 
     # ---------------------------------------------------------------- plain routes
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        models = {a: {"state": s.state, "backend": s.cfg.backend, **({"error": s.error} if s.error else {})}
-                  for a, s in state.slots.items()}
+        models = {
+            a: {"state": s.state, "backend": s.cfg.backend, **({"error": s.error} if s.error else {})}
+            for a, s in state.slots.items()
+        }
         if state.shutting_down:
             status = "shutting_down"
         elif all(s.state == "ready" for s in state.slots.values()):
@@ -584,9 +700,14 @@ def create_app(state: ServerState) -> FastAPI:
         return PlainTextResponse(state.render_metrics(), media_type="text/plain; version=0.0.4")
 
     def model_card(alias: str, slot: ModelSlot) -> dict[str, Any]:
-        card: dict[str, Any] = {"id": alias, "object": "model", "created": slot.created,
-                                "owned_by": "colibri", "backend": slot.cfg.backend,
-                                "ready": slot.state == "ready"}
+        card: dict[str, Any] = {
+            "id": alias,
+            "object": "model",
+            "created": slot.created,
+            "owned_by": "colibri",
+            "backend": slot.cfg.backend,
+            "ready": slot.state == "ready",
+        }
         if slot.model is not None:
             card["context_length"] = slot.model.context_length
         return card
@@ -601,8 +722,13 @@ def create_app(state: ServerState) -> FastAPI:
         check_key(request)
         slot = state.slots.get(model_id)
         if slot is None:
-            raise APIError(404, f"The model '{model_id}' does not exist", "invalid_request_error", "model",
-                           "model_not_found")
+            raise APIError(
+                404,
+                f"The model '{model_id}' does not exist",
+                "invalid_request_error",
+                "model",
+                "model_not_found",
+            )
         return JSONResponse(model_card(model_id, slot))
 
     # ---------------------------------------------------------------- generation plumbing
@@ -638,15 +764,28 @@ def create_app(state: ServerState) -> FastAPI:
             raise _bad_value("stream_options is only allowed when stream is true", "stream_options")
         return slot, model, sampling, n, requested
 
-    def finish_prepare(slot: ModelSlot, model: LoadedModel, sampling: Any, n: int, requested: int | None,
-                       prompts: list[list[int]], logprobs: int | None, req: Any) -> Prepared:
+    def finish_prepare(
+        slot: ModelSlot,
+        model: LoadedModel,
+        sampling: Any,
+        n: int,
+        requested: int | None,
+        prompts: list[list[int]],
+        logprobs: int | None,
+        req: Any,
+    ) -> Prepared:
         for ids in prompts:
             if not ids:
                 raise _bad_value("the prompt is empty", "prompt")
             if len(ids) >= model.context_length:
-                raise APIError(413, f"This model's maximum context length is {model.context_length} tokens; "
-                               f"the prompt has {len(ids)} tokens", "invalid_request_error", "messages"
-                               if hasattr(req, "messages") else "prompt", "context_length_exceeded")
+                raise APIError(
+                    413,
+                    f"This model's maximum context length is {model.context_length} tokens; "
+                    f"the prompt has {len(ids)} tokens",
+                    "invalid_request_error",
+                    "messages" if hasattr(req, "messages") else "prompt",
+                    "context_length_exceeded",
+                )
         room = model.context_length - max(len(p) for p in prompts)
         max_tokens = room if requested is None else min(requested, room)
         runs: list[tuple[list[int], Any]] = []
@@ -659,8 +798,19 @@ def create_app(state: ServerState) -> FastAPI:
                 runs.append((ids, s))
         include_usage = bool(req.stream and req.stream_options and req.stream_options.get("include_usage"))
         ticket = state.admit(slot)
-        return Prepared(slot, model, runs, sum(len(p) for p in prompts), max_tokens,
-                        list(sampling.stop or []), logprobs, bool(req.stream), include_usage, n, ticket)
+        return Prepared(
+            slot,
+            model,
+            runs,
+            sum(len(p) for p in prompts),
+            max_tokens,
+            list(sampling.stop or []),
+            logprobs,
+            bool(req.stream),
+            include_usage,
+            n,
+            ticket,
+        )
 
     async def events(p: Prepared, request: Request) -> AsyncIterator[tuple]:
         """Submits the job and yields ("event", choice, GenerationEvent, seconds) items; cancels the
@@ -686,8 +836,9 @@ def create_app(state: ServerState) -> FastAPI:
                     finished = True
                     exc = item[1]
                     if isinstance(exc, ContextFullError):
-                        raise APIError(413, str(exc), "invalid_request_error", None,
-                                       "context_length_exceeded")
+                        raise APIError(
+                            413, str(exc), "invalid_request_error", None, "context_length_exceeded"
+                        )
                     if isinstance(exc, (ValueError, ColibriError)):
                         raise _bad_value(str(exc))
                     raise APIError(500, f"generation failed: {type(exc).__name__}: {exc}", "server_error")
@@ -706,15 +857,24 @@ def create_app(state: ServerState) -> FastAPI:
         m.generation_seconds += seconds
         if seconds > 0:
             m.last_tokens_per_second = completion_tokens / seconds
-        return {"prompt_tokens": p.prompt_tokens, "completion_tokens": completion_tokens,
-                "total_tokens": p.prompt_tokens + completion_tokens}
+        return {
+            "prompt_tokens": p.prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": p.prompt_tokens + completion_tokens,
+        }
 
     def chat_logprob_entry(model: LoadedModel, ev: Any) -> dict[str, Any]:
         text = _token_text(model, ev.token_id)
-        top = [{"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))}
-               for t, lp in (ev.top_logprobs or {}).items()]
-        return {"token": text, "logprob": ev.logprob, "bytes": list(text.encode("utf-8")),
-                "top_logprobs": top}
+        top = [
+            {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))}
+            for t, lp in (ev.top_logprobs or {}).items()
+        ]
+        return {
+            "token": text,
+            "logprob": ev.logprob,
+            "bytes": list(text.encode("utf-8")),
+            "top_logprobs": top,
+        }
 
     def fingerprint(p: Prepared) -> str:
         return f"colibri-{p.slot.cfg.backend}"
@@ -729,7 +889,7 @@ def create_app(state: ServerState) -> FastAPI:
         if req.tools or req.functions:
             raise _bad_value("tools / function calling are not supported by this server", "tools")
         if req.response_format and req.response_format.get("type", "text") != "text":
-            raise _bad_value("only response_format {\"type\": \"text\"} is supported", "response_format")
+            raise _bad_value('only response_format {"type": "text"} is supported', "response_format")
         logprobs: int | None = None
         if req.top_logprobs is not None:
             if not req.logprobs:
@@ -756,11 +916,17 @@ def create_app(state: ServerState) -> FastAPI:
         created = int(time.time())
 
         if p.stream:
+
             async def body() -> AsyncIterator[bytes]:
                 def chunk(choices: list[dict[str, Any]], usage: Any = None) -> bytes:
-                    obj: dict[str, Any] = {"id": rid, "object": "chat.completion.chunk", "created": created,
-                                           "model": req.model, "system_fingerprint": fingerprint(p),
-                                           "choices": choices}
+                    obj: dict[str, Any] = {
+                        "id": rid,
+                        "object": "chat.completion.chunk",
+                        "created": created,
+                        "model": req.model,
+                        "system_fingerprint": fingerprint(p),
+                        "choices": choices,
+                    }
                     if p.include_usage:
                         obj["usage"] = usage
                     return _sse(obj)
@@ -773,19 +939,43 @@ def create_app(state: ServerState) -> FastAPI:
                         async for _, idx, ev, secs in stream:
                             if idx not in started:
                                 started.add(idx)
-                                yield chunk([{"index": idx, "delta": {"role": "assistant", "content": ""},
-                                              "logprobs": None, "finish_reason": None}])
+                                yield chunk(
+                                    [
+                                        {
+                                            "index": idx,
+                                            "delta": {"role": "assistant", "content": ""},
+                                            "logprobs": None,
+                                            "finish_reason": None,
+                                        }
+                                    ]
+                                )
                             count += 1
                             last_secs[idx] = secs
                             lp = None
                             if p.logprobs is not None:
                                 lp = {"content": [chat_logprob_entry(model, ev)]}
                             if ev.text or lp is not None:
-                                yield chunk([{"index": idx, "delta": {"content": ev.text}, "logprobs": lp,
-                                              "finish_reason": None}])
+                                yield chunk(
+                                    [
+                                        {
+                                            "index": idx,
+                                            "delta": {"content": ev.text},
+                                            "logprobs": lp,
+                                            "finish_reason": None,
+                                        }
+                                    ]
+                                )
                             if ev.finish_reason:
-                                yield chunk([{"index": idx, "delta": {}, "logprobs": None,
-                                              "finish_reason": ev.finish_reason}])
+                                yield chunk(
+                                    [
+                                        {
+                                            "index": idx,
+                                            "delta": {},
+                                            "logprobs": None,
+                                            "finish_reason": ev.finish_reason,
+                                        }
+                                    ]
+                                )
                 except APIError as err:
                     yield _sse(err.body())
                     yield b"data: [DONE]\n\n"
@@ -815,11 +1005,26 @@ def create_app(state: ServerState) -> FastAPI:
         finally:
             p.ticket.release()
         usage = account(p, count, sum(last_secs.values()))
-        choices = [{"index": i, "message": {"role": "assistant", "content": "".join(texts[i])},
-                    "logprobs": {"content": lps[i]} if p.logprobs is not None else None,
-                    "finish_reason": finish[i] or "length"} for i in range(len(p.runs))]
-        return JSONResponse({"id": rid, "object": "chat.completion", "created": created, "model": req.model,
-                             "system_fingerprint": fingerprint(p), "choices": choices, "usage": usage})
+        choices = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": "".join(texts[i])},
+                "logprobs": {"content": lps[i]} if p.logprobs is not None else None,
+                "finish_reason": finish[i] or "length",
+            }
+            for i in range(len(p.runs))
+        ]
+        return JSONResponse(
+            {
+                "id": rid,
+                "object": "chat.completion",
+                "created": created,
+                "model": req.model,
+                "system_fingerprint": fingerprint(p),
+                "choices": choices,
+                "usage": usage,
+            }
+        )
 
     # ---------------------------------------------------------------- completions
 
@@ -850,15 +1055,19 @@ def create_app(state: ServerState) -> FastAPI:
         elif prompt and all(isinstance(x, list) for x in prompt):
             prompts = [list(x) for x in prompt]
         else:
-            raise _bad_value("prompt must be a string, a list of strings, a list of token ids or a list of "
-                             "lists of token ids, and not empty", "prompt")
+            raise _bad_value(
+                "prompt must be a string, a list of strings, a list of token ids or a list of "
+                "lists of token ids, and not empty",
+                "prompt",
+            )
         vocab = getattr(getattr(model, "info", None), "n_vocab", None) or getattr(model, "n_vocab", None)
         if vocab:
             for ids in prompts:
                 bad = [t for t in ids if not 0 <= t < vocab]
                 if bad:
-                    raise _bad_value(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})",
-                                     "prompt")
+                    raise _bad_value(
+                        f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", "prompt"
+                    )
         if len(prompts) * n > MAX_N:
             raise _bad_value(f"at most {MAX_N} completions per request (prompts x n)", "n")
         p = finish_prepare(slot, model, sampling, n, requested, prompts, logprobs, req)
@@ -882,15 +1091,25 @@ def create_app(state: ServerState) -> FastAPI:
                 self.offset += len(ev.text)
 
             def as_dict(self) -> dict[str, Any]:
-                return {"tokens": self.tokens, "token_logprobs": self.token_logprobs,
-                        "top_logprobs": self.top, "text_offset": self.offsets}
+                return {
+                    "tokens": self.tokens,
+                    "token_logprobs": self.token_logprobs,
+                    "top_logprobs": self.top,
+                    "text_offset": self.offsets,
+                }
 
         if p.stream:
+
             async def body() -> AsyncIterator[bytes]:
                 def chunk(choices: list[dict[str, Any]], usage: Any = None) -> bytes:
-                    obj: dict[str, Any] = {"id": rid, "object": "text_completion", "created": created,
-                                           "model": req.model, "system_fingerprint": fingerprint(p),
-                                           "choices": choices}
+                    obj: dict[str, Any] = {
+                        "id": rid,
+                        "object": "text_completion",
+                        "created": created,
+                        "model": req.model,
+                        "system_fingerprint": fingerprint(p),
+                        "choices": choices,
+                    }
                     if p.include_usage:
                         obj["usage"] = usage
                     return _sse(obj)
@@ -911,8 +1130,16 @@ def create_app(state: ServerState) -> FastAPI:
                                 lp = acc.as_dict()
                             offsets[idx] = offsets.get(idx, 0) + len(ev.text)
                             if ev.text or lp is not None or ev.finish_reason:
-                                yield chunk([{"index": idx, "text": ev.text, "logprobs": lp,
-                                              "finish_reason": ev.finish_reason}])
+                                yield chunk(
+                                    [
+                                        {
+                                            "index": idx,
+                                            "text": ev.text,
+                                            "logprobs": lp,
+                                            "finish_reason": ev.finish_reason,
+                                        }
+                                    ]
+                                )
                 except APIError as err:
                     yield _sse(err.body())
                     yield b"data: [DONE]\n\n"
@@ -942,11 +1169,26 @@ def create_app(state: ServerState) -> FastAPI:
         finally:
             p.ticket.release()
         usage = account(p, count, sum(last_secs.values()))
-        choices = [{"index": i, "text": "".join(texts[i]),
-                    "logprobs": accs[i].as_dict() if p.logprobs is not None else None,
-                    "finish_reason": finish[i] or "length"} for i in range(len(p.runs))]
-        return JSONResponse({"id": rid, "object": "text_completion", "created": created, "model": req.model,
-                             "system_fingerprint": fingerprint(p), "choices": choices, "usage": usage})
+        choices = [
+            {
+                "index": i,
+                "text": "".join(texts[i]),
+                "logprobs": accs[i].as_dict() if p.logprobs is not None else None,
+                "finish_reason": finish[i] or "length",
+            }
+            for i in range(len(p.runs))
+        ]
+        return JSONResponse(
+            {
+                "id": rid,
+                "object": "text_completion",
+                "created": created,
+                "model": req.model,
+                "system_fingerprint": fingerprint(p),
+                "choices": choices,
+                "usage": usage,
+            }
+        )
 
     return app
 
@@ -954,8 +1196,13 @@ def create_app(state: ServerState) -> FastAPI:
 # --------------------------------------------------------------------------- running
 
 
-def serve(state: ServerState, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
-          on_ready: Callable[[int], None] | None = None) -> None:
+def serve(
+    state: ServerState,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "info",
+    on_ready: Callable[[int], None] | None = None,
+) -> None:
     """Run the server until SIGINT / SIGTERM. ``on_ready(port)`` is called once it listens."""
     import uvicorn
 
@@ -975,6 +1222,12 @@ def serve(state: ServerState, host: str = "127.0.0.1", port: int = 8000, log_lev
                 on_ready(int(bound))
             state.start_loading()
 
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5,
-                            access_log=log_level == "debug")
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=5,
+        access_log=log_level == "debug",
+    )
     _Server(config).run()

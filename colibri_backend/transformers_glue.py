@@ -53,11 +53,20 @@ __all__ = ["GGUF_FILE_NAME", "MODEL_TYPE", "register"]
 
 # generate() options that only make sense with access to the model's internals or a different search.
 _UNSUPPORTED_FLAGS = {
-    "output_scores": "scores", "output_logits": "logits", "output_attentions": "attentions",
+    "output_scores": "scores",
+    "output_logits": "logits",
+    "output_attentions": "attentions",
     "output_hidden_states": "hidden states",
 }
-_UNSUPPORTED_KWARGS = ("logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "assistant_model",
-                       "negative_prompt_ids", "negative_prompt_attention_mask", "synced_gpus")
+_UNSUPPORTED_KWARGS = (
+    "logits_processor",
+    "stopping_criteria",
+    "prefix_allowed_tokens_fn",
+    "assistant_model",
+    "negative_prompt_ids",
+    "negative_prompt_attention_mask",
+    "synced_gpus",
+)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -161,8 +170,9 @@ def _gguf_of_colibri_dir(path: Path, gguf_path: str | None) -> Path:
     return p
 
 
-def _load_engine(source: str | os.PathLike[str], threads: int | None, context_length: int | None,
-                 memory_budget: Any) -> Any:
+def _load_engine(
+    source: str | os.PathLike[str], threads: int | None, context_length: int | None, memory_budget: Any
+) -> Any:
     """colibri_backend.load with the arguments the installed engine accepts."""
     import colibri_backend
 
@@ -205,8 +215,9 @@ def _row_tokens(ids: list[int], mask: list[int] | None, pad_id: int | None) -> t
         return n, n
     start, end = ones[0], ones[-1] + 1
     if end - start != len(ones):
-        raise ValueError("the attention mask has holes inside a sequence; only left or right padding "
-                         "is supported")
+        raise ValueError(
+            "the attention mask has holes inside a sequence; only left or right padding is supported"
+        )
     return start, end
 
 
@@ -282,9 +293,16 @@ def _define_classes() -> dict[str, type]:
         # ---- loading and saving -------------------------------------------------------------------------
 
         @classmethod
-        def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike[str], *model_args: Any,
-                            config: Any = None, threads: int | None = None, context_length: int | None = None,
-                            memory_budget: int | str | None = None, **kwargs: Any) -> ColibriForCausalLM:
+        def from_pretrained(
+            cls,
+            pretrained_model_name_or_path: str | os.PathLike[str],
+            *model_args: Any,
+            config: Any = None,
+            threads: int | None = None,
+            context_length: int | None = None,
+            memory_budget: int | str | None = None,
+            **kwargs: Any,
+        ) -> ColibriForCausalLM:
             """Load a GGUF file, a directory written by save_pretrained, a Hugging Face checkpoint directory
             (converted once by colibri_backend and cached) or a known model name such as "smollm2".
 
@@ -325,8 +343,9 @@ def _define_classes() -> dict[str, type]:
             return model
 
         @classmethod
-        def _config_from_engine(cls, engine: Any, threads: int | None, context_length: int | None,
-                                memory_budget: Any) -> ColibriConfig:
+        def _config_from_engine(
+            cls, engine: Any, threads: int | None, context_length: int | None, memory_budget: Any
+        ) -> ColibriConfig:
             info = engine.info
             tok = engine.tokenizer
             eos = sorted(getattr(tok, "stop_token_ids", ()) or ())
@@ -337,13 +356,23 @@ def _define_classes() -> dict[str, type]:
             bos = info.bos_token_id if info.bos_token_id is not None and info.bos_token_id >= 0 else None
             return ColibriConfig(
                 gguf_path=str(Path(engine.path).resolve()),
-                threads=threads, context_length=context_length, memory_budget=memory_budget,
-                arch=info.arch, vocab_size=info.n_vocab, hidden_size=info.n_embd,
-                num_hidden_layers=info.n_layer, num_attention_heads=info.n_head,
-                num_key_value_heads=info.n_head_kv, head_dim=info.head_dim, intermediate_size=info.n_ff,
-                num_local_experts=info.n_expert, num_experts_per_tok=info.n_expert_used,
-                moe_intermediate_size=info.n_ff_exp, max_position_embeddings=engine.context_length,
-                bos_token_id=bos, eos_token_id=eos_id,
+                threads=threads,
+                context_length=context_length,
+                memory_budget=memory_budget,
+                arch=info.arch,
+                vocab_size=info.n_vocab,
+                hidden_size=info.n_embd,
+                num_hidden_layers=info.n_layer,
+                num_attention_heads=info.n_head,
+                num_key_value_heads=info.n_head_kv,
+                head_dim=info.head_dim,
+                intermediate_size=info.n_ff,
+                num_local_experts=info.n_expert,
+                num_experts_per_tok=info.n_expert_used,
+                moe_intermediate_size=info.n_ff_exp,
+                max_position_embeddings=engine.context_length,
+                bos_token_id=bos,
+                eos_token_id=eos_id,
                 pad_token_id=eos[0] if eos else None,
             )
 
@@ -358,12 +387,15 @@ def _define_classes() -> dict[str, type]:
                         return gc
                     except (OSError, ValueError) as exc:
                         log.warning("ignoring %s/generation_config.json: %s", d, exc)
-            return GenerationConfig(bos_token_id=self.config.bos_token_id,
-                                    eos_token_id=self.config.eos_token_id,
-                                    pad_token_id=self.config.pad_token_id)
+            return GenerationConfig(
+                bos_token_id=self.config.bos_token_id,
+                eos_token_id=self.config.eos_token_id,
+                pad_token_id=self.config.pad_token_id,
+            )
 
-        def save_pretrained(self, save_directory: str | os.PathLike[str], copy_gguf: bool = False,
-                            **kwargs: Any) -> None:
+        def save_pretrained(
+            self, save_directory: str | os.PathLike[str], copy_gguf: bool = False, **kwargs: Any
+        ) -> None:
             """Write a directory that from_pretrained and the Auto classes (and so pipeline(model=DIR)) load.
 
             It holds config.json (model_type "colibri"), generation_config.json and the tokenizer files.
@@ -410,8 +442,10 @@ def _define_classes() -> dict[str, type]:
                 base = engine.tokenizer
                 tok = PreTrainedTokenizerFast(
                     tokenizer_object=HFTokenizer.from_str(base.hf.to_str()),
-                    bos_token=base.bos_token, eos_token=base.eos_token,
-                    model_max_length=engine.context_length, clean_up_tokenization_spaces=False,
+                    bos_token=base.bos_token,
+                    eos_token=base.eos_token,
+                    model_max_length=engine.context_length,
+                    clean_up_tokenization_spaces=False,
                 )
                 if engine.chat_template:
                     tok.chat_template = engine.chat_template
@@ -449,10 +483,15 @@ def _define_classes() -> dict[str, type]:
 
         # ---- forward ------------------------------------------------------------------------------------
 
-        def forward(self, input_ids: torch.LongTensor | None = None,
-                    attention_mask: torch.Tensor | None = None,
-                    labels: torch.LongTensor | None = None, logits_to_keep: int = 0,
-                    return_dict: bool | None = None, **kwargs: Any) -> Any:
+        def forward(
+            self,
+            input_ids: torch.LongTensor | None = None,
+            attention_mask: torch.Tensor | None = None,
+            labels: torch.LongTensor | None = None,
+            logits_to_keep: int = 0,
+            return_dict: bool | None = None,
+            **kwargs: Any,
+        ) -> Any:
             """Logits [batch, positions, vocab] (float32) for input_ids, as any causal LM returns them.
 
             logits_to_keep=k > 0 returns only the last k positions; k=1 evaluates only tokens the engine's
@@ -484,7 +523,7 @@ def _define_classes() -> dict[str, type]:
                 lo = seq - keep  # first kept position
                 src_lo, src_hi = max(start, lo), end
                 if src_hi > src_lo:
-                    logits[b, src_lo - lo: src_hi - lo] = full[src_lo - start: src_hi - start]
+                    logits[b, src_lo - lo : src_hi - lo] = full[src_lo - start : src_hi - start]
             loss = None
             if labels is not None:
                 if keep != seq:
@@ -497,9 +536,14 @@ def _define_classes() -> dict[str, type]:
         # ---- generation ---------------------------------------------------------------------------------
 
         @torch.no_grad()
-        def generate(self, inputs: torch.Tensor | None = None,
-                     generation_config: GenerationConfig | None = None, streamer: Any = None,
-                     attention_mask: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        def generate(
+            self,
+            inputs: torch.Tensor | None = None,
+            generation_config: GenerationConfig | None = None,
+            streamer: Any = None,
+            attention_mask: torch.Tensor | None = None,
+            **kwargs: Any,
+        ) -> Any:
             """transformers' generate(), run by the native sampler; see the module docstring."""
             input_ids = kwargs.pop("input_ids", None) if inputs is None else inputs
             if input_ids is None:
@@ -520,8 +564,9 @@ def _define_classes() -> dict[str, type]:
             gen = copy.deepcopy(base)
             unused = {k: v for k, v in gen.update(**kwargs).items() if v is not None}
             if unused:
-                raise ValueError(f"generate() got arguments the Colibri engine does not use: "
-                                 f"{sorted(unused)}")
+                raise ValueError(
+                    f"generate() got arguments the Colibri engine does not use: {sorted(unused)}"
+                )
             self._check_generation_config(gen)
 
             batch, seq = input_ids.shape
@@ -548,11 +593,14 @@ def _define_classes() -> dict[str, type]:
             rows: list[list[int]] = []
             for b in range(batch):
                 row = ids_cpu[b].tolist()
-                start, end = _row_tokens(row, mask[b].tolist() if mask is not None else None,
-                                         pad_id if mask is None else None)
+                start, end = _row_tokens(
+                    row, mask[b].tolist() if mask is not None else None, pad_id if mask is None else None
+                )
                 if end < seq:
-                    raise ValueError("right padding in generate() inputs: pad on the left "
-                                     "(tokenizer.padding_side = 'left')")
+                    raise ValueError(
+                        "right padding in generate() inputs: pad on the left "
+                        "(tokenizer.padding_side = 'left')"
+                    )
                 prompt = row[start:end]
                 if not prompt:
                     raise ValueError(f"row {b} of the batch has no tokens to continue")
@@ -579,13 +627,25 @@ def _define_classes() -> dict[str, type]:
             for flag, what in _UNSUPPORTED_FLAGS.items():
                 if getattr(gen, flag, False):
                     problems.append(f"{flag} ({what} are not exposed by the engine)")
-            for name, neutral in (("typical_p", 1.0), ("epsilon_cutoff", 0.0), ("eta_cutoff", 0.0),
-                                  ("no_repeat_ngram_size", 0), ("encoder_repetition_penalty", 1.0),
-                                  ("guidance_scale", None), ("penalty_alpha", None), ("min_new_tokens", None),
-                                  ("bad_words_ids", None), ("force_words_ids", None), ("sequence_bias", None),
-                                  ("suppress_tokens", None), ("begin_suppress_tokens", None),
-                                  ("forced_bos_token_id", None), ("forced_eos_token_id", None),
-                                  ("constraints", None), ("watermarking_config", None)):
+            for name, neutral in (
+                ("typical_p", 1.0),
+                ("epsilon_cutoff", 0.0),
+                ("eta_cutoff", 0.0),
+                ("no_repeat_ngram_size", 0),
+                ("encoder_repetition_penalty", 1.0),
+                ("guidance_scale", None),
+                ("penalty_alpha", None),
+                ("min_new_tokens", None),
+                ("bad_words_ids", None),
+                ("force_words_ids", None),
+                ("sequence_bias", None),
+                ("suppress_tokens", None),
+                ("begin_suppress_tokens", None),
+                ("forced_bos_token_id", None),
+                ("forced_eos_token_id", None),
+                ("constraints", None),
+                ("watermarking_config", None),
+            ):
                 value = getattr(gen, name, neutral)
                 if value is None or value == neutral or (not isinstance(value, (int, float)) and not value):
                     continue
@@ -593,11 +653,20 @@ def _define_classes() -> dict[str, type]:
             if getattr(gen, "min_length", 0) not in (0, None):
                 problems.append(f"min_length={gen.min_length}")
             if problems:
-                raise ValueError("generate() options not supported by the Colibri engine: "
-                                 + ", ".join(problems))
+                raise ValueError(
+                    "generate() options not supported by the Colibri engine: " + ", ".join(problems)
+                )
 
-        def _generate_row(self, prompt: list[int], max_new: int, sp: Any, eos_set: set[int], stops: list[str],
-                          seed: int, streamer: Any) -> list[int]:
+        def _generate_row(
+            self,
+            prompt: list[int],
+            max_new: int,
+            sp: Any,
+            eos_set: set[int],
+            stops: list[str],
+            seed: int,
+            streamer: Any,
+        ) -> list[int]:
             """New tokens for one sequence. The engine stops on its own end tokens; generation continues
             through those that are not in this call's eos_token_id set (as transformers would)."""
             from dataclasses import replace
@@ -607,8 +676,13 @@ def _define_classes() -> dict[str, type]:
             out: list[int] = []
             while len(out) < max_new:
                 params = replace(sp, seed=_derived_seed(seed, len(out)) if not sp.greedy else None, stop=[])
-                events = engine.generate_tokens(prompt + out, max_tokens=max_new - len(out), sampling=params,
-                                                stop=stops or None, logprobs=None)
+                events = engine.generate_tokens(
+                    prompt + out,
+                    max_tokens=max_new - len(out),
+                    sampling=params,
+                    stop=stops or None,
+                    logprobs=None,
+                )
                 resume = False
                 try:
                     for ev in events:
@@ -634,8 +708,11 @@ def _define_classes() -> dict[str, type]:
         def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, **kwargs: Any) -> dict[str, Any]:
             # Only used if someone drives this model with GenerationMixin's own loop: the whole sequence goes
             # in every step and forward() reuses the engine's cache for the common prefix.
-            return {"input_ids": input_ids, "attention_mask": kwargs.get("attention_mask"),
-                    "logits_to_keep": 1}
+            return {
+                "input_ids": input_ids,
+                "attention_mask": kwargs.get("attention_mask"),
+                "logits_to_keep": 1,
+            }
 
     ColibriForCausalLM.__qualname__ = "ColibriForCausalLM"
     ColibriForCausalLM.__module__ = __name__

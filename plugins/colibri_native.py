@@ -33,8 +33,10 @@ class ColibriModel(BaseModel):
             kwargs["memory_budget"] = cfg.memory_budget
         for key, value in cfg.options.items():  # engine options (e.g. future streaming knobs) by name
             if key not in accepted:
-                raise TypeError(f"models.{cfg.alias}.options.{key}: colibri_backend.load() has no such "
-                                f"parameter (it takes {', '.join(accepted)})")
+                raise TypeError(
+                    f"models.{cfg.alias}.options.{key}: colibri_backend.load() has no such "
+                    f"parameter (it takes {', '.join(accepted)})"
+                )
             kwargs[key] = value
         self._m = load(cfg.path, **kwargs)
         self.name = cfg.alias
@@ -43,8 +45,13 @@ class ColibriModel(BaseModel):
         self.chat_template = cfg.chat_template or self._m.chat_template
         info = getattr(self._m, "info", None)
         self.n_vocab = int(getattr(info, "n_vocab", 0)) or None
-        self.capabilities = Capabilities(logits=True, logprobs=True, chat=self.chat_template is not None,
-                                         streaming=True, memory_budget=budget_ok)
+        self.capabilities = Capabilities(
+            logits=True,
+            logprobs=True,
+            chat=self.chat_template is not None,
+            streaming=True,
+            memory_budget=budget_ok,
+        )
 
     @property
     def engine(self) -> Any:
@@ -64,13 +71,20 @@ class ColibriModel(BaseModel):
         tok = self._m.tokenizer
         return {"bos_token": tok.bos_token or "", "eos_token": tok.eos_token or ""}
 
-    def generate_tokens(self, prompt_ids: Sequence[int], *, max_tokens: int, sampling: Any = None,
-                        stop: Sequence[str] | None = None,
-                        logprobs: int | None = None) -> Iterator[GenerationEvent]:
+    def generate_tokens(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_tokens: int,
+        sampling: Any = None,
+        stop: Sequence[str] | None = None,
+        logprobs: int | None = None,
+    ) -> Iterator[GenerationEvent]:
         s = as_sampling(sampling)
         stops = list(stop) if stop is not None else list(s.stop or [])
-        return self._m.generate_tokens(list(prompt_ids), max_tokens=max_tokens, sampling=s,
-                                       stop=stops or None, logprobs=logprobs)
+        return self._m.generate_tokens(
+            list(prompt_ids), max_tokens=max_tokens, sampling=s, stop=stops or None, logprobs=logprobs
+        )
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         return self._m.logits(list(token_ids))

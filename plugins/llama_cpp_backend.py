@@ -118,8 +118,13 @@ class LlamaCppModel(StepModel):
         self.eos_token_ids = frozenset(eog)
         self._bos = int(self._llama.token_bos())
         self._eos = int(self._llama.token_eos())
-        self.capabilities = Capabilities(logits=True, logprobs=True, chat=self.chat_template is not None,
-                                         streaming=True, memory_budget=False)
+        self.capabilities = Capabilities(
+            logits=True,
+            logprobs=True,
+            chat=self.chat_template is not None,
+            streaming=True,
+            memory_budget=False,
+        )
         self._piece_cache: dict[int, bytes] = {}
 
     # -- tokens

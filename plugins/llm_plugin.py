@@ -63,13 +63,16 @@ def _aliases() -> tuple[Any, list[Any], str | None]:
 
 class ColibriOptions(llm.Options):
     temperature: float | None = Field(
-        default=None, ge=0.0, le=2.0, description="Sampling temperature; 0 (the default) is greedy decoding")
+        default=None, ge=0.0, le=2.0, description="Sampling temperature; 0 (the default) is greedy decoding"
+    )
     max_tokens: int | None = Field(
-        default=None, ge=1, description=f"Maximum tokens to generate (default {DEFAULT_MAX_TOKENS})")
+        default=None, ge=1, description=f"Maximum tokens to generate (default {DEFAULT_MAX_TOKENS})"
+    )
     top_p: float | None = Field(default=None, gt=0.0, le=1.0, description="Nucleus sampling probability mass")
     seed: int | None = Field(default=None, ge=0, description="Random seed: same seed, same output")
     memory_budget: str | None = Field(
-        default=None, description="Memory budget of the model, e.g. 1.5G or 800M (backends that support it)")
+        default=None, description="Memory budget of the model, e.g. 1.5G or 800M (backends that support it)"
+    )
 
     @field_validator("memory_budget")
     @classmethod
@@ -131,7 +134,9 @@ class ColibriLLMModel(llm.Model):
         else:
             ids = model.tokenize(plain_text(messages), add_special_tokens=True)
         sampling = SamplingParams.from_llm_options(
-            temperature=opts.temperature, top_p=opts.top_p, seed=opts.seed,
+            temperature=opts.temperature,
+            top_p=opts.top_p,
+            seed=opts.seed,
         )
         max_tokens = opts.max_tokens or DEFAULT_MAX_TOKENS
         n_out = 0

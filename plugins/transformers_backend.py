@@ -40,15 +40,19 @@ class TransformersModel(StepModel):
         kwargs: dict[str, Any] = {}
         if path.is_file():
             if path.suffix.lower() != ".gguf":
-                raise ColibriError(f"backend 'transformers' loads a checkpoint directory or a GGUF file; "
-                                   f"{str(path)!r} is neither")
+                raise ColibriError(
+                    f"backend 'transformers' loads a checkpoint directory or a GGUF file; "
+                    f"{str(path)!r} is neither"
+                )
             source = str(path.parent)
             kwargs["gguf_file"] = path.name
             # transformers' GGUF reader needs accelerate; say so before transformers fails deep inside.
             reason = missing_module_reason("accelerate", "psutil")
             if reason is not None:
-                raise ColibriError(f"backend 'transformers' reads GGUF files only with accelerate installed: "
-                                   f"{reason}; or point it at a Hugging Face checkpoint directory")
+                raise ColibriError(
+                    f"backend 'transformers' reads GGUF files only with accelerate installed: "
+                    f"{reason}; or point it at a Hugging Face checkpoint directory"
+                )
         else:
             source = str(path)
         opts = dict(cfg.options)
@@ -70,8 +74,13 @@ class TransformersModel(StepModel):
             elif isinstance(src, (list, tuple)):
                 eos.update(int(t) for t in src)
         self.eos_token_ids = frozenset(eos)
-        self.capabilities = Capabilities(logits=True, logprobs=True, chat=self.chat_template is not None,
-                                         streaming=True, memory_budget=False)
+        self.capabilities = Capabilities(
+            logits=True,
+            logprobs=True,
+            chat=self.chat_template is not None,
+            streaming=True,
+            memory_budget=False,
+        )
         self._past: Any = None
         # transformers 5.x names the KV cache argument `cache`; older releases `past_key_values`.
         import inspect
@@ -98,8 +107,9 @@ class TransformersModel(StepModel):
         torch = self._torch
         kw = {self._cache_arg: past} if past is not None else {}
         with torch.inference_mode():
-            out = self.model(input_ids=torch.tensor([ids], dtype=torch.long), use_cache=True,
-                             logits_to_keep=1, **kw)
+            out = self.model(
+                input_ids=torch.tensor([ids], dtype=torch.long), use_cache=True, logits_to_keep=1, **kw
+            )
         cache = out.get("cache") if out.get("cache") is not None else out.get("past_key_values")
         return out.logits[0, -1].float().numpy(), cache
 

@@ -34,9 +34,18 @@ def smollm2() -> Path:
 
 def tiny(name: str) -> mbm.BenchSpec:
     base = mbm.SPECS[name]
-    return dataclasses.replace(base, name=f"tiny-{name}", n_layer=2, hidden=64, n_head=4, n_head_kv=2,
-                               head_dim=16, n_ff_exp=32, n_expert=max(base.n_expert // 2, 4),
-                               n_expert_used=min(base.n_expert_used, 4))
+    return dataclasses.replace(
+        base,
+        name=f"tiny-{name}",
+        n_layer=2,
+        hidden=64,
+        n_head=4,
+        n_head_kv=2,
+        head_dim=16,
+        n_ff_exp=32,
+        n_expert=max(base.n_expert // 2, 4),
+        n_expert_used=min(base.n_expert_used, 4),
+    )
 
 
 def test_full_size_parameter_counts() -> None:
@@ -83,8 +92,13 @@ def test_rebuilt_tokenizer_matches_colibri() -> None:
 
     ours = Tokenizer.from_str(json.dumps(mbm.tokenizer_json(mbm.tokenizer_from_gguf(smollm2()))))
     theirs = ColibriTokenizer.from_gguf(smollm2())
-    texts = (bench.PROMPT_TEXT, "Numbers 12345 and  two  spaces\n\tindent", "<|im_start|>user\nhi<|im_end|>",
-             "café naïve — ünïcödé 🙂", "def f(x):\n    return x**2  # square")
+    texts = (
+        bench.PROMPT_TEXT,
+        "Numbers 12345 and  two  spaces\n\tindent",
+        "<|im_start|>user\nhi<|im_end|>",
+        "café naïve — ünïcödé 🙂",
+        "def f(x):\n    return x**2  # square",
+    )
     for text in texts:
         expected = theirs.encode(text, add_special_tokens=False)
         assert ours.encode(text, add_special_tokens=False).ids == expected
@@ -96,10 +110,27 @@ def test_worker_and_runner_on_a_tiny_model(tiny_models, tmp_path: Path) -> None:
     ban = bench.banned_ids(gguf)
     assert ban == [0, 2]  # SmolLM2's <|endoftext|> and <|im_end|> (EOS)
     proc = subprocess.run(
-        [sys.executable, str(BENCH / "_worker.py"), "--engine", "colibri", "--model", str(gguf),
-         "--prompt-ids", ",".join(map(str, prompt)), "--max-tokens", "12", "--temperature", "0.8",
-         "--seed", "5", "--ban-ids", ",".join(map(str, ban))],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            str(BENCH / "_worker.py"),
+            "--engine",
+            "colibri",
+            "--model",
+            str(gguf),
+            "--prompt-ids",
+            ",".join(map(str, prompt)),
+            "--max-tokens",
+            "12",
+            "--temperature",
+            "0.8",
+            "--seed",
+            "5",
+            "--ban-ids",
+            ",".join(map(str, ban)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     line = [x for x in proc.stdout.splitlines() if x.startswith("COLIBRI_BENCH_RESULT ")][-1]
@@ -112,16 +143,38 @@ def test_worker_and_runner_on_a_tiny_model(tiny_models, tmp_path: Path) -> None:
 
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, str(BENCH / "bench.py"), "--model", str(gguf), "--engines", "colibri",
-         "--runs", "2", "--sampling", "both", "--prompt-tokens", "16", "--max-tokens", "8",
-         "--json", str(out), "--markdown"],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            str(BENCH / "bench.py"),
+            "--model",
+            str(gguf),
+            "--engines",
+            "colibri",
+            "--runs",
+            "2",
+            "--sampling",
+            "both",
+            "--prompt-tokens",
+            "16",
+            "--max-tokens",
+            "8",
+            "--json",
+            str(out),
+            "--markdown",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(out.read_text())
     assert len(data["runs"]) == 4 and all(r["ok"] for r in data["runs"])
-    assert [(r["sampling"], r["round"]) for r in data["runs"]] == [("greedy", 0), ("greedy", 1),
-                                                                     ("sampled", 0), ("sampled", 1)]
+    assert [(r["sampling"], r["round"]) for r in data["runs"]] == [
+        ("greedy", 0),
+        ("greedy", 1),
+        ("sampled", 0),
+        ("sampled", 1),
+    ]
     # Greedy runs in fresh processes give the same tokens; so do sampled runs with the same seed.
     assert data["runs"][0]["generated_ids"] == data["runs"][1]["generated_ids"]
     assert data["runs"][2]["generated_ids"] == data["runs"][3]["generated_ids"]

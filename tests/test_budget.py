@@ -114,8 +114,17 @@ def test_policy_and_prefetch_names() -> None:
 
 def test_format_plan_verdicts() -> None:
     plan = {key: 1 << 20 for key, _ in B.PLAN_ROWS}
-    plan.update(total_bytes=8 << 20, budget=4 << 20, fits=0, min_budget=6 << 20, n_expert_total=64,
-                n_expert_slots=1, all_resident=0, expert_slot_bytes=1 << 20, expert_total_bytes=64 << 20)
+    plan.update(
+        total_bytes=8 << 20,
+        budget=4 << 20,
+        fits=0,
+        min_budget=6 << 20,
+        n_expert_total=64,
+        n_expert_slots=1,
+        all_resident=0,
+        expert_slot_bytes=1 << 20,
+        expert_total_bytes=64 << 20,
+    )
     text = B.format_plan(plan)
     assert "does NOT fit" in text and str(6 << 20) in text and "1 of 64 experts" in text
     plan.update(fits=1, budget=0, all_resident=1, n_expert_slots=64)

@@ -86,7 +86,11 @@ def test_full_file(isolated: Path) -> None:
     big = cfg.model("big")
     assert big.backend == "colibri" and big.path == "/abs/big.gguf" and big.threads is None
     assert (cfg.server.host, cfg.server.port, cfg.server.api_key, cfg.server.max_queue) == (
-        "0.0.0.0", 9000, "sk-file", 4)
+        "0.0.0.0",
+        9000,
+        "sk-file",
+        4,
+    )
 
 
 def test_file_found_through_env_cwd_and_xdg(isolated: Path) -> None:
@@ -103,8 +107,13 @@ def test_file_found_through_env_cwd_and_xdg(isolated: Path) -> None:
 
 def test_environment_overrides(isolated: Path) -> None:
     f = write(isolated / "colibri.toml", SAMPLE.replace('chat_template = "tmpl.jinja"\n', ""))
-    env = {"COLIBRI_BACKEND": "colibri", "COLIBRI_THREADS": "3", "COLIBRI_CONTEXT_LENGTH": "256",
-           "COLIBRI_MEMORY_BUDGET": "512M", "COLIBRI_API_KEY": "sk-env"}
+    env = {
+        "COLIBRI_BACKEND": "colibri",
+        "COLIBRI_THREADS": "3",
+        "COLIBRI_CONTEXT_LENGTH": "256",
+        "COLIBRI_MEMORY_BUDGET": "512M",
+        "COLIBRI_API_KEY": "sk-env",
+    }
     cfg = load_config(f, env=env)
     for alias in ("small", "big"):  # COLIBRI_BACKEND switches every alias, whatever the file says
         m = cfg.model(alias)
@@ -126,11 +135,11 @@ def test_environment_overrides(isolated: Path) -> None:
         ('[models.a]\npath = "x.gguf"\nmemory_budget = "lots"\n', "models.a.memory_budget"),
         ('[models.a]\npath = "x.gguf"\nbackend = 3\n', "models.a.backend"),
         ('[models.a]\npath = "x.gguf"\ncolour = "red"\n', "models.a.colour"),
-        ('[models.a]\nthreads = 2\n', "models.a.path"),
+        ("[models.a]\nthreads = 2\n", "models.a.path"),
         ('[models.a]\npath = "x.gguf"\noptions = 3\n', "models.a.options"),
         ('[models.a]\npath = "x.gguf"\nchat_template = "nope.jinja"\n', "models.a.chat_template"),
-        ('models = 3\n', "models"),
-        ('[server]\nport = 70000\n', "server.port"),
+        ("models = 3\n", "models"),
+        ("[server]\nport = 70000\n", "server.port"),
         ('[server]\nmax_queue = "many"\n', "server.max_queue"),
         ('[server]\nbind = "x"\n', "server.bind"),
         ('backend = ["a"]\n', "backend"),

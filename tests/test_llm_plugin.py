@@ -48,17 +48,24 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict:
     for key in list(env):
         if key.startswith("COLIBRI_") and key != "COLIBRI_LIB":
             del env[key]
-    env.update({"COLIBRI_CONFIG": str(config), "LLM_USER_PATH": str(root / "llm-home"),
-                "PYTHONIOENCODING": "utf-8"})
+    env.update(
+        {"COLIBRI_CONFIG": str(config), "LLM_USER_PATH": str(root / "llm-home"), "PYTHONIOENCODING": "utf-8"}
+    )
     engine = colibri_backend.load(gguf, threads=2, context_length=512)
     yield {"gguf": gguf, "env": env, "engine": engine, "root": root}
     engine.close()
 
 
-def run_llm(setup: dict, *args: str, check: bool = True,
-            env: dict | None = None) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "llm", *args], capture_output=True, text=True,
-                          env=env or setup["env"], timeout=600)
+def run_llm(
+    setup: dict, *args: str, check: bool = True, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [sys.executable, "-m", "llm", *args],
+        capture_output=True,
+        text=True,
+        env=env or setup["env"],
+        timeout=600,
+    )
     if check:
         assert proc.returncode == 0, f"llm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
     return proc
@@ -98,8 +105,11 @@ def test_conversation_continues_through_chat_template(setup: dict) -> None:
     b = run_llm(setup, "-c", "-o", "max_tokens", "10", second).stdout.rstrip("\n")
     engine = setup["engine"]
     reply1 = engine.chat([{"role": "user", "content": first}], max_tokens=10)
-    messages = [{"role": "user", "content": first}, {"role": "assistant", "content": reply1},
-                {"role": "user", "content": second}]
+    messages = [
+        {"role": "user", "content": first},
+        {"role": "assistant", "content": reply1},
+        {"role": "user", "content": second},
+    ]
     assert a == reply1.rstrip("\n")
     assert b == engine.chat(messages, max_tokens=10).rstrip("\n")
     earlier, latest = logs(setup, 2)  # llm lists the last n in chronological order
@@ -109,8 +119,25 @@ def test_conversation_continues_through_chat_template(setup: dict) -> None:
 
 def test_sampling_options_and_seed(setup: dict) -> None:
     def sampled(seed: int) -> str:
-        return run_llm(setup, "-m", "colibri/tiny", "-o", "temperature", "1.2", "-o", "top_p", "0.9",
-                       "-o", "seed", str(seed), "-o", "max_tokens", "16", "-n", "x = ").stdout
+        return run_llm(
+            setup,
+            "-m",
+            "colibri/tiny",
+            "-o",
+            "temperature",
+            "1.2",
+            "-o",
+            "top_p",
+            "0.9",
+            "-o",
+            "seed",
+            str(seed),
+            "-o",
+            "max_tokens",
+            "16",
+            "-n",
+            "x = ",
+        ).stdout
 
     one, two, other = sampled(7), sampled(7), sampled(8)
     assert one == two

@@ -83,12 +83,37 @@ class Run:
 
 
 MODELS = {
-    "mixtral_q8": dict(arch="mixtral", wtype="Q8_0", n_expert=16, n_expert_used=2, n_embd=128, n_layer=4,
-                       n_ff_exp=256, head_dim=32),
-    "qwen2moe_shared": dict(arch="qwen2moe", wtype="Q4_0", n_expert=16, n_expert_used=3, n_embd=128,
-                            n_layer=3, n_ff_exp=512, n_ff_shexp=128, head_dim=32),
-    "qwen3moe_f32": dict(arch="qwen3moe", wtype="F32", n_expert=8, n_expert_used=2, n_embd=64, n_layer=3,
-                         n_ff_exp=256, norm=True),
+    "mixtral_q8": dict(
+        arch="mixtral",
+        wtype="Q8_0",
+        n_expert=16,
+        n_expert_used=2,
+        n_embd=128,
+        n_layer=4,
+        n_ff_exp=256,
+        head_dim=32,
+    ),
+    "qwen2moe_shared": dict(
+        arch="qwen2moe",
+        wtype="Q4_0",
+        n_expert=16,
+        n_expert_used=3,
+        n_embd=128,
+        n_layer=3,
+        n_ff_exp=512,
+        n_ff_shexp=128,
+        head_dim=32,
+    ),
+    "qwen3moe_f32": dict(
+        arch="qwen3moe",
+        wtype="F32",
+        n_expert=8,
+        n_expert_used=2,
+        n_embd=64,
+        n_layer=3,
+        n_ff_exp=256,
+        norm=True,
+    ),
 }
 
 
@@ -216,8 +241,14 @@ def test_plan_without_loading_matches_context(moe: tuple[Path, dict]) -> None:
     finally:
         run.close()
     parts = (
-        plan.metadata_bytes + plan.resident_weight_bytes + plan.model_table_bytes + plan.kv_bytes
-        + plan.scratch_bytes + plan.context_bytes + plan.store_table_bytes + plan.expert_bytes
+        plan.metadata_bytes
+        + plan.resident_weight_bytes
+        + plan.model_table_bytes
+        + plan.kv_bytes
+        + plan.scratch_bytes
+        + plan.context_bytes
+        + plan.store_table_bytes
+        + plan.expert_bytes
     )
     assert parts == plan.total_bytes
 
@@ -267,12 +298,28 @@ def test_peak_rss_within_ten_percent_of_plan(tmp_path: Path, fraction: float) ->
     """A fresh process: peak RSS growth from just before the model opens to the end of a prompt and
     eight decode steps stays within 10% of the ledger's total (the experts dominate: ~100 MB file)."""
     path = tmp_path / "mid.gguf"
-    make_tiny_model(path, "mixtral", wtype="F32", n_expert=8, n_expert_used=2, n_embd=256, n_layer=4,
-                    n_ff_exp=1024, head_dim=32, n_head=8, n_head_kv=4)
+    make_tiny_model(
+        path,
+        "mixtral",
+        wtype="F32",
+        n_expert=8,
+        n_expert_used=2,
+        n_embd=256,
+        n_layer=4,
+        n_ff_exp=1024,
+        head_dim=32,
+        n_head=8,
+        n_head_kv=4,
+    )
     budget = int(os.path.getsize(path) * fraction)
     env = dict(os.environ, COLIBRI_LIB=str(LIB.path))
-    proc = subprocess.run([sys.executable, "-c", _RSS_CHILD, str(path), str(budget)], capture_output=True,
-                          text=True, env=env, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _RSS_CHILD, str(path), str(budget)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     growth, planned, slots, total = (int(v) for v in proc.stdout.split())
     assert 0 < slots < total

@@ -103,11 +103,17 @@ def test_greedy_equals_transformers(zoo: dict[str, Path], name: str) -> None:
     model = ColibriForCausalLM.from_pretrained(zoo[f"{name}.gguf"], threads=2)
     try:
         mask = torch.ones(1, len(prompt), dtype=torch.long)
-        out = model.generate(torch.tensor([prompt]), attention_mask=mask, do_sample=False,
-                             max_new_tokens=N_NEW, eos_token_id=eos, pad_token_id=eos)
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=mask,
+            do_sample=False,
+            max_new_tokens=N_NEW,
+            eos_token_id=eos,
+            pad_token_id=eos,
+        )
     finally:
         model.close()
-    got = out[0, len(prompt):].tolist()
+    got = out[0, len(prompt) :].tolist()
     pairs = zip(got, expected, strict=False)
     first_diff = next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(got), len(expected)))
     assert got == expected, f"{name}: greedy tokens differ from transformers' from position {first_diff}"
@@ -197,21 +203,35 @@ def test_generate_maps_sampling_onto_native(mixtral, zoo: dict[str, Path]) -> No
     sp = SamplingParams(temperature=0.0, repetition_penalty=1.5)
     events = mixtral.engine.generate_tokens(prompt, max_tokens=12, sampling=sp, stop=None, logprobs=None)
     native = [e.token_id for e in events]
-    assert rep[0, len(prompt):].tolist()[: len(native)] == native
+    assert rep[0, len(prompt) :].tolist()[: len(native)] == native
 
 
 def test_generate_num_return_sequences_and_dict_output(mixtral, zoo: dict[str, Path]) -> None:
     x = torch.tensor([prompt_ids(zoo["mixtral"], 8, seed=4)])
     torch.manual_seed(0)
-    out = mixtral.generate(x, do_sample=True, temperature=1.5, max_new_tokens=10, num_return_sequences=3,
-                           return_dict_in_generate=True)
+    out = mixtral.generate(
+        x,
+        do_sample=True,
+        temperature=1.5,
+        max_new_tokens=10,
+        num_return_sequences=3,
+        return_dict_in_generate=True,
+    )
     seqs = out.sequences
     assert seqs.shape[0] == 3 and seqs.shape[1] <= 8 + 10
     assert len({tuple(s.tolist()) for s in seqs}) > 1  # different seeds per sequence
 
 
-@pytest.mark.parametrize("kwargs", [{"num_beams": 2}, {"output_scores": True}, {"no_repeat_ngram_size": 2},
-                                    {"min_new_tokens": 3}, {"not_an_option": 1}])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"num_beams": 2},
+        {"output_scores": True},
+        {"no_repeat_ngram_size": 2},
+        {"min_new_tokens": 3},
+        {"not_an_option": 1},
+    ],
+)
 def test_generate_refuses_what_it_cannot_do(mixtral, kwargs: dict) -> None:
     with pytest.raises(ValueError):
         mixtral.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=3, **kwargs)
@@ -219,8 +239,11 @@ def test_generate_refuses_what_it_cannot_do(mixtral, kwargs: dict) -> None:
 
 def test_generate_refuses_right_padding(mixtral) -> None:
     with pytest.raises(ValueError, match="left"):
-        mixtral.generate(torch.tensor([[5, 6, 7], [5, 6, 0]]),
-                         attention_mask=torch.tensor([[1, 1, 1], [1, 1, 0]]), max_new_tokens=3)
+        mixtral.generate(
+            torch.tensor([[5, 6, 7], [5, 6, 0]]),
+            attention_mask=torch.tensor([[1, 1, 1], [1, 1, 0]]),
+            max_new_tokens=3,
+        )
 
 
 # ---- pipeline -----------------------------------------------------------------------------------------
@@ -270,8 +293,9 @@ def test_pipeline_prompt_chat_batch_and_stream(saved_dir: Path, zoo: dict[str, P
 
     # streaming with TextIteratorStreamer yields the same text
     streamer = TextIteratorStreamer(tok, skip_prompt=True, skip_special_tokens=True)
-    worker = threading.Thread(target=pipe, args=(text,),
-                              kwargs={"max_new_tokens": 16, "do_sample": False, "streamer": streamer})
+    worker = threading.Thread(
+        target=pipe, args=(text,), kwargs={"max_new_tokens": 16, "do_sample": False, "streamer": streamer}
+    )
     worker.start()
     pieces = list(streamer)
     worker.join(timeout=120)

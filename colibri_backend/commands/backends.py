@@ -24,8 +24,15 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     for entry in registry.entries():
         reason = entry.unavailable_reason()
-        rows.append({"name": entry.name, "plugin": entry.plugin, "available": reason is None,
-                     "reason": reason, "description": getattr(entry.backend, "description", "")})
+        rows.append(
+            {
+                "name": entry.name,
+                "plugin": entry.plugin,
+                "available": reason is None,
+                "reason": reason,
+                "description": getattr(entry.backend, "description", ""),
+            }
+        )
     problems = [{"plugin": p.plugin, "problem": p.message} for p in registry.problems]
     if args.json:
         print(json.dumps({"backends": rows, "plugin_problems": problems}, indent=2))

@@ -73,8 +73,14 @@ def register(subparsers: Any) -> None:
         default=None,
         help="512M, 1.5G, bytes, or 0 for unlimited (default: a share of available memory / cgroup limit)",
     )
-    p.add_argument("--context", "--context-length", dest="context_length", type=int, default=None,
-                   help="context window in tokens (default: min(trained length, 4096))")
+    p.add_argument(
+        "--context",
+        "--context-length",
+        dest="context_length",
+        type=int,
+        default=None,
+        help="context window in tokens (default: min(trained length, 4096))",
+    )
     p.add_argument("--batch-size", type=int, default=None, help="prefill chunk in tokens (512)")
     p.add_argument("--threads", type=int, default=None, help="worker threads (default: all CPUs)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")

@@ -14,18 +14,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "/v1/models, /v1/completions, /v1/chat/completions, /health, /metrics.",
     )
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--config", metavar="FILE", help="colibri.toml to use (default: $COLIBRI_CONFIG, "
-                     "./colibri.toml, ~/.config/colibri/colibri.toml)")
-    src.add_argument("--model", "-m", metavar="M", help="serve only this alias, GGUF path, checkpoint "
-                     "directory or known model name")
-    p.add_argument("--backend", metavar="B", help="backend for --model or every alias (colibri, llama_cpp, "
-                   "transformers, ...; see `colibri backends`)")
+    src.add_argument(
+        "--config",
+        metavar="FILE",
+        help="colibri.toml to use (default: $COLIBRI_CONFIG, ./colibri.toml, ~/.config/colibri/colibri.toml)",
+    )
+    src.add_argument(
+        "--model",
+        "-m",
+        metavar="M",
+        help="serve only this alias, GGUF path, checkpoint directory or known model name",
+    )
+    p.add_argument(
+        "--backend",
+        metavar="B",
+        help="backend for --model or every alias (colibri, llama_cpp, "
+        "transformers, ...; see `colibri backends`)",
+    )
     p.add_argument("--host", default=None, help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=None, help="port (default 8000; 0 picks a free one)")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes "
-                   "(default: $COLIBRI_API_KEY or the config's server.api_key; none means no check)")
-    p.add_argument("--max-queue", type=int, default=None, metavar="N",
-                   help="requests that may wait per model behind the running one (default 16); more get 429")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on /v1 routes "
+        "(default: $COLIBRI_API_KEY or the config's server.api_key; none means no check)",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=None,
+        metavar="N",
+        help="requests that may wait per model behind the running one (default 16); more get 429",
+    )
     p.add_argument("--threads", type=int, default=None, help="CPU threads per model")
     p.add_argument("--context-length", type=int, default=None, help="context length per model")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -73,8 +93,10 @@ def run(args: argparse.Namespace) -> int:
             if len(aliases) == 1:
                 raise BackendUnavailableError(f"backend {entry.name!r} is unavailable: {reason}")
             # With several aliases the others are still served; this one answers 503 with the reason.
-            print(f"colibri serve: warning: model {alias!r}: backend {entry.name!r} is unavailable: {reason}",
-                  file=sys.stderr)
+            print(
+                f"colibri serve: warning: model {alias!r}: backend {entry.name!r} is unavailable: {reason}",
+                file=sys.stderr,
+            )
     state = ServerState(cfg, aliases=aliases, api_key=args.api_key, max_queue=args.max_queue)
 
     def ready(bound: int) -> None:

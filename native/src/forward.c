@@ -367,7 +367,6 @@ static colibri_status moe_ffn(struct colibri_context *c, int il, int n) {
         for (int j = 0; j < k; j++) {
             const int e = s->sel[t * k + j];
             const int p = cnt[e]++;
-            s->pair_tok[p] = t;
             s->tok_pair[t * k + j] = p;
             memcpy(s->xg + (size_t)p * E, s->xn + (size_t)t * E, (size_t)E * sizeof(float));
             if (q_exp) memcpy(s->xgq + (size_t)p * nbE, s->xnq + (size_t)t * nbE, (size_t)nbE * sizeof(block_q8a));
@@ -545,8 +544,6 @@ static void plan_scratch(struct colibri_context *c, planner *p) {
     s->sel = take(p, P * sizeof(int32_t));
     s->selw = take(p, P * f);
     s->cnt = X ? take(p, (X + 1) * sizeof(int32_t)) : NULL;
-    s->pair_tok = take(p, P * sizeof(int32_t));
-    s->pair_w = take(p, P * f);
     s->tok_pair = take(p, P * sizeof(int32_t));
     s->xg = take(p, P * E * f);
     s->xgq = take(p, P * NB(E) * q);

@@ -41,7 +41,7 @@ typedef struct gguf_kv {
 } gguf_kv;
 
 typedef struct gguf_tensor {
-    char name[128];        /* NUL-terminated copy (GGUF names are at most 64 bytes; longer is refused) */
+    char name[128];        /* NUL-terminated copy; the spec's limit is 64 bytes, up to 127 are accepted */
     uint32_t n_dims;
     uint64_t ne[4];        /* ne[0] = elements per row (innermost), unused dims = 1 */
     uint32_t type;         /* ggml type id, see types.h */

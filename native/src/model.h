@@ -148,8 +148,6 @@ typedef struct scratch {
     int32_t *sel;        /* [B][k] chosen experts */
     float *selw;         /* [B][k] their weights */
     int32_t *cnt;        /* [n_expert + 1] pairs per expert, then prefix offsets */
-    int32_t *pair_tok;   /* [P] token of each (token, expert) pair, grouped by expert */
-    float *pair_w;       /* [P] weight of each pair */
     int32_t *tok_pair;   /* [B][k] where each token's pairs landed */
     float *xg;           /* [P][n_embd] gathered inputs, grouped by expert */
     block_q8a *xgq;      /* [P][n_embd/32] */

@@ -416,3 +416,20 @@ def test_stop_string_that_is_a_special_token(model: Model) -> None:
     assert events[0].finish_reason == "stop" and events[0].text == ""
     events = list(model.generate_tokens(ids, max_tokens=3, sampling=biased))
     assert [e.token_id for e in events] == [im_start] * 3 and events[-1].finish_reason == "length"
+
+
+def test_file_strings_in_errors_are_escaped(tmp_path: Path) -> None:
+    import gguf
+
+    path = tmp_path / "odd-arch.gguf"
+    writer = gguf.GGUFWriter(path, "ll\x01ama\n")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(colibri_backend.UnsupportedModelError) as err:
+        colibri_backend.load(path)
+    message = str(err.value)
+    assert "ll\\x01ama\\x0a" in message
+    assert all(ch.isprintable() for ch in message)

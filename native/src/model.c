@@ -160,6 +160,25 @@ static const char *tname(char *buf, size_t cap, int layer, const char *what) {
 
 /* ---- hyperparameters -------------------------------------------------- */
 
+/* Strings from the file go into error messages: escape what is not printable ASCII so a hostile
+ * file cannot put control characters or invalid UTF-8 into a message. */
+static const char *printable(const char *in, char *out, size_t cap) {
+    static const char hex[] = "0123456789abcdef";
+    size_t o = 0;
+    for (const unsigned char *c = (const unsigned char *)in; *c && o + 5 < cap; c++) {
+        if (*c >= 0x20 && *c < 0x7f) {
+            out[o++] = (char)*c;
+        } else {
+            out[o++] = '\\';
+            out[o++] = 'x';
+            out[o++] = hex[*c >> 4];
+            out[o++] = hex[*c & 15];
+        }
+    }
+    out[o] = '\0';
+    return out;
+}
+
 static colibri_status read_hparams(loader *L) {
     struct colibri_model *m = L->m;
     model_hparams *hp = &m->hp;
@@ -193,8 +212,10 @@ static colibri_status read_hparams(loader *L) {
     char sc[32];
     int r = gguf_get_str(L->f, akey(L, "rope.scaling.type", key, sizeof key), sc, sizeof sc);
     if (r < 0) return cb_error(COLIBRI_E_FORMAT, "metadata %s: %s", key, cb_last_error());
-    if (r > 0 && strcmp(sc, "none") != 0)
-        return cb_error(COLIBRI_E_UNSUPPORTED, "RoPE scaling '%s' is not supported", sc);
+    if (r > 0 && strcmp(sc, "none") != 0) {
+        char esc[4 * sizeof sc + 1];
+        return cb_error(COLIBRI_E_UNSUPPORTED, "RoPE scaling '%s' is not supported", printable(sc, esc, sizeof esc));
+    }
     if (find_t(L, "rope_freqs.weight"))
         return cb_error(COLIBRI_E_UNSUPPORTED, "per-dimension RoPE frequencies (rope_freqs) are not supported");
 
@@ -390,9 +411,11 @@ colibri_status model_load(const char *path, struct colibri_model **out) {
     else if (strcmp(arch, "qwen3moe") == 0) m->arch = ARCH_QWEN3MOE;
     else if (strcmp(arch, "olmoe") == 0) m->arch = ARCH_OLMOE;
     else {
+        char esc[160];
+        printable(arch, esc, sizeof esc);
         model_free(m);
         return cb_error(COLIBRI_E_UNSUPPORTED,
-                        "architecture '%s' is not supported (llama, mixtral, qwen2moe, qwen3moe, olmoe are)", arch);
+                        "architecture '%s' is not supported (llama, mixtral, qwen2moe, qwen3moe, olmoe are)", esc);
     }
     loader L = {.f = &m->file, .arch = arch, .m = m};
     st = read_hparams(&L);

@@ -106,6 +106,7 @@ class ContextParamsC(Structure):
         ("memory_budget", c_uint64),
         ("expert_policy", c_int32),
         ("prefetch", c_int32),
+        ("kv_type", c_int32),
     ]
 
 
@@ -115,6 +116,10 @@ POLICY_LRU = 1
 PREFETCH_NONE = 0
 PREFETCH_LOOKAHEAD = 1
 PREFETCH_TEMPORAL = 2
+# KV cache element types (colibri.h COLIBRI_KV_*)
+KV_DEFAULT = 0
+KV_F16 = 1
+KV_INT8 = 2
 
 
 class MemoryPlanC(Structure):

@@ -158,6 +158,21 @@ def parse_prefetch(spec: str) -> int:
     return flags
 
 
+KV_CACHE_TYPES = {"f16": 1, "int8": 2}
+
+
+def parse_kv_cache_type(name: str | None) -> int:
+    """colibri.h COLIBRI_KV_* value of a kv_cache_type: None (the engine's default: F16, or F32 for
+    an F32 model), "f16" or "int8"."""
+    if name is None:
+        return 0
+    key = name.strip().lower() if isinstance(name, str) else None
+    if key not in KV_CACHE_TYPES:
+        choices = ", ".join(repr(k) for k in KV_CACHE_TYPES)
+        raise ValueError(f"unknown kv_cache_type {name!r} (choose from None, {choices})")
+    return KV_CACHE_TYPES[key]
+
+
 def plan_to_dict(plan: object) -> dict[str, int]:
     """A colibri_memory_plan (ctypes struct) as a plain dict."""
     return {name: int(getattr(plan, name)) for name, _ in plan._fields_}  # type: ignore[attr-defined]

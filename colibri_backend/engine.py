@@ -30,7 +30,13 @@ from colibri_backend.adapters.chat_template import render_chat, template_from_to
 from colibri_backend.adapters.gguf_metadata import read_metadata
 from colibri_backend.adapters.sampling import SamplingParams
 from colibri_backend.adapters.tokenizer import Tokenizer
-from colibri_backend.budget import parse_policy, parse_prefetch, plan_to_dict, resolve_budget
+from colibri_backend.budget import (
+    parse_kv_cache_type,
+    parse_policy,
+    parse_prefetch,
+    plan_to_dict,
+    resolve_budget,
+)
 from colibri_backend.errors import ContextFullError, EngineError
 from colibri_backend.models import resolve_model
 
@@ -138,6 +144,7 @@ class Model:
         memory_budget: str | int | None = 0,
         expert_policy: str = "lfu",
         prefetch: str = "lookahead,temporal",
+        kv_cache_type: str | None = None,
     ) -> None:
         self._lock = threading.RLock()
         self._model = c_void_p()
@@ -168,6 +175,7 @@ class Model:
             params.memory_budget = resolve_budget(memory_budget)
             params.expert_policy = parse_policy(expert_policy)
             params.prefetch = parse_prefetch(prefetch)
+            params.kv_type = parse_kv_cache_type(kv_cache_type)
             lib.check(lib.colibri_context_new(self._model, byref(params), byref(self._ctx)), "context")
             self.context_length: int = int(lib.colibri_context_n_ctx(self._ctx))
             self.threads = params.n_threads
@@ -638,6 +646,7 @@ def load(
     memory_budget: str | int | None = None,
     expert_policy: str = "lfu",
     prefetch: str = "lookahead,temporal",
+    kv_cache_type: str | None = None,
 ) -> Model:
     """Load a model: a GGUF path, a Hugging Face checkpoint directory (converted once and
     cached) or a known name such as "smollm2".
@@ -645,7 +654,10 @@ def load(
     memory_budget: bytes or a size string ("512M", "1.5G") for everything the engine holds;
     None: a share of the available memory or cgroup limit (colibri_backend.budget); 0: no limit.
     Experts that do not fit are streamed from the file (expert_policy "lfu" or "lru"; prefetch
-    "lookahead", "temporal", "lookahead,temporal" or "none"). Output is identical at any budget."""
+    "lookahead", "temporal", "lookahead,temporal" or "none"). Output is identical at any budget.
+
+    kv_cache_type: None (F16, or F32 for an F32 model), "f16", or "int8" (per-position, per-head
+    scaled int8: about half the KV memory of F16, slightly different logits; docs/memory.md)."""
     resolved = resolve_model(model)
     return Model(
         resolved.gguf,
@@ -655,6 +667,7 @@ def load(
         memory_budget=memory_budget,
         expert_policy=expert_policy,
         prefetch=prefetch,
+        kv_cache_type=kv_cache_type,
         hf_dir=resolved.hf_dir,
         name=resolved.name or None,
     )

@@ -21,10 +21,11 @@ def compute_plan(
     context_length: int | None = None,
     batch_size: int | None = None,
     threads: int | None = None,
+    kv_cache_type: str | None = None,
 ) -> dict[str, int]:
     """The ledger's plan for loading `model` (path, checkpoint dir or known name) with these settings."""
     from colibri_backend import _native
-    from colibri_backend.budget import plan_to_dict, resolve_budget
+    from colibri_backend.budget import parse_kv_cache_type, plan_to_dict, resolve_budget
     from colibri_backend.models import resolve_model
 
     path = resolve_model(model).gguf
@@ -36,6 +37,7 @@ def compute_plan(
     if batch_size:
         params.n_batch = int(batch_size)
     params.memory_budget = resolve_budget(memory_budget)
+    params.kv_type = parse_kv_cache_type(kv_cache_type)
     plan = _native.MemoryPlanC()
     lib.check(lib.colibri_plan(os.fsencode(path), byref(params), byref(plan)), f"plan for {path}")
     return plan_to_dict(plan)
@@ -44,7 +46,9 @@ def compute_plan(
 def run(args: argparse.Namespace) -> int:
     from colibri_backend.budget import format_plan
 
-    plan = compute_plan(args.model, args.memory_budget, args.context_length, args.batch_size, args.threads)
+    plan = compute_plan(
+        args.model, args.memory_budget, args.context_length, args.batch_size, args.threads, args.kv_cache_type
+    )
     if args.json:
         print(json.dumps(plan, indent=2))
     else:
@@ -83,5 +87,8 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--batch-size", type=int, default=None, help="prefill chunk in tokens (512)")
     p.add_argument("--threads", type=int, default=None, help="worker threads (default: all CPUs)")
+    p.add_argument(
+        "--kv-cache-type", choices=("f16", "int8"), default=None, help="KV cache elements (default f16)"
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(func=run)

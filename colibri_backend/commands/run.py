@@ -52,6 +52,13 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         default="lookahead,temporal",
         help="expert predictors feeding the loader: lookahead, temporal, both, none (lookahead,temporal)",
     )
+    p.add_argument(
+        "--kv-cache-type",
+        choices=("f16", "int8"),
+        default=None,
+        help="KV cache elements: f16, or int8 with per-head scales (about half the memory, slightly "
+        "different logits); default f16 (f32 for an F32 model)",
+    )
 
 
 def load_model(args: argparse.Namespace) -> Any:
@@ -65,6 +72,7 @@ def load_model(args: argparse.Namespace) -> Any:
         memory_budget=args.memory_budget,
         expert_policy=args.expert_policy,
         prefetch=args.prefetch,
+        kv_cache_type=getattr(args, "kv_cache_type", None),
     )
 
 

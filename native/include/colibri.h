@@ -94,7 +94,15 @@ typedef struct colibri_context_params {
     uint64_t memory_budget;
     int32_t expert_policy;  /* COLIBRI_POLICY_LFU (default) or COLIBRI_POLICY_LRU */
     int32_t prefetch;       /* bit set of COLIBRI_PREFETCH_*; default LOOKAHEAD | TEMPORAL */
+    int32_t kv_type;        /* COLIBRI_KV_*; appended last so older callers' layouts still line up */
 } colibri_context_params;
+
+/* KV cache element types. INT8 stores, per position and KV head, one float scale (absmax/127)
+ * and head_dim int8 values: (head_dim + 4) / (2 * head_dim) of F16's bytes, for long contexts
+ * in little memory, at a small logit error (docs/memory.md). */
+#define COLIBRI_KV_DEFAULT 0  /* F16; F32 when the model's attention weights are F32 */
+#define COLIBRI_KV_F16 1
+#define COLIBRI_KV_INT8 2
 
 /* Expert cache policies (which slot a miss evicts, after prefetched-but-unused slots). */
 #define COLIBRI_POLICY_LFU 0  /* frequency with exponential decay (half-life 32 tokens) */

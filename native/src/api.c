@@ -56,6 +56,7 @@ void colibri_context_default_params(colibri_context_params *out) {
     out->memory_budget = 0;
     out->expert_policy = COLIBRI_POLICY_LFU;
     out->prefetch = COLIBRI_PREFETCH_LOOKAHEAD | COLIBRI_PREFETCH_TEMPORAL;
+    out->kv_type = COLIBRI_KV_DEFAULT;
 }
 
 colibri_status colibri_plan_model(const colibri_model *model, const colibri_context_params *params,

@@ -154,7 +154,25 @@ static void attn_worker(void *arg, int ith, int nth) {
         const int n = t->p0 + tok + 1;
         float *out = c->s.att + (size_t)tok * qd + (size_t)h * hd;
         memset(out, 0, (size_t)hd * sizeof(float));
-        if (c->kv_f32) {
+        if (c->kv_kind == KV_I8) {
+            /* The row scale is folded into the score and the softmax weight, so each row costs
+             * one int8-to-float dot and one axpy, with no dequantized copy to hold anywhere. */
+            const int8_t *K = (const int8_t *)c->k_cache + base, *V = (const int8_t *)c->v_cache + base;
+            const size_t sbase = base / (size_t)hd;
+            const float *ks = c->k_scale + sbase, *vs = c->v_scale + sbase;
+            for (int j = 0; j < n; j++) {
+                const int8_t *kr = K + (size_t)j * hd;
+                float d = 0.0f;
+                for (int i = 0; i < hd; i++) d += (float)kr[i] * q[i];
+                sc[j] = d * ks[j] * scale;
+            }
+            op_softmax(sc, n);
+            for (int j = 0; j < n; j++) {
+                const int8_t *vr = V + (size_t)j * hd;
+                const float a = sc[j] * vs[j];
+                for (int i = 0; i < hd; i++) out[i] += a * (float)vr[i];
+            }
+        } else if (c->kv_kind == KV_F32) {
             const float *K = (const float *)c->k_cache + base, *V = (const float *)c->v_cache + base;
             for (int j = 0; j < n; j++) sc[j] = dot_f32(K + (size_t)j * hd, q, hd) * scale;
             op_softmax(sc, n);
@@ -169,6 +187,16 @@ static void attn_worker(void *arg, int ith, int nth) {
 }
 
 /* ---- layers ----------------------------------------------------------- */
+
+/* Symmetric int8 quantization of one KV row (one position of one head): scale = absmax/127, so
+ * the largest element is exact and the rest are within scale/2. Returns the scale. */
+static float quantize_row_i8(const float *x, int8_t *q, int n) {
+    float amax = 0.0f;
+    for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+    const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+    for (int i = 0; i < n; i++) q[i] = (int8_t)lrintf(x[i] * id);
+    return d;
+}
 
 /* q/k/v projections, biases, q/k norms, RoPE, KV cache write, attention, output projection;
  * leaves the attention block's output in s.tmp. */
@@ -207,8 +235,11 @@ static void attention_block(struct colibri_context *c, int il, int n, int p0) {
         for (int h = 0; h < nkv; h++) op_rope(k + h * hd, hp->n_rot, cs, hp->rope_neox);
         const size_t pos = (size_t)(p0 + t);
         for (int h = 0; h < nkv; h++) {
-            const size_t off = (((size_t)il * nkv + h) * (size_t)c->n_ctx + pos) * hd;
-            if (c->kv_f32) {
+            const size_t row = ((size_t)il * nkv + h) * (size_t)c->n_ctx + pos, off = row * hd;
+            if (c->kv_kind == KV_I8) {
+                c->k_scale[row] = quantize_row_i8(k + h * hd, (int8_t *)c->k_cache + off, hd);
+                c->v_scale[row] = quantize_row_i8(v + h * hd, (int8_t *)c->v_cache + off, hd);
+            } else if (c->kv_kind == KV_F32) {
                 memcpy((float *)c->k_cache + off, k + h * hd, (size_t)hd * sizeof(float));
                 memcpy((float *)c->v_cache + off, v + h * hd, (size_t)hd * sizeof(float));
             } else {
@@ -562,6 +593,8 @@ void context_destroy(struct colibri_context *c) {
     if (c->pool) pool_destroy(c->pool);
     cb_free(c->k_cache);
     cb_free(c->v_cache);
+    cb_free(c->k_scale);
+    cb_free(c->v_scale);
     cb_free(c->inv_freq);
     cb_free(c->route_ids);
     cb_free(c->route_w);
@@ -600,8 +633,27 @@ colibri_status context_resolve_params(const struct colibri_model *m, const colib
     if (p.prefetch < 0 || p.prefetch > (COLIBRI_PREFETCH_LOOKAHEAD | COLIBRI_PREFETCH_TEMPORAL))
         return cb_error(COLIBRI_E_INVALID_ARG, "prefetch flags %d are not a set of COLIBRI_PREFETCH_*",
                         (int)p.prefetch);
+    if (p.kv_type != COLIBRI_KV_DEFAULT && p.kv_type != COLIBRI_KV_F16 && p.kv_type != COLIBRI_KV_INT8)
+        return cb_error(COLIBRI_E_INVALID_ARG, "kv_type %d is not COLIBRI_KV_DEFAULT, _F16 or _INT8",
+                        (int)p.kv_type);
     *out = p;
     return COLIBRI_OK;
+}
+
+int context_kv_kind(const struct colibri_model *m, const colibri_context_params *p) {
+    if (p->kv_type == COLIBRI_KV_INT8) return KV_I8;
+    if (p->kv_type == COLIBRI_KV_F16) return KV_F16;
+    return m->layers[0].wk.type == GGML_TYPE_F32 ? KV_F32 : KV_F16;
+}
+
+size_t context_kv_bytes(const struct colibri_model *m, const colibri_context_params *p) {
+    const model_hparams *hp = &m->hp;
+    const size_t rows = (size_t)hp->n_layer * hp->n_head_kv * (size_t)p->n_ctx, hd = (size_t)hp->head_dim;
+    switch (context_kv_kind(m, p)) {
+    case KV_I8: return 2 * rows * (hd + sizeof(float)); /* int8 values + one float scale per row */
+    case KV_F32: return 2 * rows * hd * sizeof(float);
+    default: return 2 * rows * hd * sizeof(uint16_t);
+    }
 }
 
 size_t context_scratch_bytes(const struct colibri_model *m, const colibri_context_params *p) {
@@ -636,13 +688,22 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
     c->n_threads = p.n_threads;
     c->plan = plan;
     c->prefetch = p.prefetch;
-    const size_t kv_elems = (size_t)hp->n_layer * hp->n_head_kv * (size_t)c->n_ctx * hp->head_dim;
-    c->kv_f32 = m->layers[0].wk.type == GGML_TYPE_F32;
-    const size_t kv_elem_bytes = c->kv_f32 ? sizeof(float) : sizeof(uint16_t);
-    c->kv_bytes = 2 * kv_elems * kv_elem_bytes;
+    const size_t kv_rows = (size_t)hp->n_layer * hp->n_head_kv * (size_t)c->n_ctx;
+    const size_t kv_elems = kv_rows * hp->head_dim;
+    c->kv_kind = context_kv_kind(m, &p);
+    const size_t kv_elem_bytes = c->kv_kind == KV_F32 ? sizeof(float) : c->kv_kind == KV_I8 ? 1 : sizeof(uint16_t);
+    c->kv_bytes = context_kv_bytes(m, &p);
     /* No memset: a position is always written before any attention reads it. */
     c->k_cache = cb_aligned_alloc(64, kv_elems * kv_elem_bytes);
     c->v_cache = cb_aligned_alloc(64, kv_elems * kv_elem_bytes);
+    if (c->kv_kind == KV_I8) {
+        c->k_scale = cb_malloc(kv_rows * sizeof(float));
+        c->v_scale = cb_malloc(kv_rows * sizeof(float));
+        if (!c->k_scale || !c->v_scale) {
+            context_destroy(c);
+            return cb_error(COLIBRI_E_NOMEM, "cannot allocate KV scales for %d positions", (int)c->n_ctx);
+        }
+    }
     c->inv_freq = cb_malloc((size_t)(hp->n_rot / 2) * sizeof(float));
     const size_t route_elems = hp->n_expert ? (size_t)c->n_ctx * hp->n_layer * hp->n_expert_used : 1;
     c->route_ids = cb_malloc(route_elems * sizeof(int32_t));

@@ -33,8 +33,7 @@ colibri_status ledger_plan(const struct colibri_model *m, const colibri_context_
     }
     o->model_table_bytes += m->file.n_tensors * sizeof(gguf_tensor) + m->file.n_kv * sizeof(gguf_kv);
 
-    const int kv_f32 = m->layers[0].wk.type == GGML_TYPE_F32;
-    o->kv_bytes = 2ull * hp->n_layer * hp->n_head_kv * (uint64_t)p->n_ctx * hp->head_dim * (kv_f32 ? 4 : 2);
+    o->kv_bytes = context_kv_bytes(m, p);
     o->scratch_bytes = context_scratch_bytes(m, p);
     const uint64_t route = hp->n_expert ? (uint64_t)p->n_ctx * hp->n_layer * hp->n_expert_used * 8 : 8;
     o->context_bytes = route + sizeof(struct colibri_context) + (uint64_t)hp->n_rot * 4 +

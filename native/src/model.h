@@ -167,10 +167,14 @@ struct colibri_context {
     cb_pool *pool;
     /* KV cache [n_layer][n_head_kv][n_ctx][head_dim], F16 — or F32 when the model's attention
      * weights are F32: a full-precision file is meant to reproduce the reference exactly, and
-     * F16 keys alone move its logits by ~1e-3 relative. */
+     * F16 keys alone move its logits by ~1e-3 relative. INT8 (kv_type COLIBRI_KV_INT8, opt-in)
+     * halves the memory for long contexts, with the per-row scales below. */
     void *k_cache;
     void *v_cache;
-    int kv_f32;
+    int kv_kind;         /* KV_F16, KV_F32 or KV_I8 */
+    /* KV_I8 only: [n_layer][n_head_kv][n_ctx] scales (absmax/127) of the int8 rows above */
+    float *k_scale;
+    float *v_scale;
     size_t kv_bytes;
     float *inv_freq;     /* [n_rot/2] */
     arena arena;
@@ -200,6 +204,11 @@ colibri_status context_resolve_params(const struct colibri_model *m, const colib
                                       colibri_context_params *out);
 /* Bytes of the scratch arena a context with these (resolved) parameters lays out. */
 size_t context_scratch_bytes(const struct colibri_model *m, const colibri_context_params *p);
+/* How the KV cache of resolved params p stores its elements, and its total bytes (K and V,
+ * scales included): the one formula the ledger and context_create share. */
+enum { KV_F16 = 0, KV_F32 = 1, KV_I8 = 2 };
+int context_kv_kind(const struct colibri_model *m, const colibri_context_params *p);
+size_t context_kv_bytes(const struct colibri_model *m, const colibri_context_params *p);
 colibri_status context_create(struct colibri_model *m, const colibri_context_params *p,
                               struct colibri_context **out);
 void context_destroy(struct colibri_context *c);

@@ -4,7 +4,6 @@ SmolLM2, the ledger's byte count, zero heap allocation per decode step, and clea
 
 from __future__ import annotations
 
-import ctypes
 import os
 import sysconfig
 from pathlib import Path
@@ -12,52 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from engine_reference import RefModel, make_tiny_model
+from native_engine import Engine
 
 import colibri_backend
 from colibri_backend import _native as N
 from colibri_backend.budget import parse_kv_cache_type
 from colibri_backend.errors import EngineError
-
-LIB = N.load_library()
-
-
-class Engine:
-    """One model and one context through the raw C API, with a chosen KV type."""
-
-    def __init__(self, path: Path, kv_type: int, n_ctx: int = 128, n_batch: int = 16) -> None:
-        self.model = ctypes.c_void_p()
-        self.ctx = ctypes.c_void_p()
-        LIB.check(LIB.colibri_model_open(str(path).encode(), ctypes.byref(self.model)))
-        info = N.ModelInfoC()
-        LIB.check(LIB.colibri_model_get_info(self.model, ctypes.byref(info)))
-        self.info = info
-        params = N.ContextParamsC()
-        LIB.colibri_context_default_params(ctypes.byref(params))
-        params.n_threads, params.n_ctx, params.n_batch, params.kv_type = 2, n_ctx, n_batch, kv_type
-        status = LIB.colibri_context_new(self.model, ctypes.byref(params), ctypes.byref(self.ctx))
-        if status:
-            LIB.colibri_model_close(self.model)
-            LIB.check(status)
-
-    def close(self) -> None:
-        LIB.colibri_context_free(self.ctx)
-        LIB.colibri_model_close(self.model)
-
-    def eval(self, tokens: list[int], all_logits: bool = True) -> np.ndarray:
-        toks = np.asarray(tokens, dtype=np.int32)
-        out = np.zeros((len(toks) if all_logits else 1, self.info.n_vocab), dtype=np.float32)
-        LIB.check(LIB.colibri_eval(self.ctx, N.i32_ptr(toks), len(toks), N.f32_ptr(out), int(all_logits)))
-        return out
-
-    def stats(self) -> N.StatsC:
-        s = N.StatsC()
-        LIB.check(LIB.colibri_get_stats(self.ctx, ctypes.byref(s)))
-        return s
-
-    def plan(self) -> N.MemoryPlanC:
-        p = N.MemoryPlanC()
-        LIB.check(LIB.colibri_get_memory_plan(self.ctx, ctypes.byref(p)))
-        return p
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -91,7 +50,7 @@ def test_tiny_int8_kv_close_to_f16(tiny: tuple[Path, RefModel]) -> None:
     toks = np.random.default_rng(3).integers(0, ref.hp["n_vocab"], 100).tolist()
     logits = {}
     for kv in (N.KV_F16, N.KV_INT8):
-        eng = Engine(path, kv)
+        eng = Engine(path, kv_type=kv, n_ctx=128, n_batch=16)
         try:
             logits[kv] = eng.eval(toks)
         finally:
@@ -107,13 +66,13 @@ def test_tiny_int8_kv_close_to_f16(tiny: tuple[Path, RefModel]) -> None:
 
 def test_tiny_int8_plan_bytes_and_no_alloc_per_step(tiny_moe: tuple[Path, RefModel]) -> None:
     path, ref = tiny_moe
-    f16 = Engine(path, N.KV_F16)
+    f16 = Engine(path, kv_type=N.KV_F16, n_ctx=128, n_batch=16)
     try:
         f16_kv = f16.plan().kv_bytes
         assert f16.stats().kv_bytes == f16_kv
     finally:
         f16.close()
-    eng = Engine(path, N.KV_INT8)
+    eng = Engine(path, kv_type=N.KV_INT8, n_ctx=128, n_batch=16)
     try:
         hd, nkv, nl = ref.hp["head_dim"], ref.hp["n_head_kv"], ref.hp["n_layer"]
         kv = eng.plan().kv_bytes
@@ -133,7 +92,7 @@ def test_tiny_int8_plan_bytes_and_no_alloc_per_step(tiny_moe: tuple[Path, RefMod
 def test_bad_kv_type_is_a_clear_error(tiny: tuple[Path, RefModel]) -> None:
     path, _ = tiny
     with pytest.raises(EngineError, match="kv_type"):
-        Engine(path, 7)
+        Engine(path, kv_type=7, n_ctx=128, n_batch=16)
     for bad in ("int4", "q8", 8, ""):
         with pytest.raises(ValueError, match="kv_cache_type"):
             parse_kv_cache_type(bad)  # type: ignore[arg-type]

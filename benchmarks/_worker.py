@@ -82,7 +82,9 @@ def run_colibri(args: argparse.Namespace, prompt: list[int]) -> dict:
     from colibri_backend.adapters.sampling import SamplingParams
 
     t_load = time.perf_counter()
-    model = colibri_backend.load(args.model, threads=args.threads, context_length=args.ctx)
+    model = colibri_backend.load(
+        args.model, threads=args.threads, context_length=args.ctx, batch_size=args.batch_size or args.ctx
+    )
     load_s = time.perf_counter() - t_load
     rss_loaded = read_status_bytes("VmRSS")
 
@@ -158,7 +160,7 @@ def run_llama_cpp(args: argparse.Namespace, prompt: list[int]) -> dict:
         n_threads=args.threads,
         n_threads_batch=args.threads,
         n_ctx=args.ctx,
-        n_batch=args.ctx,
+        n_batch=args.batch_size or args.ctx,
         seed=args.seed,
         verbose=False,
     )
@@ -264,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--batch-size", type=int, default=0, help="prompt tokens per evaluation (0: the context)")
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--ban-ids", default="", help="comma-separated token ids never to generate")

@@ -292,6 +292,8 @@ def run_worker(
         str(args.threads),
         "--ctx",
         str(args.ctx),
+        "--batch-size",
+        str(args.batch_size),
         "--temperature",
         str(SAMPLING_MODES[req.sampling]),
         "--seed",
@@ -574,6 +576,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument(
+        "--batch-size", type=int, default=0, help="prompt tokens per evaluation, both engines (0: the context)"
+    )
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument(
         "--cache-dir",
@@ -658,6 +663,7 @@ def main(argv: list[str] | None = None) -> int:
                         "max_tokens": args.max_tokens,
                         "threads": args.threads,
                         "ctx": args.ctx,
+                        "batch_size": args.batch_size or args.ctx,
                         "runs": args.runs,
                         "samplings": samplings,
                         "sampled_temperature": SAMPLING_MODES["sampled"],

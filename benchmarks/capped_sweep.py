@@ -223,6 +223,8 @@ def capped_sweep(args: argparse.Namespace) -> int:
             str(args.threads),
             "--ctx",
             str(args.ctx),
+            "--batch-size",
+            str(args.batch),
             "--memory-cap",
             str(cap),
             "--json",
@@ -250,8 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--ctx", type=int, default=512)
         p.add_argument("--max-tokens", type=int, default=32)
         p.add_argument("--timeout", type=float, default=1800.0)
+        p.add_argument("--batch", type=int, default=64)
         if name != "capped":
-            p.add_argument("--batch", type=int, default=64)
             p.add_argument("--prompt-tokens", type=int, default=32)
             p.add_argument("--seed", type=int, default=1234)
             p.add_argument("--policy", default="lfu")

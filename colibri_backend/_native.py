@@ -42,7 +42,7 @@ from colibri_backend.errors import (
     UnsupportedModelError,
 )
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 LIB_NAME = "libcolibri.so"
 
 # colibri_status values
@@ -107,6 +107,12 @@ class ContextParamsC(Structure):
         ("expert_policy", c_int32),
         ("prefetch", c_int32),
         ("kv_type", c_int32),
+        ("expert_slots", c_int32),
+        ("lookahead_depth", c_int32),
+        ("routing_profile", c_char_p),
+        ("pin_experts", c_int32),
+        ("route_prefilter_margin", c_float),
+        ("drop_cold_share", c_float),
     ]
 
 
@@ -116,6 +122,7 @@ POLICY_LRU = 1
 PREFETCH_NONE = 0
 PREFETCH_LOOKAHEAD = 1
 PREFETCH_TEMPORAL = 2
+PREFETCH_HASHED = 4
 # KV cache element types (colibri.h COLIBRI_KV_*)
 KV_DEFAULT = 0
 KV_F16 = 1
@@ -192,6 +199,15 @@ class StatsC(Structure):
         ("temporal_predicted", c_uint64),
         ("temporal_correct", c_uint64),
         ("temporal_actual", c_uint64),
+        ("hashed_predicted", c_uint64),
+        ("hashed_correct", c_uint64),
+        ("hashed_actual", c_uint64),
+        ("prefetch_wasted_bytes", c_uint64),
+        ("expert_stall_decode_seconds", c_double),
+        ("prefilter_rows", c_uint64),
+        ("prefilter_accepted", c_uint64),
+        ("experts_pinned", c_int32),
+        ("experts_dropped", c_int32),
     ]
 
 

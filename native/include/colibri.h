@@ -18,7 +18,7 @@
 extern "C" {
 #endif
 
-#define COLIBRI_ABI_VERSION 1
+#define COLIBRI_ABI_VERSION 2
 
 #if defined(_WIN32)
 #define COLIBRI_API __declspec(dllexport)
@@ -94,7 +94,27 @@ typedef struct colibri_context_params {
     uint64_t memory_budget;
     int32_t expert_policy;  /* COLIBRI_POLICY_LFU (default) or COLIBRI_POLICY_LRU */
     int32_t prefetch;       /* bit set of COLIBRI_PREFETCH_*; default LOOKAHEAD | TEMPORAL */
-    int32_t kv_type;        /* COLIBRI_KV_*; appended last so older callers' layouts still line up */
+    int32_t kv_type;        /* COLIBRI_KV_* */
+    /* Expert slots counted in experts instead of bytes: > 0 gives the store exactly this many
+     * slots (at least top-k; at most n_layer * n_expert) whatever the budget would give; the
+     * plan then counts them, and a nonzero budget too small for that plan is refused with
+     * COLIBRI_E_BUDGET. 0: slots from the budget. */
+    int32_t expert_slots;
+    int32_t lookahead_depth;     /* layers ahead the lookahead predictor looks (1..8); <= 0: 1 */
+    /* A routing profile written by `colibri profile` (format: native/src/profile.h), or NULL.
+     * With one: the expert slots are filled at start with the profile's hottest experts, the
+     * hashed predictor (COLIBRI_PREFETCH_HASHED) can run, and the three options below apply.
+     * A profile that is unreadable or made for another model gives COLIBRI_E_FORMAT. */
+    const char *routing_profile;
+    int32_t pin_experts;         /* keep this many of the profile's hottest experts in slots for
+                                    good (never evicted); must leave top-k slots free. 0: none */
+    /* Approximate routing (opt-in, lossy): > 0 computes router logits only for the profile's
+     * candidate experts of the token and layer, and keeps them when the gap between the k-th and
+     * the (k+1)-th candidate logit is at least this many logits; otherwise the full router runs. */
+    float route_prefilter_margin;
+    /* Drop cold experts (opt-in, lossy): > 0 never routes to an expert whose share of tokens in
+     * the profile is below this (a layer always keeps its top-k hottest). 0: off. */
+    float drop_cold_share;
 } colibri_context_params;
 
 /* KV cache element types. INT8 stores, per position and KV head, one float scale (absmax/127)
@@ -111,6 +131,7 @@ typedef struct colibri_context_params {
 #define COLIBRI_PREFETCH_NONE 0
 #define COLIBRI_PREFETCH_LOOKAHEAD 1  /* layer l+1's router applied to layer l's FFN input */
 #define COLIBRI_PREFETCH_TEMPORAL 2   /* experts the recent tokens used at that layer */
+#define COLIBRI_PREFETCH_HASHED 4     /* the routing profile's experts for this token id (needs a profile) */
 
 /* The ledger: every byte the engine will hold for a model and context parameters. */
 typedef struct colibri_memory_plan {
@@ -199,6 +220,13 @@ typedef struct colibri_stats {
     /* predictor accuracy, decode steps: precision = correct / predicted, recall = correct / actual */
     uint64_t lookahead_predicted, lookahead_correct, lookahead_actual;
     uint64_t temporal_predicted, temporal_correct, temporal_actual;
+    uint64_t hashed_predicted, hashed_correct, hashed_actual;
+    uint64_t prefetch_wasted_bytes;        /* bytes read by prefetches evicted unused */
+    double expert_stall_decode_seconds;    /* the part of expert_stall_seconds in decode steps */
+    uint64_t prefilter_rows;               /* (token, layer) pairs routed with the pre-filter on */
+    uint64_t prefilter_accepted;           /* ... decided from the candidates alone */
+    int32_t experts_pinned;                /* slots pinned from the profile */
+    int32_t experts_dropped;               /* experts never routed to (drop_cold_share) */
 } colibri_stats;
 
 /* Counters of one expert of one layer. */
@@ -219,6 +247,18 @@ COLIBRI_API colibri_status colibri_get_expert_stats(const colibri_context *ctx, 
                                                     int32_t max, int32_t *n_written);
 
 COLIBRI_API colibri_status colibri_get_stats(const colibri_context *ctx, colibri_stats *out);
+
+/* Replay a recorded routing trace through an expert store set up as `params` would set it up
+ * (memory_budget or expert_slots, expert_policy, routing_profile, pin_experts), reading the
+ * experts from the model file as a live run does, without computing anything else. Every token
+ * is one decode step. tokens[n_tokens] are the input token ids (for the hashed predictor);
+ * expert_ids[n_tokens][n_layer][k] the recorded choices (colibri_get_routing's layout).
+ * Predictors: TEMPORAL and HASHED replay exactly; LOOKAHEAD needs hidden states, so it is
+ * ignored here. Counters (hits, misses, prefetches, bytes, stall time, predictor accuracy) go
+ * to *out. A budget that holds every expert leaves nothing to stream: COLIBRI_E_INVALID_ARG. */
+COLIBRI_API colibri_status colibri_replay_routing(colibri_model *model, const colibri_context_params *params,
+                                                  const int32_t *tokens, const int32_t *expert_ids,
+                                                  int32_t n_tokens, colibri_stats *out);
 COLIBRI_API void colibri_reset_stats(colibri_context *ctx);
 
 /* ---- sampler --------------------------------------------------------- */

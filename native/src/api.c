@@ -57,6 +57,12 @@ void colibri_context_default_params(colibri_context_params *out) {
     out->expert_policy = COLIBRI_POLICY_LFU;
     out->prefetch = COLIBRI_PREFETCH_LOOKAHEAD | COLIBRI_PREFETCH_TEMPORAL;
     out->kv_type = COLIBRI_KV_DEFAULT;
+    out->expert_slots = 0;
+    out->lookahead_depth = 1;
+    out->routing_profile = NULL;
+    out->pin_experts = 0;
+    out->route_prefilter_margin = 0.0f;
+    out->drop_cold_share = 0.0f;
 }
 
 colibri_status colibri_plan_model(const colibri_model *model, const colibri_context_params *params,

@@ -197,6 +197,11 @@ struct colibri_context {
     int32_t *wave_ids;       /* [n_expert] their ids */
     int32_t *pf_ids;         /* [2 * n_expert_used] experts to prefetch */
     int resident_locked;     /* this context holds one of model->resident_locks */
+    /* routing profile (profile.h; NULL when none was given) and the options that use it */
+    struct routing_profile *profile;
+    uint8_t *dropped;              /* [n_layer][n_expert] 1: never routed to (drop_cold_share); NULL: off */
+    float route_prefilter_margin;  /* 0: exact routing */
+    const int32_t *chunk_tokens;   /* token ids of the chunk being run (hashed predictor, pre-filter) */
 };
 
 /* Fill defaults and check limits of context parameters (as context_create applies them). */

@@ -251,6 +251,10 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "colibri_eval": (c_int, [c_void_p, _i32p, c_int32, _f32p, c_int32]),
     "colibri_get_routing": (c_int, [c_void_p, _i32p, _f32p, c_int32, _i32p]),
     "colibri_get_stats": (c_int, [c_void_p, POINTER(StatsC)]),
+    "colibri_replay_routing": (
+        c_int,
+        [c_void_p, POINTER(ContextParamsC), POINTER(c_int32), POINTER(c_int32), c_int32, POINTER(StatsC)],
+    ),
     "colibri_reset_stats": (None, [c_void_p]),
     "colibri_sampler_default_params": (None, [POINTER(SamplerParamsC)]),
     "colibri_sampler_new": (c_int, [POINTER(SamplerParamsC), c_int32, POINTER(c_void_p)]),

@@ -445,6 +445,7 @@ static colibri_status eval_chunk(struct colibri_context *c, const int32_t *tok, 
     const model_hparams *hp = &m->hp;
     scratch *s = &c->s;
     const int E = hp->n_embd, p0 = c->n_past;
+    c->chunk_tokens = tok;
 
     for (int t = 0; t < n; t++)
         dequantize_row(m->tok_embd.type, (const char *)m->tok_embd.data + (size_t)tok[t] * m->tok_embd.row_bytes,

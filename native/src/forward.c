@@ -304,13 +304,19 @@ static void expert_wave(struct colibri_context *c, int il, int n, const int32_t 
     run_jobs(c, s->jobs, nj);
 }
 
-/* Hand the loader thread the experts the predictors expect at the next layer (or, after the
- * last layer, at layer 0 of the next token). */
+/* Hand the loader thread the experts the predictors expect at layer `next` of this decode
+ * step (and, with lookahead depth d, the lookahead's guesses for the layers after it). xn is
+ * the FFN input row of layer next-1, NULL at the step start (layer 0: no hidden state yet). */
+static void prefetch_layer(struct colibri_context *c, int next, const float *xn) {
+    const int X = c->model->hp.n_expert;
+    const int n_ids = predictor_predict(c->pred, next, xn, c->chunk_tokens[0], c->pf_ids);
+    for (int i = 0; i < n_ids; i++) store_prefetch(c->store, c->pf_ids[i] / X, c->pf_ids[i] % X);
+}
+
+/* Called once layer il's experts are pinned: predict layer il+1 while layer il computes. The
+ * next token's layer 0 is predicted at its step start (eval_chunk), when its id is known. */
 static void issue_prefetch(struct colibri_context *c, int il) {
-    const int L = c->model->hp.n_layer;
-    const int next = il + 1 < L ? il + 1 : 0;
-    const int n_ids = predictor_predict(c->pred, next, il + 1 < L ? c->s.xn : NULL, c->pf_ids);
-    for (int i = 0; i < n_ids; i++) store_prefetch(c->store, next, c->pf_ids[i]);
+    if (il + 1 < c->model->hp.n_layer) prefetch_layer(c, il + 1, c->s.xn);
 }
 
 /* Experts from the store: waves of as many experts as the slots can hold at once (a decode
@@ -452,6 +458,7 @@ static colibri_status eval_chunk(struct colibri_context *c, const int32_t *tok, 
                        s->x + (size_t)t * E, (uint64_t)E);
     for (int t = 0; t < n; t++) op_rope_angles(s->rope_cs + (size_t)t * hp->n_rot, c->inv_freq, hp->n_rot, p0 + t);
     if (c->store) store_tick(c->store, n);
+    if (c->pred && n == 1) prefetch_layer(c, 0, NULL); /* decode step start: temporal and hashed */
 
     for (int il = 0; il < hp->n_layer; il++) {
         const layer_weights *w = &m->layers[il];
@@ -736,7 +743,8 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
     if (hp->n_expert > 0) {
         c->views = cb_malloc((size_t)hp->n_expert * sizeof(expert_view));
         c->wave_ids = cb_malloc((size_t)hp->n_expert * sizeof(int32_t));
-        c->pf_ids = cb_malloc(2 * (size_t)hp->n_expert_used * sizeof(int32_t));
+        /* lookahead_depth layers of lookahead guesses plus temporal and hashed for one layer */
+        c->pf_ids = cb_malloc(predictor_max_ids(m, p.lookahead_depth) * sizeof(int32_t));
         if (!c->views || !c->wave_ids || !c->pf_ids) {
             context_destroy(c);
             return cb_error(COLIBRI_E_NOMEM, "out of memory");
@@ -754,7 +762,7 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
                 context_destroy(c);
                 return cb_error(COLIBRI_E_NOMEM, "out of memory");
             }
-            if ((st = predictor_init(c->pred, m, p.prefetch))) {
+            if ((st = predictor_init(c->pred, m, p.prefetch, p.lookahead_depth, c->profile))) {
                 cb_free(c->pred);
                 c->pred = NULL;
                 context_destroy(c);

@@ -1,4 +1,4 @@
-/* predict.c — lookahead and temporal expert predictors (see predict.h). */
+/* predict.c — lookahead, temporal and hashed expert predictors (see predict.h). */
 #include "predict.h"
 
 #include <math.h>
@@ -7,17 +7,33 @@
 #include "alloc.h"
 #include "error.h"
 #include "ops.h"
+#include "profile.h"
 
 size_t predictor_bytes(const struct colibri_model *m) {
     const size_t L = (size_t)m->hp.n_layer, X = (size_t)m->hp.n_expert, k = (size_t)m->hp.n_expert_used;
     return X * sizeof(float) + ((size_t)m->hp.n_embd / QK8A + 1) * sizeof(block_q8a) + L * X * sizeof(float) +
-           2 * L * k * sizeof(int32_t) + 2 * L * sizeof(int32_t);
+           k * sizeof(int32_t) + PRED_N_SOURCES * (L * k + L) * sizeof(int32_t);
 }
 
-colibri_status predictor_init(predictor *p, const struct colibri_model *m, int flags) {
+size_t predictor_max_ids(const struct colibri_model *m, int depth) {
+    if (depth < 1) depth = 1;
+    if (depth > PRED_MAX_DEPTH) depth = PRED_MAX_DEPTH;
+    /* depth lookahead layers, plus temporal and hashed for the next layer */
+    return (size_t)(depth + 2) * (size_t)m->hp.n_expert_used;
+}
+
+colibri_status predictor_init(predictor *p, const struct colibri_model *m, int flags, int depth,
+                              const struct routing_profile *profile) {
     memset(p, 0, sizeof *p);
+    if ((flags & COLIBRI_PREFETCH_HASHED) && !profile)
+        return cb_error(COLIBRI_E_INVALID_ARG, "the hashed predictor (COLIBRI_PREFETCH_HASHED) needs a routing profile");
+    if (profile && (profile->n_layer != m->hp.n_layer || profile->n_expert != m->hp.n_expert ||
+                    profile->n_cand < m->hp.n_expert_used))
+        return cb_error(COLIBRI_E_INTERNAL, "routing profile dimensions do not match the model");
     p->m = m;
+    p->profile = profile;
     p->flags = flags;
+    p->depth = depth < 1 ? 1 : depth > PRED_MAX_DEPTH ? PRED_MAX_DEPTH : depth;
     p->n_layer = m->hp.n_layer;
     p->n_expert = m->hp.n_expert;
     p->k = m->hp.n_expert_used;
@@ -26,9 +42,10 @@ colibri_status predictor_init(predictor *p, const struct colibri_model *m, int f
     p->logits = cb_malloc(X * sizeof(float));
     p->xq = cb_malloc(((size_t)m->hp.n_embd / QK8A + 1) * sizeof(block_q8a));
     p->temporal = cb_calloc(L * X, sizeof(float));
-    p->guess = cb_malloc(2 * L * k * sizeof(int32_t));
-    p->n_guess = cb_calloc(2 * L, sizeof(int32_t));
-    if (!p->logits || !p->xq || !p->temporal || !p->guess || !p->n_guess) {
+    p->deep = cb_malloc(k * sizeof(int32_t));
+    p->guess = cb_malloc(PRED_N_SOURCES * L * k * sizeof(int32_t));
+    p->n_guess = cb_calloc(PRED_N_SOURCES * L, sizeof(int32_t));
+    if (!p->logits || !p->xq || !p->temporal || !p->deep || !p->guess || !p->n_guess) {
         predictor_free(p);
         return cb_error(COLIBRI_E_NOMEM, "out of memory for the expert predictors");
     }
@@ -39,13 +56,14 @@ void predictor_free(predictor *p) {
     cb_free(p->logits);
     cb_free(p->xq);
     cb_free(p->temporal);
+    cb_free(p->deep);
     cb_free(p->guess);
     cb_free(p->n_guess);
     memset(p, 0, sizeof *p);
 }
 
 void predictor_score(predictor *p, int layer, const int32_t *chosen) {
-    for (int src = 0; src < 2; src++) {
+    for (int src = 0; src < PRED_N_SOURCES; src++) {
         int32_t *n = &p->n_guess[src * p->n_layer + layer];
         if (*n == 0) continue;
         const int32_t *g = p->guess + ((size_t)src * p->n_layer + layer) * p->k;
@@ -75,39 +93,70 @@ static int contains(const int32_t *a, int n, int32_t v) {
     return 0;
 }
 
-int predictor_predict(predictor *p, int next, const float *xn, int32_t *out) {
-    int n_out = 0;
+/* Top-k of layer `layer`'s router applied to xn, into out[k]. *quantized says whether p->xq
+ * already holds xn (it is the same for every router, so it is quantized at most once). */
+static void lookahead_topk(predictor *p, int layer, const float *xn, int *quantized, int32_t *out) {
+    const mat *r = &p->m->layers[layer].router;
+    if (kernel_wants_q8a(r->type) && !*quantized) {
+        quantize_row_q8a(xn, p->xq, p->m->hp.n_embd);
+        *quantized = 1;
+    }
+    matmul_rows(r->type, r->data, r->row_bytes, r->cols, xn, p->xq, 1, p->logits, p->n_expert, 0, p->n_expert);
+    op_topk(p->logits, p->n_expert, p->k, out);  /* softmax keeps the order, so logits suffice */
+}
+
+int predictor_predict(predictor *p, int next, const float *xn, int32_t token, int32_t *out) {
+    int n_out = 0, quantized = 0;
     const int k = p->k;
-    if ((p->flags & COLIBRI_PREFETCH_LOOKAHEAD) && xn) {
-        const mat *r = &p->m->layers[next].router;
-        const int E = p->m->hp.n_embd;
-        if (kernel_wants_q8a(r->type)) quantize_row_q8a(xn, p->xq, E);
-        matmul_rows(r->type, r->data, r->row_bytes, r->cols, xn, p->xq, 1, p->logits, p->n_expert, 0, p->n_expert);
-        int32_t *g = p->guess + (size_t)next * k;
-        op_topk(p->logits, p->n_expert, k, g);  /* softmax keeps the order, so logits suffice */
-        p->n_guess[next] = k;
-        for (int i = 0; i < k; i++) out[n_out++] = g[i];
+    const int32_t base = (int32_t)next * p->n_expert;
+    const int lookahead = (p->flags & COLIBRI_PREFETCH_LOOKAHEAD) && xn;
+    if (lookahead) {
+        int32_t *g = p->guess + ((size_t)PRED_LOOKAHEAD * p->n_layer + next) * k;
+        lookahead_topk(p, next, xn, &quantized, g);
+        p->n_guess[PRED_LOOKAHEAD * p->n_layer + next] = k;
+        for (int i = 0; i < k; i++) out[n_out++] = base + g[i];
     }
     if (p->flags & COLIBRI_PREFETCH_TEMPORAL) {
         const float *t = p->temporal + (size_t)next * p->n_expert;
-        int32_t *g = p->guess + ((size_t)p->n_layer + next) * k;
+        int32_t *g = p->guess + ((size_t)PRED_TEMPORAL * p->n_layer + next) * k;
         op_topk(t, p->n_expert, k, g);
         int n = 0;
         while (n < k && t[g[n]] > 0.0f) n++;  /* only experts that were actually used */
-        p->n_guess[p->n_layer + next] = n;
+        p->n_guess[PRED_TEMPORAL * p->n_layer + next] = n;
         for (int i = 0; i < n; i++)
-            if (!contains(out, n_out, g[i])) out[n_out++] = g[i];
+            if (!contains(out, n_out, base + g[i])) out[n_out++] = base + g[i];
+    }
+    if ((p->flags & COLIBRI_PREFETCH_HASHED) && token >= 0) {
+        /* the candidates are ordered most likely first, so the first k are the guess */
+        const uint16_t *cand = profile_candidates(p->profile, token, next);
+        int32_t *g = p->guess + ((size_t)PRED_HASHED * p->n_layer + next) * k;
+        for (int i = 0; i < k; i++) g[i] = cand[i];
+        p->n_guess[PRED_HASHED * p->n_layer + next] = k;
+        for (int i = 0; i < k; i++)
+            if (!contains(out, n_out, base + g[i])) out[n_out++] = base + g[i];
+    }
+    if (lookahead) {
+        /* deeper layers: prefetch only, never scored (their own layer's guess is made, and
+         * scored, when the layer before them runs) */
+        for (int d = 2; d <= p->depth && next + d - 1 < p->n_layer; d++) {
+            const int layer = next + d - 1;
+            lookahead_topk(p, layer, xn, &quantized, p->deep);
+            for (int i = 0; i < k; i++) out[n_out++] = (int32_t)layer * p->n_expert + p->deep[i];
+        }
     }
     return n_out;
 }
 
 void predictor_fill_stats(const predictor *p, colibri_stats *o) {
-    o->lookahead_predicted = p->predicted[0];
-    o->lookahead_correct = p->correct[0];
-    o->lookahead_actual = p->actual[0];
-    o->temporal_predicted = p->predicted[1];
-    o->temporal_correct = p->correct[1];
-    o->temporal_actual = p->actual[1];
+    o->lookahead_predicted = p->predicted[PRED_LOOKAHEAD];
+    o->lookahead_correct = p->correct[PRED_LOOKAHEAD];
+    o->lookahead_actual = p->actual[PRED_LOOKAHEAD];
+    o->temporal_predicted = p->predicted[PRED_TEMPORAL];
+    o->temporal_correct = p->correct[PRED_TEMPORAL];
+    o->temporal_actual = p->actual[PRED_TEMPORAL];
+    o->hashed_predicted = p->predicted[PRED_HASHED];
+    o->hashed_correct = p->correct[PRED_HASHED];
+    o->hashed_actual = p->actual[PRED_HASHED];
 }
 
 void predictor_reset_stats(predictor *p) {

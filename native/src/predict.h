@@ -1,13 +1,23 @@
 /* predict.h — expert predictors that feed the loader thread, and their accuracy counters.
  *
  *   lookahead: layer l+1's router applied to layer l's FFN input (the residual stream
- *              changes little from one layer to the next, so its top-k is a good guess);
+ *              changes little from one layer to the next, so its top-k is a good guess).
+ *              With depth d > 1 the routers of layers l+2 .. l+d are applied to the same row
+ *              too and their top-k prefetched as well, so a slow read starts d layers early;
  *   temporal:  per layer, an exponentially decayed count of the experts recent tokens used
- *              (half-life PRED_TEMPORAL_HALF_LIFE tokens); its top-k is the guess.
+ *              (half-life PRED_TEMPORAL_HALF_LIFE tokens); its top-k is the guess;
+ *   hashed:    the routing profile's first k candidates for the step's token id at that layer
+ *              (profile.h; learned offline, so it knows a token's experts before any hidden
+ *              state exists).
  * A prediction for a layer is scored when that layer routes a decode token: correct =
- * |predicted ∩ chosen|, precision = correct / predicted, recall = correct / chosen.
- * Extension point: a hashed token table (token id -> experts per layer, learned offline by
- * a profile) would be a third source with the same pending-set/score interface. */
+ * |predicted ∩ chosen|, precision = correct / predicted, recall = correct / chosen. Only the
+ * next-layer lookahead guess is scored (lookahead recall stays next-layer recall); the deeper
+ * lookahead guesses are prefetch-only.
+ *
+ * Timing in a decode step (forward.c, replay.c): at the step start layer 0 is predicted
+ * (temporal, hashed: the token is known, no hidden state yet); once layer l's experts are
+ * pinned, layer l+1 (and with depth d the lookahead for l+2 .. l+d) is predicted from
+ * layer l's FFN input. */
 #ifndef COLIBRI_PREDICT_H
 #define COLIBRI_PREDICT_H
 
@@ -19,31 +29,47 @@
 
 #define PRED_TEMPORAL_HALF_LIFE 4.0
 #define PRED_MAX_EXPERTS 1024
+#define PRED_MAX_DEPTH 8
+enum { PRED_LOOKAHEAD = 0, PRED_TEMPORAL = 1, PRED_HASHED = 2, PRED_N_SOURCES = 3 };
+
+struct routing_profile;
 
 typedef struct predictor {
     const struct colibri_model *m;
+    const struct routing_profile *profile;  /* borrowed; NULL when there is none */
     int flags;                 /* COLIBRI_PREFETCH_* */
+    int depth;                 /* lookahead depth, 1 .. PRED_MAX_DEPTH */
     int n_layer, n_expert, k;
     float *logits;             /* [n_expert] router output of the lookahead */
     block_q8a *xq;             /* [n_embd / 32] quantized input of the lookahead */
     float *temporal;           /* [n_layer][n_expert] decayed use counts */
     float temporal_decay;
-    int32_t *guess;            /* [2][n_layer][k] pending predictions: lookahead, temporal */
-    int32_t *n_guess;          /* [2][n_layer] how many are pending (0: none) */
-    uint64_t predicted[2], correct[2], actual[2];
+    int32_t *deep;             /* [k] top-k of a deeper lookahead layer (prefetch only) */
+    int32_t *guess;            /* [PRED_N_SOURCES][n_layer][k] pending predictions */
+    int32_t *n_guess;          /* [PRED_N_SOURCES][n_layer] how many are pending (0: none) */
+    uint64_t predicted[PRED_N_SOURCES], correct[PRED_N_SOURCES], actual[PRED_N_SOURCES];
 } predictor;
 
-colibri_status predictor_init(predictor *p, const struct colibri_model *m, int flags);
+/* flags: COLIBRI_PREFETCH_* (HASHED needs a profile); depth: lookahead depth, clamped to
+ * 1 .. PRED_MAX_DEPTH; profile: borrowed, must outlive the predictor (may be NULL). Every
+ * buffer is allocated here: predicting and scoring allocate nothing. */
+colibri_status predictor_init(predictor *p, const struct colibri_model *m, int flags, int depth,
+                              const struct routing_profile *profile);
 void predictor_free(predictor *p);
+/* Bytes predictor_init allocates (the same for every flag set and depth). */
 size_t predictor_bytes(const struct colibri_model *m);
+/* Room predictor_predict needs in `out` for a lookahead depth: (depth + 2) * k ids. */
+size_t predictor_max_ids(const struct colibri_model *m, int depth);
 
 /* Score the pending predictions for `layer` against the experts a decode token chose. */
 void predictor_score(predictor *p, int layer, const int32_t *chosen);
 /* Fold one token's choice at `layer` into the temporal counts. */
 void predictor_observe(predictor *p, int layer, const int32_t *chosen);
-/* Predict the experts of layer `next` from xn (the FFN input row of the layer before it, or
- * NULL for temporal only); writes the union into out (at most 2k ids), returns its length. */
-int predictor_predict(predictor *p, int next, const float *xn, int32_t *out);
+/* Predict the experts of layer `next` from xn (the FFN input row of layer next-1, or NULL:
+ * no lookahead) and token (the step's token id, or -1: no hashed guess). Writes the union
+ * into out as flat ids layer * n_expert + expert, nearest layer first (the loader reads
+ * requests in order), at most predictor_max_ids(m, depth); returns how many. */
+int predictor_predict(predictor *p, int next, const float *xn, int32_t token, int32_t *out);
 void predictor_fill_stats(const predictor *p, colibri_stats *o);
 void predictor_reset_stats(predictor *p);
 

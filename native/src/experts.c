@@ -13,12 +13,14 @@
 #include <sched.h>
 #include <semaphore.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "alloc.h"
 #include "error.h"
+#include "profile.h"
 
 #ifndef O_DIRECT
 #define O_DIRECT 0
@@ -32,6 +34,7 @@ typedef struct slot {
     _Atomic int state;
     _Atomic int io_errno;   /* set by whoever read it, on failure */
     int prefetched;         /* loaded by a prefetch and not used since */
+    int pinned;             /* warmed from a routing profile and kept for good (store_warm) */
     uint64_t pinned_wave;   /* == store->wave: needed by the wave being computed */
     double freq;            /* LFU score at last_tick */
     uint64_t last_tick;     /* token step of the last use */
@@ -39,7 +42,7 @@ typedef struct slot {
 } slot;
 
 typedef struct counters {
-    uint64_t calls, hits, misses, pf_issued, pf_used, pf_wasted, bytes_read;
+    uint64_t calls, hits, misses, pf_issued, pf_used, pf_wasted, pf_wasted_bytes, bytes_read;
     double stall_s;
 } counters;
 
@@ -58,6 +61,9 @@ struct expert_store {
     counters *cnt;          /* [n_layer][n_expert] */
     uint64_t tick, wave, use_clock;
     double decay;           /* per-token LFU decay factor */
+    int decode_step;        /* the current step (store_tick) is one token */
+    int n_pinned;           /* slots pinned by store_warm */
+    double stall_decode_s;  /* stall time during decode steps */
     /* loader thread and its queue: ring[head % CAP] is written by the forward thread only,
      * ring[tail % CAP] read by the loader only */
     int32_t ring[STORE_QUEUE_CAP];
@@ -247,7 +253,16 @@ void store_destroy(expert_store *s) {
 
 /* ---- policy ----------------------------------------------------------- */
 
-void store_tick(expert_store *s, int n_tokens) { s->tick += (uint64_t)(n_tokens > 0 ? n_tokens : 1); }
+void store_tick(expert_store *s, int n_tokens) {
+    s->tick += (uint64_t)(n_tokens > 0 ? n_tokens : 1);
+    s->decode_step = n_tokens == 1;
+}
+
+/* Stall time of expert id: per expert, and in the decode total when this step is one token. */
+static void add_stall(expert_store *s, counters *c, double dt) {
+    c->stall_s += dt;
+    if (s->decode_step) s->stall_decode_s += dt;
+}
 
 void store_wave_begin(expert_store *s) { s->wave++; }
 
@@ -265,19 +280,24 @@ static void release_slot(expert_store *s, int i) {
     slot *sl = &s->slots[i];
     if (sl->layer >= 0) {
         const size_t id = (size_t)sl->layer * s->n_expert + sl->expert;
-        if (sl->prefetched) s->cnt[id].pf_wasted++;
+        if (sl->prefetched) {
+            s->cnt[id].pf_wasted++;
+            s->cnt[id].pf_wasted_bytes += expert_bytes(s, sl->layer);
+        }
         s->where[id] = -1;
         s->layer_count[sl->layer]--;
     }
     sl->layer = sl->expert = -1;
     sl->prefetched = 0;
+    sl->pinned = 0;
     sl->freq = 0.0;
     atomic_store_explicit(&sl->state, SLOT_FREE, memory_order_relaxed);
 }
 
 /* A slot to (re)use, or -1. Order: free slots, prefetched-never-used ones, then the policy's
- * lowest score; never a slot pinned by the current wave or still loading. The per-layer
- * floor protects a layer's last few experts from other layers (first pass only). */
+ * lowest score; never a slot pinned by the current wave, pinned from the profile, or still
+ * loading. The per-layer floor protects a layer's last few experts from other layers (first
+ * pass only). */
 static int pick_victim(expert_store *s, int for_layer) {
     for (int pass = 0; pass < 2; pass++) {
         int best = -1, best_class = 2;
@@ -286,7 +306,7 @@ static int pick_victim(expert_store *s, int for_layer) {
             slot *sl = &s->slots[i];
             const int st = atomic_load_explicit(&sl->state, memory_order_acquire);
             if (st == SLOT_FREE || st == SLOT_FAILED) return i;
-            if (st == SLOT_LOADING || sl->pinned_wave == s->wave) continue;
+            if (st == SLOT_LOADING || sl->pinned || sl->pinned_wave == s->wave) continue;
             const int cls = sl->prefetched ? 0 : 1;
             if (pass == 0 && cls == 1 && sl->layer != for_layer && s->layer_count[sl->layer] <= s->floor) continue;
             const double score = s->policy == COLIBRI_POLICY_LRU ? (double)sl->last_use : lfu_score(s, sl);
@@ -357,7 +377,7 @@ colibri_status store_acquire(expert_store *s, int layer, int e, expert_view *vie
         if (st == SLOT_LOADING) {
             const double t0 = now_s();
             st = wait_slot(sl);
-            c->stall_s += now_s() - t0;
+            add_stall(s, c, now_s() - t0);
         }
         if (st == SLOT_READY) {
             c->calls++;
@@ -385,7 +405,7 @@ colibri_status store_acquire(expert_store *s, int layer, int e, expert_view *vie
     slot *sl = &s->slots[v];
     const double t0 = now_s();
     const int err = read_expert(s, layer, e, sl->mem);
-    c->stall_s += now_s() - t0;
+    add_stall(s, c, now_s() - t0);
     c->calls++;
     c->misses++;
     if (err) {
@@ -421,6 +441,91 @@ void store_prefetch(expert_store *s, int layer, int e) {
     sem_post(&s->wake);
 }
 
+/* ---- warm-up and pinning from a routing profile ------------------------- */
+
+typedef struct hot_entry {
+    float share;
+    int32_t id;  /* layer * n_expert + expert */
+} hot_entry;
+
+/* Hottest first; equal shares by id, so the warm-up is the same on every run. */
+static int hotter_first(const void *a, const void *b) {
+    const hot_entry *x = a, *y = b;
+    if (x->share != y->share) return x->share > y->share ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+static int find_free_slot(const expert_store *s) {
+    for (int i = 0; i < s->n_slots; i++) {
+        const int st = atomic_load_explicit(&s->slots[i].state, memory_order_acquire);
+        if (st == SLOT_FREE || st == SLOT_FAILED) return i;
+    }
+    return -1;
+}
+
+colibri_status store_warm(expert_store *s, const routing_profile *p, int n_pin) {
+    const int k = s->m->hp.n_expert_used;
+    if (p->n_layer != s->n_layer || p->n_expert != s->n_expert)
+        return cb_error(COLIBRI_E_INTERNAL, "routing profile dimensions differ from the expert store's");
+    if (n_pin < 0 || n_pin > s->n_slots - k)
+        return cb_error(COLIBRI_E_BUDGET,
+                        "cannot pin %d experts: %d expert slots must keep top-k = %d of them free, so at most %d "
+                        "can be pinned",
+                        n_pin, s->n_slots, k, s->n_slots - k > 0 ? s->n_slots - k : 0);
+    const int n = s->n_layer * s->n_expert;
+    hot_entry *order = cb_malloc((size_t)n * sizeof *order);
+    if (!order) return cb_error(COLIBRI_E_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        order[i].share = p->share[i];
+        order[i].id = i;
+    }
+    qsort(order, (size_t)n, sizeof *order, hotter_first);
+
+    /* no wave is being computed: every slot not pinned from the profile may be reused */
+    s->wave++;
+    colibri_status st = COLIBRI_OK;
+    for (int i = 0; i < n; i++) {
+        const int pin = i < n_pin, id = order[i].id, layer = id / s->n_expert, e = id % s->n_expert;
+        int j = s->where[id];
+        if (j >= 0 && wait_slot(&s->slots[j]) != SLOT_READY) {
+            release_slot(s, j);  /* a failed prefetch: read it again below */
+            j = -1;
+        }
+        if (j < 0) {
+            /* the hottest go into free slots; a pinned one may also replace an unpinned expert */
+            j = find_free_slot(s);
+            if (j < 0 && pin)
+                while ((j = pick_victim(s, layer)) < 0 && any_loading(s))
+                    for (int q = 0; q < s->n_slots; q++) wait_slot(&s->slots[q]);
+            if (j < 0) break;  /* the slots are full (or, pinning, all pinned already) */
+            claim(s, j, layer, e);
+            slot *sl = &s->slots[j];
+            const int err = read_expert(s, layer, e, sl->mem);
+            if (err) {
+                release_slot(s, j);
+                st = cb_error(COLIBRI_E_IO, "warming the expert cache: reading expert %d of layer %d from %s: %s", e,
+                              layer, s->m->path, strerror(err));
+                break;
+            }
+            s->cnt[id].bytes_read += expert_bytes(s, layer);
+            atomic_store_explicit(&sl->state, SLOT_READY, memory_order_relaxed);
+            /* scores that rank the warmed experts by the profile until real use takes over:
+             * LFU sees a share (below one use), LRU sees the colder ones as older */
+            sl->freq = order[i].share;
+            sl->last_use = s->use_clock + (uint64_t)(n - i);
+        }
+        slot *sl = &s->slots[j];
+        if (pin && !sl->pinned) {
+            sl->prefetched = 0;  /* kept for good: never wasted */
+            sl->pinned = 1;
+            s->n_pinned++;
+        }
+    }
+    s->use_clock += (uint64_t)n;
+    cb_free(order);
+    return st;
+}
+
 int store_is_resident(const expert_store *s, int layer, int e) {
     return s->where[(size_t)layer * s->n_expert + e] >= 0;
 }
@@ -435,7 +540,10 @@ void store_fill_stats(const expert_store *s, colibri_stats *o) {
     o->expert_slots = (uint64_t)s->n_slots;
     o->expert_calls = o->expert_hits = o->expert_misses = 0;
     o->prefetch_issued = o->prefetch_used = o->prefetch_wasted = o->expert_bytes_read = 0;
+    o->prefetch_wasted_bytes = 0;
     o->expert_stall_seconds = 0.0;
+    o->expert_stall_decode_seconds = s->stall_decode_s;
+    o->experts_pinned = s->n_pinned;
     const size_t n = (size_t)s->n_layer * s->n_expert;
     for (size_t i = 0; i < n; i++) {
         const counters *c = &s->cnt[i];
@@ -445,6 +553,7 @@ void store_fill_stats(const expert_store *s, colibri_stats *o) {
         o->prefetch_issued += c->pf_issued;
         o->prefetch_used += c->pf_used;
         o->prefetch_wasted += c->pf_wasted;
+        o->prefetch_wasted_bytes += c->pf_wasted_bytes;
         o->expert_bytes_read += c->bytes_read;
         o->expert_stall_seconds += c->stall_s;
     }
@@ -474,4 +583,5 @@ void store_expert_stats(const expert_store *s, colibri_expert_stats *out, int ma
 
 void store_reset_stats(expert_store *s) {
     memset(s->cnt, 0, (size_t)s->n_layer * s->n_expert * sizeof(counters));
+    s->stall_decode_s = 0.0;
 }

@@ -44,6 +44,15 @@ colibri_status store_acquire(expert_store *s, int layer, int e, expert_view *vie
 void store_prefetch(expert_store *s, int layer, int e);
 int store_is_resident(const expert_store *s, int layer, int e);
 
+struct routing_profile;
+/* Warm-up from a routing profile: fill the free slots with the profile's hottest experts (every
+ * (layer, expert) ordered by share, descending; ties by id), read synchronously and counted in
+ * bytes_read but not as hits or misses, and pin the first n_pin of them for good: pick_victim
+ * never evicts a pinned slot, not even to keep a layer's floor. Pinned experts may replace
+ * unpinned residents; the rest only take free slots. n_pin > slots - top-k: COLIBRI_E_BUDGET.
+ * A read error: COLIBRI_E_IO with a message, the experts read so far stay, the store consistent. */
+colibri_status store_warm(expert_store *s, const struct routing_profile *p, int n_pin);
+
 int store_n_slots(const expert_store *s);
 /* Counters: totals into the stats struct, per expert into out[n_layer * n_expert]. */
 void store_fill_stats(const expert_store *s, colibri_stats *out);

@@ -21,6 +21,7 @@
 #include "model.h"
 #include "ops.h"
 #include "predict.h"
+#include "profile.h"
 #include "types.h"
 
 /* Rows per split point: 16 floats of output = one cache line, so threads never share one. */
@@ -349,6 +350,43 @@ static colibri_status streamed_experts(struct colibri_context *c, int il, int n,
     }
 }
 
+/* Pre-filter for token row t at layer il: router logits for the profile's candidates of the
+ * token only (skipping dropped experts; single rows through the same kernel as the full
+ * router, written to the row's own router scratch). If more than k remain and the gap between
+ * the k-th and (k+1)-th logit is at least the margin, the top-k and their softmax weights over
+ * the candidates go to sel/sw (before any renormalisation) and 1 is returned; else 0. */
+static int prefilter_row(struct colibri_context *c, int il, int t, int32_t *sel, float *sw) {
+    const model_hparams *hp = &c->model->hp;
+    const mat *r = &c->model->layers[il].router;
+    const routing_profile *pr = c->profile;
+    scratch *s = &c->s;
+    const int X = hp->n_expert, k = hp->n_expert_used, E = hp->n_embd;
+    const uint8_t *drop = c->dropped ? c->dropped + (size_t)il * X : NULL;
+    const uint16_t *cand = profile_candidates(pr, c->chunk_tokens[t], il);
+    const float *x = s->xn + (size_t)t * E;
+    const block_q8a *xq = s->xnq + (size_t)t * (E / QK8A);
+    float *row = s->router + (size_t)t * X;
+    float lg[PROFILE_MAX_CAND];
+    int32_t id[PROFILE_MAX_CAND], top[PROFILE_MAX_CAND];
+    int nc = 0;
+    for (int j = 0; j < pr->n_cand; j++) {
+        const int e = cand[j];
+        if (drop && drop[e]) continue;
+        matmul_rows(r->type, r->data, r->row_bytes, r->cols, x, xq, 1, row, X, e, e + 1);
+        lg[nc] = row[e];
+        id[nc++] = e;
+    }
+    if (nc <= k) return 0;
+    op_topk(lg, nc, k + 1, top);
+    if (!(lg[top[k - 1]] - lg[top[k]] >= c->route_prefilter_margin)) return 0;
+    op_softmax(lg, nc);
+    for (int j = 0; j < k; j++) {
+        sel[j] = id[top[j]];
+        sw[j] = lg[top[j]];
+    }
+    return 1;
+}
+
 /* Router, top-k, grouping by expert, expert SwiGLUs (plus the shared expert), weighted sum
  * into s.tmp. Records the routing of the chunk for colibri_get_routing. */
 static colibri_status moe_ffn(struct colibri_context *c, int il, int n) {
@@ -365,22 +403,50 @@ static colibri_status moe_ffn(struct colibri_context *c, int il, int n) {
     const int q_exp = kernel_wants_q8a(w->gate_exps.type) || kernel_wants_q8a(w->up_exps.type);
     if (q_in || q_exp) quantize_rows(c, s->xn, s->xnq, n, E);
 
-    /* 1. router logits */
-    mm_job rj = job(&w->router, s->xn, s->xnq, n, s->router, X);
-    run_jobs(c, &rj, 1);
+    /* 1. router logits. With the pre-filter each row first tries its profile candidates; the
+     *    full router runs (over every row, as in exact mode) only if some row stays in doubt,
+     *    and such a row is marked sel[0] = -1. */
+    const int prefilter = c->profile && c->route_prefilter_margin > 0.0f;
+    int full = 1;
+    if (prefilter) {
+        full = 0;
+        for (int t = 0; t < n; t++) {
+            int32_t *sel = s->sel + (size_t)t * k;
+            if (prefilter_row(c, il, t, sel, s->selw + (size_t)t * k)) {
+                c->stats.prefilter_accepted++;
+            } else {
+                sel[0] = -1;
+                full = 1;
+            }
+        }
+        c->stats.prefilter_rows += (uint64_t)n;
+    }
+    if (full) {
+        mm_job rj = job(&w->router, s->xn, s->xnq, n, s->router, X);
+        run_jobs(c, &rj, 1);
+    }
 
-    /* 2. softmax over all experts (f32), top-k, optional renormalisation */
+    /* 2. softmax over all experts (f32), top-k, optional renormalisation. Dropped experts
+     *    (drop-cold) get a -inf logit, so the softmax renormalises over the kept ones, and
+     *    then a probability below every real one, so top-k never takes one. */
+    const uint8_t *drop = c->dropped ? c->dropped + (size_t)il * X : NULL;
     for (int t = 0; t < n; t++) {
         float *p = s->router + (size_t)t * X;
         int32_t *sel = s->sel + (size_t)t * k;
         float *sw = s->selw + (size_t)t * k;
-        op_softmax(p, X);
-        op_topk(p, X, k, sel);
-        float sum = 0.0f;
-        for (int j = 0; j < k; j++) {
-            sw[j] = p[sel[j]];
-            sum += sw[j];
+        if (!prefilter || sel[0] < 0) {
+            if (drop)
+                for (int e = 0; e < X; e++)
+                    if (drop[e]) p[e] = -INFINITY;
+            op_softmax(p, X);
+            if (drop)
+                for (int e = 0; e < X; e++)
+                    if (drop[e]) p[e] = -1.0f;
+            op_topk(p, X, k, sel);
+            for (int j = 0; j < k; j++) sw[j] = p[sel[j]];
         }
+        float sum = 0.0f;
+        for (int j = 0; j < k; j++) sum += sw[j];
         if (hp->expert_weights_norm && sum > 0.0f)
             for (int j = 0; j < k; j++) sw[j] /= sum;
         const size_t rt = (size_t)c->route_base + t;
@@ -615,8 +681,35 @@ void context_destroy(struct colibri_context *c) {
     cb_free(c->views);
     cb_free(c->wave_ids);
     cb_free(c->pf_ids);
+    profile_free(c->profile);
+    cb_free(c->dropped);
     arena_free(&c->arena);
     cb_free(c);
+}
+
+/* Drop-cold: mark the experts whose profile share is below `threshold`, except each layer's
+ * k hottest (ties: the lower id), so every layer can still route a full top-k. */
+static colibri_status plan_dropped(struct colibri_context *c, float threshold) {
+    const routing_profile *pr = c->profile;
+    const int X = pr->n_expert, k = pr->k;
+    c->dropped = cb_calloc((size_t)pr->n_layer * X, 1);
+    if (!c->dropped) return cb_error(COLIBRI_E_NOMEM, "out of memory");
+    int32_t keep[PROFILE_MAX_CAND]; /* k <= n_cand <= PROFILE_MAX_CAND (profile_load checks) */
+    int n = 0;
+    for (int l = 0; l < pr->n_layer; l++) {
+        const float *share = pr->share + (size_t)l * X;
+        op_topk(share, X, k, keep);
+        for (int e = 0; e < X; e++) {
+            if (share[e] >= threshold) continue;
+            int kept = 0;
+            for (int j = 0; j < k; j++) kept |= keep[j] == e;
+            if (kept) continue;
+            c->dropped[(size_t)l * X + e] = 1;
+            n++;
+        }
+    }
+    c->stats.experts_dropped = n;
+    return COLIBRI_OK;
 }
 
 colibri_status context_resolve_params(const struct colibri_model *m, const colibri_context_params *params,
@@ -638,9 +731,37 @@ colibri_status context_resolve_params(const struct colibri_model *m, const colib
     if (p.expert_policy != COLIBRI_POLICY_LFU && p.expert_policy != COLIBRI_POLICY_LRU)
         return cb_error(COLIBRI_E_INVALID_ARG, "expert_policy %d is not COLIBRI_POLICY_LFU or _LRU",
                         (int)p.expert_policy);
-    if (p.prefetch < 0 || p.prefetch > (COLIBRI_PREFETCH_LOOKAHEAD | COLIBRI_PREFETCH_TEMPORAL))
+    if (p.prefetch < 0 ||
+        p.prefetch > (COLIBRI_PREFETCH_LOOKAHEAD | COLIBRI_PREFETCH_TEMPORAL | COLIBRI_PREFETCH_HASHED))
         return cb_error(COLIBRI_E_INVALID_ARG, "prefetch flags %d are not a set of COLIBRI_PREFETCH_*",
                         (int)p.prefetch);
+    if (p.lookahead_depth <= 0) p.lookahead_depth = 1;
+    if (p.lookahead_depth > 8)
+        return cb_error(COLIBRI_E_INVALID_ARG, "lookahead_depth %d is above 8", (int)p.lookahead_depth);
+    if (p.expert_slots < 0)
+        return cb_error(COLIBRI_E_INVALID_ARG, "expert_slots %d is negative", (int)p.expert_slots);
+    if (p.expert_slots > 0 && hp->n_expert == 0)
+        return cb_error(COLIBRI_E_INVALID_ARG, "expert_slots %d given, but the model has no experts",
+                        (int)p.expert_slots);
+    if (p.pin_experts < 0)
+        return cb_error(COLIBRI_E_INVALID_ARG, "pin_experts %d is negative", (int)p.pin_experts);
+    if (!isfinite(p.route_prefilter_margin) || p.route_prefilter_margin < 0.0f)
+        return cb_error(COLIBRI_E_INVALID_ARG, "route_prefilter_margin %g is not a finite number >= 0",
+                        (double)p.route_prefilter_margin);
+    if (!(p.drop_cold_share >= 0.0f && p.drop_cold_share < 1.0f))
+        return cb_error(COLIBRI_E_INVALID_ARG, "drop_cold_share %g is not in [0, 1)", (double)p.drop_cold_share);
+    if (p.routing_profile && hp->n_expert == 0)
+        return cb_error(COLIBRI_E_INVALID_ARG, "routing profile %s given, but the model has no experts",
+                        p.routing_profile);
+    if (!p.routing_profile) {
+        const char *needs = (p.prefetch & COLIBRI_PREFETCH_HASHED) ? "COLIBRI_PREFETCH_HASHED"
+                            : p.pin_experts > 0                    ? "pin_experts"
+                            : p.route_prefilter_margin > 0.0f      ? "route_prefilter_margin"
+                            : p.drop_cold_share > 0.0f             ? "drop_cold_share"
+                                                                   : NULL;
+        if (needs)
+            return cb_error(COLIBRI_E_INVALID_ARG, "%s needs a routing profile (routing_profile is NULL)", needs);
+    }
     if (p.kv_type != COLIBRI_KV_DEFAULT && p.kv_type != COLIBRI_KV_F16 && p.kv_type != COLIBRI_KV_INT8)
         return cb_error(COLIBRI_E_INVALID_ARG, "kv_type %d is not COLIBRI_KV_DEFAULT, _F16 or _INT8",
                         (int)p.kv_type);
@@ -696,6 +817,17 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
     c->n_threads = p.n_threads;
     c->plan = plan;
     c->prefetch = p.prefetch;
+    if (p.routing_profile) {
+        if ((st = profile_load(p.routing_profile, m, &c->profile))) {
+            context_destroy(c);
+            return st;
+        }
+        c->route_prefilter_margin = p.route_prefilter_margin;
+        if (p.drop_cold_share > 0.0f && (st = plan_dropped(c, p.drop_cold_share))) {
+            context_destroy(c);
+            return st;
+        }
+    }
     const size_t kv_rows = (size_t)hp->n_layer * hp->n_head_kv * (size_t)c->n_ctx;
     const size_t kv_elems = kv_rows * hp->head_dim;
     c->kv_kind = context_kv_kind(m, &p);
@@ -756,6 +888,11 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
             return st;
         }
         c->resident_locked = ledger_lock_resident(m);
+        /* the profile's hottest experts are read now, so the first tokens find them resident */
+        if (c->profile && (st = store_warm(c->store, c->profile, p.pin_experts))) {
+            context_destroy(c);
+            return st;
+        }
         if (p.prefetch) {
             c->pred = cb_calloc(1, sizeof *c->pred);
             if (!c->pred) {

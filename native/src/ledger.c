@@ -9,6 +9,7 @@
 #include "error.h"
 #include "experts.h"
 #include "predict.h"
+#include "profile.h"
 #include "types.h"
 
 /* Pages of a worker thread's stack that a forward pass touches (it uses no large locals). */
@@ -40,6 +41,16 @@ colibri_status ledger_plan(const struct colibri_model *m, const colibri_context_
                        (uint64_t)p->n_threads * THREAD_STACK_BYTES +
                        (uint64_t)hp->n_expert * (sizeof(expert_view) + sizeof(int32_t)) +
                        2ull * hp->n_expert_used * sizeof(int32_t);
+    /* A routing profile belongs to the context category, not the store's bookkeeping: the
+     * pre-filter and drop-cold use it even when every expert is resident and no store exists.
+     * The drop-cold mask ([n_layer][n_expert] bytes) goes with it. */
+    if (p->routing_profile) {
+        uint64_t pb;
+        colibri_status st = profile_file_bytes(p->routing_profile, m, &pb);
+        if (st) return st;
+        o->context_bytes += pb;
+        if (p->drop_cold_share > 0.0f) o->context_bytes += (uint64_t)hp->n_layer * hp->n_expert;
+    }
 
     o->n_expert_total = hp->n_layer * hp->n_expert;
     o->expert_slot_bytes = store_slot_bytes(m);
@@ -47,16 +58,28 @@ colibri_status ledger_plan(const struct colibri_model *m, const colibri_context_
     const uint64_t fixed = o->metadata_bytes + o->resident_weight_bytes + o->model_table_bytes + o->kv_bytes +
                            o->scratch_bytes + o->context_bytes;
 
+    const uint64_t min_budget = fixed + store_table_bytes(m, o->min_expert_slots) + predictor_bytes(m) +
+                                (uint64_t)o->min_expert_slots * o->expert_slot_bytes;
+    if (hp->n_expert > 0 && p->expert_slots > 0) {
+        /* slots counted in experts: exactly this many (a store even when that is all of them,
+         * so its counters exist), whatever the budget would give; a nonzero budget below the
+         * resulting plan is refused with the plan's total as the budget that works */
+        const int32_t n = p->expert_slots < o->n_expert_total ? p->expert_slots : o->n_expert_total;
+        o->n_expert_slots = n;
+        o->store_table_bytes = store_table_bytes(m, (int)n) + predictor_bytes(m);
+        o->expert_bytes = (uint64_t)n * o->expert_slot_bytes;
+        o->total_bytes = fixed + o->store_table_bytes + o->expert_bytes;
+        o->min_budget = o->total_bytes;
+        o->fits = n >= o->min_expert_slots && (o->budget == 0 || o->budget >= o->total_bytes);
+        return COLIBRI_OK;
+    }
     if (hp->n_expert == 0 || o->budget == 0 || o->budget >= fixed + o->expert_total_bytes) {
         /* everything resident: experts are read from the mapped file, no store */
         o->all_resident = 1;
         o->n_expert_slots = o->n_expert_total;
         o->expert_bytes = o->expert_total_bytes;
         o->total_bytes = fixed + o->expert_bytes;
-        o->min_budget = hp->n_expert == 0
-                            ? o->total_bytes
-                            : fixed + store_table_bytes(m, o->min_expert_slots) + predictor_bytes(m) +
-                                  (uint64_t)o->min_expert_slots * o->expert_slot_bytes;
+        o->min_budget = hp->n_expert == 0 ? o->total_bytes : min_budget;
         if (o->min_budget > o->total_bytes) o->min_budget = o->total_bytes;
         o->fits = o->budget == 0 || o->budget >= o->total_bytes;
         return COLIBRI_OK;
@@ -73,8 +96,7 @@ colibri_status ledger_plan(const struct colibri_model *m, const colibri_context_
     o->store_table_bytes = store_table_bytes(m, (int)n) + predictor_bytes(m);
     o->expert_bytes = n * o->expert_slot_bytes;
     o->total_bytes = fixed + o->store_table_bytes + o->expert_bytes;
-    o->min_budget = fixed + store_table_bytes(m, o->min_expert_slots) + predictor_bytes(m) +
-                    (uint64_t)o->min_expert_slots * o->expert_slot_bytes;
+    o->min_budget = min_budget;
     o->fits = o->n_expert_slots >= o->min_expert_slots;
     return COLIBRI_OK;
 }
@@ -121,6 +143,12 @@ void ledger_unlock_resident(struct colibri_model *m) {
 }
 
 colibri_status ledger_refuse(const colibri_memory_plan *o) {
+    /* expert_slots below top-k (that plan sets min_budget = total; a budget-derived plan that
+     * falls short has total < min_budget) */
+    if (!o->all_resident && o->n_expert_slots < o->min_expert_slots && o->min_budget == o->total_bytes)
+        return cb_error(COLIBRI_E_BUDGET,
+                        "expert_slots %d cannot hold the minimum working set: at least top-k = %d slots are needed",
+                        (int)o->n_expert_slots, (int)o->min_expert_slots);
     return cb_error(COLIBRI_E_BUDGET,
                     "memory budget %llu bytes (%.1f MiB) cannot hold the minimum working set; "
                     "at least %llu bytes (%.1f MiB) are needed with these context settings",

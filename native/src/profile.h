@@ -53,6 +53,9 @@ colibri_status profile_load(const char *path, const struct colibri_model *m, rou
 void profile_free(routing_profile *p);
 /* Bytes the loaded profile holds (for the ledger). */
 size_t profile_bytes(const routing_profile *p);
+/* The bytes profile_load would hold for the file at path, from its header and size alone (the
+ * ledger plans them before the file is loaded); header errors as profile_load reports them. */
+colibri_status profile_file_bytes(const char *path, const struct colibri_model *m, uint64_t *bytes);
 
 static inline int profile_bucket(const routing_profile *p, int32_t token) {
     return p->bucket_shift >= 32 ? 0 : (int)(((uint32_t)token * 0x9E3779B1u) >> p->bucket_shift);

@@ -192,8 +192,9 @@ static colibri_status parse(const char *path, const unsigned char *b, size_t n, 
         for (uint32_t e = 0; e < n_expert; e++) {
             const float v = rd_f32(sp + 4 * ((size_t)l * n_expert + e));
             if (!isfinite(v) || v < 0.0f || v > 1.0f)
-                return cb_error(COLIBRI_E_FORMAT, "routing profile %s: share of expert %u in layer %u is %g, not in [0, 1]",
-                                path, e, l, (double)v);
+                return cb_error(COLIBRI_E_FORMAT,
+                                "routing profile %s: share of expert %u in layer %u is %g, not in [0, 1]", path, e, l,
+                                (double)v);
             p->share[(size_t)l * n_expert + e] = v;
             sum += v;
         }
@@ -218,7 +219,8 @@ static colibri_status parse(const char *path, const unsigned char *b, size_t n, 
             const unsigned bucket = (unsigned)(row / n_layer), layer = (unsigned)(row % n_layer);
             if (id >= n_expert)
                 bad = cb_error(COLIBRI_E_FORMAT,
-                               "routing profile %s: candidate %u of bucket %u, layer %u is expert %u (the model has %u)",
+                               "routing profile %s: candidate %u of bucket %u, layer %u is expert %u (the model has "
+                               "%u)",
                                path, j, bucket, layer, id, n_expert);
             else if ((seen[id / 64] >> (id % 64)) & 1)
                 bad = cb_error(COLIBRI_E_FORMAT,

@@ -220,6 +220,12 @@ int main(void) {
                 CHECK_OK(colibri_get_stats(c, &s));
                 CHECK(s.expert_misses > 0 && s.expert_calls == s.expert_hits + s.expert_misses);
                 CHECK(pf ? s.lookahead_predicted > 0 : s.prefetch_issued == 0);
+                /* wasted prefetches in bytes (every expert here is the same size); the decode
+                 * part of the stall time (K slots, no prefetch: every decode step misses) */
+                CHECK(s.prefetch_wasted_bytes == s.prefetch_wasted * (uint64_t)3 * FF * E * 4);
+                CHECK(s.expert_stall_decode_seconds >= 0.0 && s.expert_stall_decode_seconds <= s.expert_stall_seconds);
+                if (b == 0 && pf == 0) CHECK(s.expert_stall_decode_seconds > 0.0);
+                CHECK(s.experts_pinned == 0 && s.experts_dropped == 0 && s.prefilter_rows == 0);
                 colibri_context_free(c);
             }
 

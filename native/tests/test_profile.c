@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "colibri.h"
+#include "experts.h"
 #include "model.h"
 #include "profile.h"
 #include "test_util.h"
@@ -560,6 +561,31 @@ int main(void) {
         colibri_context_free(c);
     }
 
+    /* a read error during the warm-up: COLIBRI_E_IO, what was read stays, the store works */
+    p.routing_profile = NULL;
+    c = ctx_new(&p);
+    r = NULL;
+    CHECK_OK(profile_load(ppath, model, &r));
+    if (c && r) {
+        store_fail_next_reads(c->store, 1);
+        CHECK(store_warm(c->store, r, 0) == COLIBRI_E_IO);
+        CHECK(strstr(colibri_last_error(), "warming") != NULL);
+        int n_res = 0;
+        for (int i = 0; i < L * X; i++) n_res += resident(c, i / X, i % X);
+        CHECK(n_res == 0);
+        store_fail_next_reads(c->store, 0);
+        CHECK_OK(store_warm(c->store, r, 2));
+        for (int i = 0; i < L * X; i++) CHECK(resident(c, order[i] / X, order[i] % X) == (i < SLOTS));
+        run_greedy(c, tok, got);
+        CHECK(memcmp(got, ref, sizeof ref) == 0);
+        colibri_stats s;
+        CHECK_OK(colibri_get_stats(c, &s));
+        CHECK(s.experts_pinned == 2 && s.allocs_last_eval == 0);
+        CHECK(store_warm(c->store, r, SLOTS - K + 1) == COLIBRI_E_BUDGET);
+    }
+    profile_free(r);
+    colibri_context_free(c);
+
     /* ---- pinning ---- */
     const int PIN = 3;
     for (int policy = 0; policy < 2; policy++) {
@@ -672,6 +698,7 @@ int main(void) {
         colibri_stats s;
         CHECK_OK(colibri_get_stats(c, &s));
         CHECK(s.prefilter_rows == (uint64_t)(PROMPT + GEN) * L && s.prefilter_accepted == 0);
+        CHECK(s.allocs_last_eval == 0);
         colibri_context_free(c);
     }
     p.route_prefilter_margin = 1e-6f;

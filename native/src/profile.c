@@ -244,10 +244,14 @@ colibri_status profile_load(const char *path, const struct colibri_model *m, rou
     if (!path) return cb_error(COLIBRI_E_INVALID_ARG, "routing profile path is NULL");
     if (m->hp.n_expert <= 0)
         return cb_error(COLIBRI_E_INVALID_ARG, "routing profile %s given, but the model has no experts", path);
+    /* the header and the file size first, so a wrong file (a model, say) is refused before
+     * anything its size would make us allocate */
+    uint64_t bytes;
+    colibri_status st = profile_file_bytes(path, m, &bytes);
+    if (st) return st;
     unsigned char *b;
     size_t n;
-    colibri_status st = read_file(path, &b, &n);
-    if (st) return st;
+    if ((st = read_file(path, &b, &n))) return st;
     routing_profile *p = cb_calloc(1, sizeof *p);
     if (!p) {
         cb_free(b);

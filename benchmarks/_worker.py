@@ -81,6 +81,7 @@ def run_colibri(args: argparse.Namespace, prompt: list[int]) -> dict:
     from colibri_backend import _native
     from colibri_backend.adapters.sampling import SamplingParams
 
+    rss_before_load = read_status_bytes("VmRSS")
     t_load = time.perf_counter()
     model = colibri_backend.load(
         args.model, threads=args.threads, context_length=args.ctx, batch_size=args.batch_size or args.ctx
@@ -110,6 +111,7 @@ def run_colibri(args: argparse.Namespace, prompt: list[int]) -> dict:
         "t0": t0,
         "load_s": load_s,
         "rss_loaded": rss_loaded,
+        "rss_before_load": rss_before_load,
         "engine_stats": jsonable(stats),
         "banned": banned,
         "backend": _native.cpu_backend(),
@@ -250,6 +252,7 @@ def summarize(engine: str, args: argparse.Namespace, prompt: list[int], raw: dic
         "decode_s": decode_s,
         "decode_tps": (len(ids) - 1) / decode_s if len(ids) > 1 and decode_s > 0 else None,
         "rss_after_load_bytes": raw["rss_loaded"],
+        "rss_before_load_bytes": raw.get("rss_before_load"),
         "peak_rss_bytes": peak_rss_bytes(),
         "banned_tokens": raw["banned"],
         "generated_ids": ids,

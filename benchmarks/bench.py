@@ -577,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument(
-        "--batch-size", type=int, default=0, help="prompt tokens per evaluation, both engines (0: the context)"
+        "--batch-size", type=int, default=0, help="prompt tokens per evaluation, both engines (0: ctx)"
     )
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument(

@@ -242,9 +242,73 @@ def capped_sweep(args: argparse.Namespace) -> int:
     return 0 if all(r["rc"] == 0 for r in results) else 1
 
 
+def capped_report(args: argparse.Namespace) -> int:
+    """Markdown tables from a capped sweep's JSON files (capped_*.json, plus capped_none.json: the same
+    protocol without a cap, from `bench.py ... --json DIR/capped_none.json`)."""
+    from statistics import median
+
+    rows: dict[tuple[str, str], dict[str, list[dict]]] = {}
+    for f in sorted(Path(args.dir).glob("capped_*.json")):
+        label = f.stem.removeprefix("capped_")
+        for r in json.loads(f.read_text())["runs"]:
+            if r.get("ok"):
+                rows.setdefault((label, r["sampling"]), {}).setdefault(r["engine"], []).append(r)
+
+    def med(runs: list[dict], key: str) -> float:
+        return median(r[key] for r in runs if r.get(key) is not None)
+
+    uncapped = {
+        s: med(e["colibri"], "decode_tps") for (lab, s), e in rows.items() if lab == "none" and "colibri" in e
+    }
+    print(
+        "| cap | sampling | Colibri decode tok/s | llama.cpp decode tok/s | ratio | Colibri / own uncapped "
+        "| hit % "
+        "| MiB read / token | stall % | plan MiB | RSS growth MiB (/ plan) | cgroup peak MiB (C / L) |"
+    )
+    print("|" + "---|" * 12)
+    order = sorted(rows, key=lambda k: (k[0] != "none", -float(k[0]) if k[0] != "none" else 0, k[1]))
+    for label, sampling in order:
+        e = rows[(label, sampling)]
+        c, ll = e.get("colibri", []), e.get("llama_cpp", [])
+        ctps = med(c, "decode_tps") if c else None
+        ltps = med(ll, "decode_tps") if ll else None
+        cells = [label if label == "none" else f"{float(label):.0%}", sampling]
+        cells += [f"{ctps:.2f}" if ctps else "-", f"{ltps:.2f}" if ltps else "-"]
+        cells.append(f"{ctps / ltps:.1f}x" if ctps and ltps else "-")
+        own = uncapped.get(sampling)
+        cells.append(f"{ctps / own:.0%}" if ctps and own and label != "none" else "-")
+        if c:
+            st = c[0]["engine_stats"]
+            n_tok = st["n_prompt_tokens"] + st["n_decode_tokens"]
+            busy = st["prefill_seconds"] + st["decode_seconds"]
+            plan = st["memory_plan"]["total_bytes"]
+            growth = c[0]["peak_rss_bytes"] - (c[0].get("rss_before_load_bytes") or 0)
+            streaming = st.get("expert_calls", 0) > 0
+            cells += [
+                f"{100 * ratio(st['expert_hits'], st['expert_calls']):.1f}" if streaming else "all resident",
+                f"{st['expert_bytes_read'] / 2**20 / max(n_tok, 1):.1f}",
+                f"{100 * ratio(st['expert_stall_seconds'], busy):.0f}",
+                f"{plan / 2**20:.0f}",
+                f"{growth / 2**20:.0f} ({ratio(growth, plan):.2f})"
+                if c[0].get("rss_before_load_bytes")
+                else f"{c[0]['peak_rss_bytes'] / 2**20:.0f} (process)",
+            ]
+        else:
+            cells += ["-"] * 5
+        cg = [
+            f"{x[0]['cgroup_peak_bytes'] / 2**20:.0f}" if x and x[0].get("cgroup_peak_bytes") else "-"
+            for x in (c, ll)
+        ]
+        cells.append(" / ".join(cg))
+        print("| " + " | ".join(cells) + " |")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="mode", required=True)
+    report = sub.add_parser("report", help="Markdown tables from a capped sweep's --out-dir")
+    report.add_argument("dir", type=Path)
     for name in ("budget", "child", "capped"):
         p = sub.add_parser(name)
         p.add_argument("--model", required=True)
@@ -282,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
         return child(args)
     if args.mode == "budget":
         return budget_sweep(args)
+    if args.mode == "report":
+        return capped_report(args)
     return capped_sweep(args)
 
 

@@ -31,7 +31,7 @@ _transformers_glue.register()
 
 if TYPE_CHECKING:
     from colibri_backend.adapters.sampling import SamplingParams
-    from colibri_backend.engine import GenerationEvent, Model, ModelInfo, load
+    from colibri_backend.engine import GenerationEvent, Model, ModelInfo, load, replay_routing
     from colibri_backend.models import default_model_path, resolve_model
 
 _LAZY = {
@@ -39,6 +39,7 @@ _LAZY = {
     "Model": "colibri_backend.engine",
     "ModelInfo": "colibri_backend.engine",
     "GenerationEvent": "colibri_backend.engine",
+    "replay_routing": "colibri_backend.engine",
     "default_model_path": "colibri_backend.models",
     "resolve_model": "colibri_backend.models",
     "SamplingParams": "colibri_backend.adapters.sampling",
@@ -58,6 +59,7 @@ __all__ = [
     "__version__",
     "default_model_path",
     "load",
+    "replay_routing",
     "resolve_model",
 ]
 

@@ -8,6 +8,7 @@ libraries come on top, which is why the default keeps a margin.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -131,7 +132,11 @@ def resolve_budget(value: str | int | None) -> int:
 
 
 POLICIES = {"lfu": 0, "lru": 1}
-PREFETCHERS = {"lookahead": 1, "temporal": 2}
+PREFETCHERS = {"lookahead": 1, "temporal": 2, "hashed": 4}
+HASHED = PREFETCHERS["hashed"]
+# The default predictors: without a routing profile, and with one (the hashed table needs it).
+DEFAULT_PREFETCH = "lookahead,temporal"
+DEFAULT_PREFETCH_WITH_PROFILE = "lookahead,temporal,hashed"
 
 
 def parse_policy(name: str) -> int:
@@ -143,19 +148,108 @@ def parse_policy(name: str) -> int:
 
 
 def parse_prefetch(spec: str) -> int:
-    """COLIBRI_PREFETCH_* flags of "lookahead", "temporal", "lookahead,temporal" (= "both"), "none"."""
+    """COLIBRI_PREFETCH_* flags of a comma list of "lookahead", "temporal", "hashed" (the routing
+    profile's token table), or "both" (= lookahead,temporal), "all" (all three), "none"."""
     key = spec.strip().lower()
     if key in ("none", "off", ""):
         return 0
-    if key in ("both", "all"):
+    if key == "both":
         return PREFETCHERS["lookahead"] | PREFETCHERS["temporal"]
+    if key == "all":
+        return PREFETCHERS["lookahead"] | PREFETCHERS["temporal"] | PREFETCHERS["hashed"]
     flags = 0
     for part in key.split(","):
         part = part.strip()
         if part not in PREFETCHERS:
-            raise ValueError(f"unknown predictor {part!r} (choose from lookahead, temporal, both, none)")
+            raise ValueError(
+                f"unknown predictor {part!r} (choose from lookahead, temporal, hashed, both, all, none)"
+            )
         flags |= PREFETCHERS[part]
     return flags
+
+
+def _whole_number(value: str | int, what: str) -> int:
+    """A non-negative integer from an int or a decimal string; a clear error otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(f"{what} must be a whole number, got {value!r}")
+    if isinstance(value, int):
+        n = value
+    else:
+        text = str(value).strip()
+        try:
+            n = int(text)
+        except ValueError:
+            raise ValueError(f"{what} must be a whole number, got {value!r}") from None
+    if n < 0:
+        raise ValueError(f"{what} cannot be negative, got {value!r}")
+    return n
+
+
+def parse_expert_slots(value: str | int | None, n_layer: int, n_expert: int, k: int) -> int:
+    """Expert slots for colibri_context_params.expert_slots: None or 0 -> 0 (slots from the budget),
+    an int -> that many, "40%" -> that share of the model's n_layer * n_expert routed experts,
+    rounded up and at least top-k. More than the model has, or fewer than top-k, is refused."""
+    if value is None:
+        return 0
+    total = n_layer * n_expert
+    text = value.strip() if isinstance(value, str) else None
+    if text is not None and text.endswith("%"):
+        try:
+            pct = float(text[:-1])
+        except ValueError:
+            raise ValueError(f"expert_slots {value!r} is not a percentage such as 40%") from None
+        if not 0 < pct <= 100:
+            raise ValueError(f"expert_slots {value!r} must be a percentage in (0%, 100%]")
+        if total == 0:
+            raise ValueError(
+                "expert_slots is for mixture-of-experts models; this model has no routed experts"
+            )
+        # A share is rounded up so that "40%" never gives fewer slots than 40 percent of the experts.
+        return max(k, min(total, math.ceil(total * pct / 100 - 1e-9)))
+    n = _whole_number(value, "expert_slots")
+    if n == 0:
+        return 0
+    if total == 0:
+        raise ValueError("expert_slots is for mixture-of-experts models; this model has no routed experts")
+    if n < k:
+        raise ValueError(f"expert_slots {n} is fewer than the top-{k} experts one token needs")
+    if n > total:
+        raise ValueError(f"expert_slots {n} is more than the model's {total} routed experts")
+    return n
+
+
+def parse_pin_experts(value: str | int | None, n_slots: int, k: int) -> int:
+    """Experts to pin: an int, or "auto" = half of the slots left after the top-k working set,
+    (n_slots - k) // 2, so demand loads and prefetches keep at least as many slots as are pinned.
+    None -> 0. With every expert resident (n_slots = 0: no store) nothing is pinned."""
+    if value is None:
+        return 0
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return max(0, (n_slots - k) // 2) if n_slots > 0 else 0
+    n = _whole_number(value, "pin_experts")
+    if n and n_slots > 0 and n > n_slots - k:
+        raise ValueError(
+            f"pin_experts {n} leaves fewer than the top-{k} free slots one token needs "
+            f"({n_slots} slots; at most {max(n_slots - k, 0)} can be pinned)"
+        )
+    return n
+
+
+def parse_share(value: float | str | None, what: str, upper: float | None = None) -> float:
+    """A non-negative float option (0 = off); upper, when given, is an inclusive bound."""
+    if value is None:
+        return 0.0
+    if isinstance(value, bool):
+        raise ValueError(f"{what} must be a number, got {value!r}")
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a number, got {value!r}") from None
+    if not math.isfinite(x) or x < 0:
+        raise ValueError(f"{what} must be a finite number >= 0, got {value!r}")
+    if upper is not None and x > upper:
+        raise ValueError(f"{what} must be at most {upper:g}, got {value!r}")
+    return x
 
 
 KV_CACHE_TYPES = {"f16": 1, "int8": 2}

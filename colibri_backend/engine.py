@@ -31,14 +31,23 @@ from colibri_backend.adapters.gguf_metadata import read_metadata
 from colibri_backend.adapters.sampling import SamplingParams
 from colibri_backend.adapters.tokenizer import Tokenizer
 from colibri_backend.budget import (
+    DEFAULT_PREFETCH,
+    DEFAULT_PREFETCH_WITH_PROFILE,
+    HASHED,
+    parse_expert_slots,
     parse_kv_cache_type,
+    parse_pin_experts,
     parse_policy,
     parse_prefetch,
+    parse_share,
     plan_to_dict,
     resolve_budget,
 )
 from colibri_backend.errors import ContextFullError, EngineError
 from colibri_backend.models import resolve_model
+from colibri_backend.profile import profile_path
+
+MAX_LOOKAHEAD_DEPTH = 8  # colibri.h: lookahead_depth 1..8
 
 
 @dataclass(frozen=True)
@@ -129,6 +138,104 @@ def _log_softmax_at(
     return lp, top
 
 
+def resolve_warmup_routing(value: bool | str | os.PathLike[str] | None, model_path: Path) -> Path | None:
+    """The routing profile a warmup_routing option names: False/None -> none, True -> the sidecar
+    next to the model (MODEL.routing, which must exist), a path -> that file."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        side = profile_path(model_path)
+        if not side.is_file():
+            raise FileNotFoundError(
+                f"warmup_routing: there is no routing profile next to the model ({side}); make one with "
+                f"`colibri profile {model_path} CORPUS...` or pass the path of a profile"
+            )
+        return side
+    if not isinstance(value, (str, os.PathLike)):
+        raise ValueError(f"warmup_routing must be True, False or a path, got {value!r}")
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"routing profile not found: {path}")
+    return path
+
+
+def store_params(
+    lib: Any,
+    model: c_void_p,
+    info: ModelInfo,
+    path: Path,
+    *,
+    threads: int | None = None,
+    context_length: int | None = None,
+    batch_size: int | None = None,
+    memory_budget: str | int | None = 0,
+    expert_policy: str = "lfu",
+    prefetch: str | None = None,
+    kv_cache_type: str | None = None,
+    expert_slots: str | int | None = None,
+    lookahead_depth: int | None = None,
+    warmup_routing: bool | str | os.PathLike[str] | None = False,
+    pin_experts: str | int | None = None,
+    route_prefilter_margin: float | None = None,
+    drop_cold_share: float | None = None,
+) -> tuple[_native.ContextParamsC, Path | None]:
+    """colibri_context_params for an opened model from the Python-level options (see load()),
+    and the routing profile it uses. The struct holds the profile path's bytes itself (ctypes
+    keeps a reference to the bytes assigned to a c_char_p field)."""
+    params = _native.ContextParamsC()
+    lib.colibri_context_default_params(byref(params))
+    params.n_threads = int(threads or 0)
+    params.n_ctx = int(context_length or 0)
+    if batch_size:
+        params.n_batch = int(batch_size)
+    params.memory_budget = resolve_budget(memory_budget)
+    params.expert_policy = parse_policy(expert_policy)
+    params.kv_type = parse_kv_cache_type(kv_cache_type)
+    params.expert_slots = parse_expert_slots(expert_slots, info.n_layer, info.n_expert, info.n_expert_used)
+    if lookahead_depth is not None and lookahead_depth != 0:
+        if isinstance(lookahead_depth, bool) or not isinstance(lookahead_depth, int):
+            raise ValueError(f"lookahead_depth must be a whole number, got {lookahead_depth!r}")
+        if not 1 <= lookahead_depth <= MAX_LOOKAHEAD_DEPTH:
+            raise ValueError(
+                f"lookahead_depth must be between 1 and {MAX_LOOKAHEAD_DEPTH}, got {lookahead_depth}"
+            )
+        params.lookahead_depth = lookahead_depth
+    profile = resolve_warmup_routing(warmup_routing, path)
+    if profile is not None and info.n_expert <= 0:
+        raise ValueError(f"warmup_routing: {path} is a dense model; routing profiles are for MoE models")
+    spec = (
+        prefetch if prefetch is not None else (DEFAULT_PREFETCH_WITH_PROFILE if profile else DEFAULT_PREFETCH)
+    )
+    flags = parse_prefetch(spec)
+    if flags & HASHED and profile is None:
+        if spec.strip().lower() != "all":
+            raise ValueError(
+                "prefetch 'hashed' needs a routing profile: pass warmup_routing (--warmup-routing) too"
+            )
+        flags &= ~HASHED  # "all" means every predictor that can run
+    params.prefetch = flags
+    margin = parse_share(route_prefilter_margin, "route_prefilter_margin")
+    cold = parse_share(drop_cold_share, "drop_cold_share", upper=1.0)
+    for name, on in (("route_prefilter_margin", margin > 0), ("drop_cold_share", cold > 0)):
+        if on and profile is None:
+            raise ValueError(f"{name} needs a routing profile: pass warmup_routing (--warmup-routing) too")
+    params.route_prefilter_margin = margin
+    params.drop_cold_share = cold
+    if profile is not None:
+        params.routing_profile = os.fsencode(profile)
+    if pin_experts is not None and pin_experts != 0:
+        if profile is None:
+            raise ValueError(
+                "pin_experts needs a routing profile: pass warmup_routing (--warmup-routing) too"
+            )
+        # "auto" and the range check need the number of slots this budget gives.
+        plan = _native.MemoryPlanC()
+        lib.check(lib.colibri_plan_model(model, byref(params), byref(plan)), "plan")
+        n_slots = 0 if plan.all_resident else int(plan.n_expert_slots)
+        params.pin_experts = parse_pin_experts(pin_experts, n_slots, info.n_expert_used)
+    return params, profile
+
+
 class Model:
     """A loaded model with one inference context. See colibri_backend.load()."""
 
@@ -143,8 +250,14 @@ class Model:
         name: str | None = None,
         memory_budget: str | int | None = 0,
         expert_policy: str = "lfu",
-        prefetch: str = "lookahead,temporal",
+        prefetch: str | None = None,
         kv_cache_type: str | None = None,
+        expert_slots: str | int | None = None,
+        lookahead_depth: int | None = None,
+        warmup_routing: bool | str | os.PathLike[str] | None = False,
+        pin_experts: str | int | None = None,
+        route_prefilter_margin: float | None = None,
+        drop_cold_share: float | None = None,
     ) -> None:
         self._lock = threading.RLock()
         self._model = c_void_p()
@@ -166,16 +279,25 @@ class Model:
             info_c = _native.ModelInfoC()
             lib.check(lib.colibri_model_get_info(self._model, byref(info_c)), "model info")
             self.info = ModelInfo.from_c(info_c)
-            params = _native.ContextParamsC()
-            lib.colibri_context_default_params(byref(params))
-            params.n_threads = int(threads or 0)
-            params.n_ctx = int(context_length or 0)
-            if batch_size:
-                params.n_batch = int(batch_size)
-            params.memory_budget = resolve_budget(memory_budget)
-            params.expert_policy = parse_policy(expert_policy)
-            params.prefetch = parse_prefetch(prefetch)
-            params.kv_type = parse_kv_cache_type(kv_cache_type)
+            params, self.routing_profile = store_params(
+                lib,
+                self._model,
+                self.info,
+                path,
+                threads=threads,
+                context_length=context_length,
+                batch_size=batch_size,
+                memory_budget=memory_budget,
+                expert_policy=expert_policy,
+                prefetch=prefetch,
+                kv_cache_type=kv_cache_type,
+                expert_slots=expert_slots,
+                lookahead_depth=lookahead_depth,
+                warmup_routing=warmup_routing,
+                pin_experts=pin_experts,
+                route_prefilter_margin=route_prefilter_margin,
+                drop_cold_share=drop_cold_share,
+            )
             lib.check(lib.colibri_context_new(self._model, byref(params), byref(self._ctx)), "context")
             self.context_length: int = int(lib.colibri_context_n_ctx(self._ctx))
             self.threads = params.n_threads
@@ -348,6 +470,22 @@ class Model:
                 "routing",
             )
             return ids[: written.value], weights[: written.value]
+
+    def route(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Expert ids [n, n_layer, n_expert_used] the router chooses for `token_ids` evaluated as a
+        fresh sequence (teacher-forced, no logits copied out). Dense models give n = 0 rows."""
+        ids = self._check_ids(token_ids)
+        with self._lock:
+            self._check_open()
+            if ids.size > self.context_length:
+                raise ContextFullError(
+                    "COLIBRI_E_CONTEXT_FULL",
+                    f"{ids.size} tokens do not fit in the context of {self.context_length}",
+                )
+            self._reset_cache()
+            if ids.size:
+                self._eval(ids, None, all_logits=False)
+            return self.routing()[0]
 
     # ---- generation -------------------------------------------------------------------------
 
@@ -577,7 +715,8 @@ class Model:
             self._check_open()
             s = _native.StatsC()
             self._lib.check(self._lib.colibri_get_stats(self._ctx, byref(s)), "stats")
-            out: dict[str, Any] = {name: getattr(s, name) for name, _ in _native.StatsC._fields_}
+            out = stats_to_dict(s)
+            out["routing_profile"] = str(self.routing_profile) if self.routing_profile else None
             out["prefill_tokens_per_second"] = (
                 s.n_prompt_tokens / s.prefill_seconds if s.prefill_seconds > 0 else 0.0
             )
@@ -638,6 +777,93 @@ class Model:
             self._lib.colibri_reset_stats(self._ctx)
 
 
+def stats_to_dict(s: _native.StatsC) -> dict[str, Any]:
+    """colibri_stats as a dict, plus the expert store's hit rate and each predictor's precision
+    (correct / predicted) and recall (correct / actual); 0.0 where nothing was counted."""
+    out: dict[str, Any] = {name: getattr(s, name) for name, _ in _native.StatsC._fields_}
+    out["expert_hit_rate"] = s.expert_hits / s.expert_calls if s.expert_calls else 0.0
+    for src in ("lookahead", "temporal", "hashed"):
+        correct = out[f"{src}_correct"]
+        out[f"{src}_precision"] = correct / out[f"{src}_predicted"] if out[f"{src}_predicted"] else 0.0
+        out[f"{src}_recall"] = correct / out[f"{src}_actual"] if out[f"{src}_actual"] else 0.0
+    return out
+
+
+def replay_routing(
+    model: str | os.PathLike[str],
+    tokens: Sequence[int] | np.ndarray,
+    expert_ids: np.ndarray,
+    *,
+    memory_budget: str | int | None = 0,
+    expert_slots: str | int | None = None,
+    expert_policy: str = "lfu",
+    prefetch: str | None = None,
+    lookahead_depth: int | None = None,
+    warmup_routing: bool | str | os.PathLike[str] | None = False,
+    pin_experts: str | int | None = None,
+    threads: int | None = None,
+    context_length: int | None = None,
+    batch_size: int | None = None,
+    kv_cache_type: str | None = None,
+) -> dict[str, Any]:
+    """Replay a recorded routing (expert_ids [T, n_layer, k], tokens [T]; a RoutingTrace's ids and
+    tokens) through the expert store these options set up, each token one decode step, without
+    running the model (colibri_replay_routing). Returns the counters as Model.stats() names them
+    (expert_hits, expert_misses, prefetch_*, expert_stall_seconds, hashed_*, ...). Lookahead needs
+    hidden states and is not replayed. The store must stream: give expert_slots or a memory_budget
+    smaller than the model (0, the default here, holds every expert and is refused)."""
+    resolved = resolve_model(model)
+    path = resolved.gguf
+    ids = np.ascontiguousarray(expert_ids, dtype=np.int32)
+    toks = np.ascontiguousarray(tokens, dtype=np.int32)
+    if ids.ndim != 3 or toks.shape != (ids.shape[0],):
+        raise ValueError(f"expert_ids {ids.shape} and tokens {toks.shape} must be [T, n_layer, k] and [T]")
+    lib = _native.load_library()
+    handle = c_void_p()
+    lib.check(lib.colibri_model_open(os.fsencode(path), byref(handle)), f"cannot open {path}")
+    try:
+        info_c = _native.ModelInfoC()
+        lib.check(lib.colibri_model_get_info(handle, byref(info_c)), "model info")
+        info = ModelInfo.from_c(info_c)
+        if info.n_expert <= 0:
+            raise ValueError(f"{path} is a dense model: there is no expert routing to replay")
+        if ids.shape[1:] != (info.n_layer, info.n_expert_used):
+            raise ValueError(
+                f"the routing has {ids.shape[1]} layers x top-{ids.shape[2]}; {path} has "
+                f"{info.n_layer} layers x top-{info.n_expert_used}"
+            )
+        params, _profile = store_params(
+            lib,
+            handle,
+            info,
+            path,
+            threads=threads,
+            context_length=context_length,
+            batch_size=batch_size,
+            memory_budget=memory_budget,
+            expert_policy=expert_policy,
+            prefetch=prefetch,
+            kv_cache_type=kv_cache_type,
+            expert_slots=expert_slots,
+            lookahead_depth=lookahead_depth,
+            warmup_routing=warmup_routing,
+            pin_experts=pin_experts,
+        )
+        out = _native.StatsC()
+        lib.check(
+            lib.colibri_replay_routing(
+                handle, byref(params), _native.i32_ptr(toks), _native.i32_ptr(ids), int(toks.size), byref(out)
+            ),
+            "replay",
+        )
+        result = stats_to_dict(out)
+        result["n_tokens"] = int(toks.size)
+        result["routing_profile"] = str(_profile) if _profile else None
+        return result
+    finally:
+        lib.colibri_model_close(handle)
+
+
 def load(
     model: str | os.PathLike[str],
     threads: int | None = None,
@@ -645,8 +871,14 @@ def load(
     batch_size: int | None = None,
     memory_budget: str | int | None = None,
     expert_policy: str = "lfu",
-    prefetch: str = "lookahead,temporal",
+    prefetch: str | None = None,
     kv_cache_type: str | None = None,
+    expert_slots: str | int | None = None,
+    lookahead_depth: int | None = None,
+    warmup_routing: bool | str | os.PathLike[str] | None = False,
+    pin_experts: str | int | None = None,
+    route_prefilter_margin: float | None = None,
+    drop_cold_share: float | None = None,
 ) -> Model:
     """Load a model: a GGUF path, a Hugging Face checkpoint directory (converted once and
     cached) or a known name such as "smollm2".
@@ -654,7 +886,21 @@ def load(
     memory_budget: bytes or a size string ("512M", "1.5G") for everything the engine holds;
     None: a share of the available memory or cgroup limit (colibri_backend.budget); 0: no limit.
     Experts that do not fit are streamed from the file (expert_policy "lfu" or "lru"; prefetch
-    "lookahead", "temporal", "lookahead,temporal" or "none"). Output is identical at any budget.
+    "lookahead", "temporal", "hashed", comma lists of them, "all" or "none"; default
+    "lookahead,temporal", plus "hashed" when a routing profile is loaded). Output is identical at
+    any budget.
+
+    Expert store (docs/memory.md, "Routing profiles and store options"):
+    expert_slots: slots counted in experts instead of bytes: an int, or "40%" of the model's
+    n_layer * n_expert routed experts (rounded up, at least top-k); None: from the budget.
+    lookahead_depth: layers ahead the lookahead predictor looks (1..8; None: 1).
+    warmup_routing: a routing profile (`colibri profile`) to warm the slots with and to feed the
+    hashed predictor: True = MODEL.routing next to the model (an error if there is none), or a path.
+    pin_experts: keep this many of the profile's hottest experts in slots for good; "auto" = half
+    of the slots left after the top-k working set, (slots - k) // 2.
+    route_prefilter_margin (lossy, opt-in): route among the profile's candidates only when the
+    logit gap is at least this; 0 off. drop_cold_share (lossy, opt-in): never route to experts whose
+    profile share is below this; 0 off. Both need a profile.
 
     kv_cache_type: None (F16, or F32 for an F32 model), "f16", or "int8" (per-position, per-head
     scaled int8: about half the KV memory of F16, slightly different logits; docs/memory.md)."""
@@ -668,6 +914,12 @@ def load(
         expert_policy=expert_policy,
         prefetch=prefetch,
         kv_cache_type=kv_cache_type,
+        expert_slots=expert_slots,
+        lookahead_depth=lookahead_depth,
+        warmup_routing=warmup_routing,
+        pin_experts=pin_experts,
+        route_prefilter_margin=route_prefilter_margin,
+        drop_cold_share=drop_cold_share,
         hf_dir=resolved.hf_dir,
         name=resolved.name or None,
     )

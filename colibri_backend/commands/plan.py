@@ -14,6 +14,8 @@ import sys
 from ctypes import byref
 from typing import Any
 
+from colibri_backend.commands._load_options import add_load_arguments, load_options
+
 
 def compute_plan(
     model: str,
@@ -22,32 +24,50 @@ def compute_plan(
     batch_size: int | None = None,
     threads: int | None = None,
     kv_cache_type: str | None = None,
+    **store_options: Any,
 ) -> dict[str, int]:
-    """The ledger's plan for loading `model` (path, checkpoint dir or known name) with these settings."""
+    """The ledger's plan for loading `model` (path, checkpoint dir or known name) with these settings;
+    store_options are the expert-store keywords of colibri_backend.load (expert_slots, ...)."""
+    from ctypes import c_void_p
+
     from colibri_backend import _native
-    from colibri_backend.budget import parse_kv_cache_type, plan_to_dict, resolve_budget
+    from colibri_backend.budget import plan_to_dict
+    from colibri_backend.engine import ModelInfo, store_params
     from colibri_backend.models import resolve_model
 
     path = resolve_model(model).gguf
     lib = _native.load_library()
-    params = _native.ContextParamsC()
-    lib.colibri_context_default_params(byref(params))
-    params.n_threads = int(threads or 0)
-    params.n_ctx = int(context_length or 0)
-    if batch_size:
-        params.n_batch = int(batch_size)
-    params.memory_budget = resolve_budget(memory_budget)
-    params.kv_type = parse_kv_cache_type(kv_cache_type)
-    plan = _native.MemoryPlanC()
-    lib.check(lib.colibri_plan(os.fsencode(path), byref(params), byref(plan)), f"plan for {path}")
-    return plan_to_dict(plan)
+    handle = c_void_p()
+    lib.check(lib.colibri_model_open(os.fsencode(path), byref(handle)), f"cannot open {path}")
+    try:
+        info_c = _native.ModelInfoC()
+        lib.check(lib.colibri_model_get_info(handle, byref(info_c)), "model info")
+        params, _ = store_params(
+            lib,
+            handle,
+            ModelInfo.from_c(info_c),
+            path,
+            threads=threads,
+            context_length=context_length,
+            batch_size=batch_size,
+            memory_budget=memory_budget,
+            kv_cache_type=kv_cache_type,
+            **store_options,
+        )
+        plan = _native.MemoryPlanC()
+        lib.check(lib.colibri_plan_model(handle, byref(params), byref(plan)), f"plan for {path}")
+        return plan_to_dict(plan)
+    finally:
+        lib.colibri_model_close(handle)
 
 
 def run(args: argparse.Namespace) -> int:
     from colibri_backend.budget import format_plan
 
+    options = load_options(args)
+    budget = options.pop("memory_budget", None)
     plan = compute_plan(
-        args.model, args.memory_budget, args.context_length, args.batch_size, args.threads, args.kv_cache_type
+        args.model, budget, args.context_length, args.batch_size, args.threads, args.kv_cache_type, **options
     )
     if args.json:
         print(json.dumps(plan, indent=2))
@@ -72,12 +92,6 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("model", help="a .gguf file, a Hugging Face checkpoint directory, or a known name")
     p.add_argument(
-        "--memory-budget",
-        "-b",
-        default=None,
-        help="512M, 1.5G, bytes, or 0 for unlimited (default: a share of available memory / cgroup limit)",
-    )
-    p.add_argument(
         "--context",
         "--context-length",
         dest="context_length",
@@ -91,4 +105,5 @@ def register(subparsers: Any) -> None:
         "--kv-cache-type", choices=("f16", "int8"), default=None, help="KV cache elements (default f16)"
     )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    add_load_arguments(p, budget_aliases=("-b",))
     p.set_defaults(func=run)

@@ -7,9 +7,11 @@ import sys
 import time
 from typing import Any
 
+from colibri_backend.commands._load_options import add_load_arguments, load_options
+
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """Options shared by run and chat: which model and how to sample."""
+    """Options shared by run and chat: which model, how to sample, memory and expert streaming."""
     p.add_argument(
         "--model",
         "-m",
@@ -39,26 +41,13 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         help="context window in tokens (default: min(trained length, 4096))",
     )
     p.add_argument(
-        "--memory-budget",
-        default=None,
-        help="memory for the engine: 512M, 1.5G, bytes, 0 = unlimited (default: a share of available "
-        "memory or the cgroup limit); experts that do not fit are streamed from the file",
-    )
-    p.add_argument(
-        "--expert-policy", choices=("lfu", "lru"), default="lfu", help="expert cache policy (lfu, with decay)"
-    )
-    p.add_argument(
-        "--prefetch",
-        default="lookahead,temporal",
-        help="expert predictors feeding the loader: lookahead, temporal, both, none (lookahead,temporal)",
-    )
-    p.add_argument(
         "--kv-cache-type",
         choices=("f16", "int8"),
         default=None,
         help="KV cache elements: f16, or int8 with per-head scales (about half the memory, slightly "
         "different logits); default f16 (f32 for an F32 model)",
     )
+    add_load_arguments(p)
 
 
 def load_model(args: argparse.Namespace) -> Any:
@@ -69,10 +58,8 @@ def load_model(args: argparse.Namespace) -> Any:
         model,
         threads=args.threads,
         context_length=args.context_length,
-        memory_budget=args.memory_budget,
-        expert_policy=args.expert_policy,
-        prefetch=args.prefetch,
         kv_cache_type=getattr(args, "kv_cache_type", None),
+        **load_options(args),
     )
 
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
+
+from colibri_backend.commands._load_options import add_load_arguments, load_options
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -49,7 +52,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=None, help="CPU threads per model")
     p.add_argument("--context-length", type=int, default=None, help="context length per model")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    add_load_arguments(p)
     p.set_defaults(func=run)
+
+
+def apply_load_options(cfg: Any, aliases: list[str], options: dict[str, Any]) -> Any:
+    """The configuration with the command line's load options applied to the served aliases:
+    --memory-budget becomes each alias's memory_budget (a backend without budget support then
+    refuses to load, naming the alias); the expert-store options go into the `options` the
+    colibri backend passes to colibri_backend.load(), so they apply to aliases on that backend."""
+    from dataclasses import replace
+
+    from colibri_backend.budget import parse_size
+
+    if not options:
+        return cfg
+    options = dict(options)
+    budget = options.pop("memory_budget", None)
+    models = dict(cfg.models)
+    colibri = [a for a in aliases if models[a].backend == "colibri"]
+    if options and not colibri:
+        raise ValueError(
+            f"the expert-store options ({', '.join(options)}) configure the colibri backend, "
+            "and no served model uses it"
+        )
+    for alias in aliases:
+        m = models[alias]
+        if budget is not None:
+            m = replace(m, memory_budget=parse_size(budget))
+        if alias in colibri and options:
+            m = replace(m, options={**m.options, **options})
+        models[alias] = m
+    return replace(cfg, models=models)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         overrides["context_length"] = args.context_length
     if overrides:
         cfg = replace(cfg, models={a: replace(m, **overrides) for a, m in cfg.models.items()})
+    cfg = apply_load_options(cfg, aliases, load_options(args))
     if args.max_queue is not None and args.max_queue < 0:
         raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
     port = cfg.server.port if args.port is None else args.port

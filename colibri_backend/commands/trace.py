@@ -13,6 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from colibri_backend.commands._load_options import add_load_arguments, load_options
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -52,6 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="context window in tokens (default: min(trained length, 4096))",
     )
+    add_load_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -75,7 +78,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         text, source = args.text, "text"
     model_ref = args.model if args.model else colibri_backend.default_model_path()
-    with colibri_backend.load(model_ref, threads=args.threads, context_length=args.context_length) as model:
+    with colibri_backend.load(
+        model_ref, threads=args.threads, context_length=args.context_length, **load_options(args)
+    ) as model:
         trace = record_trace(
             model,
             text=text,

@@ -1,0 +1,130 @@
+"""`colibri replay MODEL TRACE`: a recorded routing through an expert store, without the model.
+
+    colibri trace --model colibri-moe --file some.py -o some.npz
+    colibri replay colibri-moe some.npz --expert-slots 40% --warmup-routing --prefetch temporal,hashed
+
+Each traced token is one decode step through a store set up as the options say (slots, policy,
+profile warm-up and pinning, temporal and hashed predictors; lookahead needs hidden states and is
+not replayed). The experts' bytes are really read from the model file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from colibri_backend.commands._load_options import add_load_arguments, load_options
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else 0.0
+
+
+def summary(s: dict[str, Any]) -> dict[str, Any]:
+    """The figures `colibri replay` reports, from replay_routing's counters."""
+    out: dict[str, Any] = {
+        "tokens": s["n_tokens"],
+        "expert_slots": s["expert_slots"],
+        "calls": s["expert_calls"],
+        "hits": s["expert_hits"],
+        "misses": s["expert_misses"],
+        "hit_rate": s["expert_hit_rate"],
+        "prefetch_issued": s["prefetch_issued"],
+        "prefetch_used": s["prefetch_used"],
+        "prefetch_wasted": s["prefetch_wasted"],
+        "prefetch_wasted_bytes": s["prefetch_wasted_bytes"],
+        "bytes_read": s["expert_bytes_read"],
+        "stall_seconds": s["expert_stall_seconds"],
+        "replay_seconds": s["decode_seconds"],
+        # The replay computes nothing, so this is the share of its time spent waiting for expert reads.
+        "stall_share": _ratio(s["expert_stall_seconds"], s["decode_seconds"]),
+        "experts_pinned": s["experts_pinned"],
+        "routing_profile": s.get("routing_profile"),
+    }
+    for src in ("temporal", "hashed"):
+        out[f"{src}_precision"] = s[f"{src}_precision"]
+        out[f"{src}_recall"] = s[f"{src}_recall"]
+        out[f"{src}_predicted"] = s[f"{src}_predicted"]
+    return out
+
+
+def format_summary(r: dict[str, Any]) -> str:
+    mib = 1 << 20
+    lines = [
+        f"tokens replayed: {r['tokens']}  expert slots: {r['expert_slots']}  pinned: {r['experts_pinned']}"
+        + (f"  profile: {r['routing_profile']}" if r["routing_profile"] else ""),
+        f"hit rate: {100 * r['hit_rate']:.1f}%  "
+        f"({r['hits']} hits, {r['misses']} misses of {r['calls']} uses)",
+        f"prefetch: issued {r['prefetch_issued']}, used {r['prefetch_used']}, wasted {r['prefetch_wasted']} "
+        f"({r['prefetch_wasted_bytes'] / mib:.1f} MiB wasted); {r['bytes_read'] / mib:.1f} MiB read in all",
+        f"stall: {r['stall_seconds']:.3f} s of {r['replay_seconds']:.3f} s ({100 * r['stall_share']:.1f}%)",
+    ]
+    for src in ("temporal", "hashed"):
+        if r[f"{src}_predicted"]:
+            lines.append(
+                f"{src} predictor: precision {r[f'{src}_precision']:.2f}, recall {r[f'{src}_recall']:.2f}"
+            )
+        else:
+            lines.append(f"{src} predictor: off")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    import colibri_backend
+    from colibri_backend.models import resolve_model
+    from colibri_backend.trace import load_trace
+
+    options = load_options(args)
+    if "expert_slots" not in options and "memory_budget" not in options:
+        raise ValueError(
+            "give the store to replay through: --expert-slots N (or P%) or --memory-budget SIZE "
+            "below what holds every expert"
+        )
+    lossy = [k for k in ("route_prefilter_margin", "drop_cold_share") if options.get(k)]
+    if lossy:
+        raise ValueError(
+            "--route-prefilter and --drop-cold change the routing itself; a replay keeps the trace's"
+        )
+    for k in ("route_prefilter_margin", "drop_cold_share"):
+        options.pop(k, None)
+    trace = load_trace(args.trace)
+    path = resolve_model(args.model).gguf
+    meta_sha = trace.meta.get("model_sha256")
+    if meta_sha:
+        from colibri_backend.trace import file_sha256
+
+        if file_sha256(path) != meta_sha:
+            print(
+                f"colibri replay: warning: {args.trace} was recorded with another model file "
+                f"(sha256 {meta_sha[:12]}) than {path}",
+                file=sys.stderr,
+            )
+    stats = colibri_backend.replay_routing(path, trace.tokens, trace.ids, **options)
+    result = summary(stats)
+    if args.json:
+        print(
+            json.dumps({"model": str(path), "trace": str(args.trace), "options": options, **result}, indent=2)
+        )
+    else:
+        print(format_summary(result))
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "replay",
+        help="replay a routing trace through an expert store: hit rate, prefetch, stalls",
+        description="Replay TRACE (written by `colibri trace`) through MODEL's expert store as the options "
+        "set it up, every token one decode step, reading expert bytes from the file but computing "
+        "nothing else. Prints hit rate, misses, prefetches issued / used / wasted (and wasted bytes), "
+        "stall time and the temporal and hashed predictors' precision and recall. Lookahead needs "
+        "hidden states and is not replayed.",
+    )
+    p.add_argument("model", help="a .gguf file, a Hugging Face checkpoint directory, or a known name")
+    p.add_argument("trace", type=Path, help="a routing trace (.npz or .jsonl) from `colibri trace`")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    add_load_arguments(p)
+    p.set_defaults(func=run)

@@ -1,0 +1,296 @@
+"""Load options of the expert store (colibri_backend.load, the shared CLI flags, `colibri serve`,
+`colibri replay`, colibri_backend.replay_routing): parsing, the errors users see, and their effect on
+the engine (slots, pinning, the routing profile) on Colibri's bundled MoE (6 layers x 8 experts, top-2).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import colibri_backend
+from colibri_backend import budget as B
+from colibri_backend import cli
+from colibri_backend import profile as P
+from colibri_backend.commands.serve import apply_load_options
+from colibri_backend.config import Config, ModelConfig
+from colibri_backend.engine import replay_routing
+from colibri_backend.models import bundled_model_path
+from colibri_backend.trace import RoutingTrace
+
+N_LAYER, N_EXPERT, K = 6, 8, 2
+LOADING_COMMANDS = {  # command -> the positional arguments it needs
+    "run": ["prompt"],
+    "chat": [],
+    "serve": [],
+    "trace": ["--text", "x", "-o", "t.npz"],
+    "profile": ["model", "corpus.txt"],
+    "replay": ["model", "trace.npz"],
+    "plan": ["model"],
+}
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A private copy of the bundled model, without a profile next to it."""
+    dst = tmp_path_factory.mktemp("opts_model") / "moe.gguf"
+    shutil.copyfile(bundled_model_path("colibri-moe"), dst)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def held_out() -> list[int]:
+    with colibri_backend.load(bundled_model_path("colibri-moe"), threads=2, memory_budget=0) as m:
+        text = (Path(__file__).parent / "test_budget.py").read_text(encoding="utf-8")
+        return m.tokenize(text)[:160]
+
+
+@pytest.fixture(scope="module")
+def profile(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A routing profile of this model learned from a few stdlib-like files (this test directory)."""
+    out = tmp_path_factory.mktemp("opts_profile") / "moe.routing"
+    with colibri_backend.load(model_path, threads=2, memory_budget=0) as m:
+        files = sorted(Path(__file__).parent.glob("test_c*.py"))
+        prof = P.build_profile(m, [str(f) for f in files], context=128, max_tokens=4000)
+    return P.write_profile(out, prof)
+
+
+# ---- parsing ------------------------------------------------------------------------------------
+
+
+def test_expert_slots_values() -> None:
+    assert B.parse_expert_slots("40%", N_LAYER, N_EXPERT, K) == 20  # ceil(0.4 * 48)
+    assert B.parse_expert_slots("50%", N_LAYER, N_EXPERT, K) == 24
+    assert B.parse_expert_slots(" 100% ", N_LAYER, N_EXPERT, K) == 48
+    assert B.parse_expert_slots("1%", N_LAYER, N_EXPERT, K) == K  # never below top-k
+    assert B.parse_expert_slots(17, N_LAYER, N_EXPERT, K) == 17
+    assert B.parse_expert_slots("17", N_LAYER, N_EXPERT, K) == 17
+    assert B.parse_expert_slots(None, N_LAYER, N_EXPERT, K) == 0
+    assert B.parse_expert_slots(0, N_LAYER, N_EXPERT, K) == 0
+    for bad, msg in (
+        ("abc", "whole number"),
+        ("-3", "negative"),
+        (-1, "negative"),
+        ("x%", "percentage"),
+        ("0%", "percentage"),
+        ("120%", "percentage"),
+        (49, "more than"),
+        (1, "fewer than"),
+        (True, "whole number"),
+    ):
+        with pytest.raises(ValueError, match=msg):
+            B.parse_expert_slots(bad, N_LAYER, N_EXPERT, K)
+    with pytest.raises(ValueError, match="mixture-of-experts"):
+        B.parse_expert_slots("40%", 4, 0, 0)
+
+
+def test_pin_and_prefetch_values() -> None:
+    assert B.parse_pin_experts("auto", 20, K) == 9  # (20 - 2) // 2
+    assert B.parse_pin_experts("AUTO", 0, K) == 0  # no store: nothing to pin
+    assert B.parse_pin_experts(18, 20, K) == 18
+    with pytest.raises(ValueError, match="at most 18"):
+        B.parse_pin_experts(19, 20, K)
+    with pytest.raises(ValueError, match="negative"):
+        B.parse_pin_experts(-1, 20, K)
+    with pytest.raises(ValueError, match="whole number"):
+        B.parse_pin_experts("many", 20, K)
+    assert B.parse_prefetch("hashed") == 4
+    assert B.parse_prefetch("temporal, hashed") == 6
+    assert B.parse_prefetch("all") == 7 and B.parse_prefetch("both") == 3
+    with pytest.raises(ValueError, match="hashed"):
+        B.parse_prefetch("oracle")
+    assert B.parse_share(None, "x") == 0.0 and B.parse_share("0.25", "x", upper=1.0) == 0.25
+    for bad in ("-0.1", "nan", "inf", "abc"):
+        with pytest.raises(ValueError):
+            B.parse_share(bad, "x")
+    with pytest.raises(ValueError, match="at most 1"):
+        B.parse_share(1.5, "drop_cold_share", upper=1.0)
+
+
+def _parse(command: str, extra: list[str]):
+    return cli.build_parser().parse_args([command, *LOADING_COMMANDS[command], *extra])
+
+
+@pytest.mark.parametrize("command", sorted(LOADING_COMMANDS))
+def test_every_loading_command_takes_the_flags(command: str) -> None:
+    args = _parse(
+        command,
+        [
+            "--memory-budget", "512M", "--expert-slots", "40%", "--expert-policy", "lru",
+            "--prefetch", "temporal,hashed", "--lookahead-depth", "2", "--pin-experts", "auto",
+            "--route-prefilter", "1.5", "--drop-cold", "0.01", "--warmup-routing",
+        ],
+    )  # fmt: skip
+    from colibri_backend.commands._load_options import load_options
+
+    assert load_options(args) == {
+        "memory_budget": "512M",
+        "expert_slots": "40%",
+        "expert_policy": "lru",
+        "prefetch": "temporal,hashed",
+        "lookahead_depth": 2,
+        "warmup_routing": True,
+        "pin_experts": "auto",
+        "route_prefilter_margin": 1.5,
+        "drop_cold_share": 0.01,
+    }
+    assert load_options(_parse(command, [])) == {}  # unset flags keep load()'s defaults
+    assert _parse(command, ["--warmup-routing=my.routing"]).warmup_routing == "my.routing"
+    assert _parse(command, ["--expert-slots", "12", "--pin-experts", "3"]).expert_slots == 12
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--expert-slots", "abc"],
+        ["--expert-slots", "-3"],
+        ["--expert-slots", "0%"],
+        ["--pin-experts", "-1"],
+        ["--lookahead-depth", "9"],
+        ["--route-prefilter", "-1"],
+        ["--drop-cold", "2"],
+        ["--memory-budget", "lots"],
+        ["--prefetch", "oracle"],
+        ["--expert-policy", "fifo"],
+    ],
+)
+def test_bad_flags_are_argparse_errors(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        _parse("run", flags)
+    assert exc.value.code == 2
+    assert flags[0] in capsys.readouterr().err
+
+
+def test_serve_passes_load_options_to_the_colibri_backend() -> None:
+    cfg = Config(
+        models={
+            "moe": ModelConfig(alias="moe", path="colibri-moe", backend="colibri"),
+            "other": ModelConfig(alias="other", path="x.gguf", backend="llama_cpp", options={"n_gpu": 0}),
+        }
+    )
+    out = apply_load_options(cfg, ["moe", "other"], {"memory_budget": "1G", "expert_slots": "40%"})
+    assert out.models["moe"].memory_budget == 1 << 30 and out.models["other"].memory_budget == 1 << 30
+    assert out.models["moe"].options == {"expert_slots": "40%"}
+    assert out.models["other"].options == {"n_gpu": 0}  # colibri-only knobs stay off other backends
+    assert apply_load_options(cfg, ["moe"], {"memory_budget": "0"}).models["moe"].memory_budget == 0
+    with pytest.raises(ValueError, match="colibri backend"):
+        apply_load_options(cfg, ["other"], {"pin_experts": 4})
+    # The colibri backend hands the options to colibri_backend.load by name, which must accept them.
+    import inspect
+
+    accepted = inspect.signature(colibri_backend.load).parameters
+    from colibri_backend.commands._load_options import LOAD_KEYS
+
+    assert set(LOAD_KEYS) <= set(accepted)
+
+
+# ---- load() -------------------------------------------------------------------------------------
+
+
+def test_warmup_routing_without_sidecar(model_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="colibri profile") as exc:
+        colibri_backend.load(model_path, memory_budget=0, warmup_routing=True)
+    assert str(P.profile_path(model_path)) in str(exc.value)
+    with pytest.raises(FileNotFoundError, match="not found"):
+        colibri_backend.load(model_path, memory_budget=0, warmup_routing=model_path.with_suffix(".nope"))
+
+
+@pytest.mark.parametrize(
+    "opts, msg",
+    [
+        ({"prefetch": "hashed"}, "needs a routing profile"),
+        ({"pin_experts": 3}, "needs a routing profile"),
+        ({"route_prefilter_margin": 1.0}, "needs a routing profile"),
+        ({"drop_cold_share": 0.05}, "needs a routing profile"),
+        ({"lookahead_depth": 9}, "between 1 and 8"),
+        ({"expert_slots": "abc"}, "whole number"),
+        ({"expert_slots": 100}, "more than the model's 48"),
+    ],
+)
+def test_load_errors(model_path: Path, opts: dict, msg: str) -> None:
+    with pytest.raises(ValueError, match=msg):
+        colibri_backend.load(model_path, memory_budget=0, **opts)
+
+
+def test_all_prefetch_without_profile_loads(model_path: Path) -> None:
+    with colibri_backend.load(model_path, memory_budget=0, prefetch="all") as m:
+        assert m.routing_profile is None
+
+
+def test_expert_slots_reach_the_engine(model_path: Path) -> None:
+    with colibri_backend.load(model_path, threads=2, expert_slots="40%", memory_budget=0) as m:
+        s = m.stats()
+        assert s["expert_slots"] == 20 and m.memory_plan()["n_expert_slots"] == 20
+        assert s["experts_pinned"] == 0 and s["routing_profile"] is None
+        for key in (
+            "hashed_predicted",
+            "prefetch_wasted_bytes",
+            "expert_stall_decode_seconds",
+            "prefilter_rows",
+        ):
+            assert key in s
+
+
+def test_profile_pinning_and_hashed(model_path: Path, profile: Path, held_out: list[int]) -> None:
+    opts = dict(threads=2, expert_slots="40%", warmup_routing=profile, pin_experts="auto")
+    with colibri_backend.load(model_path, **opts) as m:
+        s = m.stats()
+        assert s["routing_profile"] == str(profile)
+        assert s["experts_pinned"] == 9  # (20 - 2) // 2
+        m.reset_stats()
+        m.generate(held_out[:32], max_tokens=8)
+        s = m.stats()
+        assert s["hashed_predicted"] > 0 and s["hashed_actual"] > 0  # default prefetch includes hashed
+    with colibri_backend.load(
+        model_path, threads=2, expert_slots=20, warmup_routing=profile, pin_experts=5
+    ) as m:
+        assert m.stats()["experts_pinned"] == 5
+    with pytest.raises(ValueError, match="at most 18"):
+        colibri_backend.load(model_path, expert_slots=20, warmup_routing=profile, pin_experts=19)
+
+
+def test_replay_routing(model_path: Path, profile: Path, held_out: list[int]) -> None:
+    with colibri_backend.load(model_path, threads=2, memory_budget=0) as m:
+        ids = m.route(held_out)
+    n = len(held_out)
+    assert ids.shape == (n, N_LAYER, K)
+    s = replay_routing(model_path, held_out, ids, expert_slots="40%", prefetch="none")
+    assert s["expert_calls"] == n * N_LAYER * K
+    assert s["expert_hits"] + s["expert_misses"] == s["expert_calls"] and s["expert_misses"] > 0
+    assert s["expert_slots"] == 20 and s["prefetch_issued"] == 0
+    again = replay_routing(model_path, held_out, ids, expert_slots="40%", prefetch="none")
+    assert again["expert_misses"] == s["expert_misses"]  # no prefetch: deterministic
+    hashed = replay_routing(model_path, held_out, ids, expert_slots="40%", warmup_routing=profile)
+    assert hashed["hashed_predicted"] > 0 and hashed["temporal_predicted"] > 0
+    assert hashed["expert_hit_rate"] > s["expert_hit_rate"]  # warm start and prefetch help
+    with pytest.raises(ValueError, match="layers"):
+        replay_routing(model_path, held_out, ids[:, :3], expert_slots=20)
+    with pytest.raises(colibri_backend.EngineError, match="every expert"):
+        replay_routing(model_path, held_out, ids, memory_budget=0)
+
+
+def test_replay_command(
+    model_path: Path, profile: Path, held_out: list[int], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with colibri_backend.load(model_path, threads=2, memory_budget=0) as m:
+        ids = m.route(held_out)
+    trace = tmp_path / "t.npz"
+    RoutingTrace(ids, np.zeros(ids.shape, np.float32), np.asarray(held_out), {"model_sha256": "0" * 64}).save(
+        trace
+    )
+    argv = ["replay", str(model_path), str(trace), "--expert-slots", "40%", f"--warmup-routing={profile}"]
+    assert cli.main(argv + ["--json"]) == 0
+    out = capsys.readouterr()
+    r = json.loads(out.out)
+    assert r["tokens"] == len(held_out) and r["expert_slots"] == 20 and r["calls"] == len(held_out) * 12
+    assert r["hashed_predicted"] > 0 and 0 <= r["hashed_precision"] <= 1 and 0 <= r["stall_share"] <= 1
+    assert "another model file" in out.err  # the trace's sha256 is not this model's
+    assert cli.main(argv[:3] + ["--expert-slots", "20", "--prefetch", "temporal"]) == 0
+    text = capsys.readouterr().out
+    assert "hit rate:" in text and "temporal predictor: precision" in text and "hashed predictor: off" in text
+    assert cli.main(argv[:3]) == 1
+    assert "--expert-slots" in capsys.readouterr().err

@@ -305,3 +305,13 @@ def test_command_errors(
 def test_help_lists_the_extensions() -> None:
     helptext = cli.build_parser()._subparsers._group_actions[0].choices["profile"].description
     assert " ".join(P.TEXT_EXTENSIONS) in " ".join(helptext.split())
+
+
+def test_bundled_profile() -> None:
+    """The profile shipped next to the bundled model (docs/memory.md has the command that made it)."""
+    gguf = bundled_model_path("colibri-moe")
+    prof = P.read_profile(P.profile_path(gguf), model_path=gguf)
+    assert prof.n_tokens == 300_000 and prof.n_buckets == 8192 and prof.n_cand == 4
+    with colibri_backend.load("colibri-moe", threads=2, expert_slots="40%", warmup_routing=True) as m:
+        s = m.stats()
+        assert s["routing_profile"] == str(P.profile_path(gguf)) and s["expert_slots"] == 20

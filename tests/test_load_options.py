@@ -294,3 +294,24 @@ def test_replay_command(
     assert "hit rate:" in text and "temporal predictor: precision" in text and "hashed predictor: off" in text
     assert cli.main(argv[:3]) == 1
     assert "--expert-slots" in capsys.readouterr().err
+
+
+def test_serve_memory_budget_reaches_the_engine(model_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`colibri serve --memory-budget ... --expert-slots ...` up to a loaded colibri model (no HTTP)."""
+    import colibri_backend.server as server
+
+    seen = {}
+    monkeypatch.setattr(server, "serve", lambda state, **kw: seen.setdefault("state", state))
+    for var in ("COLIBRI_CONFIG", "COLIBRI_MODEL", "COLIBRI_MEMORY_BUDGET", "COLIBRI_BACKEND"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(model_path.parent)  # no colibri.toml here
+    argv = ["serve", "--model", str(model_path), "--memory-budget", "64M", "--expert-slots", "40%"]
+    assert cli.main(argv + ["--threads", "2", "--pin-experts", "0"]) == 0
+    state = seen["state"]
+    (slot,) = state.slots.values()
+    assert slot.cfg.memory_budget == 64 << 20 and slot.cfg.options["expert_slots"] == "40%"
+    slot.load(state.loader)
+    assert slot.state == "ready", slot.error
+    stats = slot.model.engine.stats()
+    assert stats["memory_budget"] == 64 << 20 and stats["expert_slots"] == 20
+    slot.model.close()

@@ -9,6 +9,7 @@
 #include "ledger.h"
 #include "model.h"
 #include "predict.h"
+#include "replay.h"
 
 int colibri_abi_version(void) { return COLIBRI_ABI_VERSION; }
 
@@ -158,6 +159,13 @@ colibri_status colibri_get_stats(const colibri_context *ctx, colibri_stats *out)
     if (ctx->store) store_fill_stats(ctx->store, out);
     if (ctx->pred) predictor_fill_stats(ctx->pred, out);
     return COLIBRI_OK;
+}
+
+colibri_status colibri_replay_routing(colibri_model *model, const colibri_context_params *params,
+                                      const int32_t *tokens, const int32_t *expert_ids, int32_t n_tokens,
+                                      colibri_stats *out) {
+    if (!model || !out) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_replay_routing: NULL argument");
+    return replay_routing(model, params, tokens, expert_ids, n_tokens, out);
 }
 
 void colibri_reset_stats(colibri_context *ctx) {

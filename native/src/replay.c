@@ -1,0 +1,164 @@
+/* replay.c — a recorded routing trace through a real expert store (colibri_replay_routing).
+ *
+ * The store, its policy, the profile warm-up and pinning, and the temporal and hashed
+ * predictors are set up exactly as context_create sets them up for the same parameters, and
+ * every token is replayed as one decode step in the order forward.c runs it: step start
+ * (tick, layer 0 prefetch), then per layer score, observe, acquire the chosen experts (pinned
+ * for the layer's wave), prefetch the next layer. The bytes are really read from the model
+ * file by the same code, so hits, misses, bytes and prefetch use are what a live run with this
+ * routing would see. Nothing is computed between acquiring a layer's experts and the next
+ * layer, so the loader has less time than in a live run: a prefetch still in flight when its
+ * expert is needed is waited for (a hit, its wait counted as stall time in real time), as it
+ * would be live. The lookahead predictor needs hidden states and is not replayed. */
+#include "replay.h"
+
+#include <string.h>
+#include <time.h>
+
+#include "alloc.h"
+#include "error.h"
+#include "experts.h"
+#include "ledger.h"
+#include "predict.h"
+#include "profile.h"
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Every id in [0, n_expert) and no id twice within one (token, layer): a trace that breaks
+ * either is not a routing the model could have made, and the store would count it wrongly. */
+static colibri_status check_trace(const model_hparams *hp, const int32_t *tokens, int need_tokens,
+                                  const int32_t *ids, int32_t n_tokens) {
+    const int L = hp->n_layer, k = hp->n_expert_used;
+    for (int32_t t = 0; t < n_tokens; t++) {
+        if (need_tokens && (tokens[t] < 0 || tokens[t] >= hp->n_vocab))
+            return cb_error(COLIBRI_E_INVALID_ARG, "colibri_replay_routing: token %d at index %d is outside [0, %d)",
+                            (int)tokens[t], (int)t, (int)hp->n_vocab);
+        for (int l = 0; l < L; l++) {
+            const int32_t *c = ids + ((size_t)t * L + l) * k;
+            for (int j = 0; j < k; j++) {
+                if (c[j] < 0 || c[j] >= hp->n_expert)
+                    return cb_error(COLIBRI_E_INVALID_ARG,
+                                    "colibri_replay_routing: token %d, layer %d: expert id %d is outside [0, %d)",
+                                    (int)t, l, (int)c[j], (int)hp->n_expert);
+                for (int i = 0; i < j; i++)
+                    if (c[i] == c[j])
+                        return cb_error(COLIBRI_E_INVALID_ARG,
+                                        "colibri_replay_routing: token %d, layer %d: expert %d is chosen twice",
+                                        (int)t, l, (int)c[j]);
+            }
+        }
+    }
+    return COLIBRI_OK;
+}
+
+/* Prefetch what the predictors expect at layer `next` (flat ids, see predictor_predict). */
+static void prefetch_layer(predictor *pred, expert_store *s, int n_expert, int next, int32_t token, int32_t *ids) {
+    const int n = predictor_predict(pred, next, NULL, token, ids);
+    for (int i = 0; i < n; i++) store_prefetch(s, ids[i] / n_expert, ids[i] % n_expert);
+}
+
+/* The replay itself, on a store and predictor (pred may be NULL) already set up. */
+static colibri_status run_trace(const model_hparams *hp, expert_store *s, predictor *pred, int32_t *pf_ids,
+                                const int32_t *tokens, const int32_t *ids, int32_t n_tokens) {
+    const int L = hp->n_layer, k = hp->n_expert_used, X = hp->n_expert;
+    const int hashed = pred && (pred->flags & COLIBRI_PREFETCH_HASHED);
+    for (int32_t t = 0; t < n_tokens; t++) {
+        const int32_t token = hashed ? tokens[t] : -1;
+        store_tick(s, 1);
+        if (pred) prefetch_layer(pred, s, X, 0, token, pf_ids);
+        for (int l = 0; l < L; l++) {
+            const int32_t *chosen = ids + ((size_t)t * L + l) * k;
+            if (pred) {
+                predictor_score(pred, l, chosen);
+                predictor_observe(pred, l, chosen);
+            }
+            store_wave_begin(s);
+            for (int j = 0; j < k; j++) {
+                expert_view view;
+                int got;
+                colibri_status st = store_acquire(s, l, chosen[j], &view, &got);
+                if (st) return st;
+                /* the ledger guarantees k slots, so one token's k experts always fit one wave */
+                if (!got)
+                    return cb_error(COLIBRI_E_INTERNAL, "replay: no slot for expert %d of layer %d (token %d)",
+                                    (int)chosen[j], l, (int)t);
+            }
+            if (pred && l + 1 < L) prefetch_layer(pred, s, X, l + 1, token, pf_ids);
+        }
+    }
+    return COLIBRI_OK;
+}
+
+colibri_status replay_routing(struct colibri_model *m, const colibri_context_params *params, const int32_t *tokens,
+                              const int32_t *expert_ids, int32_t n_tokens, colibri_stats *out) {
+    const model_hparams *hp = &m->hp;
+    if (hp->n_expert == 0)
+        return cb_error(COLIBRI_E_INVALID_ARG, "colibri_replay_routing: the model has no experts to replay");
+    if (n_tokens < 0)
+        return cb_error(COLIBRI_E_INVALID_ARG, "colibri_replay_routing: n_tokens is negative (%d)", (int)n_tokens);
+    if (n_tokens > 0 && !expert_ids)
+        return cb_error(COLIBRI_E_INVALID_ARG, "colibri_replay_routing: expert_ids is NULL");
+    colibri_context_params p;
+    colibri_status st = context_resolve_params(m, params, &p);
+    if (st) return st;
+    /* LOOKAHEAD needs the hidden states a trace does not have */
+    const int flags = p.prefetch & (COLIBRI_PREFETCH_TEMPORAL | COLIBRI_PREFETCH_HASHED);
+    const int hashed = (flags & COLIBRI_PREFETCH_HASHED) != 0;
+    if (hashed && n_tokens > 0 && !tokens)
+        return cb_error(COLIBRI_E_INVALID_ARG,
+                        "colibri_replay_routing: the hashed predictor needs the token ids (tokens is NULL)");
+    if ((st = check_trace(hp, tokens, hashed, expert_ids, n_tokens))) return st;
+
+    colibri_memory_plan plan;
+    if ((st = ledger_plan(m, &p, &plan))) return st;
+    if (!plan.fits) return ledger_refuse(&plan);
+    if (plan.all_resident)
+        return cb_error(COLIBRI_E_INVALID_ARG,
+                        "colibri_replay_routing: the budget holds every expert (%d), so nothing would stream; "
+                        "give a smaller memory_budget or expert_slots",
+                        (int)plan.n_expert_total);
+
+    expert_store *s = NULL;
+    routing_profile *prof = NULL;
+    predictor pred;
+    memset(&pred, 0, sizeof pred);
+    int32_t *pf_ids = NULL;
+    int have_pred = 0;
+    double t0;
+    if ((st = store_create(m, plan.n_expert_slots, p.expert_policy, &s))) goto done;
+    if (p.routing_profile) {
+        if ((st = profile_load(p.routing_profile, m, &prof))) goto done;
+        if ((st = store_warm(s, prof, p.pin_experts))) goto done;
+    }
+    if (flags) {
+        if ((st = predictor_init(&pred, m, flags, p.lookahead_depth, prof))) goto done;
+        have_pred = 1;
+        pf_ids = cb_malloc(predictor_max_ids(m, p.lookahead_depth) * sizeof(int32_t));
+        if (!pf_ids) {
+            st = cb_error(COLIBRI_E_NOMEM, "out of memory");
+            goto done;
+        }
+    }
+    t0 = now_seconds();
+    if ((st = run_trace(hp, s, have_pred ? &pred : NULL, pf_ids, tokens, expert_ids, n_tokens))) goto done;
+
+    memset(out, 0, sizeof *out);
+    store_fill_stats(s, out);
+    if (have_pred) predictor_fill_stats(&pred, out);
+    out->n_decode_tokens = (uint64_t)n_tokens;
+    out->decode_seconds = now_seconds() - t0;
+    out->allocs_total = cb_alloc_count();
+    out->memory_budget = plan.budget;
+    out->planned_bytes = plan.total_bytes;
+    out->expert_slots = (uint64_t)plan.n_expert_slots;
+done:
+    cb_free(pf_ids);
+    if (have_pred) predictor_free(&pred);
+    store_destroy(s);
+    if (prof) profile_free(prof);
+    return st;
+}

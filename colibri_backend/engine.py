@@ -483,8 +483,9 @@ class Model:
                     f"{ids.size} tokens do not fit in the context of {self.context_length}",
                 )
             self._reset_cache()
-            if ids.size:
-                self._eval(ids, None, all_logits=False)
+            if ids.size == 0:  # routing() would report the previous evaluation
+                return np.zeros((0, self.info.n_layer, max(self.info.n_expert_used, 0)), dtype=np.int32)
+            self._eval(ids, None, all_logits=False)
             return self.routing()[0]
 
     # ---- generation -------------------------------------------------------------------------

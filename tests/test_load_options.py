@@ -256,6 +256,9 @@ def test_profile_pinning_and_hashed(model_path: Path, profile: Path, held_out: l
 def test_replay_routing(model_path: Path, profile: Path, held_out: list[int]) -> None:
     with colibri_backend.load(model_path, threads=2, memory_budget=0) as m:
         ids = m.route(held_out)
+        m.logits(held_out[:10])
+        assert np.array_equal(m.routing()[0], ids[:10])  # route() is the routing of a fresh sequence
+        assert m.route([]).shape == (0, N_LAYER, K)
     n = len(held_out)
     assert ids.shape == (n, N_LAYER, K)
     s = replay_routing(model_path, held_out, ids, expert_slots="40%", prefetch="none")

@@ -174,6 +174,10 @@ def profile_from_routing(
         raise ValueError("no tokens to profile: the corpus is empty")
     if ids.min() < 0 or ids.max() >= n_expert:
         raise ValueError(f"routing has expert ids outside [0, {n_expert})")
+    srt = np.sort(ids, axis=2)
+    if k > 1 and np.any(srt[:, :, 1:] == srt[:, :, :-1]):
+        # Shares count tokens per expert; a repeated id would count one token twice.
+        raise ValueError("routing lists an expert twice for one token and layer")
     buckets = bucket_of(tokens, n_buckets)
     seen, inv = np.unique(buckets, return_inverse=True)
     inv = inv.reshape(-1)

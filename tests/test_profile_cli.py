@@ -171,6 +171,10 @@ def test_bad_dimensions() -> None:
         P.profile_from_routing(tokens, ids, 4, n_buckets=2, n_cand=5)
     with pytest.raises(ValueError, match="empty"):
         P.profile_from_routing(tokens[:0], ids[:0], 4, n_buckets=2, n_cand=2)
+    with pytest.raises(ValueError, match="twice"):
+        P.profile_from_routing(tokens, np.array([[[3, 3]]]), 4, n_buckets=2, n_cand=2)
+    with pytest.raises(ValueError, match="outside"):
+        P.profile_from_routing(tokens, np.array([[[0, 4]]]), 4, n_buckets=2, n_cand=2)
 
 
 def test_chunks_spread_over_the_corpus() -> None:

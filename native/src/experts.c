@@ -1,9 +1,12 @@
-/* experts.c — expert slots, cache policy, loader thread and request queue (see experts.h).
+/* experts.c — expert slots, cache policy, I/O threads and request queue (see experts.h).
  *
  * Ownership rule that keeps this simple: the forward-pass thread owns every field except a
- * slot's `state` and `io_errno`, which the loader thread writes once per request after its
- * reads (release store) and the forward thread reads (acquire load). A slot in state LOADING
- * is never evicted or read, so the loader is the only writer of its bytes until it is READY. */
+ * slot's load progress (next_piece, pieces_left), `state` and `io_errno`. A load is split into
+ * pieces (STORE_IO_CHUNK bytes of one projection); whoever reads a piece (an I/O thread, or the
+ * forward thread itself for a demand miss) takes it with one atomic increment, and whoever
+ * finishes the last piece publishes the slot (release store; the forward thread reads it with
+ * an acquire load). A slot in state LOADING is never evicted or read, so the readers are the
+ * only writers of its bytes until it is READY or FAILED. */
 #include "experts.h"
 
 #include <errno.h>
@@ -35,6 +38,9 @@ typedef struct slot {
     _Atomic int io_errno;   /* set by whoever read it, on failure */
     int prefetched;         /* loaded by a prefetch and not used since */
     int pinned;             /* warmed from a routing profile and kept for good (store_warm) */
+    int n_pieces;           /* pieces of the load in progress */
+    _Atomic int next_piece; /* the next piece nobody has taken yet */
+    _Atomic int pieces_left;/* pieces not finished yet */
     uint64_t pinned_wave;   /* == store->wave: needed by the wave being computed */
     double freq;            /* LFU score at last_tick */
     uint64_t last_tick;     /* token step of the last use */
@@ -64,14 +70,19 @@ struct expert_store {
     int decode_step;        /* the current step (store_tick) is one token */
     int n_pinned;           /* slots pinned by store_warm */
     double stall_decode_s;  /* stall time during decode steps */
-    /* loader thread and its queue: ring[head % CAP] is written by the forward thread only,
-     * ring[tail % CAP] read by the loader only */
+    int chunks[3];          /* pieces of each projection's region */
+    int n_pieces;           /* chunks[0] + chunks[1] + chunks[2] */
+    /* I/O threads and their queue: ring[head % CAP] is written by the forward thread only
+     * (lock-free); the I/O threads advance tail under `take`, a lock the forward thread never
+     * holds. One semaphore post per piece queued. */
     int32_t ring[STORE_QUEUE_CAP];
     _Atomic uint32_t head, tail;
+    _Atomic int urgent;     /* slot of the demand miss being read, -1 when none */
+    pthread_mutex_t take;
     sem_t wake;
     _Atomic int stop;
-    pthread_t loader;
-    int loader_started, sem_ready;
+    pthread_t io[STORE_IO_THREADS_MAX];
+    int n_io, n_io_started, sem_ready, mutex_ready;
 };
 
 static double now_s(void) {
@@ -108,10 +119,23 @@ size_t store_slot_bytes(const struct colibri_model *m) {
     return region_bytes(m, 0) + region_bytes(m, 1) + region_bytes(m, 2);
 }
 
+static int store_io_threads(void);
+
 size_t store_table_bytes(const struct colibri_model *m, int n_slots) {
     const size_t n = (size_t)m->hp.n_layer * (size_t)m->hp.n_expert;
     return sizeof(struct expert_store) + (size_t)n_slots * sizeof(slot) + n * (sizeof(int32_t) + sizeof(counters)) +
-           (size_t)m->hp.n_layer * sizeof(int32_t) + 64 * 1024 /* loader thread stack in use */;
+           (size_t)m->hp.n_layer * sizeof(int32_t) + (size_t)store_io_threads() * 16 * 1024 /* I/O thread stacks in use: pread and a few calls deep */;
+}
+
+/* I/O threads a store starts: STORE_IO_THREADS, or COLIBRI_IO_THREADS (1..16). */
+static int store_io_threads(void) {
+    const char *env = getenv("COLIBRI_IO_THREADS");
+    if (env && *env) {
+        char *end;
+        const long n = strtol(env, &end, 10);
+        if (*end == '\0' && n >= 1 && n <= STORE_IO_THREADS_MAX) return (int)n;
+    }
+    return STORE_IO_THREADS;
 }
 
 /* ---- reading ---------------------------------------------------------- */
@@ -130,25 +154,43 @@ static int pread_full(int fd, unsigned char *dst, size_t n, uint64_t off, size_t
     return got >= need ? 0 : EIO;
 }
 
-/* Read expert (l, e) into slot mem; returns 0 or an errno. Called by either thread, on a
- * slot that no one else touches meanwhile. */
-static int read_expert(expert_store *s, int l, int e, unsigned char *mem) {
-    if (atomic_load(&s->fail_reads) > 0 && atomic_fetch_sub(&s->fail_reads, 1) > 0) return EIO;
-    for (int p = 0; p < 3; p++) {
-        uint64_t off, len;
-        expert_range(s->m, l, e, p, &off, &len);
-        const uint64_t a = off & ~(uint64_t)(STORE_IO_ALIGN - 1);
-        unsigned char *dst = mem + s->region_off[p];
-        int err = EINVAL;
-        if (s->fd_direct >= 0 && atomic_load_explicit(&s->direct_ok, memory_order_relaxed)) {
-            const size_t span = round_up((size_t)(off + len - a), STORE_IO_ALIGN);
-            err = pread_full(s->fd_direct, dst, span, a, (size_t)(off + len - a));
-            if (err == EINVAL) atomic_store(&s->direct_ok, 0);  /* this file system refuses it */
+/* Wait until slot i is no longer LOADING; returns its state. */
+static int wait_slot(const slot *sl) {
+    int st, spins = 0;
+    while ((st = atomic_load_explicit(&sl->state, memory_order_acquire)) == SLOT_LOADING) {
+        if (++spins < 64) sched_yield();
+        else {
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
         }
-        if (err == EINVAL) err = pread_full(s->fd, dst + (off - a), (size_t)len, off, (size_t)len);
-        if (err) return err;
     }
-    return 0;
+    return st;
+}
+
+/* Piece `piece` of expert (l, e) into slot memory mem; returns 0 or an errno. The region of
+ * projection p holds the page-aligned window around its bytes: byte x of the file lands at
+ * mem + region_off[p] + (x - aligned start), whether it was read with O_DIRECT or buffered, so
+ * the pieces of one expert may be read either way. */
+static int read_piece(expert_store *s, int l, int e, unsigned char *mem, int piece) {
+    int p = 0;
+    while (piece >= s->chunks[p]) piece -= s->chunks[p++];
+    uint64_t off, len;
+    expert_range(s->m, l, e, p, &off, &len);
+    const uint64_t a = off & ~(uint64_t)(STORE_IO_ALIGN - 1), end = off + len;
+    const uint64_t lo = a + (uint64_t)piece * STORE_IO_CHUNK;
+    if (lo >= end) return 0;  /* regions are sized for the largest window: this piece is past it */
+    const uint64_t hi = lo + STORE_IO_CHUNK < end ? lo + STORE_IO_CHUNK : end;
+    unsigned char *dst = mem + s->region_off[p] + (lo - a);
+    int err = EINVAL;
+    if (s->fd_direct >= 0 && atomic_load_explicit(&s->direct_ok, memory_order_relaxed)) {
+        err = pread_full(s->fd_direct, dst, round_up((size_t)(hi - lo), STORE_IO_ALIGN), lo, (size_t)(hi - lo));
+        if (err == EINVAL) atomic_store(&s->direct_ok, 0);  /* this file system refuses it */
+    }
+    if (err == EINVAL) {
+        const uint64_t from = lo > off ? lo : off;
+        err = pread_full(s->fd, mem + s->region_off[p] + (from - a), (size_t)(hi - from), from, (size_t)(hi - from));
+    }
+    return err;
 }
 
 static size_t expert_bytes(const expert_store *s, int l) {
@@ -156,21 +198,80 @@ static size_t expert_bytes(const expert_store *s, int l) {
     return w->gate_exps.expert_bytes + w->up_exps.expert_bytes + w->down_exps.expert_bytes;
 }
 
-static void *loader_main(void *arg) {
+/* Arm slot sl (already claimed for its layer and expert) for a load of every piece. */
+static void start_load(expert_store *s, slot *sl) {
+    sl->n_pieces = s->n_pieces;
+    atomic_store_explicit(&sl->io_errno, 0, memory_order_relaxed);
+    atomic_store_explicit(&sl->pieces_left, s->n_pieces, memory_order_relaxed);
+    atomic_store_explicit(&sl->state, SLOT_LOADING, memory_order_relaxed);
+    atomic_store_explicit(&sl->next_piece, 0, memory_order_release);
+}
+
+/* Take and read one piece of slot sl's load; 0 when every piece was already taken. The
+ * reader of the last piece publishes the slot. */
+static int run_piece(expert_store *s, slot *sl) {
+    const int piece = atomic_fetch_add_explicit(&sl->next_piece, 1, memory_order_acq_rel);
+    if (piece >= sl->n_pieces) return 0;
+    int err = 0;
+    if (piece == 0 && atomic_load(&s->fail_reads) > 0 && atomic_fetch_sub(&s->fail_reads, 1) > 0) err = EIO;
+    if (!err) err = read_piece(s, sl->layer, sl->expert, sl->mem, piece);
+    if (err) {
+        int none = 0;
+        atomic_compare_exchange_strong(&sl->io_errno, &none, err);
+    }
+    if (atomic_fetch_sub_explicit(&sl->pieces_left, 1, memory_order_acq_rel) == 1)
+        atomic_store_explicit(&sl->state, atomic_load(&sl->io_errno) ? SLOT_FAILED : SLOT_READY,
+                              memory_order_release);
+    return 1;
+}
+
+/* The slot an I/O thread should take a piece of: the demand miss first, then the oldest queued
+ * prefetch with pieces left (finished ones leave the ring). -1: nothing to do. */
+static int next_work(expert_store *s) {
+    const int u = atomic_load_explicit(&s->urgent, memory_order_acquire);
+    if (u >= 0 && atomic_load(&s->slots[u].next_piece) < s->slots[u].n_pieces) return u;
+    int found = -1;
+    pthread_mutex_lock(&s->take);
+    uint32_t t = atomic_load_explicit(&s->tail, memory_order_relaxed);
+    const uint32_t h = atomic_load_explicit(&s->head, memory_order_acquire);
+    for (; t != h; t++) {
+        const int i = s->ring[t % STORE_QUEUE_CAP];
+        if (atomic_load(&s->slots[i].next_piece) < s->slots[i].n_pieces) {
+            found = i;
+            break;
+        }
+    }
+    atomic_store_explicit(&s->tail, t, memory_order_release);
+    pthread_mutex_unlock(&s->take);
+    return found;
+}
+
+static void *io_main(void *arg) {
     expert_store *s = arg;
     for (;;) {
         while (sem_wait(&s->wake) != 0 && errno == EINTR) {
         }
         if (atomic_load_explicit(&s->stop, memory_order_acquire)) break;
-        const uint32_t t = atomic_load_explicit(&s->tail, memory_order_relaxed);
-        if (t == atomic_load_explicit(&s->head, memory_order_acquire)) continue;
-        slot *sl = &s->slots[s->ring[t % STORE_QUEUE_CAP]];
-        atomic_store_explicit(&s->tail, t + 1, memory_order_release);
-        const int err = read_expert(s, sl->layer, sl->expert, sl->mem);
-        atomic_store_explicit(&sl->io_errno, err, memory_order_relaxed);
-        atomic_store_explicit(&sl->state, err ? SLOT_FAILED : SLOT_READY, memory_order_release);
+        /* Drain rather than take one piece per post: a post can be used up by a piece the
+         * forward thread then reads itself (the urgent load), and every piece queued before
+         * this wake-up must still find a reader. */
+        for (int i; (i = next_work(s)) >= 0;) run_piece(s, &s->slots[i]);
     }
     return NULL;
+}
+
+/* Read the load armed in slot sl now, on this thread and the I/O threads together; returns 0
+ * or the first errno. The caller is the forward thread (a demand miss, or the warm-up). */
+static int load_now(expert_store *s, int i) {
+    slot *sl = &s->slots[i];
+    start_load(s, sl);
+    atomic_store_explicit(&s->urgent, i, memory_order_release);
+    for (int q = 1; q < s->n_pieces && q <= s->n_io; q++) sem_post(&s->wake);
+    while (run_piece(s, sl)) {
+    }
+    atomic_store_explicit(&s->urgent, -1, memory_order_release);
+    wait_slot(sl);
+    return atomic_load(&sl->io_errno);
 }
 
 /* ---- lifetime --------------------------------------------------------- */
@@ -195,6 +296,12 @@ colibri_status store_create(const struct colibri_model *m, int n_slots, int poli
     s->region_off[1] = region_bytes(m, 0);
     s->region_off[2] = s->region_off[1] + region_bytes(m, 1);
     s->slot_bytes = store_slot_bytes(m);
+    s->n_pieces = 0;
+    for (int p = 0; p < 3; p++) {
+        s->chunks[p] = (int)((region_bytes(m, p) + STORE_IO_CHUNK - 1) / STORE_IO_CHUNK);
+        s->n_pieces += s->chunks[p];
+    }
+    atomic_init(&s->urgent, -1);
     const size_t n = (size_t)s->n_layer * s->n_expert;
     s->slots = cb_calloc((size_t)n_slots, sizeof(slot));
     s->where = cb_malloc(n * sizeof(int32_t));
@@ -224,23 +331,30 @@ colibri_status store_create(const struct colibri_model *m, int n_slots, int poli
         return cb_error(COLIBRI_E_INTERNAL, "sem_init failed");
     }
     s->sem_ready = 1;
-    if (pthread_create(&s->loader, NULL, loader_main, s) != 0) {
+    if (pthread_mutex_init(&s->take, NULL) != 0) {
         store_destroy(s);
-        return cb_error(COLIBRI_E_INTERNAL, "cannot start the expert loader thread");
+        return cb_error(COLIBRI_E_INTERNAL, "pthread_mutex_init failed");
     }
-    s->loader_started = 1;
+    s->mutex_ready = 1;
+    s->n_io = store_io_threads();
+    for (; s->n_io_started < s->n_io; s->n_io_started++)
+        if (pthread_create(&s->io[s->n_io_started], NULL, io_main, s) != 0) {
+            store_destroy(s);
+            return cb_error(COLIBRI_E_INTERNAL, "cannot start the expert I/O threads");
+        }
     *out = s;
     return COLIBRI_OK;
 }
 
 void store_destroy(expert_store *s) {
     if (!s) return;
-    if (s->loader_started) {
+    if (s->n_io_started) {
         atomic_store_explicit(&s->stop, 1, memory_order_release);
-        sem_post(&s->wake);
-        pthread_join(s->loader, NULL);
+        for (int i = 0; i < s->n_io_started; i++) sem_post(&s->wake);
+        for (int i = 0; i < s->n_io_started; i++) pthread_join(s->io[i], NULL);
     }
     if (s->sem_ready) sem_destroy(&s->wake);
+    if (s->mutex_ready) pthread_mutex_destroy(&s->take);
     if (s->fd >= 0) close(s->fd);
     if (s->fd_direct >= 0) close(s->fd_direct);
     cb_free(s->mem);
@@ -327,19 +441,6 @@ static int any_loading(const expert_store *s) {
     return 0;
 }
 
-/* Wait until slot i is no longer LOADING; returns its state. */
-static int wait_slot(const slot *sl) {
-    int st, spins = 0;
-    while ((st = atomic_load_explicit(&sl->state, memory_order_acquire)) == SLOT_LOADING) {
-        if (++spins < 64) sched_yield();
-        else {
-            struct timespec ts = {0, 20000};
-            nanosleep(&ts, NULL);
-        }
-    }
-    return st;
-}
-
 static void claim(expert_store *s, int i, int layer, int e) {
     slot *sl = &s->slots[i];
     if (sl->layer >= 0 || atomic_load_explicit(&sl->state, memory_order_relaxed) == SLOT_FAILED) release_slot(s, i);
@@ -404,7 +505,7 @@ colibri_status store_acquire(expert_store *s, int layer, int e, expert_view *vie
     claim(s, v, layer, e);
     slot *sl = &s->slots[v];
     const double t0 = now_s();
-    const int err = read_expert(s, layer, e, sl->mem);
+    const int err = load_now(s, v);
     add_stall(s, c, now_s() - t0);
     c->calls++;
     c->misses++;
@@ -414,7 +515,6 @@ colibri_status store_acquire(expert_store *s, int layer, int e, expert_view *vie
                         strerror(err));
     }
     c->bytes_read += expert_bytes(s, layer);
-    atomic_store_explicit(&sl->state, SLOT_READY, memory_order_relaxed);
     sl->pinned_wave = s->wave;
     touch(s, sl);
     fill_view(s, sl, layer, e, view);
@@ -433,12 +533,12 @@ void store_prefetch(expert_store *s, int layer, int e) {
     slot *sl = &s->slots[v];
     sl->prefetched = 1;
     sl->freq = 0.0;
-    atomic_store_explicit(&sl->state, SLOT_LOADING, memory_order_relaxed);
+    start_load(s, sl);
     s->cnt[id].pf_issued++;
     s->cnt[id].bytes_read += expert_bytes(s, layer);
     s->ring[h % STORE_QUEUE_CAP] = v;
     atomic_store_explicit(&s->head, h + 1, memory_order_release);
-    sem_post(&s->wake);
+    for (int q = 0; q < s->n_pieces; q++) sem_post(&s->wake);
 }
 
 /* ---- warm-up and pinning from a routing profile ------------------------- */
@@ -500,7 +600,7 @@ colibri_status store_warm(expert_store *s, const routing_profile *p, int n_pin) 
             if (j < 0) break;  /* the slots are full (or, pinning, all pinned already) */
             claim(s, j, layer, e);
             slot *sl = &s->slots[j];
-            const int err = read_expert(s, layer, e, sl->mem);
+            const int err = load_now(s, j);
             if (err) {
                 release_slot(s, j);
                 st = cb_error(COLIBRI_E_IO, "warming the expert cache: reading expert %d of layer %d from %s: %s", e,
@@ -508,7 +608,6 @@ colibri_status store_warm(expert_store *s, const routing_profile *p, int n_pin) 
                 break;
             }
             s->cnt[id].bytes_read += expert_bytes(s, layer);
-            atomic_store_explicit(&sl->state, SLOT_READY, memory_order_relaxed);
             /* scores that rank the warmed experts by the profile until real use takes over:
              * LFU sees a share (below one use), LRU sees the colder ones as older */
             sl->freq = order[i].share;

@@ -3,9 +3,10 @@
  *
  * Every slot is sized for the largest expert (gate + up + down, each page padded so that
  * O_DIRECT reads can land in place). All bookkeeping (which expert sits in which slot,
- * scores, counters) belongs to the thread running the forward pass; a loader thread only
- * performs the reads it is handed through a lock-free single-producer/single-consumer
- * queue and publishes each slot's completion with one atomic store. The forward pass thus
+ * scores, counters) belongs to the thread running the forward pass; the I/O threads only
+ * perform the reads they are handed (prefetches through a lock-free ring the forward thread
+ * fills, demand misses through an `urgent` slot the forward thread reads alongside them) and
+ * the last piece of a load publishes the slot's completion with one atomic store. The forward pass thus
  * sees the same bytes, in the same order of operations, whatever the budget: the store
  * changes when bytes arrive, never the math. */
 #ifndef COLIBRI_EXPERTS_H
@@ -19,6 +20,11 @@
 
 #define STORE_IO_ALIGN 4096   /* O_DIRECT granule; slots and their regions are aligned to it */
 #define STORE_QUEUE_CAP 256   /* prefetch requests in flight at most (power of two) */
+#define STORE_IO_CHUNK (1u << 20) /* an expert's read is split into pieces of this size (a multiple of
+                                     STORE_IO_ALIGN) that the I/O threads read in parallel */
+#define STORE_IO_THREADS 4    /* I/O threads; COLIBRI_IO_THREADS (1..16) overrides. Storage serves
+                                 several requests in flight faster than one (measured in docs/memory.md) */
+#define STORE_IO_THREADS_MAX 16
 #define STORE_LFU_HALF_LIFE 32.0  /* tokens after which an expert's frequency counts half */
 
 typedef struct expert_store expert_store;

@@ -179,6 +179,7 @@ void colibri_reset_stats(colibri_context *ctx) {
     ctx->stats.memory_budget = keep.memory_budget;
     ctx->stats.planned_bytes = keep.planned_bytes;
     ctx->stats.expert_slots = keep.expert_slots;
+    ctx->stats.experts_dropped = keep.experts_dropped;  /* a setting of the context, not a counter */
     if (ctx->store) store_reset_stats(ctx->store);
     if (ctx->pred) predictor_reset_stats(ctx->pred);
 }

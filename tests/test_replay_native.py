@@ -112,8 +112,11 @@ def bucket(token: int, n_buckets: int) -> int:
     return ((token * 0x9E3779B1) & 0xFFFFFFFF) >> (32 - (n_buckets.bit_length() - 1))
 
 
-def write_profile(path: Path, model_path: Path, cand: np.ndarray, k: int) -> None:
-    """A profile with candidates cand[n_buckets][n_layer][n_cand] and uniform shares k / n_expert."""
+def write_profile(
+    path: Path, model_path: Path, cand: np.ndarray, k: int, share: np.ndarray | None = None
+) -> None:
+    """A profile with candidates cand[n_buckets][n_layer][n_cand] and shares[n_layer][n_expert]
+    (default: uniform, k / n_expert)."""
     n_buckets, n_layer, n_cand = cand.shape
     n_expert = SPEC["n_expert"]
     model_bytes = os.path.getsize(model_path)
@@ -122,7 +125,9 @@ def write_profile(path: Path, model_path: Path, cand: np.ndarray, k: int) -> Non
     head = b"CLBRPRF1" + struct.pack(
         "<6I3Q", 1, n_layer, n_expert, k, n_buckets, n_cand, model_bytes, fingerprint, 1000
     )
-    share = np.full((n_layer, n_expert), k / n_expert, dtype="<f4")
+    if share is None:
+        share = np.full((n_layer, n_expert), k / n_expert)
+    share = np.ascontiguousarray(share, dtype="<f4")
     body = head + share.tobytes() + np.ascontiguousarray(cand, dtype="<u2").tobytes()
     path.write_bytes(body + struct.pack("<Q", fnv1a64(body)))
 
@@ -293,6 +298,13 @@ class Run:
         LIB.check(LIB.colibri_get_stats(self.ctx, ctypes.byref(s)))
         return s
 
+    def expert_stats(self) -> list[N.ExpertStatsC]:
+        n_total = self.model.info.n_layer * self.model.info.n_expert
+        arr = (N.ExpertStatsC * n_total)()
+        n = ctypes.c_int32()
+        LIB.check(LIB.colibri_get_expert_stats(self.ctx, arr, n_total, ctypes.byref(n)))
+        return list(arr[: n.value])
+
 
 PROMPT = np.random.default_rng(3).integers(0, 301, 20).tolist()
 N_GEN = 10
@@ -362,3 +374,32 @@ def test_unreadable_model_file_is_an_io_error(moe: Path, tmp_path: Path) -> None
         assert err.value.status == "COLIBRI_E_IO" and "gone.gguf" in err.value.message
     finally:
         m.close()
+
+
+def test_predictors_never_name_a_dropped_expert(model: Model, tmp_path: Path) -> None:
+    """With drop-cold the router never picks the cold experts, so neither may the lookahead (its
+    router logits for them are excluded as moe_ffn excludes them) nor the hashed guess (it takes
+    the first k candidates the router can still pick)."""
+    L, X, k = model.info.n_layer, model.info.n_expert, model.info.n_expert_used
+    share = np.zeros((L, X))
+    share[:, :4] = k / 4  # experts 4..7 are cold in every layer
+    cold = [4, 5]
+    cand = np.tile(np.array(cold + [0, 1], dtype=np.int32), (16, L, 1))  # the cold ones listed first
+    prof = tmp_path / "cold.routing"
+    write_profile(prof, model.path, cand, k, share)
+    flags = N.PREFETCH_LOOKAHEAD | N.PREFETCH_HASHED
+    p = model.params(L * k, prefetch=flags, lookahead_depth=2, routing_profile=os.fsencode(prof))
+    p.drop_cold_share = 0.1
+    run = Run(model.path, p)
+    try:
+        run.greedy(PROMPT, N_GEN, check_allocs=True)
+        s = run.stats()
+        per = run.expert_stats()
+    finally:
+        run.close()
+    assert s.experts_dropped == 4 * L
+    assert s.hashed_predicted == N_GEN * L * k  # k non-cold candidates remain: a full guess
+    assert s.prefetch_issued > 0
+    for e in per:
+        if e.expert >= 4:
+            assert e.calls == 0 and e.prefetch_issued == 0, f"expert {e.expert} of layer {e.layer} was named"

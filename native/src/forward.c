@@ -899,7 +899,7 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
                 context_destroy(c);
                 return cb_error(COLIBRI_E_NOMEM, "out of memory");
             }
-            if ((st = predictor_init(c->pred, m, p.prefetch, p.lookahead_depth, c->profile))) {
+            if ((st = predictor_init(c->pred, m, p.prefetch, p.lookahead_depth, c->profile, c->dropped))) {
                 cb_free(c->pred);
                 c->pred = NULL;
                 context_destroy(c);

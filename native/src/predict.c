@@ -23,7 +23,7 @@ size_t predictor_max_ids(const struct colibri_model *m, int depth) {
 }
 
 colibri_status predictor_init(predictor *p, const struct colibri_model *m, int flags, int depth,
-                              const struct routing_profile *profile) {
+                              const struct routing_profile *profile, const uint8_t *dropped) {
     memset(p, 0, sizeof *p);
     if ((flags & COLIBRI_PREFETCH_HASHED) && !profile)
         return cb_error(COLIBRI_E_INVALID_ARG, "the hashed predictor (COLIBRI_PREFETCH_HASHED) needs a routing profile");
@@ -32,6 +32,7 @@ colibri_status predictor_init(predictor *p, const struct colibri_model *m, int f
         return cb_error(COLIBRI_E_INTERNAL, "routing profile dimensions do not match the model");
     p->m = m;
     p->profile = profile;
+    p->dropped = dropped;
     p->flags = flags;
     p->depth = depth < 1 ? 1 : depth > PRED_MAX_DEPTH ? PRED_MAX_DEPTH : depth;
     p->n_layer = m->hp.n_layer;
@@ -102,6 +103,9 @@ static void lookahead_topk(predictor *p, int layer, const float *xn, int *quanti
         *quantized = 1;
     }
     matmul_rows(r->type, r->data, r->row_bytes, r->cols, xn, p->xq, 1, p->logits, p->n_expert, 0, p->n_expert);
+    if (p->dropped) /* as moe_ffn routes: a dropped expert is never chosen (every layer keeps k) */
+        for (int e = 0; e < p->n_expert; e++)
+            if (p->dropped[(size_t)layer * p->n_expert + e]) p->logits[e] = -INFINITY;
     op_topk(p->logits, p->n_expert, p->k, out);  /* softmax keeps the order, so logits suffice */
 }
 
@@ -127,12 +131,16 @@ int predictor_predict(predictor *p, int next, const float *xn, int32_t token, in
             if (!contains(out, n_out, base + g[i])) out[n_out++] = base + g[i];
     }
     if ((p->flags & COLIBRI_PREFETCH_HASHED) && token >= 0) {
-        /* the candidates are ordered most likely first, so the first k are the guess */
+        /* the candidates are ordered most likely first, so the first k the router can still
+         * pick are the guess (fewer when the profile's list runs out) */
         const uint16_t *cand = profile_candidates(p->profile, token, next);
+        const uint8_t *drop = p->dropped ? p->dropped + (size_t)next * p->n_expert : NULL;
         int32_t *g = p->guess + ((size_t)PRED_HASHED * p->n_layer + next) * k;
-        for (int i = 0; i < k; i++) g[i] = cand[i];
-        p->n_guess[PRED_HASHED * p->n_layer + next] = k;
-        for (int i = 0; i < k; i++)
+        int n = 0;
+        for (int i = 0; i < p->profile->n_cand && n < k; i++)
+            if (!drop || !drop[cand[i]]) g[n++] = cand[i];
+        p->n_guess[PRED_HASHED * p->n_layer + next] = n;
+        for (int i = 0; i < n; i++)
             if (!contains(out, n_out, base + g[i])) out[n_out++] = base + g[i];
     }
     if (lookahead) {

@@ -37,6 +37,7 @@ struct routing_profile;
 typedef struct predictor {
     const struct colibri_model *m;
     const struct routing_profile *profile;  /* borrowed; NULL when there is none */
+    const uint8_t *dropped;    /* borrowed [n_layer][n_expert], 1: never routed to (drop-cold); NULL: none */
     int flags;                 /* COLIBRI_PREFETCH_* */
     int depth;                 /* lookahead depth, 1 .. PRED_MAX_DEPTH */
     int n_layer, n_expert, k;
@@ -51,10 +52,11 @@ typedef struct predictor {
 } predictor;
 
 /* flags: COLIBRI_PREFETCH_* (HASHED needs a profile); depth: lookahead depth, clamped to
- * 1 .. PRED_MAX_DEPTH; profile: borrowed, must outlive the predictor (may be NULL). Every
+ * 1 .. PRED_MAX_DEPTH; profile and dropped (experts the router never picks, as moe_ffn
+ * excludes them; never predicted): borrowed, must outlive the predictor, may be NULL. Every
  * buffer is allocated here: predicting and scoring allocate nothing. */
 colibri_status predictor_init(predictor *p, const struct colibri_model *m, int flags, int depth,
-                              const struct routing_profile *profile);
+                              const struct routing_profile *profile, const uint8_t *dropped);
 void predictor_free(predictor *p);
 /* Bytes predictor_init allocates (the same for every flag set and depth). */
 size_t predictor_bytes(const struct colibri_model *m);

@@ -9,7 +9,9 @@
  * routing would see. Nothing is computed between acquiring a layer's experts and the next
  * layer, so the loader has less time than in a live run: a prefetch still in flight when its
  * expert is needed is waited for (a hit, its wait counted as stall time in real time), as it
- * would be live. The lookahead predictor needs hidden states and is not replayed. */
+ * would be live. The lookahead predictor needs hidden states and is not replayed. The trace
+ * already holds the routing drop_cold_share or the pre-filter gave; the hashed guesses here do
+ * not skip dropped experts as a live run's do (the dropped set is forward.c's). */
 #include "replay.h"
 
 #include <string.h>
@@ -135,7 +137,7 @@ colibri_status replay_routing(struct colibri_model *m, const colibri_context_par
         if ((st = store_warm(s, prof, p.pin_experts))) goto done;
     }
     if (flags) {
-        if ((st = predictor_init(&pred, m, flags, p.lookahead_depth, prof))) goto done;
+        if ((st = predictor_init(&pred, m, flags, p.lookahead_depth, prof, NULL))) goto done;
         have_pred = 1;
         pf_ids = cb_malloc(predictor_max_ids(m, p.lookahead_depth) * sizeof(int32_t));
         if (!pf_ids) {

@@ -150,7 +150,8 @@ def test_hashed_predictor_with_the_true_routing_is_exact(model: Model, tmp_path:
     n = len(tokens) * L * k
     assert s.hashed_predicted == s.hashed_correct == s.hashed_actual == n  # precision = recall = 1
     assert s.temporal_predicted == 0 and s.lookahead_predicted == 0
-    assert s.expert_calls == n and s.expert_hits + s.expert_misses == n
+    assert s.expert_calls == n and s.expert_hits == n and s.expert_misses == 0  # every read was a prefetch
+    assert s.prefetch_wasted == 0
     assert s.prefetch_issued > 0 and s.prefetch_used + s.prefetch_wasted <= s.prefetch_issued
     assert s.n_decode_tokens == len(tokens)
 

@@ -37,6 +37,7 @@ typedef struct slot {
     _Atomic int state;
     _Atomic int io_errno;   /* set by whoever read it, on failure */
     int prefetched;         /* loaded by a prefetch and not used since */
+    uint64_t wanted;        /* store->wave + 1 when a prefetch last named this expert (0: never) */
     int pinned;             /* warmed from a routing profile and kept for good (store_warm) */
     int n_pieces;           /* pieces of the load in progress */
     _Atomic int next_piece; /* the next piece nobody has taken yet */
@@ -403,6 +404,7 @@ static void release_slot(expert_store *s, int i) {
     }
     sl->layer = sl->expert = -1;
     sl->prefetched = 0;
+    sl->wanted = 0;
     sl->pinned = 0;
     sl->freq = 0.0;
     atomic_store_explicit(&sl->state, SLOT_FREE, memory_order_relaxed);
@@ -421,6 +423,9 @@ static int pick_victim(expert_store *s, int for_layer) {
             const int st = atomic_load_explicit(&sl->state, memory_order_acquire);
             if (st == SLOT_FREE || st == SLOT_FAILED) return i;
             if (st == SLOT_LOADING || sl->pinned || sl->pinned_wave == s->wave) continue;
+            /* an expert a prefetch named in this wave or the one before is expected by the layer
+             * being acquired or the next one: evicting it for another would throw a read away */
+            if (pass == 0 && sl->wanted && s->wave + 1 - sl->wanted <= 1) continue;
             const int cls = sl->prefetched ? 0 : 1;
             if (pass == 0 && cls == 1 && sl->layer != for_layer && s->layer_count[sl->layer] <= s->floor) continue;
             const double score = s->policy == COLIBRI_POLICY_LRU ? (double)sl->last_use : lfu_score(s, sl);
@@ -524,7 +529,10 @@ colibri_status store_acquire(expert_store *s, int layer, int e, expert_view *vie
 
 void store_prefetch(expert_store *s, int layer, int e) {
     const size_t id = (size_t)layer * s->n_expert + e;
-    if (s->where[id] >= 0) return;
+    if (s->where[id] >= 0) {
+        s->slots[s->where[id]].wanted = s->wave + 1;  /* keep it for the layer that expects it */
+        return;
+    }
     const uint32_t h = atomic_load_explicit(&s->head, memory_order_relaxed);
     if (h - atomic_load_explicit(&s->tail, memory_order_acquire) >= STORE_QUEUE_CAP) return;  /* queue full */
     const int v = pick_victim(s, layer);
@@ -532,6 +540,7 @@ void store_prefetch(expert_store *s, int layer, int e) {
     claim(s, v, layer, e);
     slot *sl = &s->slots[v];
     sl->prefetched = 1;
+    sl->wanted = s->wave + 1;
     sl->freq = 0.0;
     start_load(s, sl);
     s->cnt[id].pf_issued++;

@@ -79,15 +79,20 @@ static colibri_status run_trace(const model_hparams *hp, expert_store *s, predic
                 predictor_observe(pred, l, chosen);
             }
             store_wave_begin(s);
-            for (int j = 0; j < k; j++) {
+            /* in increasing expert id, the order forward.c acquires a layer's experts in: the
+             * order decides which slot each miss evicts, so a replay matches a live run */
+            for (int e = 0; e < X; e++) {
+                int used = 0;
+                for (int j = 0; j < k; j++) used |= chosen[j] == e;
+                if (!used) continue;
                 expert_view view;
                 int got;
-                colibri_status st = store_acquire(s, l, chosen[j], &view, &got);
+                colibri_status st = store_acquire(s, l, e, &view, &got);
                 if (st) return st;
                 /* the ledger guarantees k slots, so one token's k experts always fit one wave */
                 if (!got)
-                    return cb_error(COLIBRI_E_INTERNAL, "replay: no slot for expert %d of layer %d (token %d)",
-                                    (int)chosen[j], l, (int)t);
+                    return cb_error(COLIBRI_E_INTERNAL, "replay: no slot for expert %d of layer %d (token %d)", e,
+                                    l, (int)t);
             }
             if (pred && l + 1 < L) prefetch_layer(pred, s, X, l + 1, token, pf_ids);
         }

@@ -22,42 +22,13 @@
 #include "experts.h"
 #include "model.h"
 #include "profile.h"
+#define TEST_UTIL_FILE_WRITER
 #include "test_util.h"
 
 /* ---- a minimal GGUF writer: F32 tensors, u32/f32/string metadata ------------------------- */
 
 enum { V = 61, E = 64, L = 3, H = 4, HKV = 2, HD = 16, FF = 128, X = 6, K = 2 };
 
-static FILE *out_f;
-static uint64_t rng = 11;
-static void put(const void *p, size_t n) { fwrite(p, 1, n, out_f); }
-static void put_u32(uint32_t v) { put(&v, 4); }
-static void put_u64(uint64_t v) { put(&v, 8); }
-static void put_str(const char *s) {
-    put_u64(strlen(s));
-    put(s, strlen(s));
-}
-static void kv_u32(const char *key, uint32_t v) {
-    put_str(key);
-    put_u32(4);
-    put_u32(v);
-}
-static void kv_f32(const char *key, float v) {
-    put_str(key);
-    put_u32(6);
-    put(&v, 4);
-}
-static float rnd(void) {
-    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (float)((rng >> 40) & 0xffffff) / (float)(1 << 23) - 1.0f;
-}
-
-typedef struct tdesc {
-    char name[48];
-    uint64_t ne[3];
-    int nd;
-    float center, spread;
-} tdesc;
 
 static int describe(tdesc *t, int moe) {
     int n = 0;
@@ -93,6 +64,7 @@ static int describe(tdesc *t, int moe) {
 }
 
 static void write_model(const char *path, int moe) {
+    rng = 11;  /* the weights this test's expectations were written against */
     static tdesc t[64];
     const int n = describe(t, moe);
     out_f = fopen(path, "wb");

@@ -3,6 +3,7 @@
 #ifndef COLIBRI_TEST_UTIL_H
 #define COLIBRI_TEST_UTIL_H
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,5 +44,42 @@ static inline void buf_put(buf *b, const void *src, size_t n) {
     memcpy(b->p + b->n, src, n);
     b->n += n;
 }
+
+/* ---- a minimal GGUF file writer (F32 tensors, u32/f32/string metadata) for the tests that build a
+ * model on disk (define TEST_UTIL_FILE_WRITER before including this header); `rng` seeds the weights
+ * (a test may set it before writing) ---- */
+#ifdef TEST_UTIL_FILE_WRITER
+__attribute__((unused)) static FILE *out_f;
+__attribute__((unused)) static uint64_t rng = 7;
+static inline void put(const void *p, size_t n) { fwrite(p, 1, n, out_f); }
+static inline void put_u32(uint32_t v) { put(&v, 4); }
+static inline void put_u64(uint64_t v) { put(&v, 8); }
+static inline void put_str(const char *s) {
+    put_u64(strlen(s));
+    put(s, strlen(s));
+}
+static inline void kv_u32(const char *key, uint32_t v) {
+    put_str(key);
+    put_u32(4);
+    put_u32(v);
+}
+static inline void kv_f32(const char *key, float v) {
+    put_str(key);
+    put_u32(6);
+    put(&v, 4);
+}
+static inline float rnd(void) {
+    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (float)((rng >> 40) & 0xffffff) / (float)(1 << 23) - 1.0f;
+}
+
+/* One tensor of such a file: name, shape (nd dims), and the center/spread of its values. */
+typedef struct tdesc {
+    char name[48];
+    uint64_t ne[3];
+    int nd;
+    float center, spread;
+} tdesc;
+#endif
 
 #endif

@@ -7,6 +7,9 @@
  * finishes the last piece publishes the slot (release store; the forward thread reads it with
  * an acquire load). A slot in state LOADING is never evicted or read, so the readers are the
  * only writers of its bytes until it is READY or FAILED. */
+/* O_DIRECT is a GNU extension in glibc's <fcntl.h>: without this, it is not declared and the
+ * store would silently read through the page cache. */
+#define _GNU_SOURCE
 #include "experts.h"
 
 #include <errno.h>
@@ -37,6 +40,7 @@ typedef struct slot {
     _Atomic int state;
     _Atomic int io_errno;   /* set by whoever read it, on failure */
     int prefetched;         /* loaded by a prefetch and not used since */
+    int demand;             /* loaded by store_hold for the current wave: a miss when acquired */
     uint64_t wanted;        /* store->wave + 1 when a prefetch last named this expert (0: never) */
     int pinned;             /* warmed from a routing profile and kept for good (store_warm) */
     int n_pieces;           /* pieces of the load in progress */
@@ -404,6 +408,7 @@ static void release_slot(expert_store *s, int i) {
     }
     sl->layer = sl->expert = -1;
     sl->prefetched = 0;
+    sl->demand = 0;
     sl->wanted = 0;
     sl->pinned = 0;
     sl->freq = 0.0;
@@ -487,10 +492,15 @@ colibri_status store_acquire(expert_store *s, int layer, int e, expert_view *vie
         }
         if (st == SLOT_READY) {
             c->calls++;
-            c->hits++;
-            if (sl->prefetched) {
-                c->pf_used++;
-                sl->prefetched = 0;
+            if (sl->demand) {
+                c->misses++;  /* read because this wave needed it (store_hold), not predicted */
+                sl->demand = 0;
+            } else {
+                c->hits++;
+                if (sl->prefetched) {
+                    c->pf_used++;
+                    sl->prefetched = 0;
+                }
             }
             sl->pinned_wave = s->wave;
             touch(s, sl);
@@ -527,14 +537,46 @@ colibri_status store_acquire(expert_store *s, int layer, int e, expert_view *vie
     return COLIBRI_OK;
 }
 
+/* Queue slot v's armed load for the I/O threads (the ring has room: checked by the caller). */
+static void queue_load(expert_store *s, int v) {
+    const uint32_t h = atomic_load_explicit(&s->head, memory_order_relaxed);
+    s->ring[h % STORE_QUEUE_CAP] = v;
+    atomic_store_explicit(&s->head, h + 1, memory_order_release);
+    for (int q = 0; q < s->n_pieces; q++) sem_post(&s->wake);
+}
+
+static int queue_full(const expert_store *s) {
+    return atomic_load_explicit(&s->head, memory_order_relaxed) -
+               atomic_load_explicit(&s->tail, memory_order_acquire) >=
+           STORE_QUEUE_CAP;
+}
+
+void store_hold(expert_store *s, int layer, int e) {
+    const size_t id = (size_t)layer * s->n_expert + e;
+    const int i = s->where[id];
+    if (i >= 0) {
+        s->slots[i].pinned_wave = s->wave;
+        return;
+    }
+    if (queue_full(s)) return;  /* store_acquire reads it then */
+    const int v = pick_victim(s, layer);
+    if (v < 0) return;
+    claim(s, v, layer, e);
+    slot *sl = &s->slots[v];
+    sl->demand = 1;
+    sl->pinned_wave = s->wave;
+    start_load(s, sl);
+    s->cnt[id].bytes_read += expert_bytes(s, layer);
+    queue_load(s, v);
+}
+
 void store_prefetch(expert_store *s, int layer, int e) {
     const size_t id = (size_t)layer * s->n_expert + e;
     if (s->where[id] >= 0) {
         s->slots[s->where[id]].wanted = s->wave + 1;  /* keep it for the layer that expects it */
         return;
     }
-    const uint32_t h = atomic_load_explicit(&s->head, memory_order_relaxed);
-    if (h - atomic_load_explicit(&s->tail, memory_order_acquire) >= STORE_QUEUE_CAP) return;  /* queue full */
+    if (queue_full(s)) return;
     const int v = pick_victim(s, layer);
     if (v < 0) return;
     claim(s, v, layer, e);
@@ -545,9 +587,7 @@ void store_prefetch(expert_store *s, int layer, int e) {
     start_load(s, sl);
     s->cnt[id].pf_issued++;
     s->cnt[id].bytes_read += expert_bytes(s, layer);
-    s->ring[h % STORE_QUEUE_CAP] = v;
-    atomic_store_explicit(&s->head, h + 1, memory_order_release);
-    for (int q = 0; q < s->n_pieces; q++) sem_post(&s->wake);
+    queue_load(s, v);
 }
 
 /* ---- warm-up and pinning from a routing profile ------------------------- */
@@ -639,6 +679,10 @@ int store_is_resident(const expert_store *s, int layer, int e) {
 }
 
 int store_n_slots(const expert_store *s) { return s->n_slots; }
+
+int store_direct_reads(const expert_store *s) {
+    return s->fd_direct >= 0 && atomic_load_explicit(&s->direct_ok, memory_order_relaxed);
+}
 
 void store_fail_next_reads(expert_store *s, int n) { atomic_store(&s->fail_reads, n); }
 

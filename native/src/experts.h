@@ -45,6 +45,12 @@ void store_wave_begin(expert_store *s);
  * on success; *got = 0 when every slot is pinned by this wave (run the wave, then retry).
  * An I/O error returns COLIBRI_E_IO with a message; the store stays consistent. */
 colibri_status store_acquire(expert_store *s, int layer, int e, expert_view *view, int *got);
+/* Decode steps, before acquiring any of the wave's experts: expert e of layer l is needed by the
+ * current wave. A resident one is pinned for the wave at once (so the reads of the others cannot
+ * evict it); a missing one starts loading on the I/O threads now, so all of a layer's misses, and
+ * the next layer's prefetches issued after them, are read in parallel. store_acquire then waits for
+ * it and counts it as a miss. */
+void store_hold(expert_store *s, int layer, int e);
 /* Ask the loader thread for expert e of layer l if it is not resident and a slot can be
  * given up for it (never one pinned by the current wave, never one still loading). */
 void store_prefetch(expert_store *s, int layer, int e);
@@ -60,6 +66,8 @@ struct routing_profile;
 colibri_status store_warm(expert_store *s, const struct routing_profile *p, int n_pin);
 
 int store_n_slots(const expert_store *s);
+/* 1 while the store reads with O_DIRECT (the file system accepted it), 0 once it fell back. */
+int store_direct_reads(const expert_store *s);
 /* Counters: totals into the stats struct, per expert into out[n_layer * n_expert]. */
 void store_fill_stats(const expert_store *s, colibri_stats *out);
 void store_expert_stats(const expert_store *s, colibri_expert_stats *out, int max, int *n_written);

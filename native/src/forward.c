@@ -314,8 +314,9 @@ static void prefetch_layer(struct colibri_context *c, int next, const float *xn)
     for (int i = 0; i < n_ids; i++) store_prefetch(c->store, c->pf_ids[i] / X, c->pf_ids[i] % X);
 }
 
-/* Called once layer il's experts are pinned: predict layer il+1 while layer il computes. The
- * next token's layer 0 is predicted at its step start (eval_chunk), when its id is known. */
+/* Called once layer il's experts are held (resident ones pinned, missing ones loading): predict
+ * layer il+1 while layer il's reads finish and it computes. The next token's layer 0 is predicted
+ * at its step start (eval_chunk), when its id is known. */
 static void issue_prefetch(struct colibri_context *c, int il) {
     if (il + 1 < c->model->hp.n_layer) prefetch_layer(c, il + 1, c->s.xn);
 }
@@ -329,6 +330,13 @@ static colibri_status streamed_experts(struct colibri_context *c, int il, int n,
     int e = 0, first = 1;
     for (;;) {
         store_wave_begin(c->store);
+        if (first && n == 1) {
+            /* a decode step is one wave: start every missing expert's read, then the next layer's
+             * prefetches, before waiting for any of them */
+            for (int h = 0; h < X; h++)
+                if (cnt[h] != (h ? cnt[h - 1] : 0)) store_hold(c->store, il, h);
+            if (c->pred) issue_prefetch(c, il);
+        }
         int nw = 0;
         while (e < X) {
             const int start = e ? cnt[e - 1] : 0;
@@ -342,7 +350,6 @@ static colibri_status streamed_experts(struct colibri_context *c, int il, int n,
             if (!got) break;
             c->wave_ids[nw++] = e++;
         }
-        if (first && n == 1 && c->pred) issue_prefetch(c, il);
         if (nw == 0 && e < X) return cb_error(COLIBRI_E_INTERNAL, "no expert slot could be freed");
         expert_wave(c, il, n, c->wave_ids, c->views, nw, first && has_sh, q_down, sh_actq);
         first = 0;

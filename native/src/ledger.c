@@ -129,6 +129,10 @@ int ledger_lock_resident(struct colibri_model *m) {
         m->resident_locks++;
         return 1;
     }
+    /* Streaming reads experts with pread, never through the map: stop the kernel's read-around
+     * (read_ahead_kb, 8 MiB on this machine's virtio disk) from pulling expert pages next to the
+     * resident tensors into the page cache, where a cgroup cap charges them to us. */
+    madvise((void *)m->file.map, (size_t)m->file.size, MADV_RANDOM);
     if (!lock_ranges(m, 1)) {
         lock_ranges(m, 0);  /* undo a partial lock */
         return 0;

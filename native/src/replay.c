@@ -63,6 +63,12 @@ static void prefetch_layer(predictor *pred, expert_store *s, int n_expert, int n
     for (int i = 0; i < n; i++) store_prefetch(s, ids[i] / n_expert, ids[i] % n_expert);
 }
 
+static int is_chosen(const int32_t *chosen, int k, int e) {
+    for (int j = 0; j < k; j++)
+        if (chosen[j] == e) return 1;
+    return 0;
+}
+
 /* The replay itself, on a store and predictor (pred may be NULL) already set up. */
 static colibri_status run_trace(const model_hparams *hp, expert_store *s, predictor *pred, int32_t *pf_ids,
                                 const int32_t *tokens, const int32_t *ids, int32_t n_tokens) {
@@ -79,12 +85,14 @@ static colibri_status run_trace(const model_hparams *hp, expert_store *s, predic
                 predictor_observe(pred, l, chosen);
             }
             store_wave_begin(s);
-            /* in increasing expert id, the order forward.c acquires a layer's experts in: the
-             * order decides which slot each miss evicts, so a replay matches a live run */
+            /* as forward.c does a decode step: hold every chosen expert (misses start loading),
+             * prefetch the next layer, then acquire, in increasing expert id (the order decides
+             * which slot each miss evicts, so a replay matches a live run) */
+            for (int e = 0; e < X; e++)
+                if (is_chosen(chosen, k, e)) store_hold(s, l, e);
+            if (pred && l + 1 < L) prefetch_layer(pred, s, X, l + 1, token, pf_ids);
             for (int e = 0; e < X; e++) {
-                int used = 0;
-                for (int j = 0; j < k; j++) used |= chosen[j] == e;
-                if (!used) continue;
+                if (!is_chosen(chosen, k, e)) continue;
                 expert_view view;
                 int got;
                 colibri_status st = store_acquire(s, l, e, &view, &got);
@@ -94,7 +102,6 @@ static colibri_status run_trace(const model_hparams *hp, expert_store *s, predic
                     return cb_error(COLIBRI_E_INTERNAL, "replay: no slot for expert %d of layer %d (token %d)", e,
                                     l, (int)t);
             }
-            if (pred && l + 1 < L) prefetch_layer(pred, s, X, l + 1, token, pf_ids);
         }
     }
     return COLIBRI_OK;

@@ -5,6 +5,8 @@
  *     for LFU and LRU, with and without prefetch;
  *   - a read error while streaming returns COLIBRI_E_IO, leaves n_past untouched, and the
  *     next call succeeds with the same logits as an undisturbed run. */
+#define _GNU_SOURCE /* O_DIRECT */
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -196,6 +198,13 @@ int main(void) {
                 CHECK(s.prefetch_wasted_bytes == s.prefetch_wasted * (uint64_t)3 * FF * E * 4);
                 CHECK(s.expert_stall_decode_seconds >= 0.0 && s.expert_stall_decode_seconds <= s.expert_stall_seconds);
                 if (b == 0 && pf == 0) CHECK(s.expert_stall_decode_seconds > 0.0);
+                /* where the file system takes O_DIRECT, the store reads with it (streamed experts
+                 * must not fill the page cache a memory cap charges to the process) */
+                const int probe = open(path, O_RDONLY | O_DIRECT);
+                if (probe >= 0) {
+                    CHECK(store_direct_reads(c->store));
+                    close(probe);
+                }
                 CHECK(s.experts_pinned == 0 && s.experts_dropped == 0 && s.prefilter_rows == 0);
                 colibri_context_free(c);
             }

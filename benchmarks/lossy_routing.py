@@ -94,9 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     cand = profile.cand[bucket_of(toks, profile.n_buckets)]  # [T, L, n_cand]
     in_cand = (ref_routes[..., :, None] == cand[..., None, :]).any(-1)  # [T, L, k]
     recall = float(in_cand.mean())
-    print(
-        f"{len(toks)} held-out tokens; profile candidate recall ({profile.n_cand} per layer): {recall:.3f}"
-    )
+    print(f"{len(toks)} held-out tokens; profile candidate recall ({profile.n_cand} per layer): {recall:.3f}")
 
     rows: list[dict[str, Any]] = []
     for m in (float(x) for x in args.margins.split(",")):

@@ -134,9 +134,12 @@ def resolve_budget(value: str | int | None) -> int:
 POLICIES = {"lfu": 0, "lru": 1}
 PREFETCHERS = {"lookahead": 1, "temporal": 2, "hashed": 4}
 HASHED = PREFETCHERS["hashed"]
-# The default predictors: without a routing profile, and with one (the hashed table needs it).
-DEFAULT_PREFETCH = "lookahead,temporal"
-DEFAULT_PREFETCH_WITH_PROFILE = "lookahead,temporal,hashed"
+# No prefetch by default: on the machines measured (docs/benchmarks.md, "Prefetch: hit rate is not
+# speed"), the predictors raise the hit rate but a prefetch issued one layer ahead does not hide a read's
+# latency, and the mispredicted ones spend the storage bandwidth demand reads need, so every capped run
+# was faster without. `prefetch="lookahead,temporal,hashed"` turns them on.
+DEFAULT_PREFETCH = "none"
+DEFAULT_PREFETCH_WITH_PROFILE = "none"
 
 
 def parse_policy(name: str) -> int:

@@ -887,9 +887,8 @@ def load(
     memory_budget: bytes or a size string ("512M", "1.5G") for everything the engine holds;
     None: a share of the available memory or cgroup limit (colibri_backend.budget); 0: no limit.
     Experts that do not fit are streamed from the file (expert_policy "lfu" or "lru"; prefetch
-    "lookahead", "temporal", "hashed", comma lists of them, "all" or "none"; default
-    "lookahead,temporal", plus "hashed" when a routing profile is loaded). Output is identical at
-    any budget.
+    "lookahead", "temporal", "hashed", comma lists of them, "all" or "none"; default "none", which
+    was faster on every capped run measured, docs/benchmarks.md). Output is identical at any budget.
 
     Expert store (docs/memory.md, "Routing profiles and store options"):
     expert_slots: slots counted in experts instead of bytes: an int, or "40%" of the model's

@@ -236,7 +236,7 @@ def test_expert_slots_reach_the_engine(model_path: Path) -> None:
 
 
 def test_profile_pinning_and_hashed(model_path: Path, profile: Path, held_out: list[int]) -> None:
-    opts = dict(threads=2, expert_slots="40%", warmup_routing=profile, pin_experts="auto")
+    opts = dict(threads=2, expert_slots="40%", warmup_routing=profile, pin_experts="auto", prefetch="all")
     with colibri_backend.load(model_path, **opts) as m:
         s = m.stats()
         assert s["routing_profile"] == str(profile)
@@ -244,7 +244,7 @@ def test_profile_pinning_and_hashed(model_path: Path, profile: Path, held_out: l
         m.reset_stats()
         m.generate(held_out[:32], max_tokens=8)
         s = m.stats()
-        assert s["hashed_predicted"] > 0 and s["hashed_actual"] > 0  # default prefetch includes hashed
+        assert s["hashed_predicted"] > 0 and s["hashed_actual"] > 0  # "all" includes hashed with a profile
     with colibri_backend.load(
         model_path, threads=2, expert_slots=20, warmup_routing=profile, pin_experts=5
     ) as m:
@@ -267,7 +267,9 @@ def test_replay_routing(model_path: Path, profile: Path, held_out: list[int]) ->
     assert s["expert_slots"] == 20 and s["prefetch_issued"] == 0
     again = replay_routing(model_path, held_out, ids, expert_slots="40%", prefetch="none")
     assert again["expert_misses"] == s["expert_misses"]  # no prefetch: deterministic
-    hashed = replay_routing(model_path, held_out, ids, expert_slots="40%", warmup_routing=profile)
+    hashed = replay_routing(
+        model_path, held_out, ids, expert_slots="40%", warmup_routing=profile, prefetch="temporal,hashed"
+    )
     assert hashed["hashed_predicted"] > 0 and hashed["temporal_predicted"] > 0
     assert hashed["expert_hit_rate"] > s["expert_hit_rate"]  # warm start and prefetch help
     with pytest.raises(ValueError, match="layers"):
@@ -286,7 +288,7 @@ def test_replay_command(
         trace
     )
     argv = ["replay", str(model_path), str(trace), "--expert-slots", "40%", f"--warmup-routing={profile}"]
-    assert cli.main(argv + ["--json"]) == 0
+    assert cli.main(argv + ["--prefetch", "all", "--json"]) == 0
     out = capsys.readouterr()
     r = json.loads(out.out)
     assert r["tokens"] == len(held_out) and r["expert_slots"] == 20 and r["calls"] == len(held_out) * 12

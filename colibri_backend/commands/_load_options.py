@@ -133,8 +133,8 @@ def add_load_arguments(p: argparse.ArgumentParser, budget_aliases: tuple[str, ..
         default=None,
         metavar="LIST",
         help="expert predictors feeding the loader: lookahead, temporal, hashed (needs a routing profile), "
-        "comma lists of them, both (lookahead,temporal), all, none; default lookahead,temporal, "
-        "plus hashed with --warmup-routing",
+        "comma lists of them, both (lookahead,temporal), all, none; default none (faster on the "
+        "storage measured, docs/benchmarks.md)",
     )
     g.add_argument(
         "--lookahead-depth",

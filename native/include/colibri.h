@@ -93,7 +93,7 @@ typedef struct colibri_context_params {
      * resident (mapped). A budget too small for the minimum working set gives COLIBRI_E_BUDGET. */
     uint64_t memory_budget;
     int32_t expert_policy;  /* COLIBRI_POLICY_LFU (default) or COLIBRI_POLICY_LRU */
-    int32_t prefetch;       /* bit set of COLIBRI_PREFETCH_*; default LOOKAHEAD | TEMPORAL */
+    int32_t prefetch;       /* bit set of COLIBRI_PREFETCH_*; default NONE (see docs/memory.md) */
     int32_t kv_type;        /* COLIBRI_KV_* */
     /* Expert slots counted in experts instead of bytes: > 0 gives the store exactly this many
      * slots (at least top-k; at most n_layer * n_expert) whatever the budget would give; the

@@ -56,7 +56,7 @@ void colibri_context_default_params(colibri_context_params *out) {
     out->n_batch = 512;
     out->memory_budget = 0;
     out->expert_policy = COLIBRI_POLICY_LFU;
-    out->prefetch = COLIBRI_PREFETCH_LOOKAHEAD | COLIBRI_PREFETCH_TEMPORAL;
+    out->prefetch = COLIBRI_PREFETCH_NONE;  /* measured faster on every capped run (docs/benchmarks.md) */
     out->kv_type = COLIBRI_KV_DEFAULT;
     out->expert_slots = 0;
     out->lookahead_depth = 1;

@@ -77,25 +77,7 @@ static void write_model(const char *path) {
     kv_u32("llama.expert_count", X);
     kv_u32("llama.expert_used_count", K);
     kv_u32("llama.expert_feed_forward_length", FF);
-    uint64_t off = 0;
-    for (int i = 0; i < n; i++) {
-        put_str(t[i].name);
-        put_u32((uint32_t)t[i].nd);
-        for (int d = 0; d < t[i].nd; d++) put_u64(t[i].ne[d]);
-        put_u32(0);
-        put_u64(off);
-        off += (t[i].ne[0] * t[i].ne[1] * t[i].ne[2] * 4 + 31) / 32 * 32;
-    }
-    long pos = ftell(out_f);
-    while (pos++ % 32) put("", 1);
-    for (int i = 0; i < n; i++) {
-        const uint64_t cnt = t[i].ne[0] * t[i].ne[1] * t[i].ne[2];
-        for (uint64_t j = 0; j < cnt; j++) {
-            float v = t[i].center + t[i].spread * rnd();
-            put(&v, 4);
-        }
-        for (uint64_t j = cnt * 4; j % 32; j++) put("", 1);
-    }
+    put_tensors(t, n);
     fclose(out_f);
 }
 

@@ -139,7 +139,6 @@ HASHED = PREFETCHERS["hashed"]
 # latency, and the mispredicted ones spend the storage bandwidth demand reads need, so every capped run
 # was faster without. `prefetch="lookahead,temporal,hashed"` turns them on.
 DEFAULT_PREFETCH = "none"
-DEFAULT_PREFETCH_WITH_PROFILE = "none"
 
 
 def parse_policy(name: str) -> int:

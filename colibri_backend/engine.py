@@ -32,7 +32,6 @@ from colibri_backend.adapters.sampling import SamplingParams
 from colibri_backend.adapters.tokenizer import Tokenizer
 from colibri_backend.budget import (
     DEFAULT_PREFETCH,
-    DEFAULT_PREFETCH_WITH_PROFILE,
     HASHED,
     parse_expert_slots,
     parse_kv_cache_type,
@@ -203,9 +202,7 @@ def store_params(
     profile = resolve_warmup_routing(warmup_routing, path)
     if profile is not None and info.n_expert <= 0:
         raise ValueError(f"warmup_routing: {path} is a dense model; routing profiles are for MoE models")
-    spec = (
-        prefetch if prefetch is not None else (DEFAULT_PREFETCH_WITH_PROFILE if profile else DEFAULT_PREFETCH)
-    )
+    spec = prefetch if prefetch is not None else DEFAULT_PREFETCH
     flags = parse_prefetch(spec)
     if flags & HASHED and profile is None:
         if spec.strip().lower() != "all":

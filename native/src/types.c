@@ -58,6 +58,21 @@ static const type_info_t TYPE_TABLE[] = {
 
 #define N_TYPES (sizeof TYPE_TABLE / sizeof TYPE_TABLE[0])
 
+const int8_t IQ4_NL_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+const int8_t MXFP4_VALUES[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+_Static_assert(sizeof(block_q5_0) == 22, "block_q5_0");
+_Static_assert(sizeof(block_q5_1) == 24, "block_q5_1");
+_Static_assert(sizeof(block_iq4_nl) == 18, "block_iq4_nl");
+_Static_assert(sizeof(block_mxfp4) == 17, "block_mxfp4");
+_Static_assert(sizeof(block_q2_K) == 84, "block_q2_K");
+_Static_assert(sizeof(block_q3_K) == 110, "block_q3_K");
+_Static_assert(sizeof(block_q4_K) == 144, "block_q4_K");
+_Static_assert(sizeof(block_q5_K) == 176, "block_q5_K");
+_Static_assert(sizeof(block_q6_K) == 210, "block_q6_K");
+_Static_assert(sizeof(block_q8_K) == 292, "block_q8_K");
+_Static_assert(sizeof(block_iq4_xs) == 136, "block_iq4_xs");
+
 const type_info_t *type_info(uint32_t type) {
     if (type >= N_TYPES || TYPE_TABLE[type].name == NULL) return NULL;
     return &TYPE_TABLE[type];

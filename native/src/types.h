@@ -13,18 +13,71 @@ enum ggml_type {
     GGML_TYPE_F16 = 1,
     GGML_TYPE_Q4_0 = 2,
     GGML_TYPE_Q4_1 = 3,
+    GGML_TYPE_Q5_0 = 6,
+    GGML_TYPE_Q5_1 = 7,
     GGML_TYPE_Q8_0 = 8,
+    GGML_TYPE_Q2_K = 10,
+    GGML_TYPE_Q3_K = 11,
+    GGML_TYPE_Q4_K = 12,
+    GGML_TYPE_Q5_K = 13,
+    GGML_TYPE_Q6_K = 14,
+    GGML_TYPE_Q8_K = 15,
+    GGML_TYPE_IQ4_NL = 20,
+    GGML_TYPE_IQ4_XS = 23,
     GGML_TYPE_BF16 = 30,
+    GGML_TYPE_MXFP4 = 39,
 };
 
 #define QK4_0 32
 #define QK4_1 32
+#define QK5_0 32
+#define QK5_1 32
 #define QK8_0 32
+#define QK4_NL 32
+#define QK_MXFP4 32
+#define QK_K 256          /* super-block of the K-quants and IQ4_XS */
+#define K_SCALE_SIZE 12   /* Q3_K/Q4_K/Q5_K: 6-bit scales (and mins) of the 8 or 16 sub-blocks, packed */
 
 /* Block layouts exactly as ggml stores them (little-endian, packed). */
 typedef struct { uint16_t d; uint8_t qs[QK4_0 / 2]; } block_q4_0;              /* 18 bytes: x = (q - 8) * d, low nibbles = elements 0..15, high = 16..31 */
 typedef struct { uint16_t d; uint16_t m; uint8_t qs[QK4_1 / 2]; } block_q4_1;  /* 20 bytes: x = q * d + m, same nibble order */
 typedef struct { uint16_t d; int8_t qs[QK8_0]; } block_q8_0;                   /* 34 bytes: x = q * d */
+/* 22 bytes: x = (q - 16) * d with q = nibble | (bit j of qh) << 4; nibble order as Q4_0,
+ * qh bit j belongs to element j (0..31) */
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[QK5_0 / 2]; } block_q5_0;
+typedef struct { uint16_t d; uint16_t m; uint8_t qh[4]; uint8_t qs[QK5_1 / 2]; } block_q5_1;  /* 24: x = q * d + m */
+/* 18 bytes: x = d * IQ4_NL_VALUES[nibble], nibble order as Q4_0 */
+typedef struct { uint16_t d; uint8_t qs[QK4_NL / 2]; } block_iq4_nl;
+/* 17 bytes: x = 2^(e - 127) * MXFP4_VALUES[nibble] / 2 (E8M0 shared exponent, E2M1 elements
+ * stored doubled so the table is integral), nibble order as Q4_0 */
+typedef struct { uint8_t e; uint8_t qs[QK_MXFP4 / 2]; } block_mxfp4;
+
+/* K-quants: 256 weights per super-block in sub-blocks of 16 or 32, each sub-block with its own
+ * small integer scale (and minimum) relative to the super-block's fp16 d (and dmin). */
+/* 84 bytes: 16 sub-blocks of 16; scales[i] = scale (low 4 bits) | min (high 4 bits);
+ * x = d * sc * q - dmin * m with q 2 bits (qs: 4 per byte, 32-element groups of 128) */
+typedef struct { uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; uint16_t d; uint16_t dmin; } block_q2_K;
+/* 110 bytes: 16 sub-blocks of 16, 6-bit signed scales (offset 32) packed in 12 bytes;
+ * q = 2 low bits (qs) - 4 unless the hmask bit is set: x = d * (sc - 32) * q */
+typedef struct { uint8_t hmask[QK_K / 8]; uint8_t qs[QK_K / 4]; uint8_t scales[12]; uint16_t d; } block_q3_K;
+/* 144 bytes: 8 sub-blocks of 32, 6-bit scales and mins packed in 12 bytes; x = d * sc * q - dmin * m */
+typedef struct { uint16_t d; uint16_t dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qs[QK_K / 2]; } block_q4_K;
+/* 176 bytes: as Q4_K with a fifth bit per weight in qh */
+typedef struct {
+    uint16_t d; uint16_t dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2];
+} block_q5_K;
+/* 210 bytes: 16 sub-blocks of 16 with int8 scales; q = 4 low bits (ql) | 2 high bits (qh) << 4,
+ * x = d * sc * (q - 32) */
+typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; } block_q6_K;
+/* 292 bytes: activations for K-quant dot products; bsums[i] = sum of qs[16 i .. 16 i + 15] */
+typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_K;
+/* 136 bytes: 8 sub-blocks of 32, 6-bit scales (low 4 bits in scales_l, high 2 in scales_h,
+ * offset 32); x = d * (sc - 32) * IQ4_NL_VALUES[nibble] */
+typedef struct { uint16_t d; uint16_t scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; } block_iq4_xs;
+
+/* The 16 non-uniform levels of IQ4_NL / IQ4_XS, and the doubled E2M1 levels of MXFP4. */
+extern const int8_t IQ4_NL_VALUES[16];
+extern const int8_t MXFP4_VALUES[16];
 
 typedef struct type_info {
     const char *name;      /* "F32", "Q4_0", ... */

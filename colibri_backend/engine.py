@@ -44,6 +44,7 @@ from colibri_backend.budget import (
 )
 from colibri_backend.errors import ContextFullError, EngineError
 from colibri_backend.models import resolve_model
+from colibri_backend.optimum import belady
 from colibri_backend.profile import profile_path
 
 MAX_LOOKAHEAD_DEPTH = 8  # colibri.h: lookahead_depth 1..8
@@ -857,6 +858,10 @@ def replay_routing(
         result = stats_to_dict(out)
         result["n_tokens"] = int(toks.size)
         result["routing_profile"] = str(_profile) if _profile else None
+        best = belady(ids, info.n_expert, int(result["expert_slots"]))
+        result["optimal_misses"] = best.misses
+        result["optimal_hit_rate"] = best.hit_rate
+        result["optimal_hit_rate_preloaded"] = best.hit_rate_preloaded
         return result
     finally:
         lib.colibri_model_close(handle)

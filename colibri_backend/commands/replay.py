@@ -32,6 +32,10 @@ def summary(s: dict[str, Any]) -> dict[str, Any]:
         "hits": s["expert_hits"],
         "misses": s["expert_misses"],
         "hit_rate": s["expert_hit_rate"],
+        "optimal_misses": s["optimal_misses"],
+        "optimal_hit_rate": s["optimal_hit_rate"],
+        "optimal_hit_rate_preloaded": s["optimal_hit_rate_preloaded"],
+        "share_of_optimum": _ratio(s["expert_hit_rate"], s["optimal_hit_rate"]),
         "prefetch_issued": s["prefetch_issued"],
         "prefetch_used": s["prefetch_used"],
         "prefetch_wasted": s["prefetch_wasted"],
@@ -58,6 +62,10 @@ def format_summary(r: dict[str, Any]) -> str:
         + (f"  profile: {r['routing_profile']}" if r["routing_profile"] else ""),
         f"hit rate: {100 * r['hit_rate']:.1f}%  "
         f"({r['hits']} hits, {r['misses']} misses of {r['calls']} uses)",
+        f"Belady's optimum: {100 * r['optimal_hit_rate']:.1f}% from an empty cache "
+        f"({r['optimal_misses']} misses), "
+        f"{100 * r['optimal_hit_rate_preloaded']:.1f}% from the best preload; "
+        f"this store reaches {100 * r['share_of_optimum']:.1f}% of the optimum",
         f"prefetch: issued {r['prefetch_issued']}, used {r['prefetch_used']}, wasted {r['prefetch_wasted']} "
         f"({r['prefetch_wasted_bytes'] / mib:.1f} MiB wasted); {r['bytes_read'] / mib:.1f} MiB read in all",
         f"stall: {r['stall_seconds']:.3f} s of {r['replay_seconds']:.3f} s ({100 * r['stall_share']:.1f}%)",

@@ -1,0 +1,92 @@
+"""Belady's offline optimum for an expert cache: the fewest misses any policy could have on a trace.
+
+The access sequence is the one a decode step makes: token by token, layer by layer, the chosen experts of a
+layer in increasing id (the order forward.c and the replay acquire them). A cache of `n_slots` experts, shared
+by all layers, serves it. On a miss with the cache full, MIN evicts the resident expert whose next use lies
+furthest ahead (never used again counts as infinitely far), which is optimal for demand paging (Belady 1966;
+Mattson et al. 1970). Any real policy, with a per-layer floor, pinning or prefetch, has at least this many
+demand misses on the same trace with the same slot count, so `hit_rate / optimal hit rate` is how close a
+policy comes to the best possible.
+
+Two starting states are reported: an empty cache (what a store without a routing profile starts from) and a
+freely chosen initial content (a store warmed from a profile). The second is exactly the first less the
+cold misses while the cache fills: an optimum from a preloaded set S can be turned into one from empty by
+loading S lazily, at most min(n_slots, distinct experts) extra misses, and preloading the first experts MIN
+would load reaches that bound.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+_NEVER = np.iinfo(np.int64).max
+
+
+@dataclass(frozen=True)
+class Optimum:
+    calls: int
+    n_slots: int
+    misses: int  # from an empty cache
+    misses_preloaded: int  # from the best initial content
+
+    @property
+    def hit_rate(self) -> float:
+        return 1.0 - self.misses / self.calls if self.calls else 0.0
+
+    @property
+    def hit_rate_preloaded(self) -> float:
+        return 1.0 - self.misses_preloaded / self.calls if self.calls else 0.0
+
+
+def access_sequence(ids: np.ndarray, n_expert: int) -> np.ndarray:
+    """Flatten routing ids [tokens, layers, k] into cache keys layer * n_expert + expert, in the order a
+    decode step uses them (each layer's experts sorted by id)."""
+    ids = np.asarray(ids)
+    if ids.ndim != 3:
+        raise ValueError(f"routing ids must be [tokens, layers, k], got shape {ids.shape}")
+    if ids.size and (ids.min() < 0 or ids.max() >= n_expert):
+        raise ValueError(f"routing ids must lie in [0, {n_expert}), got {ids.min()}..{ids.max()}")
+    layer = np.arange(ids.shape[1], dtype=np.int64)[None, :, None]
+    keys = np.sort(ids.astype(np.int64), axis=2) + layer * n_expert
+    return keys.reshape(-1)
+
+
+def _next_use(keys: np.ndarray) -> np.ndarray:
+    """nxt[i] = the next index j > i with keys[j] == keys[i], or _NEVER."""
+    nxt = np.full(keys.shape[0], _NEVER, dtype=np.int64)
+    order = np.lexsort((np.arange(keys.shape[0]), keys))  # by key, then position
+    same = keys[order[1:]] == keys[order[:-1]]
+    nxt[order[:-1][same]] = order[1:][same]
+    return nxt
+
+
+def belady(ids: np.ndarray, n_expert: int, n_slots: int) -> Optimum:
+    """Belady's MIN on a routing trace for a cache of `n_slots` experts."""
+    if n_slots < 1:
+        raise ValueError(f"the cache needs at least one slot, got {n_slots}")
+    keys = access_sequence(ids, n_expert)
+    nxt = _next_use(keys)
+    resident: dict[int, int] = {}  # key -> its next use (the heap may hold stale entries)
+    heap: list[tuple[int, int]] = []  # (-next use, key): furthest next use on top
+    misses = 0
+    for i, key in enumerate(keys.tolist()):
+        if key not in resident:
+            misses += 1
+            if len(resident) == n_slots:
+                while True:
+                    neg, victim = heapq.heappop(heap)
+                    if resident.get(victim) == -neg:
+                        del resident[victim]
+                        break
+        resident[key] = int(nxt[i])
+        heapq.heappush(heap, (-int(nxt[i]), key))
+    distinct = int(np.unique(keys).shape[0])
+    return Optimum(
+        calls=int(keys.shape[0]),
+        n_slots=n_slots,
+        misses=misses,
+        misses_preloaded=misses - min(n_slots, distinct),
+    )

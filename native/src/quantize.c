@@ -33,7 +33,7 @@
 static inline int qround(float v, int lo, int hi) {
     if (!(v > (float)lo)) return lo;
     if (v >= (float)hi) return hi;
-    return (int)lrintf(v);
+    return (int)(v + copysignf(0.5f, v));   /* half away from zero; inlines (lrintf may be a libm call) */
 }
 
 static inline void put16(uint8_t *p, uint16_t v) {
@@ -210,22 +210,36 @@ static float fit_asym(int n, const float *x, const float *w, int nmax, int nonpo
     return best_d;
 }
 
-/* A non-uniform grid: the levels sorted ascending, and each one's 4-bit code. */
+/* A non-uniform grid of integer levels: sorted ascending, each one's 4-bit code, and for every
+ * integer k in [-128, 127] the position of the level nearest to k (a table lookup instead of a
+ * search: the level nearest to y is that of round(y) or one of its two neighbours). */
 typedef struct nl_grid {
     int n;
     float v[16];
     uint8_t code[16];
+    uint8_t near[256];
 } nl_grid;
+
+static void nl_grid_index(nl_grid *g) {
+    for (int k = -128; k < 128; k++) {
+        int best = 0;
+        for (int p = 1; p < g->n; p++)
+            if (fabsf((float)k - g->v[p]) < fabsf((float)k - g->v[best])) best = p;
+        g->near[k + 128] = (uint8_t)best;
+    }
+}
 
 /* Position (in the sorted grid) of the level nearest to y. */
 static inline int nl_nearest(const nl_grid *g, float y) {
-    int lo = 0, hi = g->n - 1;
-    while (hi - lo > 1) {
-        const int mid = (lo + hi) / 2;
-        if (y < g->v[mid]) hi = mid;
-        else lo = mid;
+    const int p = g->near[qround(y, -128, 127) + 128];
+    int best = p;
+    float dbest = fabsf(y - g->v[p]);
+    if (p > 0 && fabsf(y - g->v[p - 1]) < dbest) {
+        best = p - 1;
+        dbest = fabsf(y - g->v[p - 1]);
     }
-    return (y - g->v[lo] <= g->v[hi] - y) ? lo : hi;
+    if (p + 1 < g->n && fabsf(y - g->v[p + 1]) < dbest) best = p + 1;
+    return best;
 }
 
 /* x ~ d * v[P] with v the grid levels. Candidates put the extreme element on level t = end + k
@@ -296,6 +310,7 @@ static nl_grid iq4_grid(void) {
         g.v[i] = (float)IQ4_NL_VALUES[i];
         g.code[i] = (uint8_t)i;
     }
+    nl_grid_index(&g);
     return g;
 }
 
@@ -308,6 +323,7 @@ static nl_grid mxfp4_grid(void) {
         g.v[i] = v[i];
         g.code[i] = c[i];
     }
+    nl_grid_index(&g);
     return g;
 }
 
@@ -349,7 +365,7 @@ static void block_asym32(const float *x, const float *w, int nmax, float step, u
     for (int i = 0; i < 32; i++) q[i] = (uint8_t)qround((x[i] - m) * id, 0, nmax);
 }
 
-static void row_q8_0(const float *x, const float *w, uint8_t *y, int64_t nb) {
+static void row_q8_0(const float *x, const float *w, uint8_t *y, int64_t nb, const nl_grid *g) {
     for (int64_t b = 0; b < nb; b++, x += 32, w += 32, y += sizeof(block_q8_0)) {
         uint16_t d16;
         uint8_t q[32];
@@ -359,7 +375,7 @@ static void row_q8_0(const float *x, const float *w, uint8_t *y, int64_t nb) {
     }
 }
 
-static void row_q4_0(const float *x, const float *w, uint8_t *y, int64_t nb) {
+static void row_q4_0(const float *x, const float *w, uint8_t *y, int64_t nb, const nl_grid *g) {
     for (int64_t b = 0; b < nb; b++, x += 32, w += 32, y += sizeof(block_q4_0)) {
         uint16_t d16;
         uint8_t q[32];
@@ -369,7 +385,7 @@ static void row_q4_0(const float *x, const float *w, uint8_t *y, int64_t nb) {
     }
 }
 
-static void row_q5_0(const float *x, const float *w, uint8_t *y, int64_t nb) {
+static void row_q5_0(const float *x, const float *w, uint8_t *y, int64_t nb, const nl_grid *g) {
     for (int64_t b = 0; b < nb; b++, x += 32, w += 32, y += sizeof(block_q5_0)) {
         uint16_t d16;
         uint8_t q[32];
@@ -380,7 +396,7 @@ static void row_q5_0(const float *x, const float *w, uint8_t *y, int64_t nb) {
     }
 }
 
-static void row_q4_1(const float *x, const float *w, uint8_t *y, int64_t nb) {
+static void row_q4_1(const float *x, const float *w, uint8_t *y, int64_t nb, const nl_grid *g) {
     for (int64_t b = 0; b < nb; b++, x += 32, w += 32, y += sizeof(block_q4_1)) {
         uint16_t d16, m16;
         uint8_t q[32];
@@ -391,7 +407,7 @@ static void row_q4_1(const float *x, const float *w, uint8_t *y, int64_t nb) {
     }
 }
 
-static void row_q5_1(const float *x, const float *w, uint8_t *y, int64_t nb) {
+static void row_q5_1(const float *x, const float *w, uint8_t *y, int64_t nb, const nl_grid *g) {
     for (int64_t b = 0; b < nb; b++, x += 32, w += 32, y += sizeof(block_q5_1)) {
         uint16_t d16, m16;
         uint8_t q[32];
@@ -403,15 +419,14 @@ static void row_q5_1(const float *x, const float *w, uint8_t *y, int64_t nb) {
     }
 }
 
-static void row_iq4_nl(const float *x, const float *w, uint8_t *y, int64_t nb) {
-    const nl_grid g = iq4_grid();
+static void row_iq4_nl(const float *x, const float *w, uint8_t *y, int64_t nb, const nl_grid *g) {
     for (int64_t b = 0; b < nb; b++, x += 32, w += 32, y += sizeof(block_iq4_nl)) {
         uint8_t P[32], q[32];
-        float d = fit_nl(32, x, w, &g, 10, P);
+        float d = fit_nl(32, x, w, g, 10, P);
         const uint16_t d16 = fp32_to_fp16(d);
         d = fp16_to_fp32(d16);
         const float id = d != 0 ? 1.0f / d : 0.0f;
-        for (int i = 0; i < 32; i++) q[i] = g.code[nl_nearest(&g, x[i] * id)];
+        for (int i = 0; i < 32; i++) q[i] = g->code[nl_nearest(g, x[i] * id)];
         put16(y, d16);
         pack_nibbles32(q, y + 2);
     }
@@ -419,8 +434,7 @@ static void row_iq4_nl(const float *x, const float *w, uint8_t *y, int64_t nb) {
 
 /* MXFP4: the scale is a power of two, 2^(e-128) with the doubled levels. The exponent that
  * puts the block's largest element in [8, 16) level units and the next one up are tried. */
-static void row_mxfp4(const float *x, const float *w, uint8_t *y, int64_t nb) {
-    const nl_grid g = mxfp4_grid();
+static void row_mxfp4(const float *x, const float *w, uint8_t *y, int64_t nb, const nl_grid *g) {
     for (int64_t b = 0; b < nb; b++, x += 32, w += 32, y += sizeof(block_mxfp4)) {
         float amax = 0;
         for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i]));
@@ -437,7 +451,7 @@ static void row_mxfp4(const float *x, const float *w, uint8_t *y, int64_t nb) {
             const float d = ldexpf(1.0f, e - 128), id = 1.0f / d;
             double err = 0;
             for (int i = 0; i < 32; i++) {
-                const float r = x[i] - d * g.v[nl_nearest(&g, x[i] * id)];
+                const float r = x[i] - d * g->v[nl_nearest(g, x[i] * id)];
                 err += (double)w[i] * r * r;
             }
             if (err < best_err) {
@@ -447,7 +461,7 @@ static void row_mxfp4(const float *x, const float *w, uint8_t *y, int64_t nb) {
         }
         const float id = 1.0f / ldexpf(1.0f, best_e - 128);
         uint8_t q[32];
-        for (int i = 0; i < 32; i++) q[i] = g.code[nl_nearest(&g, x[i] * id)];
+        for (int i = 0; i < 32; i++) q[i] = g->code[nl_nearest(g, x[i] * id)];
         y[0] = (uint8_t)best_e;
         pack_nibbles32(q, y + 1);
     }
@@ -599,7 +613,7 @@ static void quant_ksym(const float *x, const float *w, int sub, int lo, int hi, 
     }
 }
 
-static void row_q2_K(const float *x, const float *w, uint8_t *y, int64_t nb) {
+static void row_q2_K(const float *x, const float *w, uint8_t *y, int64_t nb, const nl_grid *g) {
     for (int64_t b = 0; b < nb; b++, x += QK_K, w += QK_K, y += sizeof(block_q2_K)) {
         kasym_out o;
         quant_kasym(x, w, 16, 3, 15, 0.1f, 7, &o);
@@ -625,7 +639,7 @@ static void pack_scales_k4(const uint8_t *sc, const uint8_t *mi, uint8_t *p) {
     }
 }
 
-static void row_q4_K(const float *x, const float *w, uint8_t *y, int64_t nb) {
+static void row_q4_K(const float *x, const float *w, uint8_t *y, int64_t nb, const nl_grid *g) {
     for (int64_t b = 0; b < nb; b++, x += QK_K, w += QK_K, y += sizeof(block_q4_K)) {
         kasym_out o;
         quant_kasym(x, w, 32, 15, 63, 0.1f, 10, &o);
@@ -640,7 +654,7 @@ static void row_q4_K(const float *x, const float *w, uint8_t *y, int64_t nb) {
     }
 }
 
-static void row_q5_K(const float *x, const float *w, uint8_t *y, int64_t nb) {
+static void row_q5_K(const float *x, const float *w, uint8_t *y, int64_t nb, const nl_grid *g) {
     for (int64_t b = 0; b < nb; b++, x += QK_K, w += QK_K, y += sizeof(block_q5_K)) {
         kasym_out o;
         quant_kasym(x, w, 32, 31, 63, 0.15f, 10, &o);
@@ -657,7 +671,7 @@ static void row_q5_K(const float *x, const float *w, uint8_t *y, int64_t nb) {
     }
 }
 
-static void row_q3_K(const float *x, const float *w, uint8_t *y, int64_t nb) {
+static void row_q3_K(const float *x, const float *w, uint8_t *y, int64_t nb, const nl_grid *g) {
     for (int64_t b = 0; b < nb; b++, x += QK_K, w += QK_K, y += sizeof(block_q3_K)) {
         ksym_out o;
         quant_ksym(x, w, 16, -4, 3, 10, 0.1f, -32, 31, 0.5f, &o);
@@ -682,7 +696,7 @@ static void row_q3_K(const float *x, const float *w, uint8_t *y, int64_t nb) {
     }
 }
 
-static void row_q6_K(const float *x, const float *w, uint8_t *y, int64_t nb) {
+static void row_q6_K(const float *x, const float *w, uint8_t *y, int64_t nb, const nl_grid *g) {
     for (int64_t b = 0; b < nb; b++, x += QK_K, w += QK_K, y += sizeof(block_q6_K)) {
         ksym_out o;
         quant_ksym(x, w, 16, -32, 31, 8, 0.25f, -127, 127, 1.0f, &o);
@@ -701,15 +715,14 @@ static void row_q6_K(const float *x, const float *w, uint8_t *y, int64_t nb) {
     }
 }
 
-static void row_iq4_xs(const float *x, const float *w, uint8_t *y, int64_t nb) {
-    const nl_grid g = iq4_grid();
+static void row_iq4_xs(const float *x, const float *w, uint8_t *y, int64_t nb, const nl_grid *g) {
     for (int64_t b = 0; b < nb; b++, x += QK_K, w += QK_K, y += sizeof(block_iq4_xs)) {
         float ds[8], wd[8];
         uint8_t P[QK_K];
         for (int j = 0; j < 8; j++) {
-            ds[j] = fit_nl(32, x + 32 * j, w + 32 * j, &g, 10, P + 32 * j);
+            ds[j] = fit_nl(32, x + 32 * j, w + 32 * j, g, 10, P + 32 * j);
             double a = 0;
-            for (int i = 32 * j; i < 32 * (j + 1); i++) a += (double)w[i] * g.v[P[i]] * g.v[P[i]];
+            for (int i = 32 * j; i < 32 * (j + 1); i++) a += (double)w[i] * g->v[P[i]] * g->v[P[i]];
             wd[j] = (float)a;
         }
         int8_t sc[8];
@@ -724,8 +737,8 @@ static void row_iq4_xs(const float *x, const float *w, uint8_t *y, int64_t nb) {
             for (int j = 0; j < 8; j++) {
                 const float s = dd * sc[j], id = s != 0 ? 1.0f / s : 0.0f;
                 for (int i = 32 * j; i < 32 * (j + 1); i++) {
-                    P2[i] = (uint8_t)nl_nearest(&g, x[i] * id);
-                    const float v = g.v[P2[i]], r = x[i] - s * v;
+                    P2[i] = (uint8_t)nl_nearest(g, x[i] * id);
+                    const float v = g->v[P2[i]], r = x[i] - s * v;
                     err += (double)w[i] * r * r;
                     saa += (double)w[i] * (sc[j] * v) * (sc[j] * v);
                     sxa += (double)w[i] * x[i] * (sc[j] * v);
@@ -751,13 +764,14 @@ static void row_iq4_xs(const float *x, const float *w, uint8_t *y, int64_t nb) {
         /* sub-block j: bytes 16 j .. 16 j + 15, low nibble element 32 j + i, high 32 j + 16 + i */
         for (int j = 0; j < 8; j++)
             for (int i = 0; i < 16; i++)
-                qs[16 * j + i] = (uint8_t)(g.code[P[32 * j + i]] | (g.code[P[32 * j + 16 + i]] << 4));
+                qs[16 * j + i] = (uint8_t)(g->code[P[32 * j + i]] | (g->code[P[32 * j + 16 + i]] << 4));
     }
 }
 
 /* ---- entry points ------------------------------------------------------------------ */
 
-typedef void (*row_fn)(const float *x, const float *w, uint8_t *y, int64_t nb);
+/* g: the level grid of IQ4_NL / IQ4_XS / MXFP4, unused by the others */
+typedef void (*row_fn)(const float *x, const float *w, uint8_t *y, int64_t nb, const nl_grid *g);
 
 static row_fn row_function(uint32_t type) {
     switch (type) {
@@ -799,6 +813,7 @@ size_t quantize_rows(uint32_t type, const float *src, void *dst, int64_t n_rows,
     const type_info_t *ti = type_info(type);
     if (!fn || !ti || row_bytes == 0) return 0;
     const int64_t bs = ti->block_size;
+    const nl_grid g = type == GGML_TYPE_MXFP4 ? mxfp4_grid() : iq4_grid();
     for (int64_t r = 0; r < n_rows; r++) {
         const float *x = src + r * n_per_row;
         double s2 = 0;
@@ -809,7 +824,7 @@ size_t quantize_rows(uint32_t type, const float *src, void *dst, int64_t n_rows,
         for (int64_t b = 0; b < n_per_row; b += bs) {
             float w[QK_K];
             block_weights(x + b, imp ? imp + b : NULL, (int)bs, sigma2, w);
-            fn(x + b, w, y + (size_t)(b / bs) * ti->block_bytes, 1);
+            fn(x + b, w, y + (size_t)(b / bs) * ti->block_bytes, 1, &g);
         }
     }
     return row_bytes * (size_t)n_rows;

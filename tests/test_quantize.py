@@ -97,6 +97,60 @@ def test_importance_lowers_weighted_error(qtype: Q) -> None:
     assert e_weighted < factor * e_plain, f"{qtype.name}: {e_weighted:.3e} vs {e_plain:.3e} without"
 
 
+# llama.cpp's quantizer on the same real weights (the trained MoE's layer-2 experts' ffn_down, 512
+# columns), every tensor at the default type (`pure`). Measured ratios ours / llama.cpp: 0.79..0.99
+# without an importance matrix, 0.70..1.04 with one (Q2_K with an imatrix is the 1.04). The bound
+# 1.08 keeps the issue's "within 10% of llama.cpp" with a margin for the KL-vs-MSE difference.
+LLAMA_PURE = {Q.Q4_0: 2, Q.Q4_1: 3, Q.Q5_0: 8, Q.Q5_1: 9, Q.Q8_0: 7, Q.Q2_K: 10, Q.Q3_K: 12, Q.Q4_K: 15}
+LLAMA_PURE |= {Q.Q5_K: 17, Q.Q6_K: 18, Q.IQ4_NL: 25, Q.IQ4_XS: 30, Q.MXFP4: 38}
+
+
+@pytest.fixture(scope="module")
+def real_rows(moe_f32: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[np.ndarray, Path]:
+    t = {t.name: t for t in gguf.GGUFReader(str(moe_f32)).tensors}["blk.2.ffn_down_exps.weight"]
+    x = np.array(t.data, dtype=np.float32).reshape(-1, 512)[:384]
+    path = tmp_path_factory.mktemp("one") / "one.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    for k, v in (("block_count", 1), ("context_length", 64), ("embedding_length", 512)):
+        w.add_uint32(f"llama.{k}", v)
+    w.add_head_count(4)
+    w.add_head_count_kv(4)
+    w.add_feed_forward_length(512)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(128)
+    w.add_tensor("blk.0.ffn_down.weight", x)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return x, path
+
+
+@pytest.mark.parametrize("qtype", list(LLAMA_PURE), ids=lambda t: t.name)
+def test_error_against_llama_cpp(qtype: Q, real_rows: tuple[np.ndarray, Path], tmp_path: Path) -> None:
+    import llama_cpp
+
+    x, src = real_rows
+    imp = (np.random.default_rng(3).standard_exponential(512) ** 2).astype(np.float32)
+    for im in (None, imp):
+        p = llama_cpp.llama_model_quantize_default_params()
+        p.ftype, p.pure, p.nthread = LLAMA_PURE[qtype], True, 2
+        arr = (llama_cpp.llama_model_imatrix_data * 2)()
+        if im is not None:
+            arr[0].name, arr[0].data, arr[0].size = b"blk.0.ffn_down.weight", _native.f32_ptr(im), im.size
+            p.imatrix = ctypes.cast(arr, ctypes.POINTER(llama_cpp.llama_model_imatrix_data))
+        dst = tmp_path / "q.gguf"
+        assert llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(p)) == 0
+        t = gguf.GGUFReader(str(dst)).tensors[0]
+        assert t.tensor_type == qtype
+        theirs = gguf.quants.dequantize(np.array(t.data), qtype).reshape(x.shape)
+        ours = gguf.quants.dequantize(_quantize_rows(int(qtype), x, im), qtype)
+        w = 1.0 if im is None else im
+        e_ours, e_theirs = _rel(ours - x, x, w), _rel(theirs - x, x, w)
+        what = f"{qtype.name} imatrix={im is not None}"
+        assert e_ours <= 1.08 * e_theirs, f"{what}: {e_ours:.3e} vs llama.cpp's {e_theirs:.3e}"
+
+
 def test_float_types_exact() -> None:
     x = _rows(4, 64)
     x[0, :4] = [np.inf, -np.inf, 65504.0, 1e-8]

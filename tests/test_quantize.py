@@ -290,6 +290,37 @@ def test_q4_k_m_mix_by_rule(mix_models: dict[str, Path], tmp_path: Path) -> None
     assert ty["blk.1.attn_q.weight"] == "Q5_0" and ty["token_embd.weight"] == "Q8_0"
 
 
+def test_progress_and_cancel(mix_models: dict[str, Path], tmp_path: Path) -> None:
+    seen: list[tuple[int, int, str]] = []
+    quantize(mix_models["8exp-gqa4"], tmp_path / "p.gguf", "q8_0", progress=lambda *a: seen.append(a))
+    done = [s[0] for s in seen]
+    assert done == sorted(done) and done[-1] == seen[-1][1] > 0
+    assert {s[2] for s in seen} >= {"token_embd.weight", "blk.7.ffn_down_exps.weight"}
+
+    def stop(done: int, total: int, tensor: str) -> None:
+        if tensor.startswith("blk.3"):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        quantize(mix_models["8exp-gqa4"], tmp_path / "c.gguf", "q8_0", progress=stop)
+    assert _leftovers(tmp_path) == ["p.gguf"]
+
+
+def test_non_finite_weights_refused(tmp_path: Path) -> None:
+    w = gguf.GGUFWriter(str(tmp_path / "nan.gguf"), "llama")
+    w.add_block_count(1)
+    x = np.ones((4, 64), np.float32)
+    x[2, 5] = np.nan
+    w.add_tensor("blk.0.attn_q.weight", x)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(EngineError, match="row 2 holds a NaN"):
+        quantize(tmp_path / "nan.gguf", tmp_path / "out.gguf", "q8_0")
+    assert _leftovers(tmp_path) == ["nan.gguf"]
+
+
 # ---- the real model: llama.cpp loads our output ------------------------------------------------
 
 

@@ -225,6 +225,24 @@ class SamplerParamsC(Structure):
     ]
 
 
+# int (*)(void *user, uint64_t done, uint64_t total, const char *tensor)
+QuantizeProgressC = ctypes.CFUNCTYPE(c_int, c_void_p, c_uint64, c_uint64, c_char_p)
+
+
+class QuantizeParamsC(Structure):
+    _fields_ = [
+        ("type", c_char_p),
+        ("n_threads", c_int32),
+        ("allow_requantize", c_int32),
+        ("n_imatrix", c_int32),
+        ("imatrix_names", POINTER(c_char_p)),
+        ("imatrix_values", POINTER(POINTER(c_float))),
+        ("imatrix_sizes", POINTER(ctypes.c_int64)),
+        ("progress", QuantizeProgressC),
+        ("progress_user", c_void_p),
+    ]
+
+
 _f32p = POINTER(c_float)
 _i32p = POINTER(c_int32)
 
@@ -264,6 +282,10 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "colibri_sampler_reset": (None, [c_void_p]),
     "colibri_sampler_sample": (c_int, [c_void_p, _f32p, _i32p]),
     "colibri_dequantize": (c_int, [c_int32, c_void_p, c_size_t, _f32p, c_size_t]),
+    "colibri_quantize_row": (c_int, [c_int32, _f32p, c_size_t, c_size_t, _f32p, c_void_p, c_size_t]),
+    "colibri_quantize_default_params": (None, [POINTER(QuantizeParamsC)]),
+    "colibri_quantize_types": (c_char_p, []),
+    "colibri_quantize": (c_int, [c_char_p, c_char_p, POINTER(QuantizeParamsC)]),
 }
 
 

@@ -294,6 +294,40 @@ COLIBRI_API colibri_status colibri_sampler_sample(colibri_sampler *s, const floa
 COLIBRI_API colibri_status colibri_dequantize(int32_t type, const void *src, size_t src_bytes,
                                               float *dst, size_t n_elements);
 
+/* ---- quantization ---------------------------------------------------- */
+
+/* Quantize n_rows rows of n_per_row floats to GGUF type `type` (F32, F16, BF16, Q4_0, Q4_1, Q5_0,
+ * Q5_1, Q8_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS, MXFP4) into dst (dst_bytes must hold n_rows rows).
+ * imatrix: n_per_row per-column importances (mean squared activations) or NULL. */
+COLIBRI_API colibri_status colibri_quantize_row(int32_t type, const float *src, size_t n_rows, size_t n_per_row,
+                                                const float *imatrix, void *dst, size_t dst_bytes);
+
+/* Progress of colibri_quantize: bytes of source tensors done of total, and the tensor being
+ * written. Return nonzero to cancel (colibri_quantize then fails and writes nothing). */
+typedef int (*colibri_quantize_progress)(void *user, uint64_t done, uint64_t total, const char *tensor);
+
+typedef struct colibri_quantize_params {
+    const char *type;               /* target mix, e.g. "q4_k_m"; see colibri_quantize_types() */
+    int32_t n_threads;              /* <= 0: 1 */
+    int32_t allow_requantize;       /* accept an input whose weights are already quantized */
+    /* importance matrix (llama.cpp's imatrix, already normalised to mean squared activations):
+     * entry i names a weight tensor and holds ne0 * n_expert values (n_expert = 1 for 2-D) */
+    int32_t n_imatrix;
+    const char *const *imatrix_names;
+    const float *const *imatrix_values;
+    const int64_t *imatrix_sizes;
+    colibri_quantize_progress progress;   /* may be NULL */
+    void *progress_user;
+} colibri_quantize_params;
+
+COLIBRI_API void colibri_quantize_default_params(colibri_quantize_params *out);
+/* The target names colibri_quantize accepts, comma-separated ("q8_0,q6_k,..."). */
+COLIBRI_API const char *colibri_quantize_types(void);
+/* Read the GGUF at `in`, choose each tensor's type by the mix rules of params->type (llama.cpp's
+ * rules), quantize on n_threads threads and write `out` (through a temporary file in the same
+ * directory, renamed at the end: on any error no output file is left). */
+COLIBRI_API colibri_status colibri_quantize(const char *in, const char *out, const colibri_quantize_params *params);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,321 @@
+"""Quantization quality: `colibri quantize` against llama.cpp's quantizer on the trained MoE.
+
+For the bundled trained MoE (tools/train_moe/release, a Mixtral-architecture checkpoint) this script
+  1. converts the checkpoint to an F32 GGUF (`colibri convert --type f32`), and rewrites it once with
+     `colibri quantize --type f32` so its data is 32-byte aligned (a file llama.cpp's quantizer can
+     re-align; see issue 9 item 4) — this one file is the source of every quantization below;
+  2. computes an importance matrix on the *training* split (mean squared input activation of every
+     weight matrix, per expert, collected with forward hooks on the transformers model) and writes it
+     in llama.cpp's GGUF imatrix format (NAME.in_sum2 / NAME.counts);
+  3. quantizes the source to each type with `colibri quantize` (the CLI) and with llama.cpp's
+     `llama_model_quantize` (llama-cpp-python), each with and without the importance matrix;
+  4. evaluates every file teacher-forced on windows of the *held-out* split and compares its token
+     distributions with the F32 source's: mean and 99th-percentile KL divergence, perplexity, top-1
+     agreement (llama-perplexity --kl-divergence conventions: KL(P_f32 || P_quant) per token).
+
+Evaluation engine: `--engine llama_cpp` (default: llama.cpp computes every type in the table) or
+`--engine colibri` (the engine's `Model.logits`; needs kernels for every type in the file). Both
+quantizers' files are always evaluated by the same engine. The math lives in `kl_stats()` only.
+
+    python benchmarks/quant_quality.py --out /tmp/qq --json docs/quant_quality.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+RELEASE = ROOT / "tools" / "train_moe" / "release"
+TYPES = ("q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_k_s", "q3_k_m", "q2_k", "iq4_xs", "q4_0", "mxfp4")
+LLAMA_FTYPE = {
+    "q8_0": 7,
+    "q6_k": 18,
+    "q5_k_m": 17,
+    "q4_k_m": 15,
+    "q4_k_s": 14,
+    "q3_k_m": 12,
+    "q2_k": 10,
+    "iq4_xs": 30,
+    "q4_0": 2,
+    "mxfp4": 38,
+}
+
+
+# ---- the statistics (one place) ---------------------------------------------------------------
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+def kl_stats(base_logp: np.ndarray, logits: np.ndarray, targets: np.ndarray) -> dict[str, float]:
+    """KL(P_base || P_q) per token (mean, p99), perplexity of `logits` on `targets`, top-1 agreement."""
+    lq = log_softmax(logits)
+    kl = (np.exp(base_logp) * (base_logp - lq)).sum(axis=-1)
+    nll = -lq[np.arange(len(targets)), targets]
+    return {
+        "kld_mean": float(kl.mean()),
+        "kld_p99": float(np.percentile(kl, 99)),
+        "ppl": float(np.exp(nll.mean())),
+        "top1": float((base_logp.argmax(-1) == lq.argmax(-1)).mean()),
+    }
+
+
+# ---- evaluation engines ------------------------------------------------------------------------
+
+
+def logits_llama_cpp(path: Path, windows: list[np.ndarray], threads: int) -> np.ndarray:
+    import llama_cpp
+
+    llm = llama_cpp.Llama(
+        model_path=str(path), n_ctx=len(windows[0]), logits_all=True, n_threads=threads, verbose=False
+    )
+    out = []
+    for w in windows:
+        llm.reset()
+        llm.eval(w.tolist())
+        out.append(np.array(llm.scores[: len(w)], dtype=np.float32))
+    llm.close()
+    return np.concatenate(out)
+
+
+def logits_colibri(path: Path, windows: list[np.ndarray], threads: int) -> np.ndarray:
+    import colibri_backend
+
+    model = colibri_backend.load(str(path), threads=threads, context_length=len(windows[0]))
+    try:
+        return np.concatenate([model.logits(w.tolist()) for w in windows])
+    finally:
+        model.close()
+
+
+ENGINES = {"llama_cpp": logits_llama_cpp, "colibri": logits_colibri}
+
+
+# ---- data, importance matrix -------------------------------------------------------------------
+
+
+def corpus(n_windows: int, ctx: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(training tokens, held-out windows of ctx tokens), split exactly as the model was trained."""
+    sys.path.insert(0, str(ROOT / "tools" / "train_moe"))
+    from analyze import corpus_split_tokens
+    from prepare import DEFAULT_STDLIB
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(RELEASE / "tokenizer.json"))
+    train, held = corpus_split_tokens(tok, Path(DEFAULT_STDLIB), 5)
+    step = max(ctx, (len(held) - ctx) // n_windows)
+    windows = [held[i * step : i * step + ctx] for i in range(n_windows)]
+    return train, [w for w in windows if len(w) == ctx]
+
+
+def compute_imatrix(train: np.ndarray, n_chunks: int, ctx: int) -> tuple[dict, dict, dict]:
+    """Mean squared input activation per column of every weight matrix (per expert for the experts)."""
+    import torch
+    from transformers import MixtralForCausalLM
+
+    model = MixtralForCausalLM.from_pretrained(str(RELEASE), dtype=torch.float32).eval()
+    sums: dict[str, torch.Tensor] = {}
+    counts: dict[str, torch.Tensor] = {}
+
+    def acc(name: str, x: torch.Tensor, n_mat: int = 1, mat: int = 0) -> None:
+        x = x.reshape(-1, x.shape[-1]).double()
+        if name not in sums:
+            sums[name] = torch.zeros(n_mat, x.shape[-1], dtype=torch.float64)
+            counts[name] = torch.zeros(n_mat, dtype=torch.float64)
+        sums[name][mat] += (x * x).sum(0)
+        counts[name][mat] += x.shape[0]
+
+    hooks = []
+    for i, layer in enumerate(model.model.layers):
+        att = layer.self_attn
+        for proj, gname in (
+            ("q_proj", "attn_q"),
+            ("k_proj", "attn_k"),
+            ("v_proj", "attn_v"),
+            ("o_proj", "attn_output"),
+        ):
+            hooks.append(
+                getattr(att, proj).register_forward_pre_hook(
+                    lambda m, a, n=f"blk.{i}.{gname}.weight": acc(n, a[0])
+                )
+            )
+        experts = layer.mlp.experts
+
+        def exp_hook(m, args, i=i):  # noqa: ANN001, ANN202
+            h, idx, _w = args
+            for e in range(m.num_experts):
+                rows = (idx == e).any(-1).nonzero().flatten()
+                if rows.numel() == 0:
+                    continue
+                x = h[rows]
+                gate, up = torch.nn.functional.linear(x, m.gate_up_proj[e]).chunk(2, dim=-1)
+                acc(f"blk.{i}.ffn_gate_exps.weight", x, m.num_experts, e)
+                acc(f"blk.{i}.ffn_up_exps.weight", x, m.num_experts, e)
+                acc(f"blk.{i}.ffn_down_exps.weight", m.act_fn(gate) * up, m.num_experts, e)
+
+        hooks.append(experts.register_forward_pre_hook(exp_hook))
+    hooks.append(model.lm_head.register_forward_pre_hook(lambda m, a: acc("output.weight", a[0])))
+    with torch.no_grad():
+        for c in range(n_chunks):
+            ids = torch.tensor(train[c * ctx : (c + 1) * ctx], dtype=torch.long)[None]
+            model(ids)
+    for h in hooks:
+        h.remove()
+    imat = {}
+    for name, s in sums.items():
+        c = counts[name].clamp(min=1)[:, None]
+        imat[name] = (s / c).float().numpy().reshape(-1)
+    return imat, sums, counts
+
+
+def write_gguf_imatrix(path: Path, sums: dict, counts: dict, n_chunks: int, ctx: int) -> None:
+    """llama.cpp's GGUF imatrix layout: NAME.in_sum2 [n_mat, ne0] and NAME.counts [n_mat, 1], F32."""
+    import gguf
+
+    w = gguf.GGUFWriter(path, arch="imatrix")
+    w.add_type("imatrix")
+    w.add_array("imatrix.datasets", ["cpython-stdlib-train"])
+    w.add_uint32("imatrix.chunk_count", n_chunks)
+    w.add_uint32("imatrix.chunk_size", ctx)
+    for name in sorted(sums):
+        w.add_tensor(f"{name}.in_sum2", sums[name].float().numpy())
+        w.add_tensor(f"{name}.counts", counts[name].float().numpy().reshape(-1, 1))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+# ---- quantizers --------------------------------------------------------------------------------
+
+
+def quantize_colibri(src: Path, dst: Path, qtype: str, imatrix: Path | None, threads: int) -> None:
+    cmd = [sys.executable, "-m", "colibri_backend.cli", "quantize", str(src), str(dst), "--type", qtype]
+    cmd += ["--threads", str(threads), "--no-progress"]
+    if imatrix is not None:
+        cmd += ["--imatrix", str(imatrix)]
+    subprocess.run(cmd, check=True, capture_output=True)
+
+
+def quantize_llama_cpp(
+    src: Path, dst: Path, qtype: str, imat: dict[str, np.ndarray] | None, threads: int
+) -> None:
+    import llama_cpp
+
+    p = llama_cpp.llama_model_quantize_default_params()
+    p.ftype = LLAMA_FTYPE[qtype]
+    p.nthread = threads
+    keep = []
+    if imat:
+        arr = (llama_cpp.llama_model_imatrix_data * (len(imat) + 1))()
+        for i, (k, v) in enumerate(imat.items()):
+            a = np.ascontiguousarray(v, dtype=np.float32)
+            keep.append(a)
+            arr[i].name = k.encode()
+            arr[i].data = a.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+            arr[i].size = a.size
+        arr[len(imat)].name = None
+        p.imatrix = ctypes.cast(arr, ctypes.POINTER(llama_cpp.llama_model_imatrix_data))
+        keep.append(arr)
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(p))
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize({qtype}) failed: {rc}")
+
+
+def bits_per_weight(path: Path) -> tuple[int, float]:
+    import gguf
+
+    r = gguf.GGUFReader(path)
+    nbytes = sum(int(t.n_bytes) for t in r.tensors)
+    n = sum(int(t.n_elements) for t in r.tensors)
+    return path.stat().st_size, 8.0 * nbytes / n
+
+
+# ---- main --------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True, help="work directory for the GGUF files")
+    ap.add_argument("--types", default=",".join(TYPES))
+    ap.add_argument("--engine", choices=sorted(ENGINES), default="llama_cpp")
+    ap.add_argument("--windows", type=int, default=16, help="held-out windows of --ctx tokens")
+    ap.add_argument("--ctx", type=int, default=256)
+    ap.add_argument("--imatrix-chunks", type=int, default=64, help="training windows for the imatrix")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    args = ap.parse_args(argv)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    evaluate = ENGINES[args.engine]
+
+    raw, src = out / "moe-f32-conv.gguf", out / "moe-f32.gguf"
+    cli = [sys.executable, "-m", "colibri_backend.cli"]
+    if not src.exists():
+        subprocess.run(
+            cli + ["convert", str(RELEASE), "-o", str(raw), "--type", "f32", "--no-progress"], check=True
+        )
+        subprocess.run(cli + ["quantize", str(raw), str(src), "--type", "f32", "--no-progress"], check=True)
+        raw.unlink()
+
+    train, windows = corpus(args.windows, args.ctx)
+    targets = np.concatenate([np.append(w[1:], -1) for w in windows])
+    keep_rows = targets >= 0
+    imat, sums, counts = compute_imatrix(train, args.imatrix_chunks, args.ctx)
+    imat_path = out / "moe.imatrix.gguf"
+    write_gguf_imatrix(imat_path, sums, counts, args.imatrix_chunks, args.ctx)
+
+    base = evaluate(src, windows, args.threads)[keep_rows]
+    base_logp = log_softmax(base)
+    tg = targets[keep_rows]
+    rows = []
+    base_stats = kl_stats(base_logp, base, tg)
+    print(f"f32 source: ppl {base_stats['ppl']:.4f}", flush=True)
+    for qtype in args.types.split(","):
+        for with_imat in (False, True):
+            row: dict[str, object] = {"type": qtype, "imatrix": with_imat}
+            for who in ("colibri", "llama_cpp"):
+                dst = out / f"moe-{qtype}-{who}{'-imat' if with_imat else ''}.gguf"
+                t0 = time.perf_counter()
+                if who == "colibri":
+                    quantize_colibri(src, dst, qtype, imat_path if with_imat else None, args.threads)
+                else:
+                    quantize_llama_cpp(src, dst, qtype, imat if with_imat else None, args.threads)
+                secs = time.perf_counter() - t0
+                size, bpw = bits_per_weight(dst)
+                st = kl_stats(base_logp, evaluate(dst, windows, args.threads)[keep_rows], tg)
+                row[who] = {"bytes": size, "bpw": bpw, "seconds": secs, **st}
+            rows.append(row)
+            c, ll = row["colibri"], row["llama_cpp"]
+            print(
+                f"{qtype:7s} imat={int(with_imat)} bpw {c['bpw']:.3f}/{ll['bpw']:.3f}  "
+                f"KLD {c['kld_mean']:.5f} vs {ll['kld_mean']:.5f} ({c['kld_mean'] / ll['kld_mean']:.3f}x)  "
+                f"p99 {c['kld_p99']:.4f} vs {ll['kld_p99']:.4f}  ppl {c['ppl']:.3f} vs {ll['ppl']:.3f}",
+                flush=True,
+            )
+    result = {
+        "engine": args.engine,
+        "windows": len(windows),
+        "ctx": args.ctx,
+        "tokens": int(keep_rows.sum()),
+        "source": base_stats,
+        "rows": rows,
+    }
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

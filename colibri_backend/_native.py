@@ -225,6 +225,12 @@ class SamplerParamsC(Structure):
     ]
 
 
+class ImatrixInfoC(ctypes.Structure):
+    """colibri_imatrix_info."""
+
+    _fields_ = [("name", ctypes.c_char * 128), ("n_cols", c_int32), ("n_mat", c_int32)]
+
+
 _f32p = POINTER(c_float)
 _i32p = POINTER(c_int32)
 
@@ -264,6 +270,13 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "colibri_sampler_reset": (None, [c_void_p]),
     "colibri_sampler_sample": (c_int, [c_void_p, _f32p, _i32p]),
     "colibri_dequantize": (c_int, [c_int32, c_void_p, c_size_t, _f32p, c_size_t]),
+    "colibri_imatrix_start": (c_int, [c_void_p]),
+    "colibri_imatrix_stop": (None, [c_void_p]),
+    "colibri_imatrix_count": (c_int32, [c_void_p]),
+    "colibri_imatrix_get": (
+        c_int,
+        [c_void_p, c_int32, POINTER(ImatrixInfoC), POINTER(ctypes.c_double), POINTER(ctypes.c_uint64)],
+    ),
 }
 
 

@@ -298,7 +298,7 @@ COLIBRI_API colibri_status colibri_sampler_sample(colibri_sampler *s, const floa
 COLIBRI_API colibri_status colibri_imatrix_start(colibri_context *ctx);
 /* Stop collecting and free the statistics. */
 COLIBRI_API void colibri_imatrix_stop(colibri_context *ctx);
-/* Number of matrices entries being collected (0 when not collecting). */
+/* Number of tensors (entries) being collected; 0 when not collecting. */
 COLIBRI_API int32_t colibri_imatrix_count(const colibri_context *ctx);
 typedef struct colibri_imatrix_info {
     char name[128];   /* the tensor's name in the file, e.g. "blk.0.ffn_up_exps.weight" */

@@ -243,6 +243,12 @@ class QuantizeParamsC(Structure):
     ]
 
 
+class ImatrixInfoC(ctypes.Structure):
+    """colibri_imatrix_info."""
+
+    _fields_ = [("name", ctypes.c_char * 128), ("n_cols", c_int32), ("n_mat", c_int32)]
+
+
 _f32p = POINTER(c_float)
 _i32p = POINTER(c_int32)
 
@@ -286,6 +292,13 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "colibri_quantize_default_params": (None, [POINTER(QuantizeParamsC)]),
     "colibri_quantize_types": (c_char_p, []),
     "colibri_quantize": (c_int, [c_char_p, c_char_p, POINTER(QuantizeParamsC)]),
+    "colibri_imatrix_start": (c_int, [c_void_p]),
+    "colibri_imatrix_stop": (None, [c_void_p]),
+    "colibri_imatrix_count": (c_int32, [c_void_p]),
+    "colibri_imatrix_get": (
+        c_int,
+        [c_void_p, c_int32, POINTER(ImatrixInfoC), POINTER(ctypes.c_double), POINTER(ctypes.c_uint64)],
+    ),
 }
 
 

@@ -15,7 +15,10 @@ Layout decisions (the same as llama.cpp's converter, so both engines read the fi
 * experts are stacked per layer and projection: blk.N.ffn_{gate,up,down}_exps.weight [n_expert, rows, cols].
 * 1-D tensors, norms and routers stay F32 whatever the requested type; matrices whose row length is not a
   multiple of the quantization block fall back to F16.
-* tensor data is aligned to 4096 bytes (general.alignment) so that later direct I/O can read experts.
+* tensor data uses GGUF's default alignment (32 bytes) and declares no general.alignment: llama.cpp's reader
+  wants every tensor's offset to be exactly the previous one's end padded to the alignment, and its quantizer
+  copies a declared alignment but pads its own output to 32, so a 4096-byte alignment made llama.cpp's
+  requantized files unreadable. The expert store reads page-aligned windows around experts for direct I/O.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import numpy as np
 
 log = logging.getLogger("colibri.convert")
 
-ALIGNMENT = 4096
+ALIGNMENT = 32  # GGUF_DEFAULT_ALIGNMENT; never declared (see the module doc)
 OUT_TYPES = ("f32", "f16", "q8_0", "q4_0")
 SUPPORTED_MODEL_TYPES = ("llama", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe")
 
@@ -765,7 +768,6 @@ def _file_type(out_type: str) -> int:
 
 
 def _write_metadata(w: Any, hp: _Hparams, vocab: _Vocab, name: str, out_type: str) -> None:
-    w.add_custom_alignment(ALIGNMENT)
     w.add_type("model")
     w.add_name(name)
     w.add_file_type(_file_type(out_type))

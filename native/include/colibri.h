@@ -287,6 +287,29 @@ COLIBRI_API void colibri_sampler_reset(colibri_sampler *s);
 /* Choose the next token from n_vocab logits (not modified). */
 COLIBRI_API colibri_status colibri_sampler_sample(colibri_sampler *s, const float *logits, int32_t *token_out);
 
+/* ---- activation statistics (importance matrix) ------------------------ */
+
+/* Start collecting, for every weight matrix of the layers (tensors named blk.*; one matrix per
+ * expert of a stacked expert tensor) and every input column, the sum of the squared activations
+ * that multiply it and the number of those activation rows, over all following colibri_eval
+ * calls (`colibri imatrix` writes them as llama.cpp's imatrix file). Restarting clears them.
+ * Needs every expert resident: a context that streams experts (memory budget below the model)
+ * or runs the routing pre-filter is refused with COLIBRI_E_INVALID_ARG. */
+COLIBRI_API colibri_status colibri_imatrix_start(colibri_context *ctx);
+/* Stop collecting and free the statistics. */
+COLIBRI_API void colibri_imatrix_stop(colibri_context *ctx);
+/* Number of tensors (entries) being collected; 0 when not collecting. */
+COLIBRI_API int32_t colibri_imatrix_count(const colibri_context *ctx);
+typedef struct colibri_imatrix_info {
+    char name[128];   /* the tensor's name in the file, e.g. "blk.0.ffn_up_exps.weight" */
+    int32_t n_cols;   /* input columns */
+    int32_t n_mat;    /* matrices: the expert count for stacked expert tensors, else 1 */
+} colibri_imatrix_info;
+/* Entry i (0 <= i < colibri_imatrix_count): its info, and when not NULL the sums
+ * (sums[n_mat][n_cols]) and the row counts (counts[n_mat]). */
+COLIBRI_API colibri_status colibri_imatrix_get(const colibri_context *ctx, int32_t i, colibri_imatrix_info *info,
+                                               double *sums, uint64_t *counts);
+
 /* ---- formats --------------------------------------------------------- */
 
 /* Dequantize n_elements of GGML tensor type `type` (GGUF type id) from src to dst.

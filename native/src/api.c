@@ -112,7 +112,10 @@ colibri_status colibri_context_new(colibri_model *model, const colibri_context_p
     return context_create(model, params, out);
 }
 
-void colibri_context_free(colibri_context *ctx) { context_destroy(ctx); }
+void colibri_context_free(colibri_context *ctx) {
+    colibri_imatrix_stop(ctx);
+    context_destroy(ctx);
+}
 
 int32_t colibri_context_n_ctx(const colibri_context *ctx) { return ctx ? ctx->n_ctx : 0; }
 

@@ -17,6 +17,7 @@
 #include "alloc.h"
 #include "error.h"
 #include "experts.h"
+#include "imatrix.h"
 #include "ledger.h"
 #include "model.h"
 #include "ops.h"
@@ -59,6 +60,7 @@ static void mm_worker(void *arg, int ith, int nth) {
 
 static void run_jobs(struct colibri_context *c, const mm_job *jobs, int n_jobs) {
     if (n_jobs == 0) return;
+    imatrix_observe_jobs(c->imatrix, jobs, n_jobs);
     mm_task t = {jobs, n_jobs};
     pool_run(c->pool, mm_worker, &t);
 }
@@ -96,6 +98,7 @@ static void glu_worker(void *arg, int ith, int nth) {
 
 static void run_glu(struct colibri_context *c, const glu_job *jobs, int n_jobs) {
     if (n_jobs == 0) return;
+    imatrix_observe_glu(c->imatrix, jobs, n_jobs);
     glu_task t = {jobs, n_jobs};
     pool_run(c->pool, glu_worker, &t);
 }

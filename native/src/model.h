@@ -202,6 +202,7 @@ struct colibri_context {
     uint8_t *dropped;              /* [n_layer][n_expert] 1: never routed to (drop_cold_share); NULL: off */
     float route_prefilter_margin;  /* 0: exact routing */
     const int32_t *chunk_tokens;   /* token ids of the chunk being run (hashed predictor, pre-filter) */
+    struct imatrix *imatrix;       /* activation statistics being collected (imatrix.h), or NULL */
 };
 
 /* Fill defaults and check limits of context parameters (as context_create applies them). */

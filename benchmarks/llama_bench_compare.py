@@ -1,0 +1,254 @@
+"""Colibri's C runner against llama.cpp's own C++ `llama-bench`: no Python in either engine's loop.
+
+    benchmarks/build_llama_bench.sh                      # once: llama-bench from the llama-cpp-python sdist
+    python benchmarks/llama_bench_compare.py --model bench-a --runs 3 --json out.json
+    python benchmarks/llama_bench_compare.py --model /path/file.q4_k_m.gguf --modes warm
+
+Per model and mode (warm: the file in the page cache, read once before the first run; cold: the page
+cache dropped with `echo 3 > /proc/sys/vm/drop_caches` before every run, which needs root), runs alternate
+llama.cpp, Colibri, llama.cpp, Colibri, ... each a fresh process:
+
+* llama.cpp: `llama-bench -m FILE -t 2 -p 64 -n 128 -r 1 -o json` (prefill pp64 and decode tg128 in one
+  process, its default buffer types, REPACK included);
+* Colibri: `colibri-run FILE -f PROMPT -n 128 -t 2 --temp 0.8 --seed S` with the same 64-token prompt text as
+  benchmarks/bench.py (sampled, so random-weight models do not stop at an end token); prefill and decode
+  tok/s from its report line.
+
+Medians, ranges (min, max) and Colibri / llama.cpp ratios go to stdout and, with --json, to a file with
+every run's raw figures. colibri-run is built (Release) into build/bench/ unless --colibri-run names one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from bench import (  # noqa: E402
+    drop_page_cache,
+    environment,
+    median,
+    prewarm_page_cache,
+    prompt_ids,
+    resolve_model,
+)
+from make_bench_models import DEFAULT_CACHE_DIR  # noqa: E402
+
+THREADS = 2
+N_PROMPT = 64
+N_GEN = 128
+LLAMA_VERSION = "0.3.36"
+ENGINES = ("llama_bench", "colibri_run")
+_COLIBRI_RE = re.compile(
+    r"prompt: (\d+) tokens in [0-9.]+ s \(([0-9.]+) tok/s\).*?generated: (\d+) tokens, time to first token "
+    r"([0-9.]+) s, decode ([0-9.]+) tok/s",
+    re.S,
+)
+
+
+def default_llama_bench() -> Path:
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "colibri"
+    return cache / f"llama.cpp-{LLAMA_VERSION}" / "bin" / "llama-bench"
+
+
+def build_colibri_run(build_dir: Path) -> Path:
+    """colibri-run from this checkout, Release, in build_dir (configured once)."""
+    if not (build_dir / "CMakeCache.txt").is_file():
+        subprocess.run(
+            ["cmake", "-S", str(REPO / "native"), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+    subprocess.run(
+        ["cmake", "--build", str(build_dir), "-j", "2", "--target", "colibri-run"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return build_dir / "colibri-run"
+
+
+def run_llama_bench(exe: Path, model: Path, timeout: float) -> dict:
+    cmd = [
+        str(exe),
+        "-m",
+        str(model),
+        "-t",
+        str(THREADS),
+        "-p",
+        str(N_PROMPT),
+        "-n",
+        str(N_GEN),
+        "-r",
+        "1",
+        "-o",
+        "json",
+    ]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        return {"ok": False, "error": (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]}
+    out: dict = {"ok": True}
+    for test in json.loads(p.stdout):
+        if test.get("n_prompt") == N_PROMPT and test.get("n_gen") == 0:
+            out["prefill_tps"] = float(test["avg_ts"])
+        elif test.get("n_gen") == N_GEN and test.get("n_prompt") == 0:
+            out["decode_tps"] = float(test["avg_ts"])
+    if "prefill_tps" not in out or "decode_tps" not in out:
+        return {"ok": False, "error": "llama-bench printed no pp64/tg128 results"}
+    return out
+
+
+def run_colibri(exe: Path, model: Path, prompt_file: Path, seed: int, timeout: float) -> dict:
+    cmd = [
+        str(exe),
+        str(model),
+        "-f",
+        str(prompt_file),
+        "-n",
+        str(N_GEN),
+        "-t",
+        str(THREADS),
+        "--temp",
+        "0.8",
+    ]
+    p = subprocess.run([*cmd, "--seed", str(seed)], capture_output=True, text=True, timeout=timeout)
+    m = _COLIBRI_RE.search(p.stderr)
+    if p.returncode != 0 or m is None:
+        return {"ok": False, "error": (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]}
+    out = {
+        "ok": True,
+        "prompt_tokens": int(m.group(1)),
+        "prefill_tps": float(m.group(2)),
+        "generated": int(m.group(3)),
+        "ttft_s": float(m.group(4)),
+        "decode_tps": float(m.group(5)),
+    }
+    if out["generated"] < N_GEN:  # an end token came early: too few steps to time like tg128
+        out.update(ok=False, error=f"generated {out['generated']} of {N_GEN} tokens")
+    return out
+
+
+def summarize(runs: list[dict]) -> list[dict]:
+    rows = []
+    keys = dict.fromkeys((r["model"], r["mode"]) for r in runs)
+    for model, mode in keys:
+        row: dict = {"model": model, "mode": mode, "engines": {}}
+        for engine in ENGINES:
+            ok = [
+                r for r in runs if (r["model"], r["mode"], r["engine"]) == (model, mode, engine) and r["ok"]
+            ]
+            e: dict = {"runs_ok": len(ok)}
+            for k in ("decode_tps", "prefill_tps"):
+                vals = [r[k] for r in ok]
+                e[k] = median(vals)
+                e[f"{k}_range"] = [min(vals), max(vals)] if vals else None
+            row["engines"][engine] = e
+        c, ll = row["engines"]["colibri_run"], row["engines"]["llama_bench"]
+        row["ratio"] = {k: (c[k] / ll[k] if c[k] and ll[k] else None) for k in ("decode_tps", "prefill_tps")}
+        rows.append(row)
+    return rows
+
+
+def _fmt(x: float | None, d: int = 1) -> str:
+    return "–" if x is None else f"{x:.{d}f}"
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| model | mode | llama-bench tg128 | colibri-run decode | ratio | llama-bench pp64 "
+        "| colibri-run prefill | ratio |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ll, c = r["engines"]["llama_bench"], r["engines"]["colibri_run"]
+
+        def cell(e: dict, k: str) -> str:
+            rng = e[f"{k}_range"]
+            return f"{_fmt(e[k])} ({_fmt(rng[0])}–{_fmt(rng[1])})" if rng else "–"
+
+        lines.append(
+            f"| {r['model']} | {r['mode']} | {cell(ll, 'decode_tps')} | {cell(c, 'decode_tps')} | "
+            f"{_fmt(r['ratio']['decode_tps'], 2)}× | {cell(ll, 'prefill_tps')} | {cell(c, 'prefill_tps')} | "
+            f"{_fmt(r['ratio']['prefill_tps'], 2)}× |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--model", action="append", required=True, help="bench-a, bench-b, smollm2 or a GGUF path"
+    )
+    ap.add_argument("--bench-type", default="q8_0", help="type of the bench-a/bench-b files (default q8_0)")
+    ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR)
+    ap.add_argument("--runs", type=int, default=3, help="runs per engine, mode and model (default 3)")
+    ap.add_argument("--modes", default="warm,cold", help="warm, cold or warm,cold (cold needs root)")
+    ap.add_argument(
+        "--llama-bench", type=Path, default=None, help="llama-bench (default: build_llama_bench.sh's)"
+    )
+    ap.add_argument(
+        "--colibri-run", type=Path, default=None, help="colibri-run (default: built in build/bench)"
+    )
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
+    ap.add_argument("--json", type=Path, default=None, help="write every run and the summary here")
+    args = ap.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or any(m not in ("warm", "cold") for m in modes):
+        ap.error("--modes takes warm, cold or warm,cold")
+    if args.runs < 1:
+        ap.error("--runs must be at least 1")
+    lb = args.llama_bench or default_llama_bench()
+    if not lb.is_file():
+        ap.error(f"{lb} does not exist: run benchmarks/build_llama_bench.sh first (or pass --llama-bench)")
+    cr = args.colibri_run or build_colibri_run(REPO / "build" / "bench")
+    models = [resolve_model(m, args.cache_dir, args.bench_type) for m in args.model]
+    for _, path in models:
+        if not path.is_file():
+            ap.error(f"model file not found: {path}")
+
+    runs: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, path in models:
+            from colibri_backend.adapters.tokenizer import Tokenizer
+
+            prompt = Path(tmp) / f"prompt-{len(runs)}.txt"
+            prompt.write_text(Tokenizer.from_gguf(path).decode(prompt_ids(path, N_PROMPT)), encoding="utf-8")
+            for mode in modes:
+                if mode == "warm":
+                    prewarm_page_cache(path)
+                for i in range(args.runs):
+                    for engine in ENGINES:
+                        if mode == "cold":
+                            drop_page_cache()
+                        if engine == "llama_bench":
+                            r = run_llama_bench(lb, path, args.timeout)
+                        else:
+                            r = run_colibri(cr, path, prompt, seed=i + 1, timeout=args.timeout)
+                        r.update(model=label, path=str(path), mode=mode, engine=engine, run=i)
+                        runs.append(r)
+                        status = (
+                            f"decode {r['decode_tps']:.1f} tok/s, prefill {r['prefill_tps']:.1f} tok/s"
+                            if r["ok"]
+                            else f"FAILED: {r['error']}"
+                        )
+                        print(f"{label} {mode} {engine} run {i + 1}: {status}", file=sys.stderr, flush=True)
+    rows = summarize(runs)
+    print(table(rows))
+    if args.json is not None:
+        args.json.write_text(
+            json.dumps({"environment": environment(), "summary": rows, "runs": runs}, indent=2),
+            encoding="utf-8",
+        )
+    return 0 if all(r["ok"] for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -233,6 +233,26 @@ def quantize_llama_cpp(
         raise RuntimeError(f"llama_model_quantize({qtype}) failed: {rc}")
 
 
+def weight_error(path: Path, src: dict[str, np.ndarray], imat: dict[str, np.ndarray]) -> float:
+    """The systematic part of the loss: sum over matrices of imp_j * (w_ij - q_ij)^2, relative to
+    sum imp_j * w_ij^2 (the first-order output error for inputs with mean squares imp), over every
+    tensor the importance matrix covers. KL divergence on a small model also carries the chance of
+    how one realisation of rounding errors combines; this does not."""
+    import gguf
+
+    num = den = 0.0
+    for t in gguf.GGUFReader(path).tensors:
+        if t.name not in imat:
+            continue
+        x = src[t.name]
+        y = gguf.quants.dequantize(np.array(t.data), t.tensor_type).reshape(x.shape)
+        im = imat[t.name].reshape(x.shape[0] if x.ndim == 3 else 1, 1, -1)
+        xs, ys = x.reshape(im.shape[0], -1, x.shape[-1]), y.reshape(im.shape[0], -1, x.shape[-1])
+        num += float((((ys - xs) ** 2) * im).sum())
+        den += float(((xs**2) * im).sum())
+    return num / den
+
+
 def bits_per_weight(path: Path) -> tuple[int, float]:
     import gguf
 
@@ -255,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--imatrix-chunks", type=int, default=64, help="training windows for the imatrix")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--reuse", action="store_true", help="keep quantized files already in --out")
     args = ap.parse_args(argv)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -276,6 +297,10 @@ def main(argv: list[str] | None = None) -> int:
     imat_path = out / "moe.imatrix.gguf"
     write_gguf_imatrix(imat_path, sums, counts, args.imatrix_chunks, args.ctx)
 
+    import gguf
+
+    src_tensors = gguf.GGUFReader(src).tensors
+    src_w = {t.name: np.array(t.data, dtype=np.float32) for t in src_tensors if t.name in imat}
     base = evaluate(src, windows, args.threads)[keep_rows]
     base_logp = log_softmax(base)
     tg = targets[keep_rows]
@@ -288,20 +313,24 @@ def main(argv: list[str] | None = None) -> int:
             for who in ("colibri", "llama_cpp"):
                 dst = out / f"moe-{qtype}-{who}{'-imat' if with_imat else ''}.gguf"
                 t0 = time.perf_counter()
-                if who == "colibri":
-                    quantize_colibri(src, dst, qtype, imat_path if with_imat else None, args.threads)
-                else:
-                    quantize_llama_cpp(src, dst, qtype, imat if with_imat else None, args.threads)
-                secs = time.perf_counter() - t0
+                secs = None
+                if not (args.reuse and dst.exists()):
+                    if who == "colibri":
+                        quantize_colibri(src, dst, qtype, imat_path if with_imat else None, args.threads)
+                    else:
+                        quantize_llama_cpp(src, dst, qtype, imat if with_imat else None, args.threads)
+                    secs = time.perf_counter() - t0
                 size, bpw = bits_per_weight(dst)
                 st = kl_stats(base_logp, evaluate(dst, windows, args.threads)[keep_rows], tg)
-                row[who] = {"bytes": size, "bpw": bpw, "seconds": secs, **st}
+                werr = weight_error(dst, src_w, imat)
+                row[who] = {"bytes": size, "bpw": bpw, "seconds": secs, "weight_error": werr, **st}
             rows.append(row)
             c, ll = row["colibri"], row["llama_cpp"]
             print(
                 f"{qtype:7s} imat={int(with_imat)} bpw {c['bpw']:.3f}/{ll['bpw']:.3f}  "
                 f"KLD {c['kld_mean']:.5f} vs {ll['kld_mean']:.5f} ({c['kld_mean'] / ll['kld_mean']:.3f}x)  "
-                f"p99 {c['kld_p99']:.4f} vs {ll['kld_p99']:.4f}  ppl {c['ppl']:.3f} vs {ll['ppl']:.3f}",
+                f"p99 {c['kld_p99']:.4f} vs {ll['kld_p99']:.4f}  ppl {c['ppl']:.3f} vs {ll['ppl']:.3f}  "
+                f"weight error {c['weight_error']:.3e} vs {ll['weight_error']:.3e}",
                 flush=True,
             )
     result = {

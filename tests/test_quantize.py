@@ -412,6 +412,23 @@ def test_cli_refusals_leave_no_file(moe_f32: Path, tmp_path: Path) -> None:
     assert _types(out)["output.weight"] == "Q8_0"
 
 
+def test_sigterm_leaves_no_file(moe_f32: Path, tmp_path: Path) -> None:
+    import signal
+    import time
+
+    out = tmp_path / "out.gguf"
+    cmd = [sys.executable, "-m", "colibri_backend.cli", "quantize", str(moe_f32), str(out)]
+    cmd += ["--type", "iq4_xs", "--threads", "1", "--no-progress"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("out.gguf.part-*")) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert proc.poll() is None, "finished before it could be interrupted"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 130
+    assert _leftovers(tmp_path) == []
+
+
 def _write_legacy_imatrix(path: Path, entries: dict[str, np.ndarray], ncall: int = 4) -> None:
     """llama.cpp's legacy .dat: values stored as (mean * ncall), trailer with chunk count and dataset."""
     b = bytearray(struct.pack("<i", len(entries)))

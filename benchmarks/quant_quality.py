@@ -262,12 +262,36 @@ def bits_per_weight(path: Path) -> tuple[int, float]:
     return path.stat().st_size, 8.0 * nbytes / n
 
 
+def markdown_table(result: dict) -> str:
+    """The table of docs/quantization.md from a --json result."""
+    src = result["source"]
+    lines = [
+        f"F32 source: perplexity {src['ppl']:.3f} on {result['tokens']} held-out tokens "
+        f"(evaluated by {result['engine']}).",
+        "",
+        "| type | imatrix | size MiB | bpw | KLD mean ours | KLD mean llama.cpp | ratio | KLD p99 ours | "
+        "KLD p99 llama.cpp | PPL ours | PPL llama.cpp | weight error ours | weight error llama.cpp |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        c, ll = r["colibri"], r["llama_cpp"]
+        lines.append(
+            f"| {r['type']} | {'yes' if r['imatrix'] else 'no'} | "
+            f"{c['bytes'] / 2**20:.2f} | {c['bpw']:.3f} | "
+            f"{c['kld_mean']:.5f} | {ll['kld_mean']:.5f} | {c['kld_mean'] / ll['kld_mean']:.2f} | "
+            f"{c['kld_p99']:.4f} | {ll['kld_p99']:.4f} | {c['ppl']:.3f} | {ll['ppl']:.3f} | "
+            f"{c['weight_error']:.2e} | {ll['weight_error']:.2e} |"
+        )
+    return "\n".join(lines)
+
+
 # ---- main --------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, required=True, help="work directory for the GGUF files")
+    ap.add_argument("--out", type=Path, help="work directory for the GGUF files")
+    ap.add_argument("--table", type=Path, metavar="JSON", help="print the table of a --json result")
     ap.add_argument("--types", default=",".join(TYPES))
     ap.add_argument("--engine", choices=sorted(ENGINES), default="llama_cpp")
     ap.add_argument("--windows", type=int, default=16, help="held-out windows of --ctx tokens")
@@ -277,6 +301,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--reuse", action="store_true", help="keep quantized files already in --out")
     args = ap.parse_args(argv)
+    if args.table:
+        print(markdown_table(json.loads(args.table.read_text())))
+        return 0
+    if args.out is None:
+        ap.error("--out is required")
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     evaluate = ENGINES[args.engine]

@@ -211,10 +211,17 @@ def quantize_colibri(src: Path, dst: Path, qtype: str, imatrix: Path | None, thr
 def quantize_llama_cpp(
     src: Path, dst: Path, qtype: str, imat: dict[str, np.ndarray] | None, threads: int
 ) -> None:
+    quantize_llama_cpp_ftype(src, dst, LLAMA_FTYPE[qtype], imat, threads)
+
+
+def quantize_llama_cpp_ftype(
+    src: Path, dst: Path, ftype: int, imat: dict[str, np.ndarray] | None, threads: int, pure: bool = False
+) -> None:
     import llama_cpp
 
     p = llama_cpp.llama_model_quantize_default_params()
-    p.ftype = LLAMA_FTYPE[qtype]
+    p.ftype = ftype
+    p.pure = pure
     p.nthread = threads
     keep = []
     if imat:
@@ -230,7 +237,7 @@ def quantize_llama_cpp(
         keep.append(arr)
     rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(p))
     if rc != 0:
-        raise RuntimeError(f"llama_model_quantize({qtype}) failed: {rc}")
+        raise RuntimeError(f"llama_model_quantize(ftype {ftype}) failed: {rc}")
 
 
 def weight_error(path: Path, src: dict[str, np.ndarray], imat: dict[str, np.ndarray]) -> float:
@@ -251,6 +258,74 @@ def weight_error(path: Path, src: dict[str, np.ndarray], imat: dict[str, np.ndar
         num += float((((ys - xs) ** 2) * im).sum())
         den += float(((xs**2) * im).sum())
     return num / den
+
+
+PURE_FTYPE = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 8, "Q5_1": 9, "Q8_0": 7, "Q2_K": 10, "Q3_K": 12, "Q4_K": 15}
+PURE_FTYPE |= {"Q5_K": 17, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30, "MXFP4": 38}
+
+
+def per_type_errors(src: Path, imat: dict[str, np.ndarray], out: Path, threads: int) -> list[dict]:
+    """Every block type alone (llama.cpp's `pure` mode; ours through colibri_quantize_row) on one real
+    matrix, the layer-2 experts' ffn_down (8 x 128 rows of 512): relative error, plain and weighted by the
+    importance matrix, ours and llama.cpp's."""
+    import gguf
+
+    from colibri_backend import _native
+
+    name = "blk.2.ffn_down_exps.weight"
+    x = {t.name: np.array(t.data, dtype=np.float32) for t in gguf.GGUFReader(src).tensors}[name]
+    imp = imat[name].reshape(8, 1, 512)
+    one = out / "one-matrix.gguf"
+    w = gguf.GGUFWriter(one, "llama")
+    for k, v in (("block_count", 1), ("context_length", 64), ("embedding_length", 512)):
+        w.add_uint32(f"llama.{k}", v)
+    w.add_head_count(4)
+    w.add_head_count_kv(4)
+    w.add_feed_forward_length(512)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(128)
+    w.add_expert_count(8)
+    w.add_expert_used_count(2)
+    w.add_tensor("blk.0.ffn_down_exps.weight", x)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    lib = _native.load_library()
+
+    def rel(y: np.ndarray, wt: np.ndarray | float) -> float:
+        return float((((y - x) ** 2) * wt).sum() / ((x**2) * wt).sum())
+
+    rows = []
+    for tname, ft in PURE_FTYPE.items():
+        qt = gguf.GGMLQuantizationType[tname]
+        bs, ts = gguf.GGML_QUANT_SIZES[qt]
+        r: dict[str, object] = {"type": tname}
+        for with_imat in (False, True):
+            flat = {"blk.0.ffn_down_exps.weight": imp.reshape(-1)} if with_imat else None
+            dst = out / "one-matrix-q.gguf"
+            quantize_llama_cpp_ftype(one, dst, ft, flat, threads, pure=True)
+            t = gguf.GGUFReader(dst).tensors[0]
+            theirs = gguf.quants.dequantize(np.array(t.data), t.tensor_type).reshape(x.shape)
+            ours = np.empty_like(x)
+            for e in range(8):
+                buf = np.zeros(x.shape[1] * 512 // bs * ts, dtype=np.uint8)
+                im = imp[e, 0] if with_imat else None
+                st = lib.colibri_quantize_row(
+                    int(qt),
+                    _native.f32_ptr(np.ascontiguousarray(x[e])),
+                    x.shape[1],
+                    512,
+                    None if im is None else _native.f32_ptr(np.ascontiguousarray(im)),
+                    buf.ctypes.data,
+                    buf.nbytes,
+                )
+                lib.check(st, "quantize_row")
+                ours[e] = gguf.quants.dequantize(buf.reshape(x.shape[1], -1), qt)
+            wt = imp if with_imat else 1.0
+            r["imatrix" if with_imat else "plain"] = {"ours": rel(ours, wt), "llama_cpp": rel(theirs, wt)}
+        rows.append(r)
+    return rows
 
 
 def bits_per_weight(path: Path) -> tuple[int, float]:
@@ -299,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--imatrix-chunks", type=int, default=64, help="training windows for the imatrix")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path, help="also write the results here")
-    ap.add_argument("--reuse", action="store_true", help="keep quantized files already in --out")
+    ap.add_argument("--reuse", action="store_true", help="keep the files (and imatrix) already in --out")
+    ap.add_argument("--per-type-only", action="store_true", help="only the one-matrix comparison per type")
     args = ap.parse_args(argv)
     if args.table:
         print(markdown_table(json.loads(args.table.read_text())))
@@ -322,9 +398,27 @@ def main(argv: list[str] | None = None) -> int:
     train, windows = corpus(args.windows, args.ctx)
     targets = np.concatenate([np.append(w[1:], -1) for w in windows])
     keep_rows = targets >= 0
-    imat, sums, counts = compute_imatrix(train, args.imatrix_chunks, args.ctx)
     imat_path = out / "moe.imatrix.gguf"
-    write_gguf_imatrix(imat_path, sums, counts, args.imatrix_chunks, args.ctx)
+    if args.reuse and imat_path.exists():
+        from colibri_backend.quantize import read_imatrix
+
+        imat = read_imatrix(imat_path)
+    else:
+        imat, sums, counts = compute_imatrix(train, args.imatrix_chunks, args.ctx)
+        write_gguf_imatrix(imat_path, sums, counts, args.imatrix_chunks, args.ctx)
+    per_type = per_type_errors(src, imat, out, args.threads)
+    for r in per_type:
+        p, i = r["plain"], r["imatrix"]
+        print(
+            f"{r['type']:7s} one matrix: plain {p['ours']:.3e} vs {p['llama_cpp']:.3e} "
+            f"({p['ours'] / p['llama_cpp']:.3f}x)  imatrix-weighted {i['ours']:.3e} vs {i['llama_cpp']:.3e} "
+            f"({i['ours'] / i['llama_cpp']:.3f}x)",
+            flush=True,
+        )
+    if args.per_type_only:
+        if args.json:
+            args.json.write_text(json.dumps({"per_type": per_type}, indent=1) + "\n")
+        return 0
 
     import gguf
 
@@ -363,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     result = {
+        "per_type": per_type,
         "engine": args.engine,
         "windows": len(windows),
         "ctx": args.ctx,

@@ -338,9 +338,25 @@ def bits_per_weight(path: Path) -> tuple[int, float]:
 
 
 def markdown_table(result: dict) -> str:
-    """The table of docs/quantization.md from a --json result."""
+    """The tables of docs/quantization.md from a --json result."""
+    lines: list[str] = []
+    if "per_type" in result:
+        lines += [
+            "| block type | error ours | error llama.cpp | ratio | imatrix-weighted ours | llama.cpp "
+            "| ratio |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in result["per_type"]:
+            p, i = r["plain"], r["imatrix"]
+            lines.append(
+                f"| {r['type']} | {p['ours']:.3e} | {p['llama_cpp']:.3e} | "
+                f"{p['ours'] / p['llama_cpp']:.3f} | "
+                f"{i['ours']:.3e} | {i['llama_cpp']:.3e} | {i['ours'] / i['llama_cpp']:.3f} |"
+            )
+    if "rows" not in result:
+        return "\n".join(lines)
     src = result["source"]
-    lines = [
+    lines += [
         f"F32 source: perplexity {src['ppl']:.3f} on {result['tokens']} held-out tokens "
         f"(evaluated by {result['engine']}).",
         "",

@@ -211,10 +211,17 @@ def quantize_colibri(src: Path, dst: Path, qtype: str, imatrix: Path | None, thr
 def quantize_llama_cpp(
     src: Path, dst: Path, qtype: str, imat: dict[str, np.ndarray] | None, threads: int
 ) -> None:
+    quantize_llama_cpp_ftype(src, dst, LLAMA_FTYPE[qtype], imat, threads)
+
+
+def quantize_llama_cpp_ftype(
+    src: Path, dst: Path, ftype: int, imat: dict[str, np.ndarray] | None, threads: int, pure: bool = False
+) -> None:
     import llama_cpp
 
     p = llama_cpp.llama_model_quantize_default_params()
-    p.ftype = LLAMA_FTYPE[qtype]
+    p.ftype = ftype
+    p.pure = pure
     p.nthread = threads
     keep = []
     if imat:
@@ -230,7 +237,95 @@ def quantize_llama_cpp(
         keep.append(arr)
     rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(p))
     if rc != 0:
-        raise RuntimeError(f"llama_model_quantize({qtype}) failed: {rc}")
+        raise RuntimeError(f"llama_model_quantize(ftype {ftype}) failed: {rc}")
+
+
+def weight_error(path: Path, src: dict[str, np.ndarray], imat: dict[str, np.ndarray]) -> float:
+    """The systematic part of the loss: sum over matrices of imp_j * (w_ij - q_ij)^2, relative to
+    sum imp_j * w_ij^2 (the first-order output error for inputs with mean squares imp), over every
+    tensor the importance matrix covers. KL divergence on a small model also carries the chance of
+    how one realisation of rounding errors combines; this does not."""
+    import gguf
+
+    num = den = 0.0
+    for t in gguf.GGUFReader(path).tensors:
+        if t.name not in imat:
+            continue
+        x = src[t.name]
+        y = gguf.quants.dequantize(np.array(t.data), t.tensor_type).reshape(x.shape)
+        im = imat[t.name].reshape(x.shape[0] if x.ndim == 3 else 1, 1, -1)
+        xs, ys = x.reshape(im.shape[0], -1, x.shape[-1]), y.reshape(im.shape[0], -1, x.shape[-1])
+        num += float((((ys - xs) ** 2) * im).sum())
+        den += float(((xs**2) * im).sum())
+    return num / den
+
+
+PURE_FTYPE = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 8, "Q5_1": 9, "Q8_0": 7, "Q2_K": 10, "Q3_K": 12, "Q4_K": 15}
+PURE_FTYPE |= {"Q5_K": 17, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30, "MXFP4": 38}
+
+
+def per_type_errors(src: Path, imat: dict[str, np.ndarray], out: Path, threads: int) -> list[dict]:
+    """Every block type alone (llama.cpp's `pure` mode; ours through colibri_quantize_row) on one real
+    matrix, the layer-2 experts' ffn_down (8 x 128 rows of 512): relative error, plain and weighted by the
+    importance matrix, ours and llama.cpp's."""
+    import gguf
+
+    from colibri_backend import _native
+
+    name = "blk.2.ffn_down_exps.weight"
+    x = {t.name: np.array(t.data, dtype=np.float32) for t in gguf.GGUFReader(src).tensors}[name]
+    imp = imat[name].reshape(8, 1, 512)
+    one = out / "one-matrix.gguf"
+    w = gguf.GGUFWriter(one, "llama")
+    for k, v in (("block_count", 1), ("context_length", 64), ("embedding_length", 512)):
+        w.add_uint32(f"llama.{k}", v)
+    w.add_head_count(4)
+    w.add_head_count_kv(4)
+    w.add_feed_forward_length(512)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(128)
+    w.add_expert_count(8)
+    w.add_expert_used_count(2)
+    w.add_tensor("blk.0.ffn_down_exps.weight", x)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    lib = _native.load_library()
+
+    def rel(y: np.ndarray, wt: np.ndarray | float) -> float:
+        return float((((y - x) ** 2) * wt).sum() / ((x**2) * wt).sum())
+
+    rows = []
+    for tname, ft in PURE_FTYPE.items():
+        qt = gguf.GGMLQuantizationType[tname]
+        bs, ts = gguf.GGML_QUANT_SIZES[qt]
+        r: dict[str, object] = {"type": tname}
+        for with_imat in (False, True):
+            flat = {"blk.0.ffn_down_exps.weight": imp.reshape(-1)} if with_imat else None
+            dst = out / "one-matrix-q.gguf"
+            quantize_llama_cpp_ftype(one, dst, ft, flat, threads, pure=True)
+            t = gguf.GGUFReader(dst).tensors[0]
+            theirs = gguf.quants.dequantize(np.array(t.data), t.tensor_type).reshape(x.shape)
+            ours = np.empty_like(x)
+            for e in range(8):
+                buf = np.zeros(x.shape[1] * 512 // bs * ts, dtype=np.uint8)
+                im = imp[e, 0] if with_imat else None
+                st = lib.colibri_quantize_row(
+                    int(qt),
+                    _native.f32_ptr(np.ascontiguousarray(x[e])),
+                    x.shape[1],
+                    512,
+                    None if im is None else _native.f32_ptr(np.ascontiguousarray(im)),
+                    buf.ctypes.data,
+                    buf.nbytes,
+                )
+                lib.check(st, "quantize_row")
+                ours[e] = gguf.quants.dequantize(buf.reshape(x.shape[1], -1), qt)
+            wt = imp if with_imat else 1.0
+            r["imatrix" if with_imat else "plain"] = {"ours": rel(ours, wt), "llama_cpp": rel(theirs, wt)}
+        rows.append(r)
+    return rows
 
 
 def bits_per_weight(path: Path) -> tuple[int, float]:
@@ -242,12 +337,52 @@ def bits_per_weight(path: Path) -> tuple[int, float]:
     return path.stat().st_size, 8.0 * nbytes / n
 
 
+def markdown_table(result: dict) -> str:
+    """The tables of docs/quantization.md from a --json result."""
+    lines: list[str] = []
+    if "per_type" in result:
+        lines += [
+            "| block type | error ours | error llama.cpp | ratio | imatrix-weighted ours | llama.cpp "
+            "| ratio |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in result["per_type"]:
+            p, i = r["plain"], r["imatrix"]
+            lines.append(
+                f"| {r['type']} | {p['ours']:.3e} | {p['llama_cpp']:.3e} | "
+                f"{p['ours'] / p['llama_cpp']:.3f} | "
+                f"{i['ours']:.3e} | {i['llama_cpp']:.3e} | {i['ours'] / i['llama_cpp']:.3f} |"
+            )
+    if "rows" not in result:
+        return "\n".join(lines)
+    src = result["source"]
+    lines += [
+        f"F32 source: perplexity {src['ppl']:.3f} on {result['tokens']} held-out tokens "
+        f"(evaluated by {result['engine']}).",
+        "",
+        "| type | imatrix | size MiB | bpw | KLD mean ours | KLD mean llama.cpp | ratio | KLD p99 ours | "
+        "KLD p99 llama.cpp | PPL ours | PPL llama.cpp | weight error ours | weight error llama.cpp |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        c, ll = r["colibri"], r["llama_cpp"]
+        lines.append(
+            f"| {r['type']} | {'yes' if r['imatrix'] else 'no'} | "
+            f"{c['bytes'] / 2**20:.2f} | {c['bpw']:.3f} | "
+            f"{c['kld_mean']:.5f} | {ll['kld_mean']:.5f} | {c['kld_mean'] / ll['kld_mean']:.2f} | "
+            f"{c['kld_p99']:.4f} | {ll['kld_p99']:.4f} | {c['ppl']:.3f} | {ll['ppl']:.3f} | "
+            f"{c['weight_error']:.2e} | {ll['weight_error']:.2e} |"
+        )
+    return "\n".join(lines)
+
+
 # ---- main --------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, required=True, help="work directory for the GGUF files")
+    ap.add_argument("--out", type=Path, help="work directory for the GGUF files")
+    ap.add_argument("--table", type=Path, metavar="JSON", help="print the table of a --json result")
     ap.add_argument("--types", default=",".join(TYPES))
     ap.add_argument("--engine", choices=sorted(ENGINES), default="llama_cpp")
     ap.add_argument("--windows", type=int, default=16, help="held-out windows of --ctx tokens")
@@ -255,7 +390,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--imatrix-chunks", type=int, default=64, help="training windows for the imatrix")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--reuse", action="store_true", help="keep the files (and imatrix) already in --out")
+    ap.add_argument("--per-type-only", action="store_true", help="only the one-matrix comparison per type")
     args = ap.parse_args(argv)
+    if args.table:
+        print(markdown_table(json.loads(args.table.read_text())))
+        return 0
+    if args.out is None:
+        ap.error("--out is required")
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     evaluate = ENGINES[args.engine]
@@ -272,10 +414,32 @@ def main(argv: list[str] | None = None) -> int:
     train, windows = corpus(args.windows, args.ctx)
     targets = np.concatenate([np.append(w[1:], -1) for w in windows])
     keep_rows = targets >= 0
-    imat, sums, counts = compute_imatrix(train, args.imatrix_chunks, args.ctx)
     imat_path = out / "moe.imatrix.gguf"
-    write_gguf_imatrix(imat_path, sums, counts, args.imatrix_chunks, args.ctx)
+    if args.reuse and imat_path.exists():
+        from colibri_backend.quantize import read_imatrix
 
+        imat = read_imatrix(imat_path)
+    else:
+        imat, sums, counts = compute_imatrix(train, args.imatrix_chunks, args.ctx)
+        write_gguf_imatrix(imat_path, sums, counts, args.imatrix_chunks, args.ctx)
+    per_type = per_type_errors(src, imat, out, args.threads)
+    for r in per_type:
+        p, i = r["plain"], r["imatrix"]
+        print(
+            f"{r['type']:7s} one matrix: plain {p['ours']:.3e} vs {p['llama_cpp']:.3e} "
+            f"({p['ours'] / p['llama_cpp']:.3f}x)  imatrix-weighted {i['ours']:.3e} vs {i['llama_cpp']:.3e} "
+            f"({i['ours'] / i['llama_cpp']:.3f}x)",
+            flush=True,
+        )
+    if args.per_type_only:
+        if args.json:
+            args.json.write_text(json.dumps({"per_type": per_type}, indent=1) + "\n")
+        return 0
+
+    import gguf
+
+    src_tensors = gguf.GGUFReader(src).tensors
+    src_w = {t.name: np.array(t.data, dtype=np.float32) for t in src_tensors if t.name in imat}
     base = evaluate(src, windows, args.threads)[keep_rows]
     base_logp = log_softmax(base)
     tg = targets[keep_rows]
@@ -288,23 +452,28 @@ def main(argv: list[str] | None = None) -> int:
             for who in ("colibri", "llama_cpp"):
                 dst = out / f"moe-{qtype}-{who}{'-imat' if with_imat else ''}.gguf"
                 t0 = time.perf_counter()
-                if who == "colibri":
-                    quantize_colibri(src, dst, qtype, imat_path if with_imat else None, args.threads)
-                else:
-                    quantize_llama_cpp(src, dst, qtype, imat if with_imat else None, args.threads)
-                secs = time.perf_counter() - t0
+                secs = None
+                if not (args.reuse and dst.exists()):
+                    if who == "colibri":
+                        quantize_colibri(src, dst, qtype, imat_path if with_imat else None, args.threads)
+                    else:
+                        quantize_llama_cpp(src, dst, qtype, imat if with_imat else None, args.threads)
+                    secs = time.perf_counter() - t0
                 size, bpw = bits_per_weight(dst)
                 st = kl_stats(base_logp, evaluate(dst, windows, args.threads)[keep_rows], tg)
-                row[who] = {"bytes": size, "bpw": bpw, "seconds": secs, **st}
+                werr = weight_error(dst, src_w, imat)
+                row[who] = {"bytes": size, "bpw": bpw, "seconds": secs, "weight_error": werr, **st}
             rows.append(row)
             c, ll = row["colibri"], row["llama_cpp"]
             print(
                 f"{qtype:7s} imat={int(with_imat)} bpw {c['bpw']:.3f}/{ll['bpw']:.3f}  "
                 f"KLD {c['kld_mean']:.5f} vs {ll['kld_mean']:.5f} ({c['kld_mean'] / ll['kld_mean']:.3f}x)  "
-                f"p99 {c['kld_p99']:.4f} vs {ll['kld_p99']:.4f}  ppl {c['ppl']:.3f} vs {ll['ppl']:.3f}",
+                f"p99 {c['kld_p99']:.4f} vs {ll['kld_p99']:.4f}  ppl {c['ppl']:.3f} vs {ll['ppl']:.3f}  "
+                f"weight error {c['weight_error']:.3e} vs {ll['weight_error']:.3e}",
                 flush=True,
             )
     result = {
+        "per_type": per_type,
         "engine": args.engine,
         "windows": len(windows),
         "ctx": args.ctx,

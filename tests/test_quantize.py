@@ -412,6 +412,23 @@ def test_cli_refusals_leave_no_file(moe_f32: Path, tmp_path: Path) -> None:
     assert _types(out)["output.weight"] == "Q8_0"
 
 
+def test_sigterm_leaves_no_file(moe_f32: Path, tmp_path: Path) -> None:
+    import signal
+    import time
+
+    out = tmp_path / "out.gguf"
+    cmd = [sys.executable, "-m", "colibri_backend.cli", "quantize", str(moe_f32), str(out)]
+    cmd += ["--type", "iq4_xs", "--threads", "1", "--no-progress"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("out.gguf.part-*")) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert proc.poll() is None, "finished before it could be interrupted"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 130
+    assert _leftovers(tmp_path) == []
+
+
 def _write_legacy_imatrix(path: Path, entries: dict[str, np.ndarray], ncall: int = 4) -> None:
     """llama.cpp's legacy .dat: values stored as (mean * ncall), trailer with chunk count and dataset."""
     b = bytearray(struct.pack("<i", len(entries)))
@@ -459,3 +476,20 @@ def test_convert_to_a_quantized_type(tmp_path: Path) -> None:
     assert _leftovers(tmp_path) == ["moe-q5_k_m.gguf"]
     r = subprocess.run(cmd + ["--type", "q9_z"], capture_output=True, text=True)
     assert r.returncode == 1 and "unknown --type" in r.stderr
+
+
+def test_benchmark_statistics() -> None:
+    """The quality script's statistics: zero KL for identical logits, the known KL of two small ones."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import quant_quality as qq
+
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((50, 7)).astype(np.float32)
+    targets = rng.integers(0, 7, 50)
+    same = qq.kl_stats(qq.log_softmax(logits), logits, targets)
+    assert abs(same["kld_mean"]) < 1e-12 and same["top1"] == 1.0
+    p = np.exp(qq.log_softmax(logits))
+    assert same["ppl"] == pytest.approx(np.exp(-np.log(p[np.arange(50), targets]).mean()))
+    two = np.array([[0.0, 0.0]]), np.array([[np.log(3.0), 0.0]])  # P = (1/2, 1/2), Q = (3/4, 1/4)
+    st = qq.kl_stats(qq.log_softmax(two[0]), two[1], np.array([0]))
+    assert st["kld_mean"] == pytest.approx(0.5 * np.log(0.5 / 0.75) + 0.5 * np.log(0.5 / 0.25))

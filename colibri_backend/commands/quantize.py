@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
+from types import FrameType
 
 _TYPES_HELP = (
     "q8_0, q6_k, q5_k_m, q5_k_s, q4_k_m, q4_k_s, q3_k_l, q3_k_m, q3_k_s, q2_k, iq4_xs, iq4_nl, "
@@ -54,13 +56,21 @@ def run(args: argparse.Namespace) -> int:
 
         bar = tqdm(total=src.stat().st_size, unit="B", unit_scale=True, desc=f"quantize {dst.name}")
 
+    stop: list[int] = []
+
     def progress(done: int, total: int, tensor: str) -> None:
+        if stop:
+            raise KeyboardInterrupt  # the engine cancels and removes its temporary file
         if bar is not None:
             bar.total = total
             bar.n = done
             bar.set_postfix_str(tensor, refresh=False)
             bar.refresh()
 
+    def terminate(signum: int, frame: FrameType | None) -> None:
+        stop.append(signum)  # acted on at the next progress call, inside the engine's callback
+
+    previous = signal.signal(signal.SIGTERM, terminate)
     try:
         quantize(
             src,
@@ -72,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
         )
     finally:
+        signal.signal(signal.SIGTERM, previous)
         if bar is not None:
             bar.close()
     size = dst.stat().st_size

@@ -44,29 +44,26 @@ typedef struct target {
     uint32_t base;   /* default tensor type */
 } target;
 
-static const target TARGETS[] = {
-    {"q8_0", FT_Q8_0, GGML_TYPE_Q8_0},       {"q6_k", FT_Q6_K, GGML_TYPE_Q6_K},
-    {"q5_k_m", FT_Q5_K_M, GGML_TYPE_Q5_K},   {"q5_k_s", FT_Q5_K_S, GGML_TYPE_Q5_K},
-    {"q4_k_m", FT_Q4_K_M, GGML_TYPE_Q4_K},   {"q4_k_s", FT_Q4_K_S, GGML_TYPE_Q4_K},
-    {"q3_k_l", FT_Q3_K_L, GGML_TYPE_Q3_K},   {"q3_k_m", FT_Q3_K_M, GGML_TYPE_Q3_K},
-    {"q3_k_s", FT_Q3_K_S, GGML_TYPE_Q3_K},   {"q2_k", FT_Q2_K, GGML_TYPE_Q2_K},
-    {"iq4_xs", FT_IQ4_XS, GGML_TYPE_IQ4_XS}, {"iq4_nl", FT_IQ4_NL, GGML_TYPE_IQ4_NL},
-    {"q5_1", FT_Q5_1, GGML_TYPE_Q5_1},       {"q5_0", FT_Q5_0, GGML_TYPE_Q5_0},
-    {"q4_1", FT_Q4_1, GGML_TYPE_Q4_1},       {"q4_0", FT_Q4_0, GGML_TYPE_Q4_0},
-    {"mxfp4", FT_MXFP4_MOE, GGML_TYPE_MXFP4}, {"f16", FT_F16, GGML_TYPE_F16},
-    {"bf16", FT_BF16, GGML_TYPE_BF16},       {"f32", FT_ALL_F32, GGML_TYPE_F32},
-};
+/* name, general.file_type, default tensor type: one list, expanded twice below */
+#define QUANT_TARGETS(X)                                                                              \
+    X("q8_0", FT_Q8_0, GGML_TYPE_Q8_0) X("q6_k", FT_Q6_K, GGML_TYPE_Q6_K)                             \
+    X("q5_k_m", FT_Q5_K_M, GGML_TYPE_Q5_K) X("q5_k_s", FT_Q5_K_S, GGML_TYPE_Q5_K)                     \
+    X("q4_k_m", FT_Q4_K_M, GGML_TYPE_Q4_K) X("q4_k_s", FT_Q4_K_S, GGML_TYPE_Q4_K)                     \
+    X("q3_k_l", FT_Q3_K_L, GGML_TYPE_Q3_K) X("q3_k_m", FT_Q3_K_M, GGML_TYPE_Q3_K)                     \
+    X("q3_k_s", FT_Q3_K_S, GGML_TYPE_Q3_K) X("q2_k", FT_Q2_K, GGML_TYPE_Q2_K)                         \
+    X("iq4_xs", FT_IQ4_XS, GGML_TYPE_IQ4_XS) X("iq4_nl", FT_IQ4_NL, GGML_TYPE_IQ4_NL)                 \
+    X("q5_1", FT_Q5_1, GGML_TYPE_Q5_1) X("q5_0", FT_Q5_0, GGML_TYPE_Q5_0)                             \
+    X("q4_1", FT_Q4_1, GGML_TYPE_Q4_1) X("q4_0", FT_Q4_0, GGML_TYPE_Q4_0)                             \
+    X("mxfp4", FT_MXFP4_MOE, GGML_TYPE_MXFP4) X("f16", FT_F16, GGML_TYPE_F16)                         \
+    X("bf16", FT_BF16, GGML_TYPE_BF16) X("f32", FT_ALL_F32, GGML_TYPE_F32)
+
+#define AS_TARGET(name, ft, base) {name, ft, base},
+#define AS_LIST(name, ft, base) "," name
+static const target TARGETS[] = {QUANT_TARGETS(AS_TARGET)};
+static const char TARGET_LIST[] = QUANT_TARGETS(AS_LIST);
 #define N_TARGETS (sizeof TARGETS / sizeof TARGETS[0])
 
-const char *colibri_quantize_types(void) {
-    static char list[256];
-    if (list[0] == 0) {
-        size_t at = 0;
-        for (size_t i = 0; i < N_TARGETS; i++)
-            at += (size_t)snprintf(list + at, sizeof list - at, "%s%s", i ? "," : "", TARGETS[i].name);
-    }
-    return list;
-}
+const char *colibri_quantize_types(void) { return TARGET_LIST + 1; /* past the leading comma */ }
 
 static const target *find_target(const char *name) {
     if (!name) return NULL;

@@ -10,8 +10,9 @@
  *   lanes    int32 sums of u * q over groups of 4 bytes; formats with two 16-element halves
  *            (Q2_K, Q3_K, Q6_K) weigh the halves by their integer scales with vpmaddwd
  *   acc     += float(lanes) * (dsc * dx)   dsc = d, or d * sc for one scale per 32
- *   minimum: Q5_1 / Q4_K / Q5_K  acc += (m / 8) * s in every lane (m = Q5_1's minimum, or
- *            -dmin * sc_min), which sums to m * s;  Q2_K  acc -= float(min lanes) * (dmin * dx)
+ *   minimum: Q5_1  acc += (m / 8) * s in every lane, which sums to m * s (as Q4_1);
+ *            Q4_K / Q5_K  acc += (-dmin * m_j) * s_j, lane j for sub-block j of a super-block;
+ *            Q2_K  acc -= float(min lanes) * (dmin * dx)
  * A sub-block is unpacked once per tile row and used for every token of the tile; the tile
  * shapes and the driver are those of the Q4_0 family (kernels_x86.h), so a (row, token)
  * result never depends on n_tok or on the row range. */
@@ -21,7 +22,7 @@
 /* Per row and weight block: the scales every sub-block of it needs. */
 typedef struct kx_khdr {
     float dsc[8];   /* d, or d * sc_j (one scale per 32), per sub-block */
-    float dm8[8];   /* minimum term / 8 per sub-block (Q5_1, Q4_K, Q5_K), else 0 */
+    float dm8[8];   /* the minimum's factor per sub-block: Q5_1 m / 8; Q4_K, Q5_K -dmin * m_j */
     float dmin;     /* Q2_K: the minimum's scale */
     int16_t sc[16]; /* Q2_K, Q3_K, Q6_K: the 16-element scales; Q2_K also: */
     int16_t mn[16]; /* its 4-bit minimums */
@@ -29,14 +30,26 @@ typedef struct kx_khdr {
 
 /* One sub-block, unpacked. */
 typedef struct kx_ksub {
-    __m256i u, sgn;
-    __m256i sc16;   /* int16 weights of the two halves (16-element formats) */
+    __m256i u, sgn; /* see the top; with VNNI a signed format keeps w in u (sgn unused) */
+    __m256i corr;   /* VNNI, signed formats: -128 * (sum of w over each group of 4) */
+    __m256i sc16;   /* int16 weights of the two halves (16-element formats): AVX2 */
+    __m256i sc32;   /* the same as int32 lanes (4 per half): VNNI */
     __m256i mn16;   /* Q2_K: int16 minimums of the two halves */
 } kx_ksub;
+
+/* With VNNI a signed format needs no sign trick: vpdpbusd takes the activations offset to
+ * unsigned (x + 128, per token, shared by the tile's rows) against the signed w, starting
+ * from -128 * sum(w) (per row, shared by the tile's tokens), which is exactly sum(x * w).
+ * That pays in prefill tiles (T > 1), where the correction is shared; a decode tile keeps the
+ * sign trick. The int32 lanes are the same exact sums either way (groups of 4 consecutive
+ * bytes, times the half's scale), so results do not depend on which tile a token is in. */
+KX_INLINE int kx_k_offset(uint32_t type, int T);
 
 KX_INLINE int kx_k_signed(uint32_t type) {
     return !(type == GGML_TYPE_Q2_K || type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q5_1);
 }
+
+KX_INLINE int kx_k_offset(uint32_t type, int T) { return X86_VNNI && T > 1 && kx_k_signed(type); }
 
 KX_INLINE int kx_k_halves(uint32_t type) {
     return type == GGML_TYPE_Q2_K || type == GGML_TYPE_Q3_K || type == GGML_TYPE_Q6_K;
@@ -82,14 +95,28 @@ KX_INLINE void kx_khdr_load(uint32_t type, const char *blk, kx_khdr *h) {
         const float d = _cvtsh_ss(b->d);
         for (int j = 0; j < 8; j++) h->dsc[j] = d;
         h->dmin = _cvtsh_ss(b->dmin);
-        for (int k = 0; k < 16; k++) h->sc[k] = (int16_t)(b->scales[k] & 0x0f), h->mn[k] = (int16_t)(b->scales[k] >> 4);
+        const __m128i v = _mm_loadu_si128((const __m128i *)b->scales);
+        const __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x0f));
+        const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0f));
+        _mm256_storeu_si256((__m256i *)h->sc, _mm256_cvtepu8_epi16(lo));
+        _mm256_storeu_si256((__m256i *)h->mn, _mm256_cvtepu8_epi16(hi));
         break;
     }
     case GGML_TYPE_Q3_K: {
         const block_q3_K *b = (const block_q3_K *)blk;
         const float d = _cvtsh_ss(b->d);
         for (int j = 0; j < 8; j++) h->dsc[j] = d;
-        for (int k = 0; k < 16; k++) h->sc[k] = (int16_t)k3_scale(b->scales, k);
+        /* k3_scale for all 16: low nibbles of bytes 0..7 then their high nibbles; the top two
+         * bits of scale 4g + i are bits 2g..2g+1 of byte 8 + i */
+        uint64_t l;
+        uint32_t hb;
+        memcpy(&l, b->scales, 8), memcpy(&hb, b->scales + 8, 4);
+        const __m128i lo = _mm_set_epi64x((long long)((l >> 4) & 0x0f0f0f0f0f0f0f0full),
+                                          (long long)(l & 0x0f0f0f0f0f0f0f0full));
+        const __m128i hi = _mm_setr_epi32((int)(hb & 0x03030303u), (int)((hb >> 2) & 0x03030303u),
+                                          (int)((hb >> 4) & 0x03030303u), (int)((hb >> 6) & 0x03030303u));
+        const __m128i sc = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+        _mm256_storeu_si256((__m256i *)h->sc, _mm256_cvtepi8_epi16(sc));
         break;
     }
     case GGML_TYPE_Q4_K:
@@ -98,26 +125,41 @@ KX_INLINE void kx_khdr_load(uint32_t type, const char *blk, kx_khdr *h) {
         const uint16_t dh = five ? ((const block_q5_K *)blk)->d : ((const block_q4_K *)blk)->d;
         const uint16_t mh = five ? ((const block_q5_K *)blk)->dmin : ((const block_q4_K *)blk)->dmin;
         const uint8_t *scales = five ? ((const block_q5_K *)blk)->scales : ((const block_q4_K *)blk)->scales;
-        const float d = _cvtsh_ss(dh), dmin8 = _cvtsh_ss(mh) * -0.125f;
-        for (int j = 0; j < 8; j++) {
-            int sc, m;
-            k4_scale_min(scales, j, &sc, &m);
-            h->dsc[j] = d * (float)sc;
-            h->dm8[j] = dmin8 * (float)m;
-        }
+        /* k4_scale_min for all 8 sub-blocks at once, 4 bytes per 32-bit word */
+        uint32_t a, b, c;
+        memcpy(&a, scales, 4), memcpy(&b, scales + 4, 4), memcpy(&c, scales + 8, 4);
+        const uint64_t sc = (uint64_t)(a & 0x3f3f3f3fu) |
+                            (uint64_t)((c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u)) << 32;
+        const uint64_t mn = (uint64_t)(b & 0x3f3f3f3fu) |
+                            (uint64_t)(((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u)) << 32;
+        const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)));
+        const __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn)));
+        _mm256_storeu_ps(h->dsc, _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(dh)), scf));
+        _mm256_storeu_ps(h->dm8, _mm256_mul_ps(_mm256_set1_ps(-_cvtsh_ss(mh)), mnf));
         break;
     }
     case GGML_TYPE_Q6_K: {
         const block_q6_K *b = (const block_q6_K *)blk;
         const float d = _cvtsh_ss(b->d);
         for (int j = 0; j < 8; j++) h->dsc[j] = d;
-        for (int k = 0; k < 16; k++) h->sc[k] = b->scales[k];
+        _mm256_storeu_si256((__m256i *)h->sc, _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales)));
         break;
     }
     case GGML_TYPE_IQ4_XS: {
         const block_iq4_xs *b = (const block_iq4_xs *)blk;
         const float d = _cvtsh_ss(b->d);
-        for (int j = 0; j < 8; j++) h->dsc[j] = d * (float)iq4xs_scale(b, j);
+        /* iq4xs_scale for all 8: low nibbles of scales_l interleaved with their high nibbles,
+         * two bits of scales_h each */
+        uint32_t l;
+        memcpy(&l, b->scales_l, 4);
+        const __m128i lo = _mm_unpacklo_epi8(_mm_cvtsi32_si128((int)(l & 0x0f0f0f0fu)),
+                                             _mm_cvtsi32_si128((int)((l >> 4) & 0x0f0f0f0fu)));
+        const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b->scales_h),
+                                                              _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                                            _mm256_set1_epi32(3));
+        const __m256i sc = _mm256_sub_epi32(_mm256_or_si256(_mm256_cvtepu8_epi32(lo), _mm256_slli_epi32(hi, 4)),
+                                            _mm256_set1_epi32(32));
+        _mm256_storeu_ps(h->dsc, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sc)));
         break;
     }
     default: { /* Q8_K */
@@ -153,7 +195,7 @@ KX_INLINE __m256i kx_bits(const uint8_t *p, int shift, int mask) {
     return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8((char)mask));
 }
 
-KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr *h, kx_ksub *s) {
+KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr *h, const int off, kx_ksub *s) {
     __m256i w;
     switch (type) {
     case GGML_TYPE_Q5_0: {
@@ -195,33 +237,67 @@ KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr
     }
     default: w = _mm256_loadu_si256((const __m256i *)(((const block_q8_K *)blk)->qs + 32 * j)); break;
     }
-    if (kx_k_signed(type)) {
+    if (off) {
+#if X86_VNNI
+        s->u = s->sgn = w;
+        s->corr = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                   _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), w));
+#endif
+    } else if (kx_k_signed(type)) {
         s->sgn = w;
         s->u = _mm256_sign_epi8(w, w);
     } else {
         s->u = w;
         s->sgn = w;
     }
-    if (kx_k_halves(type)) {
+    if (kx_k_halves(type) && off) {
+        s->sc32 = _mm256_setr_m128i(_mm_set1_epi32(h->sc[2 * j]), _mm_set1_epi32(h->sc[2 * j + 1]));
+    } else if (kx_k_halves(type)) {
         s->sc16 = _mm256_setr_m128i(_mm_set1_epi16(h->sc[2 * j]), _mm_set1_epi16(h->sc[2 * j + 1]));
         if (type == GGML_TYPE_Q2_K)
             s->mn16 = _mm256_setr_m128i(_mm_set1_epi16(h->mn[2 * j]), _mm_set1_epi16(h->mn[2 * j + 1]));
     }
 }
 
-KX_INLINE __m256 kx_ksub_fma(uint32_t type, const kx_ksub *s, const kx_khdr *h, int j, const block_q8a *x,
-                             __m256 acc) {
+/* Blocks of 32 (Q5_0, Q5_1, IQ4_NL, MXFP4): the scale products per block, as Q4_0 / Q4_1. */
+/* The activation quants of one block as the tile's dot products take them: offset to unsigned
+ * for the VNNI signed formats (kx_k_offset), else as they are. */
+KX_INLINE __m256i kx_k_xload(const block_q8a *x, const int off) {
     const __m256i xq = _mm256_loadu_si256((const __m256i *)x->qs);
-    const __m256i q = kx_k_signed(type) ? _mm256_sign_epi8(xq, s->sgn) : xq;
-    const __m256 dx = _mm256_broadcast_ss(&x->d);
-    __m256i lanes;
-    if (kx_k_halves(type)) lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(s->u, q), s->sc16);
-    else lanes = kx_dot_us(s->u, q);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_mul_ps(_mm256_set1_ps(h->dsc[j]), dx), acc);
-    if (kx_k_min8(type)) acc = _mm256_fmadd_ps(_mm256_set1_ps(h->dm8[j]), _mm256_broadcast_ss(&x->s), acc);
-    if (type == GGML_TYPE_Q2_K) {
-        const __m256i ml = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), xq), s->mn16);
-        acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ml), _mm256_mul_ps(_mm256_set1_ps(h->dmin), dx), acc);
+    return off ? _mm256_xor_si256(xq, _mm256_set1_epi8((char)0x80)) : xq;
+}
+
+/* int32 lanes of sum(w * x) over groups of 4, the halves weighted by their scales. */
+KX_INLINE __m256i kx_k_lanes(uint32_t type, const kx_ksub *s, __m256i xv, const int off) {
+#if X86_VNNI
+    if (off) {
+        const __m256i l = _mm256_dpbusd_epi32(s->corr, xv, s->u);
+        return kx_k_halves(type) ? _mm256_mullo_epi32(l, s->sc32) : l;
+    }
+#endif
+    const __m256i q = kx_k_signed(type) ? _mm256_sign_epi8(xv, s->sgn) : xv;
+    if (kx_k_halves(type)) return _mm256_madd_epi16(_mm256_maddubs_epi16(s->u, q), s->sc16);
+    return kx_dot_us(s->u, q);
+}
+
+/* Blocks of 32 (Q5_0, Q5_1, IQ4_NL, MXFP4): the scale products per block, as Q4_0 / Q4_1. */
+KX_INLINE __m256 kx_k32_fma(uint32_t type, const kx_ksub *s, const kx_khdr *h, const block_q8a *x, __m256i xv,
+                            const int off, __m256 acc) {
+    const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(h->dsc[0]), _mm256_broadcast_ss(&x->d));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(kx_k_lanes(type, s, xv, off)), scale, acc);
+    if (kx_k_min8(type)) acc = _mm256_fmadd_ps(_mm256_set1_ps(h->dm8[0]), _mm256_broadcast_ss(&x->s), acc);
+    return acc;
+}
+
+/* Super-blocks: the 8 scale products of a (row, token) pair are formed together (one vector
+ * multiply, stored in S and broadcast from there per sub-block), and the minimum term of
+ * Q4_K / Q5_K is one multiply-add of the 8 minimums with the 8 activation sums. */
+KX_INLINE __m256 kx_k256_fma(uint32_t type, const kx_ksub *s, const float *S, const float *Sm, int j, __m256i xv,
+                             const int off, __m256 acc) {
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(kx_k_lanes(type, s, xv, off)), _mm256_broadcast_ss(&S[j]), acc);
+    if (type == GGML_TYPE_Q2_K) { /* unsigned: xv is the raw activations */
+        const __m256i ml = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), xv), s->mn16);
+        acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ml), _mm256_broadcast_ss(&Sm[j]), acc);
     }
     return acc;
 }
@@ -229,23 +305,49 @@ KX_INLINE __m256 kx_ksub_fma(uint32_t type, const kx_ksub *s, const kx_khdr *h, 
 /* Y[t][r0 + i] for i < R, t in [t0, t0 + T); nb = q8a blocks per row. */
 KX_INLINE void kx_tile_k(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, float *Y,
                          int ldy, int r0, int t0, const int R, const int T) {
-    enum { MR = KX_PREFILL_ROWS > KX_DECODE_ROWS ? KX_PREFILL_ROWS : KX_DECODE_ROWS };
+    enum { MR = KX_PREFILL_ROWS > KX_DECODE_ROWS ? KX_PREFILL_ROWS : KX_DECODE_ROWS, MT = KX_PREFILL_TOKS };
     const int per = kx_k_per(type);
+    const int off = kx_k_offset(type, T);
     const size_t bb = kx_k_bytes(type);
-    __m256 acc[MR][KX_PREFILL_TOKS];
+    __m256 acc[MR][MT];
     kx_khdr hdr[MR];
     for (int i = 0; i < R; i++)
         for (int t = 0; t < T; t++) acc[i][t] = _mm256_setzero_ps();
     const block_q8a *xt = Xq + (size_t)t0 * nb;
+    /* activation fields of 8 consecutive blocks: byte offsets for the gathers */
+    const __m256i xidx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                            _mm256_set1_epi32((int)sizeof(block_q8a)));
     for (int b = 0; b < nb / per; b++) {
         for (int i = 0; i < R; i++) kx_khdr_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, &hdr[i]);
-        for (int j = 0; j < per; j++) {
-            const int xb = b * per + j;
+        if (per == 1) {
+            __m256i xv[MT];
+            for (int t = 0; t < T; t++) xv[t] = kx_k_xload(xt + (size_t)t * nb + b, off);
             for (int i = 0; i < R; i++) {
                 kx_ksub sub;
-                kx_ksub_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, j, &hdr[i], &sub);
+                kx_ksub_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, 0, &hdr[i], off, &sub);
                 for (int t = 0; t < T; t++)
-                    acc[i][t] = kx_ksub_fma(type, &sub, &hdr[i], j, xt + (size_t)t * nb + xb, acc[i][t]);
+                    acc[i][t] = kx_k32_fma(type, &sub, &hdr[i], xt + (size_t)t * nb + b, xv[t], off, acc[i][t]);
+            }
+            continue;
+        }
+        float S[MR][MT][8], Sm[MR][MT][8];
+        for (int t = 0; t < T; t++) {
+            const block_q8a *x8 = xt + (size_t)t * nb + (size_t)b * 8;
+            const __m256 dx = _mm256_i32gather_ps(&x8->d, xidx, 1);
+            const __m256 sx = kx_k_min8(type) ? _mm256_i32gather_ps(&x8->s, xidx, 1) : _mm256_setzero_ps();
+            for (int i = 0; i < R; i++) {
+                _mm256_storeu_ps(S[i][t], _mm256_mul_ps(_mm256_loadu_ps(hdr[i].dsc), dx));
+                if (kx_k_min8(type)) acc[i][t] = _mm256_fmadd_ps(_mm256_loadu_ps(hdr[i].dm8), sx, acc[i][t]);
+                if (type == GGML_TYPE_Q2_K) _mm256_storeu_ps(Sm[i][t], _mm256_mul_ps(_mm256_set1_ps(hdr[i].dmin), dx));
+            }
+        }
+        for (int j = 0; j < 8; j++) {
+            __m256i xv[MT];
+            for (int t = 0; t < T; t++) xv[t] = kx_k_xload(xt + (size_t)t * nb + b * 8 + j, off);
+            for (int i = 0; i < R; i++) {
+                kx_ksub sub;
+                kx_ksub_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, j, &hdr[i], off, &sub);
+                for (int t = 0; t < T; t++) acc[i][t] = kx_k256_fma(type, &sub, S[i][t], Sm[i][t], j, xv[t], off, acc[i][t]);
             }
         }
     }

@@ -32,13 +32,18 @@ fi
 
 BUILD="$OUT_DIR/build"
 mkdir -p "$BUILD"
+# one build at a time in this directory (two makes in one tree corrupt each other's objects)
+exec 9>"$OUT_DIR/.build.lock"
+flock 9
 cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
     -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
     -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_BF16=ON \
     -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON >"$OUT_DIR/cmake-configure.log"
+    -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON >"$OUT_DIR/cmake-configure.log" 2>&1 \
+    || { echo "build_llama_bench: cmake configure failed, see $OUT_DIR/cmake-configure.log" >&2; exit 1; }
 cmake --build "$BUILD" -j "$JOBS" --target llama-bench llama-quantize llama-perplexity llama-imatrix \
-    >"$OUT_DIR/cmake-build.log"
+    >"$OUT_DIR/cmake-build.log" 2>&1 \
+    || { echo "build_llama_bench: build failed, see $OUT_DIR/cmake-build.log" >&2; exit 1; }
 mkdir -p "$OUT_DIR/bin"
 for t in llama-bench llama-quantize llama-perplexity llama-imatrix; do
     cp "$BUILD/bin/$t" "$OUT_DIR/bin/$t"

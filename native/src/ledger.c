@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "context.h"
 #include "error.h"
 #include "experts.h"
 #include "predict.h"

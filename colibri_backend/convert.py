@@ -1,8 +1,8 @@
 """Convert a Hugging Face checkpoint directory into a llama.cpp-compatible GGUF file.
 
 Supported architectures (config.json `model_type`): llama (dense), mixtral, qwen2_moe, qwen3_moe, olmoe,
-granitemoe. The output uses llama.cpp's tensor names and metadata keys, so the same file runs in llama.cpp and
-in Colibri; that is what the conformance suite and the benchmarks rely on.
+granitemoe, granitemoeshared. The output uses llama.cpp's tensor names and metadata keys, so the same file
+runs in llama.cpp and in Colibri; that is what the conformance suite and the benchmarks rely on.
 
 Only numpy, the `gguf` package and the standard library are used: no torch. Safetensors files are read through
 their JSON header and a memory map, one tensor at a time, so converting a checkpoint larger than memory is
@@ -36,7 +36,17 @@ log = logging.getLogger("colibri.convert")
 
 ALIGNMENT = 4096
 OUT_TYPES = ("f32", "f16", "q8_0", "q4_0")
-SUPPORTED_MODEL_TYPES = ("llama", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe")
+SUPPORTED_MODEL_TYPES = (
+    "llama",
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "olmoe",
+    "granitemoe",
+    "granitemoeshared",
+)
+# GraniteMoE with and without the always-on shared MLP: one GGUF architecture, granitemoe.
+_GRANITE = ("granitemoe", "granitemoeshared")
 
 
 class ConversionError(ValueError):
@@ -230,7 +240,7 @@ def _hparams(cfg: dict[str, Any]) -> _Hparams:
         raise ConversionError(f"head_dim {head_dim} must be even for RoPE")
     if cfg.get("hidden_act", "silu") not in ("silu", "swish"):
         raise ConversionError(f"hidden_act '{cfg.get('hidden_act')}' is not supported (only SiLU/SwiGLU)")
-    if cfg.get("attention_bias") and mt in ("llama", "mixtral", "granitemoe", "olmoe"):
+    if cfg.get("attention_bias") and mt in ("llama", "mixtral", "olmoe", *_GRANITE):
         raise ConversionError(f"attention_bias=True is not supported for {mt}")
     if cfg.get("mlp_bias"):
         raise ConversionError("mlp_bias=True is not supported")
@@ -251,10 +261,10 @@ def _hparams(cfg: dict[str, Any]) -> _Hparams:
             )
     if mt == "olmoe" and cfg.get("clip_qkv") is not None:
         raise ConversionError("OLMoE clip_qkv is not supported yet")
-    if mt == "granitemoe" and cfg.get("shared_intermediate_size"):
-        raise ConversionError("GraniteMoE shared experts (granitemoeshared) are not supported yet")
 
     arch = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}.get(mt, mt)
+    if mt in _GRANITE:
+        arch = "granitemoe"
     hp = _Hparams(
         model_type=mt,
         arch=arch,
@@ -268,7 +278,7 @@ def _hparams(cfg: dict[str, Any]) -> _Hparams:
         rms_eps=float(_first(cfg, "rms_norm_eps", default=1e-6)),
         rope_theta=_rope_theta_and_check(cfg),
         vocab_size=int(cfg["vocab_size"]),
-        tie_embeddings=bool(cfg.get("tie_word_embeddings", mt == "granitemoe")),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", mt in _GRANITE)),
     )
     if mt != "llama":
         hp.n_expert = int(_first(cfg, "num_local_experts", "num_experts", default=0))
@@ -278,12 +288,14 @@ def _hparams(cfg: dict[str, Any]) -> _Hparams:
     if mt in ("qwen2_moe", "qwen3_moe"):
         hp.n_ff_exp = int(cfg["moe_intermediate_size"])
         hp.norm_topk = bool(cfg.get("norm_topk_prob", False))
-    elif mt in ("mixtral", "olmoe", "granitemoe"):
+    elif mt in ("mixtral", "olmoe", *_GRANITE):
         hp.n_ff_exp = hp.n_ff
-        hp.norm_topk = {"mixtral": True, "granitemoe": True}.get(mt, bool(cfg.get("norm_topk_prob", False)))
+        hp.norm_topk = True if mt in ("mixtral", *_GRANITE) else bool(cfg.get("norm_topk_prob", False))
     if mt == "qwen2_moe":
         hp.n_ff_shexp = int(cfg.get("shared_expert_intermediate_size") or 0)
-    if mt == "granitemoe":
+    if mt == "granitemoeshared":
+        hp.n_ff_shexp = int(cfg.get("shared_intermediate_size") or 0)
+    if mt in _GRANITE:
         hp.extra = {
             "attention_scale": float(cfg.get("attention_multiplier", 1.0)),
             "embedding_scale": float(cfg.get("embedding_multiplier", 1.0)),
@@ -387,7 +399,7 @@ class _Planner:
 def _plan(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
     p = _Planner(ck, hp)
     mt = hp.model_type
-    permute = mt in ("llama", "mixtral", "granitemoe")
+    permute = mt in ("llama", "mixtral", *_GRANITE)
 
     p.add("token_embd.weight", "model.embed_tokens.weight")
     emb_shape = ck.shape("model.embed_tokens.weight")
@@ -431,7 +443,7 @@ def _plan(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
                 p.add(f"{blk}{gname}.weight", f"{pre}mlp.{proj}.weight")
             continue
 
-        if mt == "granitemoe":
+        if mt in _GRANITE:
             moe = pre + "block_sparse_moe."
             p.add(blk + "ffn_gate_inp.weight", moe + "router.layer.weight", keep_f32=True)
             e, two_i, h = ck.shape(moe + "input_linear.weight")
@@ -443,6 +455,22 @@ def _plan(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
                 blk + "ffn_up_exps.weight", moe + "input_linear.weight", slice(half, two_i), half
             )
             p.add_whole_stacked(blk + "ffn_down_exps.weight", moe + "output_linear.weight")
+            if hp.n_ff_shexp:
+                # shared_mlp.input_linear [2S, H]: gate rows first, as in the experts
+                sh, s = pre + "shared_mlp.", hp.n_ff_shexp
+                if ck.shape(sh + "input_linear.weight") != (2 * s, hp.n_embd):
+                    raise ConversionError(
+                        f"{sh}input_linear.weight has shape {ck.shape(sh + 'input_linear.weight')}, "
+                        f"expected {(2 * s, hp.n_embd)}"
+                    )
+                for gname, part in (("ffn_gate_shexp", slice(0, s)), ("ffn_up_shexp", slice(s, 2 * s))):
+                    p.add(
+                        f"{blk}{gname}.weight",
+                        sh + "input_linear.weight",
+                        transform=lambda w, part=part: np.ascontiguousarray(w[part]),
+                        shape=(s, hp.n_embd),
+                    )
+                p.add(blk + "ffn_down_shexp.weight", sh + "output_linear.weight")
             continue
 
         if mt == "mixtral":
@@ -787,11 +815,11 @@ def _write_metadata(w: Any, hp: _Hparams, vocab: _Vocab, name: str, out_type: st
         w.add_expert_count(hp.n_expert)
         w.add_expert_used_count(hp.n_expert_used)
         w.add_expert_weights_norm(hp.norm_topk)
-        if hp.model_type in ("qwen2_moe", "qwen3_moe", "granitemoe", "olmoe", "mixtral"):
+        if hp.model_type in ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", *_GRANITE):
             w.add_expert_feed_forward_length(hp.n_ff_exp)
     if hp.n_ff_shexp:
         w.add_expert_shared_feed_forward_length(hp.n_ff_shexp)
-    if hp.model_type == "granitemoe":
+    if hp.model_type in _GRANITE:
         w.add_attention_scale(hp.extra["attention_scale"])
         w.add_embedding_scale(hp.extra["embedding_scale"])
         w.add_residual_scale(hp.extra["residual_scale"])

@@ -225,6 +225,7 @@ def test_metadata_tokenizer_and_alignment(tiny_zoo: Any, name: str) -> None:
     arch = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}.get(
         spec.model_type, spec.model_type
     )
+    arch = "granitemoe" if arch == "granitemoeshared" else arch
     assert f["general.architecture"] == arch
     assert f["general.alignment"] == ALIGNMENT
     assert f[f"{arch}.block_count"] == cfg["num_hidden_layers"]
@@ -242,7 +243,8 @@ def test_metadata_tokenizer_and_alignment(tiny_zoo: Any, name: str) -> None:
     if n_expert:
         assert f[f"{arch}.expert_count"] == n_expert
         assert f[f"{arch}.expert_used_count"] == cfg["num_experts_per_tok"]
-        expected_norm = True if spec.model_type in ("mixtral", "granitemoe") else cfg["norm_topk_prob"]
+        granite = ("granitemoe", "granitemoeshared")
+        expected_norm = True if spec.model_type in ("mixtral", *granite) else cfg["norm_topk_prob"]
         assert f[f"{arch}.expert_weights_norm"] is expected_norm
 
     # tokenizer: ids, merges, special tokens, chat template
@@ -305,7 +307,9 @@ def _rope_adjacent(x: np.ndarray, pos: np.ndarray, theta: float) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("name", ["llama", "mixtral", "granitemoe", "qwen3moe", "qwen2moe", "olmoe"])
+@pytest.mark.parametrize(
+    "name", ["llama", "mixtral", "granitemoe", "granitemoeshared", "qwen3moe", "qwen2moe", "olmoe"]
+)
 def test_f32_tensors_round_trip_and_rope_equivalence(tiny_zoo: Any, name: str) -> None:
     """Every F32 tensor equals its checkpoint source (after the documented transforms), and for llama-family
     models the permuted q/k with adjacent-pair RoPE give the same attention scores as HF's rotate_half."""
@@ -325,7 +329,7 @@ def test_f32_tensors_round_trip_and_rope_equivalence(tiny_zoo: Any, name: str) -
     )
     q_g, k_g = _as_array(t["blk.0.attn_q.weight"]), _as_array(t["blk.0.attn_k.weight"])
     q_h, k_h = w["model.layers.0.self_attn.q_proj.weight"], w["model.layers.0.self_attn.k_proj.weight"]
-    llama_family = spec.model_type in ("llama", "mixtral", "granitemoe")
+    llama_family = spec.model_type in ("llama", "mixtral", "granitemoe", "granitemoeshared")
     if not llama_family:
         np.testing.assert_array_equal(q_g, q_h)
         np.testing.assert_array_equal(k_g, k_h)
@@ -351,11 +355,19 @@ def test_f32_tensors_round_trip_and_rope_equivalence(tiny_zoo: Any, name: str) -
             np.testing.assert_array_equal(
                 stacked[e], w[f"model.layers.1.block_sparse_moe.experts.{e}.w3.weight"]
             )
-    if spec.model_type == "granitemoe":
+    if spec.model_type in ("granitemoe", "granitemoeshared"):
         fused = w["model.layers.0.block_sparse_moe.input_linear.weight"]
         ff = cfg["intermediate_size"]
         np.testing.assert_array_equal(_as_array(t["blk.0.ffn_gate_exps.weight"]), fused[:, :ff])
         np.testing.assert_array_equal(_as_array(t["blk.0.ffn_up_exps.weight"]), fused[:, ff:])
+    if cfg.get("shared_intermediate_size"):
+        sh = w["model.layers.1.shared_mlp.input_linear.weight"]
+        s = cfg["shared_intermediate_size"]
+        np.testing.assert_array_equal(_as_array(t["blk.1.ffn_gate_shexp.weight"]), sh[:s])
+        np.testing.assert_array_equal(_as_array(t["blk.1.ffn_up_shexp.weight"]), sh[s:])
+        np.testing.assert_array_equal(
+            _as_array(t["blk.1.ffn_down_shexp.weight"]), w["model.layers.1.shared_mlp.output_linear.weight"]
+        )
     if spec.model_type == "qwen2_moe":
         np.testing.assert_array_equal(
             _as_array(t["blk.0.ffn_gate_inp_shexp.weight"]),

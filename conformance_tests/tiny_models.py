@@ -233,11 +233,32 @@ SPECS: list[TinySpec] = [
         seed=18,
         notes="GraniteMoE multipliers, top-k-then-softmax router, fused experts on disk, tied",
     ),
+    TinySpec(
+        "granitemoeshared",
+        "granitemoeshared",
+        dict(
+            _COMMON,
+            hidden_size=96,
+            intermediate_size=64,
+            shared_intermediate_size=96,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            num_local_experts=6,
+            num_experts_per_tok=3,
+            vocab_size=1013,
+            tie_word_embeddings=False,
+            embedding_multiplier=1.3,
+            residual_multiplier=0.45,
+            attention_multiplier=0.09,
+            logits_scaling=2.5,
+        ),
+        seed=19,
+        notes="GraniteMoE-Shared: ungated shared MLP, GQA 3, 6 experts top-3, untied, vocab 1013",
+    ),
 ]
 SPEC_BY_NAME = {s.name: s for s in SPECS}
-# Colibri's engine runs the five architectures of the issue; granitemoe is converter-only for now (checked
-# against llama.cpp and transformers in test_converter.py).
-ENGINE_SPECS = [s.name for s in SPECS if s.model_type != "granitemoe"]
+# Colibri's engine runs every spec.
+ENGINE_SPECS = [s.name for s in SPECS]
 
 
 def corpus_text() -> str:
@@ -356,6 +377,7 @@ _ARCH_CLASS = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "olmoe": "OlmoeForCausalLM",
     "granitemoe": "GraniteMoeForCausalLM",
+    "granitemoeshared": "GraniteMoeSharedForCausalLM",
 }
 
 
@@ -423,11 +445,15 @@ def make_weights(spec: TinySpec) -> dict[str, np.ndarray]:
             continue
         n_exp = c.get("num_local_experts") or c["num_experts"]
         ff = c.get("moe_intermediate_size") or c["intermediate_size"]
-        if mt == "granitemoe":
+        if mt in ("granitemoe", "granitemoeshared"):
             m = p + "block_sparse_moe."
             w[m + "router.layer.weight"] = lin(n_exp, hidden, ROUTER_GAIN)
             w[m + "input_linear.weight"] = lin(2 * ff, hidden, lead=(n_exp,))
             w[m + "output_linear.weight"] = lin(hidden, ff, BRANCH_GAIN, lead=(n_exp,))
+            if c.get("shared_intermediate_size"):
+                sff = c["shared_intermediate_size"]
+                w[p + "shared_mlp.input_linear.weight"] = lin(2 * sff, hidden)
+                w[p + "shared_mlp.output_linear.weight"] = lin(hidden, sff, BRANCH_GAIN)
             continue
         if mt == "mixtral":
             m = p + "block_sparse_moe."

@@ -4,13 +4,14 @@
 #include <stdio.h>
 #include <string.h>
 
-extern const arch_desc arch_llama, arch_qwen2moe, arch_qwen3moe, arch_olmoe;
+extern const arch_desc arch_llama, arch_qwen2moe, arch_qwen3moe, arch_olmoe, arch_granitemoe;
 
 static const arch_desc *const table[] = {
     &arch_llama,
     &arch_qwen2moe,
     &arch_qwen3moe,
     &arch_olmoe,
+    &arch_granitemoe,
 };
 
 const arch_desc *arch_find(const char *name) {

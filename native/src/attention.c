@@ -23,7 +23,7 @@ static void attn_worker(void *arg, int ith, int nth) {
     const model_hparams *hp = &c->model->hp;
     const int hd = hp->head_dim, nh = hp->n_head, group = hp->n_head / hp->n_head_kv;
     const int qd = nh * hd, qkv_w = qd + 2 * hp->n_head_kv * hd;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = hp->attn_scale;
     float *sc = c->s.scores + (size_t)ith * c->n_ctx;
     const int n_items = t->n_tok * nh;
     for (int it = ith; it < n_items; it += nth) {

@@ -67,6 +67,8 @@ static colibri_status eval_chunk(struct colibri_context *c, const int32_t *tok, 
     for (int t = 0; t < n; t++)
         dequantize_row(m->tok_embd.type, (const char *)m->tok_embd.data + (size_t)tok[t] * m->tok_embd.row_bytes,
                        s->x + (size_t)t * E, (uint64_t)E);
+    if (hp->embd_scale != 1.0f)
+        for (size_t i = 0; i < (size_t)n * E; i++) s->x[i] *= hp->embd_scale;
     for (int t = 0; t < n; t++) op_rope_angles(s->rope_cs + (size_t)t * hp->n_rot, c->inv_freq, hp->n_rot, p0 + t);
     if (c->store) store_tick(c->store, n);
     if (c->pred && n == 1) ffn_prefetch_layer(c, 0, NULL); /* decode step start: temporal and hashed */
@@ -84,6 +86,8 @@ static colibri_status eval_chunk(struct colibri_context *c, const int32_t *tok, 
     if (mat_wants_q8a(&m->output)) quantize_rows(c, s->xn, s->xnq, nr, E);
     mm_job o = job(&m->output, s->xn, s->xnq, nr, logits, hp->n_vocab);
     run_jobs(c, &o, 1);
+    if (hp->logit_scale != 1.0f) /* a division, as transformers' logits / logits_scaling */
+        for (size_t i = 0; i < (size_t)nr * hp->n_vocab; i++) logits[i] /= hp->logit_scale;
     return COLIBRI_OK;
 }
 

@@ -46,6 +46,8 @@ static colibri_status read_common_hparams(loader *L) {
     if ((st = ld_f32(L, "attention.layer_norm_rms_epsilon", 1, 0.0f, &hp->norm_eps))) return st;
     if (hp->norm_eps < 0.0f) return cb_error(COLIBRI_E_FORMAT, "layer_norm_rms_epsilon is negative");
     if ((st = ld_i32(L, "context_length", 0, 4096, 1, INT32_MAX, &hp->n_ctx_train))) return st;
+    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    hp->embd_scale = hp->logit_scale = hp->residual_scale = 1.0f;
 
     /* RoPE scaling variants change the angles; the shared path implements the plain form. */
     char sc[32];

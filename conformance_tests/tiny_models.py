@@ -63,6 +63,9 @@ class TinySpec:
     # qwen2moe and olmoe: off) and ignores {arch}.expert_weights_norm; a spec that sets norm_topk_prob the
     # other way is compared with transformers only.
     llama_cpp_compatible: bool = True
+    # llama.cpp's converter writes the spec's file faithfully (None: as llama_cpp_compatible); False where the
+    # GGUF keys it writes cannot express the config, True where only llama.cpp's engine computes otherwise.
+    llama_cpp_converts: bool | None = None
     notes: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -256,7 +259,70 @@ SPECS: list[TinySpec] = [
         notes="GraniteMoE-Shared: ungated shared MLP, GQA 3, 6 experts top-3, untied, vocab 1013",
     ),
 ]
+_GPTOSS = dict(
+    num_hidden_layers=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+    bos_token_id=0,
+    eos_token_id=2,
+    pad_token_id=0,
+    hidden_size=64,
+    intermediate_size=96,
+    head_dim=24,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    vocab_size=1013,
+    tie_word_embeddings=False,
+    attention_bias=True,
+    sliding_window=12,
+)
+SPECS += [
+    TinySpec(
+        "gpt_oss",
+        "gpt_oss",
+        dict(
+            _GPTOSS,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 8.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 64,
+                "rope_theta": 150000.0,
+            },
+        ),
+        seed=20,
+        # llama.cpp rounds the YaRN ramp outwards although the config says truncate: false
+        llama_cpp_compatible=False,
+        llama_cpp_converts=True,
+        notes="gpt-oss: sinks, window 12 on even layers, YaRN (untruncated), biases, clamped SwiGLU, hd 24",
+    ),
+    TinySpec(
+        "gpt_oss_plain_rope",
+        "gpt_oss",
+        dict(
+            _GPTOSS,
+            num_attention_heads=6,
+            num_key_value_heads=1,
+            num_local_experts=6,
+            num_experts_per_tok=3,
+            sliding_window=20,
+            rope_parameters={"rope_type": "default", "rope_theta": 150000.0},
+        ),
+        seed=21,
+        notes="gpt-oss without YaRN (so llama.cpp computes it as transformers does), GQA 6, 6 experts top-3",
+    ),
+]
 SPEC_BY_NAME = {s.name: s for s in SPECS}
+
+
+def llama_cpp_converts(spec: TinySpec) -> bool:
+    return spec.llama_cpp_compatible if spec.llama_cpp_converts is None else spec.llama_cpp_converts
+
+
 # Colibri's engine runs every spec.
 ENGINE_SPECS = [s.name for s in SPECS]
 
@@ -378,6 +444,7 @@ _ARCH_CLASS = {
     "olmoe": "OlmoeForCausalLM",
     "granitemoe": "GraniteMoeForCausalLM",
     "granitemoeshared": "GraniteMoeSharedForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
 }
 
 
@@ -427,7 +494,10 @@ def make_weights(spec: TinySpec) -> dict[str, np.ndarray]:
         w[a + "k_proj.weight"] = lin(n_kv * hd, hidden)
         w[a + "v_proj.weight"] = lin(n_kv * hd, hidden)
         w[a + "o_proj.weight"] = lin(hidden, n_head * hd, BRANCH_GAIN)
-        if mt == "qwen2_moe":
+        if mt == "gpt_oss":
+            w[a + "o_proj.bias"] = bias(hidden)
+            w[a + "sinks"] = (0.5 + rng.standard_normal(n_head)).astype(np.float32)
+        if mt in ("qwen2_moe", "gpt_oss"):
             w[a + "q_proj.bias"] = bias(n_head * hd)
             w[a + "k_proj.bias"] = bias(n_kv * hd)
             w[a + "v_proj.bias"] = bias(n_kv * hd)
@@ -445,6 +515,23 @@ def make_weights(spec: TinySpec) -> dict[str, np.ndarray]:
             continue
         n_exp = c.get("num_local_experts") or c["num_experts"]
         ff = c.get("moe_intermediate_size") or c["intermediate_size"]
+        if mt == "gpt_oss":
+            # transformers' layout: transposed experts, gate/up interleaved in the last dimension. Gate/up
+            # drawn 3x wider than unit variance so the clamp at +-7 is reached by a few percent of values.
+            m = p + "mlp."
+            w[m + "router.weight"] = lin(n_exp, hidden, ROUTER_GAIN)
+            w[m + "router.bias"] = bias(n_exp)
+            w[m + "experts.gate_up_proj"] = (
+                rng.standard_normal((n_exp, hidden, 2 * ff)) * (3.0 / math.sqrt(hidden))
+            ).astype(np.float32)
+            w[m + "experts.gate_up_proj_bias"] = (0.2 * rng.standard_normal((n_exp, 2 * ff))).astype(
+                np.float32
+            )
+            w[m + "experts.down_proj"] = (
+                rng.standard_normal((n_exp, ff, hidden)) * (BRANCH_GAIN / (3.0 * math.sqrt(ff)))
+            ).astype(np.float32)
+            w[m + "experts.down_proj_bias"] = (0.2 * rng.standard_normal((n_exp, hidden))).astype(np.float32)
+            continue
         if mt in ("granitemoe", "granitemoeshared"):
             m = p + "block_sparse_moe."
             w[m + "router.layer.weight"] = lin(n_exp, hidden, ROUTER_GAIN)

@@ -4,7 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
-extern const arch_desc arch_llama, arch_qwen2moe, arch_qwen3moe, arch_olmoe, arch_granitemoe;
+extern const arch_desc arch_llama, arch_qwen2moe, arch_qwen3moe, arch_olmoe, arch_granitemoe,
+    arch_gptoss;
 
 static const arch_desc *const table[] = {
     &arch_llama,
@@ -12,6 +13,7 @@ static const arch_desc *const table[] = {
     &arch_qwen3moe,
     &arch_olmoe,
     &arch_granitemoe,
+    &arch_gptoss,
 };
 
 const arch_desc *arch_find(const char *name) {

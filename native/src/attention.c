@@ -14,9 +14,15 @@ typedef struct attn_task {
     int layer, n_tok, p0;
 } attn_task;
 
-/* One (token, head) item: scores against the cached keys 0..pos, softmax, weighted sum
- * of the cached values. Items are dealt round-robin so that causal prefill (later tokens
- * see more keys) stays balanced between threads. */
+/* One (token, head) item: scores against the cached keys it sees (0..pos, or the layer's
+ * sliding window of the last `window` positions), softmax (with the head's sink logit in the
+ * denominator when the layer has sinks), weighted sum of the cached values. Items are dealt
+ * round-robin so that causal prefill (later tokens see more keys) stays balanced between threads. */
+static inline void attn_softmax(float *sc, int n, const float *sinks, int h) {
+    if (sinks) op_softmax_sink(sc, n, sinks[h]);
+    else op_softmax(sc, n);
+}
+
 static void attn_worker(void *arg, int ith, int nth) {
     const attn_task *t = arg;
     struct colibri_context *c = t->c;
@@ -26,11 +32,14 @@ static void attn_worker(void *arg, int ith, int nth) {
     const float scale = hp->attn_scale;
     float *sc = c->s.scores + (size_t)ith * c->n_ctx;
     const int n_items = t->n_tok * nh;
+    const layer_weights *w = &c->model->layers[t->layer];
     for (int it = ith; it < n_items; it += nth) {
         const int tok = it / nh, h = it % nh, kvh = h / group;
         const float *q = c->s.qkv + (size_t)tok * qkv_w + (size_t)h * hd;
-        const size_t base = ((size_t)t->layer * hp->n_head_kv + kvh) * (size_t)c->n_ctx * hd;
-        const int n = t->p0 + tok + 1;
+        const int pos = t->p0 + tok;
+        const int j0 = w->window > 0 && pos >= w->window ? pos - w->window + 1 : 0; /* first key seen */
+        const int n = pos - j0 + 1;
+        const size_t base = (((size_t)t->layer * hp->n_head_kv + kvh) * (size_t)c->n_ctx + (size_t)j0) * hd;
         float *out = c->s.att + (size_t)tok * qd + (size_t)h * hd;
         memset(out, 0, (size_t)hd * sizeof(float));
         if (c->kv_kind == KV_I8) {
@@ -45,7 +54,7 @@ static void attn_worker(void *arg, int ith, int nth) {
                 for (int i = 0; i < hd; i++) d += (float)kr[i] * q[i];
                 sc[j] = d * ks[j] * scale;
             }
-            op_softmax(sc, n);
+            attn_softmax(sc, n, w->sinks, h);
             for (int j = 0; j < n; j++) {
                 const int8_t *vr = V + (size_t)j * hd;
                 const float a = sc[j] * vs[j];
@@ -54,12 +63,12 @@ static void attn_worker(void *arg, int ith, int nth) {
         } else if (c->kv_kind == KV_F32) {
             const float *K = (const float *)c->k_cache + base, *V = (const float *)c->v_cache + base;
             for (int j = 0; j < n; j++) sc[j] = dot_f32(K + (size_t)j * hd, q, hd) * scale;
-            op_softmax(sc, n);
+            attn_softmax(sc, n, w->sinks, h);
             for (int j = 0; j < n; j++) op_axpy(out, sc[j], V + (size_t)j * hd, hd);
         } else {
             const uint16_t *K = (const uint16_t *)c->k_cache + base, *V = (const uint16_t *)c->v_cache + base;
             for (int j = 0; j < n; j++) sc[j] = dot_f16_f32(K + (size_t)j * hd, q, hd) * scale;
-            op_softmax(sc, n);
+            attn_softmax(sc, n, w->sinks, h);
             for (int j = 0; j < n; j++) axpy_f16(out, sc[j], V + (size_t)j * hd, hd);
         }
     }
@@ -135,5 +144,7 @@ void block_attention(struct colibri_context *c, int il, int n, int p0) {
     }
     mm_job o = job(&w->wo, s->att, attq, n, s->tmp, E);
     run_jobs(c, &o, 1);
+    if (w->bo)
+        for (int t = 0; t < n; t++) op_add(s->tmp + (size_t)t * E, w->bo, E);
 }
 

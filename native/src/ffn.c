@@ -22,7 +22,7 @@ void block_ffn_dense(struct colibri_context *c, int il, int n) {
     const int E = hp->n_embd;
     if (mat_wants_q8a(&w->ffn_gate) || mat_wants_q8a(&w->ffn_up)) quantize_rows(c, s->xn, s->xnq, n, E);
     block_q8a *actq = mat_wants_q8a(&w->ffn_down) ? s->actq : NULL;
-    glu_job gj = glu(&w->ffn_gate, &w->ffn_up, s->xn, s->xnq, n, s->gate, s->up, actq);
+    glu_job gj = glu_act(glu(&w->ffn_gate, &w->ffn_up, s->xn, s->xnq, n, s->gate, s->up, actq), hp, NULL, NULL);
     run_glu(c, &gj, 1);
     mm_job d = job(&w->ffn_down, s->gate, actq, n, s->tmp, E);
     run_jobs(c, &d, 1);
@@ -35,17 +35,22 @@ static void expert_wave(struct colibri_context *c, int il, int n, const int32_t 
                         int n_ids, int with_shared, int q_down, block_q8a *sh_actq) {
     const layer_weights *w = &c->model->layers[il];
     scratch *s = &c->s;
-    const int E = c->model->hp.n_embd, F = c->model->hp.n_ff_exp;
+    const model_hparams *hp = &c->model->hp;
+    const int E = hp->n_embd, F = hp->n_ff_exp;
     const int nbE = E / QK8A, nbF = F / QK8A;
     const int32_t *cnt = s->cnt;
     int nj = 0;
     for (int i = 0; i < n_ids; i++) {
         const int e = ids[i], start = e ? cnt[e - 1] : 0, count = cnt[e] - start;
-        s->glu[nj++] = glu(&views[i].gate, &views[i].up, s->xg + (size_t)start * E, s->xgq + (size_t)start * nbE,
-                           count, s->gate + (size_t)start * F, s->up + (size_t)start * F,
-                           q_down ? s->actq + (size_t)start * nbF : NULL);
+        const glu_job j = glu(&views[i].gate, &views[i].up, s->xg + (size_t)start * E, s->xgq + (size_t)start * nbE,
+                              count, s->gate + (size_t)start * F, s->up + (size_t)start * F,
+                              q_down ? s->actq + (size_t)start * nbF : NULL);
+        s->glu[nj++] = glu_act(j, hp, w->gate_exps_b ? w->gate_exps_b + (size_t)e * F : NULL,
+                               w->up_exps_b ? w->up_exps_b + (size_t)e * F : NULL);
     }
-    if (with_shared) s->glu[nj++] = glu(&w->sh_gate, &w->sh_up, s->xn, s->xnq, n, s->sh_gate, s->sh_up, sh_actq);
+    if (with_shared)
+        s->glu[nj++] = glu_act(glu(&w->sh_gate, &w->sh_up, s->xn, s->xnq, n, s->sh_gate, s->sh_up, sh_actq), hp,
+                               NULL, NULL);
     run_glu(c, s->glu, nj);
 
     nj = 0;
@@ -159,12 +164,16 @@ colibri_status block_ffn_moe(struct colibri_context *c, int il, int n) {
         expert_wave(c, il, n, c->wave_ids, c->views, nw, has_sh, q_down, sh_actq);
     }
 
-    /* 6. y = sum_j w_j * expert_j(x) [+ g * shared(x), g = sigmoid(x . w_sg) or 1 without a gate] */
+    /* 6. y = sum_j w_j * (expert_j(x) [+ down bias]) [+ g * shared(x), g = sigmoid(x . w_sg) or 1
+     *    without a gate] */
     for (int t = 0; t < n; t++) {
         float *y = s->tmp + (size_t)t * E;
         memset(y, 0, (size_t)E * sizeof(float));
-        for (int j = 0; j < k; j++)
-            op_axpy(y, s->selw[t * k + j], s->down + (size_t)s->tok_pair[t * k + j] * E, E);
+        for (int j = 0; j < k; j++) {
+            float *d = s->down + (size_t)s->tok_pair[t * k + j] * E;
+            if (w->down_exps_b) op_add(d, w->down_exps_b + (size_t)s->sel[t * k + j] * E, E);
+            op_axpy(y, s->selw[t * k + j], d, E);
+        }
         if (has_sh) {
             const float g = w->sh_gate_inp ? op_sigmoid(dot_f32(s->xn + (size_t)t * E, w->sh_gate_inp, E)) : 1.0f;
             op_axpy(y, g, s->sh_down + (size_t)t * E, E);

@@ -70,6 +70,8 @@ static colibri_status eval_chunk(struct colibri_context *c, const int32_t *tok, 
     if (hp->embd_scale != 1.0f)
         for (size_t i = 0; i < (size_t)n * E; i++) s->x[i] *= hp->embd_scale;
     for (int t = 0; t < n; t++) op_rope_angles(s->rope_cs + (size_t)t * hp->n_rot, c->inv_freq, hp->n_rot, p0 + t);
+    if (hp->rope_attn_factor != 1.0f) /* YaRN: cos and sin scaled, so q.k by its square */
+        for (size_t i = 0; i < (size_t)n * hp->n_rot; i++) s->rope_cs[i] *= hp->rope_attn_factor;
     if (c->store) store_tick(c->store, n);
     if (c->pred && n == 1) ffn_prefetch_layer(c, 0, NULL); /* decode step start: temporal and hashed */
 

@@ -51,8 +51,11 @@ static void glu_worker(void *arg, int ith, int nth) {
         matmul_rows(jb->up.type, jb->up.data, jb->up.row_bytes, jb->up.cols, jb->x, jb->xq, jb->n_tok, jb->u, F, r0,
                     r1);
         for (int tk = 0; tk < jb->n_tok; tk++) {
-            float *g = jb->g + (size_t)tk * F + r0;
-            op_silu_mul(g, jb->u + (size_t)tk * F + r0, r1 - r0);
+            float *g = jb->g + (size_t)tk * F + r0, *u = jb->u + (size_t)tk * F + r0;
+            if (jb->bg) op_add(g, jb->bg + r0, r1 - r0);
+            if (jb->bu) op_add(u, jb->bu + r0, r1 - r0);
+            if (jb->act == FFN_SWIGLU_OAI) op_swiglu_oai(g, u, r1 - r0, jb->alpha, jb->limit);
+            else op_silu_mul(g, u, r1 - r0);
             if (jb->actq) quantize_row_q8a(g, jb->actq + ((size_t)tk * F + r0) / QK8A, r1 - r0);
         }
     }

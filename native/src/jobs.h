@@ -21,10 +21,12 @@ typedef struct mm_job {
     int ldy;
 } mm_job;
 
-/* A SwiGLU job: g = silu(W_gate x) * (W_up x) for n_tok tokens, g and u rows of width ld =
- * gate.rows; with actq set, g is also quantized to block_q8a rows (ld / 32 blocks) for the
- * down projection. Each thread finishes its own rows completely (both products, the gate,
- * the quantization of its blocks), so no serial pass remains between gate/up and down. */
+/* A SwiGLU job: g = act(W_gate x + bg, W_up x + bu) for n_tok tokens, g and u rows of width
+ * ld = gate.rows; act is silu(gate) * up, or the clamped gpt-oss form (FFN_SWIGLU_OAI, with
+ * alpha and limit); the biases are optional. With actq set, g is also quantized to block_q8a
+ * rows (ld / 32 blocks) for the down projection. Each thread finishes its own rows completely
+ * (both products, the gate, the quantization of its blocks), so no serial pass remains between
+ * gate/up and down. */
 typedef struct glu_job {
     mat gate, up;
     const float *x;
@@ -32,6 +34,9 @@ typedef struct glu_job {
     int n_tok;
     float *g, *u;
     block_q8a *actq;
+    const float *bg, *bu;  /* [ld] or NULL */
+    int act;               /* FFN_* */
+    float alpha, limit;
 } glu_job;
 
 static inline mm_job job(const mat *w, const float *x, const block_q8a *xq, int n_tok, float *y, int ldy) {
@@ -44,6 +49,16 @@ static inline mm_job job(const mat *w, const float *x, const block_q8a *xq, int 
 static inline glu_job glu(const mat *gate, const mat *up, const float *x, const block_q8a *xq, int n_tok, float *g,
                           float *u, block_q8a *actq) {
     glu_job j = {.gate = *gate, .up = *up, .x = x, .xq = xq, .n_tok = n_tok, .g = g, .u = u, .actq = actq};
+    return j;
+}
+
+/* The same job with the model's activation and the given biases (either may be NULL). */
+static inline glu_job glu_act(glu_job j, const model_hparams *hp, const float *bg, const float *bu) {
+    j.act = hp->ffn_act;
+    j.alpha = hp->swiglu_alpha;
+    j.limit = hp->swiglu_limit;
+    j.bg = bg;
+    j.bu = bu;
     return j;
 }
 

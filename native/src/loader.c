@@ -149,6 +149,29 @@ const char *ld_tname(char *buf, size_t cap, int layer, const char *what) {
     return buf;
 }
 
+/* A matrix ne = {n0, n1} dequantized to a fresh f32 array [n1][n0] (small per-expert tables). */
+colibri_status ld_vec2(const loader *L, const char *name, int64_t n0, int64_t n1, int required, float **out) {
+    *out = NULL;
+    const gguf_tensor *t = ld_find(L, name);
+    if (!t) return required ? cb_error(COLIBRI_E_FORMAT, "tensor %s is missing", name) : COLIBRI_OK;
+    if ((int64_t)t->ne[0] != n0 || (int64_t)t->ne[1] != n1 || t->ne[2] != 1 || t->ne[3] != 1) {
+        char want[64];
+        snprintf(want, sizeof want, "[%lld, %lld]", (long long)n0, (long long)n1);
+        return ld_shape_error(t, want);
+    }
+    colibri_status st = check_type(t);
+    if (st) return st;
+    const size_t row = type_row_bytes(t->type, (uint64_t)n0);
+    if (row == 0 || row * (uint64_t)n1 != t->nbytes)
+        return cb_error(COLIBRI_E_FORMAT, "tensor %s: byte size does not match its shape and type", name);
+    float *v = cb_malloc((size_t)(n0 * n1) * sizeof(float));
+    if (!v) return cb_error(COLIBRI_E_NOMEM, "out of memory loading tensor %s", name);
+    for (int64_t r = 0; r < n1; r++)
+        dequantize_row(t->type, (const char *)t->data + (size_t)r * row, v + (size_t)(r * n0), (uint64_t)n0);
+    *out = v;
+    return COLIBRI_OK;
+}
+
 /* ---- strings ---------------------------------------------------------- */
 
 const char *ld_printable(const char *in, char *out, size_t cap) {
@@ -185,6 +208,7 @@ colibri_status ld_attention(loader *L, int il, int need_bias) {
     if ((st = ld_vec(L, ld_tname(n, sizeof n, il, "attn_q.bias"), qd, need_bias, &w->bq))) return st;
     if ((st = ld_vec(L, ld_tname(n, sizeof n, il, "attn_k.bias"), kvd, need_bias, &w->bk))) return st;
     if ((st = ld_vec(L, ld_tname(n, sizeof n, il, "attn_v.bias"), kvd, need_bias, &w->bv))) return st;
+    if ((st = ld_vec(L, ld_tname(n, sizeof n, il, "attn_output.bias"), E, 0, &w->bo))) return st;
     /* the attention block adds the three biases together */
     if ((w->bq != NULL) != (w->bk != NULL) || (w->bq != NULL) != (w->bv != NULL))
         return cb_error(COLIBRI_E_FORMAT, "layer %d has some but not all of attn_q/k/v.bias", il);
@@ -206,13 +230,15 @@ colibri_status ld_qk_norm(loader *L, int il) {
     return ld_vec(L, ld_tname(n, sizeof n, il, "attn_k_norm.weight"), kn, 1, &w->k_norm);
 }
 
-colibri_status ld_ffn(loader *L, int il) {
+colibri_status ld_ffn(loader *L, int il) { return ld_ffn_named(L, il, "ffn_norm.weight"); }
+
+colibri_status ld_ffn_named(loader *L, int il, const char *norm) {
     const model_hparams *hp = &L->m->hp;
     layer_weights *w = &L->m->layers[il];
     const int64_t E = hp->n_embd;
     char n[96];
     colibri_status st;
-    if ((st = ld_vec(L, ld_tname(n, sizeof n, il, "ffn_norm.weight"), E, 1, &w->ffn_norm))) return st;
+    if ((st = ld_vec(L, ld_tname(n, sizeof n, il, norm), E, 1, &w->ffn_norm))) return st;
     if (hp->n_expert == 0) {
         const int64_t F = hp->n_ff;
         if ((st = ld_mat(L, ld_tname(n, sizeof n, il, "ffn_gate.weight"), E, F, 1, &w->ffn_gate))) return st;

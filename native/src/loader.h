@@ -53,6 +53,9 @@ colibri_status ld_mat3(const loader *L, const char *name, int64_t cols, int64_t 
  * absent and not required leaves *out NULL. */
 colibri_status ld_vec(const loader *L, const char *name, int64_t n, int required, float **out);
 
+/* A matrix ne = {n0, n1} dequantized to a fresh f32 heap array [n1][n0] (freed by model_free). */
+colibri_status ld_vec2(const loader *L, const char *name, int64_t n0, int64_t n1, int required, float **out);
+
 /* Strings from the file go into error messages: escape what is not printable ASCII so a hostile
  * file cannot put control characters or invalid UTF-8 into a message. */
 const char *ld_printable(const char *in, char *out, size_t cap);
@@ -67,6 +70,8 @@ colibri_status ld_qk_norm(loader *L, int il);
 /* ffn_norm, then the dense FFN (n_expert == 0) or router + stacked experts, and the shared
  * expert when hp->n_ff_shexp > 0. */
 colibri_status ld_ffn(loader *L, int il);
+/* The same with the FFN's norm under another name (gpt-oss: post_attention_norm.weight). */
+colibri_status ld_ffn_named(loader *L, int il, const char *norm);
 
 /* The shared expert's width from blk.0.ffn_gate_shexp.weight (metadata, when present, must
  * agree); required: the tensor must exist, else width 0 when it is absent. */

@@ -19,10 +19,43 @@
 
 /* ---- hyperparameters every architecture has ---------------------------- */
 
+/* RoPE scaling: none, or YaRN with its factor, original context and ramp (rope.c computes the
+ * frequencies). The attention factor is transformers' 0.1 ln(factor) + 1 unless the file gives
+ * one (then it is used as is, as transformers uses attention_factor). */
+static colibri_status read_rope_scaling(loader *L) {
+    model_hparams *hp = &L->m->hp;
+    colibri_status st;
+    char key[160], sc[32];
+    hp->rope_attn_factor = 1.0f;
+    int r = gguf_get_str(L->f, ld_key(L, "rope.scaling.type", key, sizeof key), sc, sizeof sc);
+    if (r < 0) return cb_error(COLIBRI_E_FORMAT, "metadata %s: %s", key, cb_last_error());
+    if (r == 0 || strcmp(sc, "none") == 0) return COLIBRI_OK;
+    if (strcmp(sc, "yarn") != 0) {
+        char esc[4 * sizeof sc + 1];
+        return cb_error(COLIBRI_E_UNSUPPORTED, "RoPE scaling '%s' is not supported (none and yarn are)",
+                        ld_printable(sc, esc, sizeof esc));
+    }
+    hp->rope_yarn = 1;
+    hp->yarn_truncate = 1; /* transformers' default; an architecture may say otherwise */
+    if ((st = ld_f32(L, "rope.scaling.factor", 1, 0.0f, &hp->yarn_factor))) return st;
+    if (!(hp->yarn_factor >= 1.0f))
+        return cb_error(COLIBRI_E_FORMAT, "metadata %s.rope.scaling.factor = %g must be >= 1", L->arch,
+                        (double)hp->yarn_factor);
+    if ((st = ld_i32(L, "rope.scaling.original_context_length", 1, 0, 1, INT32_MAX, &hp->yarn_orig_ctx))) return st;
+    if ((st = ld_f32(L, "rope.scaling.yarn_beta_fast", 0, 32.0f, &hp->yarn_beta_fast))) return st;
+    if ((st = ld_f32(L, "rope.scaling.yarn_beta_slow", 0, 1.0f, &hp->yarn_beta_slow))) return st;
+    if (!(hp->yarn_beta_fast > 0.0f && hp->yarn_beta_slow > 0.0f))
+        return cb_error(COLIBRI_E_FORMAT, "metadata %s.rope.scaling.yarn_beta_fast/slow must be positive", L->arch);
+    const float dflt = hp->yarn_factor > 1.0f ? (float)(0.1 * log((double)hp->yarn_factor) + 1.0) : 1.0f;
+    if ((st = ld_f32(L, "rope.scaling.yarn_attn_factor", 0, dflt, &hp->rope_attn_factor))) return st;
+    if (!(hp->rope_attn_factor > 0.0f))
+        return cb_error(COLIBRI_E_FORMAT, "metadata %s.rope.scaling.yarn_attn_factor must be positive", L->arch);
+    return COLIBRI_OK;
+}
+
 static colibri_status read_common_hparams(loader *L) {
     model_hparams *hp = &L->m->hp;
     colibri_status st;
-    char key[160];
 
     if ((st = ld_i32(L, "block_count", 1, 0, 1, MAX_LAYERS, &hp->n_layer))) return st;
     if ((st = ld_i32(L, "embedding_length", 1, 0, 1, MAX_EMBD, &hp->n_embd))) return st;
@@ -47,17 +80,11 @@ static colibri_status read_common_hparams(loader *L) {
     if (hp->norm_eps < 0.0f) return cb_error(COLIBRI_E_FORMAT, "layer_norm_rms_epsilon is negative");
     if ((st = ld_i32(L, "context_length", 0, 4096, 1, INT32_MAX, &hp->n_ctx_train))) return st;
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    hp->swiglu_alpha = 1.702f; /* FFN_SWIGLU_OAI only: gpt-oss's constants (llama.cpp hard-codes them) */
+    hp->swiglu_limit = 7.0f;
     hp->embd_scale = hp->logit_scale = hp->residual_scale = 1.0f;
 
-    /* RoPE scaling variants change the angles; the shared path implements the plain form. */
-    char sc[32];
-    int r = gguf_get_str(L->f, ld_key(L, "rope.scaling.type", key, sizeof key), sc, sizeof sc);
-    if (r < 0) return cb_error(COLIBRI_E_FORMAT, "metadata %s: %s", key, cb_last_error());
-    if (r > 0 && strcmp(sc, "none") != 0) {
-        char esc[4 * sizeof sc + 1];
-        return cb_error(COLIBRI_E_UNSUPPORTED, "RoPE scaling '%s' is not supported",
-                        ld_printable(sc, esc, sizeof esc));
-    }
+    if ((st = read_rope_scaling(L))) return st;
     if (ld_find(L, "rope_freqs.weight"))
         return cb_error(COLIBRI_E_UNSUPPORTED, "per-dimension RoPE frequencies (rope_freqs) are not supported");
 
@@ -74,7 +101,7 @@ static colibri_status read_common_hparams(loader *L) {
     if (gating != 1)
         return cb_error(COLIBRI_E_UNSUPPORTED, "expert_gating_func %d is not supported (only softmax = 1)", gating);
 
-    r = gguf_get_i32(L->f, "tokenizer.ggml.bos_token_id", &hp->bos_token_id);
+    int r = gguf_get_i32(L->f, "tokenizer.ggml.bos_token_id", &hp->bos_token_id);
     if (r <= 0) hp->bos_token_id = -1;
     r = gguf_get_i32(L->f, "tokenizer.ggml.eos_token_id", &hp->eos_token_id);
     if (r <= 0) hp->eos_token_id = -1;
@@ -177,6 +204,12 @@ void model_free(struct colibri_model *m) {
             cb_free(w->k_norm);
             cb_free(w->ffn_norm);
             cb_free(w->sh_gate_inp);
+            cb_free(w->bo);
+            cb_free(w->sinks);
+            cb_free(w->router_b);
+            cb_free(w->gate_exps_b);
+            cb_free(w->up_exps_b);
+            cb_free(w->down_exps_b);
         }
         cb_free(m->layers);
     }

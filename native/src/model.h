@@ -24,6 +24,10 @@ struct arch_desc;
  *   ROUTER_TOPK_SOFTMAX: top-k of the logits, softmax over the k selected — GraniteMoE. */
 enum { ROUTER_SOFTMAX_TOPK = 0, ROUTER_TOPK_SOFTMAX = 1 };
 
+/* The gated activation of the FFNs (jobs.c): silu(gate) * up, or gpt-oss's clamped variant
+ * (op_swiglu_oai with swiglu_alpha and swiglu_limit). */
+enum { FFN_SWIGLU = 0, FFN_SWIGLU_OAI = 1 };
+
 /* Where the q/k RMSNorms sit (applied after the projections and biases, before RoPE). */
 enum { QK_NORM_NONE = 0, QK_NORM_HEAD = 1 /* per head, weight [head_dim] */, QK_NORM_FULL = 2 /* over q / k */ };
 
@@ -56,14 +60,20 @@ typedef struct expert_view {
 typedef struct layer_weights {
     float *attn_norm;            /* [n_embd] */
     mat wq, wk, wv, wo;          /* [n_head*hd][n_embd], [n_kv*hd][n_embd] x2, [n_embd][n_head*hd] */
-    float *bq, *bk, *bv;         /* optional biases (qwen2moe), NULL if absent */
+    float *bq, *bk, *bv;         /* optional biases (qwen2moe, gpt-oss), NULL if absent */
+    float *bo;                   /* [n_embd] optional output-projection bias (gpt-oss) */
+    float *sinks;                /* [n_head] attention-sink logits (gpt-oss), NULL if none */
+    int32_t window;              /* sliding window: a token sees the last `window` positions; 0: all */
     float *q_norm, *k_norm;      /* qwen3moe: [hd] each; olmoe: [n_head*hd], [n_kv*hd]; else NULL */
     float *ffn_norm;             /* [n_embd] */
     /* dense FFN (n_expert == 0) */
     mat ffn_gate, ffn_up, ffn_down;  /* [n_ff][n_embd], [n_ff][n_embd], [n_embd][n_ff] */
     /* MoE */
     mat router;                      /* ffn_gate_inp [n_expert][n_embd] */
+    float *router_b;                 /* [n_expert] router bias (gpt-oss), NULL if none */
     mat3 gate_exps, up_exps, down_exps;
+    /* expert biases (gpt-oss), resident f32: [n_expert][n_ff_exp] x2, [n_expert][n_embd]; NULL if none */
+    float *gate_exps_b, *up_exps_b, *down_exps_b;
     /* qwen2moe shared expert */
     mat sh_gate, sh_up, sh_down;     /* [n_ff_shexp][n_embd] x2, [n_embd][n_ff_shexp] */
     float *sh_gate_inp;              /* [n_embd]: y += sigmoid(x . sh_gate_inp) * shared(x) */
@@ -79,6 +89,15 @@ typedef struct model_hparams {
     int32_t qk_norm;              /* QK_NORM_* */
     int32_t shexp_gated;          /* the shared expert has a sigmoid gate (ffn_gate_inp_shexp) */
     int32_t router;               /* ROUTER_* */
+    int32_t ffn_act;              /* FFN_* */
+    float swiglu_alpha, swiglu_limit;  /* FFN_SWIGLU_OAI */
+    int32_t n_swa;                /* sliding-window size of the layers that have one (0: none) */
+    /* YaRN RoPE (rope_yarn != 0), as transformers computes it: inv_freq blends interpolated and
+     * extrapolated frequencies over a linear ramp between the correction dims of beta_fast and
+     * beta_slow (rounded outwards when yarn_truncate), and cos/sin are scaled by rope_attn_factor. */
+    int32_t rope_yarn, yarn_orig_ctx, yarn_truncate;
+    float yarn_factor, yarn_beta_fast, yarn_beta_slow;
+    float rope_attn_factor;       /* multiplies every cos/sin (1: plain RoPE) */
     float attn_scale;             /* softmax scale of q.k; 1/sqrt(head_dim) unless the architecture says */
     float embd_scale;             /* token embeddings are multiplied by this (1: plain) */
     float logit_scale;            /* logits are divided by this (1: plain) */

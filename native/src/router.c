@@ -39,7 +39,7 @@ static int prefilter_row(struct colibri_context *c, int il, int t, int32_t *sel,
         const int e = cand[j];
         if (drop && drop[e]) continue;
         matmul_rows(r->type, r->data, r->row_bytes, r->cols, x, xq, 1, row, X, e, e + 1);
-        lg[nc] = row[e];
+        lg[nc] = c->model->layers[il].router_b ? row[e] + c->model->layers[il].router_b[e] : row[e];
         id[nc++] = e;
     }
     if (nc <= k) return 0;
@@ -121,6 +121,8 @@ void router_select(struct colibri_context *c, int il, int n) {
     if (full) {
         mm_job rj = job(&w->router, s->xn, s->xnq, n, s->router, X);
         run_jobs(c, &rj, 1);
+        if (w->router_b)
+            for (int t = 0; t < n; t++) op_add(s->router + (size_t)t * X, w->router_b, X);
     }
 
     /* 2. top-k and weights (rows the pre-filter settled already have theirs), recorded */

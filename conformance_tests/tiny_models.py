@@ -305,7 +305,7 @@ SPECS += [
         "gpt_oss",
         dict(
             _GPTOSS,
-            num_attention_heads=6,
+            num_attention_heads=8,
             num_key_value_heads=1,
             num_local_experts=6,
             num_experts_per_tok=3,
@@ -313,7 +313,7 @@ SPECS += [
             rope_parameters={"rope_type": "default", "rope_theta": 150000.0},
         ),
         seed=21,
-        notes="gpt-oss without YaRN (so llama.cpp computes it as transformers does), GQA 6, 6 experts top-3",
+        notes="gpt-oss without YaRN (so llama.cpp computes it as transformers does), GQA 8, 6 experts top-3",
     ),
 ]
 SPEC_BY_NAME = {s.name: s for s in SPECS}

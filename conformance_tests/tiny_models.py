@@ -751,6 +751,21 @@ def llama_cpp_tokenize(gguf_path: Path, texts: list[str]) -> list[list[int]]:
         llm.close()
 
 
+def llama_cpp_quantize(src: Path, dst: Path, ftype: str) -> Path:
+    """`src` quantized by llama.cpp's own quantizer (llama_model_quantize) to LLAMA_FTYPE_MOSTLY_<ftype>."""
+    import ctypes
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    params.nthread = LLAMA_CPP_THREADS
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize({src} -> {ftype}) returned {rc}")
+    return dst
+
+
 def log_softmax(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64)
     m = x.max(axis=-1, keepdims=True)

@@ -675,6 +675,10 @@ def _pre_tokenizer_name(pre: dict[str, Any] | None) -> str:
             return "llama-bpe"
         if regex == _GPT2_RE:
             return "gpt-2"
+        from colibri_backend.adapters.tokenizer import PRE_TOKENIZER_REGEXES
+
+        if regex == PRE_TOKENIZER_REGEXES["gpt-4o"][0]:  # o200k, as gpt-oss's tokenizer.json writes it
+            return "gpt-4o"
     raise ConversionError(
         f"unrecognised byte-level pre-tokenizer {json.dumps(pre)[:300]}; "
         "llama.cpp would not tokenize it the same"

@@ -42,6 +42,13 @@ _QWEN2 = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
+# o200k (gpt-oss, GPT-4o): case-aware word pieces with optional contractions, digits in threes.
+_O200K = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
 # tokenizer.ggml.pre -> the regexes applied in sequence (each splits the pieces of the one before),
 # as llama.cpp's vocabulary loader chooses them.
 PRE_TOKENIZER_REGEXES: dict[str, list[str]] = {
@@ -61,6 +68,7 @@ PRE_TOKENIZER_REGEXES: dict[str, list[str]] = {
     "qwen2": [_QWEN2],
     "stablelm2": [_QWEN2],
     "deepseek-r1-qwen": [_QWEN2],
+    "gpt-4o": [_O200K],
 }
 
 # Token texts that end a turn in the chat formats we know; a token with one of these texts that

@@ -1,9 +1,11 @@
-"""Write the random-weight benchmark models bench-A and bench-B and convert them to GGUF.
+"""Write the random-weight benchmark models bench-A, bench-B (and bench-gptoss) and convert them to GGUF.
 
 bench-A is Mixtral-like (8 experts, top-2, expert FFN 2816); bench-B is Qwen3-MoE-like (64 experts, top-8,
 expert FFN 512, per-head q/k RMSNorm, normalised top-k). Both have 16 layers, hidden size 1024, 16 query heads
 and 4 KV heads of width 64, and SmolLM2's 49152-token vocabulary, so a fixed English prompt tokenizes into
-ordinary words rather than bytes.
+ordinary words rather than bytes. bench-gptoss has gpt-oss-20b's layer recipe (attention sinks, a 128-token
+window on even layers, YaRN, biases, 32 experts top-4 with the clamped SwiGLU) at bench-A's width and depth;
+its MXFP4 form is made from the F16 file by a quantizer (Colibri's converter writes F32/F16/Q8_0/Q4_0).
 
 Each model is first written as a Hugging Face-style checkpoint (config.json, F16 safetensors shards with the
 tensor names transformers saves, tokenizer files) and then converted to GGUF by Colibri's own converter
@@ -50,7 +52,7 @@ class BenchSpec:
     """Shape of one benchmark model. Every field is part of the cache stamp."""
 
     name: str
-    arch: str  # "mixtral" or "qwen3_moe" (transformers' model_type)
+    arch: str  # "mixtral", "qwen3_moe" or "gpt_oss" (transformers' model_type)
     n_layer: int
     hidden: int
     n_head: int
@@ -65,6 +67,7 @@ class BenchSpec:
     rope_theta: float = 1_000_000.0
     rms_eps: float = 1e-5
     norm_topk_prob: bool = True  # qwen3_moe only; Mixtral always renormalises
+    sliding_window: int = 128  # gpt_oss only: the window of its even layers
 
     def stamp(self) -> str:
         payload = json.dumps({"format": FORMAT_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
@@ -100,6 +103,23 @@ SPECS: dict[str, BenchSpec] = {
         vocab=49152,
         seed=1002,
         rms_eps=1e-6,
+    ),
+    # gpt-oss-20b's layer recipe (sinks, window 128 on even layers, YaRN, biases, 32 experts top-4) at
+    # bench-A's width and depth
+    "bench-gptoss": BenchSpec(
+        name="bench-gptoss",
+        arch="gpt_oss",
+        n_layer=16,
+        hidden=1024,
+        n_head=16,
+        n_head_kv=4,
+        head_dim=64,
+        n_expert=32,
+        n_expert_used=4,
+        n_ff_exp=768,
+        vocab=49152,
+        seed=1003,
+        rope_theta=150000.0,
     ),
 }
 
@@ -149,6 +169,22 @@ def layer_tensors(spec: BenchSpec, layer: int) -> list[TensorSpec]:
                 TensorSpec(f"{p}.mlp.experts.{e}.up_proj.weight", (ff, h), "normal"),
                 TensorSpec(f"{p}.mlp.experts.{e}.down_proj.weight", (h, ff), "normal"),
             ]
+    elif spec.arch == "gpt_oss":
+        a, mlp = f"{p}.self_attn", f"{p}.mlp"
+        out += [
+            TensorSpec(f"{a}.q_proj.bias", (q_width,), "normal"),
+            TensorSpec(f"{a}.k_proj.bias", (kv_width,), "normal"),
+            TensorSpec(f"{a}.v_proj.bias", (kv_width,), "normal"),
+            TensorSpec(f"{a}.o_proj.bias", (h,), "normal"),
+            TensorSpec(f"{a}.sinks", (spec.n_head,), "normal"),
+            TensorSpec(f"{mlp}.router.weight", (spec.n_expert, h), "normal"),
+            TensorSpec(f"{mlp}.router.bias", (spec.n_expert,), "normal"),
+            # transformers' layout: transposed, gate and up interleaved in the last dimension
+            TensorSpec(f"{mlp}.experts.gate_up_proj", (spec.n_expert, h, 2 * ff), "normal"),
+            TensorSpec(f"{mlp}.experts.gate_up_proj_bias", (spec.n_expert, 2 * ff), "normal"),
+            TensorSpec(f"{mlp}.experts.down_proj", (spec.n_expert, ff, h), "normal"),
+            TensorSpec(f"{mlp}.experts.down_proj_bias", (spec.n_expert, h), "normal"),
+        ]
     else:
         raise ValueError(f"unknown benchmark architecture {spec.arch!r}")
     return out
@@ -208,6 +244,27 @@ def hf_config(spec: BenchSpec, bos_id: int, eos_id: int) -> dict:
             "intermediate_size": spec.n_ff_exp,
             "router_jitter_noise": 0.0,
             **common,
+        }
+    if spec.arch == "gpt_oss":
+        yarn = {"factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}
+        return {
+            "architectures": ["GptOssForCausalLM"],
+            "model_type": "gpt_oss",
+            **common,
+            "intermediate_size": spec.n_ff_exp,
+            "attention_bias": True,
+            "sliding_window": spec.sliding_window,
+            "layer_types": [
+                "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(spec.n_layer)
+            ],
+            "rope_parameters": {
+                "rope_theta": spec.rope_theta,
+                "rope_type": "yarn",
+                "original_max_position_embeddings": spec.context_length,
+                **yarn,
+            },
+            "swiglu_alpha": 1.702,
+            "swiglu_limit": 7.0,
         }
     return {
         "architectures": ["Qwen3MoeForCausalLM"],
@@ -532,7 +589,9 @@ def iter_models(names: str) -> Iterator[BenchSpec]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="bench-a,bench-b", help="comma-separated: bench-a, bench-b")
+    ap.add_argument(
+        "--models", default="bench-a,bench-b", help="comma-separated: bench-a, bench-b, bench-gptoss"
+    )
     ap.add_argument(
         "--cache-dir",
         type=Path,

@@ -1,8 +1,8 @@
 """Convert a Hugging Face checkpoint directory into a llama.cpp-compatible GGUF file.
 
 Supported architectures (config.json `model_type`): llama (dense), mixtral, qwen2_moe, qwen3_moe, olmoe,
-granitemoe. The output uses llama.cpp's tensor names and metadata keys, so the same file runs in llama.cpp and
-in Colibri; that is what the conformance suite and the benchmarks rely on.
+granitemoe, granitemoeshared. The output uses llama.cpp's tensor names and metadata keys, so the same file
+runs in llama.cpp and in Colibri; that is what the conformance suite and the benchmarks rely on.
 
 Only numpy, the `gguf` package and the standard library are used: no torch. Safetensors files are read through
 their JSON header and a memory map, one tensor at a time, so converting a checkpoint larger than memory is
@@ -39,7 +39,18 @@ log = logging.getLogger("colibri.convert")
 
 ALIGNMENT = 32  # GGUF_DEFAULT_ALIGNMENT; never declared (see the module doc)
 OUT_TYPES = ("f32", "f16", "q8_0", "q4_0")
-SUPPORTED_MODEL_TYPES = ("llama", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe")
+SUPPORTED_MODEL_TYPES = (
+    "llama",
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "olmoe",
+    "granitemoe",
+    "granitemoeshared",
+    "gpt_oss",
+)
+# GraniteMoE with and without the always-on shared MLP: one GGUF architecture, granitemoe.
+_GRANITE = ("granitemoe", "granitemoeshared")
 
 
 class ConversionError(ValueError):
@@ -215,6 +226,43 @@ def _rope_theta_and_check(cfg: dict[str, Any]) -> float:
     return float(theta if theta is not None else 10000.0)
 
 
+def _gptoss_hparams(cfg: dict[str, Any]) -> dict[str, Any]:
+    """gpt-oss: sliding window on even layers, YaRN RoPE, the clamped SwiGLU with llama.cpp's constants."""
+    n_layer = int(cfg["num_hidden_layers"])
+    types = cfg.get("layer_types") or [
+        "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n_layer)
+    ]
+    if list(types) != ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n_layer)]:
+        raise ConversionError(f"gpt-oss layer_types {types} are not the alternating sliding/full pattern")
+    window = cfg.get("sliding_window")
+    if not window or int(window) < 1:
+        raise ConversionError(f"gpt-oss needs a positive sliding_window (got {window!r})")
+    # llama.cpp hard-codes alpha 1.702 and limit 7.0; a file cannot say otherwise
+    for key, want in (("swiglu_alpha", 1.702), ("swiglu_limit", 7.0)):
+        if not math.isclose(float(cfg.get(key, want)), want, rel_tol=1e-6):
+            raise ConversionError(f"gpt-oss {key}={cfg[key]} is not supported (GGUF files assume {want})")
+    rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    out: dict[str, Any] = {
+        "sliding_window": int(window),
+        "rope_theta": float(rope.get("rope_theta", 150000.0)),
+    }
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type == "yarn":
+        if rope.get("truncate", True):
+            raise ConversionError("gpt-oss with a truncated YaRN ramp (truncate: true) is not supported")
+        if rope.get("attention_factor") is not None or rope.get("mscale") or rope.get("mscale_all_dim"):
+            raise ConversionError("YaRN attention_factor / mscale overrides are not supported for gpt-oss")
+        out["yarn"] = {
+            "factor": float(rope["factor"]),
+            "original_context": int(rope["original_max_position_embeddings"]),
+            "beta_fast": float(rope.get("beta_fast") or 32.0),
+            "beta_slow": float(rope.get("beta_slow") or 1.0),
+        }
+    elif rope_type not in (None, "default"):
+        raise ConversionError(f"RoPE scaling '{rope_type}' is not supported for gpt-oss")
+    return out
+
+
 def _hparams(cfg: dict[str, Any]) -> _Hparams:
     mt = cfg.get("model_type")
     if mt not in SUPPORTED_MODEL_TYPES:
@@ -233,7 +281,7 @@ def _hparams(cfg: dict[str, Any]) -> _Hparams:
         raise ConversionError(f"head_dim {head_dim} must be even for RoPE")
     if cfg.get("hidden_act", "silu") not in ("silu", "swish"):
         raise ConversionError(f"hidden_act '{cfg.get('hidden_act')}' is not supported (only SiLU/SwiGLU)")
-    if cfg.get("attention_bias") and mt in ("llama", "mixtral", "granitemoe", "olmoe"):
+    if cfg.get("attention_bias") and mt in ("llama", "mixtral", "olmoe", *_GRANITE):
         raise ConversionError(f"attention_bias=True is not supported for {mt}")
     if cfg.get("mlp_bias"):
         raise ConversionError("mlp_bias=True is not supported")
@@ -254,10 +302,13 @@ def _hparams(cfg: dict[str, Any]) -> _Hparams:
             )
     if mt == "olmoe" and cfg.get("clip_qkv") is not None:
         raise ConversionError("OLMoE clip_qkv is not supported yet")
-    if mt == "granitemoe" and cfg.get("shared_intermediate_size"):
-        raise ConversionError("GraniteMoE shared experts (granitemoeshared) are not supported yet")
 
-    arch = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}.get(mt, mt)
+    arch = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}.get(
+        mt, mt
+    )
+    if mt in _GRANITE:
+        arch = "granitemoe"
+    gptoss = _gptoss_hparams(cfg) if mt == "gpt_oss" else None
     hp = _Hparams(
         model_type=mt,
         arch=arch,
@@ -269,9 +320,9 @@ def _hparams(cfg: dict[str, Any]) -> _Hparams:
         n_ff=int(cfg.get("intermediate_size") or 0),
         n_ctx=n_ctx,
         rms_eps=float(_first(cfg, "rms_norm_eps", default=1e-6)),
-        rope_theta=_rope_theta_and_check(cfg),
+        rope_theta=gptoss["rope_theta"] if gptoss else _rope_theta_and_check(cfg),
         vocab_size=int(cfg["vocab_size"]),
-        tie_embeddings=bool(cfg.get("tie_word_embeddings", mt == "granitemoe")),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", mt in _GRANITE)),
     )
     if mt != "llama":
         hp.n_expert = int(_first(cfg, "num_local_experts", "num_experts", default=0))
@@ -281,12 +332,18 @@ def _hparams(cfg: dict[str, Any]) -> _Hparams:
     if mt in ("qwen2_moe", "qwen3_moe"):
         hp.n_ff_exp = int(cfg["moe_intermediate_size"])
         hp.norm_topk = bool(cfg.get("norm_topk_prob", False))
-    elif mt in ("mixtral", "olmoe", "granitemoe"):
+    elif mt in ("mixtral", "olmoe", "gpt_oss", *_GRANITE):
         hp.n_ff_exp = hp.n_ff
-        hp.norm_topk = {"mixtral": True, "granitemoe": True}.get(mt, bool(cfg.get("norm_topk_prob", False)))
+        hp.norm_topk = (
+            True if mt in ("mixtral", "gpt_oss", *_GRANITE) else bool(cfg.get("norm_topk_prob", False))
+        )
     if mt == "qwen2_moe":
         hp.n_ff_shexp = int(cfg.get("shared_expert_intermediate_size") or 0)
-    if mt == "granitemoe":
+    if gptoss:
+        hp.extra = gptoss
+    if mt == "granitemoeshared":
+        hp.n_ff_shexp = int(cfg.get("shared_intermediate_size") or 0)
+    if mt in _GRANITE:
         hp.extra = {
             "attention_scale": float(cfg.get("attention_multiplier", 1.0)),
             "embedding_scale": float(cfg.get("embedding_multiplier", 1.0)),
@@ -375,6 +432,20 @@ class _Planner:
 
         self.out.append(_OutTensor(name, (e, rows, cols), False, chunks))
 
+    def add_stacked_from(
+        self, name: str, src: str, shape: tuple[int, ...], expert: Callable[[np.ndarray, int], np.ndarray]
+    ) -> None:
+        """A [n_expert, rows, cols] tensor whose expert x is expert(full source, x) (a view to copy)."""
+        self.ck.mark(src)
+        ck = self.ck
+
+        def chunks() -> Iterator[np.ndarray]:
+            full = ck.load(src)
+            for x in range(shape[0]):
+                yield np.ascontiguousarray(expert(full, x))
+
+        self.out.append(_OutTensor(name, shape, False, chunks))
+
     def add_whole_stacked(self, name: str, src: str) -> None:
         self.ck.mark(src)
         ck = self.ck
@@ -387,10 +458,38 @@ class _Planner:
         self.out.append(_OutTensor(name, tuple(ck.shape(src)), False, chunks))
 
 
+def _plan_gptoss_layer(p: _Planner, ck: _Checkpoint, hp: _Hparams, pre: str, blk: str) -> None:
+    """gpt-oss's sinks, biased router and experts. transformers stores the experts transposed,
+    gate_up_proj [E, H, 2I] with gate and up interleaved (even / odd columns) and down_proj [E, I, H];
+    GGUF wants gate/up [E, I, H] and down [E, H, I], as llama.cpp's converter writes them."""
+    p.add(blk + "attn_sinks.weight", pre + "self_attn.sinks", keep_f32=True)
+    moe = pre + "mlp."
+    p.add(blk + "ffn_gate_inp.weight", moe + "router.weight", keep_f32=True)
+    p.add(blk + "ffn_gate_inp.bias", moe + "router.bias", keep_f32=True)
+    e, i, h = hp.n_expert, hp.n_ff_exp, hp.n_embd
+    gu, dn = moe + "experts.gate_up_proj", moe + "experts.down_proj"
+    for src, want in ((gu, (e, h, 2 * i)), (dn, (e, i, h))):
+        if ck.shape(src) != want:
+            raise ConversionError(f"{src} has shape {ck.shape(src)}, expected {want}")
+    p.add_stacked_from(blk + "ffn_gate_exps.weight", gu, (e, i, h), lambda w, x: w[x, :, 0::2].T)
+    p.add_stacked_from(blk + "ffn_up_exps.weight", gu, (e, i, h), lambda w, x: w[x, :, 1::2].T)
+    p.add_stacked_from(blk + "ffn_down_exps.weight", dn, (e, h, i), lambda w, x: w[x].T)
+    gub = gu + "_bias"
+    for name, part in (("ffn_gate_exps.bias", slice(0, None, 2)), ("ffn_up_exps.bias", slice(1, None, 2))):
+        p.add(
+            blk + name,
+            gub,
+            keep_f32=True,
+            shape=(e, i),
+            transform=lambda b, s=part: np.ascontiguousarray(b[:, s]),
+        )
+    p.add(blk + "ffn_down_exps.bias", dn + "_bias", keep_f32=True)
+
+
 def _plan(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
     p = _Planner(ck, hp)
     mt = hp.model_type
-    permute = mt in ("llama", "mixtral", "granitemoe")
+    permute = mt in ("llama", "mixtral", *_GRANITE)
 
     p.add("token_embd.weight", "model.embed_tokens.weight")
     emb_shape = ck.shape("model.embed_tokens.weight")
@@ -401,7 +500,8 @@ def _plan(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
         pre = f"model.layers.{i}."
         blk = f"blk.{i}."
         p.add(blk + "attn_norm.weight", pre + "input_layernorm.weight", keep_f32=True)
-        p.add(blk + "ffn_norm.weight", pre + "post_attention_layernorm.weight", keep_f32=True)
+        ffn_norm = "post_attention_norm.weight" if mt == "gpt_oss" else "ffn_norm.weight"
+        p.add(blk + ffn_norm, pre + "post_attention_layernorm.weight", keep_f32=True)
         q_rows = hp.n_head * hp.head_dim
         kv_rows = hp.n_head_kv * hp.head_dim
         for proj, gname, rows, heads in (
@@ -434,7 +534,11 @@ def _plan(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
                 p.add(f"{blk}{gname}.weight", f"{pre}mlp.{proj}.weight")
             continue
 
-        if mt == "granitemoe":
+        if mt == "gpt_oss":
+            _plan_gptoss_layer(p, ck, hp, pre, blk)
+            continue
+
+        if mt in _GRANITE:
             moe = pre + "block_sparse_moe."
             p.add(blk + "ffn_gate_inp.weight", moe + "router.layer.weight", keep_f32=True)
             e, two_i, h = ck.shape(moe + "input_linear.weight")
@@ -446,6 +550,22 @@ def _plan(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
                 blk + "ffn_up_exps.weight", moe + "input_linear.weight", slice(half, two_i), half
             )
             p.add_whole_stacked(blk + "ffn_down_exps.weight", moe + "output_linear.weight")
+            if hp.n_ff_shexp:
+                # shared_mlp.input_linear [2S, H]: gate rows first, as in the experts
+                sh, s = pre + "shared_mlp.", hp.n_ff_shexp
+                if ck.shape(sh + "input_linear.weight") != (2 * s, hp.n_embd):
+                    raise ConversionError(
+                        f"{sh}input_linear.weight has shape {ck.shape(sh + 'input_linear.weight')}, "
+                        f"expected {(2 * s, hp.n_embd)}"
+                    )
+                for gname, part in (("ffn_gate_shexp", slice(0, s)), ("ffn_up_shexp", slice(s, 2 * s))):
+                    p.add(
+                        f"{blk}{gname}.weight",
+                        sh + "input_linear.weight",
+                        transform=lambda w, part=part: np.ascontiguousarray(w[part]),
+                        shape=(s, hp.n_embd),
+                    )
+                p.add(blk + "ffn_down_shexp.weight", sh + "output_linear.weight")
             continue
 
         if mt == "mixtral":
@@ -495,7 +615,7 @@ def _plan(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
 
     p.add("output_norm.weight", "model.norm.weight", keep_f32=True)
     # llama.cpp's qwen2moe and olmoe loaders require output.weight even when the embeddings are tied.
-    needs_output = mt in ("qwen2_moe", "olmoe")
+    needs_output = mt in ("qwen2_moe", "olmoe", "gpt_oss")
     if not hp.tie_embeddings and "lm_head.weight" in ck:
         p.add("output.weight", "lm_head.weight")
     elif not hp.tie_embeddings:
@@ -558,6 +678,10 @@ def _pre_tokenizer_name(pre: dict[str, Any] | None) -> str:
             return "llama-bpe"
         if regex == _GPT2_RE:
             return "gpt-2"
+        from colibri_backend.adapters.tokenizer import PRE_TOKENIZER_REGEXES
+
+        if regex == PRE_TOKENIZER_REGEXES["gpt-4o"][0]:  # o200k, as gpt-oss's tokenizer.json writes it
+            return "gpt-4o"
     raise ConversionError(
         f"unrecognised byte-level pre-tokenizer {json.dumps(pre)[:300]}; "
         "llama.cpp would not tokenize it the same"
@@ -789,11 +913,22 @@ def _write_metadata(w: Any, hp: _Hparams, vocab: _Vocab, name: str, out_type: st
         w.add_expert_count(hp.n_expert)
         w.add_expert_used_count(hp.n_expert_used)
         w.add_expert_weights_norm(hp.norm_topk)
-        if hp.model_type in ("qwen2_moe", "qwen3_moe", "granitemoe", "olmoe", "mixtral"):
+        if hp.model_type in ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "gpt_oss", *_GRANITE):
             w.add_expert_feed_forward_length(hp.n_ff_exp)
     if hp.n_ff_shexp:
         w.add_expert_shared_feed_forward_length(hp.n_ff_shexp)
-    if hp.model_type == "granitemoe":
+    if hp.model_type == "gpt_oss":
+        w.add_sliding_window(hp.extra["sliding_window"])
+        if "yarn" in hp.extra:
+            import gguf
+
+            y = hp.extra["yarn"]
+            w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            w.add_rope_scaling_factor(y["factor"])
+            w.add_rope_scaling_orig_ctx_len(y["original_context"])
+            w.add_rope_scaling_yarn_beta_fast(y["beta_fast"])
+            w.add_rope_scaling_yarn_beta_slow(y["beta_slow"])
+    if hp.model_type in _GRANITE:
         w.add_attention_scale(hp.extra["attention_scale"])
         w.add_embedding_scale(hp.extra["embedding_scale"])
         w.add_residual_scale(hp.extra["residual_scale"])

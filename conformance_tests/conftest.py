@@ -2,6 +2,8 @@
 
 * `tiny_zoo`: the tiny random checkpoints of tiny_models.SPECS, built once per session in a temporary
   directory, and their GGUF conversions (any of f32 / f16 / q8_0 / q4_0), made on first request.
+  `tiny_zoo.gguf(name, "f32", converter="llama.cpp")` is the same checkpoint converted by llama.cpp's own
+  convert_hf_to_gguf.py (tiny_models.llama_cpp_source: the llama-cpp-python sdist), all specs at once.
 * `smollm2_gguf`: SmolLM2-135M-Instruct Q4_1 (resolved as the product does, or the development copy).
 * tiny_models.reference_engine(name) (used by the tests): imports a reference engine (transformers +
   torch, or llama_cpp). Where it is missing, tests fall back to the recorded outputs in
@@ -33,7 +35,7 @@ class TinyZoo:
         self.root = root
         self._tokenizer: Path | None = None
         self._ckpts: dict[str, Path] = {}
-        self._ggufs: dict[tuple[str, str], Path] = {}
+        self._ggufs: dict[tuple[str, str, str], Path] = {}
 
     def tokenizer_dir(self) -> Path:
         if self._tokenizer is None:
@@ -46,8 +48,15 @@ class TinyZoo:
             self._ckpts[name] = tiny_models.build_checkpoint(spec, self.root / name, self.tokenizer_dir())
         return self._ckpts[name]
 
-    def gguf(self, name: str, out_type: str = "f32") -> Path:
-        key = (name, out_type)
+    def gguf(self, name: str, out_type: str = "f32", converter: str = "colibri") -> Path:
+        key = (name, out_type, converter)
+        if converter == "llama.cpp" and key not in self._ggufs:
+            # one converter process for every spec: it imports torch, which costs more than converting
+            names = [s.name for s in tiny_models.SPECS if tiny_models.llama_cpp_converts(s)]
+            pairs = [(self.checkpoint(n), self.root / f"{n}.{out_type}.llama-cpp.gguf") for n in names]
+            tiny_models.llama_cpp_convert(pairs, out_type)
+            for n, (_, out) in zip(names, pairs, strict=True):
+                self._ggufs[(n, out_type, converter)] = out
         if key not in self._ggufs:
             from colibri_backend.convert import convert
 

@@ -225,6 +225,7 @@ def test_metadata_tokenizer_and_alignment(tiny_zoo: Any, name: str) -> None:
     arch = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}.get(
         spec.model_type, spec.model_type
     )
+    arch = {"granitemoeshared": "granitemoe", "gpt_oss": "gpt-oss"}.get(arch, arch)
     assert f["general.architecture"] == arch
     assert "general.alignment" not in f  # GGUF's default (32): what llama.cpp's quantizer writes back
     assert f[f"{arch}.block_count"] == cfg["num_hidden_layers"]
@@ -236,13 +237,15 @@ def test_metadata_tokenizer_and_alignment(tiny_zoo: Any, name: str) -> None:
     if head_dim * cfg["num_attention_heads"] != cfg["hidden_size"]:
         assert f[f"{arch}.attention.key_length"] == head_dim
         assert f[f"{arch}.attention.value_length"] == head_dim
-    assert math.isclose(f[f"{arch}.rope.freq_base"], 10000.0)
+    theta = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta"))
+    assert math.isclose(f[f"{arch}.rope.freq_base"], theta)
     assert math.isclose(f[f"{arch}.attention.layer_norm_rms_epsilon"], cfg["rms_norm_eps"], rel_tol=1e-6)
     n_expert = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
     if n_expert:
         assert f[f"{arch}.expert_count"] == n_expert
         assert f[f"{arch}.expert_used_count"] == cfg["num_experts_per_tok"]
-        expected_norm = True if spec.model_type in ("mixtral", "granitemoe") else cfg["norm_topk_prob"]
+        always = ("mixtral", "granitemoe", "granitemoeshared", "gpt_oss")  # top-k weights sum to 1 by design
+        expected_norm = True if spec.model_type in always else cfg["norm_topk_prob"]
         assert f[f"{arch}.expert_weights_norm"] is expected_norm
 
     # tokenizer: ids, merges, special tokens, chat template
@@ -267,7 +270,8 @@ def test_metadata_tokenizer_and_alignment(tiny_zoo: Any, name: str) -> None:
     for t in reader.tensors:
         assert t.data_offset % ALIGNMENT == 0, f"{t.name} at {t.data_offset} is not {ALIGNMENT}-aligned"
     for tname, t in tensors.items():
-        if len(t.shape) == 1 or "norm" in tname or tname.endswith("ffn_gate_inp.weight"):
+        small = tname.endswith((".bias", "ffn_gate_inp.weight"))  # biases (gpt-oss's expert ones are 2-D)
+        if len(t.shape) == 1 or "norm" in tname or small:
             assert t.tensor_type == Q.F32, f"{tname} should stay F32, is {t.tensor_type.name}"
         else:
             assert t.tensor_type == Q.Q8_0, f"{tname} should be Q8_0, is {t.tensor_type.name}"
@@ -279,8 +283,8 @@ def test_metadata_tokenizer_and_alignment(tiny_zoo: Any, name: str) -> None:
         assert [int(d) for d in tensors["blk.1.ffn_gate_inp.weight"].shape] == [h, n_expert]
     has_output = "output.weight" in tensors
     tied = cfg["tie_word_embeddings"]
-    # llama.cpp requires output.weight for qwen2moe and olmoe, tied or not.
-    assert has_output == (not tied or spec.model_type in ("qwen2_moe", "olmoe"))
+    # llama.cpp requires output.weight for qwen2moe, olmoe and gpt-oss, tied or not.
+    assert has_output == (not tied or spec.model_type in ("qwen2_moe", "olmoe", "gpt_oss"))
 
 
 def _rope_half(x: np.ndarray, pos: np.ndarray, theta: float) -> np.ndarray:
@@ -305,7 +309,9 @@ def _rope_adjacent(x: np.ndarray, pos: np.ndarray, theta: float) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("name", ["llama", "mixtral", "granitemoe", "qwen3moe", "qwen2moe", "olmoe"])
+@pytest.mark.parametrize(
+    "name", ["llama", "mixtral", "granitemoe", "granitemoeshared", "qwen3moe", "qwen2moe", "olmoe"]
+)
 def test_f32_tensors_round_trip_and_rope_equivalence(tiny_zoo: Any, name: str) -> None:
     """Every F32 tensor equals its checkpoint source (after the documented transforms), and for llama-family
     models the permuted q/k with adjacent-pair RoPE give the same attention scores as HF's rotate_half."""
@@ -325,7 +331,7 @@ def test_f32_tensors_round_trip_and_rope_equivalence(tiny_zoo: Any, name: str) -
     )
     q_g, k_g = _as_array(t["blk.0.attn_q.weight"]), _as_array(t["blk.0.attn_k.weight"])
     q_h, k_h = w["model.layers.0.self_attn.q_proj.weight"], w["model.layers.0.self_attn.k_proj.weight"]
-    llama_family = spec.model_type in ("llama", "mixtral", "granitemoe")
+    llama_family = spec.model_type in ("llama", "mixtral", "granitemoe", "granitemoeshared")
     if not llama_family:
         np.testing.assert_array_equal(q_g, q_h)
         np.testing.assert_array_equal(k_g, k_h)
@@ -351,11 +357,19 @@ def test_f32_tensors_round_trip_and_rope_equivalence(tiny_zoo: Any, name: str) -
             np.testing.assert_array_equal(
                 stacked[e], w[f"model.layers.1.block_sparse_moe.experts.{e}.w3.weight"]
             )
-    if spec.model_type == "granitemoe":
+    if spec.model_type in ("granitemoe", "granitemoeshared"):
         fused = w["model.layers.0.block_sparse_moe.input_linear.weight"]
         ff = cfg["intermediate_size"]
         np.testing.assert_array_equal(_as_array(t["blk.0.ffn_gate_exps.weight"]), fused[:, :ff])
         np.testing.assert_array_equal(_as_array(t["blk.0.ffn_up_exps.weight"]), fused[:, ff:])
+    if cfg.get("shared_intermediate_size"):
+        sh = w["model.layers.1.shared_mlp.input_linear.weight"]
+        s = cfg["shared_intermediate_size"]
+        np.testing.assert_array_equal(_as_array(t["blk.1.ffn_gate_shexp.weight"]), sh[:s])
+        np.testing.assert_array_equal(_as_array(t["blk.1.ffn_up_shexp.weight"]), sh[s:])
+        np.testing.assert_array_equal(
+            _as_array(t["blk.1.ffn_down_shexp.weight"]), w["model.layers.1.shared_mlp.output_linear.weight"]
+        )
     if spec.model_type == "qwen2_moe":
         np.testing.assert_array_equal(
             _as_array(t["blk.0.ffn_gate_inp_shexp.weight"]),

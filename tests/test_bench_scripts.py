@@ -57,7 +57,7 @@ def test_full_size_parameter_counts() -> None:
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
     root = tmp_path_factory.mktemp("bench_models")
     out = {}
-    for name in ("bench-a", "bench-b"):
+    for name in ("bench-a", "bench-b", "bench-gptoss"):
         spec = tiny(name)
         ckpt = root / spec.name / "hf"
         mbm.write_checkpoint(spec, ckpt, smollm2(), log=lambda *a: None)
@@ -66,7 +66,7 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Pat
     return out
 
 
-@pytest.mark.parametrize("name", ["bench-a", "bench-b"])
+@pytest.mark.parametrize("name", ["bench-a", "bench-b", "bench-gptoss"])
 def test_checkpoint_loads_in_transformers_and_matches_colibri(tiny_models, name: str) -> None:
     torch = pytest.importorskip("torch")
     from transformers import AutoModelForCausalLM
@@ -74,7 +74,12 @@ def test_checkpoint_loads_in_transformers_and_matches_colibri(tiny_models, name:
     ckpt, gguf = tiny_models[name]
     model, info = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32, output_loading_info=True)
     assert not any(info.values()), info
-    assert type(model).__name__ == ("MixtralForCausalLM" if name == "bench-a" else "Qwen3MoeForCausalLM")
+    classes = {
+        "bench-a": "MixtralForCausalLM",
+        "bench-b": "Qwen3MoeForCausalLM",
+        "bench-gptoss": "GptOssForCausalLM",
+    }
+    assert type(model).__name__ == classes[name]
     ids = bench.prompt_ids(gguf, 24)
     with torch.no_grad():
         ref = model(torch.tensor([ids])).logits[0].numpy()

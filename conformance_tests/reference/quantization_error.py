@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -24,16 +25,27 @@ sys.path.insert(0, str(HERE.parent))
 import tiny_models as tm  # noqa: E402
 
 
-def dequantized_copy(src: Path, dst: Path) -> Path:
-    """Write `src` with every tensor as F32 (metadata unchanged except general.file_type)."""
+def dequantized_copy(src: Path, dst: Path, overrides: dict[str, Any] | None = None) -> Path:
+    """Write `src` with every tensor as F32 (metadata unchanged except general.file_type).
+
+    overrides: metadata to change, key -> (value, gguf.GGUFValueType[, array element type]), or None to drop
+    the key (bad-input tests write inconsistent files this way)."""
     import gguf
     from gguf.quants import dequantize
 
+    overrides = dict(overrides or {})
     reader = gguf.GGUFReader(src)
     arch = reader.fields["general.architecture"].contents()
     writer = gguf.GGUFWriter(dst, arch)
+    for key, value in overrides.items():
+        if value is not None and key not in reader.fields:
+            writer.add_key_value(key, *value)
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        if key in overrides:
+            if overrides[key] is not None:
+                writer.add_key_value(key, *overrides[key])
             continue
         if key == "general.alignment":  # the writer must also lay the data out that way
             writer.add_custom_alignment(int(field.contents()))

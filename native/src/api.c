@@ -7,6 +7,7 @@
 #include "error.h"
 #include "experts.h"
 #include "ledger.h"
+#include "context.h"
 #include "model.h"
 #include "predict.h"
 #include "replay.h"

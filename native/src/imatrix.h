@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "colibri.h"
+#include "jobs.h"
 #include "model.h"
 
 typedef struct imatrix_entry {

@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "context.h"
 #include "error.h"
 #include "experts.h"
 #include "predict.h"
@@ -31,6 +32,7 @@ colibri_status ledger_plan(const struct colibri_model *m, const colibri_context_
         if (is_expert_tensor(t->name)) o->expert_total_bytes += t->nbytes;
         else o->resident_weight_bytes += t->nbytes;
         if (t->ne[1] == 1 && t->ne[2] == 1 && t->ne[3] == 1) o->model_table_bytes += t->ne[0] * sizeof(float);
+        else if (strstr(t->name, "_exps.bias")) o->model_table_bytes += t->ne[0] * t->ne[1] * sizeof(float);
     }
     o->model_table_bytes += m->file.n_tensors * sizeof(gguf_tensor) + m->file.n_kv * sizeof(gguf_kv);
 

@@ -1,5 +1,5 @@
-/* model.h — a model's architecture, hyperparameters and weight views (model.c), and the
- * per-sequence context that runs the forward pass over them (forward.c).
+/* model.h — a model's architecture, hyperparameters and weight views (model.c, loader.c and
+ * the architecture files arch_*.c). The context that runs a model is in context.h.
  *
  * The weights stay in the read-only map of the GGUF file; a weight matrix is a view
  * (pointer, type, row stride). Small vectors (norms, biases, the shared-expert gate) are
@@ -16,12 +16,20 @@
 #include "kernels.h"
 #include "threads.h"
 
-typedef enum model_arch {
-    ARCH_LLAMA = 0,   /* dense llama, and Mixtral (llama with expert_count > 0) */
-    ARCH_QWEN2MOE,
-    ARCH_QWEN3MOE,
-    ARCH_OLMOE,
-} model_arch;
+struct arch_desc;
+
+/* How a router turns logits into the top-k experts' weights (router.c):
+ *   ROUTER_SOFTMAX_TOPK: softmax over all experts, top-k of the probabilities (renormalised when
+ *                        expert_weights_norm) — Mixtral, Qwen-MoE, OLMoE;
+ *   ROUTER_TOPK_SOFTMAX: top-k of the logits, softmax over the k selected — GraniteMoE. */
+enum { ROUTER_SOFTMAX_TOPK = 0, ROUTER_TOPK_SOFTMAX = 1 };
+
+/* The gated activation of the FFNs (jobs.c): silu(gate) * up, or gpt-oss's clamped variant
+ * (op_swiglu_oai with swiglu_alpha and swiglu_limit). */
+enum { FFN_SWIGLU = 0, FFN_SWIGLU_OAI = 1 };
+
+/* Where the q/k RMSNorms sit (applied after the projections and biases, before RoPE). */
+enum { QK_NORM_NONE = 0, QK_NORM_HEAD = 1 /* per head, weight [head_dim] */, QK_NORM_FULL = 2 /* over q / k */ };
 
 /* A 2D weight matrix W[rows][cols] (GGUF ne = {cols, rows}), row r at data + r * row_bytes. */
 typedef struct mat {
@@ -52,14 +60,20 @@ typedef struct expert_view {
 typedef struct layer_weights {
     float *attn_norm;            /* [n_embd] */
     mat wq, wk, wv, wo;          /* [n_head*hd][n_embd], [n_kv*hd][n_embd] x2, [n_embd][n_head*hd] */
-    float *bq, *bk, *bv;         /* optional biases (qwen2moe), NULL if absent */
+    float *bq, *bk, *bv;         /* optional biases (qwen2moe, gpt-oss), NULL if absent */
+    float *bo;                   /* [n_embd] optional output-projection bias (gpt-oss) */
+    float *sinks;                /* [n_head] attention-sink logits (gpt-oss), NULL if none */
+    int32_t window;              /* sliding window: a token sees the last `window` positions; 0: all */
     float *q_norm, *k_norm;      /* qwen3moe: [hd] each; olmoe: [n_head*hd], [n_kv*hd]; else NULL */
     float *ffn_norm;             /* [n_embd] */
     /* dense FFN (n_expert == 0) */
     mat ffn_gate, ffn_up, ffn_down;  /* [n_ff][n_embd], [n_ff][n_embd], [n_embd][n_ff] */
     /* MoE */
     mat router;                      /* ffn_gate_inp [n_expert][n_embd] */
+    float *router_b;                 /* [n_expert] router bias (gpt-oss), NULL if none */
     mat3 gate_exps, up_exps, down_exps;
+    /* expert biases (gpt-oss), resident f32: [n_expert][n_ff_exp] x2, [n_expert][n_embd]; NULL if none */
+    float *gate_exps_b, *up_exps_b, *down_exps_b;
     /* qwen2moe shared expert */
     mat sh_gate, sh_up, sh_down;     /* [n_ff_shexp][n_embd] x2, [n_embd][n_ff_shexp] */
     float *sh_gate_inp;              /* [n_embd]: y += sigmoid(x . sh_gate_inp) * shared(x) */
@@ -72,6 +86,23 @@ typedef struct model_hparams {
     int32_t n_expert, n_expert_used, n_ff_exp, n_ff_shexp;
     int32_t expert_weights_norm;  /* renormalise the top-k weights to sum 1 */
     int32_t rope_neox;            /* rotate_half pairs (1) or adjacent pairs (0) */
+    int32_t qk_norm;              /* QK_NORM_* */
+    int32_t shexp_gated;          /* the shared expert has a sigmoid gate (ffn_gate_inp_shexp) */
+    int32_t router;               /* ROUTER_* */
+    int32_t ffn_act;              /* FFN_* */
+    float swiglu_alpha, swiglu_limit;  /* FFN_SWIGLU_OAI */
+    int32_t n_swa;                /* sliding-window size of the layers that have one (0: none) */
+    /* YaRN RoPE (rope_yarn != 0), as transformers computes it: inv_freq blends interpolated and
+     * extrapolated frequencies over a linear ramp between the correction dims of beta_fast and
+     * beta_slow (rounded outwards when yarn_truncate), and cos/sin are scaled by rope_attn_factor. */
+    int32_t rope_yarn, yarn_orig_ctx, yarn_truncate;
+    float yarn_factor, yarn_beta_fast, yarn_beta_slow;
+    float rope_attn_factor;       /* multiplies every cos/sin (1: plain RoPE) */
+    float attn_scale;             /* softmax scale of q.k; 1/sqrt(head_dim) unless the architecture says */
+    float embd_scale;             /* token embeddings are multiplied by this (1: plain) */
+    float logit_scale;            /* logits are divided by this (1: plain) */
+    float residual_scale;         /* each branch is multiplied by this before the residual add (recipes
+                                   * that have one, e.g. GraniteMoE's) */
     float rope_freq_base;
     float norm_eps;
     int32_t bos_token_id, eos_token_id;
@@ -79,7 +110,7 @@ typedef struct model_hparams {
 
 struct colibri_model {
     gguf_file file;
-    model_arch arch;
+    const struct arch_desc *arch;  /* its row in the architecture table (arch.h) */
     char arch_name[32];       /* as reported in colibri_model_info */
     model_hparams hp;
     mat tok_embd;             /* [n_vocab][n_embd] */
@@ -100,126 +131,5 @@ void model_fill_info(const struct colibri_model *m, colibri_model_info *out);
 /* Expert e of layer l: views into the stacked tensors. The single point through which the
  * forward pass reaches expert weights, so an expert store can replace it. */
 expert_view model_expert_view(const struct colibri_model *m, int layer, int e);
-
-/* ---- context (forward.c) ---------------------------------------------- */
-
-/* A matrix product job: Y[t*ldy + r] = W row r . X row t, r in [0, W.rows), t in [0, n_tok).
- * A pool_run takes a list of jobs and gives each thread its share of every job's rows. */
-typedef struct mm_job {
-    mat w;
-    const float *x;        /* [n_tok][w.cols] float activations (float weights) */
-    const block_q8a *xq;   /* [n_tok][w.cols/32] quantized activations (quantized weights) */
-    int n_tok;
-    float *y;
-    int ldy;
-} mm_job;
-
-/* A SwiGLU job: g = silu(W_gate x) * (W_up x) for n_tok tokens, g and u rows of width ld =
- * gate.rows; with actq set, g is also quantized to block_q8a rows (ld / 32 blocks) for the
- * down projection. Each thread finishes its own rows completely (both products, the gate,
- * the quantization of its blocks), so no serial pass remains between gate/up and down. */
-typedef struct glu_job {
-    mat gate, up;
-    const float *x;
-    const block_q8a *xq;
-    int n_tok;
-    float *g, *u;
-    block_q8a *actq;
-} glu_job;
-
-/* Per-eval scratch, laid out once at context creation (B = n_batch, P = B * n_expert_used). */
-typedef struct scratch {
-    float *x;            /* [B][n_embd] residual stream */
-    float *xn;           /* [B][n_embd] normed input of the current block */
-    block_q8a *xnq;      /* [B][n_embd/32] */
-    float *qkv;          /* [B][q_dim + 2*kv_dim] */
-    float *att;          /* [B][q_dim] attention output */
-    block_q8a *attq;     /* [B][q_dim/32] */
-    float *tmp;          /* [B][n_embd] output of a projection before the residual add */
-    float *rope_cs;      /* [B][n_rot] cos then sin per position */
-    float *scores;       /* [n_threads][n_ctx] attention probabilities */
-    /* FFN: width F = max(n_ff, n_ff_exp, n_ff_shexp), rows R = max(B, P) */
-    float *gate;         /* [R][F] */
-    float *up;           /* [R][F] */
-    block_q8a *actq;     /* [R][F/32] */
-    float *down;         /* [R][n_embd] */
-    /* MoE */
-    float *router;       /* [B][n_expert] probabilities */
-    int32_t *sel;        /* [B][k] chosen experts */
-    float *selw;         /* [B][k] their weights */
-    int32_t *cnt;        /* [n_expert + 1] pairs per expert, then prefix offsets */
-    int32_t *tok_pair;   /* [B][k] where each token's pairs landed */
-    float *xg;           /* [P][n_embd] gathered inputs, grouped by expert */
-    block_q8a *xgq;      /* [P][n_embd/32] */
-    float *sh_gate;      /* [B][n_ff_shexp] shared expert */
-    float *sh_up;        /* [B][n_ff_shexp] */
-    block_q8a *sh_actq;  /* [B][n_ff_shexp/32] */
-    float *sh_down;      /* [B][n_embd] */
-    float *sh_w;         /* [B] sigmoid gate of the shared expert */
-    mm_job *jobs;        /* [n_expert + 4] */
-    glu_job *glu;        /* [n_expert + 2] */
-} scratch;
-
-struct colibri_context {
-    struct colibri_model *model;
-    int32_t n_ctx, n_batch, n_threads;
-    int32_t n_past;
-    cb_pool *pool;
-    /* KV cache [n_layer][n_head_kv][n_ctx][head_dim], F16 — or F32 when the model's attention
-     * weights are F32: a full-precision file is meant to reproduce the reference exactly, and
-     * F16 keys alone move its logits by ~1e-3 relative. INT8 (kv_type COLIBRI_KV_INT8, opt-in)
-     * halves the memory for long contexts, with the per-row scales below. */
-    void *k_cache;
-    void *v_cache;
-    int kv_kind;         /* KV_F16, KV_F32 or KV_I8 */
-    /* KV_I8 only: [n_layer][n_head_kv][n_ctx] scales (absmax/127) of the int8 rows above */
-    float *k_scale;
-    float *v_scale;
-    size_t kv_bytes;
-    float *inv_freq;     /* [n_rot/2] */
-    arena arena;
-    scratch s;
-    /* Routing of every token of the last eval, [n_ctx][n_layer][k]: an eval never exceeds n_ctx
-     * tokens, and this is a few percent of the KV cache (8 bytes per layer and expert vs
-     * 2 * n_head_kv * head_dim * 2 bytes per layer). */
-    int32_t *route_ids;
-    float *route_w;
-    int32_t route_n;     /* tokens recorded */
-    int32_t route_base;  /* index in the eval of the chunk being run */
-    colibri_stats stats;
-    /* memory budget (ledger.c) and expert streaming (experts.c, predict.c); store == NULL
-     * when every expert is resident */
-    colibri_memory_plan plan;
-    struct expert_store *store;
-    struct predictor *pred;
-    int prefetch;            /* COLIBRI_PREFETCH_* flags */
-    expert_view *views;      /* [n_expert] views of the experts of the wave being computed */
-    int32_t *wave_ids;       /* [n_expert] their ids */
-    int32_t *pf_ids;         /* [2 * n_expert_used] experts to prefetch */
-    int resident_locked;     /* this context holds one of model->resident_locks */
-    /* routing profile (profile.h; NULL when none was given) and the options that use it */
-    struct routing_profile *profile;
-    uint8_t *dropped;              /* [n_layer][n_expert] 1: never routed to (drop_cold_share); NULL: off */
-    float route_prefilter_margin;  /* 0: exact routing */
-    const int32_t *chunk_tokens;   /* token ids of the chunk being run (hashed predictor, pre-filter) */
-    struct imatrix *imatrix;       /* activation statistics being collected (imatrix.h), or NULL */
-};
-
-/* Fill defaults and check limits of context parameters (as context_create applies them). */
-colibri_status context_resolve_params(const struct colibri_model *m, const colibri_context_params *in,
-                                      colibri_context_params *out);
-/* Bytes of the scratch arena a context with these (resolved) parameters lays out. */
-size_t context_scratch_bytes(const struct colibri_model *m, const colibri_context_params *p);
-/* How the KV cache of resolved params p stores its elements, and its total bytes (K and V,
- * scales included): the one formula the ledger and context_create share. */
-enum { KV_F16 = 0, KV_F32 = 1, KV_I8 = 2 };
-int context_kv_kind(const struct colibri_model *m, const colibri_context_params *p);
-size_t context_kv_bytes(const struct colibri_model *m, const colibri_context_params *p);
-colibri_status context_create(struct colibri_model *m, const colibri_context_params *p,
-                              struct colibri_context **out);
-void context_destroy(struct colibri_context *c);
-/* Run tokens through the model (see colibri_eval). */
-colibri_status context_eval(struct colibri_context *c, const int32_t *tokens, int32_t n_tokens, float *logits,
-                            int32_t all_logits);
 
 #endif

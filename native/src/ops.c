@@ -52,6 +52,27 @@ void op_softmax(float *x, int n) {
     for (int i = 0; i < n; i++) x[i] *= inv;
 }
 
+void op_softmax_sink(float *x, int n, float sink) {
+    float mx = sink;
+    for (int i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    float sum = 0.0f;
+    for (int i = 0; i < n; i++) {
+        x[i] = expf(x[i] - mx);
+        sum += x[i];
+    }
+    sum += expf(sink - mx);
+    const float inv = 1.0f / sum;
+    for (int i = 0; i < n; i++) x[i] *= inv;
+}
+
+void op_swiglu_oai(float *g, const float *u, int n, float alpha, float limit) {
+    for (int i = 0; i < n; i++) {
+        const float v = fminf(g[i], limit);
+        const float up = fminf(fmaxf(u[i], -limit), limit);
+        g[i] = (up + 1.0f) * (v / (1.0f + expf(-alpha * v)));
+    }
+}
+
 void op_silu_mul(float *g, const float *u, int n) {
     for (int i = 0; i < n; i++) {
         const float v = g[i];

@@ -22,6 +22,14 @@ void op_rope_angles(float *cs, const float *inv_freq, int n_rot, int32_t pos);
 /* Numerically stable softmax of x[n] in place (f32). */
 void op_softmax(float *x, int n);
 
+/* Softmax of x[n] with one more logit `sink` in the denominator, which takes its share of the
+ * probability mass and is dropped (gpt-oss attention sinks). */
+void op_softmax_sink(float *x, int n, float sink);
+
+/* gpt-oss's clamped SwiGLU: gate = min(g, limit), up = clamp(u, -limit, limit),
+ * g[i] = (up + 1) * gate * sigmoid(alpha * gate). */
+void op_swiglu_oai(float *g, const float *u, int n, float alpha, float limit);
+
 /* g[i] = silu(g[i]) * u[i] — the SwiGLU gate. */
 void op_silu_mul(float *g, const float *u, int n);
 

@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "alloc.h"
+#include "context.h"
 #include "error.h"
 #include "experts.h"
 #include "ledger.h"

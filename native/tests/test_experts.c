@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "colibri.h"
+#include "context.h"
 #include "experts.h"
 #include "model.h"
 #include "tiny_llama.h" /* includes test_util.h with its file writer */

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "colibri.h"
+#include "context.h"
 #include "experts.h"
 #include "model.h"
 #include "profile.h"

@@ -1,0 +1,50 @@
+"""Bad input for the newer architectures: a file of each with a missing or inconsistent hyper-parameter is
+refused at load with a message naming the key (issue 10, item 8), and the same file unmodified loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tiny_models as tm
+from gguf import GGUFValueType as V
+from reference.quantization_error import dequantized_copy
+
+U32, F32, STR = V.UINT32, V.FLOAT32, V.STRING
+
+# (spec, key -> (value, type) or None to drop it, a key or phrase the message must name)
+CASES = [
+    ("gpt_oss", {"gpt-oss.attention.sliding_window": None}, "gpt-oss.attention.sliding_window is missing"),
+    ("gpt_oss", {"gpt-oss.attention.sliding_window": (4096, U32)}, "larger than gpt-oss.context_length"),
+    ("gpt_oss", {"gpt-oss.attention.sliding_window": (0, U32)}, "gpt-oss.attention.sliding_window = 0"),
+    ("gpt_oss", {"gpt-oss.rope.scaling.original_context_length": None}, "original_context_length is missing"),
+    ("gpt_oss", {"gpt-oss.rope.scaling.factor": (0.5, F32)}, "gpt-oss.rope.scaling.factor = 0.5"),
+    ("gpt_oss", {"gpt-oss.rope.scaling.type": ("longrope", STR)}, "RoPE scaling 'longrope'"),
+    ("gpt_oss", {"gpt-oss.expert_count": None}, "gpt-oss.expert_count > 0"),
+    ("gpt_oss", {"gpt-oss.attention.sliding_window_pattern": ([True, False], V.ARRAY, V.BOOL)}, "_pattern"),
+    ("granitemoe", {"granitemoe.logit_scale": (0.0, F32)}, "granitemoe.logit_scale = 0"),
+    ("granitemoe", {"granitemoe.residual_scale": (-1.0, F32)}, "granitemoe.residual_scale = -1"),
+    ("granitemoe", {"granitemoe.attention.scale": (-0.5, F32)}, "granitemoe.attention.scale = -0.5"),
+    ("granitemoeshared", {"granitemoe.expert_shared_feed_forward_length": (7, U32)}, "disagrees"),
+]
+
+
+@pytest.mark.parametrize(("name", "edits", "needle"), CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_inconsistent_hparams_refused(
+    tiny_zoo: Any, colibri: Any, tmp_path: Path, name: str, edits: dict, needle: str
+) -> None:
+    from colibri_backend.errors import EngineError
+
+    bad = dequantized_copy(tiny_zoo.gguf(name, "f32"), tmp_path / "bad.gguf", edits)
+    with pytest.raises(EngineError) as err:
+        colibri.load(bad, threads=1, context_length=64)
+    tm.report(f"{name} {sorted(edits)}: {err.value}")
+    assert needle in str(err.value)
+
+
+@pytest.mark.parametrize("name", sorted({c[0] for c in CASES}))
+def test_unmodified_copy_loads(tiny_zoo: Any, colibri: Any, tmp_path: Path, name: str) -> None:
+    good = dequantized_copy(tiny_zoo.gguf(name, "f32"), tmp_path / "good.gguf")
+    with colibri.load(good, threads=1, context_length=64) as model:
+        assert model.logits([5, 6, 7]).shape[0] == 3

@@ -1,0 +1,36 @@
+/* arch.h — the architecture table. An architecture is one file (arch_<name>.c) that defines one
+ * arch_desc: how its hyper-parameters are read and checked from the GGUF, which tensors one of
+ * its layers has, and its layer recipe over the shared blocks (blocks.h). Adding an
+ * architecture is that file plus its row in arch.c.
+ *
+ * model_load reads what every architecture shares first (model.c: dimensions, heads, RoPE base,
+ * norm epsilon, expert counts, FFN widths, embeddings and output head), then calls the row's
+ * read_hparams for the rest, then read_layer for each layer. */
+#ifndef COLIBRI_ARCH_H
+#define COLIBRI_ARCH_H
+
+#include <stddef.h>
+
+#include "colibri.h"
+#include "loader.h"
+
+struct colibri_context;
+
+typedef struct arch_desc {
+    const char *name;  /* general.architecture */
+    /* Architecture-specific keys, defaults and consistency checks (after the shared ones);
+     * also sets m->arch_name when the architecture reports itself under another name. */
+    colibri_status (*read_hparams)(loader *L);
+    /* The tensors of layer il, through the loader's checked readers. */
+    colibri_status (*read_layer)(loader *L, int il);
+    /* One layer over the chunk of n tokens at positions p0.. : reads and updates the residual
+     * stream c->s.x. Fails only when an expert cannot be read. */
+    colibri_status (*layer)(struct colibri_context *c, int il, int n, int p0);
+} arch_desc;
+
+/* The row for general.architecture `name`, NULL when Colibri does not run it. */
+const arch_desc *arch_find(const char *name);
+/* The supported names, comma-separated, into buf (truncated to cap), for error messages. */
+void arch_list(char *buf, size_t cap);
+
+#endif

@@ -1,0 +1,150 @@
+/* attention.c — the attention block: q/k/v projections (+ biases), q/k RMSNorms of the
+ * architecture's kind, RoPE, the KV cache write (F32, F16 or INT8 rows) and causal GQA
+ * attention over the cache, then the output projection. */
+#include <math.h>
+#include <string.h>
+
+#include "blocks.h"
+#include "context.h"
+#include "ops.h"
+#include "types.h"
+
+typedef struct attn_task {
+    struct colibri_context *c;
+    int layer, n_tok, p0;
+} attn_task;
+
+/* One (token, head) item: scores against the cached keys it sees (0..pos, or the layer's
+ * sliding window of the last `window` positions), softmax (with the head's sink logit in the
+ * denominator when the layer has sinks), weighted sum of the cached values. Items are dealt
+ * round-robin so that causal prefill (later tokens see more keys) stays balanced between threads. */
+static inline void attn_softmax(float *sc, int n, const float *sinks, int h) {
+    if (sinks) op_softmax_sink(sc, n, sinks[h]);
+    else op_softmax(sc, n);
+}
+
+static void attn_worker(void *arg, int ith, int nth) {
+    const attn_task *t = arg;
+    struct colibri_context *c = t->c;
+    const model_hparams *hp = &c->model->hp;
+    const int hd = hp->head_dim, nh = hp->n_head, group = hp->n_head / hp->n_head_kv;
+    const int qd = nh * hd, qkv_w = qd + 2 * hp->n_head_kv * hd;
+    const float scale = hp->attn_scale;
+    float *sc = c->s.scores + (size_t)ith * c->n_ctx;
+    const int n_items = t->n_tok * nh;
+    const layer_weights *w = &c->model->layers[t->layer];
+    for (int it = ith; it < n_items; it += nth) {
+        const int tok = it / nh, h = it % nh, kvh = h / group;
+        const float *q = c->s.qkv + (size_t)tok * qkv_w + (size_t)h * hd;
+        const int pos = t->p0 + tok;
+        const int j0 = w->window > 0 && pos >= w->window ? pos - w->window + 1 : 0; /* first key seen */
+        const int n = pos - j0 + 1;
+        const size_t base = (((size_t)t->layer * hp->n_head_kv + kvh) * (size_t)c->n_ctx + (size_t)j0) * hd;
+        float *out = c->s.att + (size_t)tok * qd + (size_t)h * hd;
+        memset(out, 0, (size_t)hd * sizeof(float));
+        if (c->kv_kind == KV_I8) {
+            /* The row scale is folded into the score and the softmax weight, so each row costs
+             * one int8-to-float dot and one axpy, with no dequantized copy to hold anywhere. */
+            const int8_t *K = (const int8_t *)c->k_cache + base, *V = (const int8_t *)c->v_cache + base;
+            const size_t sbase = base / (size_t)hd;
+            const float *ks = c->k_scale + sbase, *vs = c->v_scale + sbase;
+            for (int j = 0; j < n; j++) {
+                const int8_t *kr = K + (size_t)j * hd;
+                float d = 0.0f;
+                for (int i = 0; i < hd; i++) d += (float)kr[i] * q[i];
+                sc[j] = d * ks[j] * scale;
+            }
+            attn_softmax(sc, n, w->sinks, h);
+            for (int j = 0; j < n; j++) {
+                const int8_t *vr = V + (size_t)j * hd;
+                const float a = sc[j] * vs[j];
+                for (int i = 0; i < hd; i++) out[i] += a * (float)vr[i];
+            }
+        } else if (c->kv_kind == KV_F32) {
+            const float *K = (const float *)c->k_cache + base, *V = (const float *)c->v_cache + base;
+            for (int j = 0; j < n; j++) sc[j] = dot_f32(K + (size_t)j * hd, q, hd) * scale;
+            attn_softmax(sc, n, w->sinks, h);
+            for (int j = 0; j < n; j++) op_axpy(out, sc[j], V + (size_t)j * hd, hd);
+        } else {
+            const uint16_t *K = (const uint16_t *)c->k_cache + base, *V = (const uint16_t *)c->v_cache + base;
+            for (int j = 0; j < n; j++) sc[j] = dot_f16_f32(K + (size_t)j * hd, q, hd) * scale;
+            attn_softmax(sc, n, w->sinks, h);
+            for (int j = 0; j < n; j++) axpy_f16(out, sc[j], V + (size_t)j * hd, hd);
+        }
+    }
+}
+
+
+/* Symmetric int8 quantization of one KV row (one position of one head): scale = absmax/127, so
+ * the largest element is exact and the rest are within scale/2. Returns the scale. */
+static float quantize_row_i8(const float *x, int8_t *q, int n) {
+    float amax = 0.0f;
+    for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+    const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+    for (int i = 0; i < n; i++) q[i] = (int8_t)lrintf(x[i] * id);
+    return d;
+}
+
+void block_attention(struct colibri_context *c, int il, int n, int p0) {
+    const struct colibri_model *m = c->model;
+    const model_hparams *hp = &m->hp;
+    const layer_weights *w = &m->layers[il];
+    scratch *s = &c->s;
+    const int E = hp->n_embd, hd = hp->head_dim, nh = hp->n_head, nkv = hp->n_head_kv;
+    const int qd = nh * hd, kvd = nkv * hd, qkv_w = qd + 2 * kvd;
+
+    if (mat_wants_q8a(&w->wq) || mat_wants_q8a(&w->wk) || mat_wants_q8a(&w->wv)) quantize_rows(c, s->xn, s->xnq, n, E);
+    mm_job jobs[3] = {
+        job(&w->wq, s->xn, s->xnq, n, s->qkv, qkv_w),
+        job(&w->wk, s->xn, s->xnq, n, s->qkv + qd, qkv_w),
+        job(&w->wv, s->xn, s->xnq, n, s->qkv + qd + kvd, qkv_w),
+    };
+    run_jobs(c, jobs, 3);
+
+    for (int t = 0; t < n; t++) {
+        float *q = s->qkv + (size_t)t * qkv_w, *k = q + qd, *v = k + kvd;
+        if (w->bq) {
+            op_add(q, w->bq, qd);
+            op_add(k, w->bk, kvd);
+            op_add(v, w->bv, kvd);
+        }
+        if (hp->qk_norm == QK_NORM_FULL) {
+            op_rmsnorm(q, w->q_norm, q, qd, hp->norm_eps);
+            op_rmsnorm(k, w->k_norm, k, kvd, hp->norm_eps);
+        } else if (hp->qk_norm == QK_NORM_HEAD) {
+            for (int h = 0; h < nh; h++) op_rmsnorm(q + h * hd, w->q_norm, q + h * hd, hd, hp->norm_eps);
+            for (int h = 0; h < nkv; h++) op_rmsnorm(k + h * hd, w->k_norm, k + h * hd, hd, hp->norm_eps);
+        }
+        const float *cs = s->rope_cs + (size_t)t * hp->n_rot;
+        for (int h = 0; h < nh; h++) op_rope(q + h * hd, hp->n_rot, cs, hp->rope_neox);
+        for (int h = 0; h < nkv; h++) op_rope(k + h * hd, hp->n_rot, cs, hp->rope_neox);
+        const size_t pos = (size_t)(p0 + t);
+        for (int h = 0; h < nkv; h++) {
+            const size_t row = ((size_t)il * nkv + h) * (size_t)c->n_ctx + pos, off = row * hd;
+            if (c->kv_kind == KV_I8) {
+                c->k_scale[row] = quantize_row_i8(k + h * hd, (int8_t *)c->k_cache + off, hd);
+                c->v_scale[row] = quantize_row_i8(v + h * hd, (int8_t *)c->v_cache + off, hd);
+            } else if (c->kv_kind == KV_F32) {
+                memcpy((float *)c->k_cache + off, k + h * hd, (size_t)hd * sizeof(float));
+                memcpy((float *)c->v_cache + off, v + h * hd, (size_t)hd * sizeof(float));
+            } else {
+                fp32_to_fp16_row(k + h * hd, (uint16_t *)c->k_cache + off, hd);
+                fp32_to_fp16_row(v + h * hd, (uint16_t *)c->v_cache + off, hd);
+            }
+        }
+    }
+
+    attn_task at = {c, il, n, p0};
+    pool_run(c->pool, attn_worker, &at);
+
+    const block_q8a *attq = NULL;
+    if (mat_wants_q8a(&w->wo)) {
+        quantize_rows(c, s->att, s->attq, n, qd);
+        attq = s->attq;
+    }
+    mm_job o = job(&w->wo, s->att, attq, n, s->tmp, E);
+    run_jobs(c, &o, 1);
+    if (w->bo)
+        for (int t = 0; t < n; t++) op_add(s->tmp + (size_t)t * E, w->bo, E);
+}
+

@@ -1,0 +1,184 @@
+/* ffn.c — the FFN blocks. Every FFN is run as "groups of tokens through an expert": a dense
+ * FFN is one expert taken by all tokens, a shared expert likewise, and routed experts get the
+ * tokens that chose them (router.c), gathered contiguously so that each expert's weights are
+ * read once per chunk. Experts come from the mapped file (model_expert_view) when all are
+ * resident, else from the expert store in waves, with the predictors' prefetches issued while
+ * a layer's reads finish. */
+#include <math.h>
+#include <string.h>
+
+#include "blocks.h"
+#include "context.h"
+#include "error.h"
+#include "experts.h"
+#include "ops.h"
+#include "predict.h"
+#include "types.h"
+
+void block_ffn_dense(struct colibri_context *c, int il, int n) {
+    const model_hparams *hp = &c->model->hp;
+    const layer_weights *w = &c->model->layers[il];
+    scratch *s = &c->s;
+    const int E = hp->n_embd;
+    if (mat_wants_q8a(&w->ffn_gate) || mat_wants_q8a(&w->ffn_up)) quantize_rows(c, s->xn, s->xnq, n, E);
+    block_q8a *actq = mat_wants_q8a(&w->ffn_down) ? s->actq : NULL;
+    glu_job gj = glu_act(glu(&w->ffn_gate, &w->ffn_up, s->xn, s->xnq, n, s->gate, s->up, actq), hp, NULL, NULL);
+    run_glu(c, &gj, 1);
+    mm_job d = job(&w->ffn_down, s->gate, actq, n, s->tmp, E);
+    run_jobs(c, &d, 1);
+}
+
+/* SwiGLU then down projection of the experts ids[0..n_ids) (views alongside) over the tokens
+ * grouped for them in s.xg, plus the shared expert when with_shared: one pool run each.
+ * Every job writes its own rows, so how experts are split into waves never changes a value. */
+static void expert_wave(struct colibri_context *c, int il, int n, const int32_t *ids, const expert_view *views,
+                        int n_ids, int with_shared, int q_down, block_q8a *sh_actq) {
+    const layer_weights *w = &c->model->layers[il];
+    scratch *s = &c->s;
+    const model_hparams *hp = &c->model->hp;
+    const int E = hp->n_embd, F = hp->n_ff_exp;
+    const int nbE = E / QK8A, nbF = F / QK8A;
+    const int32_t *cnt = s->cnt;
+    int nj = 0;
+    for (int i = 0; i < n_ids; i++) {
+        const int e = ids[i], start = e ? cnt[e - 1] : 0, count = cnt[e] - start;
+        const glu_job j = glu(&views[i].gate, &views[i].up, s->xg + (size_t)start * E, s->xgq + (size_t)start * nbE,
+                              count, s->gate + (size_t)start * F, s->up + (size_t)start * F,
+                              q_down ? s->actq + (size_t)start * nbF : NULL);
+        s->glu[nj++] = glu_act(j, hp, w->gate_exps_b ? w->gate_exps_b + (size_t)e * F : NULL,
+                               w->up_exps_b ? w->up_exps_b + (size_t)e * F : NULL);
+    }
+    if (with_shared)
+        s->glu[nj++] = glu_act(glu(&w->sh_gate, &w->sh_up, s->xn, s->xnq, n, s->sh_gate, s->sh_up, sh_actq), hp,
+                               NULL, NULL);
+    run_glu(c, s->glu, nj);
+
+    nj = 0;
+    for (int i = 0; i < n_ids; i++) {
+        const int e = ids[i], start = e ? cnt[e - 1] : 0, count = cnt[e] - start;
+        s->jobs[nj++] = job(&views[i].down, s->gate + (size_t)start * F, s->actq + (size_t)start * nbF, count,
+                            s->down + (size_t)start * E, E);
+    }
+    if (with_shared) s->jobs[nj++] = job(&w->sh_down, s->sh_gate, sh_actq, n, s->sh_down, E);
+    run_jobs(c, s->jobs, nj);
+}
+
+void ffn_prefetch_layer(struct colibri_context *c, int next, const float *xn) {
+    const int X = c->model->hp.n_expert;
+    const int n_ids = predictor_predict(c->pred, next, xn, c->chunk_tokens[0], c->pf_ids);
+    for (int i = 0; i < n_ids; i++) store_prefetch(c->store, c->pf_ids[i] / X, c->pf_ids[i] % X);
+}
+
+/* Called once layer il's experts are held (resident ones pinned, missing ones loading): predict
+ * layer il+1 while layer il's reads finish and it computes. The next token's layer 0 is predicted
+ * at its step start (forward.c), when its id is known. */
+static void issue_prefetch(struct colibri_context *c, int il) {
+    if (il + 1 < c->model->hp.n_layer) ffn_prefetch_layer(c, il + 1, c->s.xn);
+}
+
+/* Experts from the store: waves of as many experts as the slots can hold at once (a decode
+ * step is one wave whenever the budget passed the ledger). */
+static colibri_status streamed_experts(struct colibri_context *c, int il, int n, int has_sh, int q_down,
+                                       block_q8a *sh_actq) {
+    const int X = c->model->hp.n_expert;
+    const int32_t *cnt = c->s.cnt;
+    int e = 0, first = 1;
+    for (;;) {
+        store_wave_begin(c->store);
+        if (first && n == 1) {
+            /* a decode step is one wave: start every missing expert's read, then the next layer's
+             * prefetches, before waiting for any of them */
+            for (int h = 0; h < X; h++)
+                if (cnt[h] != (h ? cnt[h - 1] : 0)) store_hold(c->store, il, h);
+            if (c->pred) issue_prefetch(c, il);
+        }
+        int nw = 0;
+        while (e < X) {
+            const int start = e ? cnt[e - 1] : 0;
+            if (cnt[e] == start) {
+                e++;
+                continue;
+            }
+            int got;
+            colibri_status st = store_acquire(c->store, il, e, &c->views[nw], &got);
+            if (st) return st;
+            if (!got) break;
+            c->wave_ids[nw++] = e++;
+        }
+        if (nw == 0 && e < X) return cb_error(COLIBRI_E_INTERNAL, "no expert slot could be freed");
+        expert_wave(c, il, n, c->wave_ids, c->views, nw, first && has_sh, q_down, sh_actq);
+        first = 0;
+        if (e >= X) return COLIBRI_OK;
+    }
+}
+
+/* Router, top-k, grouping by expert, expert SwiGLUs (plus the shared expert), weighted sum
+ * into s.tmp. Records the routing of the chunk for colibri_get_routing. */
+colibri_status block_ffn_moe(struct colibri_context *c, int il, int n) {
+    const struct colibri_model *m = c->model;
+    const model_hparams *hp = &m->hp;
+    const layer_weights *w = &m->layers[il];
+    scratch *s = &c->s;
+    const int E = hp->n_embd, X = hp->n_expert, k = hp->n_expert_used, S = hp->n_ff_shexp;
+    const int has_sh = S > 0;
+    const int nbE = E / QK8A;
+
+    const int q_in =
+        mat_wants_q8a(&w->router) || (has_sh && (mat_wants_q8a(&w->sh_gate) || mat_wants_q8a(&w->sh_up)));
+    const int q_exp = kernel_wants_q8a(w->gate_exps.type) || kernel_wants_q8a(w->up_exps.type);
+    if (q_in || q_exp) quantize_rows(c, s->xn, s->xnq, n, E);
+
+    /* 1-2. router logits, top-k and weights into s.sel / s.selw */
+    router_select(c, il, n);
+
+    /* 3. group the (token, expert) pairs by expert: cnt[e] becomes the end offset of
+     *    expert e's pairs (start = end of e-1), pairs keep token order within an expert */
+    int32_t *cnt = s->cnt;
+    memset(cnt, 0, (size_t)(X + 1) * sizeof *cnt);
+    for (int i = 0; i < n * k; i++) cnt[s->sel[i] + 1]++;
+    for (int e = 0; e < X; e++) cnt[e + 1] += cnt[e];
+    for (int t = 0; t < n; t++) {
+        for (int j = 0; j < k; j++) {
+            const int e = s->sel[t * k + j];
+            const int p = cnt[e]++;
+            s->tok_pair[t * k + j] = p;
+            memcpy(s->xg + (size_t)p * E, s->xn + (size_t)t * E, (size_t)E * sizeof(float));
+            if (q_exp) memcpy(s->xgq + (size_t)p * nbE, s->xnq + (size_t)t * nbE, (size_t)nbE * sizeof(block_q8a));
+        }
+    }
+
+    /* 4-5. SwiGLU of every expert that has tokens (and of the shared expert), then their down
+     *      projections: from the mapped file in one wave, or from the expert store */
+    const int q_down = kernel_wants_q8a(w->down_exps.type);
+    block_q8a *sh_actq = has_sh && mat_wants_q8a(&w->sh_down) ? s->sh_actq : NULL;
+    if (c->store) {
+        colibri_status st = streamed_experts(c, il, n, has_sh, q_down, sh_actq);
+        if (st) return st;
+    } else {
+        int nw = 0;
+        for (int e = 0; e < X; e++) {
+            if (cnt[e] == (e ? cnt[e - 1] : 0)) continue;
+            c->views[nw] = model_expert_view(m, il, e);
+            c->wave_ids[nw++] = e;
+        }
+        expert_wave(c, il, n, c->wave_ids, c->views, nw, has_sh, q_down, sh_actq);
+    }
+
+    /* 6. y = sum_j w_j * (expert_j(x) [+ down bias]) [+ g * shared(x), g = sigmoid(x . w_sg) or 1
+     *    without a gate] */
+    for (int t = 0; t < n; t++) {
+        float *y = s->tmp + (size_t)t * E;
+        memset(y, 0, (size_t)E * sizeof(float));
+        for (int j = 0; j < k; j++) {
+            float *d = s->down + (size_t)s->tok_pair[t * k + j] * E;
+            if (w->down_exps_b) op_add(d, w->down_exps_b + (size_t)s->sel[t * k + j] * E, E);
+            op_axpy(y, s->selw[t * k + j], d, E);
+        }
+        if (has_sh) {
+            const float g = w->sh_gate_inp ? op_sigmoid(dot_f32(s->xn + (size_t)t * E, w->sh_gate_inp, E)) : 1.0f;
+            op_axpy(y, g, s->sh_down + (size_t)t * E, E);
+        }
+    }
+    return COLIBRI_OK;
+}
+

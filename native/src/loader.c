@@ -1,0 +1,289 @@
+/* loader.c — checked readers of GGUF metadata and tensors (see loader.h), and the tensor
+ * groups of the shared blocks that the architecture files compose. */
+#include "loader.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "alloc.h"
+#include "error.h"
+#include "types.h"
+
+/* ---- metadata --------------------------------------------------------- */
+
+const char *ld_key(const loader *L, const char *suffix, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s.%s", L->arch, suffix);
+    return buf;
+}
+
+/* 1 found, 0 absent (value = dflt); on a present key of the wrong type, an error status. */
+colibri_status ld_i32(const loader *L, const char *suffix, int required, int32_t dflt, int32_t lo,
+                              int32_t hi, int32_t *out) {
+    char key[160];
+    ld_key(L, suffix, key, sizeof key);
+    int r = gguf_get_i32(L->f, key, out);
+    if (r < 0) return cb_error(COLIBRI_E_FORMAT, "metadata %s: %s", key, cb_last_error());
+    if (r == 0) {
+        if (required) return cb_error(COLIBRI_E_FORMAT, "metadata key %s is missing", key);
+        *out = dflt;
+        return COLIBRI_OK;
+    }
+    if (*out < lo || *out > hi)
+        return cb_error(COLIBRI_E_FORMAT, "metadata %s = %d is out of range [%d, %d]", key, (int)*out, (int)lo,
+                        (int)hi);
+    return COLIBRI_OK;
+}
+
+colibri_status ld_f32(const loader *L, const char *suffix, int required, float dflt, float *out) {
+    char key[160];
+    ld_key(L, suffix, key, sizeof key);
+    int r = gguf_get_f32(L->f, key, out);
+    if (r < 0) return cb_error(COLIBRI_E_FORMAT, "metadata %s: %s", key, cb_last_error());
+    if (r == 0) {
+        if (required) return cb_error(COLIBRI_E_FORMAT, "metadata key %s is missing", key);
+        *out = dflt;
+    }
+    if (!isfinite(*out)) return cb_error(COLIBRI_E_FORMAT, "metadata %s is not a finite number", key);
+    return COLIBRI_OK;
+}
+
+colibri_status ld_bool(const loader *L, const char *suffix, int dflt, int32_t *out) {
+    char key[160];
+    ld_key(L, suffix, key, sizeof key);
+    int v = 0;
+    int r = gguf_get_bool(L->f, key, &v);
+    if (r < 0) return cb_error(COLIBRI_E_FORMAT, "metadata %s: %s", key, cb_last_error());
+    *out = r == 0 ? (dflt ? 1 : 0) : (v ? 1 : 0);
+    return COLIBRI_OK;
+}
+
+/* ---- tensors ---------------------------------------------------------- */
+
+static colibri_status check_type(const gguf_tensor *t) {
+    const type_info_t *ti = type_info(t->type);
+    if (!ti) return cb_error(COLIBRI_E_UNSUPPORTED, "tensor %s has unknown type id %u", t->name, t->type);
+    if (!ti->computable)
+        return cb_error(COLIBRI_E_UNSUPPORTED, "tensor %s has type %s, which Colibri cannot compute with", t->name,
+                        ti->name);
+    return COLIBRI_OK;
+}
+
+colibri_status ld_shape_error(const gguf_tensor *t, const char *want) {
+    return cb_error(COLIBRI_E_FORMAT, "tensor %s has shape [%llu, %llu, %llu, %llu], expected %s", t->name,
+                    (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (unsigned long long)t->ne[2],
+                    (unsigned long long)t->ne[3], want);
+}
+
+const gguf_tensor *ld_find(const loader *L, const char *name) { return gguf_find_tensor(L->f, name); }
+
+/* A 2D matrix with ne = {cols, rows}. */
+colibri_status ld_mat(const loader *L, const char *name, int64_t cols, int64_t rows, int required,
+                               mat *out) {
+    memset(out, 0, sizeof *out);
+    const gguf_tensor *t = ld_find(L, name);
+    if (!t) return required ? cb_error(COLIBRI_E_FORMAT, "tensor %s is missing", name) : COLIBRI_OK;
+    if ((int64_t)t->ne[0] != cols || (int64_t)t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1) {
+        char want[64];
+        snprintf(want, sizeof want, "[%lld, %lld]", (long long)cols, (long long)rows);
+        return ld_shape_error(t, want);
+    }
+    colibri_status st = check_type(t);
+    if (st) return st;
+    out->data = t->data;
+    out->type = t->type;
+    out->rows = (int32_t)rows;
+    out->cols = (int32_t)cols;
+    out->row_bytes = type_row_bytes(t->type, (uint64_t)cols);
+    if (out->row_bytes == 0 || out->row_bytes * (uint64_t)rows != t->nbytes)
+        return cb_error(COLIBRI_E_FORMAT, "tensor %s: byte size does not match its shape and type", name);
+    return COLIBRI_OK;
+}
+
+colibri_status ld_mat3(const loader *L, const char *name, int64_t cols, int64_t rows, int64_t n_expert,
+                                mat3 *out) {
+    memset(out, 0, sizeof *out);
+    const gguf_tensor *t = ld_find(L, name);
+    if (!t) return cb_error(COLIBRI_E_FORMAT, "tensor %s is missing", name);
+    if ((int64_t)t->ne[0] != cols || (int64_t)t->ne[1] != rows || (int64_t)t->ne[2] != n_expert || t->ne[3] != 1) {
+        char want[80];
+        snprintf(want, sizeof want, "[%lld, %lld, %lld]", (long long)cols, (long long)rows, (long long)n_expert);
+        return ld_shape_error(t, want);
+    }
+    colibri_status st = check_type(t);
+    if (st) return st;
+    out->data = t->data;
+    out->type = t->type;
+    out->rows = (int32_t)rows;
+    out->cols = (int32_t)cols;
+    out->row_bytes = type_row_bytes(t->type, (uint64_t)cols);
+    out->expert_bytes = out->row_bytes * (size_t)rows;
+    if (out->row_bytes == 0 || out->expert_bytes * (uint64_t)n_expert != t->nbytes)
+        return cb_error(COLIBRI_E_FORMAT, "tensor %s: byte size does not match its shape and type", name);
+    return COLIBRI_OK;
+}
+
+/* A vector of n elements (ne = {n} or {n, 1}), dequantized to a fresh f32 array. */
+colibri_status ld_vec(const loader *L, const char *name, int64_t n, int required, float **out) {
+    *out = NULL;
+    const gguf_tensor *t = ld_find(L, name);
+    if (!t) return required ? cb_error(COLIBRI_E_FORMAT, "tensor %s is missing", name) : COLIBRI_OK;
+    if ((int64_t)t->ne[0] != n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1) {
+        char want[48];
+        snprintf(want, sizeof want, "[%lld]", (long long)n);
+        return ld_shape_error(t, want);
+    }
+    colibri_status st = check_type(t);
+    if (st) return st;
+    if (type_row_bytes(t->type, (uint64_t)n) != t->nbytes)
+        return cb_error(COLIBRI_E_FORMAT, "tensor %s: byte size does not match its shape and type", name);
+    float *v = cb_malloc((size_t)n * sizeof(float));
+    if (!v) return cb_error(COLIBRI_E_NOMEM, "out of memory loading tensor %s", name);
+    dequantize_row(t->type, t->data, v, (uint64_t)n);
+    *out = v;
+    return COLIBRI_OK;
+}
+
+const char *ld_tname(char *buf, size_t cap, int layer, const char *what) {
+    snprintf(buf, cap, "blk.%d.%s", layer, what);
+    return buf;
+}
+
+/* A matrix ne = {n0, n1} dequantized to a fresh f32 array [n1][n0] (small per-expert tables). */
+colibri_status ld_vec2(const loader *L, const char *name, int64_t n0, int64_t n1, int required, float **out) {
+    *out = NULL;
+    const gguf_tensor *t = ld_find(L, name);
+    if (!t) return required ? cb_error(COLIBRI_E_FORMAT, "tensor %s is missing", name) : COLIBRI_OK;
+    if ((int64_t)t->ne[0] != n0 || (int64_t)t->ne[1] != n1 || t->ne[2] != 1 || t->ne[3] != 1) {
+        char want[64];
+        snprintf(want, sizeof want, "[%lld, %lld]", (long long)n0, (long long)n1);
+        return ld_shape_error(t, want);
+    }
+    colibri_status st = check_type(t);
+    if (st) return st;
+    const size_t row = type_row_bytes(t->type, (uint64_t)n0);
+    if (row == 0 || row * (uint64_t)n1 != t->nbytes)
+        return cb_error(COLIBRI_E_FORMAT, "tensor %s: byte size does not match its shape and type", name);
+    float *v = cb_malloc((size_t)(n0 * n1) * sizeof(float));
+    if (!v) return cb_error(COLIBRI_E_NOMEM, "out of memory loading tensor %s", name);
+    for (int64_t r = 0; r < n1; r++)
+        dequantize_row(t->type, (const char *)t->data + (size_t)r * row, v + (size_t)(r * n0), (uint64_t)n0);
+    *out = v;
+    return COLIBRI_OK;
+}
+
+/* ---- strings ---------------------------------------------------------- */
+
+const char *ld_printable(const char *in, char *out, size_t cap) {
+    static const char hex[] = "0123456789abcdef";
+    size_t o = 0;
+    for (const unsigned char *c = (const unsigned char *)in; *c && o + 5 < cap; c++) {
+        if (*c >= 0x20 && *c < 0x7f) {
+            out[o++] = (char)*c;
+        } else {
+            out[o++] = '\\';
+            out[o++] = 'x';
+            out[o++] = hex[*c >> 4];
+            out[o++] = hex[*c & 15];
+        }
+    }
+    out[o] = '\0';
+    return out;
+}
+
+
+/* ---- tensor groups of the shared blocks -------------------------------- */
+
+colibri_status ld_attention(loader *L, int il, int need_bias) {
+    const model_hparams *hp = &L->m->hp;
+    layer_weights *w = &L->m->layers[il];
+    const int64_t E = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim, kvd = (int64_t)hp->n_head_kv * hp->head_dim;
+    char n[96];
+    colibri_status st;
+    if ((st = ld_vec(L, ld_tname(n, sizeof n, il, "attn_norm.weight"), E, 1, &w->attn_norm))) return st;
+    if ((st = ld_mat(L, ld_tname(n, sizeof n, il, "attn_q.weight"), E, qd, 1, &w->wq))) return st;
+    if ((st = ld_mat(L, ld_tname(n, sizeof n, il, "attn_k.weight"), E, kvd, 1, &w->wk))) return st;
+    if ((st = ld_mat(L, ld_tname(n, sizeof n, il, "attn_v.weight"), E, kvd, 1, &w->wv))) return st;
+    if ((st = ld_mat(L, ld_tname(n, sizeof n, il, "attn_output.weight"), qd, E, 1, &w->wo))) return st;
+    if ((st = ld_vec(L, ld_tname(n, sizeof n, il, "attn_q.bias"), qd, need_bias, &w->bq))) return st;
+    if ((st = ld_vec(L, ld_tname(n, sizeof n, il, "attn_k.bias"), kvd, need_bias, &w->bk))) return st;
+    if ((st = ld_vec(L, ld_tname(n, sizeof n, il, "attn_v.bias"), kvd, need_bias, &w->bv))) return st;
+    if ((st = ld_vec(L, ld_tname(n, sizeof n, il, "attn_output.bias"), E, 0, &w->bo))) return st;
+    /* the attention block adds the three biases together */
+    if ((w->bq != NULL) != (w->bk != NULL) || (w->bq != NULL) != (w->bv != NULL))
+        return cb_error(COLIBRI_E_FORMAT, "layer %d has some but not all of attn_q/k/v.bias", il);
+    return COLIBRI_OK;
+}
+
+colibri_status ld_qk_norm(loader *L, int il) {
+    const model_hparams *hp = &L->m->hp;
+    layer_weights *w = &L->m->layers[il];
+    char n[96];
+    colibri_status st;
+    int64_t qn = 0, kn = 0;
+    if (hp->qk_norm == QK_NORM_HEAD) qn = kn = hp->head_dim;
+    else if (hp->qk_norm == QK_NORM_FULL) {
+        qn = (int64_t)hp->n_head * hp->head_dim;
+        kn = (int64_t)hp->n_head_kv * hp->head_dim;
+    } else return COLIBRI_OK;
+    if ((st = ld_vec(L, ld_tname(n, sizeof n, il, "attn_q_norm.weight"), qn, 1, &w->q_norm))) return st;
+    return ld_vec(L, ld_tname(n, sizeof n, il, "attn_k_norm.weight"), kn, 1, &w->k_norm);
+}
+
+colibri_status ld_ffn(loader *L, int il) { return ld_ffn_named(L, il, "ffn_norm.weight"); }
+
+colibri_status ld_ffn_named(loader *L, int il, const char *norm) {
+    const model_hparams *hp = &L->m->hp;
+    layer_weights *w = &L->m->layers[il];
+    const int64_t E = hp->n_embd;
+    char n[96];
+    colibri_status st;
+    if ((st = ld_vec(L, ld_tname(n, sizeof n, il, norm), E, 1, &w->ffn_norm))) return st;
+    if (hp->n_expert == 0) {
+        const int64_t F = hp->n_ff;
+        if ((st = ld_mat(L, ld_tname(n, sizeof n, il, "ffn_gate.weight"), E, F, 1, &w->ffn_gate))) return st;
+        if ((st = ld_mat(L, ld_tname(n, sizeof n, il, "ffn_up.weight"), E, F, 1, &w->ffn_up))) return st;
+        return ld_mat(L, ld_tname(n, sizeof n, il, "ffn_down.weight"), F, E, 1, &w->ffn_down);
+    }
+    const int64_t X = hp->n_expert, F = hp->n_ff_exp;
+    if ((st = ld_mat(L, ld_tname(n, sizeof n, il, "ffn_gate_inp.weight"), E, X, 1, &w->router))) return st;
+    if ((st = ld_mat3(L, ld_tname(n, sizeof n, il, "ffn_gate_exps.weight"), E, F, X, &w->gate_exps))) return st;
+    if ((st = ld_mat3(L, ld_tname(n, sizeof n, il, "ffn_up_exps.weight"), E, F, X, &w->up_exps))) return st;
+    if ((st = ld_mat3(L, ld_tname(n, sizeof n, il, "ffn_down_exps.weight"), F, E, X, &w->down_exps))) return st;
+    if (hp->n_ff_shexp > 0) {
+        const int64_t S = hp->n_ff_shexp;
+        if ((st = ld_mat(L, ld_tname(n, sizeof n, il, "ffn_gate_shexp.weight"), E, S, 1, &w->sh_gate))) return st;
+        if ((st = ld_mat(L, ld_tname(n, sizeof n, il, "ffn_up_shexp.weight"), E, S, 1, &w->sh_up))) return st;
+        if ((st = ld_mat(L, ld_tname(n, sizeof n, il, "ffn_down_shexp.weight"), S, E, 1, &w->sh_down))) return st;
+        if ((st = ld_vec(L, ld_tname(n, sizeof n, il, "ffn_gate_inp_shexp.weight"), E, hp->shexp_gated,
+                         &w->sh_gate_inp)))
+            return st;
+    }
+    return COLIBRI_OK;
+}
+
+colibri_status ld_shexp_width(loader *L, int required) {
+    model_hparams *hp = &L->m->hp;
+    hp->n_ff_shexp = 0;
+    const gguf_tensor *s = ld_find(L, "blk.0.ffn_gate_shexp.weight");
+    if (!s) return required ? cb_error(COLIBRI_E_FORMAT, "tensor blk.0.ffn_gate_shexp.weight is missing") : COLIBRI_OK;
+    if (s->ne[1] < 1 || s->ne[1] > MAX_FF) return ld_shape_error(s, "an FFN width in range");
+    hp->n_ff_shexp = (int32_t)s->ne[1];
+    int32_t meta;
+    colibri_status st = ld_i32(L, "expert_shared_feed_forward_length", 0, hp->n_ff_shexp, 1, MAX_FF, &meta);
+    if (st) return st;
+    if (meta != hp->n_ff_shexp)
+        return cb_error(COLIBRI_E_FORMAT, "%s.expert_shared_feed_forward_length %d disagrees with the tensors", L->arch,
+                        meta);
+    return COLIBRI_OK;
+}
+
+colibri_status ld_expert_weights_norm(loader *L, int dflt) {
+    return ld_bool(L, "expert_weights_norm", dflt, &L->m->hp.expert_weights_norm);
+}
+
+colibri_status ld_require_experts(const loader *L) {
+    if (L->m->hp.n_expert == 0)
+        return cb_error(COLIBRI_E_FORMAT, "architecture %s needs %s.expert_count > 0", L->arch, L->arch);
+    return COLIBRI_OK;
+}

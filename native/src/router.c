@@ -1,0 +1,144 @@
+/* router.c — routing: router logits, the selection of each token's top-k experts and their
+ * weights, and the record of that choice (colibri_get_routing, the predictors).
+ *
+ * By the model's router kind (model.h ROUTER_*): softmax over all experts in f32 then top-k of
+ * the probabilities, renormalised when the model says (expert_weights_norm); or top-k of the
+ * logits then a softmax over the k; see reference/moe_router_spec.md. A routing profile can
+ * pre-filter the router to a token's likely candidates (route_prefilter_margin) and drop cold
+ * experts (drop_cold_share). */
+#include <math.h>
+#include <string.h>
+
+#include "blocks.h"
+#include "context.h"
+#include "ops.h"
+#include "predict.h"
+#include "profile.h"
+
+/* Pre-filter for token row t at layer il: router logits for the profile's candidates of the
+ * token only (skipping dropped experts; single rows through the same kernel as the full
+ * router, written to the row's own router scratch). If more than k remain and the gap between
+ * the k-th and (k+1)-th logit is at least the margin, the top-k and their weights go to sel/sw
+ * (by the router kind, as select_row gives them, with the softmax over the candidates standing
+ * for the one over all experts) and 1 is returned; else 0. */
+static int prefilter_row(struct colibri_context *c, int il, int t, int32_t *sel, float *sw) {
+    const model_hparams *hp = &c->model->hp;
+    const mat *r = &c->model->layers[il].router;
+    const routing_profile *pr = c->profile;
+    scratch *s = &c->s;
+    const int X = hp->n_expert, k = hp->n_expert_used, E = hp->n_embd;
+    const uint8_t *drop = c->dropped ? c->dropped + (size_t)il * X : NULL;
+    const uint16_t *cand = profile_candidates(pr, c->chunk_tokens[t], il);
+    const float *x = s->xn + (size_t)t * E;
+    const block_q8a *xq = s->xnq + (size_t)t * (E / QK8A);
+    float *row = s->router + (size_t)t * X;
+    float lg[PROFILE_MAX_CAND];
+    int32_t id[PROFILE_MAX_CAND], top[PROFILE_MAX_CAND];
+    int nc = 0;
+    for (int j = 0; j < pr->n_cand; j++) {
+        const int e = cand[j];
+        if (drop && drop[e]) continue;
+        matmul_rows(r->type, r->data, r->row_bytes, r->cols, x, xq, 1, row, X, e, e + 1);
+        lg[nc] = c->model->layers[il].router_b ? row[e] + c->model->layers[il].router_b[e] : row[e];
+        id[nc++] = e;
+    }
+    if (nc <= k) return 0;
+    op_topk(lg, nc, k + 1, top);
+    if (!(lg[top[k - 1]] - lg[top[k]] >= c->route_prefilter_margin)) return 0;
+    if (hp->router == ROUTER_TOPK_SOFTMAX) {
+        for (int j = 0; j < k; j++) {
+            sel[j] = id[top[j]];
+            sw[j] = lg[top[j]];
+        }
+        op_softmax(sw, k);
+        return 1;
+    }
+    op_softmax(lg, nc);
+    float sum = 0.0f;
+    for (int j = 0; j < k; j++) {
+        sel[j] = id[top[j]];
+        sw[j] = lg[top[j]];
+        sum += sw[j];
+    }
+    if (hp->expert_weights_norm && sum > 0.0f)
+        for (int j = 0; j < k; j++) sw[j] /= sum;
+    return 1;
+}
+
+/* One token's top-k from its router logits p[X] (overwritten), by the model's router kind.
+ * Dropped experts (drop-cold) get a -inf logit, so a softmax over all renormalises over the
+ * kept ones, and then a score below every real one, so top-k never takes one. */
+static void select_row(const model_hparams *hp, float *p, const uint8_t *drop, int32_t *sel, float *sw) {
+    const int X = hp->n_expert, k = hp->n_expert_used;
+    if (drop)
+        for (int e = 0; e < X; e++)
+            if (drop[e]) p[e] = -INFINITY;
+    if (hp->router == ROUTER_TOPK_SOFTMAX) {
+        op_topk(p, X, k, sel);
+        for (int j = 0; j < k; j++) sw[j] = p[sel[j]];
+        op_softmax(sw, k);
+        return;
+    }
+    op_softmax(p, X);
+    if (drop)
+        for (int e = 0; e < X; e++)
+            if (drop[e]) p[e] = -1.0f;
+    op_topk(p, X, k, sel);
+    for (int j = 0; j < k; j++) sw[j] = p[sel[j]];
+    if (hp->expert_weights_norm) {
+        float sum = 0.0f;
+        for (int j = 0; j < k; j++) sum += sw[j];
+        if (sum > 0.0f)
+            for (int j = 0; j < k; j++) sw[j] /= sum;
+    }
+}
+
+void router_select(struct colibri_context *c, int il, int n) {
+    const struct colibri_model *m = c->model;
+    const model_hparams *hp = &m->hp;
+    const layer_weights *w = &m->layers[il];
+    scratch *s = &c->s;
+    const int X = hp->n_expert, k = hp->n_expert_used;
+
+    /* 1. router logits. With the pre-filter each row first tries its profile candidates; the
+     *    full router runs (over every row, as in exact mode) only if some row stays in doubt,
+     *    and such a row is marked sel[0] = -1. */
+    const int prefilter = c->profile && c->route_prefilter_margin > 0.0f;
+    int full = 1;
+    if (prefilter) {
+        full = 0;
+        for (int t = 0; t < n; t++) {
+            int32_t *sel = s->sel + (size_t)t * k;
+            if (prefilter_row(c, il, t, sel, s->selw + (size_t)t * k)) {
+                c->stats.prefilter_accepted++;
+            } else {
+                sel[0] = -1;
+                full = 1;
+            }
+        }
+        c->stats.prefilter_rows += (uint64_t)n;
+    }
+    if (full) {
+        mm_job rj = job(&w->router, s->xn, s->xnq, n, s->router, X);
+        run_jobs(c, &rj, 1);
+        if (w->router_b)
+            for (int t = 0; t < n; t++) op_add(s->router + (size_t)t * X, w->router_b, X);
+    }
+
+    /* 2. top-k and weights (rows the pre-filter settled already have theirs), recorded */
+    const uint8_t *drop = c->dropped ? c->dropped + (size_t)il * X : NULL;
+    for (int t = 0; t < n; t++) {
+        int32_t *sel = s->sel + (size_t)t * k;
+        float *sw = s->selw + (size_t)t * k;
+        if (!prefilter || sel[0] < 0) select_row(hp, s->router + (size_t)t * X, drop, sel, sw);
+        const size_t rt = (size_t)c->route_base + t;
+        int32_t *rid = c->route_ids + (rt * hp->n_layer + il) * k;
+        float *rw = c->route_w + (rt * hp->n_layer + il) * k;
+        memcpy(rid, sel, (size_t)k * sizeof *rid);
+        memcpy(rw, sw, (size_t)k * sizeof *rw);
+        if (c->pred) {
+            if (n == 1) predictor_score(c->pred, il, sel);
+            predictor_observe(c->pred, il, sel);
+        }
+    }
+}

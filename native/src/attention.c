@@ -93,7 +93,7 @@ void block_attention(struct colibri_context *c, int il, int n, int p0) {
     const int E = hp->n_embd, hd = hp->head_dim, nh = hp->n_head, nkv = hp->n_head_kv;
     const int qd = nh * hd, kvd = nkv * hd, qkv_w = qd + 2 * kvd;
 
-    if (mat_wants_q8a(&w->wq) || mat_wants_q8a(&w->wk) || mat_wants_q8a(&w->wv)) quantize_rows(c, s->xn, s->xnq, n, E);
+    if (mat_wants_q8a(&w->wq) || mat_wants_q8a(&w->wk) || mat_wants_q8a(&w->wv)) quantize_activations(c, s->xn, s->xnq, n, E);
     mm_job jobs[3] = {
         job(&w->wq, s->xn, s->xnq, n, s->qkv, qkv_w),
         job(&w->wk, s->xn, s->xnq, n, s->qkv + qd, qkv_w),
@@ -139,7 +139,7 @@ void block_attention(struct colibri_context *c, int il, int n, int p0) {
 
     const block_q8a *attq = NULL;
     if (mat_wants_q8a(&w->wo)) {
-        quantize_rows(c, s->att, s->attq, n, qd);
+        quantize_activations(c, s->att, s->attq, n, qd);
         attq = s->attq;
     }
     mm_job o = job(&w->wo, s->att, attq, n, s->tmp, E);

@@ -20,7 +20,7 @@ void block_ffn_dense(struct colibri_context *c, int il, int n) {
     const layer_weights *w = &c->model->layers[il];
     scratch *s = &c->s;
     const int E = hp->n_embd;
-    if (mat_wants_q8a(&w->ffn_gate) || mat_wants_q8a(&w->ffn_up)) quantize_rows(c, s->xn, s->xnq, n, E);
+    if (mat_wants_q8a(&w->ffn_gate) || mat_wants_q8a(&w->ffn_up)) quantize_activations(c, s->xn, s->xnq, n, E);
     block_q8a *actq = mat_wants_q8a(&w->ffn_down) ? s->actq : NULL;
     glu_job gj = glu_act(glu(&w->ffn_gate, &w->ffn_up, s->xn, s->xnq, n, s->gate, s->up, actq), hp, NULL, NULL);
     run_glu(c, &gj, 1);
@@ -126,7 +126,7 @@ colibri_status block_ffn_moe(struct colibri_context *c, int il, int n) {
     const int q_in =
         mat_wants_q8a(&w->router) || (has_sh && (mat_wants_q8a(&w->sh_gate) || mat_wants_q8a(&w->sh_up)));
     const int q_exp = kernel_wants_q8a(w->gate_exps.type) || kernel_wants_q8a(w->up_exps.type);
-    if (q_in || q_exp) quantize_rows(c, s->xn, s->xnq, n, E);
+    if (q_in || q_exp) quantize_activations(c, s->xn, s->xnq, n, E);
 
     /* 1-2. router logits, top-k and weights into s.sel / s.selw */
     router_select(c, il, n);

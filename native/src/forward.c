@@ -85,7 +85,7 @@ static colibri_status eval_chunk(struct colibri_context *c, const int32_t *tok, 
     const int r0 = all_logits ? 0 : n - 1, nr = n - r0;
     for (int t = r0; t < n; t++)
         op_rmsnorm(s->x + (size_t)t * E, m->output_norm, s->xn + (size_t)(t - r0) * E, E, hp->norm_eps);
-    if (mat_wants_q8a(&m->output)) quantize_rows(c, s->xn, s->xnq, nr, E);
+    if (mat_wants_q8a(&m->output)) quantize_activations(c, s->xn, s->xnq, nr, E);
     mm_job o = job(&m->output, s->xn, s->xnq, nr, logits, hp->n_vocab);
     run_jobs(c, &o, 1);
     if (hp->logit_scale != 1.0f) /* a division, as transformers' logits / logits_scaling */

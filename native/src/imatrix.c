@@ -2,6 +2,8 @@
  * colibri.h that starts, reads and stops their collection. */
 #include "imatrix.h"
 
+#include "context.h"
+
 #include <stdlib.h>
 #include <string.h>
 

@@ -84,7 +84,7 @@ static void quant_worker(void *arg, int ith, int nth) {
     for (int r = r0; r < r1; r++) quantize_row_q8a(t->x + (size_t)r * t->n_cols, t->y + (size_t)r * nb, t->n_cols);
 }
 
-void quantize_rows(struct colibri_context *c, const float *x, block_q8a *y, int n_rows, int n_cols) {
+void quantize_activations(struct colibri_context *c, const float *x, block_q8a *y, int n_rows, int n_cols) {
     quant_task t = {x, y, n_rows, n_cols};
     if ((size_t)n_rows * (size_t)n_cols < 32768) quant_worker(&t, 0, 1);  /* not worth waking the pool */
     else pool_run(c->pool, quant_worker, &t);

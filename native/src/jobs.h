@@ -68,6 +68,6 @@ static inline int mat_wants_q8a(const mat *w) { return w->data && kernel_wants_q
 void run_jobs(struct colibri_context *c, const mm_job *jobs, int n_jobs);
 void run_glu(struct colibri_context *c, const glu_job *jobs, int n_jobs);
 /* Quantize n_rows rows of n_cols floats (n_cols % 32 == 0) to block_q8a rows. */
-void quantize_rows(struct colibri_context *c, const float *x, block_q8a *y, int n_rows, int n_cols);
+void quantize_activations(struct colibri_context *c, const float *x, block_q8a *y, int n_rows, int n_cols);
 
 #endif

@@ -593,7 +593,7 @@ int main(void) {
     CHECK(colibri_set_cpu_backend(NULL) == COLIBRI_E_INVALID_ARG, "colibri_set_cpu_backend(NULL) accepted");
     printf("best kernel set on this CPU: %s\n", best);
 
-    static const char *backends[] = {"scalar", "avx2", "avx512"};
+    static const char *backends[] = {"scalar", "avx2", "avx512", "neon", "neon-dotprod", "neon-i8mm"};
     int tested = 0;
     for (size_t bi = 0; bi < sizeof backends / sizeof backends[0]; bi++) {
         colibri_status s = kernels_select(backends[bi]);

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <strings.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "chat_template.h"
 #include "colibri.h"
@@ -559,7 +560,7 @@ int main(int argc, char **argv) {
             "colibri-run: %s, %d threads, kernels %s\n"
             "  prompt: %d tokens in %.3f s (%.1f tok/s)\n"
             "  generated: %ld tokens, time to first token %.3f s, decode %.1f tok/s\n",
-            info.arch, (int)(cp.n_threads > 0 ? cp.n_threads : 0), colibri_cpu_backend(), (int)n_prompt, t1 - t0,
+            info.arch, (int)(cp.n_threads > 0 ? cp.n_threads : sysconf(_SC_NPROCESSORS_ONLN)), colibri_cpu_backend(), (int)n_prompt, t1 - t0,
             n_prompt / (t1 - t0 > 0 ? t1 - t0 : 1e-9), n_gen, (t_first > 0 ? t_first : t1) - t0,
             n_gen > 1 && dec_s > 0 ? (double)(n_gen - 1) / dec_s : 0.0);
     if (o.stats) print_stats(ctx);

@@ -470,9 +470,11 @@ def make_mutations(base: bytes, lay: Layout, seed: int = 20261129) -> list[Mutat
         rows = 1
         for d in t.ne[1:]:
             rows *= d
-        nb_q5 = t.ne[0] // 32 * 22 * rows  # Q5_0 is the largest of the three: the data still fits
-        if t.ggml_type in (0, 1, 30) and t.ne[0] % 32 == 0 and nb_q5 <= t.nbytes:
-            for v, label in ((6, "Q5_0"), (20, "IQ4_NL"), (39, "MXFP4")):
+        # Q8_1 (40 bytes per 32) is the larger of the two: the data still fits
+        nb_q8_1 = t.ne[0] // 32 * 40 * rows
+        if t.ggml_type in (0, 1, 30) and t.ne[0] % 32 == 0 and nb_q8_1 <= t.nbytes:
+            kinds = [(9, "Q8_1")] + ([(41, "Q1_0")] if t.ne[0] % 128 == 0 else [])
+            for v, label in kinds:
                 rewrite(gt, v, True, f"{label}: known type without kernels")
                 muts[-1].expect = E_UNSUPPORTED
         rewrite(gt, rng.choice([0, 1, 2, 3, 8, 30]), False, "other computable type")

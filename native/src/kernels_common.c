@@ -8,6 +8,17 @@ int kernel_wants_q8a(uint32_t type) {
     case GGML_TYPE_Q8_0:
     case GGML_TYPE_Q4_0:
     case GGML_TYPE_Q4_1:
+    case GGML_TYPE_Q5_0:
+    case GGML_TYPE_Q5_1:
+    case GGML_TYPE_Q2_K:
+    case GGML_TYPE_Q3_K:
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q5_K:
+    case GGML_TYPE_Q6_K:
+    case GGML_TYPE_Q8_K:
+    case GGML_TYPE_IQ4_NL:
+    case GGML_TYPE_IQ4_XS:
+    case GGML_TYPE_MXFP4:
         return 1;
     default:
         return 0;

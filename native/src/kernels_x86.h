@@ -322,6 +322,8 @@ KX_Q_DRIVER(kx_matmul_q8_0, GGML_TYPE_Q8_0)
 KX_Q_DRIVER(kx_matmul_q4_0, GGML_TYPE_Q4_0)
 KX_Q_DRIVER(kx_matmul_q4_1, GGML_TYPE_Q4_1)
 
+#include "kernels_x86_kq.h"
+
 /* ---- float tile ------------------------------------------------------------------ */
 
 KX_INLINE __m256 kx_load_w8(uint32_t type, const char *row, int c) {
@@ -407,6 +409,7 @@ static void kx_matmul_rows(uint32_t type, const void *W, size_t row_bytes, int n
     case GGML_TYPE_Q4_0: kx_matmul_q4_0(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     case GGML_TYPE_Q4_1: kx_matmul_q4_1(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     default:
+        if (kx_matmul_kq(type, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1)) break;
         /* callers check types at load; NaN makes a slip visible */
         for (int t = 0; t < n_tok; t++)
             for (int r = r0; r < r1; r++) Y[(size_t)t * ldy + r] = NAN;

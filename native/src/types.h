@@ -98,4 +98,43 @@ float bf16_to_fp32(uint16_t h);
 /* Scalar reference: dequantize n elements (a multiple of the block size) of `type`. */
 void dequantize_row(uint32_t type, const void *src, float *dst, uint64_t n);
 
+/* ---- sub-block scales, shared by the dequantization and every kernel set ------------- */
+
+/* Q4_K / Q5_K: 6-bit scale and minimum of sub-block j (0..7). Bytes 0..3 hold the low 6 bits
+ * of the scales of 0..3, bytes 4..7 those of the minimums; sub-blocks 4..7 take their low 4
+ * bits from bytes 8..11 (scale low nibble, minimum high nibble) and their top 2 bits from the
+ * top 2 bits of bytes 0..3 (scales) and 4..7 (minimums). */
+static inline void k4_scale_min(const uint8_t *scales, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = scales[j] & 63;
+        *m = scales[j + 4] & 63;
+    } else {
+        *sc = (scales[j + 4] & 0x0f) | ((scales[j - 4] >> 6) << 4);
+        *m = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
+    }
+}
+
+/* Q3_K: signed scale of sub-block j (0..15): low 4 bits from byte j (j < 8, low nibble) or
+ * byte j - 8 (high nibble), top 2 bits from byte 8 + j % 4 at bit 2 * (j / 4); offset 32. */
+static inline int k3_scale(const uint8_t *scales, int j) {
+    const int lo = j < 8 ? scales[j] & 0x0f : scales[j - 8] >> 4;
+    const int hi = (scales[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+
+/* IQ4_XS: signed scale of sub-block j (0..7), offset 32. */
+static inline int iq4xs_scale(const block_iq4_xs *b, int j) {
+    const int lo = (b->scales_l[j >> 1] >> (4 * (j & 1))) & 0x0f;
+    const int hi = (b->scales_h >> (2 * j)) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+
+/* MXFP4: the E8M0 exponent e as 2^(e - 128), i.e. half the block scale, since the element
+ * table holds doubled E2M1 values. e = 0 and 1 give the subnormals 2^-128 and 2^-127. */
+static inline float e8m0_half_to_fp32(uint8_t e) {
+    union { uint32_t u; float f; } v;
+    v.u = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    return v.f;
+}
+
 #endif

@@ -477,7 +477,21 @@ static void test_tensor_table(void) {
     if (f.map) gguf_close(&f);
     free(b.p);
 
-    /* a known type without kernels (Q4_K) still opens: refusing it is the model loader's job */
+    /* rows that are not a whole number of blocks are refused by name: a Q4_K row of 288 (not a
+     * multiple of 256, as llama.cpp's fallbacks to Q5_0 / Q8_0 avoid), a Q5_0 row of 48 */
+    tdesc bad_k = {"blk.3.ffn_down_exps.weight", 3, {288, 2, 4, 1}, GGML_TYPE_Q4_K, -1};
+    b = make_file(3, 0, &bad_k, 1);
+    EXPECT_FAIL(b, COLIBRI_E_FORMAT,
+                "tensor 'blk.3.ffn_down_exps.weight': row length 288 is not a multiple of the Q4_K block size 256");
+    free(b.p);
+    tdesc bad_5 = {"blk.0.attn_v.weight", 2, {48, 2, 1, 1}, GGML_TYPE_Q5_0, -1};
+    b = make_file(3, 0, &bad_5, 1);
+    EXPECT_FAIL(b, COLIBRI_E_FORMAT,
+                "blk.0.attn_v.weight': row length 48 is not a multiple of the Q5_0 block size 32");
+    free(b.p);
+
+    /* a K-quant tensor opens with its byte size from the block layout (refusing types without
+     * kernels is the model loader's job) */
     tdesc qk = {"blk.0.attn_q.weight", 2, {256, 2, 1, 1}, 12, -1};
     b = make_file(3, 0, &qk, 1);
     CHECK(open_bytes(b.p, b.n, &f) == COLIBRI_OK);

@@ -97,32 +97,84 @@ typedef struct matrix {
     unsigned char *data;  /* rows * row_bytes */
 } matrix;
 
-static size_t row_bytes_of(uint32_t type, int cols) {
-    switch (type) {
-    case GGML_TYPE_F32: return (size_t)cols * 4;
-    case GGML_TYPE_F16:
-    case GGML_TYPE_BF16: return (size_t)cols * 2;
-    case GGML_TYPE_Q8_0: return (size_t)cols / 32 * sizeof(block_q8_0);
-    case GGML_TYPE_Q4_0: return (size_t)cols / 32 * sizeof(block_q4_0);
-    case GGML_TYPE_Q4_1: return (size_t)cols / 32 * sizeof(block_q4_1);
-    }
-    return 0;
+static size_t row_bytes_of(uint32_t type, int cols) { return type_row_bytes(type, (uint64_t)cols); }
+
+static const char *type_name(uint32_t type) { return type_info(type)->name; }
+
+/* The formats added with the K-quants (block_q8a activations, blocks of 32 or 256). */
+static int is_kq(uint32_t type) {
+    return kernel_wants_q8a(type) && type != GGML_TYPE_Q8_0 && type != GGML_TYPE_Q4_0 && type != GGML_TYPE_Q4_1;
 }
 
-static const char *type_name(uint32_t type) {
+/* Byte offsets of a block's fp16 scale d and of its minimum scale (dmin, or Q5_1's m; -1 if none). */
+static void kq_scale_offsets(uint32_t type, int *d_off, int *m_off) {
+    *d_off = 0;
+    *m_off = -1;
     switch (type) {
-    case GGML_TYPE_F32: return "F32";
-    case GGML_TYPE_F16: return "F16";
-    case GGML_TYPE_BF16: return "BF16";
-    case GGML_TYPE_Q8_0: return "Q8_0";
-    case GGML_TYPE_Q4_0: return "Q4_0";
-    case GGML_TYPE_Q4_1: return "Q4_1";
+    case GGML_TYPE_Q5_1: *m_off = 2; break;
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q5_K: *m_off = 2; break;
+    case GGML_TYPE_Q2_K: *d_off = 80, *m_off = 82; break;
+    case GGML_TYPE_Q3_K: *d_off = 108; break;
+    case GGML_TYPE_Q6_K: *d_off = 208; break;
+    case GGML_TYPE_MXFP4: *d_off = -1; break; /* E8M0 byte, set separately */
+    case GGML_TYPE_Q8_K: *d_off = -1; break;  /* float, set separately */
+    default: break;
     }
-    return "?";
 }
 
 /* a random fp16 scale: exact mode 2^-4..2^-6 with random sign, else a normal half in
  * roughly [1e-3, 0.1] with random sign */
+static uint16_t rnd_scale(int exact);
+
+/* Random block of one of the new formats: random bytes, then scales that keep exact data exact
+ * (powers of two; in exact mode also small sub-block scales, see make_matrix). */
+static void fill_kq_block(uint32_t type, unsigned char *blk, int exact) {
+    const size_t bytes = type_info(type)->block_bytes;
+    for (size_t i = 0; i < bytes; i++) blk[i] = (unsigned char)rnd_int(0, 255);
+    int d_off, m_off;
+    kq_scale_offsets(type, &d_off, &m_off);
+    if (d_off >= 0) {
+        uint16_t d = rnd_scale(exact), m = rnd_scale(exact);
+        memcpy(blk + d_off, &d, 2);
+        if (m_off >= 0) memcpy(blk + m_off, &m, 2);
+    }
+    if (type == GGML_TYPE_MXFP4) blk[0] = (unsigned char)(exact ? rnd_int(122, 124) : rnd_int(118, 130));
+    if (type == GGML_TYPE_Q8_K) {
+        float d = exact ? ldexpf(rnd_int(0, 1) ? -1.0f : 1.0f, -rnd_int(4, 6)) : rnd_unit() * 0.02f;
+        memcpy(blk, &d, 4);
+    }
+    if (!exact) return;
+    /* exact data: |w| stays small enough that no partial sum of a 1024-column row leaves float's
+     * 24 bits (units of 2^-10, |sum| < 2^14) */
+    switch (type) {
+    case GGML_TYPE_Q2_K: break; /* 4-bit scales and minimums, 2-bit quants: small already */
+    case GGML_TYPE_Q3_K: {
+        block_q3_K *b = (block_q3_K *)blk;
+        for (int i = 0; i < 8; i++) b->scales[i] &= 0x33;      /* low scale bits 0..3 */
+        for (int i = 8; i < 12; i++) b->scales[i] = 0xaa;      /* high bits 2: scale = low bits */
+        break;
+    }
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q5_K: {
+        uint8_t *sc = type == GGML_TYPE_Q4_K ? ((block_q4_K *)blk)->scales : ((block_q5_K *)blk)->scales;
+        for (int i = 0; i < 8; i++) sc[i] &= 0x03;
+        for (int i = 8; i < 12; i++) sc[i] &= 0x33;
+        break;
+    }
+    case GGML_TYPE_Q6_K:
+        for (int i = 0; i < 16; i++) ((block_q6_K *)blk)->scales[i] = (int8_t)rnd_int(-4, 4);
+        break;
+    case GGML_TYPE_IQ4_XS: {
+        block_iq4_xs *b = (block_iq4_xs *)blk;
+        b->scales_h = 0xaaaa; /* high bits 2: scale = low bits, 0 or 1 */
+        for (int i = 0; i < 4; i++) b->scales_l[i] &= 0x11;
+        break;
+    }
+    default: break;
+    }
+}
+
 static uint16_t rnd_scale(int exact) {
     if (exact) return half_from_pow2(rnd_int(0, 1), -rnd_int(4, 6));
     uint16_t h = (uint16_t)(((rnd_int(5, 11)) << 10) | rnd_int(0, 1023));
@@ -149,6 +201,11 @@ static matrix make_matrix(uint32_t type, int rows, int cols, int exact) {
                     memcpy(row + 2 * i, &h, 2);
                 }
             }
+            continue;
+        }
+        if (is_kq(type)) {
+            const int bs = (int)type_info(type)->block_size, bb = (int)type_info(type)->block_bytes;
+            for (int b = 0; b < cols / bs; b++) fill_kq_block(type, row + (size_t)b * bb, exact);
             continue;
         }
         for (int b = 0; b < cols / 32; b++) {
@@ -236,7 +293,33 @@ static acts make_acts(int n_tok, int cols, int exact) {
 static double ref_dot(const matrix *m, int r, const acts *a, int t, double *mag) {
     const unsigned char *row = m->data + r * m->row_bytes;
     double acc = 0.0, sabs = 0.0;
-    if (kernel_wants_q8a(m->type)) {
+    if (is_kq(m->type)) {
+        /* the weights as two exactly known parts, scale * q and the minimum term: the library's
+         * dequantization (checked bit for bit against the gguf package) of the row with the
+         * minimum scale zeroed, and with the scale zeroed. Every such product is exact in float
+         * (at most 11 + 7 + 6 significant bits), so both parts are the exact format values. */
+        int d_off, m_off;
+        kq_scale_offsets(m->type, &d_off, &m_off);
+        const int bs = (int)type_info(m->type)->block_size, bb = (int)type_info(m->type)->block_bytes;
+        unsigned char *tmp = malloc(m->row_bytes);
+        float *wa = malloc(sizeof(float) * m->cols), *wb = calloc((size_t)m->cols, sizeof(float));
+        memcpy(tmp, row, m->row_bytes);
+        if (m_off >= 0)
+            for (int b = 0; b < m->cols / bs; b++) memset(tmp + (size_t)b * bb + m_off, 0, 2);
+        dequantize_row(m->type, tmp, wa, (uint64_t)m->cols);
+        if (m_off >= 0) {
+            memcpy(tmp, row, m->row_bytes);
+            for (int b = 0; b < m->cols / bs; b++) memset(tmp + (size_t)b * bb + d_off, 0, 2);
+            dequantize_row(m->type, tmp, wb, (uint64_t)m->cols);
+        }
+        const block_q8a *xq = a->xq + t * (m->cols / 32);
+        for (int i = 0; i < m->cols; i++) {
+            const double x = (double)xq[i / 32].d * xq[i / 32].qs[i % 32];
+            acc += (double)wa[i] * x + (double)wb[i] * x;
+            sabs += fabs((double)wa[i] * x) + fabs((double)wb[i] * x);
+        }
+        free(tmp), free(wa), free(wb);
+    } else if (kernel_wants_q8a(m->type)) {
         int nb = m->cols / 32;
         const block_q8a *xq = a->xq + t * nb;
         for (int b = 0; b < nb; b++) {
@@ -316,7 +399,7 @@ static void run_matmul(const matrix *m, const acts *a, int n_tok, int r0, int r1
 }
 
 static void test_matmul_case(const char *backend, uint32_t type, int rows, int cols, int exact, case_stats *st) {
-    static const int ntoks[] = {1, 2, 3, 5, 8, 17, 64};
+    static const int ntoks[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 64};
     const int max_tok = 64;
     matrix m = make_matrix(type, rows, cols, exact);
     acts a = make_acts(max_tok, cols, exact);
@@ -425,19 +508,28 @@ static void test_matmul_case(const char *backend, uint32_t type, int rows, int c
 }
 
 static void test_matmul(const char *backend) {
-    static const uint32_t types[] = {GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16,
-                                     GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1};
+    static const uint32_t types[] = {GGML_TYPE_F32,  GGML_TYPE_F16,    GGML_TYPE_BF16,   GGML_TYPE_Q8_0,
+                                     GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,   GGML_TYPE_Q5_0,   GGML_TYPE_Q5_1,
+                                     GGML_TYPE_Q2_K, GGML_TYPE_Q3_K,   GGML_TYPE_Q4_K,   GGML_TYPE_Q5_K,
+                                     GGML_TYPE_Q6_K, GGML_TYPE_Q8_K,   GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS,
+                                     GGML_TYPE_MXFP4};
         /* 1, 3, 9, 17, 18, 32, 49 and 256 blocks: odd pairs, partial and several 16-block
      * chunks; the widest rows also make prefill split 64 tokens into L2-sized chunks */
     static const int qcols[] = {32, 96, 288, 544, 576, 1024, 1568, 8192};
     static const int fcols[] = {1, 7, 32, 67, 96, 200, 1024, 8192};
+    /* 256-element super-blocks: 1, 3 and 9 of them (exact data up to 1024 columns), and a wide row */
+    static const int kcols[] = {256, 768, 2304, 8192};
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         uint32_t type = types[ti];
-        const int *cols = kernel_wants_q8a(type) ? qcols : fcols;
-        size_t n_cols = kernel_wants_q8a(type) ? sizeof qcols / sizeof qcols[0] : sizeof fcols / sizeof fcols[0];
+        const int super = type_info(type)->block_size == 256;
+        const int *cols = super ? kcols : kernel_wants_q8a(type) ? qcols : fcols;
+        size_t n_cols = super                     ? sizeof kcols / sizeof kcols[0]
+                        : kernel_wants_q8a(type) ? sizeof qcols / sizeof qcols[0]
+                                                 : sizeof fcols / sizeof fcols[0];
         case_stats st = {0, 0.0};
         for (size_t ci = 0; ci < n_cols; ci++) {
             for (int exact = 1; exact >= 0; exact--) {
+                if (exact && is_kq(type) && cols[ci] > 1024) continue; /* see fill_kq_block */
                 test_matmul_case(backend, type, 37, cols[ci], exact, &st);
                 test_matmul_case(backend, type, 8, cols[ci], exact, &st);
             }

@@ -38,10 +38,12 @@ static void test_table(void) {
     CHECK(t && t->block_bytes == 20 && t->computable);
     t = type_info(GGML_TYPE_BF16);
     CHECK(t && strcmp(t->name, "BF16") == 0 && t->block_bytes == 2 && t->computable);
-    t = type_info(12);   /* Q4_K: known, sized, not computable */
-    CHECK(t && strcmp(t->name, "Q4_K") == 0 && t->block_size == 256 && t->block_bytes == 144 && !t->computable);
+    t = type_info(12);
+    CHECK(t && strcmp(t->name, "Q4_K") == 0 && t->block_size == 256 && t->block_bytes == 144 && t->computable);
     t = type_info(39);
-    CHECK(t && strcmp(t->name, "MXFP4") == 0 && t->block_bytes == 17 && !t->computable);
+    CHECK(t && strcmp(t->name, "MXFP4") == 0 && t->block_size == 32 && t->block_bytes == 17 && t->computable);
+    t = type_info(16);   /* IQ2_XXS: known, sized, not computable */
+    CHECK(t && strcmp(t->name, "IQ2_XXS") == 0 && t->block_bytes == 66 && !t->computable);
     CHECK(type_info(4) == NULL && type_info(5) == NULL && type_info(31) == NULL && type_info(1000) == NULL);
     int n_computable = 0;
     for (uint32_t i = 0; i < 64; i++) {
@@ -50,7 +52,7 @@ static void test_table(void) {
         CHECK(x->block_size > 0 && x->block_bytes > 0);
         n_computable += x->computable;
     }
-    CHECK(n_computable == 6);
+    CHECK(n_computable == 17);
     CHECK(type_row_bytes(GGML_TYPE_Q4_0, 64) == 36);
     CHECK(type_row_bytes(GGML_TYPE_Q4_0, 33) == 0);
     CHECK(type_row_bytes(GGML_TYPE_F16, 7) == 14);
@@ -167,7 +169,7 @@ static void test_dequant(void) {
     CHECK(colibri_dequantize(GGML_TYPE_Q8_0, q8, sizeof q8, out, 48) == COLIBRI_E_INVALID_ARG);
     CHECK(strstr(cb_last_error(), "multiple") != NULL);
     CHECK(colibri_dequantize(GGML_TYPE_Q8_0, q8, sizeof q8 - 1, out, 64) == COLIBRI_E_INVALID_ARG);
-    CHECK(colibri_dequantize(12, q8, 144, out, 256) == COLIBRI_E_UNSUPPORTED);
+    CHECK(colibri_dequantize(16, q8, 66, out, 256) == COLIBRI_E_UNSUPPORTED);
     CHECK(colibri_dequantize(4, q8, 18, out, 32) == COLIBRI_E_INVALID_ARG);
     CHECK(colibri_dequantize(-1, q8, 18, out, 32) == COLIBRI_E_INVALID_ARG);
     CHECK(colibri_dequantize(GGML_TYPE_F32, NULL, 4, out, 1) == COLIBRI_E_INVALID_ARG);

@@ -2,7 +2,10 @@
  * thread count, on the matrix shapes of the benchmark models.
  *
  *   bench-kernels [--backend scalar|avx2|avx512|all] [--threads N] [--ntok N] [--hot]
- *                 [--rows N] [--seconds S] [--quick]
+ *                 [--rows N] [--seconds S] [--quick] [--types Q4_K,Q6_K,...]
+ *
+ * --types replaces the shape list by the two bench expert shapes (2816x1024 gate/up and
+ * 1024x2816 down) for each named type (names as in GGUF: Q4_K, IQ4_XS, ...).
  *
  * (--hot --rows 256 --threads 1 measures compute throughput on an L2-resident matrix.)
  * Decode is memory-bound, so by default each call reads a different copy of the matrix
@@ -62,28 +65,25 @@ static uint32_t rnd32(void) {
 }
 static float rnd_f(void) { return (float)(rnd32() >> 8) / 8388608.0f - 1.0f; }
 
-static const char *tname(uint32_t t) {
-    switch (t) {
-    case GGML_TYPE_F32: return "F32";
-    case GGML_TYPE_F16: return "F16";
-    case GGML_TYPE_BF16: return "BF16";
-    case GGML_TYPE_Q8_0: return "Q8_0";
-    case GGML_TYPE_Q4_0: return "Q4_0";
-    case GGML_TYPE_Q4_1: return "Q4_1";
-    }
-    return "?";
-}
+static const char *tname(uint32_t t) { return type_info(t) ? type_info(t)->name : "?"; }
 
-static size_t row_bytes_of(uint32_t type, int cols) {
+static size_t row_bytes_of(uint32_t type, int cols) { return type_row_bytes(type, (uint64_t)cols); }
+
+/* Byte offsets of the fp16 scales in a block of the formats added with the K-quants (d, and
+ * the minimum's scale or -1); MXFP4 and Q8_K have none (E8M0 byte, float). */
+static void scale_offsets(uint32_t type, int *d_off, int *m_off) {
+    *d_off = 0, *m_off = -1;
     switch (type) {
-    case GGML_TYPE_F32: return (size_t)cols * 4;
-    case GGML_TYPE_F16:
-    case GGML_TYPE_BF16: return (size_t)cols * 2;
-    case GGML_TYPE_Q8_0: return (size_t)cols / 32 * sizeof(block_q8_0);
-    case GGML_TYPE_Q4_0: return (size_t)cols / 32 * sizeof(block_q4_0);
-    case GGML_TYPE_Q4_1: return (size_t)cols / 32 * sizeof(block_q4_1);
+    case GGML_TYPE_Q5_1:
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q5_K: *m_off = 2; break;
+    case GGML_TYPE_Q2_K: *d_off = 80, *m_off = 82; break;
+    case GGML_TYPE_Q3_K: *d_off = 108; break;
+    case GGML_TYPE_Q6_K: *d_off = 208; break;
+    case GGML_TYPE_MXFP4:
+    case GGML_TYPE_Q8_K: *d_off = -1; break;
+    default: break;
     }
-    return 0;
 }
 
 /* Plausible values: small fp16 scales, random quants, floats in [-1, 1]. */
@@ -104,6 +104,20 @@ static void fill_matrix(uint32_t type, unsigned char *w, int rows, int cols) {
                 memcpy(&u, &f, 4);
                 if (type == GGML_TYPE_F16) fp32_to_fp16_row(&f, (uint16_t *)row + c, 1);
                 else ((uint16_t *)row)[c] = (uint16_t)(u >> 16);
+            }
+        } else if (type != GGML_TYPE_Q8_0 && type != GGML_TYPE_Q4_0 && type != GGML_TYPE_Q4_1) {
+            const type_info_t *ti = type_info(type);
+            int d_off, m_off;
+            scale_offsets(type, &d_off, &m_off);
+            for (int b = 0; b < cols / (int)ti->block_size; b++) {
+                unsigned char *blk = row + (size_t)b * ti->block_bytes;
+                float dm[2] = {0.01f + 0.005f * rnd_f(), 0.01f + 0.005f * rnd_f()};
+                uint16_t h[2];
+                fp32_to_fp16_row(dm, h, 2);
+                if (d_off >= 0) memcpy(blk + d_off, &h[0], 2);
+                if (m_off >= 0) memcpy(blk + m_off, &h[1], 2);
+                if (type == GGML_TYPE_MXFP4) blk[0] = (unsigned char)(118 + rnd32() % 8);
+                if (type == GGML_TYPE_Q8_K) memcpy(blk, &dm[0], 4);
             }
         } else {
             const size_t bb = type == GGML_TYPE_Q8_0 ? sizeof(block_q8_0)
@@ -159,7 +173,37 @@ typedef struct options {
     int hot;
     int rows;             /* > 0: override every shape's row count (with --hot: a cache-resident matrix) */
     double seconds;       /* per measurement */
+    const char *types;    /* NULL: the SHAPES list; else comma-separated type names */
 } options;
+
+/* The shapes to run: SHAPES, or the two bench expert shapes for every type in o->types.
+ * Returns the count (0 and a message for an unknown name). */
+static size_t shape_list(const options *o, shape *out, size_t cap) {
+    if (!o->types) {
+        size_t n = sizeof SHAPES / sizeof SHAPES[0];
+        memcpy(out, SHAPES, n * sizeof(shape));
+        return n;
+    }
+    size_t n = 0;
+    const char *p = o->types;
+    while (*p && n + 2 <= cap) {
+        size_t len = strcspn(p, ",");
+        uint32_t found = UINT32_MAX;
+        for (uint32_t t = 0; t < 64; t++) {
+            const type_info_t *ti = type_info(t);
+            if (ti && ti->computable && strlen(ti->name) == len && strncmp(ti->name, p, len) == 0) found = t;
+        }
+        if (found == UINT32_MAX) {
+            fprintf(stderr, "unknown or non-computable type '%.*s'\n", (int)len, p);
+            return 0;
+        }
+        out[n++] = (shape){"bench ffn_up/gate expert", found, 2816, 1024};
+        out[n++] = (shape){"bench ffn_down expert", found, 1024, 2816};
+        p += len;
+        if (*p == ',') p++;
+    }
+    return n;
+}
 
 /* Median seconds per call over `reps` repetitions of about seconds/reps each; *cpu_per_call
  * gets the median process CPU seconds per call divided by the thread count. */
@@ -206,8 +250,11 @@ static int run_backend(const char *backend, const options *o) {
     }
     const int thread_counts[2] = {1, 2};
     const int ntoks[2] = {1, 64};
-    for (size_t si = 0; si < sizeof SHAPES / sizeof SHAPES[0]; si++) {
-        shape sh = SHAPES[si];
+    shape shapes[64];
+    const size_t n_shapes = shape_list(o, shapes, 64);
+    if (n_shapes == 0) return 1;
+    for (size_t si = 0; si < n_shapes; si++) {
+        shape sh = shapes[si];
         if (o->rows > 0) sh.rows = o->rows;
         const shape *s = &sh;
         const size_t rb = row_bytes_of(s->type, s->cols);
@@ -285,7 +332,7 @@ static int run_backend(const char *backend, const options *o) {
 }
 
 int main(int argc, char **argv) {
-    options o = {NULL, 0, 0, 0, 0, 0.7};
+    options o = {NULL, 0, 0, 0, 0, 0.7, NULL};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--backend") && i + 1 < argc) o.backend = argv[++i];
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) o.threads = atoi(argv[++i]);
@@ -294,10 +341,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--hot")) o.hot = 1;
         else if (!strcmp(argv[i], "--rows") && i + 1 < argc) o.rows = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick")) o.seconds = 0.15;
+        else if (!strcmp(argv[i], "--types") && i + 1 < argc) o.types = argv[++i];
         else {
             fprintf(stderr,
                     "usage: %s [--backend scalar|avx2|avx512|all] [--threads N] [--ntok N] [--hot] "
-                    "[--rows N] [--seconds S] [--quick]\n",
+                    "[--rows N] [--seconds S] [--quick] [--types Q4_K,Q6_K,...]\n",
                     argv[0]);
             return 2;
         }

@@ -1,0 +1,379 @@
+/* kernels_x86_kq.h — x86 tiles for the formats added with the K-quants: Q5_0, Q5_1, IQ4_NL,
+ * MXFP4 (blocks of 32) and Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_K (super-blocks of 256).
+ * Included by kernels_x86.h only (it needs that file's -m flags and helpers); compiled into
+ * both the AVX2 and the AVX-512 table, where kx_dot_us is vpdpbusd.
+ *
+ * The arithmetic is the scalar reference's (kernels_scalar.c), per 32-element sub-block that
+ * meets one block_q8a of the activations:
+ *   u, sgn   the sub-block's 32 quants as unsigned bytes: the quant itself (Q2_K, Q4_K, Q5_K,
+ *            Q5_1: no sign) or |w| with the sign moved onto the activations (the others)
+ *   lanes    int32 sums of u * q over groups of 4 bytes; formats with two 16-element halves
+ *            (Q2_K, Q3_K, Q6_K) weigh the halves by their integer scales with vpmaddwd
+ *   acc     += float(lanes) * (dsc * dx)   dsc = d, or d * sc for one scale per 32
+ *   minimum: Q5_1  acc += (m / 8) * s in every lane, which sums to m * s (as Q4_1);
+ *            Q4_K / Q5_K  acc += (-dmin * m_j) * s_j, lane j for sub-block j of a super-block;
+ *            Q2_K  acc -= float(min lanes) * (dmin * dx)
+ * A sub-block is unpacked once per tile row and used for every token of the tile; the tile
+ * shapes and the driver are those of the Q4_0 family (kernels_x86.h), so a (row, token)
+ * result never depends on n_tok or on the row range. */
+#ifndef COLIBRI_KERNELS_X86_KQ_H
+#define COLIBRI_KERNELS_X86_KQ_H
+
+/* Per row and weight block: the scales every sub-block of it needs. */
+typedef struct kx_khdr {
+    float dsc[8];   /* d, or d * sc_j (one scale per 32), per sub-block */
+    float dm8[8];   /* the minimum's factor per sub-block: Q5_1 m / 8; Q4_K, Q5_K -dmin * m_j */
+    float dmin;     /* Q2_K: the minimum's scale */
+    int16_t sc[16]; /* Q2_K, Q3_K, Q6_K: the 16-element scales; Q2_K also: */
+    int16_t mn[16]; /* its 4-bit minimums */
+} kx_khdr;
+
+/* One sub-block, unpacked. */
+typedef struct kx_ksub {
+    __m256i u, sgn;
+    __m256i sc16;   /* int16 weights of the two halves (16-element formats) */
+    __m256i mn16;   /* Q2_K: int16 minimums of the two halves */
+} kx_ksub;
+
+KX_INLINE int kx_k_signed(uint32_t type) {
+    return !(type == GGML_TYPE_Q2_K || type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q5_1);
+}
+
+KX_INLINE int kx_k_halves(uint32_t type) {
+    return type == GGML_TYPE_Q2_K || type == GGML_TYPE_Q3_K || type == GGML_TYPE_Q6_K;
+}
+
+KX_INLINE int kx_k_min8(uint32_t type) {
+    return type == GGML_TYPE_Q5_1 || type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K;
+}
+
+KX_INLINE int kx_k_per(uint32_t type) {   /* sub-blocks per weight block */
+    return type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q5_1 || type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_MXFP4
+               ? 1
+               : 8;
+}
+
+KX_INLINE size_t kx_k_bytes(uint32_t type) {
+    switch (type) {
+    case GGML_TYPE_Q5_0: return sizeof(block_q5_0);
+    case GGML_TYPE_Q5_1: return sizeof(block_q5_1);
+    case GGML_TYPE_IQ4_NL: return sizeof(block_iq4_nl);
+    case GGML_TYPE_MXFP4: return sizeof(block_mxfp4);
+    case GGML_TYPE_Q2_K: return sizeof(block_q2_K);
+    case GGML_TYPE_Q3_K: return sizeof(block_q3_K);
+    case GGML_TYPE_Q4_K: return sizeof(block_q4_K);
+    case GGML_TYPE_Q5_K: return sizeof(block_q5_K);
+    case GGML_TYPE_Q6_K: return sizeof(block_q6_K);
+    case GGML_TYPE_IQ4_XS: return sizeof(block_iq4_xs);
+    default: return sizeof(block_q8_K);
+    }
+}
+
+KX_INLINE void kx_khdr_load(uint32_t type, const char *blk, kx_khdr *h) {
+    switch (type) {
+    case GGML_TYPE_Q5_0: h->dsc[0] = _cvtsh_ss(((const block_q5_0 *)blk)->d); break;
+    case GGML_TYPE_Q5_1:
+        h->dsc[0] = _cvtsh_ss(((const block_q5_1 *)blk)->d);
+        h->dm8[0] = _cvtsh_ss(((const block_q5_1 *)blk)->m) * 0.125f;
+        break;
+    case GGML_TYPE_IQ4_NL: h->dsc[0] = _cvtsh_ss(((const block_iq4_nl *)blk)->d); break;
+    case GGML_TYPE_MXFP4: h->dsc[0] = e8m0_half_to_fp32(((const block_mxfp4 *)blk)->e); break;
+    case GGML_TYPE_Q2_K: {
+        const block_q2_K *b = (const block_q2_K *)blk;
+        const float d = _cvtsh_ss(b->d);
+        for (int j = 0; j < 8; j++) h->dsc[j] = d;
+        h->dmin = _cvtsh_ss(b->dmin);
+        const __m128i v = _mm_loadu_si128((const __m128i *)b->scales);
+        const __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x0f));
+        const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0f));
+        _mm256_storeu_si256((__m256i *)h->sc, _mm256_cvtepu8_epi16(lo));
+        _mm256_storeu_si256((__m256i *)h->mn, _mm256_cvtepu8_epi16(hi));
+        break;
+    }
+    case GGML_TYPE_Q3_K: {
+        const block_q3_K *b = (const block_q3_K *)blk;
+        const float d = _cvtsh_ss(b->d);
+        for (int j = 0; j < 8; j++) h->dsc[j] = d;
+        /* k3_scale for all 16: low nibbles of bytes 0..7 then their high nibbles; the top two
+         * bits of scale 4g + i are bits 2g..2g+1 of byte 8 + i */
+        uint64_t l;
+        uint32_t hb;
+        memcpy(&l, b->scales, 8), memcpy(&hb, b->scales + 8, 4);
+        const __m128i lo = _mm_set_epi64x((long long)((l >> 4) & 0x0f0f0f0f0f0f0f0full),
+                                          (long long)(l & 0x0f0f0f0f0f0f0f0full));
+        const __m128i hi = _mm_setr_epi32((int)(hb & 0x03030303u), (int)((hb >> 2) & 0x03030303u),
+                                          (int)((hb >> 4) & 0x03030303u), (int)((hb >> 6) & 0x03030303u));
+        const __m128i sc = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+        _mm256_storeu_si256((__m256i *)h->sc, _mm256_cvtepi8_epi16(sc));
+        break;
+    }
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q5_K: {
+        const int five = type == GGML_TYPE_Q5_K;
+        const uint16_t dh = five ? ((const block_q5_K *)blk)->d : ((const block_q4_K *)blk)->d;
+        const uint16_t mh = five ? ((const block_q5_K *)blk)->dmin : ((const block_q4_K *)blk)->dmin;
+        const uint8_t *scales = five ? ((const block_q5_K *)blk)->scales : ((const block_q4_K *)blk)->scales;
+        /* k4_scale_min for all 8 sub-blocks at once, 4 bytes per 32-bit word */
+        uint32_t a, b, c;
+        memcpy(&a, scales, 4), memcpy(&b, scales + 4, 4), memcpy(&c, scales + 8, 4);
+        const uint64_t sc = (uint64_t)(a & 0x3f3f3f3fu) |
+                            (uint64_t)((c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u)) << 32;
+        const uint64_t mn = (uint64_t)(b & 0x3f3f3f3fu) |
+                            (uint64_t)(((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u)) << 32;
+        const __m256 scf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc)));
+        const __m256 mnf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn)));
+        _mm256_storeu_ps(h->dsc, _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(dh)), scf));
+        _mm256_storeu_ps(h->dm8, _mm256_mul_ps(_mm256_set1_ps(-_cvtsh_ss(mh)), mnf));
+        break;
+    }
+    case GGML_TYPE_Q6_K: {
+        const block_q6_K *b = (const block_q6_K *)blk;
+        const float d = _cvtsh_ss(b->d);
+        for (int j = 0; j < 8; j++) h->dsc[j] = d;
+        _mm256_storeu_si256((__m256i *)h->sc, _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)b->scales)));
+        break;
+    }
+    case GGML_TYPE_IQ4_XS: {
+        const block_iq4_xs *b = (const block_iq4_xs *)blk;
+        const float d = _cvtsh_ss(b->d);
+        /* iq4xs_scale for all 8: low nibbles of scales_l interleaved with their high nibbles,
+         * two bits of scales_h each */
+        uint32_t l;
+        memcpy(&l, b->scales_l, 4);
+        const __m128i lo = _mm_unpacklo_epi8(_mm_cvtsi32_si128((int)(l & 0x0f0f0f0fu)),
+                                             _mm_cvtsi32_si128((int)((l >> 4) & 0x0f0f0f0fu)));
+        const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b->scales_h),
+                                                              _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                                            _mm256_set1_epi32(3));
+        const __m256i sc = _mm256_sub_epi32(_mm256_or_si256(_mm256_cvtepu8_epi32(lo), _mm256_slli_epi32(hi, 4)),
+                                            _mm256_set1_epi32(32));
+        _mm256_storeu_ps(h->dsc, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sc)));
+        break;
+    }
+    default: { /* Q8_K */
+        float d;
+        memcpy(&d, &((const block_q8_K *)blk)->d, sizeof d);
+        for (int j = 0; j < 8; j++) h->dsc[j] = d;
+        break;
+    }
+    }
+}
+
+/* 16 bytes of nibbles through a 16-entry signed table: 32 bytes in element order. */
+KX_INLINE __m256i kx_nibble_table(const uint8_t *qs, const int8_t *levels) {
+    const __m128i t = _mm_loadu_si128((const __m128i *)levels);
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(t), kx_unpack_nibbles(qs));
+}
+
+/* Q5_0 / Q5_1: bit k of the 32-bit qh as 0x10 in byte k. */
+KX_INLINE __m256i kx_q5_high(const uint8_t *qh4) {
+    uint32_t h;
+    memcpy(&h, qh4, 4);
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h),
+                                               _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                                2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+/* Bits 2s..2s+1 (or bit s, with mask 1) of 32 bytes, as bytes. */
+KX_INLINE __m256i kx_bits(const uint8_t *p, int shift, int mask) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8((char)mask));
+}
+
+KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr *h, kx_ksub *s) {
+    __m256i w;
+    switch (type) {
+    case GGML_TYPE_Q5_0: {
+        const block_q5_0 *b = (const block_q5_0 *)blk;
+        w = _mm256_sub_epi8(_mm256_or_si256(kx_unpack_nibbles(b->qs), kx_q5_high(b->qh)), _mm256_set1_epi8(16));
+        break;
+    }
+    case GGML_TYPE_Q5_1: {
+        const block_q5_1 *b = (const block_q5_1 *)blk;
+        w = _mm256_or_si256(kx_unpack_nibbles(b->qs), kx_q5_high(b->qh));
+        break;
+    }
+    case GGML_TYPE_IQ4_NL: w = kx_nibble_table(((const block_iq4_nl *)blk)->qs, IQ4_NL_VALUES); break;
+    case GGML_TYPE_MXFP4: w = kx_nibble_table(((const block_mxfp4 *)blk)->qs, MXFP4_VALUES); break;
+    case GGML_TYPE_IQ4_XS: w = kx_nibble_table(((const block_iq4_xs *)blk)->qs + 16 * j, IQ4_NL_VALUES); break;
+    case GGML_TYPE_Q2_K: w = kx_bits(((const block_q2_K *)blk)->qs + 32 * (j >> 2), 2 * (j & 3), 3); break;
+    case GGML_TYPE_Q3_K: {
+        const block_q3_K *b = (const block_q3_K *)blk;
+        const __m256i lo = kx_bits(b->qs + 32 * (j >> 2), 2 * (j & 3), 3);
+        const __m256i hb = kx_bits(b->hmask, j, 1);
+        /* a clear hmask bit subtracts 4 */
+        w = _mm256_sub_epi8(lo, _mm256_andnot_si256(_mm256_slli_epi16(hb, 2), _mm256_set1_epi8(4)));
+        break;
+    }
+    case GGML_TYPE_Q4_K: w = kx_bits(((const block_q4_K *)blk)->qs + 32 * (j >> 1), 4 * (j & 1), 0x0f); break;
+    case GGML_TYPE_Q5_K: {
+        const block_q5_K *b = (const block_q5_K *)blk;
+        w = _mm256_or_si256(kx_bits(b->qs + 32 * (j >> 1), 4 * (j & 1), 0x0f),
+                            _mm256_slli_epi16(kx_bits(b->qh, j, 1), 4));
+        break;
+    }
+    case GGML_TYPE_Q6_K: {
+        const block_q6_K *b = (const block_q6_K *)blk;
+        const int p = j >> 2, r = j & 3;
+        const __m256i lo = kx_bits(b->ql + 64 * p + 32 * (r & 1), 4 * (r >> 1), 0x0f);
+        const __m256i hi = kx_bits(b->qh + 32 * p, 2 * r, 3);
+        w = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
+        break;
+    }
+    default: w = _mm256_loadu_si256((const __m256i *)(((const block_q8_K *)blk)->qs + 32 * j)); break;
+    }
+    if (kx_k_signed(type)) {
+        s->sgn = w;
+        s->u = _mm256_sign_epi8(w, w);
+    } else {
+        s->u = w;
+        s->sgn = w;
+    }
+    if (kx_k_halves(type)) {
+        s->sc16 = _mm256_setr_m128i(_mm_set1_epi16(h->sc[2 * j]), _mm_set1_epi16(h->sc[2 * j + 1]));
+        if (type == GGML_TYPE_Q2_K)
+            s->mn16 = _mm256_setr_m128i(_mm_set1_epi16(h->mn[2 * j]), _mm_set1_epi16(h->mn[2 * j + 1]));
+    }
+}
+
+/* Blocks of 32 (Q5_0, Q5_1, IQ4_NL, MXFP4): the scale products per block, as Q4_0 / Q4_1. */
+KX_INLINE __m256 kx_k32_fma(uint32_t type, const kx_ksub *s, const kx_khdr *h, const block_q8a *x, __m256 acc) {
+    const __m256i xq = _mm256_loadu_si256((const __m256i *)x->qs);
+    const __m256i q = kx_k_signed(type) ? _mm256_sign_epi8(xq, s->sgn) : xq;
+    const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(h->dsc[0]), _mm256_broadcast_ss(&x->d));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(kx_dot_us(s->u, q)), scale, acc);
+    if (kx_k_min8(type)) acc = _mm256_fmadd_ps(_mm256_set1_ps(h->dm8[0]), _mm256_broadcast_ss(&x->s), acc);
+    return acc;
+}
+
+/* Super-blocks: the 8 scale products of a (row, token) pair are formed together (one vector
+ * multiply, stored in S and broadcast from there per sub-block), and the minimum term of
+ * Q4_K / Q5_K is one multiply-add of the 8 minimums with the 8 activation sums. */
+KX_INLINE __m256 kx_k256_fma(uint32_t type, const kx_ksub *s, const float *S, const float *Sm, int j,
+                             const block_q8a *x, __m256 acc) {
+    const __m256i xq = _mm256_loadu_si256((const __m256i *)x->qs);
+    const __m256i q = kx_k_signed(type) ? _mm256_sign_epi8(xq, s->sgn) : xq;
+    __m256i lanes;
+    if (kx_k_halves(type)) lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(s->u, q), s->sc16);
+    else lanes = kx_dot_us(s->u, q);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_broadcast_ss(&S[j]), acc);
+    if (type == GGML_TYPE_Q2_K) {
+        const __m256i ml = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), xq), s->mn16);
+        acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ml), _mm256_broadcast_ss(&Sm[j]), acc);
+    }
+    return acc;
+}
+
+/* Y[t][r0 + i] for i < R, t in [t0, t0 + T); nb = q8a blocks per row. */
+KX_INLINE void kx_tile_k(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, float *Y,
+                         int ldy, int r0, int t0, const int R, const int T) {
+    enum { MR = KX_PREFILL_ROWS > KX_DECODE_ROWS ? KX_PREFILL_ROWS : KX_DECODE_ROWS, MT = KX_PREFILL_TOKS };
+    const int per = kx_k_per(type);
+    const size_t bb = kx_k_bytes(type);
+    __m256 acc[MR][MT];
+    kx_khdr hdr[MR];
+    for (int i = 0; i < R; i++)
+        for (int t = 0; t < T; t++) acc[i][t] = _mm256_setzero_ps();
+    const block_q8a *xt = Xq + (size_t)t0 * nb;
+    /* activation fields of 8 consecutive blocks: byte offsets for the gathers */
+    const __m256i xidx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                            _mm256_set1_epi32((int)sizeof(block_q8a)));
+    for (int b = 0; b < nb / per; b++) {
+        for (int i = 0; i < R; i++) kx_khdr_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, &hdr[i]);
+        if (per == 1) {
+            for (int i = 0; i < R; i++) {
+                kx_ksub sub;
+                kx_ksub_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, 0, &hdr[i], &sub);
+                for (int t = 0; t < T; t++) acc[i][t] = kx_k32_fma(type, &sub, &hdr[i], xt + (size_t)t * nb + b, acc[i][t]);
+            }
+            continue;
+        }
+        float S[MR][MT][8], Sm[MR][MT][8];
+        for (int t = 0; t < T; t++) {
+            const block_q8a *x8 = xt + (size_t)t * nb + (size_t)b * 8;
+            const __m256 dx = _mm256_i32gather_ps(&x8->d, xidx, 1);
+            const __m256 sx = kx_k_min8(type) ? _mm256_i32gather_ps(&x8->s, xidx, 1) : _mm256_setzero_ps();
+            for (int i = 0; i < R; i++) {
+                _mm256_storeu_ps(S[i][t], _mm256_mul_ps(_mm256_loadu_ps(hdr[i].dsc), dx));
+                if (kx_k_min8(type)) acc[i][t] = _mm256_fmadd_ps(_mm256_loadu_ps(hdr[i].dm8), sx, acc[i][t]);
+                if (type == GGML_TYPE_Q2_K) _mm256_storeu_ps(Sm[i][t], _mm256_mul_ps(_mm256_set1_ps(hdr[i].dmin), dx));
+            }
+        }
+        for (int j = 0; j < 8; j++) {
+            for (int i = 0; i < R; i++) {
+                kx_ksub sub;
+                kx_ksub_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, j, &hdr[i], &sub);
+                for (int t = 0; t < T; t++)
+                    acc[i][t] = kx_k256_fma(type, &sub, S[i][t], Sm[i][t], j, xt + (size_t)t * nb + b * 8 + j, acc[i][t]);
+            }
+        }
+    }
+    for (int i = 0; i < R; i++)
+        for (int t = 0; t < T; t++) Y[(size_t)(t0 + t) * ldy + r0 + i] = kx_hsum(acc[i][t]);
+}
+
+#define KX_K_TILE(TYPE, R, T) kx_tile_k(TYPE, W, row_bytes, nb, Xq, Y, ldy, r, t, R, T)
+
+#define KX_K_DRIVER(NAME, TYPE)                                                                             \
+    static void NAME(const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok, float *Y,    \
+                     int ldy, int r0, int r1) {                                                              \
+        if (n_tok == 1) {                                                                                   \
+            const int t = 0;                                                                                \
+            int r = r0;                                                                                     \
+            for (; r + KX_DECODE_ROWS <= r1; r += KX_DECODE_ROWS) KX_K_TILE(TYPE, KX_DECODE_ROWS, 1);        \
+            for (; r < r1; r++) KX_K_TILE(TYPE, 1, 1);                                                      \
+            return;                                                                                         \
+        }                                                                                                   \
+        const int chunk = kx_token_chunk((size_t)nb * sizeof(block_q8a));                                  \
+        for (int tc = 0; tc < n_tok; tc += chunk) {                                                         \
+            const int tend = n_tok - tc < chunk ? n_tok : tc + chunk;                                       \
+            int r = r0;                                                                                     \
+            for (; r + KX_PREFILL_ROWS <= r1; r += KX_PREFILL_ROWS) {                                       \
+                int t = tc;                                                                                 \
+                for (; t + KX_PREFILL_TOKS <= tend; t += KX_PREFILL_TOKS)                                   \
+                    KX_K_TILE(TYPE, KX_PREFILL_ROWS, KX_PREFILL_TOKS);                                      \
+                for (; t < tend; t++) KX_K_TILE(TYPE, KX_PREFILL_ROWS, 1);                                  \
+            }                                                                                               \
+            for (; r < r1; r++) {                                                                           \
+                int t = tc;                                                                                 \
+                for (; t + KX_PREFILL_TOKS <= tend; t += KX_PREFILL_TOKS) KX_K_TILE(TYPE, 1, KX_PREFILL_TOKS); \
+                for (; t < tend; t++) KX_K_TILE(TYPE, 1, 1);                                                \
+            }                                                                                               \
+        }                                                                                                   \
+    }
+
+KX_K_DRIVER(kx_matmul_q5_0, GGML_TYPE_Q5_0)
+KX_K_DRIVER(kx_matmul_q5_1, GGML_TYPE_Q5_1)
+KX_K_DRIVER(kx_matmul_iq4_nl, GGML_TYPE_IQ4_NL)
+KX_K_DRIVER(kx_matmul_mxfp4, GGML_TYPE_MXFP4)
+KX_K_DRIVER(kx_matmul_q2_k, GGML_TYPE_Q2_K)
+KX_K_DRIVER(kx_matmul_q3_k, GGML_TYPE_Q3_K)
+KX_K_DRIVER(kx_matmul_q4_k, GGML_TYPE_Q4_K)
+KX_K_DRIVER(kx_matmul_q5_k, GGML_TYPE_Q5_K)
+KX_K_DRIVER(kx_matmul_q6_k, GGML_TYPE_Q6_K)
+KX_K_DRIVER(kx_matmul_iq4_xs, GGML_TYPE_IQ4_XS)
+KX_K_DRIVER(kx_matmul_q8_k, GGML_TYPE_Q8_K)
+
+/* The new formats' entry: 1 if `type` is one of them (and Y was written). */
+static int kx_matmul_kq(uint32_t type, const char *w, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok,
+                        float *Y, int ldy, int r0, int r1) {
+    switch (type) {
+    case GGML_TYPE_Q5_0: kx_matmul_q5_0(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); return 1;
+    case GGML_TYPE_Q5_1: kx_matmul_q5_1(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); return 1;
+    case GGML_TYPE_IQ4_NL: kx_matmul_iq4_nl(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); return 1;
+    case GGML_TYPE_MXFP4: kx_matmul_mxfp4(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); return 1;
+    case GGML_TYPE_Q2_K: kx_matmul_q2_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); return 1;
+    case GGML_TYPE_Q3_K: kx_matmul_q3_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); return 1;
+    case GGML_TYPE_Q4_K: kx_matmul_q4_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); return 1;
+    case GGML_TYPE_Q5_K: kx_matmul_q5_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); return 1;
+    case GGML_TYPE_Q6_K: kx_matmul_q6_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); return 1;
+    case GGML_TYPE_IQ4_XS: kx_matmul_iq4_xs(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); return 1;
+    case GGML_TYPE_Q8_K: kx_matmul_q8_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); return 1;
+    default: return 0;
+    }
+}
+
+#endif

@@ -5,12 +5,15 @@
  * Only those files may include this header: the code needs their -march flags, and cpu.c
  * selects a table only after the hardware capability bits say the CPU has the instructions.
  *
- * Quantized weights (Q8_0, Q4_0, Q4_1): every (row, token) pair computes exactly what the
- * scalar reference computes, in the same order, so the results are the scalar kernels' bit
- * for bit (and so independent of n_tok and of the row split). Per block of 32:
+ * Quantized weights with 32-element blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4):
+ * every (row, token) pair computes exactly what the scalar reference computes, in the same
+ * order, so the results are the scalar kernels' bit for bit (and so independent of n_tok and
+ * of the row split). Per block of 32, with the weight quants unpacked to int8 (nibbles, the
+ * fifth bit of Q5, or a 16-entry table lookup for the non-uniform IQ4_NL / MXFP4 levels):
  *     sumi = sum_i w_i q_i                          exact int32 (widening multiplies, SDOT or SMMLA)
- *     acc  = acc + ((dw * dq) * float(sumi))        Q8_0, Q4_0
+ *     acc  = acc + ((dw * dq) * float(sumi))        Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4
  *     acc  = acc + ((dw * dq) * float(sumi) + dm * s)   Q4_1
+ *     acc  = (acc + (dw * dq) * float(sumi)) + dm * s   Q5_1
  * Four pairs share one float32x4 accumulator, a lane each ("quad"):
  *     decode (one token):  lanes = 4 rows x 1 token
  *     prefill:             lanes = [ra ta, ra tb, rb ta, rb tb]  (2 rows x 2 tokens, SMMLA's layout)
@@ -22,8 +25,8 @@
  * columns (fused multiply-add), lanes summed in a fixed order, then the tail in scalar. The
  * arithmetic of a pair does not depend on the tile it is computed in.
  *
- * Types without NEON code here (anything matmul_rows is given beyond the six above) go to
- * the scalar kernels: one fallback, in neon_matmul_rows. */
+ * Types without NEON code here (the 256-element super-block formats: K-quants, IQ4_XS, Q8_K)
+ * go to the scalar kernels: one fallback, the default case of neon_matmul_rows. */
 #ifndef COLIBRI_KERNELS_NEON_H
 #define COLIBRI_KERNELS_NEON_H
 
@@ -70,34 +73,87 @@ typedef struct kn_wblock {
     float dm;  /* Q4_1: block minimum (0 otherwise) */
 } kn_wblock;
 
+/* The 16 bits of qh (little-endian) at `bits` as 16 bytes of 0x10 (set) or 0 (clear):
+ * Q5_0 / Q5_1's fifth bit for elements 0..15 (bits = qh) or 16..31 (bits = qh + 2). */
+KN_INLINE uint8x16_t kn_q5_high(const uint8_t *bits) {
+    static const uint8_t sel[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    const uint8x16_t b = vcombine_u8(vdup_n_u8(bits[0]), vdup_n_u8(bits[1]));
+    return vandq_u8(vtstq_u8(b, vld1q_u8(sel)), vdupq_n_u8(0x10));
+}
+
+/* How a format's block minimum enters, in the scalar reference's order. */
+enum {
+    KN_MIN_NONE,   /* acc + d dx sumi */
+    KN_MIN_SUM,    /* Q4_1: acc + (d dx sumi + m s) */
+    KN_MIN_AFTER,  /* Q5_1: (acc + d dx sumi) + m s */
+};
+
+KN_INLINE int kn_min_mode(uint32_t type) {
+    return type == GGML_TYPE_Q4_1 ? KN_MIN_SUM : type == GGML_TYPE_Q5_1 ? KN_MIN_AFTER : KN_MIN_NONE;
+}
+
 KN_INLINE kn_wblock kn_load_wblock(uint32_t type, const char *row, int b) {
     kn_wblock wb;
+    wb.dm = 0.0f;
     if (type == GGML_TYPE_Q8_0) {
         const block_q8_0 *blk = (const block_q8_0 *)row + b;
         wb.q.lo = vld1q_s8(blk->qs);
         wb.q.hi = vld1q_s8(blk->qs + 16);
         wb.dw = kn_half(blk->d);
-        wb.dm = 0.0f;
         return wb;
     }
-    /* nibble formats: low nibbles are elements 0..15, high nibbles 16..31 */
+    /* the 32-element nibble formats: low nibbles are elements 0..15, high nibbles 16..31 */
     const uint8_t *qs;
-    if (type == GGML_TYPE_Q4_0) {
+    switch (type) {
+    case GGML_TYPE_Q4_0: {
         const block_q4_0 *blk = (const block_q4_0 *)row + b;
-        qs = blk->qs;
-        wb.dw = kn_half(blk->d);
-        wb.dm = 0.0f;
-    } else { /* GGML_TYPE_Q4_1 */
+        qs = blk->qs, wb.dw = kn_half(blk->d);
+        break;
+    }
+    case GGML_TYPE_Q4_1: {
         const block_q4_1 *blk = (const block_q4_1 *)row + b;
-        qs = blk->qs;
-        wb.dw = kn_half(blk->d);
-        wb.dm = kn_half(blk->m);
+        qs = blk->qs, wb.dw = kn_half(blk->d), wb.dm = kn_half(blk->m);
+        break;
+    }
+    case GGML_TYPE_Q5_0: {
+        const block_q5_0 *blk = (const block_q5_0 *)row + b;
+        qs = blk->qs, wb.dw = kn_half(blk->d);
+        break;
+    }
+    case GGML_TYPE_Q5_1: {
+        const block_q5_1 *blk = (const block_q5_1 *)row + b;
+        qs = blk->qs, wb.dw = kn_half(blk->d), wb.dm = kn_half(blk->m);
+        break;
+    }
+    case GGML_TYPE_IQ4_NL: {
+        const block_iq4_nl *blk = (const block_iq4_nl *)row + b;
+        qs = blk->qs, wb.dw = kn_half(blk->d);
+        break;
+    }
+    default: { /* GGML_TYPE_MXFP4 */
+        const block_mxfp4 *blk = (const block_mxfp4 *)row + b;
+        qs = blk->qs, wb.dw = e8m0_half_to_fp32(blk->e);
+        break;
+    }
     }
     const uint8x16_t raw = vld1q_u8(qs);
     uint8x16_t lo = vandq_u8(raw, vdupq_n_u8(0x0f)), hi = vshrq_n_u8(raw, 4);
-    if (type == GGML_TYPE_Q4_0) { /* q - 8 */
-        lo = vsubq_u8(lo, vdupq_n_u8(8));
-        hi = vsubq_u8(hi, vdupq_n_u8(8));
+    if (type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_MXFP4) {
+        /* non-uniform levels: a 16-entry table lookup per nibble */
+        const int8x16_t lv = vld1q_s8(type == GGML_TYPE_IQ4_NL ? IQ4_NL_VALUES : MXFP4_VALUES);
+        wb.q.lo = vqtbl1q_s8(lv, lo);
+        wb.q.hi = vqtbl1q_s8(lv, hi);
+        return wb;
+    }
+    if (type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q5_1) {
+        const uint8_t *qh = type == GGML_TYPE_Q5_0 ? ((const block_q5_0 *)row + b)->qh : ((const block_q5_1 *)row + b)->qh;
+        lo = vorrq_u8(lo, kn_q5_high(qh));
+        hi = vorrq_u8(hi, kn_q5_high(qh + 2));
+    }
+    if (type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q5_0) { /* q - 8, q - 16 */
+        const uint8x16_t off = vdupq_n_u8(type == GGML_TYPE_Q4_0 ? 8 : 16);
+        lo = vsubq_u8(lo, off);
+        hi = vsubq_u8(hi, off);
     }
     wb.q.lo = vreinterpretq_s8_u8(lo);
     wb.q.hi = vreinterpretq_s8_u8(hi);
@@ -147,12 +203,14 @@ KN_INLINE int32x4_t kn_sums_2x2(kn_q32 wa, kn_q32 wb, kn_q32 xa, kn_q32 xb) {
 #endif
 }
 
-/* acc + ((dw dq) * float(sumi) [+ dm s]), lane by lane, in the scalar reference's order. */
+/* acc + (dw dq) * float(sumi), with the minimum term m s as kn_min_mode says, lane by lane. */
 KN_INLINE float32x4_t kn_block_acc(float32x4_t acc, int32x4_t sumi, float32x4_t scale, float32x4_t mterm,
-                                   int q41) {
+                                   int min_mode) {
     float32x4_t t = vmulq_f32(scale, vcvtq_f32_s32(sumi));
-    if (q41) t = vaddq_f32(t, mterm);
-    return vaddq_f32(acc, t);
+    if (min_mode == KN_MIN_SUM) return vaddq_f32(acc, vaddq_f32(t, mterm));
+    acc = vaddq_f32(acc, t);
+    if (min_mode == KN_MIN_AFTER) acc = vaddq_f32(acc, mterm);
+    return acc;
 }
 
 KN_INLINE float32x4_t kn_f4(float a, float b, float c, float d) {
@@ -163,7 +221,7 @@ KN_INLINE float32x4_t kn_f4(float a, float b, float c, float d) {
 /* One token, rows rows[0..3] (repeats allowed; only the first n_rows are stored). */
 KN_INLINE void kn_quad_decode(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *x,
                               float *Y, const int rows[4], int n_rows) {
-    const int q41 = type == GGML_TYPE_Q4_1;
+    const int mm = kn_min_mode(type);
     const char *w[4];
     for (int i = 0; i < 4; i++) w[i] = W + (size_t)rows[i] * row_bytes;
     float32x4_t acc = vdupq_n_f32(0.0f);
@@ -175,8 +233,8 @@ KN_INLINE void kn_quad_decode(uint32_t type, const char *W, size_t row_bytes, in
                                         kn_dot_partial(wb[2].q, xq), kn_dot_partial(wb[3].q, xq));
         const float32x4_t scale = vmulq_f32(kn_f4(wb[0].dw, wb[1].dw, wb[2].dw, wb[3].dw), vdupq_n_f32(x[b].d));
         float32x4_t mterm = vdupq_n_f32(0.0f);
-        if (q41) mterm = vmulq_f32(kn_f4(wb[0].dm, wb[1].dm, wb[2].dm, wb[3].dm), vdupq_n_f32(x[b].s));
-        acc = kn_block_acc(acc, sumi, scale, mterm, q41);
+        if (mm != KN_MIN_NONE) mterm = vmulq_f32(kn_f4(wb[0].dm, wb[1].dm, wb[2].dm, wb[3].dm), vdupq_n_f32(x[b].s));
+        acc = kn_block_acc(acc, sumi, scale, mterm, mm);
     }
     float out[4];
     vst1q_f32(out, acc);
@@ -187,7 +245,7 @@ KN_INLINE void kn_quad_decode(uint32_t type, const char *W, size_t row_bytes, in
  * share each weight block. Stores rows < n_rows, tokens < n_toks. */
 KN_INLINE void kn_tile_prefill(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq,
                                float *Y, int ldy, int ra, int rb, int n_rows, const int t[4], int n_toks) {
-    const int q41 = type == GGML_TYPE_Q4_1;
+    const int mm = kn_min_mode(type);
     const char *wa = W + (size_t)ra * row_bytes, *wbp = W + (size_t)rb * row_bytes;
     const block_q8a *x[4];
     for (int j = 0; j < 4; j++) x[j] = Xq + (size_t)t[j] * nb;
@@ -201,9 +259,9 @@ KN_INLINE void kn_tile_prefill(uint32_t type, const char *W, size_t row_bytes, i
             const int32x4_t sumi = kn_sums_2x2(A.q, B.q, kn_load_xq(xa), kn_load_xq(xb));
             const float32x4_t scale = vmulq_f32(dw, kn_f4(xa->d, xb->d, xa->d, xb->d));
             float32x4_t mterm = vdupq_n_f32(0.0f);
-            if (q41) mterm = vmulq_f32(dm, kn_f4(xa->s, xb->s, xa->s, xb->s));
-            if (h == 0) acc0 = kn_block_acc(acc0, sumi, scale, mterm, q41);
-            else acc1 = kn_block_acc(acc1, sumi, scale, mterm, q41);
+            if (mm != KN_MIN_NONE) mterm = vmulq_f32(dm, kn_f4(xa->s, xb->s, xa->s, xb->s));
+            if (h == 0) acc0 = kn_block_acc(acc0, sumi, scale, mterm, mm);
+            else acc1 = kn_block_acc(acc1, sumi, scale, mterm, mm);
         }
     }
     float out[8];
@@ -322,6 +380,10 @@ static void neon_matmul_rows(uint32_t type, const void *W, size_t row_bytes, int
     case GGML_TYPE_Q8_0: kn_matmul_q(GGML_TYPE_Q8_0, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     case GGML_TYPE_Q4_0: kn_matmul_q(GGML_TYPE_Q4_0, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     case GGML_TYPE_Q4_1: kn_matmul_q(GGML_TYPE_Q4_1, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_Q5_0: kn_matmul_q(GGML_TYPE_Q5_0, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_Q5_1: kn_matmul_q(GGML_TYPE_Q5_1, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_IQ4_NL: kn_matmul_q(GGML_TYPE_IQ4_NL, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_MXFP4: kn_matmul_q(GGML_TYPE_MXFP4, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     default:
         /* the one fallback: a type this file has no NEON code for runs the reference kernels */
         kernels_scalar.matmul_rows(type, W, row_bytes, n_cols, X, Xq, n_tok, Y, ldy, r0, r1);

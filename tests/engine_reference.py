@@ -10,6 +10,7 @@ undoes that, so a match also checks the engine's RoPE pairing against the permut
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -157,7 +158,53 @@ QTYPES = {
     "Q4_0": QT.Q4_0,
     "Q4_1": QT.Q4_1,
     "Q5_0": QT.Q5_0,
-}  # Q5_0: a valid ggml type the engine does not compute with (error-path tests)
+    "Q5_1": QT.Q5_1,
+    "MXFP4": QT.MXFP4,
+    "Q2_K": QT.Q2_K,
+    "Q3_K": QT.Q3_K,
+    "Q4_K": QT.Q4_K,
+    "Q5_K": QT.Q5_K,
+    "Q6_K": QT.Q6_K,
+    "IQ4_NL": QT.IQ4_NL,
+    "IQ4_XS": QT.IQ4_XS,
+    "Q8_1": QT.Q8_1,
+}  # Q8_1: a valid ggml type the engine does not compute with (error-path tests)
+
+# Types the gguf package cannot quantize: byte offsets of their fp16 scale d and minimum scale (or None).
+# Their tensors are random blocks whose two scales are set so the weights have about the wanted spread.
+RANDOM_BLOCKS = {
+    "Q2_K": (80, 82),
+    "Q3_K": (108, None),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208, None),
+    "IQ4_NL": (0, None),
+    "IQ4_XS": (0, None),
+    "Q8_1": (0, 2),
+}
+
+
+def _random_blocks(a32: np.ndarray, qtype: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Random blocks of `qtype` for an array shaped like a32, scaled like it; (raw bytes, values)."""
+    t = QTYPES[qtype]
+    block, block_bytes = gguf.GGML_QUANT_SIZES[t]
+    rows, cols = a32.shape
+    raw = rng.integers(0, 256, size=(rows, cols // block, block_bytes), dtype=np.uint8)
+    d_off, m_off = RANDOM_BLOCKS[qtype]
+
+    def set_scales(d: float) -> None:
+        h = np.frombuffer(np.float16(d).tobytes(), dtype=np.uint8)
+        raw[:, :, d_off : d_off + 2] = h
+        if m_off is not None:
+            raw[:, :, m_off : m_off + 2] = h
+
+    if t == QT.Q8_1:  # no dequantization in the gguf package, and only error paths use it
+        set_scales(1e-3)
+        return raw.reshape(rows, -1), np.full(a32.shape, np.nan)
+    set_scales(1.0)
+    unit = gguf.quants.dequantize(raw.reshape(rows, -1), t)
+    set_scales(float(a32.std()) / float(unit.std()))
+    return raw.reshape(rows, -1), gguf.quants.dequantize(raw.reshape(rows, -1), t).astype(np.float64)
 
 
 def _store(a: np.ndarray, qtype: str) -> tuple[np.ndarray, QT | None, np.ndarray]:
@@ -169,6 +216,10 @@ def _store(a: np.ndarray, qtype: str) -> tuple[np.ndarray, QT | None, np.ndarray
         h = a32.astype(np.float16)
         return h, None, h.astype(np.float64)
     t = QTYPES[qtype]
+    if qtype in RANDOM_BLOCKS:
+        seed = zlib.crc32(a32.tobytes()[:256] + qtype.encode())
+        raw, eff = _random_blocks(a32.reshape(-1, a32.shape[-1]), qtype, np.random.default_rng(seed))
+        return raw, t, eff.reshape(a32.shape)
     q = gguf.quants.quantize(a32, t)
     return q, t, gguf.quants.dequantize(q, t).astype(np.float64).reshape(a32.shape)
 

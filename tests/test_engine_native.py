@@ -97,6 +97,53 @@ def test_quantized_weights_close_to_reference(tmp_path: Path, arch: str, wtype: 
         assert np.median(kl) <= 3e-3 and top1 >= 0.9
 
 
+# The formats added with the K-quants, each on its own and in llama.cpp-style mixes (Q4_K_M: Q4_K with
+# Q6_K for attn_v / ffn_down / output and Q5_0 / Q8_0 fallbacks; IQ4_XS with Q5_K and IQ4_NL). Rows are
+# 256 wide so every super-block format fits; the router and norms stay F32.
+K_SHAPE = {"n_embd": 256, "n_head": 4, "n_head_kv": 2, "head_dim": 64, "n_ff_exp": 256, "n_layer": 2}
+MIXES = {
+    "q4_k_m": (
+        "Q4_K",
+        {
+            "blk.0.attn_v.weight": "Q6_K",
+            "blk.1.attn_v.weight": "Q6_K",
+            "output.weight": "Q6_K",
+            "blk.0.ffn_down_exps.weight": "Q6_K",
+            "blk.0.attn_q.weight": "Q5_0",
+            "blk.1.attn_k.weight": "Q8_0",
+        },
+    ),
+    "iq4_xs": ("IQ4_XS", {"blk.0.ffn_down_exps.weight": "Q5_K", "blk.1.attn_output.weight": "IQ4_NL"}),
+    "q3_k_m": (
+        "Q3_K",
+        {"blk.0.attn_v.weight": "Q5_K", "blk.1.ffn_down_exps.weight": "Q4_K", "output.weight": "Q6_K"},
+    ),
+    "q2_k": (
+        "Q2_K",
+        {"blk.0.ffn_down_exps.weight": "Q3_K", "output.weight": "Q6_K", "blk.1.attn_q.weight": "Q4_1"},
+    ),
+    "q5_1": ("Q5_1", {"blk.0.attn_v.weight": "Q4_0"}),
+    "mxfp4": ("MXFP4", {"blk.1.attn_v.weight": "Q5_0", "output.weight": "Q8_0"}),
+}
+
+
+@pytest.mark.parametrize("mix", list(MIXES))
+def test_k_quant_mixes_close_to_reference(tmp_path: Path, mix: str) -> None:
+    wtype, overrides = MIXES[mix]
+    ref = make_tiny_model(tmp_path / "m.gguf", "mixtral", wtype=wtype, tensor_types=overrides, **K_SHAPE)
+    toks = _tokens(ref, 48)
+    want = reference_forward(ref, toks, kv_f16=True)[0]
+    eng = Engine(tmp_path / "m.gguf", n_batch=20)  # prefill tiles and a partial chunk
+    try:
+        got = eng.eval(toks)
+    finally:
+        eng.close()
+    lp, lq = _log_softmax(want), _log_softmax(got)
+    kl = (np.exp(lp) * (lp - lq)).sum(-1)
+    top1 = (got.argmax(-1) == want.argmax(-1)).mean()
+    assert np.median(kl) <= 3e-3 and top1 >= 0.9, (float(np.median(kl)), float(top1))
+
+
 @pytest.fixture(scope="module")
 def moe_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, RefModel]:
     path = tmp_path_factory.mktemp("moe") / "mixtral_q8.gguf"
@@ -286,9 +333,9 @@ def test_bad_arguments(moe_file: tuple[Path, RefModel]) -> None:
         ({"skip_tensors": ("blk.1.attn_k.weight",)}, ModelFormatError, "blk.1.attn_k.weight is missing"),
         ({"skip_tensors": ("blk.0.ffn_up_exps.weight",)}, ModelFormatError, "ffn_up_exps.weight is missing"),
         (
-            {"tensor_types": {"blk.0.attn_q.weight": "Q5_0"}},
+            {"tensor_types": {"blk.0.attn_q.weight": "Q8_1"}},
             UnsupportedModelError,
-            "attn_q.weight has type Q5_0",
+            "attn_q.weight has type Q8_1",
         ),
     ],
 )

@@ -30,14 +30,26 @@ typedef struct kx_khdr {
 
 /* One sub-block, unpacked. */
 typedef struct kx_ksub {
-    __m256i u, sgn;
-    __m256i sc16;   /* int16 weights of the two halves (16-element formats) */
+    __m256i u, sgn; /* see the top; with VNNI a signed format keeps w in u (sgn unused) */
+    __m256i corr;   /* VNNI, signed formats: -128 * (sum of w over each group of 4) */
+    __m256i sc16;   /* int16 weights of the two halves (16-element formats): AVX2 */
+    __m256i sc32;   /* the same as int32 lanes (4 per half): VNNI */
     __m256i mn16;   /* Q2_K: int16 minimums of the two halves */
 } kx_ksub;
+
+/* With VNNI a signed format needs no sign trick: vpdpbusd takes the activations offset to
+ * unsigned (x + 128, per token, shared by the tile's rows) against the signed w, starting
+ * from -128 * sum(w) (per row, shared by the tile's tokens), which is exactly sum(x * w).
+ * That pays in prefill tiles (T > 1), where the correction is shared; a decode tile keeps the
+ * sign trick. The int32 lanes are the same exact sums either way (groups of 4 consecutive
+ * bytes, times the half's scale), so results do not depend on which tile a token is in. */
+KX_INLINE int kx_k_offset(uint32_t type, int T);
 
 KX_INLINE int kx_k_signed(uint32_t type) {
     return !(type == GGML_TYPE_Q2_K || type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q5_1);
 }
+
+KX_INLINE int kx_k_offset(uint32_t type, int T) { return X86_VNNI && T > 1 && kx_k_signed(type); }
 
 KX_INLINE int kx_k_halves(uint32_t type) {
     return type == GGML_TYPE_Q2_K || type == GGML_TYPE_Q3_K || type == GGML_TYPE_Q6_K;
@@ -183,7 +195,7 @@ KX_INLINE __m256i kx_bits(const uint8_t *p, int shift, int mask) {
     return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8((char)mask));
 }
 
-KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr *h, kx_ksub *s) {
+KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr *h, const int off, kx_ksub *s) {
     __m256i w;
     switch (type) {
     case GGML_TYPE_Q5_0: {
@@ -225,14 +237,22 @@ KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr
     }
     default: w = _mm256_loadu_si256((const __m256i *)(((const block_q8_K *)blk)->qs + 32 * j)); break;
     }
-    if (kx_k_signed(type)) {
+    if (off) {
+#if X86_VNNI
+        s->u = s->sgn = w;
+        s->corr = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                   _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), w));
+#endif
+    } else if (kx_k_signed(type)) {
         s->sgn = w;
         s->u = _mm256_sign_epi8(w, w);
     } else {
         s->u = w;
         s->sgn = w;
     }
-    if (kx_k_halves(type)) {
+    if (kx_k_halves(type) && off) {
+        s->sc32 = _mm256_setr_m128i(_mm_set1_epi32(h->sc[2 * j]), _mm_set1_epi32(h->sc[2 * j + 1]));
+    } else if (kx_k_halves(type)) {
         s->sc16 = _mm256_setr_m128i(_mm_set1_epi16(h->sc[2 * j]), _mm_set1_epi16(h->sc[2 * j + 1]));
         if (type == GGML_TYPE_Q2_K)
             s->mn16 = _mm256_setr_m128i(_mm_set1_epi16(h->mn[2 * j]), _mm_set1_epi16(h->mn[2 * j + 1]));
@@ -240,11 +260,31 @@ KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr
 }
 
 /* Blocks of 32 (Q5_0, Q5_1, IQ4_NL, MXFP4): the scale products per block, as Q4_0 / Q4_1. */
-KX_INLINE __m256 kx_k32_fma(uint32_t type, const kx_ksub *s, const kx_khdr *h, const block_q8a *x, __m256 acc) {
+/* The activation quants of one block as the tile's dot products take them: offset to unsigned
+ * for the VNNI signed formats (kx_k_offset), else as they are. */
+KX_INLINE __m256i kx_k_xload(const block_q8a *x, const int off) {
     const __m256i xq = _mm256_loadu_si256((const __m256i *)x->qs);
-    const __m256i q = kx_k_signed(type) ? _mm256_sign_epi8(xq, s->sgn) : xq;
+    return off ? _mm256_xor_si256(xq, _mm256_set1_epi8((char)0x80)) : xq;
+}
+
+/* int32 lanes of sum(w * x) over groups of 4, the halves weighted by their scales. */
+KX_INLINE __m256i kx_k_lanes(uint32_t type, const kx_ksub *s, __m256i xv, const int off) {
+#if X86_VNNI
+    if (off) {
+        const __m256i l = _mm256_dpbusd_epi32(s->corr, xv, s->u);
+        return kx_k_halves(type) ? _mm256_mullo_epi32(l, s->sc32) : l;
+    }
+#endif
+    const __m256i q = kx_k_signed(type) ? _mm256_sign_epi8(xv, s->sgn) : xv;
+    if (kx_k_halves(type)) return _mm256_madd_epi16(_mm256_maddubs_epi16(s->u, q), s->sc16);
+    return kx_dot_us(s->u, q);
+}
+
+/* Blocks of 32 (Q5_0, Q5_1, IQ4_NL, MXFP4): the scale products per block, as Q4_0 / Q4_1. */
+KX_INLINE __m256 kx_k32_fma(uint32_t type, const kx_ksub *s, const kx_khdr *h, const block_q8a *x, __m256i xv,
+                            const int off, __m256 acc) {
     const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(h->dsc[0]), _mm256_broadcast_ss(&x->d));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(kx_dot_us(s->u, q)), scale, acc);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(kx_k_lanes(type, s, xv, off)), scale, acc);
     if (kx_k_min8(type)) acc = _mm256_fmadd_ps(_mm256_set1_ps(h->dm8[0]), _mm256_broadcast_ss(&x->s), acc);
     return acc;
 }
@@ -252,16 +292,11 @@ KX_INLINE __m256 kx_k32_fma(uint32_t type, const kx_ksub *s, const kx_khdr *h, c
 /* Super-blocks: the 8 scale products of a (row, token) pair are formed together (one vector
  * multiply, stored in S and broadcast from there per sub-block), and the minimum term of
  * Q4_K / Q5_K is one multiply-add of the 8 minimums with the 8 activation sums. */
-KX_INLINE __m256 kx_k256_fma(uint32_t type, const kx_ksub *s, const float *S, const float *Sm, int j,
-                             const block_q8a *x, __m256 acc) {
-    const __m256i xq = _mm256_loadu_si256((const __m256i *)x->qs);
-    const __m256i q = kx_k_signed(type) ? _mm256_sign_epi8(xq, s->sgn) : xq;
-    __m256i lanes;
-    if (kx_k_halves(type)) lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(s->u, q), s->sc16);
-    else lanes = kx_dot_us(s->u, q);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_broadcast_ss(&S[j]), acc);
-    if (type == GGML_TYPE_Q2_K) {
-        const __m256i ml = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), xq), s->mn16);
+KX_INLINE __m256 kx_k256_fma(uint32_t type, const kx_ksub *s, const float *S, const float *Sm, int j, __m256i xv,
+                             const int off, __m256 acc) {
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(kx_k_lanes(type, s, xv, off)), _mm256_broadcast_ss(&S[j]), acc);
+    if (type == GGML_TYPE_Q2_K) { /* unsigned: xv is the raw activations */
+        const __m256i ml = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), xv), s->mn16);
         acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ml), _mm256_broadcast_ss(&Sm[j]), acc);
     }
     return acc;
@@ -272,6 +307,7 @@ KX_INLINE void kx_tile_k(uint32_t type, const char *W, size_t row_bytes, int nb,
                          int ldy, int r0, int t0, const int R, const int T) {
     enum { MR = KX_PREFILL_ROWS > KX_DECODE_ROWS ? KX_PREFILL_ROWS : KX_DECODE_ROWS, MT = KX_PREFILL_TOKS };
     const int per = kx_k_per(type);
+    const int off = kx_k_offset(type, T);
     const size_t bb = kx_k_bytes(type);
     __m256 acc[MR][MT];
     kx_khdr hdr[MR];
@@ -284,10 +320,13 @@ KX_INLINE void kx_tile_k(uint32_t type, const char *W, size_t row_bytes, int nb,
     for (int b = 0; b < nb / per; b++) {
         for (int i = 0; i < R; i++) kx_khdr_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, &hdr[i]);
         if (per == 1) {
+            __m256i xv[MT];
+            for (int t = 0; t < T; t++) xv[t] = kx_k_xload(xt + (size_t)t * nb + b, off);
             for (int i = 0; i < R; i++) {
                 kx_ksub sub;
-                kx_ksub_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, 0, &hdr[i], &sub);
-                for (int t = 0; t < T; t++) acc[i][t] = kx_k32_fma(type, &sub, &hdr[i], xt + (size_t)t * nb + b, acc[i][t]);
+                kx_ksub_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, 0, &hdr[i], off, &sub);
+                for (int t = 0; t < T; t++)
+                    acc[i][t] = kx_k32_fma(type, &sub, &hdr[i], xt + (size_t)t * nb + b, xv[t], off, acc[i][t]);
             }
             continue;
         }
@@ -303,11 +342,12 @@ KX_INLINE void kx_tile_k(uint32_t type, const char *W, size_t row_bytes, int nb,
             }
         }
         for (int j = 0; j < 8; j++) {
+            __m256i xv[MT];
+            for (int t = 0; t < T; t++) xv[t] = kx_k_xload(xt + (size_t)t * nb + b * 8 + j, off);
             for (int i = 0; i < R; i++) {
                 kx_ksub sub;
-                kx_ksub_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, j, &hdr[i], &sub);
-                for (int t = 0; t < T; t++)
-                    acc[i][t] = kx_k256_fma(type, &sub, S[i][t], Sm[i][t], j, xt + (size_t)t * nb + b * 8 + j, acc[i][t]);
+                kx_ksub_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, j, &hdr[i], off, &sub);
+                for (int t = 0; t < T; t++) acc[i][t] = kx_k256_fma(type, &sub, S[i][t], Sm[i][t], j, xv[t], off, acc[i][t]);
             }
         }
     }

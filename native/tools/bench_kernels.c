@@ -1,7 +1,7 @@
 /* bench_kernels.c — throughput of matmul_rows per weight type, kernel set, token count and
  * thread count, on the matrix shapes of the benchmark models.
  *
- *   bench-kernels [--backend scalar|avx2|avx512|all] [--threads N] [--ntok N] [--hot]
+ *   bench-kernels [--backend scalar|avx2|avx512|all|best] [--threads N] [--ntok N] [--hot]
  *                 [--rows N] [--seconds S] [--quick] [--types Q4_K,Q6_K,...]
  *
  * --types replaces the shape list by the two bench expert shapes (2816x1024 gate/up and
@@ -344,7 +344,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--types") && i + 1 < argc) o.types = argv[++i];
         else {
             fprintf(stderr,
-                    "usage: %s [--backend scalar|avx2|avx512|all] [--threads N] [--ntok N] [--hot] "
+                    "usage: %s [--backend scalar|avx2|avx512|all|best] [--threads N] [--ntok N] [--hot] "
                     "[--rows N] [--seconds S] [--quick] [--types Q4_K,Q6_K,...]\n",
                     argv[0]);
             return 2;
@@ -355,6 +355,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     printf("best kernel set: %s\n", (kernels_select(NULL), kernels_backend_name()));
+    if (o.backend && strcmp(o.backend, "best") == 0) return run_backend(kernels_backend_name(), &o);
     if (o.backend && strcmp(o.backend, "all") != 0) return run_backend(o.backend, &o);
     static const char *all[] = {"avx512", "avx2", "scalar"};
     for (size_t i = 0; i < 3; i++)

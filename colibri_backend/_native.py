@@ -421,7 +421,7 @@ def load_library() -> Library:
 
 
 def cpu_backend() -> str:
-    """Kernel set the engine chose at run time ("scalar", "avx2", "avx512")."""
+    """Kernel set the engine chose at run time (scalar, avx2, avx512, neon, neon-dotprod, neon-i8mm)."""
     lib = load_library()
     return lib.colibri_cpu_backend().decode()
 

@@ -275,7 +275,7 @@ def test_native_binding_helpers() -> None:
 
     lib = _native.load_library()
     assert lib.colibri_abi_version() == _native.ABI_VERSION
-    assert _native.cpu_backend() in ("scalar", "avx2", "avx512")
+    assert _native.cpu_backend() in ("scalar", "avx2", "avx512", "neon", "neon-dotprod", "neon-i8mm")
     # Q8_0: one block = fp16 scale + 32 int8 values.
     import gguf
 

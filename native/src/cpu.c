@@ -2,7 +2,9 @@
  *
  * The AVX2 and AVX-512 kernel files are compiled with those instruction sets enabled, so
  * nothing in them may run before the checks here pass: CPUID says the CPU has the
- * instructions, XGETBV says the OS saves the wider registers on context switches. */
+ * instructions, XGETBV says the OS saves the wider registers on context switches.
+ * On AArch64 the kernel reports the CPU's features in the auxiliary vector (AT_HWCAP,
+ * AT_HWCAP2): Advanced SIMD is part of every AArch64 CPU; SDOT and SMMLA are optional. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,29 +47,61 @@ static cpu_caps detect_caps(void) {
 }
 #endif
 
+#if defined(COLIBRI_HAVE_NEON) && defined(__linux__)
+#include <sys/auxv.h>
+/* The bits of Linux's arch/arm64 uapi hwcap.h, for C libraries whose headers predate them. */
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1ul << 20)
+#endif
+#ifndef HWCAP2_I8MM
+#define HWCAP2_I8MM (1ul << 13)
+#endif
+#endif
+
+/* Bit set of the kernel_isa values this CPU runs, detected once. */
+static unsigned detect_isas(void) {
+    unsigned isas = 1u << KERNEL_ISA_SCALAR;
+#if defined(COLIBRI_HAVE_X86)
+    cpu_caps caps = detect_caps();
+    if (caps.avx2) isas |= 1u << KERNEL_ISA_AVX2;
+    if (caps.avx512) isas |= 1u << KERNEL_ISA_AVX512;
+#endif
+#if defined(COLIBRI_HAVE_NEON)
+    isas |= 1u << KERNEL_ISA_NEON;
+#if defined(__linux__)
+    const unsigned long hw = getauxval(AT_HWCAP), hw2 = getauxval(AT_HWCAP2);
+    if (hw & HWCAP_ASIMDDP) {
+        isas |= 1u << KERNEL_ISA_NEON_DOTPROD;
+        if (hw2 & HWCAP2_I8MM) isas |= 1u << KERNEL_ISA_NEON_I8MM;
+    }
+#endif
+#endif
+    return isas;
+}
+
 /* Tables this build has, best first, and whether this CPU can run each. */
 static const kernel_table *const all_tables[] = {
 #if defined(COLIBRI_HAVE_X86)
     &kernels_avx512,
     &kernels_avx2,
 #endif
+#if defined(COLIBRI_HAVE_NEON)
+    &kernels_neon_i8mm,
+    &kernels_neon_dotprod,
+    &kernels_neon,
+#endif
     &kernels_scalar,
 };
 #define N_TABLES (sizeof all_tables / sizeof all_tables[0])
 
 static int table_supported(const kernel_table *t) {
-#if defined(COLIBRI_HAVE_X86)
-    static atomic_int caps_state;  /* 0: not yet detected; else 1 + avx2 + 2 * avx512 */
-    int st = atomic_load_explicit(&caps_state, memory_order_relaxed);
+    static atomic_uint isa_state; /* 0: not yet detected; else the detected bit set (scalar's bit is always on) */
+    unsigned st = atomic_load_explicit(&isa_state, memory_order_relaxed);
     if (st == 0) {
-        cpu_caps caps = detect_caps();
-        st = 1 + caps.avx2 + 2 * caps.avx512;
-        atomic_store_explicit(&caps_state, st, memory_order_relaxed);
+        st = detect_isas();
+        atomic_store_explicit(&isa_state, st, memory_order_relaxed);
     }
-    if (t->isa == KERNEL_ISA_AVX512) return (st - 1) >> 1;
-    if (t->isa == KERNEL_ISA_AVX2) return (st - 1) & 1;
-#endif
-    return t->isa == KERNEL_ISA_SCALAR;
+    return (st >> t->isa) & 1u;
 }
 
 /* The dispatch table. Races on first use are benign: every thread picks the same table.
@@ -114,9 +148,12 @@ colibri_status kernels_select(const char *name) {
         atomic_store_explicit(&current_table, all_tables[i], memory_order_release);
         return COLIBRI_OK;
     }
-    if (strcmp(name, "avx2") == 0 || strcmp(name, "avx512") == 0)
-        return cb_error(COLIBRI_E_UNSUPPORTED, "CPU backend '%s' is not built for this architecture", name);
-    return cb_error(COLIBRI_E_INVALID_ARG, "unknown CPU backend '%s' (expected scalar, avx2 or avx512)", name);
+    static const char *const known[] = {"avx2", "avx512", "neon", "neon-dotprod", "neon-i8mm"};
+    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++)
+        if (strcmp(name, known[i]) == 0)
+            return cb_error(COLIBRI_E_UNSUPPORTED, "CPU backend '%s' is not built for this architecture", name);
+    return cb_error(COLIBRI_E_INVALID_ARG,
+                    "unknown CPU backend '%s' (expected scalar, avx2, avx512, neon, neon-dotprod or neon-i8mm)", name);
 }
 
 COLIBRI_API const char *colibri_cpu_backend(void) { return kernels_backend_name(); }

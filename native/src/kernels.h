@@ -43,6 +43,6 @@ float dot_f32(const float *a, const float *b, int n);
 
 /* Kernel table selection (cpu.c). */
 const char *kernels_backend_name(void);
-colibri_status kernels_select(const char *name);  /* "scalar" | "avx2" | "avx512" | NULL = best available */
+colibri_status kernels_select(const char *name);  /* a table name (kernels_impl.h) or NULL = best available */
 
 #endif

@@ -19,10 +19,17 @@ _Static_assert(sizeof(block_q4_0) == 18, "block_q4_0 must be 18 bytes");
 _Static_assert(sizeof(block_q4_1) == 20, "block_q4_1 must be 20 bytes");
 _Static_assert(sizeof(block_q8a) == 40, "block_q8a must be 40 bytes");
 
-typedef enum kernel_isa { KERNEL_ISA_SCALAR, KERNEL_ISA_AVX2, KERNEL_ISA_AVX512 } kernel_isa;
+typedef enum kernel_isa {
+    KERNEL_ISA_SCALAR,
+    KERNEL_ISA_AVX2,
+    KERNEL_ISA_AVX512,
+    KERNEL_ISA_NEON,          /* AArch64 Advanced SIMD */
+    KERNEL_ISA_NEON_DOTPROD,  /* + SDOT (HWCAP_ASIMDDP) */
+    KERNEL_ISA_NEON_I8MM,     /* + SDOT and SMMLA (HWCAP2_I8MM) */
+} kernel_isa;
 
 typedef struct kernel_table {
-    const char *name;  /* "scalar", "avx2", "avx512" */
+    const char *name;  /* "scalar", "avx2", "avx512", "neon", "neon-dotprod", "neon-i8mm" */
     kernel_isa isa;    /* what the CPU must support to run it */
     void (*matmul_rows)(uint32_t type, const void *W, size_t row_bytes, int n_cols,
                         const float *X, const block_q8a *Xq, int n_tok,
@@ -38,6 +45,11 @@ extern const kernel_table kernels_scalar;
 #if defined(COLIBRI_HAVE_X86)
 extern const kernel_table kernels_avx2;
 extern const kernel_table kernels_avx512;
+#endif
+#if defined(COLIBRI_HAVE_NEON)
+extern const kernel_table kernels_neon;
+extern const kernel_table kernels_neon_dotprod;
+extern const kernel_table kernels_neon_i8mm;
 #endif
 
 /* The table in use (cpu.c); never NULL. */

@@ -2,17 +2,22 @@
  *
  *   colibri-run MODEL.gguf -p PROMPT [-n N] [--temp T] [--seed S] [-t THREADS] [options]
  *
- * The prompt is tokenized with the GGUF's own byte-level BPE vocabulary (tokenizer.c), run
- * through the model in one batched prefill, then tokens are sampled one at a time and printed
- * as they come. Generation stops after N tokens, at the end-of-sequence token, or at any other
- * control token. Speed goes to stderr. Linked statically against the engine. */
+ * The prompt is tokenized with the GGUF's own vocabulary (tokenizer.c), optionally wrapped as
+ * one chat turn in the model's template family (chat_template.c), run through the model in one
+ * batched prefill, then tokens are sampled one at a time and printed as they come. Generation
+ * stops after N tokens, at the end-of-sequence token, or at any other control token. Speed (and
+ * with --stats the engine's counters) goes to stderr. Linked against the static engine library;
+ * with -DCOLIBRI_STATIC_RUN=ON the executable itself is static (docs/portability.md). */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "chat_template.h"
 #include "colibri.h"
 #include "error.h"
 #include "gguf.h"
@@ -32,10 +37,26 @@ static void usage(FILE *o, const char *argv0) {
             "      --min-p P          (default 0 = off)\n"
             "      --repeat-penalty R (default 1 = off), over the last 64 tokens\n"
             "      --seed S           sampling seed (default 0)\n"
-            "      --chat             wrap the prompt as one user turn of a ChatML template\n"
+            "      --chat             wrap the prompt as one user turn of the model's chat template\n"
+            "                         (ChatML, Llama 3, Llama 2, Mistral, Gemma families)\n"
+            "      --chat-format F    render --chat as family F (chatml, llama3, llama2, mistral,\n"
+            "                         mistral-v3, gemma) whatever tokenizer.chat_template says\n"
             "      --system TEXT      system message for --chat\n"
+            "      --print-prompt     print the text that would be tokenized and exit\n"
             "      --tokens           print the prompt's token ids and exit (no model needed)\n"
-            "      --show-special     print control tokens as text\n",
+            "      --show-special     print control tokens as text\n"
+            "memory and expert streaming (docs/memory.md):\n"
+            "      --memory-budget S  bytes the engine may hold: 512M, 1.5G, bytes; 0 = unlimited (default)\n"
+            "      --expert-slots N   expert slots, as a count or a share such as 40%%\n"
+            "      --expert-policy P  lfu (default) or lru\n"
+            "      --prefetch LIST    lookahead, temporal, hashed (comma list), both, all or none\n"
+            "      --lookahead-depth N layers the lookahead predictor looks ahead (1..8)\n"
+            "      --routing-profile PATH  a routing profile written by `colibri profile`\n"
+            "      --pin-experts N    keep the profile's N hottest experts resident\n"
+            "      --kv-type T        f16 (default) or int8\n"
+            "      --stats            print the engine's counters (memory, expert store) at the end\n"
+            "      --cpu-backend NAME kernel set (scalar, avx2, avx512, neon, neon-dotprod, neon-i8mm)\n"
+            "      --dump-logits PATH write the float32 logits every sampled token came from\n",
             argv0);
 }
 
@@ -60,6 +81,56 @@ static int parse_float(const char *s, float *out) {
     float v = strtof(s, &end);
     if (errno || *end || end == s) return -1;
     *out = v;
+    return 0;
+}
+
+/* Bytes of a size such as 512M, 1.5G, 2GiB or 1048576 (binary units, as the Python CLI reads
+ * them); 0, none, unlimited, off = no limit. */
+static int parse_size(const char *s, uint64_t *out) {
+    static const char *const unlimited[] = {"0", "none", "unlimited", "off"};
+    for (size_t i = 0; i < sizeof unlimited / sizeof unlimited[0]; i++)
+        if (strcasecmp(s, unlimited[i]) == 0) {
+            *out = 0;
+            return 0;
+        }
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !(v >= 0) || s[0] == '-' || s[0] == '+') return -1;
+    double unit = 1;
+    switch (*end) {
+    case 'k': case 'K': unit = 1024.0, end++; break;
+    case 'm': case 'M': unit = 1048576.0, end++; break;
+    case 'g': case 'G': unit = 1073741824.0, end++; break;
+    case 't': case 'T': unit = 1099511627776.0, end++; break;
+    default: break;
+    }
+    if (*end == 'i' || *end == 'I') end++;
+    if (*end == 'b' || *end == 'B') end++;
+    if (*end) return -1;
+    v *= unit;
+    if ((v < 1 && v != 0) || v >= 1.8e19) return -1;
+    *out = (uint64_t)v;
+    return 0;
+}
+
+static int parse_prefetch(const char *s, int32_t *out) {
+    if (!strcasecmp(s, "none") || !strcasecmp(s, "off") || !*s) return *out = COLIBRI_PREFETCH_NONE, 0;
+    if (!strcasecmp(s, "both")) return *out = COLIBRI_PREFETCH_LOOKAHEAD | COLIBRI_PREFETCH_TEMPORAL, 0;
+    if (!strcasecmp(s, "all"))
+        return *out = COLIBRI_PREFETCH_LOOKAHEAD | COLIBRI_PREFETCH_TEMPORAL | COLIBRI_PREFETCH_HASHED, 0;
+    int32_t flags = 0;
+    const char *p = s;
+    while (*p) {
+        size_t n = strcspn(p, ",");
+        if (n == 9 && !strncasecmp(p, "lookahead", 9)) flags |= COLIBRI_PREFETCH_LOOKAHEAD;
+        else if (n == 8 && !strncasecmp(p, "temporal", 8)) flags |= COLIBRI_PREFETCH_TEMPORAL;
+        else if (n == 6 && !strncasecmp(p, "hashed", 6)) flags |= COLIBRI_PREFETCH_HASHED;
+        else return -1;
+        p += n;
+        if (*p == ',') p++;
+    }
+    *out = flags;
     return 0;
 }
 
@@ -89,10 +160,12 @@ static char *read_file(const char *path, size_t *len) {
 }
 
 typedef struct options {
-    const char *model, *prompt, *prompt_file, *system;
+    const char *model, *prompt, *prompt_file, *system, *chat_format, *cpu_backend, *dump_logits;
+    const char *expert_slots;  /* a count or "P%", resolved against the model */
     long n_predict, threads, n_ctx;
     colibri_sampler_params sp;
-    int chat, tokens_only, show_special;
+    colibri_context_params cp;  /* the memory options; threads and n_ctx are set later */
+    int chat, tokens_only, show_special, print_prompt, stats;
 } options;
 
 static int parse_args(int argc, char **argv, options *o) {
@@ -100,6 +173,7 @@ static int parse_args(int argc, char **argv, options *o) {
     o->n_predict = 128;
     colibri_sampler_default_params(&o->sp);
     o->sp.temperature = 0.0f;
+    colibri_context_default_params(&o->cp);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -117,6 +191,12 @@ static int parse_args(int argc, char **argv, options *o) {
         } else if (!strcmp(a, "--show-special")) {
             o->show_special = 1;
             takes = 0;
+        } else if (!strcmp(a, "--print-prompt")) {
+            o->print_prompt = 1;
+            takes = 0;
+        } else if (!strcmp(a, "--stats")) {
+            o->stats = 1;
+            takes = 0;
         } else if (a[0] != '-') {
             if (o->model) {
                 fprintf(stderr, "colibri-run: unexpected argument '%s'\n", a);
@@ -133,6 +213,35 @@ static int parse_args(int argc, char **argv, options *o) {
             o->prompt_file = v;
         } else if (!strcmp(a, "--system")) {
             o->system = v;
+        } else if (!strcmp(a, "--chat-format")) {
+            o->chat_format = v;
+            o->chat = 1;
+        } else if (!strcmp(a, "--cpu-backend")) {
+            o->cpu_backend = v;
+        } else if (!strcmp(a, "--dump-logits")) {
+            o->dump_logits = v;
+        } else if (!strcmp(a, "--memory-budget")) {
+            bad = parse_size(v, &o->cp.memory_budget);
+        } else if (!strcmp(a, "--expert-slots")) {
+            o->expert_slots = v;
+        } else if (!strcmp(a, "--expert-policy")) {
+            if (!strcasecmp(v, "lfu")) o->cp.expert_policy = COLIBRI_POLICY_LFU;
+            else if (!strcasecmp(v, "lru")) o->cp.expert_policy = COLIBRI_POLICY_LRU;
+            else bad = 1;
+        } else if (!strcmp(a, "--prefetch")) {
+            bad = parse_prefetch(v, &o->cp.prefetch);
+        } else if (!strcmp(a, "--lookahead-depth")) {
+            bad = parse_int(v, 1, 8, &iv);
+            o->cp.lookahead_depth = (int32_t)iv;
+        } else if (!strcmp(a, "--routing-profile")) {
+            o->cp.routing_profile = v;
+        } else if (!strcmp(a, "--pin-experts")) {
+            bad = parse_int(v, 0, 1 << 30, &iv);
+            o->cp.pin_experts = (int32_t)iv;
+        } else if (!strcmp(a, "--kv-type")) {
+            if (!strcasecmp(v, "f16")) o->cp.kv_type = COLIBRI_KV_F16;
+            else if (!strcasecmp(v, "int8")) o->cp.kv_type = COLIBRI_KV_INT8;
+            else bad = 1;
         } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
             bad = parse_int(v, 0, 1 << 24, &o->n_predict);
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
@@ -172,7 +281,33 @@ static int parse_args(int argc, char **argv, options *o) {
     return 0;
 }
 
-/* Builds the text to tokenize: the prompt itself, or a ChatML user turn. */
+/* The template family --chat renders: --chat-format if given, else what the GGUF's
+ * tokenizer.chat_template looks like. Prints why and returns UNKNOWN when neither works. */
+static chat_format chat_format_of(const options *o, const gguf_file *f) {
+    if (o->chat_format) {
+        static const chat_format all[] = {CHAT_FORMAT_CHATML, CHAT_FORMAT_LLAMA3, CHAT_FORMAT_LLAMA2,
+                                          CHAT_FORMAT_MISTRAL, CHAT_FORMAT_MISTRAL_TIGHT, CHAT_FORMAT_GEMMA};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            if (!strcmp(o->chat_format, chat_format_name(all[i]))) return all[i];
+        fprintf(stderr, "colibri-run: unknown --chat-format '%s' (expected chatml, llama3, llama2, mistral, "
+                        "mistral-v3 or gemma)\n", o->chat_format);
+        return CHAT_FORMAT_UNKNOWN;
+    }
+    const gguf_kv *kv = gguf_find(f, "tokenizer.chat_template");
+    if (!kv || kv->type != GGUF_VT_STRING) {
+        fprintf(stderr, "colibri-run: --chat: this model has no tokenizer.chat_template; name its format with "
+                        "--chat-format, or pass the formatted prompt with -p\n");
+        return CHAT_FORMAT_UNKNOWN;
+    }
+    chat_format fmt = chat_format_detect(kv->v.str.ptr, kv->v.str.len);
+    if (fmt == CHAT_FORMAT_UNKNOWN)
+        fprintf(stderr, "colibri-run: --chat: cannot render this model's chat template (the built-in renderer "
+                        "knows ChatML, Llama 3, Llama 2, Mistral and Gemma); name a format with --chat-format, "
+                        "or pass the formatted prompt with -p\n");
+    return fmt;
+}
+
+/* Builds the text to tokenize: the prompt itself, or one chat turn. */
 static char *build_text(const options *o, const gguf_file *f, const char *prompt, size_t plen, size_t *out_len) {
     if (!o->chat) {
         char *t = malloc(plen + 1);
@@ -180,27 +315,76 @@ static char *build_text(const options *o, const gguf_file *f, const char *prompt
         *out_len = plen;
         return t;
     }
-    const gguf_kv *kv = gguf_find(f, "tokenizer.chat_template");
-    int chatml = 0;
-    if (kv && kv->type == GGUF_VT_STRING)
-        for (uint64_t i = 0; i + 12 <= kv->v.str.len && !chatml; i++)
-            chatml = memcmp(kv->v.str.ptr + i, "<|im_start|>", 12) == 0;
-    if (!chatml) {
-        fprintf(stderr, "colibri-run: --chat supports ChatML templates (<|im_start|>) only; this model's template "
-                        "is different or missing\n");
+    chat_format fmt = chat_format_of(o, f);
+    if (fmt == CHAT_FORMAT_UNKNOWN) return NULL;
+    char *t = NULL;
+    if (chat_render(fmt, o->system, prompt, plen, &t, out_len) != COLIBRI_OK) {
+        fprintf(stderr, "colibri-run: %s\n", cb_last_error());
         return NULL;
     }
-    size_t cap = plen + (o->system ? strlen(o->system) : 0) + 128;
-    char *t = malloc(cap);
-    if (!t) return NULL;
-    int n = 0;
-    if (o->system) n += snprintf(t + n, cap - (size_t)n, "<|im_start|>system\n%s<|im_end|>\n", o->system);
-    n += snprintf(t + n, cap - (size_t)n, "<|im_start|>user\n");
-    memcpy(t + n, prompt, plen);
-    n += (int)plen;
-    n += snprintf(t + n, cap - (size_t)n, "<|im_end|>\n<|im_start|>assistant\n");
-    *out_len = (size_t)n;
     return t;
+}
+
+/* --expert-slots: a count, or a share of the model's routed experts rounded up (at least top-k),
+ * as the Python CLI resolves it. -1 with a message when it does not fit the model. */
+static long resolve_expert_slots(const char *spec, const colibri_model_info *info) {
+    const long total = (long)info->n_layer * info->n_expert, k = info->n_expert_used;
+    size_t n = strlen(spec);
+    long slots;
+    if (n > 1 && spec[n - 1] == '%') {
+        char *end;
+        errno = 0;
+        double pct = strtod(spec, &end);
+        if (errno || end != spec + n - 1 || !(pct > 0 && pct <= 100)) {
+            fprintf(stderr, "colibri-run: --expert-slots %s: a share must be in (0%%, 100%%]\n", spec);
+            return -1;
+        }
+        double want = (double)total * pct / 100.0 - 1e-9;
+        slots = (long)want;
+        if ((double)slots < want) slots++;
+        if (slots < k) slots = k;
+    } else if (parse_int(spec, 0, 1 << 30, &slots) != 0) {
+        fprintf(stderr, "colibri-run: --expert-slots %s is not a number of experts or a share such as 40%%\n", spec);
+        return -1;
+    }
+    if (slots == 0) return 0;
+    if (total == 0) {
+        fprintf(stderr, "colibri-run: --expert-slots is for mixture-of-experts models; this one has no routed "
+                        "experts\n");
+        return -1;
+    }
+    if (slots < k || slots > total) {
+        fprintf(stderr, "colibri-run: --expert-slots %ld: must be between the top-%ld and the model's %ld experts\n",
+                slots, k, total);
+        return -1;
+    }
+    return slots;
+}
+
+static void print_stats(const colibri_context *ctx) {
+    colibri_stats s;
+    if (colibri_get_stats(ctx, &s) != COLIBRI_OK) return;
+    fprintf(stderr,
+            "colibri-run: stats\n"
+            "  tokens: %" PRIu64 " prompt in %.3f s, %" PRIu64 " decode in %.3f s, %" PRIu64 " eval calls\n"
+            "  memory: budget %" PRIu64 " B, planned %" PRIu64 " B, weights %" PRIu64 " B, KV %" PRIu64
+            " B, scratch %" PRIu64 " B (peak %" PRIu64 " B)\n"
+            "  heap allocations: %" PRIu64 " in all, %" PRIu64 " in the last eval\n",
+            s.n_prompt_tokens, s.prefill_seconds, s.n_decode_tokens, s.decode_seconds, s.n_eval_calls,
+            s.memory_budget, s.planned_bytes, s.weight_bytes, s.kv_bytes, s.scratch_bytes, s.scratch_peak_bytes,
+            s.allocs_total, s.allocs_last_eval);
+    if (s.expert_slots == 0) {
+        fprintf(stderr, "  experts: all resident (no expert store)\n");
+        return;
+    }
+    const double hit = s.expert_calls ? 100.0 * (double)s.expert_hits / (double)s.expert_calls : 0.0;
+    fprintf(stderr,
+            "  experts: %" PRIu64 " slots, %" PRIu64 " calls, %" PRIu64 " hits (%.1f%%), %" PRIu64
+            " misses, %" PRIu64 " B read, stall %.3f s (decode %.3f s)\n"
+            "  prefetch: %" PRIu64 " issued, %" PRIu64 " used, %" PRIu64 " wasted; %d pinned\n",
+            s.expert_slots, s.expert_calls, s.expert_hits, hit, s.expert_misses, s.expert_bytes_read,
+            s.expert_stall_seconds, s.expert_stall_decode_seconds, s.prefetch_issued, s.prefetch_used,
+            s.prefetch_wasted, (int)s.experts_pinned);
 }
 
 int main(int argc, char **argv) {
@@ -216,6 +400,7 @@ int main(int argc, char **argv) {
     char *file_prompt = NULL, *text = NULL;
     int32_t *ids = NULL;
     float *logits = NULL;
+    FILE *dump = NULL;
     memset(&f, 0, sizeof f);
 
     const char *prompt = o.prompt;
@@ -260,6 +445,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "colibri-run: tokenizer: %s\n", cb_last_error());
         goto out;
     }
+    if (o.print_prompt) {
+        fwrite(text, 1, tlen, stdout);
+        rc = 0;
+        goto out;
+    }
     if (o.tokens_only) {
         for (int32_t i = 0; i < n_prompt; i++) printf(i ? " %d" : "%d", (int)ids[i]);
         printf("\n");
@@ -271,6 +461,14 @@ int main(int argc, char **argv) {
         goto out;
     }
 
+    if (o.cpu_backend && colibri_set_cpu_backend(o.cpu_backend) != COLIBRI_OK) {
+        fprintf(stderr, "colibri-run: --cpu-backend: %s\n", colibri_last_error());
+        goto out;
+    }
+    if (o.dump_logits && !(dump = fopen(o.dump_logits, "wb"))) {
+        fprintf(stderr, "colibri-run: cannot write '%s': %s\n", o.dump_logits, strerror(errno));
+        goto out;
+    }
     if ((st = colibri_model_open(o.model, &model)) != COLIBRI_OK) {
         fprintf(stderr, "colibri-run: %s: %s\n", colibri_status_name(st), colibri_last_error());
         goto out;
@@ -280,8 +478,12 @@ int main(int argc, char **argv) {
     if (info.n_vocab != tokenizer_n_vocab(tok))
         fprintf(stderr, "colibri-run: note: the model has %d logits but the vocabulary %d tokens\n",
                 (int)info.n_vocab, (int)tokenizer_n_vocab(tok));
-    colibri_context_params cp;
-    colibri_context_default_params(&cp);
+    colibri_context_params cp = o.cp;
+    if (o.expert_slots) {
+        long slots = resolve_expert_slots(o.expert_slots, &info);
+        if (slots < 0) goto out;
+        cp.expert_slots = (int32_t)slots;
+    }
     cp.n_threads = (int32_t)o.threads;
     long want = o.n_ctx > 0 ? o.n_ctx : (long)n_prompt + o.n_predict;
     if (o.n_ctx <= 0 && info.n_ctx_train > 0 && want > info.n_ctx_train) want = info.n_ctx_train;
@@ -313,6 +515,10 @@ int main(int argc, char **argv) {
     char piece[256];
     while (n_gen < limit) {
         int32_t next;
+        if (dump && fwrite(logits, sizeof *logits, (size_t)info.n_vocab, dump) != (size_t)info.n_vocab) {
+            fprintf(stderr, "\ncolibri-run: writing '%s' failed: %s\n", o.dump_logits, strerror(errno));
+            goto out;
+        }
         if ((st = colibri_sampler_sample(smp, logits, &next)) != COLIBRI_OK) {
             fprintf(stderr, "\ncolibri-run: sampler: %s\n", colibri_last_error());
             goto out;
@@ -354,11 +560,19 @@ int main(int argc, char **argv) {
             "colibri-run: %s, %d threads, kernels %s\n"
             "  prompt: %d tokens in %.3f s (%.1f tok/s)\n"
             "  generated: %ld tokens, time to first token %.3f s, decode %.1f tok/s\n",
-            info.arch, (int)(cp.n_threads > 0 ? cp.n_threads : 0), colibri_cpu_backend(), (int)n_prompt, t1 - t0,
+            info.arch, (int)(cp.n_threads > 0 ? cp.n_threads : sysconf(_SC_NPROCESSORS_ONLN)), colibri_cpu_backend(), (int)n_prompt, t1 - t0,
             n_prompt / (t1 - t0 > 0 ? t1 - t0 : 1e-9), n_gen, (t_first > 0 ? t_first : t1) - t0,
             n_gen > 1 && dec_s > 0 ? (double)(n_gen - 1) / dec_s : 0.0);
+    if (o.stats) print_stats(ctx);
+    if (dump && fclose(dump) != 0) {
+        dump = NULL;
+        fprintf(stderr, "colibri-run: writing '%s' failed: %s\n", o.dump_logits, strerror(errno));
+        goto out;
+    }
+    dump = NULL;
     rc = 0;
 out:
+    if (dump) fclose(dump);
     free(logits);
     free(ids);
     free(text);

@@ -1,0 +1,470 @@
+/* kernels_neon.h — the AArch64 NEON kernels, written once and compiled three times:
+ *   kernels_neon.c          NEON_DOT 0, NEON_MMLA 0   base ARMv8-A Advanced SIMD ("neon")
+ *   kernels_neon_dotprod.c  NEON_DOT 1, NEON_MMLA 0   + SDOT, -march=armv8.2-a+dotprod ("neon-dotprod")
+ *   kernels_neon_i8mm.c     NEON_DOT 1, NEON_MMLA 1   + SMMLA, ...+dotprod+i8mm ("neon-i8mm")
+ * Only those files may include this header: the code needs their -march flags, and cpu.c
+ * selects a table only after the hardware capability bits say the CPU has the instructions.
+ *
+ * Quantized weights with 32-element blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4):
+ * every (row, token) pair computes exactly what the scalar reference computes, in the same
+ * order, so the results are the scalar kernels' bit for bit (and so independent of n_tok and
+ * of the row split). Per block of 32, with the weight quants unpacked to int8 (nibbles, the
+ * fifth bit of Q5, or a 16-entry table lookup for the non-uniform IQ4_NL / MXFP4 levels):
+ *     sumi = sum_i w_i q_i                          exact int32 (widening multiplies, SDOT or SMMLA)
+ *     acc  = acc + ((dw * dq) * float(sumi))        Q8_0, Q4_0, Q5_0, IQ4_NL, MXFP4
+ *     acc  = acc + ((dw * dq) * float(sumi) + dm * s)   Q4_1
+ *     acc  = (acc + (dw * dq) * float(sumi)) + dm * s   Q5_1
+ * Four pairs share one float32x4 accumulator, a lane each ("quad"):
+ *     decode (one token):  lanes = 4 rows x 1 token
+ *     prefill:             lanes = [ra ta, ra tb, rb ta, rb tb]  (2 rows x 2 tokens, SMMLA's layout)
+ * A quad's 4 int32 sums come from 4 lane-partial dot products folded by two pairwise adds
+ * (or, with i8mm, straight from 4 SMMLAs). Explicit multiply and add, never fused, keep the
+ * scalar order (the engine builds with -std=c11, where C does not contract either).
+ *
+ * Float weights (F32, F16, BF16): one float32x4 accumulator per (row, token) pair over the
+ * columns (fused multiply-add), lanes summed in a fixed order, then the tail in scalar. The
+ * arithmetic of a pair does not depend on the tile it is computed in.
+ *
+ * Types without NEON code here (the 256-element super-block formats: K-quants, IQ4_XS, Q8_K)
+ * go to the scalar kernels: one fallback, the default case of neon_matmul_rows. */
+#ifndef COLIBRI_KERNELS_NEON_H
+#define COLIBRI_KERNELS_NEON_H
+
+#include <arm_neon.h>
+#include <stddef.h>
+
+#include "kernels_impl.h"
+#include "types.h"
+
+#if !defined(NEON_DOT) || !defined(NEON_MMLA)
+#error "define NEON_DOT and NEON_MMLA before including kernels_neon.h"
+#endif
+#if NEON_MMLA && !NEON_DOT
+#error "the i8mm kernels build on the dot-product ones"
+#endif
+
+#define KN_INLINE static inline __attribute__((always_inline))
+
+/* Prefill walks the tokens in chunks whose activations take about this many bytes, so they
+ * stay in L2 while the weight rows stream past (as the x86 kernels do). */
+#define KN_CHUNK_BYTES (256 * 1024)
+
+KN_INLINE int kn_token_chunk(size_t bytes_per_token) {
+    size_t n = KN_CHUNK_BYTES / (bytes_per_token ? bytes_per_token : 1);
+    n -= n % 4;
+    return n < 4 ? 4 : n > 4096 ? 4096 : (int)n;
+}
+
+/* Half to float through the FPU's own conversion (exact for every finite half). */
+KN_INLINE float kn_half(uint16_t h) {
+    return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0);
+}
+
+/* ---- quantized weights --------------------------------------------------------- */
+
+typedef struct kn_q32 {
+    int8x16_t lo, hi;  /* quants 0..15 and 16..31 of one block */
+} kn_q32;
+
+/* One weight block: its 32 quants as int8 and its scales. */
+typedef struct kn_wblock {
+    kn_q32 q;
+    float dw;  /* scale */
+    float dm;  /* Q4_1: block minimum (0 otherwise) */
+} kn_wblock;
+
+/* The 16 bits of qh (little-endian) at `bits` as 16 bytes of 0x10 (set) or 0 (clear):
+ * Q5_0 / Q5_1's fifth bit for elements 0..15 (bits = qh) or 16..31 (bits = qh + 2). */
+KN_INLINE uint8x16_t kn_q5_high(const uint8_t *bits) {
+    static const uint8_t sel[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    const uint8x16_t b = vcombine_u8(vdup_n_u8(bits[0]), vdup_n_u8(bits[1]));
+    return vandq_u8(vtstq_u8(b, vld1q_u8(sel)), vdupq_n_u8(0x10));
+}
+
+/* How a format's block minimum enters, in the scalar reference's order. */
+enum {
+    KN_MIN_NONE,   /* acc + d dx sumi */
+    KN_MIN_SUM,    /* Q4_1: acc + (d dx sumi + m s) */
+    KN_MIN_AFTER,  /* Q5_1: (acc + d dx sumi) + m s */
+};
+
+KN_INLINE int kn_min_mode(uint32_t type) {
+    return type == GGML_TYPE_Q4_1 ? KN_MIN_SUM : type == GGML_TYPE_Q5_1 ? KN_MIN_AFTER : KN_MIN_NONE;
+}
+
+KN_INLINE kn_wblock kn_load_wblock(uint32_t type, const char *row, int b) {
+    kn_wblock wb;
+    wb.dm = 0.0f;
+    if (type == GGML_TYPE_Q8_0) {
+        const block_q8_0 *blk = (const block_q8_0 *)row + b;
+        wb.q.lo = vld1q_s8(blk->qs);
+        wb.q.hi = vld1q_s8(blk->qs + 16);
+        wb.dw = kn_half(blk->d);
+        return wb;
+    }
+    /* the 32-element nibble formats: low nibbles are elements 0..15, high nibbles 16..31 */
+    const uint8_t *qs;
+    switch (type) {
+    case GGML_TYPE_Q4_0: {
+        const block_q4_0 *blk = (const block_q4_0 *)row + b;
+        qs = blk->qs, wb.dw = kn_half(blk->d);
+        break;
+    }
+    case GGML_TYPE_Q4_1: {
+        const block_q4_1 *blk = (const block_q4_1 *)row + b;
+        qs = blk->qs, wb.dw = kn_half(blk->d), wb.dm = kn_half(blk->m);
+        break;
+    }
+    case GGML_TYPE_Q5_0: {
+        const block_q5_0 *blk = (const block_q5_0 *)row + b;
+        qs = blk->qs, wb.dw = kn_half(blk->d);
+        break;
+    }
+    case GGML_TYPE_Q5_1: {
+        const block_q5_1 *blk = (const block_q5_1 *)row + b;
+        qs = blk->qs, wb.dw = kn_half(blk->d), wb.dm = kn_half(blk->m);
+        break;
+    }
+    case GGML_TYPE_IQ4_NL: {
+        const block_iq4_nl *blk = (const block_iq4_nl *)row + b;
+        qs = blk->qs, wb.dw = kn_half(blk->d);
+        break;
+    }
+    default: { /* GGML_TYPE_MXFP4 */
+        const block_mxfp4 *blk = (const block_mxfp4 *)row + b;
+        qs = blk->qs, wb.dw = e8m0_half_to_fp32(blk->e);
+        break;
+    }
+    }
+    const uint8x16_t raw = vld1q_u8(qs);
+    uint8x16_t lo = vandq_u8(raw, vdupq_n_u8(0x0f)), hi = vshrq_n_u8(raw, 4);
+    if (type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_MXFP4) {
+        /* non-uniform levels: a 16-entry table lookup per nibble */
+        const int8x16_t lv = vld1q_s8(type == GGML_TYPE_IQ4_NL ? IQ4_NL_VALUES : MXFP4_VALUES);
+        wb.q.lo = vqtbl1q_s8(lv, lo);
+        wb.q.hi = vqtbl1q_s8(lv, hi);
+        return wb;
+    }
+    if (type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q5_1) {
+        const uint8_t *qh = type == GGML_TYPE_Q5_0 ? ((const block_q5_0 *)row + b)->qh : ((const block_q5_1 *)row + b)->qh;
+        lo = vorrq_u8(lo, kn_q5_high(qh));
+        hi = vorrq_u8(hi, kn_q5_high(qh + 2));
+    }
+    if (type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q5_0) { /* q - 8, q - 16 */
+        const uint8x16_t off = vdupq_n_u8(type == GGML_TYPE_Q4_0 ? 8 : 16);
+        lo = vsubq_u8(lo, off);
+        hi = vsubq_u8(hi, off);
+    }
+    wb.q.lo = vreinterpretq_s8_u8(lo);
+    wb.q.hi = vreinterpretq_s8_u8(hi);
+    return wb;
+}
+
+KN_INLINE kn_q32 kn_load_xq(const block_q8a *x) {
+    kn_q32 q = {vld1q_s8(x->qs), vld1q_s8(x->qs + 16)};
+    return q;
+}
+
+/* int32 lanes whose sum is the block's dot product sum_i w_i x_i. */
+KN_INLINE int32x4_t kn_dot_partial(kn_q32 w, kn_q32 x) {
+#if NEON_DOT
+    return vdotq_s32(vdotq_s32(vdupq_n_s32(0), w.lo, x.lo), w.hi, x.hi);
+#else
+    /* products fit int16 (|w| <= 128, |x| <= 127); pairwise widening adds take them to int32 */
+    int32x4_t p = vpaddlq_s16(vmull_s8(vget_low_s8(w.lo), vget_low_s8(x.lo)));
+    p = vpadalq_s16(p, vmull_high_s8(w.lo, x.lo));
+    p = vpadalq_s16(p, vmull_s8(vget_low_s8(w.hi), vget_low_s8(x.hi)));
+    p = vpadalq_s16(p, vmull_high_s8(w.hi, x.hi));
+    return p;
+#endif
+}
+
+/* [sum a, sum b, sum c, sum d] */
+KN_INLINE int32x4_t kn_fold4(int32x4_t a, int32x4_t b, int32x4_t c, int32x4_t d) {
+    return vpaddq_s32(vpaddq_s32(a, b), vpaddq_s32(c, d));
+}
+
+/* Exact block sums of the 2 x 2 pairs [wa xa, wa xb, wb xa, wb xb]. */
+KN_INLINE int32x4_t kn_sums_2x2(kn_q32 wa, kn_q32 wb, kn_q32 xa, kn_q32 xb) {
+#if NEON_MMLA
+    /* SMMLA multiplies a 2x8 by an 8x2 int8 matrix into 2x2 int32: the operands hold 8 quants
+     * of row a then 8 of row b (of token a then token b), 4 steps cover the block */
+#define KN_Z1(u, v) vreinterpretq_s8_s64(vzip1q_s64(vreinterpretq_s64_s8(u), vreinterpretq_s64_s8(v)))
+#define KN_Z2(u, v) vreinterpretq_s8_s64(vzip2q_s64(vreinterpretq_s64_s8(u), vreinterpretq_s64_s8(v)))
+    int32x4_t s = vmmlaq_s32(vdupq_n_s32(0), KN_Z1(wa.lo, wb.lo), KN_Z1(xa.lo, xb.lo));
+    s = vmmlaq_s32(s, KN_Z2(wa.lo, wb.lo), KN_Z2(xa.lo, xb.lo));
+    s = vmmlaq_s32(s, KN_Z1(wa.hi, wb.hi), KN_Z1(xa.hi, xb.hi));
+    s = vmmlaq_s32(s, KN_Z2(wa.hi, wb.hi), KN_Z2(xa.hi, xb.hi));
+#undef KN_Z1
+#undef KN_Z2
+    return s;
+#else
+    return kn_fold4(kn_dot_partial(wa, xa), kn_dot_partial(wa, xb), kn_dot_partial(wb, xa), kn_dot_partial(wb, xb));
+#endif
+}
+
+/* acc + (dw dq) * float(sumi), with the minimum term m s as kn_min_mode says, lane by lane. */
+KN_INLINE float32x4_t kn_block_acc(float32x4_t acc, int32x4_t sumi, float32x4_t scale, float32x4_t mterm,
+                                   int min_mode) {
+    float32x4_t t = vmulq_f32(scale, vcvtq_f32_s32(sumi));
+    if (min_mode == KN_MIN_SUM) return vaddq_f32(acc, vaddq_f32(t, mterm));
+    acc = vaddq_f32(acc, t);
+    if (min_mode == KN_MIN_AFTER) acc = vaddq_f32(acc, mterm);
+    return acc;
+}
+
+KN_INLINE float32x4_t kn_f4(float a, float b, float c, float d) {
+    const float v[4] = {a, b, c, d};
+    return vld1q_f32(v);
+}
+
+/* One token, rows rows[0..3] (repeats allowed; only the first n_rows are stored). */
+KN_INLINE void kn_quad_decode(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *x,
+                              float *Y, const int rows[4], int n_rows) {
+    const int mm = kn_min_mode(type);
+    const char *w[4];
+    for (int i = 0; i < 4; i++) w[i] = W + (size_t)rows[i] * row_bytes;
+    float32x4_t acc = vdupq_n_f32(0.0f);
+    for (int b = 0; b < nb; b++) {
+        const kn_q32 xq = kn_load_xq(x + b);
+        kn_wblock wb[4];
+        for (int i = 0; i < 4; i++) wb[i] = kn_load_wblock(type, w[i], b);
+        const int32x4_t sumi = kn_fold4(kn_dot_partial(wb[0].q, xq), kn_dot_partial(wb[1].q, xq),
+                                        kn_dot_partial(wb[2].q, xq), kn_dot_partial(wb[3].q, xq));
+        const float32x4_t scale = vmulq_f32(kn_f4(wb[0].dw, wb[1].dw, wb[2].dw, wb[3].dw), vdupq_n_f32(x[b].d));
+        float32x4_t mterm = vdupq_n_f32(0.0f);
+        if (mm != KN_MIN_NONE) mterm = vmulq_f32(kn_f4(wb[0].dm, wb[1].dm, wb[2].dm, wb[3].dm), vdupq_n_f32(x[b].s));
+        acc = kn_block_acc(acc, sumi, scale, mterm, mm);
+    }
+    float out[4];
+    vst1q_f32(out, acc);
+    for (int i = 0; i < n_rows; i++) Y[rows[i]] = out[i];
+}
+
+/* Rows ra, rb (rb may repeat ra) against tokens t[0..3] (repeats allowed): two quads that
+ * share each weight block. Stores rows < n_rows, tokens < n_toks. */
+KN_INLINE void kn_tile_prefill(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq,
+                               float *Y, int ldy, int ra, int rb, int n_rows, const int t[4], int n_toks) {
+    const int mm = kn_min_mode(type);
+    const char *wa = W + (size_t)ra * row_bytes, *wbp = W + (size_t)rb * row_bytes;
+    const block_q8a *x[4];
+    for (int j = 0; j < 4; j++) x[j] = Xq + (size_t)t[j] * nb;
+    float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = vdupq_n_f32(0.0f);
+    for (int b = 0; b < nb; b++) {
+        const kn_wblock A = kn_load_wblock(type, wa, b), B = kn_load_wblock(type, wbp, b);
+        const float32x4_t dw = kn_f4(A.dw, A.dw, B.dw, B.dw);
+        const float32x4_t dm = kn_f4(A.dm, A.dm, B.dm, B.dm);
+        for (int h = 0; h < 2; h++) {
+            const block_q8a *xa = x[2 * h] + b, *xb = x[2 * h + 1] + b;
+            const int32x4_t sumi = kn_sums_2x2(A.q, B.q, kn_load_xq(xa), kn_load_xq(xb));
+            const float32x4_t scale = vmulq_f32(dw, kn_f4(xa->d, xb->d, xa->d, xb->d));
+            float32x4_t mterm = vdupq_n_f32(0.0f);
+            if (mm != KN_MIN_NONE) mterm = vmulq_f32(dm, kn_f4(xa->s, xb->s, xa->s, xb->s));
+            if (h == 0) acc0 = kn_block_acc(acc0, sumi, scale, mterm, mm);
+            else acc1 = kn_block_acc(acc1, sumi, scale, mterm, mm);
+        }
+    }
+    float out[8];
+    vst1q_f32(out, acc0);
+    vst1q_f32(out + 4, acc1);
+    const int r[2] = {ra, rb};
+    for (int h = 0; h < 2; h++)
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 2; j++) {
+                const int tj = 2 * h + j;
+                if (i < n_rows && tj < n_toks) Y[(size_t)t[tj] * ldy + r[i]] = out[4 * h + 2 * i + j];
+            }
+}
+
+KN_INLINE void kn_matmul_q(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok,
+                           float *Y, int ldy, int r0, int r1) {
+    if (n_tok == 1) {
+        for (int r = r0; r < r1; r += 4) {
+            const int n = r1 - r < 4 ? r1 - r : 4;
+            int rows[4];
+            for (int i = 0; i < 4; i++) rows[i] = r + (i < n ? i : n - 1);
+            kn_quad_decode(type, W, row_bytes, nb, Xq, Y, rows, n);
+        }
+        return;
+    }
+    const int chunk = kn_token_chunk((size_t)nb * sizeof(block_q8a));
+    for (int tc = 0; tc < n_tok; tc += chunk) {
+        const int tend = n_tok - tc < chunk ? n_tok : tc + chunk;
+        for (int r = r0; r < r1; r += 2) {
+            const int nr = r1 - r < 2 ? 1 : 2;
+            for (int t0 = tc; t0 < tend; t0 += 4) {
+                const int nt = tend - t0 < 4 ? tend - t0 : 4;
+                int t[4];
+                for (int j = 0; j < 4; j++) t[j] = t0 + (j < nt ? j : nt - 1);
+                kn_tile_prefill(type, W, row_bytes, nb, Xq, Y, ldy, r, r + nr - 1, nr, t, nt);
+            }
+        }
+    }
+}
+
+/* ---- float weights ---------------------------------------------------------------- */
+
+KN_INLINE float32x4_t kn_load_w4(uint32_t type, const char *row, int c) {
+    if (type == GGML_TYPE_F32) return vld1q_f32((const float *)row + c);
+    const uint16x4_t h = vld1_u16((const uint16_t *)row + c);
+    if (type == GGML_TYPE_F16) return vcvt_f32_f16(vreinterpret_f16_u16(h));
+    return vreinterpretq_f32_u32(vshll_n_u16(h, 16)); /* BF16: the top half of a float */
+}
+
+KN_INLINE float kn_load_w1(uint32_t type, const char *row, int c) {
+    if (type == GGML_TYPE_F32) return ((const float *)row)[c];
+    if (type == GGML_TYPE_F16) return kn_half(((const uint16_t *)row)[c]);
+    return kern_bf16_to_fp32(((const uint16_t *)row)[c]);
+}
+
+/* Y[t][r0 + i] for i < R, t in [t0, t0 + T); R * T accumulators of 4 columns each. */
+KN_INLINE void kn_tile_f(uint32_t type, const char *W, size_t row_bytes, int n_cols, const float *X, float *Y,
+                         int ldy, int r0, int t0, const int R, const int T) {
+    float32x4_t acc[4][4];
+    for (int i = 0; i < R; i++)
+        for (int j = 0; j < T; j++) acc[i][j] = vdupq_n_f32(0.0f);
+    const float *xt = X + (size_t)t0 * n_cols;
+    int c = 0;
+    for (; c + 4 <= n_cols; c += 4) {
+        for (int i = 0; i < R; i++) {
+            const float32x4_t w = kn_load_w4(type, W + (size_t)(r0 + i) * row_bytes, c);
+            for (int j = 0; j < T; j++) acc[i][j] = vfmaq_f32(acc[i][j], w, vld1q_f32(xt + (size_t)j * n_cols + c));
+        }
+    }
+    for (int i = 0; i < R; i++) {
+        const char *row = W + (size_t)(r0 + i) * row_bytes;
+        for (int j = 0; j < T; j++) {
+            float v = vaddvq_f32(acc[i][j]);
+            for (int cc = c; cc < n_cols; cc++) v += kn_load_w1(type, row, cc) * xt[(size_t)j * n_cols + cc];
+            Y[(size_t)(t0 + j) * ldy + r0 + i] = v;
+        }
+    }
+}
+
+KN_INLINE void kn_matmul_f(uint32_t type, const char *W, size_t row_bytes, int n_cols, const float *X, int n_tok,
+                           float *Y, int ldy, int r0, int r1) {
+#define KN_F_TILE(R, T) kn_tile_f(type, W, row_bytes, n_cols, X, Y, ldy, r, t, R, T)
+    if (n_tok == 1) {
+        const int t = 0;
+        int r = r0;
+        for (; r + 4 <= r1; r += 4) KN_F_TILE(4, 1);
+        for (; r < r1; r++) KN_F_TILE(1, 1);
+        return;
+    }
+    const int chunk = kn_token_chunk((size_t)n_cols * sizeof(float));
+    for (int tc = 0; tc < n_tok; tc += chunk) {
+        const int tend = n_tok - tc < chunk ? n_tok : tc + chunk;
+        int r = r0;
+        for (; r + 2 <= r1; r += 2) {
+            int t = tc;
+            for (; t + 4 <= tend; t += 4) KN_F_TILE(2, 4);
+            for (; t < tend; t++) KN_F_TILE(2, 1);
+        }
+        for (; r < r1; r++) {
+            int t = tc;
+            for (; t + 4 <= tend; t += 4) KN_F_TILE(1, 4);
+            for (; t < tend; t++) KN_F_TILE(1, 1);
+        }
+    }
+#undef KN_F_TILE
+}
+
+static void neon_matmul_rows(uint32_t type, const void *W, size_t row_bytes, int n_cols, const float *X,
+                             const block_q8a *Xq, int n_tok, float *Y, int ldy, int r0, int r1) {
+    const char *w = (const char *)W;
+    const int nb = n_cols / QK8A;
+    switch (type) {
+    case GGML_TYPE_F32: kn_matmul_f(GGML_TYPE_F32, w, row_bytes, n_cols, X, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_F16: kn_matmul_f(GGML_TYPE_F16, w, row_bytes, n_cols, X, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_BF16: kn_matmul_f(GGML_TYPE_BF16, w, row_bytes, n_cols, X, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_Q8_0: kn_matmul_q(GGML_TYPE_Q8_0, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_Q4_0: kn_matmul_q(GGML_TYPE_Q4_0, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_Q4_1: kn_matmul_q(GGML_TYPE_Q4_1, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_Q5_0: kn_matmul_q(GGML_TYPE_Q5_0, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_Q5_1: kn_matmul_q(GGML_TYPE_Q5_1, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_IQ4_NL: kn_matmul_q(GGML_TYPE_IQ4_NL, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_MXFP4: kn_matmul_q(GGML_TYPE_MXFP4, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    default:
+        /* the one fallback: a type this file has no NEON code for runs the reference kernels */
+        kernels_scalar.matmul_rows(type, W, row_bytes, n_cols, X, Xq, n_tok, Y, ldy, r0, r1);
+        break;
+    }
+}
+
+/* ---- activation quantization -------------------------------------------------------- */
+
+static void neon_quantize_row_q8a(const float *x, block_q8a *y, int64_t n) {
+    for (int64_t b = 0; b < n / QK8A; b++) {
+        const float *xb = x + b * QK8A;
+        float32x4_t v[8];
+        for (int k = 0; k < 8; k++) v[k] = vld1q_f32(xb + 4 * k);
+        float32x4_t m = vabsq_f32(v[0]);
+        for (int k = 1; k < 8; k++) m = vmaxq_f32(m, vabsq_f32(v[k]));
+        const float d = vmaxvq_f32(m) / 127.0f;
+        y[b].d = d;
+        if (d == 0.0f) {
+            memset(y[b].qs, 0, QK8A);
+            y[b].s = 0.0f;
+            continue;
+        }
+        /* divide (not multiply by 1/d) so the quants are exactly roundf(x / d); FCVTAS rounds
+         * halves away from zero as roundf does */
+        const float32x4_t dv = vdupq_n_f32(d);
+        int32x4_t q[8];
+        int32x4_t sum = vdupq_n_s32(0);
+        for (int k = 0; k < 8; k++) {
+            q[k] = vcvtaq_s32_f32(vdivq_f32(v[k], dv));
+            sum = vaddq_s32(sum, q[k]);
+        }
+        y[b].s = d * (float)vaddvq_s32(sum);
+        for (int k = 0; k < 8; k += 4) {
+            const int16x8_t a = vcombine_s16(vqmovn_s32(q[k]), vqmovn_s32(q[k + 1]));
+            const int16x8_t c = vcombine_s16(vqmovn_s32(q[k + 2]), vqmovn_s32(q[k + 3]));
+            vst1q_s8(y[b].qs + 4 * k, vcombine_s8(vqmovn_s16(a), vqmovn_s16(c)));
+        }
+    }
+}
+
+/* ---- attention helpers ----------------------------------------------------------- */
+
+KN_INLINE float32x4_t kn_load_h4(const uint16_t *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+
+static float neon_dot_f16_f32(const uint16_t *a, const float *b, int n) {
+    float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = vdupq_n_f32(0.0f);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        acc0 = vfmaq_f32(acc0, kn_load_h4(a + i), vld1q_f32(b + i));
+        acc1 = vfmaq_f32(acc1, kn_load_h4(a + i + 4), vld1q_f32(b + i + 4));
+    }
+    float s = vaddvq_f32(vaddq_f32(acc0, acc1));
+    for (; i < n; i++) s += kn_half(a[i]) * b[i];
+    return s;
+}
+
+static void neon_axpy_f16(float *y, float alpha, const uint16_t *x, int n) {
+    const float32x4_t a = vdupq_n_f32(alpha);
+    int i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(y + i, vfmaq_f32(vld1q_f32(y + i), a, kn_load_h4(x + i)));
+    for (; i < n; i++) y[i] += alpha * kn_half(x[i]);
+}
+
+static void neon_fp32_to_fp16_row(const float *x, uint16_t *y, int n) {
+    int i = 0;
+    /* FCVTN rounds to nearest even (the FPCR default), overflows to infinity, keeps NaN */
+    for (; i + 4 <= n; i += 4) vst1_u16(y + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(x + i))));
+    for (; i < n; i++) y[i] = kern_fp32_to_fp16(x[i]);
+}
+
+static float neon_dot_f32(const float *a, const float *b, int n) {
+    float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = vdupq_n_f32(0.0f);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        acc0 = vfmaq_f32(acc0, vld1q_f32(a + i), vld1q_f32(b + i));
+        acc1 = vfmaq_f32(acc1, vld1q_f32(a + i + 4), vld1q_f32(b + i + 4));
+    }
+    float s = vaddvq_f32(vaddq_f32(acc0, acc1));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+#endif

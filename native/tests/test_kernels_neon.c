@@ -1,0 +1,123 @@
+/* test_kernels_neon.c — the NEON tables' contract on the 32-element block formats: results
+ * equal to the scalar kernels' bit for bit (docs/portability.md), on random full-range data,
+ * for every n_tok from 1 to 9 and uneven row ranges. test_kernels checks every table against a
+ * double-precision reference; this adds the stronger claim the NEON code makes. On other
+ * architectures it checks that the NEON tables are refused as not built here. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "kernels.h"
+#include "types.h"
+
+static int failures;
+#define CHECK(cond, ...)                                                                 \
+    do {                                                                                 \
+        if (!(cond)) {                                                                   \
+            if (failures++ < 20) {                                                       \
+                fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond); \
+                fprintf(stderr, __VA_ARGS__);                                            \
+                fprintf(stderr, "\n");                                                   \
+            }                                                                            \
+        }                                                                                \
+    } while (0)
+
+#if defined(__aarch64__)
+static uint64_t rng = 0x243f6a8885a308d3ull;
+static uint64_t rnd(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+typedef struct fmt {
+    uint32_t type;
+    const char *name;
+    size_t block_bytes;
+    int has_min;  /* a second fp16 (the minimum) after d */
+    int e8m0;     /* MXFP4: one exponent byte instead of an fp16 scale */
+} fmt;
+
+static const fmt FORMATS[] = {
+    {GGML_TYPE_Q8_0, "Q8_0", sizeof(block_q8_0), 0, 0},     {GGML_TYPE_Q4_0, "Q4_0", sizeof(block_q4_0), 0, 0},
+    {GGML_TYPE_Q4_1, "Q4_1", sizeof(block_q4_1), 1, 0},     {GGML_TYPE_Q5_0, "Q5_0", sizeof(block_q5_0), 0, 0},
+    {GGML_TYPE_Q5_1, "Q5_1", sizeof(block_q5_1), 1, 0},     {GGML_TYPE_IQ4_NL, "IQ4_NL", sizeof(block_iq4_nl), 0, 0},
+    {GGML_TYPE_MXFP4, "MXFP4", sizeof(block_mxfp4), 0, 1},
+};
+
+/* random quants everywhere, then sane scales: a normal half in [2^-8, 2^-4) with a random
+ * sign (the minimum too), or an E8M0 exponent near 2^0 */
+static void fill_row(const fmt *f, unsigned char *row, int nb) {
+    for (size_t i = 0; i < f->block_bytes * (size_t)nb; i++) row[i] = (unsigned char)rnd();
+    for (int b = 0; b < nb; b++) {
+        unsigned char *blk = row + (size_t)b * f->block_bytes;
+        if (f->e8m0) {
+            blk[0] = (unsigned char)(118 + rnd() % 12);
+            continue;
+        }
+        for (int k = 0; k <= f->has_min; k++) {
+            uint16_t h = (uint16_t)(((7 + rnd() % 4) << 10) | (rnd() & 1023) | ((rnd() & 1) << 15));
+            memcpy(blk + 2 * k, &h, 2);
+        }
+    }
+}
+
+#endif
+
+int main(void) {
+    static const char *const tables[] = {"neon", "neon-dotprod", "neon-i8mm"};
+    const int n_tables = (int)(sizeof tables / sizeof tables[0]);
+    int available = 0;
+    for (int k = 0; k < n_tables; k++) {
+        colibri_status st = kernels_select(tables[k]);
+        available += st == COLIBRI_OK;
+#if !defined(__aarch64__)
+        CHECK(st == COLIBRI_E_UNSUPPORTED && strstr(cb_last_error(), "not built for this architecture"),
+              "%s on a non-ARM build: status %d (%s)", tables[k], (int)st, cb_last_error());
+#endif
+    }
+#if defined(__aarch64__)
+    CHECK(available >= 1, "the base neon table must be available on every AArch64 CPU");
+    enum { ROWS = 11, MAX_TOK = 9 };
+    static const int col_list[] = {32, 96, 544, 2048};
+    for (size_t fi = 0; fi < sizeof FORMATS / sizeof FORMATS[0]; fi++) {
+        const fmt *f = &FORMATS[fi];
+        for (size_t ci = 0; ci < sizeof col_list / sizeof col_list[0]; ci++) {
+            const int cols = col_list[ci], nb = cols / 32;
+            const size_t rb = f->block_bytes * (size_t)nb;
+            unsigned char *w = malloc(rb * ROWS);
+            float *x = malloc(sizeof(float) * (size_t)cols * MAX_TOK);
+            block_q8a *xq = malloc(sizeof(block_q8a) * (size_t)nb * MAX_TOK);
+            float ref[ROWS * MAX_TOK], got[ROWS * MAX_TOK];
+            for (int r = 0; r < ROWS; r++) fill_row(f, w + r * rb, nb);
+            for (int i = 0; i < cols * MAX_TOK; i++) x[i] = (float)((int64_t)(rnd() % 2000001) - 1000000) * 3e-6f;
+            kernels_select("scalar");
+            quantize_row_q8a(x, xq, (int64_t)cols * MAX_TOK);
+            matmul_rows(f->type, w, rb, cols, x, xq, MAX_TOK, ref, ROWS, 0, ROWS);
+            for (int k = 0; k < n_tables; k++) {
+                if (kernels_select(tables[k]) != COLIBRI_OK) continue;
+                int diff = 0;
+                for (int nt = 1; nt <= MAX_TOK; nt++) {
+                    /* two uneven row ranges, computed separately */
+                    matmul_rows(f->type, w, rb, cols, x, xq, nt, got, ROWS, 0, 3);
+                    matmul_rows(f->type, w, rb, cols, x, xq, nt, got, ROWS, 3, ROWS);
+                    for (int t = 0; t < nt; t++)
+                        for (int r = 0; r < ROWS; r++) diff += memcmp(&got[t * ROWS + r], &ref[t * ROWS + r], 4) != 0;
+                }
+                CHECK(diff == 0, "%s %s cols=%d: %d results differ from the scalar kernels", tables[k], f->name, cols,
+                      diff);
+            }
+            free(w), free(x), free(xq);
+        }
+    }
+#endif
+    kernels_select(NULL);
+    if (failures) {
+        fprintf(stderr, "test_kernels_neon: %d failures\n", failures);
+        return 1;
+    }
+    printf("test_kernels_neon: ok (%d NEON tables here)\n", available);
+    return 0;
+}

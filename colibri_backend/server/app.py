@@ -12,7 +12,12 @@ from fastapi.openapi.utils import get_openapi
 
 from colibri_backend.server import routes_chat, routes_completions, routes_models, routes_system
 from colibri_backend.server.errors import install_error_handlers
-from colibri_backend.server.schemas import ChatRequest, CompletionRequest, openapi_components
+from colibri_backend.server.schemas import (
+    ChatCompletionChunk,
+    ChatRequest,
+    CompletionRequest,
+    openapi_components,
+)
 from colibri_backend.server.security import LOOPBACK_HOSTS, Guard, is_loopback
 from colibri_backend.server.state import ServerState
 
@@ -74,7 +79,7 @@ def create_app(state: ServerState) -> FastAPI:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
             comps = schema.setdefault("components", {}).setdefault("schemas", {})
-            comps.update(openapi_components(ChatRequest, CompletionRequest))
+            comps.update(openapi_components(ChatRequest, CompletionRequest, ChatCompletionChunk))
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -14,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from colibri_backend.backends import LoadedModel
 from colibri_backend.errors import ColibriError, ContextFullError
+from colibri_backend.generation import token_room
 from colibri_backend.server.errors import APIError, bad_value, param_of
 from colibri_backend.server.schemas import MAX_N, _Common
 from colibri_backend.server.state import Job, ModelSlot, ServerState, Ticket
@@ -116,7 +117,7 @@ def admit(
     for ids in prompts:
         if not ids:
             raise bad_value("the prompt is empty", "prompt")
-        if len(ids) >= model.context_length:
+        if len(ids) > model.context_length:
             raise APIError(
                 413,
                 f"This model's maximum context length is {model.context_length} tokens; "
@@ -125,7 +126,7 @@ def admit(
                 r.prompt_param,
                 "context_length_exceeded",
             )
-    room = model.context_length - max(len(p) for p in prompts)
+    room = token_room(model.context_length, max(len(p) for p in prompts))
     max_tokens = room if r.max_tokens is None else min(r.max_tokens, room)
     runs: list[tuple[list[int], Any]] = []
     for ids in prompts:

@@ -13,10 +13,13 @@ from colibri_backend.server.generation import admit, check_prompt_chars, check_r
 from colibri_backend.server.responses import ChatChoice, respond
 from colibri_backend.server.schemas import (
     MAX_TOP_LOGPROBS,
+    ChatCompletion,
+    ChatCompletionChunk,
     ChatMessage,
     ChatRequest,
     openapi_body,
-    parse_body,
+    parse_request,
+    responses_for,
 )
 from colibri_backend.server.security import require_api_key
 
@@ -64,10 +67,14 @@ def _chat_logprobs(req: ChatRequest, backend: str, reports_logprobs: bool) -> in
     return req.top_logprobs or 0
 
 
-@router.post("/chat/completions", openapi_extra=openapi_body(ChatRequest))
+@router.post(
+    "/chat/completions",
+    openapi_extra=openapi_body(ChatRequest),
+    responses=responses_for(ChatCompletion, ChatCompletionChunk),
+)
 async def chat_completions(request: Request) -> Response:
     state = request.app.state.colibri
-    req = parse_body(await request.body(), ChatRequest)
+    req = await parse_request(request, ChatRequest)
     checked = check_request(state, req, "messages")
     model = checked.model
     if req.tools or req.functions:

@@ -16,7 +16,7 @@ from colibri_backend.backends import LoadedModel
 from colibri_backend.errors import ColibriError, ContextFullError
 from colibri_backend.generation import token_room
 from colibri_backend.server.errors import APIError, bad_value, param_of
-from colibri_backend.server.schemas import MAX_N, _Common
+from colibri_backend.server.schemas import MAX_N, GenerationRequest
 from colibri_backend.server.state import Job, ModelSlot, ServerState, Ticket
 
 # A prompt with more characters than this many per token of context cannot fit, whatever the
@@ -66,7 +66,7 @@ class Prepared:
     ticket: Ticket
 
 
-def check_request(state: ServerState, req: _Common, prompt_param: str) -> Checked:
+def check_request(state: ServerState, req: GenerationRequest, prompt_param: str) -> Checked:
     """The checks every generation endpoint makes, in the order a client's mistakes are reported."""
     slot = state.slot_for(req.model)
     model = slot.model
@@ -110,7 +110,7 @@ async def tokenize_off_loop(fn: Callable[[], list[list[int]]]) -> list[list[int]
 
 
 def admit(
-    state: ServerState, r: Checked, prompts: list[list[int]], logprobs: int | None, req: _Common
+    state: ServerState, r: Checked, prompts: list[list[int]], logprobs: int | None, req: GenerationRequest
 ) -> Prepared:
     """Check the tokenized prompts against the context and take a place in the model's queue."""
     model = r.model

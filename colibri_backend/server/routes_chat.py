@@ -93,13 +93,4 @@ async def chat_completions(request: Request) -> Response:
         return [model.tokenize(prompt_text, add_special_tokens=False)]
 
     prepared = admit(state, checked, await tokenize_off_loop(tokenize), logprobs, req)
-    return await respond(
-        state,
-        prepared,
-        request,
-        endpoint="/v1/chat/completions",
-        model_name=req.model,
-        kind="chat.completion",
-        id_prefix="chatcmpl",
-        new_choice=ChatChoice,
-    )
+    return await respond(state, prepared, request, req.model, ChatChoice)

@@ -83,13 +83,4 @@ async def completions(request: Request) -> Response:
     if len(prompts) * checked.n > MAX_N:
         raise bad_value(f"at most {MAX_N} completions per request (prompts x n)", "n")
     prepared = admit(state, checked, prompts, logprobs, req)
-    return await respond(
-        state,
-        prepared,
-        request,
-        endpoint="/v1/completions",
-        model_name=req.model,
-        kind="text_completion",
-        id_prefix="cmpl",
-        new_choice=CompletionChoice,
-    )
+    return await respond(state, prepared, request, req.model, CompletionChoice)

@@ -30,7 +30,9 @@ class ChatMessage(_Strict):
     name: str | None = None
 
 
-class _Common(_Strict):
+class GenerationRequest(_Strict):
+    """The fields every generation request shares (chat and completions)."""
+
     model: str
     max_tokens: int | None = None
     temperature: float | None = None
@@ -53,7 +55,7 @@ class _Common(_Strict):
         return bool(self.stream and self.stream_options and self.stream_options.get("include_usage"))
 
 
-class ChatRequest(_Common):
+class ChatRequest(GenerationRequest):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)
@@ -65,7 +67,7 @@ class ChatRequest(_Common):
     response_format: dict[str, Any] | None = None
 
 
-class CompletionRequest(_Common):
+class CompletionRequest(GenerationRequest):
     """POST /v1/completions."""
 
     prompt: str | list[str] | list[int] | list[list[int]]

@@ -245,7 +245,7 @@ _schema = schemathesis.openapi.from_asgi("/openapi.json", _without_lifespan)
 
 
 @_schema.parametrize()
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_schemathesis_finds_no_server_error(case) -> None:
     response = case.call()
     assert response.status_code < 500, (case.method, case.path, case.body, response.text)

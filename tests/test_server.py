@@ -159,8 +159,8 @@ def test_health_models_and_metrics(server: Server) -> None:
     card = server.client.models.retrieve("smol")
     assert card.id == "smol" and card.owned_by == "colibri"
     m = server.metrics()
-    assert m[f'colibri_model_ready{{model="smol",backend="{server.backend}"}}'] == 1
-    assert m[f'colibri_model_ready{{model="broken",backend="{server.backend}"}}'] == 0
+    assert m[f'colibri_model_ready{{backend="{server.backend}",model="smol"}}'] == 1
+    assert m[f'colibri_model_ready{{backend="{server.backend}",model="broken"}}'] == 0
     assert 'colibri_queue_depth{model="smol"}' in m
     assert any(k.startswith("colibri_engine_") and 'model="smol"' in k for k in m)  # the backend's stats()
     if server.backend == "colibri":  # the engine reports its plan; a decode step allocates nothing
@@ -416,9 +416,9 @@ def test_queue_full_and_disconnect_cancels(tight_server: Server) -> None:
         lines = r.iter_lines()
         next(ln for ln in lines if ln.startswith("data: "))  # generation has started
         # max-queue 0: nothing may wait behind the running request
-        assert_error(
-            raw(srv, "/v1/chat/completions", {**body, "stream": False, "max_tokens": 2}), 429, "queue_full"
-        )
+        full = raw(srv, "/v1/chat/completions", {**body, "stream": False, "max_tokens": 2})
+        assert_error(full, 429, "queue_full")
+        assert int(full.headers["Retry-After"]) >= 1
     # the client went away: its generation must stop long before CONTEXT tokens
     deadline = time.time() + 30
     while time.time() < deadline:
@@ -558,8 +558,8 @@ def test_multiple_choices_prompts_and_engine_metrics_in_process() -> None:
             param="tools",
         )
         metrics = client.get("/metrics").text
-        assert 'colibri_engine_experts_hits{model="e"} 7' in metrics
-        assert 'colibri_engine_bytes_read{model="e"} 1024' in metrics
+        assert 'colibri_engine_experts_hits{model="e"} 7.0' in metrics
+        assert 'colibri_engine_bytes_read{model="e"} 1024.0' in metrics
         assert "not a number" not in metrics
 
 

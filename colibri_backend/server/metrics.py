@@ -1,0 +1,149 @@
+"""The server's Prometheus metrics (``GET /metrics``), kept by ``prometheus-client`` in a registry of the
+server's own, so two apps in one process (tests) do not share counters.
+
+Counters and histograms are updated as requests end; per-model gauges (queue depth, requests in flight,
+batch size, readiness) and the engine's own figures (expert cache hits and misses, bytes read, the
+memory plan, KV prefix reuse, whatever the backend's ``stats()`` reports) are read when scraped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from colibri_backend.server.state import ServerState
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Seconds: a first token on two CPU cores takes from tens of milliseconds to minutes (long prompts).
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+def _metric_name(key: str) -> str:
+    out = "".join(c if c.isalnum() else "_" for c in key.lower())
+    return out.strip("_") or "value"
+
+
+def flatten_stats(prefix: str, value: Any, out: list[tuple[str, float]]) -> None:
+    """Numeric leaves of a backend's ``stats()``, nested keys joined with ``_``; strings are dropped."""
+    if isinstance(value, bool):
+        out.append((prefix, int(value)))
+    elif isinstance(value, (int, float)):
+        out.append((prefix, value))
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            flatten_stats(f"{prefix}_{_metric_name(str(k))}" if prefix else _metric_name(str(k)), v, out)
+
+
+class Metrics:
+    """Everything /metrics exposes for one server."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "colibri_requests",
+            "HTTP requests answered, by endpoint and status.",
+            ["endpoint", "status"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter("colibri_prompt_tokens", "Prompt tokens processed.", registry=r)
+        self.completion_tokens = Counter("colibri_completion_tokens", "Tokens generated.", registry=r)
+        self.generation_seconds = Counter(
+            "colibri_generation_seconds", "Seconds spent generating.", registry=r
+        )
+        self.cancelled = Counter(
+            "colibri_cancelled_requests", "Requests cancelled by a client disconnect.", registry=r
+        )
+        self.rejected = Counter(
+            "colibri_rejected_requests",
+            "Requests refused with 429 (queue full), per model.",
+            ["model"],
+            registry=r,
+        )
+        self.request_seconds = Histogram(
+            "colibri_request_duration_seconds",
+            "Wall time of generation requests, from admission to the last byte, per endpoint.",
+            ["endpoint"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_seconds = Histogram(
+            "colibri_queue_wait_seconds",
+            "Time a request waited for its model's generation thread.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.first_token_seconds = Histogram(
+            "colibri_time_to_first_token_seconds",
+            "Time from the start of a generation (prefill included) to its first token, per model.",
+            ["model"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.decode_tokens_per_second = Histogram(
+            "colibri_request_tokens_per_second",
+            "Generation speed of each finished request (tokens / generation seconds).",
+            ["model"],
+            buckets=(0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500),
+            registry=r,
+        )
+        r.register(_LiveCollector(state))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _LiveCollector(Collector):
+    """Gauges read at scrape time from the server's slots (never waiting on a generation)."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    def describe(self) -> list[Metric]:
+        return []  # values only exist at scrape time; nothing to check for name clashes up front
+
+    def collect(self) -> Iterator[Metric]:
+        slots = self.state.slots
+        depth = GaugeMetricFamily(
+            "colibri_queue_depth",
+            "Requests waiting for a model (not counting the running one).",
+            labels=["model"],
+        )
+        flight = GaugeMetricFamily(
+            "colibri_requests_in_flight", "Requests admitted and not finished, per model.", labels=["model"]
+        )
+        batch = GaugeMetricFamily(
+            "colibri_batch_size", "Sequences the model is decoding together right now.", labels=["model"]
+        )
+        ready = GaugeMetricFamily(
+            "colibri_model_ready", "1 when the model is loaded and serving.", labels=["model", "backend"]
+        )
+        engine: dict[str, list[tuple[str, float]]] = {}
+        for alias, slot in slots.items():
+            depth.add_metric([alias], max(0, slot.in_flight - 1))
+            flight.add_metric([alias], slot.in_flight)
+            batch.add_metric([alias], slot.running)
+            ready.add_metric([alias, slot.cfg.backend], int(slot.state == "ready"))
+            if slot.model is None or slot.state != "ready":
+                continue
+            flat: list[tuple[str, float]] = []
+            flatten_stats("", slot.stats, flat)
+            for key, value in flat:
+                engine.setdefault(key, []).append((alias, value))
+        yield from (depth, flight, batch, ready)
+        for key in sorted(engine):
+            family = GaugeMetricFamily(
+                f"colibri_engine_{key}",
+                f"Engine statistic '{key}' from the backend's stats().",
+                labels=["model"],
+            )
+            for alias, value in engine[key]:
+                family.add_metric([alias], value)
+            yield family

@@ -90,6 +90,7 @@ class LoadedModel(Protocol):
         sampling: Any = None,
         stop: Sequence[str] | None = None,
         logprobs: int | None = None,
+        constraint: Any = None,
     ) -> Iterator[GenerationEvent]: ...
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, **kw: Any) -> str: ...
@@ -348,6 +349,7 @@ class BaseModel(ABC):
         sampling: Any = None,
         stop: Sequence[str] | None = None,
         logprobs: int | None = None,
+        constraint: Any = None,
     ) -> Iterator[GenerationEvent]: ...
 
     def special_tokens(self) -> dict[str, str]:
@@ -468,6 +470,7 @@ class StepModel(BaseModel):
         sampling: Any = None,
         stop: Sequence[str] | None = None,
         logprobs: int | None = None,
+        constraint: Any = None,
     ) -> Iterator[GenerationEvent]:
         import time
 
@@ -493,7 +496,11 @@ class StepModel(BaseModel):
         history = list(ids)
         generated: list[int] = []
         while True:
-            tok = sample_token(logits, s, history, rng)
+            # A grammar's constraint bans tokens before the bias: the same result as the native
+            # sampler's mask after it (-inf plus any bias is -inf).
+            tok = sample_token(logits if constraint is None else constraint.apply(logits), s, history, rng)
+            if constraint is not None:
+                constraint.consume(tok)
             generated.append(tok)
             history.append(tok)
             self._n_generated += 1
@@ -511,11 +518,16 @@ class StepModel(BaseModel):
             if stopped:
                 yield GenerationEvent(tok, text, lp, top, "stop")
                 return
-            if len(generated) >= max_tokens:
+            grammar_done = constraint is not None and constraint.done
+            if grammar_done or len(generated) >= max_tokens:
                 tail, stopped = matcher.feed(decoder.flush())
                 text += tail
                 yield GenerationEvent(
-                    tok, text + ("" if stopped else matcher.flush()), lp, top, "stop" if stopped else "length"
+                    tok,
+                    text + ("" if stopped else matcher.flush()),
+                    lp,
+                    top,
+                    "stop" if stopped or grammar_done else "length",
                 )
                 return
             yield GenerationEvent(tok, text, lp, top, None)

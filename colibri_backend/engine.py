@@ -510,12 +510,15 @@ class Model:
         sampling: SamplingParams | None = None,
         stop: Sequence[str] | None = None,
         logprobs: int | None = None,
+        constraint: Any = None,
     ) -> Iterator[GenerationEvent]:
         """Generate after `prompt_ids`, one GenerationEvent per token (see GenerationEvent).
 
         max_tokens None uses sampling.max_tokens, else 128. stop None uses sampling.stop.
         logprobs: None for none, 0 for the chosen token's log-probability, n > 0 also for the n
         most likely tokens (log-softmax of the raw logits, before penalties and filters).
+        constraint: a :class:`colibri_backend.grammar.TokenConstraint`; each step samples only among
+        the tokens it allows, and generation stops when its grammar is complete.
         """
         sp = sampling or SamplingParams()
         if max_tokens is None:
@@ -528,10 +531,20 @@ class Model:
             raise ValueError("the prompt is empty: give at least one token")
         if logprobs is not None and logprobs < 0:
             raise ValueError(f"logprobs must be >= 0, got {logprobs}")
-        return self._generate(prompt, int(max_tokens), sp, stops, logprobs)
+        if constraint is not None and constraint.n_words != (self.info.n_vocab + 31) // 32:
+            raise ValueError(
+                f"the constraint's vocabulary ({constraint.n_vocab}) is not the model's ({self.info.n_vocab})"
+            )
+        return self._generate(prompt, int(max_tokens), sp, stops, logprobs, constraint)
 
     def _generate(
-        self, prompt: np.ndarray, max_tokens: int, sp: SamplingParams, stops: list[str], logprobs: int | None
+        self,
+        prompt: np.ndarray,
+        max_tokens: int,
+        sp: SamplingParams,
+        stops: list[str],
+        logprobs: int | None,
+        constraint: Any = None,
     ) -> Iterator[GenerationEvent]:
         with self._lock:
             self._check_open()
@@ -569,8 +582,16 @@ class Model:
                 step_buf = np.empty(1, dtype=np.int32)
                 logits_ptr = _native.f32_ptr(self._logits)
                 for step in range(max_tokens):
+                    if constraint is not None:
+                        mask = constraint.fill()
+                        lib.check(
+                            lib.colibri_sampler_set_allowed(sampler, mask.ctypes.data, mask.shape[0]),
+                            "allowed tokens",
+                        )
                     lib.check(lib.colibri_sampler_sample(sampler, logits_ptr, byref(out_tok)), "sample")
                     token = int(out_tok.value)
+                    if constraint is not None:
+                        constraint.consume(token)
                     if step == 0:
                         self._last["time_to_first_token"] = time.perf_counter() - t_start
                     lp: float | None = None
@@ -587,13 +608,14 @@ class Model:
                     if cut >= 0:
                         yield GenerationEvent(token, pending[:cut], lp, top, "stop")
                         return
-                    if step == max_tokens - 1 or len(self._cached) >= self.context_length:
+                    grammar_done = constraint is not None and constraint.done
+                    if grammar_done or step == max_tokens - 1 or len(self._cached) >= self.context_length:
                         pending += decoder.flush()
                         cut = _stop_cut(pending, stops)
                         if cut >= 0:
                             yield GenerationEvent(token, pending[:cut], lp, top, "stop")
                         else:
-                            yield GenerationEvent(token, pending, lp, top, "length")
+                            yield GenerationEvent(token, pending, lp, top, "stop" if grammar_done else "length")
                         return
                     hold = _held_suffix(pending, stops)
                     emit = pending[: len(pending) - hold]

@@ -79,11 +79,17 @@ class ColibriModel(BaseModel):
         sampling: Any = None,
         stop: Sequence[str] | None = None,
         logprobs: int | None = None,
+        constraint: Any = None,
     ) -> Iterator[GenerationEvent]:
         s = as_sampling(sampling)
         stops = list(stop) if stop is not None else list(s.stop or [])
         return self._m.generate_tokens(
-            list(prompt_ids), max_tokens=max_tokens, sampling=s, stop=stops or None, logprobs=logprobs
+            list(prompt_ids),
+            max_tokens=max_tokens,
+            sampling=s,
+            stop=stops or None,
+            logprobs=logprobs,
+            constraint=constraint,
         )
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:

@@ -63,6 +63,7 @@ class Prepared:
     stream: bool
     include_usage: bool
     ticket: Ticket
+    constraint: Callable[[], Any] | None = None  # a fresh grammar constraint per choice
 
 
 def check_request(state: ServerState, req: _Common, prompt_param: str) -> Checked:
@@ -109,7 +110,12 @@ async def tokenize_off_loop(fn: Callable[[], list[list[int]]]) -> list[list[int]
 
 
 def admit(
-    state: ServerState, r: Checked, prompts: list[list[int]], logprobs: int | None, req: _Common
+    state: ServerState,
+    r: Checked,
+    prompts: list[list[int]],
+    logprobs: int | None,
+    req: _Common,
+    constraint: Callable[[], Any] | None = None,
 ) -> Prepared:
     """Check the tokenized prompts against the context and take a place in the model's queue."""
     model = r.model
@@ -149,6 +155,7 @@ def admit(
         bool(req.stream),
         req.include_usage,
         ticket,
+        constraint,
     )
 
 
@@ -164,7 +171,7 @@ async def events(state: ServerState, p: Prepared, request: Request) -> AsyncIter
     """Submits the job and yields ``(choice, GenerationEvent, seconds)``; cancels the generation if the
     consumer goes away (client disconnect) before the end."""
     loop = asyncio.get_running_loop()
-    job = Job(loop, asyncio.Queue(), p.runs, p.max_tokens, p.stop, p.logprobs)
+    job = Job(loop, asyncio.Queue(), p.runs, p.max_tokens, p.stop, p.logprobs, p.constraint)
     p.slot.jobs.add(job)
     finished = False
     try:

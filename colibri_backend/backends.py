@@ -179,6 +179,7 @@ def render_chat_template(
     bos_token: str = "",
     eos_token: str = "",
     add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,
 ) -> str:
     """Render a Hugging Face style jinja chat template (through the project's adapter)."""
     from colibri_backend.adapters import chat_template as ct
@@ -189,6 +190,7 @@ def render_chat_template(
         bos_token=bos_token,
         eos_token=eos_token,
         add_generation_prompt=add_generation_prompt,
+        **({"tools": tools} if tools is not None else {}),
     )
 
 
@@ -356,7 +358,13 @@ class BaseModel(ABC):
         """bos_token / eos_token text for chat templates."""
         return {}
 
-    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """The prompt text of ``messages`` (and the ``tools`` offered, as transformers passes them)."""
         if not self.chat_template:
             raise CapabilityError(
                 f"model {self.name!r} has no chat template; set chat_template in its colibri.toml alias"
@@ -368,6 +376,7 @@ class BaseModel(ABC):
             bos_token=sp.get("bos_token", ""),
             eos_token=sp.get("eos_token", ""),
             add_generation_prompt=add_generation_prompt,
+            tools=tools,
         )
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:

@@ -615,7 +615,9 @@ class Model:
                         if cut >= 0:
                             yield GenerationEvent(token, pending[:cut], lp, top, "stop")
                         else:
-                            yield GenerationEvent(token, pending, lp, top, "stop" if grammar_done else "length")
+                            yield GenerationEvent(
+                                token, pending, lp, top, "stop" if grammar_done else "length"
+                            )
                         return
                     hold = _held_suffix(pending, stops)
                     emit = pending[: len(pending) - hold]

@@ -72,6 +72,15 @@ def _tokenizer_source(model: Any) -> tuple[str, list[int], int | None]:
     return hf.to_str(), sorted(int(t) for t in stops), int(n_vocab) if n_vocab else None
 
 
+def can_constrain(model: Any) -> bool:
+    """Whether ``model`` has a tokenizer a token mask can be built from."""
+    try:
+        _tokenizer_source(model)
+    except GrammarError:
+        return False
+    return True
+
+
 def grammar_tokenizer(model: Any) -> Any:
     """llguidance's view of ``model``'s vocabulary, built once per model (about a second)."""
     with _TOKENIZERS_LOCK:

@@ -253,7 +253,7 @@ async def prepare_chat(state: ServerState, req: ChatRequest, request: Request) -
     grammar: list[Any] = []
 
     def tokenize() -> list[list[int]]:
-        from colibri_backend.grammar import Grammar, GrammarError
+        from colibri_backend.grammar import Grammar, GrammarError, can_constrain
 
         try:
             kw = {"tools": offered} if offered is not None else {}
@@ -264,7 +264,8 @@ async def prepare_chat(state: ServerState, req: ChatRequest, request: Request) -
         try:
             if schema is not None:
                 grammar.append(Grammar.from_json_schema(model, schema))
-            elif choice == "required" and offered:
+            elif choice == "required" and offered and can_constrain(model):
+                # Without a token mask the model is only asked (by the template) to call a tool.
                 chosen = [t for t in offered if named is None or t["function"]["name"] == named]
                 lark = forced_call_grammar(family_of(template), chosen, parallel and named is None)
                 if lark is not None:

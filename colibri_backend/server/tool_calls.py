@@ -366,31 +366,28 @@ def forced_call_grammar(family: str, tools: list[dict[str, Any]], parallel: bool
     """A Lark grammar that makes the model write one (or, when ``parallel``, one or more) call(s) to
     ``tools`` in ``family``'s markup: ``tool_choice`` ``required`` or a named function. None for a
     family whose markup is special tokens the grammar cannot spell (mistral, harmony)."""
+    if family not in ("hermes", "llama3"):
+        return None
+    key = "parameters" if family == "llama3" else "arguments"  # Llama 3 names the arguments "parameters"
     variants = []
     for t in tools:
         fn = t["function"]
+        params = dict(fn.get("parameters") or {"type": "object"})
+        if "properties" in params:  # as strict function calling does: only the declared arguments
+            params.setdefault("additionalProperties", False)
         variants.append(
             {
                 "type": "object",
-                "properties": {
-                    "name": {"const": fn["name"]},
-                    "arguments": fn.get("parameters") or {"type": "object"},
-                },
-                "required": ["name", "arguments"],
+                "properties": {"name": {"const": fn["name"]}, key: params},
+                "required": ["name", key],
                 "additionalProperties": False,
             }
         )
-    schema = variants[0] if len(variants) == 1 else {"anyOf": variants}
+    schema: dict[str, Any] = variants[0] if len(variants) == 1 else {"anyOf": variants}
+    schema["x-guidance"] = {"whitespace_flexible": False}  # compact JSON: fewer tokens, no runaway spaces
     call = "%json " + json.dumps(schema)
-    if family == "hermes":
-        one = '"<tool_call>\\n" call "\\n</tool_call>"'
-        body = f'{one} ("\\n" {one})*' if parallel else one
-    elif family == "llama3":
-        for v in variants:  # Llama 3 names the arguments "parameters"
-            v["properties"]["parameters"] = v["properties"].pop("arguments")
-            v["required"] = ["name", "parameters"]
-        call = "%json " + json.dumps(schema)
-        body = "call"
-    else:
-        return None
+    if family == "llama3":
+        return f"start: call\ncall: {call}\n"
+    one = '"<tool_call>" call "</tool_call>"'
+    body = f'{one} ("\\n" {one})*' if parallel else one
     return f"start: {body}\ncall: {call}\n"

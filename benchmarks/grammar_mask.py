@@ -23,9 +23,7 @@ import numpy as np
 import colibri_backend
 from colibri_backend import _native
 from colibri_backend.adapters.sampling import SamplingParams
-from colibri_backend.config import ModelConfig
 from colibri_backend.grammar import Grammar
-from colibri_backend.plugins.colibri_native import ColibriModel
 
 SCHEMA = {
     "type": "object",
@@ -58,8 +56,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
     path = args.model or str(colibri_backend.resolve_model("smollm2").gguf)
-    model = ColibriModel(ModelConfig(alias="m", path=path, threads=2, context_length=512))
-    engine = model.engine
+    model = engine = colibri_backend.load(path, threads=2, context_length=512)
     lib = engine._lib
     grammar = Grammar.from_json_schema(model, SCHEMA)
     greedy = SamplingParams(temperature=0)

@@ -5,9 +5,8 @@
     print(model.generate("def fibonacci(n):", max_tokens=64))
 
 Importing the package is cheap: the native library and the tokenizer load on first use, and
-neither torch nor transformers is ever imported here. ColibriConfig / ColibriForCausalLM are registered
-with transformers' Auto classes on import: at once if transformers is already loaded, otherwise by an
-import hook the moment it is.
+neither torch nor transformers is ever imported here. ``import colibri_backend.transformers_glue``
+registers ColibriConfig / ColibriForCausalLM with transformers' Auto classes.
 """
 
 from __future__ import annotations
@@ -25,20 +24,20 @@ from colibri_backend.errors import (
 
 __version__ = "0.1.0"
 
-from colibri_backend import transformers_glue as _transformers_glue  # noqa: E402
-
-_transformers_glue.register()
-
 if TYPE_CHECKING:
     from colibri_backend.adapters.sampling import SamplingParams
-    from colibri_backend.engine import GenerationEvent, Model, ModelInfo, load, replay_routing
+    from colibri_backend.engine import Model, ModelInfo, load, plan_memory, replay_routing
+    from colibri_backend.generation import GenerationEvent
+    from colibri_backend.load_options import LoadOptions
     from colibri_backend.models import default_model_path, resolve_model
 
 _LAZY = {
     "load": "colibri_backend.engine",
     "Model": "colibri_backend.engine",
     "ModelInfo": "colibri_backend.engine",
-    "GenerationEvent": "colibri_backend.engine",
+    "GenerationEvent": "colibri_backend.generation",
+    "LoadOptions": "colibri_backend.load_options",
+    "plan_memory": "colibri_backend.engine",
     "replay_routing": "colibri_backend.engine",
     "default_model_path": "colibri_backend.models",
     "resolve_model": "colibri_backend.models",
@@ -51,6 +50,7 @@ __all__ = [
     "ContextFullError",
     "EngineError",
     "GenerationEvent",
+    "LoadOptions",
     "Model",
     "ModelFormatError",
     "ModelInfo",
@@ -59,6 +59,7 @@ __all__ = [
     "__version__",
     "default_model_path",
     "load",
+    "plan_memory",
     "replay_routing",
     "resolve_model",
 ]

@@ -13,10 +13,10 @@ leak), its log-probability when asked, and a ``finish_reason`` on the last one. 
 
 from __future__ import annotations
 
-import codecs
 import os
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -24,7 +24,17 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from colibri_backend.adapters.sampling import SamplingParams
-from colibri_backend.errors import ColibriError, ContextFullError
+from colibri_backend.errors import ColibriError
+from colibri_backend.generation import (
+    GenerationEvent,
+    IncrementalDecoder,
+    NumpySampler,
+    Step,
+    check_max_tokens,
+    check_prompt,
+    generation_events,
+    stop_list,
+)
 
 if TYPE_CHECKING:
     from colibri_backend.config import ModelConfig
@@ -39,18 +49,6 @@ class Capabilities:
     chat: bool = False  # has a chat template
     streaming: bool = True  # yields tokens as they are produced
     memory_budget: bool = False  # honours ModelConfig.memory_budget
-
-
-@dataclass
-class GenerationEvent:
-    """One sampled token. ``text`` is what it adds to the output (may be empty while a UTF-8
-    sequence or a possible stop string is held back); ``finish_reason`` is set on the last event."""
-
-    token_id: int
-    text: str
-    logprob: float | None = None
-    top_logprobs: dict[str, float] | None = None
-    finish_reason: str | None = None  # None | "stop" | "length"
 
 
 def as_sampling(params: Any = None, **overrides: Any) -> SamplingParams:
@@ -194,136 +192,6 @@ def render_chat_template(
     )
 
 
-# ---------------------------------------------------------------- text helpers
-
-
-class StopMatcher:
-    """Holds back text that could still become a stop string, so stop strings never leak."""
-
-    def __init__(self, stop: Iterable[str] | None) -> None:
-        self.stops = [s for s in (stop or []) if s]
-        self.pending = ""
-
-    def feed(self, text: str) -> tuple[str, bool]:
-        """Returns (text safe to emit, stopped)."""
-        if not self.stops:
-            return text, False
-        self.pending += text
-        first = -1
-        for s in self.stops:
-            i = self.pending.find(s)
-            if i >= 0 and (first < 0 or i < first):
-                first = i
-        if first >= 0:
-            out, self.pending = self.pending[:first], ""
-            return out, True
-        hold = 0
-        for s in self.stops:
-            for k in range(min(len(s) - 1, len(self.pending)), 0, -1):
-                if self.pending.endswith(s[:k]):
-                    hold = max(hold, k)
-                    break
-        cut = len(self.pending) - hold
-        out, self.pending = self.pending[:cut], self.pending[cut:]
-        return out, False
-
-    def flush(self) -> str:
-        out, self.pending = self.pending, ""
-        return out
-
-
-class ByteDecoder:
-    """UTF-8-safe text deltas from per-token byte pieces (llama.cpp style vocabularies)."""
-
-    def __init__(self, piece: Callable[[int], bytes]) -> None:
-        self.piece = piece
-        self.dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def add(self, token_id: int) -> str:
-        return self.dec.decode(self.piece(token_id))
-
-    def flush(self) -> str:
-        return self.dec.decode(b"", final=True)
-
-
-class TextDiffDecoder:
-    """UTF-8-safe text deltas from a whole-sequence decoder (Hugging Face tokenizers): decodes the
-    generated ids after a few prompt ids of context, so leading spaces come out right, and holds
-    text back while it ends in an incomplete character (U+FFFD)."""
-
-    def __init__(self, decode: Callable[[list[int]], str], context_ids: Sequence[int]) -> None:
-        self.decode = decode
-        self.context = list(context_ids)[-4:]
-        self.base = decode(self.context) if self.context else ""
-        self.ids: list[int] = []
-        self.emitted = 0  # characters of the decoded generated text already emitted
-
-    def _text(self) -> str:
-        full = self.decode(self.context + self.ids)
-        return full[len(self.base) :] if full.startswith(self.base) else self.decode(self.ids)
-
-    def add(self, token_id: int) -> str:
-        self.ids.append(token_id)
-        text = self._text()
-        if text.endswith("\ufffd"):
-            return ""
-        out = text[self.emitted :]
-        self.emitted = len(text)
-        return out
-
-    def flush(self) -> str:
-        text = self._text()
-        out = text[self.emitted :]
-        self.emitted = len(text)
-        return out
-
-
-# ---------------------------------------------------------------- sampling
-
-
-def log_softmax(logits: np.ndarray) -> np.ndarray:
-    x = logits.astype(np.float64, copy=False)
-    m = float(np.max(x))
-    return x - m - np.log(np.sum(np.exp(x - m)))
-
-
-def sample_token(
-    logits: np.ndarray, s: SamplingParams, history: Sequence[int], rng: np.random.Generator
-) -> int:
-    """Pick the next token the way colibri_sampler does: logit bias; repetition, presence and
-    frequency penalties over the last ``penalty_last_n`` tokens of prompt + output (all when <= 0);
-    then greedy (temperature 0) or top-k, top-p, min-p and temperature sampling."""
-    x = np.array(logits, dtype=np.float64, copy=True)
-    for tok, bias in (s.logit_bias or {}).items():
-        if 0 <= tok < x.shape[0]:
-            x[tok] += bias
-    window = history[-s.penalty_last_n :] if s.penalty_last_n > 0 else history
-    if len(window) and (s.repetition_penalty != 1.0 or s.presence_penalty or s.frequency_penalty):
-        ids, counts = np.unique(np.asarray(window, dtype=np.int64), return_counts=True)
-        if s.repetition_penalty != 1.0:
-            v = x[ids]
-            x[ids] = np.where(v > 0, v / s.repetition_penalty, v * s.repetition_penalty)
-        if s.presence_penalty or s.frequency_penalty:
-            x[ids] -= s.presence_penalty + s.frequency_penalty * counts
-    if s.temperature <= 0.0:
-        return int(np.argmax(x))
-    order = np.argsort(-x, kind="stable")
-    if s.top_k and s.top_k > 0:
-        order = order[: s.top_k]
-    cand = x[order]
-    if s.top_p < 1.0:
-        p = np.exp(cand - cand[0])
-        p /= p.sum()
-        keep = int(np.searchsorted(np.cumsum(p), s.top_p) + 1)
-        order, cand = order[:keep], cand[:keep]
-    if s.min_p > 0.0:
-        keep = max(1, int(np.sum(np.exp(cand - cand[0]) >= s.min_p)))
-        order, cand = order[:keep], cand[:keep]
-    p = np.exp((cand - cand[0]) / s.temperature)
-    p /= p.sum()
-    return int(order[rng.choice(len(order), p=p)])
-
-
 # ---------------------------------------------------------------- base classes
 
 
@@ -457,19 +325,11 @@ class StepModel(BaseModel):
         """Append one token; logits [n_vocab] for the next one."""
 
     @abstractmethod
-    def _new_decoder(self, prompt_ids: list[int]) -> ByteDecoder | TextDiffDecoder: ...
+    def _new_decoder(self, prompt_ids: list[int]) -> IncrementalDecoder: ...
 
     @abstractmethod
     def token_text(self, token_id: int) -> str:
         """The text of one token, for logprob listings."""
-
-    def _top(self, lp: np.ndarray, k: int) -> dict[str, float]:
-        idx = np.argpartition(-lp, k - 1)[:k] if k < lp.shape[0] else np.arange(lp.shape[0])
-        idx = idx[np.argsort(-lp[idx], kind="stable")]
-        out: dict[str, float] = {}
-        for i in idx:
-            out.setdefault(self.token_text(int(i)), float(lp[i]))
-        return out
 
     def generate_tokens(
         self,
@@ -477,73 +337,60 @@ class StepModel(BaseModel):
         *,
         max_tokens: int,
         sampling: Any = None,
-        stop: Sequence[str] | None = None,
+        stop: str | Sequence[str] | None = None,
         logprobs: int | None = None,
         constraint: Any = None,
     ) -> Iterator[GenerationEvent]:
-        import time
-
-        ids = [int(t) for t in prompt_ids]
-        if not ids:
-            raise ValueError("the prompt is empty")
-        if len(ids) >= self.context_length:
-            raise ContextFullError(
-                "CONTEXT_FULL", f"the prompt has {len(ids)} tokens; the context holds {self.context_length}"
-            )
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-        max_tokens = min(max_tokens, self.context_length - len(ids))
+        ids = check_prompt(prompt_ids, self.context_length)
+        max_tokens = check_max_tokens(max_tokens)
         s = as_sampling(sampling)
-        rng = np.random.default_rng(s.effective_seed())
-        matcher = StopMatcher(stop if stop is not None else s.stop)
-        decoder = self._new_decoder(ids)
+        stops = stop_list(stop if stop is not None else s.stop)
+        return self._generate(ids, max_tokens, s, stops, logprobs, constraint)
+
+    def _generate(
+        self,
+        ids: list[int],
+        max_tokens: int,
+        s: Any,
+        stops: list[str],
+        logprobs: int | None,
+        constraint: Any = None,
+    ) -> Iterator[GenerationEvent]:
         self._n_requests += 1
-        t0 = time.perf_counter()
-        logits = self._prefill(ids)
-        self._t_prefill += time.perf_counter() - t0
-        self._n_prompt += len(ids)
-        history = list(ids)
-        generated: list[int] = []
-        while True:
-            # A grammar's constraint bans tokens before the bias: the same result as the native
-            # sampler's mask after it (-inf plus any bias is -inf).
-            tok = sample_token(logits if constraint is None else constraint.apply(logits), s, history, rng)
-            if constraint is not None:
-                constraint.consume(tok)
-            generated.append(tok)
-            history.append(tok)
-            self._n_generated += 1
-            lp = top = None
-            if logprobs is not None:
-                full = log_softmax(logits)
-                lp = float(full[tok])
-                top = self._top(full, logprobs) if logprobs > 0 else {}
-            if tok in self.eos_token_ids:
-                yield GenerationEvent(
-                    tok, matcher.feed(decoder.flush())[0] + matcher.flush(), lp, top, "stop"
-                )
-                return
-            text, stopped = matcher.feed(decoder.add(tok))
-            if stopped:
-                yield GenerationEvent(tok, text, lp, top, "stop")
-                return
-            grammar_done = constraint is not None and constraint.done
-            if grammar_done or len(generated) >= max_tokens:
-                tail, stopped = matcher.feed(decoder.flush())
-                text += tail
-                yield GenerationEvent(
-                    tok,
-                    text + ("" if stopped else matcher.flush()),
-                    lp,
-                    top,
-                    "stop" if stopped or grammar_done else "length",
-                )
-                return
-            yield GenerationEvent(tok, text, lp, top, None)
+
+        def prefill(prompt: list[int]) -> np.ndarray:
             t0 = time.perf_counter()
-            logits = self._decode(tok)
+            logits = self._prefill(prompt)
+            self._t_prefill += time.perf_counter() - t0
+            self._n_prompt += len(prompt)
+            return logits
+
+        def decode(token: int) -> np.ndarray:
+            t0 = time.perf_counter()
+            logits = self._decode(token)
             self._t_decode += time.perf_counter() - t0
             self._n_decoded += 1
+            return logits
+
+        step = Step(
+            prefill,
+            decode,
+            NumpySampler(s, ids),
+            self._new_decoder(ids),
+            self.token_text,
+            self.eos_token_ids,
+            constraint=constraint,
+        )
+        for ev in generation_events(
+            step,
+            ids,
+            max_tokens=max_tokens,
+            context_length=self.context_length,
+            stop=stops,
+            logprobs=logprobs,
+        ):
+            self._n_generated += 1
+            yield ev
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -104,25 +104,17 @@ class Config:
         return replace(self, models=models, default_model=target.alias)
 
 
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
 def parse_size(value: Any, key: str = "memory_budget") -> int:
-    """Bytes from an int or a string like "1.5G", "512MiB", "800M" (binary units)."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{key}: expected a size such as 1.5G or a number of bytes, got {value!r}")
-    if isinstance(value, int):
-        if value <= 0:
-            raise ConfigError(f"{key}: must be positive, got {value}")
-        return value
-    if isinstance(value, str):
-        m = _SIZE_RE.match(value)
-        if m:
-            n = int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
-            if n > 0:
-                return n
-    raise ConfigError(f"{key}: expected a size such as 1.5G, 512M or a number of bytes, got {value!r}")
+    """Bytes of a size setting, by colibri_backend.budget.parse_size (the one parser: binary units,
+    0 / "none" / "unlimited" = no limit), with errors that name the setting."""
+    from colibri_backend import budget
+
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ConfigError(f"{key}: expected a size such as 1.5G, 512M or a number of bytes, got {value!r}")
+    try:
+        return budget.parse_size(value)
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -261,10 +253,18 @@ def _parse_model(c: _Checker, alias: str, table: Any, base: Path, default_backen
     options = table.get("options", {})
     if not isinstance(options, dict):
         raise c.fail(prefix + "options", f"expected a table, got {options!r}")
+    backend = c.string(table, "backend", prefix, default_backend) or default_backend
+    if backend == "colibri":  # the engine's options are a LoadOptions: checked now, not at load
+        from colibri_backend.load_options import LoadOptions
+
+        try:
+            LoadOptions.from_mapping(options, prefix + "options.")
+        except ValueError as exc:
+            raise ConfigError(f"{c.source}: {exc}") from None
     return ModelConfig(
         alias=alias,
         path=path,
-        backend=c.string(table, "backend", prefix, default_backend) or default_backend,
+        backend=backend,
         threads=c.integer(table, "threads", prefix, 1, 1024),
         context_length=c.integer(table, "context_length", prefix, 16, 1 << 24),
         memory_budget=budget,

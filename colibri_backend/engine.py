@@ -13,13 +13,12 @@ report log-probabilities.
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from ctypes import byref, c_int32, c_void_p
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from colibri_backend.adapters.chat_template import render_chat, template_from_to
 from colibri_backend.adapters.gguf_metadata import read_metadata
 from colibri_backend.adapters.sampling import SamplingParams
 from colibri_backend.adapters.tokenizer import Tokenizer
+from colibri_backend.backends import BaseModel, Capabilities, CapabilityError, as_sampling
 from colibri_backend.budget import (
     DEFAULT_PREFETCH,
     HASHED,
@@ -42,11 +42,18 @@ from colibri_backend.budget import (
     plan_to_dict,
     resolve_budget,
 )
-from colibri_backend.errors import ContextFullError, EngineError
+from colibri_backend.errors import ContextFullError, EngineError, UnsupportedModelError
+from colibri_backend.generation import (
+    GenerationEvent,
+    Step,
+    check_max_tokens,
+    check_prompt,
+    generation_events,
+    stop_list,
+)
+from colibri_backend.load_options import LoadOptions
 from colibri_backend.models import resolve_model
 from colibri_backend.profile import profile_path
-
-MAX_LOOKAHEAD_DEPTH = 8  # colibri.h: lookahead_depth 1..8
 
 
 @dataclass(frozen=True)
@@ -80,61 +87,54 @@ class ModelInfo:
         return cls(**values)
 
 
-@dataclass(frozen=True)
-class GenerationEvent:
-    """One generated token.
+class _NativeSampler:
+    """colibri_sampler (the engine's own sampler) as a generation-loop Sampler; it has seen the
+    prompt, since penalties count prompt tokens too, as in HF and llama.cpp. A context manager:
+    the native handle is freed on exit."""
 
-    text is the text this token releases: "" while it is held back (an incomplete UTF-8
-    sequence, or what may be the start of a stop string), possibly several tokens' worth later.
-    The last event of a generation has finish_reason "stop" (an end-of-sequence token or a stop
-    string; the stop string itself is not in any text) or "length" (max_tokens or the context
-    window reached). With max_tokens=0 the only event has token_id -1 and finish_reason "length".
-    """
+    def __init__(self, lib: Any, sp: SamplingParams, n_vocab: int, prompt: Sequence[int]) -> None:
+        self.lib = lib
+        params = sp.to_native()
+        self.handle = c_void_p()
+        lib.check(lib.colibri_sampler_new(byref(params), n_vocab, byref(self.handle)), "sampler")
+        self._out = c_int32(0)
+        try:
+            for tid, bias in (sp.logit_bias or {}).items():
+                if not 0 <= tid < n_vocab:
+                    raise ValueError(f"logit_bias token id {tid} is out of range")
+                lib.check(
+                    lib.colibri_sampler_set_logit_bias(self.handle, int(tid), float(bias)), "logit_bias"
+                )
+            for t in prompt:
+                self.accept(int(t))
+        except BaseException:
+            self.close()
+            raise
 
-    token_id: int
-    text: str
-    logprob: float | None = None
-    top_logprobs: dict[str, float] | None = None
-    finish_reason: str | None = None
+    def sample(self, logits: np.ndarray) -> int:
+        self.lib.check(
+            self.lib.colibri_sampler_sample(self.handle, _native.f32_ptr(logits), byref(self._out)), "sample"
+        )
+        return int(self._out.value)
 
+    def accept(self, token: int) -> None:
+        self.lib.check(self.lib.colibri_sampler_accept(self.handle, token), "sampler accept")
 
-def _stop_cut(text: str, stops: Sequence[str]) -> int:
-    """Index of the earliest stop string in text, or -1."""
-    best = -1
-    for s in stops:
-        i = text.find(s)
-        if i >= 0 and (best < 0 or i < best):
-            best = i
-    return best
+    def allow(self, mask: np.ndarray | None) -> None:
+        words = 0 if mask is None else int(mask.shape[0])
+        ptr = None if mask is None else mask.ctypes.data
+        self.lib.check(self.lib.colibri_sampler_set_allowed(self.handle, ptr, words), "allowed tokens")
 
+    def close(self) -> None:
+        if self.handle:
+            self.lib.colibri_sampler_free(self.handle)
+            self.handle = c_void_p()
 
-def _held_suffix(text: str, stops: Sequence[str]) -> int:
-    """Length of the longest suffix of text that is a proper prefix of a stop string."""
-    longest = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), longest, -1):
-            if text.endswith(s[:n]):
-                longest = n
-                break
-    return longest
+    def __enter__(self) -> _NativeSampler:
+        return self
 
-
-def _log_softmax_at(
-    logits: np.ndarray, token: int, top_n: int, tokenizer: Tokenizer
-) -> tuple[float, dict[str, float] | None]:
-    x = logits.astype(np.float64, copy=False)
-    m = float(np.max(x))
-    lse = m + math.log(float(np.sum(np.exp(x - m))))
-    lp = float(x[token] - lse)
-    if top_n <= 0:
-        return lp, None
-    n = min(top_n, x.size)
-    idx = np.argpartition(-x, n - 1)[:n]
-    idx = idx[np.argsort(-x[idx], kind="stable")]
-    top: dict[str, float] = {}
-    for i in idx:
-        top.setdefault(tokenizer.token_text(int(i)), float(x[i] - lse))
-    return lp, top
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def resolve_warmup_routing(value: bool | str | os.PathLike[str] | None, model_path: Path) -> Path | None:
@@ -159,50 +159,28 @@ def resolve_warmup_routing(value: bool | str | os.PathLike[str] | None, model_pa
 
 
 def store_params(
-    lib: Any,
-    model: c_void_p,
-    info: ModelInfo,
-    path: Path,
-    *,
-    threads: int | None = None,
-    context_length: int | None = None,
-    batch_size: int | None = None,
-    memory_budget: str | int | None = 0,
-    expert_policy: str = "lfu",
-    prefetch: str | None = None,
-    kv_cache_type: str | None = None,
-    expert_slots: str | int | None = None,
-    lookahead_depth: int | None = None,
-    warmup_routing: bool | str | os.PathLike[str] | None = False,
-    pin_experts: str | int | None = None,
-    route_prefilter_margin: float | None = None,
-    drop_cold_share: float | None = None,
+    lib: Any, model: c_void_p, info: ModelInfo, path: Path, options: LoadOptions
 ) -> tuple[_native.ContextParamsC, Path | None]:
-    """colibri_context_params for an opened model from the Python-level options (see load()),
-    and the routing profile it uses. The struct holds the profile path's bytes itself (ctypes
-    keeps a reference to the bytes assigned to a c_char_p field)."""
+    """colibri_context_params for an opened model from its LoadOptions (checked already; what
+    depends on the model is resolved here), and the routing profile it uses. The struct holds the
+    profile path's bytes itself (ctypes keeps a reference to the bytes assigned to a c_char_p field)."""
+    o = options
     params = _native.ContextParamsC()
     lib.colibri_context_default_params(byref(params))
-    params.n_threads = int(threads or 0)
-    params.n_ctx = int(context_length or 0)
-    if batch_size:
-        params.n_batch = int(batch_size)
-    params.memory_budget = resolve_budget(memory_budget)
-    params.expert_policy = parse_policy(expert_policy)
-    params.kv_type = parse_kv_cache_type(kv_cache_type)
-    params.expert_slots = parse_expert_slots(expert_slots, info.n_layer, info.n_expert, info.n_expert_used)
-    if lookahead_depth is not None and lookahead_depth != 0:
-        if isinstance(lookahead_depth, bool) or not isinstance(lookahead_depth, int):
-            raise ValueError(f"lookahead_depth must be a whole number, got {lookahead_depth!r}")
-        if not 1 <= lookahead_depth <= MAX_LOOKAHEAD_DEPTH:
-            raise ValueError(
-                f"lookahead_depth must be between 1 and {MAX_LOOKAHEAD_DEPTH}, got {lookahead_depth}"
-            )
-        params.lookahead_depth = lookahead_depth
-    profile = resolve_warmup_routing(warmup_routing, path)
+    params.n_threads = int(o.threads or 0)
+    params.n_ctx = int(o.context_length or 0)
+    if o.batch_size:
+        params.n_batch = int(o.batch_size)
+    params.memory_budget = resolve_budget(o.memory_budget)
+    params.expert_policy = parse_policy(o.expert_policy)
+    params.kv_type = parse_kv_cache_type(o.kv_cache_type)
+    params.expert_slots = parse_expert_slots(o.expert_slots, info.n_layer, info.n_expert, info.n_expert_used)
+    if o.lookahead_depth:
+        params.lookahead_depth = o.lookahead_depth
+    profile = resolve_warmup_routing(o.warmup_routing, path)
     if profile is not None and info.n_expert <= 0:
         raise ValueError(f"warmup_routing: {path} is a dense model; routing profiles are for MoE models")
-    spec = prefetch if prefetch is not None else DEFAULT_PREFETCH
+    spec = o.prefetch if o.prefetch is not None else DEFAULT_PREFETCH
     flags = parse_prefetch(spec)
     if flags & HASHED and profile is None:
         if spec.strip().lower() != "all":
@@ -211,8 +189,8 @@ def store_params(
             )
         flags &= ~HASHED  # "all" means every predictor that can run
     params.prefetch = flags
-    margin = parse_share(route_prefilter_margin, "route_prefilter_margin")
-    cold = parse_share(drop_cold_share, "drop_cold_share", upper=1.0)
+    margin = parse_share(o.route_prefilter_margin, "route_prefilter_margin")
+    cold = parse_share(o.drop_cold_share, "drop_cold_share", upper=1.0)
     for name, on in (("route_prefilter_margin", margin > 0), ("drop_cold_share", cold > 0)):
         if on and profile is None:
             raise ValueError(f"{name} needs a routing profile: pass warmup_routing (--warmup-routing) too")
@@ -220,7 +198,7 @@ def store_params(
     params.drop_cold_share = cold
     if profile is not None:
         params.routing_profile = os.fsencode(profile)
-    if pin_experts is not None and pin_experts != 0:
+    if o.pin_experts:
         if profile is None:
             raise ValueError(
                 "pin_experts needs a routing profile: pass warmup_routing (--warmup-routing) too"
@@ -229,33 +207,82 @@ def store_params(
         plan = _native.MemoryPlanC()
         lib.check(lib.colibri_plan_model(model, byref(params), byref(plan)), "plan")
         n_slots = 0 if plan.all_resident else int(plan.n_expert_slots)
-        params.pin_experts = parse_pin_experts(pin_experts, n_slots, info.n_expert_used)
+        params.pin_experts = parse_pin_experts(o.pin_experts, n_slots, info.n_expert_used)
     return params, profile
 
 
-class Model:
-    """A loaded model with one inference context. See colibri_backend.load()."""
+class _OpenModel:
+    """A native model opened for a look (its info, a plan, a replay) without a context; closed on exit."""
+
+    def __init__(self, path: Path) -> None:
+        self.lib = _native.load_library()
+        self.handle = c_void_p()
+        self.lib.check(
+            self.lib.colibri_model_open(os.fsencode(path), byref(self.handle)), f"cannot open {path}"
+        )
+        try:
+            info_c = _native.ModelInfoC()
+            self.lib.check(self.lib.colibri_model_get_info(self.handle, byref(info_c)), "model info")
+            self.info = ModelInfo.from_c(info_c)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.handle:
+            self.lib.colibri_model_close(self.handle)
+            self.handle = c_void_p()
+
+    def __enter__(self) -> _OpenModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def check_model_file(path: str | os.PathLike[str]) -> ModelInfo | None:
+    """Open a GGUF with the engine's parser (every size, offset and type checked against the file) and
+    close it again; its info, or None when the file is well formed but its architecture is not one the
+    engine runs. A bad file raises ModelFormatError with the engine's precise message."""
+    try:
+        with _OpenModel(Path(path)) as m:
+            return m.info
+    except UnsupportedModelError:
+        return None
+
+
+def plan_memory(model: str | os.PathLike[str], options: LoadOptions | None = None) -> dict[str, int]:
+    """The ledger's memory plan (bytes per category, expert slots, whether it fits, the minimum budget)
+    for loading ``model`` (a path, checkpoint dir or known name) with ``options``, without loading it."""
+    path = resolve_model(model).gguf
+    with _OpenModel(path) as m:
+        params, _ = store_params(m.lib, m.handle, m.info, path, options or LoadOptions())
+        plan = _native.MemoryPlanC()
+        m.lib.check(m.lib.colibri_plan_model(m.handle, byref(params), byref(plan)), f"plan for {path}")
+        return plan_to_dict(plan)
+
+
+class Model(BaseModel):
+    """A loaded model with one inference context, and the ``colibri`` backend's loaded model (the
+    backend protocol's LoadedModel, colibri_backend.backends). See colibri_backend.load()."""
+
+    backend = "colibri"
 
     def __init__(
         self,
         path: str | os.PathLike[str],
+        options: LoadOptions | None = None,
         *,
-        threads: int | None = None,
-        context_length: int | None = None,
-        batch_size: int | None = None,
         hf_dir: str | os.PathLike[str] | None = None,
         name: str | None = None,
-        memory_budget: str | int | None = 0,
-        expert_policy: str = "lfu",
-        prefetch: str | None = None,
-        kv_cache_type: str | None = None,
-        expert_slots: str | int | None = None,
-        lookahead_depth: int | None = None,
-        warmup_routing: bool | str | os.PathLike[str] | None = False,
-        pin_experts: str | int | None = None,
-        route_prefilter_margin: float | None = None,
-        drop_cold_share: float | None = None,
+        chat_template: str | None = None,
     ) -> None:
+        """``options`` None: LoadOptions() (the defaults load() uses). ``name`` and ``chat_template``
+        override what the file says (a configured alias's name and template)."""
+        options = options if options is not None else LoadOptions()
+        if not isinstance(options, LoadOptions):
+            raise TypeError(f"options must be a LoadOptions, got {type(options).__name__}")
+        self.options = options
         self._lock = threading.RLock()
         self._model = c_void_p()
         self._ctx = c_void_p()
@@ -264,10 +291,6 @@ class Model:
             raise FileNotFoundError(f"model file not found: {path}")
         if not path.is_file():
             raise FileNotFoundError(f"not a model file: {path}")
-        if threads is not None and threads < 0:
-            raise ValueError(f"threads must be >= 0, got {threads}")
-        if context_length is not None and context_length < 0:
-            raise ValueError(f"context_length must be >= 0, got {context_length}")
         self.path = path
         self._lib = _native.load_library()
         lib = self._lib
@@ -276,25 +299,7 @@ class Model:
             info_c = _native.ModelInfoC()
             lib.check(lib.colibri_model_get_info(self._model, byref(info_c)), "model info")
             self.info = ModelInfo.from_c(info_c)
-            params, self.routing_profile = store_params(
-                lib,
-                self._model,
-                self.info,
-                path,
-                threads=threads,
-                context_length=context_length,
-                batch_size=batch_size,
-                memory_budget=memory_budget,
-                expert_policy=expert_policy,
-                prefetch=prefetch,
-                kv_cache_type=kv_cache_type,
-                expert_slots=expert_slots,
-                lookahead_depth=lookahead_depth,
-                warmup_routing=warmup_routing,
-                pin_experts=pin_experts,
-                route_prefilter_margin=route_prefilter_margin,
-                drop_cold_share=drop_cold_share,
-            )
+            params, self.routing_profile = store_params(lib, self._model, self.info, path, options)
             lib.check(lib.colibri_context_new(self._model, byref(params), byref(self._ctx)), "context")
             self.context_length: int = int(lib.colibri_context_n_ctx(self._ctx))
             self.threads = params.n_threads
@@ -313,8 +318,16 @@ class Model:
             for d in (self.hf_dir, path.parent):
                 if not template and d is not None:
                     template = template_from_tokenizer_config(d / "tokenizer_config.json")
-            self.chat_template: str | None = template or None
+            self.chat_template: str | None = chat_template or template or None
             self.name: str = name or str(meta.get("general.name") or path.stem)
+            self.n_vocab = self.info.n_vocab
+            self.capabilities = Capabilities(
+                logits=True,
+                logprobs=True,
+                chat=self.chat_template is not None,
+                streaming=True,
+                memory_budget=True,
+            )
         except BaseException:
             self.close()
             raise
@@ -487,58 +500,63 @@ class Model:
 
     # ---- generation -------------------------------------------------------------------------
 
-    def _new_sampler(self, sp: SamplingParams) -> c_void_p:
-        lib = self._lib
-        params = sp.to_native()
-        handle = c_void_p()
-        lib.check(lib.colibri_sampler_new(byref(params), self.info.n_vocab, byref(handle)), "sampler")
-        try:
-            for tid, bias in (sp.logit_bias or {}).items():
-                if not 0 <= tid < self.info.n_vocab:
-                    raise ValueError(f"logit_bias token id {tid} is out of range")
-                lib.check(lib.colibri_sampler_set_logit_bias(handle, int(tid), float(bias)), "logit_bias")
-        except BaseException:
-            lib.colibri_sampler_free(handle)
-            raise
-        return handle
-
     def generate_tokens(
         self,
         prompt_ids: Sequence[int],
         *,
         max_tokens: int | None = 128,
         sampling: SamplingParams | None = None,
-        stop: Sequence[str] | None = None,
+        stop: str | Sequence[str] | None = None,
         logprobs: int | None = None,
         constraint: Any = None,
     ) -> Iterator[GenerationEvent]:
-        """Generate after `prompt_ids`, one GenerationEvent per token (see GenerationEvent).
+        """Generate after `prompt_ids`, one GenerationEvent per token, by the rules every backend
+        shares (colibri_backend.generation: max_tokens 0 prefills only; the prompt may fill the context).
 
         max_tokens None uses sampling.max_tokens, else 128. stop None uses sampling.stop.
         logprobs: None for none, 0 for the chosen token's log-probability, n > 0 also for the n
         most likely tokens (log-softmax of the raw logits, before penalties and filters).
-        constraint: a :class:`colibri_backend.grammar.TokenConstraint`; each step samples only among
-        the tokens it allows, and generation stops when its grammar is complete.
+        The KV cache is reused for the part of the prompt it already holds.
+        constraint: a grammar's TokenConstraint (colibri_backend.grammar); only the tokens it allows
+        are sampled, and generation stops when its grammar is complete.
         """
-        sp = sampling or SamplingParams()
+        sp = as_sampling(sampling)
         if max_tokens is None:
             max_tokens = sp.max_tokens if sp.max_tokens is not None else 128
-        if max_tokens < 0:
-            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
-        stops = [s for s in (list(stop) if stop is not None else list(sp.stop)) if s]
-        prompt = self._check_ids(prompt_ids)
-        if prompt.size == 0:
-            raise ValueError("the prompt is empty: give at least one token")
+        max_tokens = check_max_tokens(max_tokens)
+        ids = check_prompt(prompt_ids, self.context_length)
+        prompt = self._check_ids(ids)
         if logprobs is not None and logprobs < 0:
             raise ValueError(f"logprobs must be >= 0, got {logprobs}")
-        if constraint is not None and constraint.n_words != (self.info.n_vocab + 31) // 32:
+        if constraint is not None and constraint.n_vocab != self.info.n_vocab:
             raise ValueError(
                 f"the constraint's vocabulary ({constraint.n_vocab}) is not the model's ({self.info.n_vocab})"
             )
-        return self._generate(prompt, int(max_tokens), sp, stops, logprobs, constraint)
+        return self._generate(
+            ids,
+            prompt,
+            max_tokens,
+            sp,
+            stop_list(stop if stop is not None else sp.stop),
+            logprobs,
+            constraint,
+        )
+
+    def _stop_ids(self, stops: list[str]) -> frozenset[int]:
+        # Special tokens never appear in the text, so a stop string that is one (say "<|user|>")
+        # stops on the token itself.
+        tok = self.tokenizer
+        ids = set(tok.stop_token_ids)
+        for s in stops:
+            if s in tok.special_tokens:
+                sid = tok.token_to_id(s)
+                if sid is not None:
+                    ids.add(sid)
+        return frozenset(ids)
 
     def _generate(
         self,
+        ids: list[int],
         prompt: np.ndarray,
         max_tokens: int,
         sp: SamplingParams,
@@ -548,163 +566,69 @@ class Model:
     ) -> Iterator[GenerationEvent]:
         with self._lock:
             self._check_open()
-            lib = self._lib
-            tok = self.tokenizer
             t_start = time.perf_counter()
-            reused = self._prefill(prompt)
-            t_prefill = time.perf_counter()
-            self._last = {
+            last = self._last = {
                 "prompt_tokens": int(prompt.size),
-                "cached_prompt_tokens": reused,
-                "prefill_seconds": t_prefill - t_start,
+                "cached_prompt_tokens": 0,
+                "prefill_seconds": 0.0,
                 "generated_tokens": 0,
                 "decode_seconds": 0.0,
-                "time_to_first_token": math.nan,
+                "time_to_first_token": None,  # seconds; None until a token is sampled
             }
-            if max_tokens == 0:
-                yield GenerationEvent(-1, "", finish_reason="length")
-                return
-            sampler = self._new_sampler(sp)
-            try:
-                for t in prompt:  # penalties see the prompt too, as in HF and llama.cpp
-                    lib.check(lib.colibri_sampler_accept(sampler, int(t)), "sampler accept")
-                decoder = tok.incremental_decoder(skip_special_tokens=True)
-                # Special tokens never appear in the text, so a stop string that is one (say
-                # "<|user|>") stops on the token itself.
-                stop_ids = set(tok.stop_token_ids)
-                for s in stops:
-                    if s in tok.special_tokens:
-                        sid = tok.token_to_id(s)
-                        if sid is not None:
-                            stop_ids.add(sid)
-                pending = ""
-                out_tok = c_int32(0)
-                step_buf = np.empty(1, dtype=np.int32)
-                logits_ptr = _native.f32_ptr(self._logits)
-                for step in range(max_tokens):
-                    if constraint is not None:
-                        mask = constraint.fill()
-                        lib.check(
-                            lib.colibri_sampler_set_allowed(sampler, mask.ctypes.data, mask.shape[0]),
-                            "allowed tokens",
-                        )
-                    lib.check(lib.colibri_sampler_sample(sampler, logits_ptr, byref(out_tok)), "sample")
-                    token = int(out_tok.value)
-                    if constraint is not None:
-                        constraint.consume(token)
-                    if step == 0:
-                        self._last["time_to_first_token"] = time.perf_counter() - t_start
-                    lp: float | None = None
-                    top: dict[str, float] | None = None
-                    if logprobs is not None:
-                        lp, top = _log_softmax_at(self._logits, token, logprobs, tok)
-                    lib.check(lib.colibri_sampler_accept(sampler, token), "sampler accept")
-                    self._last["generated_tokens"] = step + 1
-                    if token in stop_ids:
-                        yield GenerationEvent(token, pending + decoder.flush(), lp, top, "stop")
-                        return
-                    pending += decoder.add(token)
-                    cut = _stop_cut(pending, stops)
-                    if cut >= 0:
-                        yield GenerationEvent(token, pending[:cut], lp, top, "stop")
-                        return
-                    grammar_done = constraint is not None and constraint.done
-                    if grammar_done or step == max_tokens - 1 or len(self._cached) >= self.context_length:
-                        pending += decoder.flush()
-                        cut = _stop_cut(pending, stops)
-                        if cut >= 0:
-                            yield GenerationEvent(token, pending[:cut], lp, top, "stop")
-                        else:
-                            yield GenerationEvent(
-                                token, pending, lp, top, "stop" if grammar_done else "length"
-                            )
-                        return
-                    hold = _held_suffix(pending, stops)
-                    emit = pending[: len(pending) - hold]
-                    pending = pending[len(pending) - hold :]
-                    yield GenerationEvent(token, emit, lp, top, None)
-                    t0 = time.perf_counter()
-                    step_buf[0] = token
-                    self._eval(step_buf, self._logits, all_logits=False)
-                    self._last["decode_seconds"] += time.perf_counter() - t0
-            finally:
-                lib.colibri_sampler_free(sampler)
+            step_buf = np.empty(1, dtype=np.int32)
 
-    def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
-        if isinstance(prompt, str):
-            return self.tokenize(prompt, add_special_tokens=True)
-        return [int(t) for t in prompt]
+            def prefill(_: list[int]) -> np.ndarray:
+                last["cached_prompt_tokens"] = self._prefill(prompt)
+                last["prefill_seconds"] = time.perf_counter() - t_start
+                return self._logits
 
-    def stream(
-        self,
-        prompt: str | Sequence[int],
-        max_tokens: int = 128,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        min_p: float = 0.0,
-        repetition_penalty: float = 1.0,
-        presence_penalty: float = 0.0,
-        frequency_penalty: float = 0.0,
-        seed: int | None = None,
-        stop: str | Sequence[str] | None = None,
-        logit_bias: Mapping[int, float] | None = None,
-    ) -> Iterator[str]:
-        """Text deltas as they are generated (whole characters; stop strings never appear)."""
-        sp = SamplingParams(
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            min_p=min_p,
-            repetition_penalty=repetition_penalty,
-            presence_penalty=presence_penalty,
-            frequency_penalty=frequency_penalty,
-            seed=seed,
-            logit_bias=dict(logit_bias) if logit_bias else None,
-        )
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        ids = self._prompt_ids(prompt)
-        for ev in self.generate_tokens(ids, max_tokens=max_tokens, sampling=sp, stop=stops):
-            if ev.text:
-                yield ev.text
+            def decode(token: int) -> np.ndarray:
+                t0 = time.perf_counter()
+                step_buf[0] = token
+                self._eval(step_buf, self._logits, all_logits=False)
+                last["decode_seconds"] += time.perf_counter() - t0
+                return self._logits
 
-    def generate(
-        self,
-        prompt: str | Sequence[int],
-        max_tokens: int = 128,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        min_p: float = 0.0,
-        repetition_penalty: float = 1.0,
-        presence_penalty: float = 0.0,
-        frequency_penalty: float = 0.0,
-        seed: int | None = None,
-        stop: str | Sequence[str] | None = None,
-        logit_bias: Mapping[int, float] | None = None,
-    ) -> str:
-        """The generated text (without the prompt, without the stop string)."""
-        return "".join(
-            self.stream(
-                prompt,
-                max_tokens=max_tokens,
-                temperature=temperature,
-                top_p=top_p,
-                top_k=top_k,
-                min_p=min_p,
-                repetition_penalty=repetition_penalty,
-                presence_penalty=presence_penalty,
-                frequency_penalty=frequency_penalty,
-                seed=seed,
-                stop=stop,
-                logit_bias=logit_bias,
-            )
-        )
+            def first_token() -> None:
+                last["time_to_first_token"] = time.perf_counter() - t_start
 
-    def apply_chat_template(
+            with _NativeSampler(self._lib, sp, self.info.n_vocab, ids) as sampler:
+                step = Step(
+                    prefill,
+                    decode,
+                    sampler,
+                    self.tokenizer.incremental_decoder(skip_special_tokens=True),
+                    self.tokenizer.token_text,
+                    self._stop_ids(stops),
+                    first_token,
+                    constraint,
+                )
+                for ev in generation_events(
+                    step,
+                    ids,
+                    max_tokens=max_tokens,
+                    context_length=self.context_length,
+                    stop=stops,
+                    logprobs=logprobs,
+                ):
+                    last["generated_tokens"] += 1
+                    yield ev
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.token_text(token_id)
+
+    def special_tokens(self) -> dict[str, str]:
+        tok = self.tokenizer
+        return {"bos_token": tok.bos_token or "", "eos_token": tok.eos_token or ""}
+
+    def render_chat(
         self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, **extra: Any
     ) -> str:
         """The prompt text the model's chat template makes of `messages`."""
+        if not self.chat_template:
+            raise CapabilityError(
+                f"model {self.name!r} has no chat template; set chat_template in its colibri.toml alias"
+            )
         return render_chat(
             self.chat_template,
             messages,
@@ -715,19 +639,11 @@ class Model:
             **extra,
         )
 
+    apply_chat_template = render_chat  # the transformers spelling
+
     def chat_prompt_ids(self, messages: Sequence[Mapping[str, Any]], **extra: Any) -> list[int]:
         # The template writes BOS and the role markers itself, so nothing is added around it.
-        return self.tokenize(self.apply_chat_template(messages, **extra), add_special_tokens=False)
-
-    def chat_stream(
-        self, messages: Sequence[Mapping[str, Any]], max_tokens: int = 128, **kwargs: Any
-    ) -> Iterator[str]:
-        """stream() over the chat-templated prompt of `messages`."""
-        return self.stream(self.chat_prompt_ids(messages), max_tokens=max_tokens, **kwargs)
-
-    def chat(self, messages: Sequence[Mapping[str, Any]], max_tokens: int = 128, **kwargs: Any) -> str:
-        """The assistant's reply to `messages` (OpenAI-style role/content dicts)."""
-        return "".join(self.chat_stream(messages, max_tokens=max_tokens, **kwargs))
+        return self.tokenize(self.render_chat(messages, **extra), add_special_tokens=False)
 
     # ---- counters ---------------------------------------------------------------------------
 
@@ -811,42 +727,39 @@ def stats_to_dict(s: _native.StatsC) -> dict[str, Any]:
     return out
 
 
+def _options(options: LoadOptions | None, keywords: dict[str, Any], default: LoadOptions) -> LoadOptions:
+    """A LoadOptions from an object or from keyword arguments (one or the other)."""
+    if options is not None:
+        if keywords:
+            raise TypeError(f"give a LoadOptions or keyword options, not both ({', '.join(keywords)})")
+        if not isinstance(options, LoadOptions):
+            raise TypeError(f"options must be a LoadOptions, got {type(options).__name__}")
+        return options
+    return replace(default, **keywords) if keywords else default
+
+
 def replay_routing(
     model: str | os.PathLike[str],
     tokens: Sequence[int] | np.ndarray,
     expert_ids: np.ndarray,
-    *,
-    memory_budget: str | int | None = 0,
-    expert_slots: str | int | None = None,
-    expert_policy: str = "lfu",
-    prefetch: str | None = None,
-    lookahead_depth: int | None = None,
-    warmup_routing: bool | str | os.PathLike[str] | None = False,
-    pin_experts: str | int | None = None,
-    threads: int | None = None,
-    context_length: int | None = None,
-    batch_size: int | None = None,
-    kv_cache_type: str | None = None,
+    options: LoadOptions | None = None,
+    **keywords: Any,
 ) -> dict[str, Any]:
     """Replay a recorded routing (expert_ids [T, n_layer, k], tokens [T]; a RoutingTrace's ids and
-    tokens) through the expert store these options set up, each token one decode step, without
-    running the model (colibri_replay_routing). Returns the counters as Model.stats() names them
-    (expert_hits, expert_misses, prefetch_*, expert_stall_seconds, hashed_*, ...). Lookahead needs
-    hidden states and is not replayed. The store must stream: give expert_slots or a memory_budget
-    smaller than the model (0, the default here, holds every expert and is refused)."""
-    resolved = resolve_model(model)
-    path = resolved.gguf
+    tokens) through the expert store ``options`` (a LoadOptions, or its fields as keywords) set up,
+    each token one decode step, without running the model (colibri_replay_routing). Returns the
+    counters as Model.stats() names them (expert_hits, expert_misses, prefetch_*,
+    expert_stall_seconds, hashed_*, ...). Lookahead needs hidden states and is not replayed. The store
+    must stream: give expert_slots or a memory_budget smaller than the model (the default here is 0,
+    which holds every expert and is refused)."""
+    opts = _options(options, keywords, LoadOptions(memory_budget=0))
+    path = resolve_model(model).gguf
     ids = np.ascontiguousarray(expert_ids, dtype=np.int32)
     toks = np.ascontiguousarray(tokens, dtype=np.int32)
     if ids.ndim != 3 or toks.shape != (ids.shape[0],):
         raise ValueError(f"expert_ids {ids.shape} and tokens {toks.shape} must be [T, n_layer, k] and [T]")
-    lib = _native.load_library()
-    handle = c_void_p()
-    lib.check(lib.colibri_model_open(os.fsencode(path), byref(handle)), f"cannot open {path}")
-    try:
-        info_c = _native.ModelInfoC()
-        lib.check(lib.colibri_model_get_info(handle, byref(info_c)), "model info")
-        info = ModelInfo.from_c(info_c)
+    with _OpenModel(path) as m:
+        info = m.info
         if info.n_expert <= 0:
             raise ValueError(f"{path} is a dense model: there is no expert routing to replay")
         if ids.shape[1:] != (info.n_layer, info.n_expert_used):
@@ -854,93 +767,46 @@ def replay_routing(
                 f"the routing has {ids.shape[1]} layers x top-{ids.shape[2]}; {path} has "
                 f"{info.n_layer} layers x top-{info.n_expert_used}"
             )
-        params, _profile = store_params(
-            lib,
-            handle,
-            info,
-            path,
-            threads=threads,
-            context_length=context_length,
-            batch_size=batch_size,
-            memory_budget=memory_budget,
-            expert_policy=expert_policy,
-            prefetch=prefetch,
-            kv_cache_type=kv_cache_type,
-            expert_slots=expert_slots,
-            lookahead_depth=lookahead_depth,
-            warmup_routing=warmup_routing,
-            pin_experts=pin_experts,
-        )
+        params, profile = store_params(m.lib, m.handle, info, path, opts)
         out = _native.StatsC()
-        lib.check(
-            lib.colibri_replay_routing(
-                handle, byref(params), _native.i32_ptr(toks), _native.i32_ptr(ids), int(toks.size), byref(out)
+        m.lib.check(
+            m.lib.colibri_replay_routing(
+                m.handle,
+                byref(params),
+                _native.i32_ptr(toks),
+                _native.i32_ptr(ids),
+                int(toks.size),
+                byref(out),
             ),
             "replay",
         )
         result = stats_to_dict(out)
         result["n_tokens"] = int(toks.size)
-        result["routing_profile"] = str(_profile) if _profile else None
+        result["routing_profile"] = str(profile) if profile else None
         return result
-    finally:
-        lib.colibri_model_close(handle)
 
 
 def load(
     model: str | os.PathLike[str],
-    threads: int | None = None,
-    context_length: int | None = None,
-    batch_size: int | None = None,
-    memory_budget: str | int | None = None,
-    expert_policy: str = "lfu",
-    prefetch: str | None = None,
-    kv_cache_type: str | None = None,
-    expert_slots: str | int | None = None,
-    lookahead_depth: int | None = None,
-    warmup_routing: bool | str | os.PathLike[str] | None = False,
-    pin_experts: str | int | None = None,
-    route_prefilter_margin: float | None = None,
-    drop_cold_share: float | None = None,
+    options: LoadOptions | None = None,
+    *,
+    name: str | None = None,
+    chat_template: str | None = None,
+    **keywords: Any,
 ) -> Model:
     """Load a model: a GGUF path, a Hugging Face checkpoint directory (converted once and
     cached) or a known name such as "smollm2".
 
-    memory_budget: bytes or a size string ("512M", "1.5G") for everything the engine holds;
-    None: a share of the available memory or cgroup limit (colibri_backend.budget); 0: no limit.
-    Experts that do not fit are streamed from the file (expert_policy "lfu" or "lru"; prefetch
-    "lookahead", "temporal", "hashed", comma lists of them, "all" or "none"; default "none", which
-    was faster on every capped run measured, docs/benchmarks.md). Output is identical at any budget.
-
-    Expert store (docs/memory.md, "Routing profiles and store options"):
-    expert_slots: slots counted in experts instead of bytes: an int, or "40%" of the model's
-    n_layer * n_expert routed experts (rounded up, at least top-k); None: from the budget.
-    lookahead_depth: layers ahead the lookahead predictor looks (1..8; None: 1).
-    warmup_routing: a routing profile (`colibri profile`) to warm the slots with and to feed the
-    hashed predictor: True = MODEL.routing next to the model (an error if there is none), or a path.
-    pin_experts: keep this many of the profile's hottest experts in slots for good; "auto" = half
-    of the slots left after the top-k working set, (slots - k) // 2.
-    route_prefilter_margin (lossy, opt-in): route among the profile's candidates only when the
-    logit gap is at least this; 0 off. drop_cold_share (lossy, opt-in): never route to experts whose
-    profile share is below this; 0 off. Both need a profile.
-
-    kv_cache_type: None (F16, or F32 for an F32 model), "f16", or "int8" (per-position, per-head
-    scaled int8: about half the KV memory of F16, slightly different logits; docs/memory.md)."""
+    ``options`` is a LoadOptions (colibri_backend.load_options: threads, context_length,
+    memory_budget, the expert store's settings, ...); its fields may be given as keywords instead:
+    ``load("smollm2", threads=2, memory_budget="1G")``. Each is checked once, when the LoadOptions is
+    made. ``name`` and ``chat_template`` override what the file says."""
+    opts = _options(options, keywords, LoadOptions())
     resolved = resolve_model(model)
     return Model(
         resolved.gguf,
-        threads=threads,
-        context_length=context_length,
-        batch_size=batch_size,
-        memory_budget=memory_budget,
-        expert_policy=expert_policy,
-        prefetch=prefetch,
-        kv_cache_type=kv_cache_type,
-        expert_slots=expert_slots,
-        lookahead_depth=lookahead_depth,
-        warmup_routing=warmup_routing,
-        pin_experts=pin_experts,
-        route_prefilter_margin=route_prefilter_margin,
-        drop_cold_share=drop_cold_share,
+        opts,
         hf_dir=resolved.hf_dir,
-        name=resolved.name or None,
+        name=name or resolved.name or None,
+        chat_template=chat_template,
     )

@@ -59,8 +59,7 @@ _TOKENIZERS_LOCK = threading.Lock()
 
 def _tokenizer_source(model: Any) -> tuple[str, list[int], int | None]:
     """(tokenizer.json text, end-of-generation ids, logits width) of a loaded model."""
-    engine = getattr(model, "engine", None)
-    tok = getattr(engine, "tokenizer", None) or getattr(model, "tokenizer", None)
+    tok = getattr(model, "tokenizer", None)
     hf = getattr(tok, "hf", None) or getattr(tok, "backend_tokenizer", None)
     if hf is None or not hasattr(hf, "to_str"):
         raise GrammarError(
@@ -68,7 +67,7 @@ def _tokenizer_source(model: Any) -> tuple[str, list[int], int | None]:
             "mask from; structured output runs on the colibri and transformers backends"
         )
     stops = getattr(tok, "stop_token_ids", None) or getattr(model, "eos_token_ids", None) or ()
-    n_vocab = getattr(model, "n_vocab", None)
+    n_vocab = getattr(model, "n_vocab", None) or getattr(getattr(model, "info", None), "n_vocab", None)
     return hf.to_str(), sorted(int(t) for t in stops), int(n_vocab) if n_vocab else None
 
 
@@ -120,13 +119,6 @@ class TokenConstraint:
     def done(self) -> bool:
         """The grammar is complete and allows nothing more: generation ends here."""
         return bool(self._m.is_stopped())
-
-    def apply(self, logits: np.ndarray) -> np.ndarray:
-        """``logits`` with every disallowed token at -inf (for backends that sample in Python)."""
-        bits = np.unpackbits(self.fill().view(np.uint8), bitorder="little")[: logits.shape[0]]
-        out = np.array(logits, dtype=np.float32, copy=True)
-        out[: bits.shape[0]][bits == 0] = -np.inf
-        return out
 
     def _check(self) -> None:
         if self._m.is_error():

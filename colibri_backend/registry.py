@@ -8,6 +8,7 @@ import or to register is recorded with its error instead of breaking the others,
 
 from __future__ import annotations
 
+import sys
 import threading
 import warnings
 from dataclasses import dataclass
@@ -84,34 +85,53 @@ class Registry:
         self.plugin_manager = pm
         self.problems: list[PluginProblem] = list(problems or [])
         self._entries: dict[str, BackendEntry] = {}
-        # Call each implementation on its own so a registration is attributed to its plugin and
-        # one plugin raising does not hide the backends of the others.
-        for impl in pm.hook.colibri_register_backends.get_hookimpls():
-            plugin_name = pm.get_name(impl.plugin) or repr(impl.plugin)
+        self._collect(pm)
+
+    def _collect(self, pm: pluggy.PluginManager) -> None:
+        """Call the hook through pluggy (so hook wrappers and tryfirst / trylast ordering apply). A
+        registration is attributed to the plugin whose implementation made it; a plugin whose
+        implementation raises is recorded, unregistered, and the hook called again without it, so it
+        cannot hide the backends of the others."""
+        hook = pm.hook.colibri_register_backends
+        while True:
+            impls = {
+                impl.function.__code__: pm.get_name(impl.plugin) or repr(impl.plugin)
+                for impl in hook.get_hookimpls()
+            }
+            found: list[tuple[str, Any]] = []  # (plugin, backend) in call order
             try:
-                impl.function(register=self._registrar(plugin_name))
+                hook(register=_recorder(found, impls))
             except Exception as exc:
+                culprit = _raising_plugin(exc, impls)
+                for plugin_name, backend in found:
+                    if plugin_name == culprit and not _is_backend(backend):
+                        self._add(plugin_name, backend)  # records what it lacks
                 why = f"colibri_register_backends raised {type(exc).__name__}: {exc}"
-                self.problems.append(PluginProblem(plugin_name, why))
+                self.problems.append(PluginProblem(culprit or "colibri_register_backends", why))
+                plugin = pm.get_plugin(culprit) if culprit else None
+                if plugin is None:
+                    return
+                pm.unregister(plugin)
+                continue
+            for plugin_name, backend in found:
+                self._add(plugin_name, backend)
+            return
 
-    def _registrar(self, plugin_name: str):
-        def register(backend: Any) -> None:
+    def _add(self, plugin_name: str, backend: Any) -> None:
+        if not _is_backend(backend):
             missing = [a for a in ("name", "load", "unavailable_reason") if not hasattr(backend, a)]
-            if missing:
-                self.problems.append(
-                    PluginProblem(plugin_name, f"registered {backend!r}, which lacks {', '.join(missing)}")
-                )
-                return
-            name = str(backend.name)
-            if name in self._entries:
-                kept = self._entries[name].plugin
-                self.problems.append(
-                    PluginProblem(plugin_name, f"backend {name!r} is already registered by plugin {kept!r}")
-                )
-                return
-            self._entries[name] = BackendEntry(name=name, backend=backend, plugin=plugin_name)
-
-        return register
+            self.problems.append(
+                PluginProblem(plugin_name, f"registered {backend!r}, which lacks {', '.join(missing)}")
+            )
+            return
+        name = str(backend.name)
+        if name in self._entries:
+            kept = self._entries[name].plugin
+            self.problems.append(
+                PluginProblem(plugin_name, f"backend {name!r} is already registered by plugin {kept!r}")
+            )
+            return
+        self._entries[name] = BackendEntry(name=name, backend=backend, plugin=plugin_name)
 
     def names(self) -> list[str]:
         """Registered backend names, sorted."""
@@ -149,6 +169,36 @@ class Registry:
                 stacklevel=2,
             )
         return loaded
+
+
+def _recorder(found: list[tuple[str, Any]], impls: dict[Any, str]) -> Any:
+    """The ``register`` callable handed to the hook: records each backend with its plugin."""
+    return lambda backend: found.append((_calling_plugin(impls), backend))
+
+
+def _is_backend(obj: Any) -> bool:
+    return all(hasattr(obj, a) for a in ("name", "load", "unavailable_reason"))
+
+
+def _calling_plugin(impls: dict[Any, str]) -> str:
+    """The plugin whose hook implementation is on the stack (innermost first)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = impls.get(frame.f_code)
+        if name is not None:
+            return name
+        frame = frame.f_back
+    return "unknown plugin"
+
+
+def _raising_plugin(exc: BaseException, impls: dict[Any, str]) -> str | None:
+    """The plugin whose hook implementation raised ``exc`` (the innermost one in its traceback)."""
+    culprit = None
+    tb = exc.__traceback__
+    while tb is not None:
+        culprit = impls.get(tb.tb_frame.f_code, culprit)
+        tb = tb.tb_next
+    return culprit
 
 
 _lock = threading.Lock()

@@ -118,8 +118,15 @@ def test_finish_reasons_and_max_tokens(model: Model) -> None:
     events = list(model.generate_tokens(ids, max_tokens=3))
     assert len(events) == 3 and events[-1].finish_reason == "length"
     assert [e.finish_reason for e in events[:-1]] == [None, None]
-    zero = list(model.generate_tokens(ids, max_tokens=0))
-    assert zero == [GenerationEvent(-1, "", finish_reason="length")]
+    # max_tokens=0 prefills the prompt (the KV cache then holds it) and yields nothing, as on
+    # every backend (colibri_backend.generation).
+    assert list(model.generate_tokens(ids, max_tokens=0)) == []
+    last = model.stats()["last"]
+    assert last["generated_tokens"] == 0 and last["time_to_first_token"] is None
+    assert model.stats()["n_past"] == len(ids)
+    with pytest.raises(ValueError, match="max_tokens"):
+        model.generate_tokens(ids, max_tokens=-1)
+    assert isinstance(events[0], GenerationEvent)
     # The chat template's end-of-turn token ends a chat reply with "stop".
     chat_ids = model.chat_prompt_ids([{"role": "user", "content": "Say hi."}])
     events = list(model.generate_tokens(chat_ids, max_tokens=60))

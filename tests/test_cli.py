@@ -88,13 +88,31 @@ def test_inspect_categories() -> None:
     assert categorize("token_embd.weight") == "embeddings"
 
 
-def test_inspect_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_inspect_errors_are_runs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """inspect and run give the same one-line errors (the engine's parser checks the file for both)."""
+    import colibri_backend
+
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"hello")
-    assert main(["inspect", str(bad)]) == 1
-    assert "error" in capsys.readouterr().err
-    assert main(["inspect", str(tmp_path / "missing.gguf")]) == 1
-    assert "no such file" in capsys.readouterr().err
+    whole = colibri_backend.default_model_path().read_bytes()
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(whole[:100_000])  # cut inside the vocabulary
+    (tmp_path / "empty_dir").mkdir()
+    for target in (bad, truncated, tmp_path / "missing.gguf", tmp_path / "empty_dir"):
+        assert main(["inspect", str(target)]) == 1
+        inspect_err = capsys.readouterr().err.removeprefix("colibri inspect: ")
+        assert main(["run", "--model", str(target), "-n", "1", "hi"]) == 1
+        run_err = capsys.readouterr().err.removeprefix("colibri run: ")
+        assert (
+            inspect_err == run_err
+            and inspect_err.startswith("error: ")
+            and len(inspect_err.splitlines()) == 1
+        )
+        assert "numpy" not in inspect_err and "larger dtype" not in inspect_err
+    assert main(["inspect", str(truncated)]) == 1
+    assert "past end of file" in capsys.readouterr().err
+    assert main(["inspect", str(tmp_path / "empty_dir")]) == 1
+    assert "is a directory but neither" in capsys.readouterr().err
 
 
 def test_run_streams_text_and_reports_speed() -> None:
@@ -182,3 +200,39 @@ def test_chat_defaults_to_the_instruction_tuned_model() -> None:
 
     assert build_parser().parse_args(["chat"]).model == "smollm2"
     assert build_parser().parse_args(["run", "x"]).model is None  # run: the bundled default model
+
+
+# ---- what a new user hits first ------------------------------------------------------------------
+
+
+def test_python_dash_m_runs_the_cli() -> None:
+    r = subprocess.run([sys.executable, "-m", "colibri_backend", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "usage: colibri" in r.stdout and "serve" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "colibri_backend"], capture_output=True, text=True)
+    assert r.returncode == 2 and "usage: colibri" in r.stderr  # no command: argparse's usage error
+
+
+def test_run_max_tokens_zero_prefills_and_prints_no_nan() -> None:
+    r = _cli("run", "--model", str(smollm2_path()), "-n", "0", "--threads", "2", "Hello")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "\n" and "nan" not in r.stderr.lower()
+    assert "decode: 0 tokens" in r.stderr and "time to first token: none" in r.stderr
+    r = _cli("run", "--model", str(smollm2_path()), "-n", "-1", "Hello")
+    assert r.returncode == 1 and "max_tokens must be a whole number >= 0" in r.stderr
+
+
+def test_serve_stops_at_start_when_its_model_cannot_load(tmp_path: Path) -> None:
+    missing = tmp_path / "missing.gguf"
+    serve = _cli("serve", "--model", str(missing), "--port", "0")
+    run = _cli("run", "--model", str(missing), "hi")
+    assert serve.returncode == run.returncode == 1
+    assert "serving" not in serve.stderr  # it never announced a port
+    assert serve.stderr.removeprefix("colibri serve: ") == run.stderr.removeprefix("colibri run: ")
+    truncated = tmp_path / "truncated.gguf"
+    import colibri_backend
+
+    truncated.write_bytes(colibri_backend.default_model_path().read_bytes()[:100_000])
+    serve = _cli("serve", "--model", str(truncated), "--port", "0")
+    assert (
+        serve.returncode == 1 and "past end of file" in serve.stderr and len(serve.stderr.splitlines()) == 1
+    )

@@ -173,6 +173,8 @@ def test_parse_size() -> None:
     assert parse_size("512MiB") == parse_size("512M") == parse_size("512mb") == 512 << 20
     assert parse_size("64k") == 65536
     assert parse_size("100") == 100
-    for bad in ("", "G", "1.5X", "-3", 0, True, 1.5):
+    # One parser for every size setting (colibri_backend.budget): 0 means no limit, as on the CLI.
+    assert parse_size(0) == parse_size("0") == parse_size("unlimited") == 0
+    for bad in ("", "G", "1.5X", "-3", -1, True, 1.5):
         with pytest.raises(ConfigError):
             parse_size(bad)

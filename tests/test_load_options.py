@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -127,8 +128,10 @@ def test_every_loading_command_takes_the_flags(command: str) -> None:
     )  # fmt: skip
     from colibri_backend.commands._load_options import load_options
 
-    assert load_options(args) == {
-        "memory_budget": "512M",
+    opts = load_options(args)
+    assert isinstance(opts, colibri_backend.LoadOptions)
+    assert opts.changed() == {
+        "memory_budget": 512 << 20,
         "expert_slots": "40%",
         "expert_policy": "lru",
         "prefetch": "temporal,hashed",
@@ -138,7 +141,7 @@ def test_every_loading_command_takes_the_flags(command: str) -> None:
         "route_prefilter_margin": 1.5,
         "drop_cold_share": 0.01,
     }
-    assert load_options(_parse(command, [])) == {}  # unset flags keep load()'s defaults
+    assert load_options(_parse(command, [])) == colibri_backend.LoadOptions()  # unset flags: the defaults
     assert _parse(command, ["--warmup-routing=my.routing"]).warmup_routing == "my.routing"
     assert _parse(command, ["--expert-slots", "12", "--pin-experts", "3"]).expert_slots == 12
 
@@ -172,20 +175,26 @@ def test_serve_passes_load_options_to_the_colibri_backend() -> None:
             "other": ModelConfig(alias="other", path="x.gguf", backend="llama_cpp", options={"n_gpu": 0}),
         }
     )
-    out = apply_load_options(cfg, ["moe", "other"], {"memory_budget": "1G", "expert_slots": "40%"})
+    Opts = colibri_backend.LoadOptions
+    out = apply_load_options(cfg, ["moe", "other"], Opts(memory_budget="1G", expert_slots="40%", threads=3))
     assert out.models["moe"].memory_budget == 1 << 30 and out.models["other"].memory_budget == 1 << 30
-    assert out.models["moe"].options == {"expert_slots": "40%"}
+    assert out.models["moe"].options == {"expert_slots": "40%"}  # threads are set on the alias itself
     assert out.models["other"].options == {"n_gpu": 0}  # colibri-only knobs stay off other backends
-    assert apply_load_options(cfg, ["moe"], {"memory_budget": "0"}).models["moe"].memory_budget == 0
+    assert apply_load_options(cfg, ["moe"], Opts(memory_budget="0")).models["moe"].memory_budget == 0
     with pytest.raises(ValueError, match="colibri backend"):
-        apply_load_options(cfg, ["other"], {"pin_experts": 4})
-    # The colibri backend hands the options to colibri_backend.load by name, which must accept them.
-    import inspect
+        apply_load_options(cfg, ["other"], Opts(pin_experts=4))
+    # Every command-line load option is a LoadOptions field, and the colibri backend builds one
+    # from an alias's options table (an unknown key there is refused, naming the known ones).
+    from dataclasses import fields
 
-    accepted = inspect.signature(colibri_backend.load).parameters
     from colibri_backend.commands._load_options import LOAD_KEYS
+    from colibri_backend.plugins.colibri_native import alias_options
 
-    assert set(LOAD_KEYS) <= set(accepted)
+    assert set(LOAD_KEYS) <= {f.name for f in fields(Opts)}
+    moe = replace(out.models["moe"], threads=3, context_length=64)
+    assert alias_options(moe) == Opts(threads=3, context_length=64, memory_budget=1 << 30, expert_slots="40%")
+    with pytest.raises(ValueError, match="models.moe.options.nope: not a load option"):
+        alias_options(replace(moe, options={"nope": 1}))
 
 
 # ---- load() -------------------------------------------------------------------------------------
@@ -315,8 +324,7 @@ def test_serve_memory_budget_reaches_the_engine(model_path: Path, monkeypatch: p
     state = seen["state"]
     (slot,) = state.slots.values()
     assert slot.cfg.memory_budget == 64 << 20 and slot.cfg.options["expert_slots"] == "40%"
-    slot.load(state.loader)
-    assert slot.state == "ready", slot.error
-    stats = slot.model.engine.stats()
+    assert slot.state == "ready", slot.error  # a single model is loaded before the server starts
+    stats = slot.model.stats()
     assert stats["memory_budget"] == 64 << 20 and stats["expert_slots"] == 20
     slot.model.close()

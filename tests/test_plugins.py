@@ -12,17 +12,10 @@ import pytest
 
 from colibri_backend import cli
 from colibri_backend.adapters.sampling import SamplingParams
-from colibri_backend.backends import (
-    BaseModel,
-    ByteDecoder,
-    Capabilities,
-    LoadedModel,
-    StepModel,
-    StopMatcher,
-    sample_token,
-)
+from colibri_backend.backends import BaseModel, Capabilities, LoadedModel, StepModel
 from colibri_backend.config import ModelConfig
 from colibri_backend.errors import ContextFullError
+from colibri_backend.generation import IncrementalDecoder, StopMatcher, bytes_decoder, sample_token
 from colibri_backend.hookspecs import hookimpl
 from colibri_backend.registry import (
     BackendUnavailableError,
@@ -65,8 +58,8 @@ class ScriptedModel(StepModel):
     def token_text(self, token_id: int) -> str:
         return PIECES[token_id].decode("utf-8", errors="replace")
 
-    def _new_decoder(self, prompt_ids: list[int]) -> ByteDecoder:
-        return ByteDecoder(lambda t: PIECES[t])
+    def _new_decoder(self, prompt_ids: list[int]) -> IncrementalDecoder:
+        return IncrementalDecoder(bytes_decoder(lambda t: PIECES[t]))
 
     def _logits(self) -> np.ndarray:
         x = np.full(len(PIECES), -10.0, dtype=np.float32)
@@ -169,12 +162,47 @@ def test_unknown_and_unavailable_backends() -> None:
 
 
 def test_a_broken_plugin_does_not_hide_the_others() -> None:
-    reg = registry_with(BrokenPlugin(), ThirdPartyPlugin(), DuplicatePlugin())
-    assert "scripted" in reg.names() and reg.get("scripted").plugin == "test1"
+    # pluggy calls the last registered plugin first; the first registration of a name wins.
+    reg = registry_with(BrokenPlugin(), DuplicatePlugin(), ThirdPartyPlugin())
+    assert "scripted" in reg.names() and reg.get("scripted").plugin == "test2"
+    assert "needs_pkg" in reg.names()
     msgs = [(p.plugin, p.message) for p in reg.problems]
     assert any(pl == "test0" and "lacks" in m for pl, m in msgs)
     assert any(pl == "test0" and "RuntimeError: boom" in m for pl, m in msgs)
-    assert any(pl == "test2" and "already registered by plugin 'test1'" in m for pl, m in msgs)
+    assert any(pl == "test1" and "already registered by plugin 'test2'" in m for pl, m in msgs)
+    assert len(msgs) == 3
+
+
+class FirstPlugin:
+    """tryfirst: its registration of 'scripted' wins over a plugin registered after it."""
+
+    @hookimpl(tryfirst=True)
+    def colibri_register_backends(self, register):
+        register(ScriptedBackend(script=(2,)))
+
+
+class WrapperPlugin:
+    """A hook wrapper around every other implementation: sees how many registered before it."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    @hookimpl(wrapper=True)
+    def colibri_register_backends(self, register):
+        result = yield
+        self.seen.append("after")
+        backend = ScriptedBackend()
+        backend.name = "wrapped"
+        register(backend)
+        return result
+
+
+def test_hooks_go_through_pluggy_so_ordering_and_wrappers_work() -> None:
+    wrapper = WrapperPlugin()
+    reg = registry_with(FirstPlugin(), ThirdPartyPlugin(), wrapper)
+    assert reg.get("scripted").plugin == "test0"  # tryfirst beat the later-registered plugin
+    assert any(p.plugin == "test1" and "already registered" in p.message for p in reg.problems)
+    assert wrapper.seen == ["after"] and reg.get("wrapped").plugin == "test2"
 
 
 def test_entry_point_that_fails_to_import_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -257,9 +285,26 @@ def test_logprobs_and_chat() -> None:
 def test_context_limits() -> None:
     m = scripted([1, 2, 3, 7, 7, 7, 7], context_length=4)
     with pytest.raises(ContextFullError):
-        list(m.generate_tokens([1, 1, 1, 1], max_tokens=3))
-    evs = list(m.generate_tokens([1, 1], max_tokens=100))  # clamped to the room left
-    assert len(evs) == 2 and evs[-1].finish_reason == "length"
+        list(m.generate_tokens([1, 1, 1, 1, 1], max_tokens=3))
+    # The token sampled when the cache is full needs no slot: a full-context prompt still gets one,
+    # and two prompt tokens in a context of four leave room for three.
+    evs = list(m.generate_tokens([1, 1, 1, 1], max_tokens=3))
+    assert len(evs) == 1 and evs[-1].finish_reason == "length"
+    evs = list(m.generate_tokens([1, 1], max_tokens=100))
+    assert len(evs) == 3 and evs[-1].finish_reason == "length"
+
+
+def test_max_tokens_zero_prefills_only_and_bad_values_are_refused() -> None:
+    """The rule every backend shares (colibri_backend.generation): 0 runs the prefill, yields nothing."""
+    m = scripted([1, 2])
+    m.step = 5
+    assert list(m.generate_tokens([1, 1], max_tokens=0)) == []
+    assert m.step == 0 and m.stats()["prompt_tokens"] == 2 and m.stats()["generated_tokens"] == 0
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="max_tokens"):
+            m.generate_tokens([1], max_tokens=bad)
+    with pytest.raises(ValueError, match="empty"):
+        m.generate_tokens([], max_tokens=1)
 
 
 def test_stop_matcher_holds_partial_matches() -> None:

@@ -23,18 +23,16 @@ if str(CONFORMANCE) not in sys.path:
     sys.path.insert(0, str(CONFORMANCE))
 
 import tiny_models  # noqa: E402
-
-import colibri_backend  # noqa: E402
-from colibri_backend import transformers_glue  # noqa: E402
-from colibri_backend.convert import convert  # noqa: E402
-
-transformers_glue.register()
 from transformers import (  # noqa: E402
     AutoConfig,
     AutoModelForCausalLM,
     TextIteratorStreamer,
     pipeline,
 )
+
+import colibri_backend  # noqa: E402
+from colibri_backend import transformers_glue  # noqa: E402
+from colibri_backend.convert import convert  # noqa: E402
 
 ColibriConfig = transformers_glue.ColibriConfig
 ColibriForCausalLM = transformers_glue.ColibriForCausalLM
@@ -77,12 +75,20 @@ def test_registered_with_auto_classes() -> None:
     assert ColibriForCausalLM.can_generate()
 
 
-def test_register_defers_until_transformers_is_imported() -> None:
+def test_registered_by_importing_the_glue_and_transformers_is_left_alone() -> None:
     code = (
         "import sys\n"
-        "import colibri_backend\n"  # importing the package is what registers (the issue's contract)
+        "n_finders = len(sys.meta_path)\n"
+        "import colibri_backend\n"  # cheap, and no import hook patching transformers' loader
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
+        "assert len(sys.meta_path) == n_finders\n"
         "from transformers import AutoConfig, AutoModelForCausalLM\n"
+        "try:\n"
+        "    AutoConfig.for_model('colibri')\n"
+        "    raise SystemExit('registered without importing the glue')\n"
+        "except ValueError:\n"
+        "    pass\n"
+        "import colibri_backend.transformers_glue\n"  # AutoConfig.register / AutoModelForCausalLM.register
         "cfg = AutoConfig.for_model('colibri')\n"
         "print(type(cfg).__name__, AutoModelForCausalLM._model_mapping[type(cfg)].__name__)\n"
     )

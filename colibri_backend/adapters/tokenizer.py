@@ -16,13 +16,16 @@ import json
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.models import BPE
 
 from colibri_backend.errors import ModelFormatError, UnsupportedModelError
+
+if TYPE_CHECKING:
+    from colibri_backend.generation import IncrementalDecoder
 
 # GGUF token types (llama.cpp's llama_token_type).
 TOKEN_NORMAL = 1
@@ -357,45 +360,7 @@ class Tokenizer:
         return self._hf.decode([int(token_id)], skip_special_tokens=False)
 
     def incremental_decoder(self, skip_special_tokens: bool = True) -> IncrementalDecoder:
-        return IncrementalDecoder(self, skip_special_tokens=skip_special_tokens)
+        """Whole-character text deltas of a stream of ids (colibri_backend.generation.IncrementalDecoder)."""
+        from colibri_backend.generation import IncrementalDecoder
 
-
-class IncrementalDecoder:
-    """Turns a stream of token ids into text deltas that are always whole characters.
-
-    It decodes a short window of recent ids twice (with and without the newest ones) and emits
-    the difference only when it does not end in U+FFFD, the mark of an incomplete UTF-8 sequence
-    (a byte-level token can carry half a character). Decoding with the previous ids as context
-    also keeps the spacing right for tokenizers whose decoder strips a leading space.
-    """
-
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
-        self._tok = tokenizer
-        self._skip = skip_special_tokens
-        self._ids: list[int] = []
-        self._prefix = 0  # start of the context window
-        self._read = 0  # ids before this index have been emitted
-
-    def _decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=self._skip)
-
-    def add(self, token_id: int) -> str:
-        """Feed one id; return the text that is now complete (possibly "")."""
-        self._ids.append(int(token_id))
-        prefix_text = self._decode(self._ids[self._prefix : self._read])
-        new_text = self._decode(self._ids[self._prefix :])
-        # A run of ids that never completes a character is invalid UTF-8: stop waiting after a few.
-        stuck = len(self._ids) - self._read >= 8
-        if len(new_text) > len(prefix_text) and (stuck or not new_text.endswith("\ufffd")):
-            delta = new_text[len(prefix_text) :]
-            self._prefix = self._read
-            self._read = len(self._ids)
-            return delta
-        return ""
-
-    def flush(self) -> str:
-        """Whatever is still held back (an incomplete sequence shows as U+FFFD)."""
-        prefix_text = self._decode(self._ids[self._prefix : self._read])
-        new_text = self._decode(self._ids[self._prefix :])
-        self._prefix = self._read = len(self._ids)
-        return new_text[len(prefix_text) :]
+        return IncrementalDecoder(lambda ids: self.decode(ids, skip_special_tokens=skip_special_tokens))

@@ -1,20 +1,37 @@
-"""The memory and expert-store options every command that loads a model accepts.
+"""The load options every command that loads a model accepts, and the one way a command loads:
 
-One argparse helper (add_load_arguments) and one converter (load_options) so that run, chat,
-serve, trace, profile, replay and plan spell and check them the same way. Values are checked when
-the command line is parsed (a bad --expert-slots is an argparse error, exit status 2); the ones
-that depend on the model ("40%" of its experts, "auto" pinning) are resolved at load time.
+    from colibri_backend.commands._load_options import add_load_arguments, load_options
+    add_load_arguments(parser)                       # --memory-budget, --expert-slots, ...
+    model = colibri_backend.load(args.model, load_options(args))
+
+load_options(args) is the command line as a colibri_backend.LoadOptions (the one validated
+object load(), replay_routing(), plan_memory() and the server take), from these flags and the
+common --threads / --context-length / --batch-size / --kv-cache-type where the command has them.
+Values are checked when the command line is parsed, by the same checks LoadOptions makes (a bad
+--expert-slots is an argparse error, exit status 2); the ones that depend on the model ("40%" of its
+experts, "auto" pinning) are resolved at load time.
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
-from colibri_backend.budget import parse_prefetch, parse_size
+from colibri_backend.budget import parse_prefetch, parse_share, parse_size
+from colibri_backend.load_options import (
+    LoadOptions,
+    check_expert_slots,
+    check_lookahead_depth,
+    check_pin_experts,
+)
 
-# Option name on the command line -> keyword of colibri_backend.load().
+# Command-line options that set a LoadOptions field of the same name.
 LOAD_KEYS = (
+    "threads",
+    "context_length",
+    "batch_size",
+    "kv_cache_type",
     "memory_budget",
     "expert_slots",
     "expert_policy",
@@ -27,76 +44,39 @@ LOAD_KEYS = (
 )
 
 
-def _size(text: str) -> str:
-    try:
-        parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
+def _arg_type(check: Callable[[Any], Any], keep_text: bool = False) -> Callable[[str], Any]:
+    """An argparse type from a LoadOptions check: its ValueError becomes a usage error; the value is
+    what the check returns (or the text itself, with ``keep_text``)."""
 
-
-def _slots(text: str) -> str | int:
-    s = text.strip()
-    body = s[:-1] if s.endswith("%") else s
-    try:
-        value = float(body) if s.endswith("%") else int(body)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a number of experts or a percentage such as 40%"
-        ) from None
-    if s.endswith("%"):
-        if not 0 < value <= 100:
-            raise argparse.ArgumentTypeError(f"{text!r}: a percentage must be in (0%, 100%]")
-        return s
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: the number of expert slots cannot be negative")
-    return int(value)
-
-
-def _pin(text: str) -> str | int:
-    s = text.strip().lower()
-    if s == "auto":
-        return "auto"
-    try:
-        n = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of experts or 'auto'") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: the number of pinned experts cannot be negative")
-    return n
-
-
-def _depth(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 1 <= n <= 8:
-        raise argparse.ArgumentTypeError(f"{text!r}: the lookahead depth must be between 1 and 8")
-    return n
-
-
-def _nonneg_float(upper: float | None) -> Any:
-    def parse(text: str) -> float:
+    def parse(text: str) -> Any:
         try:
-            x = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not x >= 0 or x == float("inf"):
-            raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number >= 0")
-        if upper is not None and x > upper:
-            raise argparse.ArgumentTypeError(f"{text!r}: must be at most {upper:g}")
-        return x
+            value = check(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return text if keep_text else value
 
     return parse
 
 
-def _prefetch(text: str) -> str:
+def _lookahead(text: str) -> int:
     try:
-        parse_prefetch(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
+        n = int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a whole number") from None
+    if n == 0:  # 0 means "the default" inside LoadOptions; on the command line it is a mistake
+        raise ValueError("the lookahead depth must be between 1 and 8")
+    return check_lookahead_depth(n)
+
+
+_size = _arg_type(parse_size, keep_text=True)
+_slots = _arg_type(check_expert_slots)
+_pin = _arg_type(check_pin_experts)
+_prefetch = _arg_type(parse_prefetch, keep_text=True)
+_depth = _arg_type(_lookahead)
+
+
+def _share(upper: float | None) -> Callable[[str], float]:
+    return _arg_type(lambda text: parse_share(text, "the value", upper))
 
 
 def add_load_arguments(p: argparse.ArgumentParser, budget_aliases: tuple[str, ...] = ()) -> None:
@@ -164,7 +144,7 @@ def add_load_arguments(p: argparse.ArgumentParser, budget_aliases: tuple[str, ..
     g.add_argument(
         "--route-prefilter",
         dest="route_prefilter_margin",
-        type=_nonneg_float(None),
+        type=_share(None),
         default=None,
         metavar="MARGIN",
         help="approximate routing (lossy): score only the profile's candidate experts when the k-th and "
@@ -173,7 +153,7 @@ def add_load_arguments(p: argparse.ArgumentParser, budget_aliases: tuple[str, ..
     g.add_argument(
         "--drop-cold",
         dest="drop_cold_share",
-        type=_nonneg_float(1.0),
+        type=_share(1.0),
         default=None,
         metavar="SHARE",
         help="lossy: never route to experts whose share of tokens in the profile is below SHARE "
@@ -181,11 +161,9 @@ def add_load_arguments(p: argparse.ArgumentParser, budget_aliases: tuple[str, ..
     )
 
 
-def load_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The load() keywords the user set on the command line (unset ones are left out)."""
-    out: dict[str, Any] = {}
-    for key in LOAD_KEYS:
-        value = getattr(args, key, None)
-        if value is not None:
-            out[key] = value
-    return out
+def load_options(args: argparse.Namespace, **overrides: Any) -> LoadOptions:
+    """The command line's LoadOptions: every LOAD_KEYS option the user set (unset ones keep the
+    defaults); ``overrides`` (a command's own spelling, e.g. context_length=args.context) win."""
+    values = {key: getattr(args, key) for key in LOAD_KEYS if getattr(args, key, None) is not None}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return LoadOptions.from_mapping(values)

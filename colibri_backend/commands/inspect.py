@@ -67,11 +67,18 @@ def inspect_gguf(path: str | Path) -> dict[str, Any]:
     """A dict describing the file (what `colibri inspect --json` prints)."""
     from gguf import GGUFReader  # only this command needs it at import time
 
+    from colibri_backend.engine import check_model_file
     from colibri_backend.errors import ModelFormatError
+    from colibri_backend.models import resolve_model
 
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no such file: {path}")
+    given = Path(path).expanduser()
+    if given.is_dir() and (given / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{given} is a Hugging Face checkpoint directory; `colibri inspect` reads GGUF files "
+            f"(`colibri convert {given}` writes one)"
+        )
+    path = resolve_model(given).gguf  # the messages `colibri run` gives for a missing file or a directory
+    check_model_file(path)  # the engine's own parser, which checks every size and offset against the file
     try:
         reader = GGUFReader(str(path))
     except Exception as exc:  # the reader raises ValueError/IndexError/etc. on corrupt input

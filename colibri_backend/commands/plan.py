@@ -9,66 +9,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from ctypes import byref
 from typing import Any
 
 from colibri_backend.commands._load_options import add_load_arguments, load_options
 
 
-def compute_plan(
-    model: str,
-    memory_budget: str | int | None,
-    context_length: int | None = None,
-    batch_size: int | None = None,
-    threads: int | None = None,
-    kv_cache_type: str | None = None,
-    **store_options: Any,
-) -> dict[str, int]:
-    """The ledger's plan for loading `model` (path, checkpoint dir or known name) with these settings;
-    store_options are the expert-store keywords of colibri_backend.load (expert_slots, ...)."""
-    from ctypes import c_void_p
-
-    from colibri_backend import _native
-    from colibri_backend.budget import plan_to_dict
-    from colibri_backend.engine import ModelInfo, store_params
-    from colibri_backend.models import resolve_model
-
-    path = resolve_model(model).gguf
-    lib = _native.load_library()
-    handle = c_void_p()
-    lib.check(lib.colibri_model_open(os.fsencode(path), byref(handle)), f"cannot open {path}")
-    try:
-        info_c = _native.ModelInfoC()
-        lib.check(lib.colibri_model_get_info(handle, byref(info_c)), "model info")
-        params, _ = store_params(
-            lib,
-            handle,
-            ModelInfo.from_c(info_c),
-            path,
-            threads=threads,
-            context_length=context_length,
-            batch_size=batch_size,
-            memory_budget=memory_budget,
-            kv_cache_type=kv_cache_type,
-            **store_options,
-        )
-        plan = _native.MemoryPlanC()
-        lib.check(lib.colibri_plan_model(handle, byref(params), byref(plan)), f"plan for {path}")
-        return plan_to_dict(plan)
-    finally:
-        lib.colibri_model_close(handle)
-
-
 def run(args: argparse.Namespace) -> int:
     from colibri_backend.budget import format_plan
+    from colibri_backend.engine import plan_memory
 
-    options = load_options(args)
-    budget = options.pop("memory_budget", None)
-    plan = compute_plan(
-        args.model, budget, args.context_length, args.batch_size, args.threads, args.kv_cache_type, **options
-    )
+    plan = plan_memory(args.model, load_options(args))
     if args.json:
         print(json.dumps(plan, indent=2))
     else:

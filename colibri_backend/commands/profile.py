@@ -91,11 +91,8 @@ def run(args: argparse.Namespace) -> int:
         if value is not None and value < lo:
             raise ValueError(f"{name} must be at least {lo}, got {value}")
 
-    options = load_options(args)
     # A --context longer than the default context window needs a KV cache that long.
-    with colibri_backend.load(
-        args.model, threads=args.threads, context_length=args.context, **options
-    ) as model:
+    with colibri_backend.load(args.model, load_options(args, context_length=args.context)) as model:
         info = model.info
         if info.n_expert <= 0:
             raise ValueError(f"{model.path} is a dense model (no experts): there is no routing to profile")

@@ -78,18 +78,17 @@ def run(args: argparse.Namespace) -> int:
     from colibri_backend.trace import load_trace
 
     options = load_options(args)
-    if "expert_slots" not in options and "memory_budget" not in options:
+    if options.expert_slots is None and options.memory_budget is None:
         raise ValueError(
             "give the store to replay through: --expert-slots N (or P%) or --memory-budget SIZE "
             "below what holds every expert"
         )
-    lossy = [k for k in ("route_prefilter_margin", "drop_cold_share") if options.get(k)]
-    if lossy:
+    if options.route_prefilter_margin or options.drop_cold_share:
         raise ValueError(
             "--route-prefilter and --drop-cold change the routing itself; a replay keeps the trace's"
         )
-    for k in ("route_prefilter_margin", "drop_cold_share"):
-        options.pop(k, None)
+    if options.memory_budget is None:  # the store is sized by --expert-slots alone
+        options = options.with_changes(memory_budget=0)
     trace = load_trace(args.trace)
     path = resolve_model(args.model).gguf
     meta_sha = trace.meta.get("model_sha256")
@@ -102,11 +101,14 @@ def run(args: argparse.Namespace) -> int:
                 f"(sha256 {meta_sha[:12]}) than {path}",
                 file=sys.stderr,
             )
-    stats = colibri_backend.replay_routing(path, trace.tokens, trace.ids, **options)
+    stats = colibri_backend.replay_routing(path, trace.tokens, trace.ids, options)
     result = summary(stats)
     if args.json:
         print(
-            json.dumps({"model": str(path), "trace": str(args.trace), "options": options, **result}, indent=2)
+            json.dumps(
+                {"model": str(path), "trace": str(args.trace), "options": options.changed(), **result},
+                indent=2,
+            )
         )
     else:
         print(format_summary(result))

@@ -54,13 +54,7 @@ def load_model(args: argparse.Namespace) -> Any:
     import colibri_backend
 
     model = args.model if args.model else colibri_backend.default_model_path()
-    return colibri_backend.load(
-        model,
-        threads=args.threads,
-        context_length=args.context_length,
-        kv_cache_type=getattr(args, "kv_cache_type", None),
-        **load_options(args),
-    )
+    return colibri_backend.load(model, load_options(args))
 
 
 def sampling_from_args(args: argparse.Namespace) -> Any:
@@ -91,8 +85,7 @@ def stream_to_stdout(
     for ev in model.generate_tokens(prompt_ids, max_tokens=args.max_tokens, sampling=sp):
         if n_gen == 0:
             t_first = time.perf_counter()
-        if ev.token_id >= 0:
-            n_gen += 1
+        n_gen += 1
         if ev.text:
             out.write(ev.text)
             out.flush()
@@ -105,10 +98,10 @@ def stream_to_stdout(
         "prompt_tokens": last["prompt_tokens"],
         "prompt_evaluated": n_prompt_eval,
         "prefill_seconds": last["prefill_seconds"],
-        "ttft": (t_first - t0) if n_gen else float("nan"),
+        "ttft": (t_first - t0) if n_gen else None,  # None: no token was generated (--max-tokens 0)
         "generated": n_gen,
         "decode_seconds": t_end - t_first,
-        "finish": finish or "",
+        "finish": finish or ("none (prefill only)" if not n_gen else ""),
     }
     return fig, "".join(pieces)
 
@@ -118,10 +111,11 @@ def report_speed(fig: dict[str, Any]) -> None:
     # The first token comes out of the prefill; the decode rate counts the ones after it.
     n_dec = max(int(fig["generated"]) - 1, 0)
     decode_rate = n_dec / fig["decode_seconds"] if fig["decode_seconds"] > 0 and n_dec else 0.0
+    ttft = "none" if fig["ttft"] is None else f"{fig['ttft'] * 1000:.0f} ms"
     print(
         f"prompt: {int(fig['prompt_tokens'])} tokens, {prefill_rate:.1f} tok/s | "
         f"decode: {int(fig['generated'])} tokens, {decode_rate:.1f} tok/s | "
-        f"time to first token: {fig['ttft'] * 1000:.0f} ms | finish: {fig['finish']}",
+        f"time to first token: {ttft} | finish: {fig['finish']}",
         file=sys.stderr,
     )
 

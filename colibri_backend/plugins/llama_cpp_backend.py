@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from colibri_backend.backends import (
-    ByteDecoder,
     Capabilities,
     StepModel,
     default_threads,
@@ -27,6 +26,7 @@ from colibri_backend.backends import (
 )
 from colibri_backend.config import ModelConfig
 from colibri_backend.errors import ColibriError
+from colibri_backend.generation import IncrementalDecoder, bytes_decoder
 from colibri_backend.hookspecs import hookimpl
 
 DEFAULT_CONTEXT = 2048
@@ -166,8 +166,8 @@ class LlamaCppModel(StepModel):
 
         return {"bos_token": text(self._bos), "eos_token": text(self._eos)}
 
-    def _new_decoder(self, prompt_ids: list[int]) -> ByteDecoder:
-        return ByteDecoder(self._piece)
+    def _new_decoder(self, prompt_ids: list[int]) -> IncrementalDecoder:
+        return IncrementalDecoder(bytes_decoder(self._piece))
 
     # -- forward
     def _last_logits(self) -> np.ndarray:

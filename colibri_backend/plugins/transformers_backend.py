@@ -16,13 +16,13 @@ import numpy as np
 from colibri_backend.backends import (
     Capabilities,
     StepModel,
-    TextDiffDecoder,
     default_threads,
     missing_module_reason,
     resolve_model_path,
 )
 from colibri_backend.config import ModelConfig
 from colibri_backend.errors import ColibriError
+from colibri_backend.generation import IncrementalDecoder
 from colibri_backend.hookspecs import hookimpl
 
 DEFAULT_CONTEXT = 2048
@@ -100,8 +100,9 @@ class TransformersModel(StepModel):
     def special_tokens(self) -> dict[str, str]:
         return {"bos_token": self.tokenizer.bos_token or "", "eos_token": self.tokenizer.eos_token or ""}
 
-    def _new_decoder(self, prompt_ids: list[int]) -> TextDiffDecoder:
-        return TextDiffDecoder(self.detokenize, prompt_ids)
+    def _new_decoder(self, prompt_ids: list[int]) -> IncrementalDecoder:
+        # A few prompt ids as context, so the first token's leading space decodes right.
+        return IncrementalDecoder(self.detokenize, context=prompt_ids)
 
     def _forward(self, ids: list[int], past: Any) -> tuple[np.ndarray, Any]:
         torch = self._torch

@@ -202,8 +202,7 @@ class ChatPlan:
 
 
 def _token_to_id(model: Any) -> Any:
-    engine = getattr(model, "engine", None)
-    tok = getattr(engine, "tokenizer", None) or getattr(model, "tokenizer", None)
+    tok = getattr(model, "tokenizer", None)
     fn = getattr(tok, "token_to_id", None) or getattr(tok, "convert_tokens_to_ids", None)
     if fn is None:
         return None

@@ -73,7 +73,8 @@ class ModelSlot:
             except Exception as exc:  # best effort: a failing stats() must not fail requests
                 self.stats = {"stats_error": 1, "_error": str(exc)}
 
-    def load(self, loader: Callable[[ModelConfig], LoadedModel]) -> None:
+    def load(self, loader: Callable[[ModelConfig], LoadedModel], raise_errors: bool = False) -> None:
+        """Load the model; a failure is kept (for /health and 503s) or, with ``raise_errors``, raised."""
         try:
             self.model = loader(self.cfg)
             self.snapshot_stats()
@@ -81,6 +82,8 @@ class ModelSlot:
         except Exception as exc:  # reported by /health and as 503 on requests
             self.error = f"{type(exc).__name__}: {exc}"
             self.state = "error"
+            if raise_errors:
+                raise
 
     def run(self, job: Job) -> None:
         """Runs on the slot's thread."""

@@ -1,0 +1,166 @@
+"""How a model is loaded on Colibri's engine: one immutable, validated object.
+
+    from colibri_backend import LoadOptions, load
+    opts = LoadOptions(threads=2, memory_budget="1.5G", expert_slots="40%")
+    model = load("smollm2", opts)                     # or load("smollm2", threads=2, ...)
+
+``load()``, ``Model``, ``replay_routing()``, ``colibri plan``, the CLI (commands/_load_options.py), the
+configuration file (a colibri alias's ``[models.X.options]``) and the server all take a LoadOptions;
+each value is checked once, when the object is made (a ``ValueError`` naming the option). What depends
+on the model ("40%" of its experts, "auto" pinning, whether a routing profile exists next to it) is
+resolved when it is loaded.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from colibri_backend.budget import parse_kv_cache_type, parse_policy, parse_prefetch, parse_share, parse_size
+
+MAX_LOOKAHEAD_DEPTH = 8  # colibri.h: lookahead_depth 1..8
+
+
+def check_count(value: Any, name: str, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be a whole number, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def check_expert_slots(value: Any) -> int | str:
+    """A number of experts (>= 0) or a share of the model's routed experts such as "40%"."""
+    if isinstance(value, str):
+        s = value.strip()
+        body = s[:-1] if s.endswith("%") else s
+        try:
+            number = float(body) if s.endswith("%") else int(body)
+        except ValueError:
+            raise ValueError(
+                f"expert_slots: {value!r} is not a whole number of experts or a percentage such as 40%"
+            ) from None
+        if s.endswith("%"):
+            if not 0 < number <= 100:
+                raise ValueError(f"expert_slots: {value!r}: a percentage must be in (0%, 100%]")
+            return s
+        value = int(number)
+    return check_count(value, "expert_slots")
+
+
+def check_pin_experts(value: Any) -> int | str:
+    """A number of experts (>= 0) or "auto"."""
+    if isinstance(value, str):
+        s = value.strip().lower()
+        if s == "auto":
+            return "auto"
+        try:
+            value = int(s)
+        except ValueError:
+            raise ValueError(f"pin_experts: {value!r} is not a number of experts or 'auto'") from None
+    return check_count(value, "pin_experts")
+
+
+def check_lookahead_depth(value: Any) -> int:
+    n = check_count(value, "lookahead_depth")
+    if n != 0 and not 1 <= n <= MAX_LOOKAHEAD_DEPTH:
+        raise ValueError(f"lookahead_depth must be between 1 and {MAX_LOOKAHEAD_DEPTH}, got {n}")
+    return n
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """Everything that configures a model's engine context. ``None`` means the engine's default.
+
+    threads: worker threads (None or 0: every CPU this process may use).
+    context_length: tokens in the context window (None or 0: min(trained length, 4096)).
+    batch_size: prefill chunk in tokens (None: 512).
+    memory_budget: bytes or a size string ("512M", "1.5G") for everything the engine holds; None: a
+      share of the available memory or cgroup limit (colibri_backend.budget); 0: no limit. Experts
+      that do not fit are streamed from the file; output is identical at any budget.
+    expert_policy: "lfu" (with decay) or "lru".
+    prefetch: expert predictors, "lookahead", "temporal", "hashed", comma lists, "all" or "none".
+    kv_cache_type: None (F16, or F32 for an F32 model), "f16" or "int8".
+    expert_slots: slots counted in experts: an int, or "40%" of the routed experts; None: from the budget.
+    lookahead_depth: layers ahead the lookahead predictor looks (1..8; None: 1).
+    warmup_routing: a routing profile: True = MODEL.routing next to the model, or a path; False: none.
+    pin_experts: keep this many of the profile's hottest experts in slots for good, or "auto".
+    route_prefilter_margin, drop_cold_share (lossy, opt-in, need a profile): 0 or None = off.
+    """
+
+    threads: int | None = None
+    context_length: int | None = None
+    batch_size: int | None = None
+    memory_budget: int | str | None = None
+    expert_policy: str = "lfu"
+    prefetch: str | None = None
+    kv_cache_type: str | None = None
+    expert_slots: int | str | None = None
+    lookahead_depth: int | None = None
+    warmup_routing: bool | str | os.PathLike[str] | None = False
+    pin_experts: int | str | None = None
+    route_prefilter_margin: float | None = None
+    drop_cold_share: float | None = None
+
+    def __post_init__(self) -> None:
+        def put(name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)  # normalizing a frozen instance while it is made
+
+        for name in ("threads", "context_length"):
+            if getattr(self, name) is not None:
+                check_count(getattr(self, name), name)
+        if self.batch_size is not None:
+            check_count(self.batch_size, "batch_size", 1)
+        if self.memory_budget is not None:
+            try:
+                put("memory_budget", parse_size(self.memory_budget))
+            except ValueError as exc:
+                raise ValueError(f"memory_budget: {exc}") from None
+        if not isinstance(self.expert_policy, str):
+            raise ValueError(f"expert_policy must be 'lfu' or 'lru', got {self.expert_policy!r}")
+        parse_policy(self.expert_policy)
+        if self.prefetch is not None:
+            if not isinstance(self.prefetch, str):
+                raise ValueError(
+                    f"prefetch must be a string such as 'lookahead,temporal', got {self.prefetch!r}"
+                )
+            parse_prefetch(self.prefetch)
+        if self.kv_cache_type is not None:
+            parse_kv_cache_type(self.kv_cache_type)
+        if self.expert_slots is not None:
+            put("expert_slots", check_expert_slots(self.expert_slots))
+        if self.lookahead_depth is not None:
+            check_lookahead_depth(self.lookahead_depth)
+        if self.pin_experts is not None:
+            put("pin_experts", check_pin_experts(self.pin_experts))
+        routing = self.warmup_routing
+        if routing is not None and not isinstance(routing, (bool, str, os.PathLike)):
+            raise ValueError(f"warmup_routing must be True, False or a path, got {routing!r}")
+        parse_share(self.route_prefilter_margin, "route_prefilter_margin")
+        parse_share(self.drop_cold_share, "drop_cold_share", upper=1.0)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], where: str = "") -> LoadOptions:
+        """From a mapping (a config table, keyword arguments); an unknown key is an error naming the
+        known ones. ``where`` prefixes messages ("models.big.options.")."""
+        known = {f.name for f in fields(cls)}
+        unknown = [k for k in values if k not in known]
+        if unknown:
+            names = ", ".join(sorted(known))
+            raise ValueError(f"{where}{unknown[0]}: not a load option of the colibri engine (known: {names})")
+        try:
+            return cls(**dict(values))
+        except ValueError as exc:
+            raise ValueError(f"{where}{exc}") from None
+
+    def with_changes(self, **changes: Any) -> LoadOptions:
+        """A copy with ``changes`` (validated again); keys whose value is None are left as they are."""
+        changes = {k: v for k, v in changes.items() if v is not None}
+        return replace(self, **changes) if changes else self
+
+    def changed(self) -> dict[str, Any]:
+        """The options that differ from the defaults, as keyword arguments."""
+        default = LoadOptions()
+        return {k: v for k, v in asdict(self).items() if v != getattr(default, k)}

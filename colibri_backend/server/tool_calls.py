@@ -199,6 +199,7 @@ class MarkupOutput(OutputParser):
         )
         self.buf = ""
         self.started = False  # some answer text (not whitespace) was seen
+        self.after_call = False  # a call just ended
 
     def _opens(self) -> list[str]:
         out = [self.m.call_open] if self.m.call_open else []
@@ -219,6 +220,16 @@ class MarkupOutput(OutputParser):
                 return [p for p in out if p.text or p.call]
 
     def _step_content(self, out: list[Part], final: bool) -> bool:
+        if self.after_call:  # whitespace between calls (or after the last) is layout, not answer
+            rest = self.buf.lstrip()
+            if not rest and not final:
+                return False
+            opener = self.m.call_open or ""
+            if not rest or rest.startswith(opener) or (opener.startswith(rest) and not final):
+                self.buf = rest
+                if not rest or not rest.startswith(opener):
+                    return False
+            self.after_call = False
         if not self.started and self.m.bare_json:
             stripped = self.buf.lstrip()
             if stripped.startswith("{"):
@@ -268,6 +279,7 @@ class MarkupOutput(OutputParser):
             out.append(Part("content", (self.m.call_open or "") + body + (close if not final else "")))
         else:
             out.extend(Part("tool_call", call=c) for c in calls)
+            self.after_call = True
         self.started = True
         self.mode = "content"
         return bool(self.buf) or not final
@@ -363,8 +375,8 @@ def new_output_parser(
 
 
 def forced_call_grammar(family: str, tools: list[dict[str, Any]], parallel: bool) -> str | None:
-    """A Lark grammar that makes the model write one (or, when ``parallel``, one or more) call(s) to
-    ``tools`` in ``family``'s markup: ``tool_choice`` ``required`` or a named function. None for a
+    """A Lark grammar that makes the model write one (or, when ``parallel``, up to one per tool) call(s)
+    to ``tools`` in ``family``'s markup: ``tool_choice`` ``required`` or a named function. None for a
     family whose markup is special tokens the grammar cannot spell (mistral, harmony)."""
     if family not in ("hermes", "llama3"):
         return None
@@ -389,5 +401,8 @@ def forced_call_grammar(family: str, tools: list[dict[str, Any]], parallel: bool
     if family == "llama3":
         return f"start: call\ncall: {call}\n"
     one = '"<tool_call>" call "</tool_call>"'
-    body = f'{one} ("\\n" {one})*' if parallel else one
+    # At most one call per tool offered: a small model decoding greedily would otherwise repeat its
+    # call until max_tokens, leaving a cut-off call at the end.
+    more = len(tools) - 1 if parallel else 0
+    body = f'{one} ("\\n" {one}){{0,{more}}}' if more else one
     return f"start: {body}\ncall: {call}\n"

@@ -311,7 +311,6 @@ class HarmonyOutput(OutputParser):
         self.parser = StreamableParser(encoding, role=Role.ASSISTANT)
         self.tools = tools
         self.n_messages = 0
-        self.args = ""
 
     def feed(self, token_id: int, text: str) -> list[Part]:
         p = self.parser
@@ -321,7 +320,7 @@ class HarmonyOutput(OutputParser):
         recipient = p.current_recipient or ""
         if delta:
             if recipient.startswith("functions.") and self.tools:
-                self.args += delta
+                pass  # a call's arguments: taken whole from the finished message
             elif p.current_channel == "analysis":
                 out.append(Part("reasoning", delta))
             elif p.current_channel in ("final", None) or not recipient:
@@ -334,10 +333,10 @@ class HarmonyOutput(OutputParser):
         for msg in self.parser.messages[self.n_messages :]:
             recipient = msg.recipient or ""
             if self.tools and recipient.startswith("functions."):
-                call = _call_from({"name": recipient[len("functions.") :], "arguments": self.args or "{}"})
+                args = "".join(getattr(c, "text", "") for c in msg.content) or "{}"
+                call = _call_from({"name": recipient[len("functions.") :], "arguments": args})
                 if call is not None:
                     out.append(Part("tool_call", call=call))
-                self.args = ""
         self.n_messages = len(self.parser.messages)
         return out
 

@@ -16,13 +16,12 @@ import argparse
 import json
 import statistics
 import time
-from ctypes import byref, c_int32
 
 import numpy as np
 
 import colibri_backend
-from colibri_backend import _native
 from colibri_backend.adapters.sampling import SamplingParams
+from colibri_backend.engine import _NativeSampler
 from colibri_backend.grammar import Grammar
 
 SCHEMA = {
@@ -57,7 +56,6 @@ def main() -> None:
     args = ap.parse_args()
     path = args.model or str(colibri_backend.resolve_model("smollm2").gguf)
     model = engine = colibri_backend.load(path, threads=2, context_length=512)
-    lib = engine._lib
     grammar = Grammar.from_json_schema(model, SCHEMA)
     greedy = SamplingParams(temperature=0)
 
@@ -87,28 +85,25 @@ def main() -> None:
         # the pieces, replayed over the constrained output's tokens with the real logits
         toks = model.tokenize(outputs[-1], add_special_tokens=False)
         c = grammar.constraint()
-        sampler = engine._new_sampler(SamplingParams(temperature=0.8, seed=1))
-        out = c_int32(0)
-        try:
+        with _NativeSampler(
+            engine._lib, SamplingParams(temperature=0.8, seed=1), engine.info.n_vocab, ids
+        ) as sampler:
             seq = list(ids)
             for t in toks:
                 logits = np.ascontiguousarray(engine.next_logits(seq), dtype=np.float32)
-                ptr = _native.f32_ptr(logits)
                 t0 = time.perf_counter()
                 mask = c.fill()
                 c.consume(t)
                 mask_s.append(time.perf_counter() - t0)
-                lib.colibri_sampler_set_allowed(sampler, None, 0)
+                sampler.allow(None)
                 t0 = time.perf_counter()
-                lib.colibri_sampler_sample(sampler, ptr, byref(out))
+                sampler.sample(logits)
                 free_s.append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
-                lib.colibri_sampler_set_allowed(sampler, mask.ctypes.data, mask.shape[0])
-                lib.colibri_sampler_sample(sampler, ptr, byref(out))
+                sampler.allow(mask)
+                sampler.sample(logits)
                 masked_s.append(time.perf_counter() - t0)
                 seq.append(t)
-        finally:
-            lib.colibri_sampler_free(sampler)
     result = {
         "model": path,
         "n_vocab": engine.info.n_vocab,

@@ -87,10 +87,32 @@ class ModelInfo:
         return cls(**values)
 
 
-class _NativeSampler:
+class _NativeHandle:
+    """A native object owned by Python: freed by ``close()`` (its library function ``FREE``), also as a
+    context manager. Subclasses set ``lib`` and ``handle``."""
+
+    FREE = ""
+    lib: Any
+    handle: c_void_p
+
+    def close(self) -> None:
+        if self.handle:
+            getattr(self.lib, self.FREE)(self.handle)
+            self.handle = c_void_p()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _NativeSampler(_NativeHandle):
     """colibri_sampler (the engine's own sampler) as a generation-loop Sampler; it has seen the
     prompt, since penalties count prompt tokens too, as in HF and llama.cpp. A context manager:
     the native handle is freed on exit."""
+
+    FREE = "colibri_sampler_free"
 
     def __init__(self, lib: Any, sp: SamplingParams, n_vocab: int, prompt: Sequence[int]) -> None:
         self.lib = lib
@@ -124,17 +146,6 @@ class _NativeSampler:
         words = 0 if mask is None else int(mask.shape[0])
         ptr = None if mask is None else mask.ctypes.data
         self.lib.check(self.lib.colibri_sampler_set_allowed(self.handle, ptr, words), "allowed tokens")
-
-    def close(self) -> None:
-        if self.handle:
-            self.lib.colibri_sampler_free(self.handle)
-            self.handle = c_void_p()
-
-    def __enter__(self) -> _NativeSampler:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def resolve_warmup_routing(value: bool | str | os.PathLike[str] | None, model_path: Path) -> Path | None:
@@ -211,8 +222,10 @@ def store_params(
     return params, profile
 
 
-class _OpenModel:
+class _OpenModel(_NativeHandle):
     """A native model opened for a look (its info, a plan, a replay) without a context; closed on exit."""
+
+    FREE = "colibri_model_close"
 
     def __init__(self, path: Path) -> None:
         self.lib = _native.load_library()
@@ -227,17 +240,6 @@ class _OpenModel:
         except BaseException:
             self.close()
             raise
-
-    def close(self) -> None:
-        if self.handle:
-            self.lib.colibri_model_close(self.handle)
-            self.handle = c_void_p()
-
-    def __enter__(self) -> _OpenModel:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def check_model_file(path: str | os.PathLike[str]) -> ModelInfo | None:

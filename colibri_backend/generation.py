@@ -244,6 +244,12 @@ def check_prompt(prompt: Sequence[int], context_length: int) -> list[int]:
     return ids
 
 
+def token_room(context_length: int, n_prompt: int) -> int:
+    """Tokens a generation after an ``n_prompt``-token prompt can produce before the context is full
+    (the last one sampled needs no cache slot, hence the + 1)."""
+    return max(0, context_length - n_prompt + 1)
+
+
 def check_max_tokens(max_tokens: int) -> int:
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens < 0:
         raise ValueError(f"max_tokens must be a whole number >= 0, got {max_tokens!r}")

@@ -11,8 +11,8 @@ import pytest
 
 from colibri_backend.adapters.gguf_metadata import read_metadata
 from colibri_backend.adapters.tokenizer import Tokenizer
-from colibri_backend.engine import _held_suffix, _stop_cut
 from colibri_backend.errors import ModelFormatError, UnsupportedModelError
+from colibri_backend.generation import StopMatcher
 
 
 def smollm2_path() -> Path:
@@ -138,11 +138,14 @@ def test_unsupported_tokenizer_model(meta: dict) -> None:
         Tokenizer.from_gguf_metadata({**meta, "tokenizer.ggml.model": "llama"})
 
 
-def test_stop_helpers() -> None:
-    assert _stop_cut("hello world", ["wor", "lo"]) == 3
-    assert _stop_cut("hello", ["xyz"]) == -1
-    assert _held_suffix("the end is ne", ["near", "x"]) == 2
-    assert _held_suffix("abc", ["abcd"]) == 3
-    assert _held_suffix("abc", ["zz"]) == 0
-    assert _held_suffix("", ["a"]) == 0
-    assert _held_suffix("a", ["a"]) == 0  # a complete stop string is cut, not held
+def test_stop_matcher_cuts_the_earliest_and_holds_possible_starts() -> None:
+    def fed(text: str, stops: list[str]) -> tuple[str, bool]:
+        return StopMatcher(stops).feed(text)
+
+    assert fed("hello world", ["wor", "lo"]) == ("hel", True)  # the earliest stop string wins
+    assert fed("hello", ["xyz"]) == ("hello", False)
+    assert fed("the end is ne", ["near", "x"]) == ("the end is ", False)  # "ne" may become "near"
+    assert fed("abc", ["abcd"]) == ("", False)
+    assert fed("abc", ["zz"]) == ("abc", False)
+    assert fed("", ["a"]) == ("", False)
+    assert fed("a", ["a"]) == ("", True)  # a complete stop string is cut, not held

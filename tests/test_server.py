@@ -416,9 +416,9 @@ def test_queue_full_and_disconnect_cancels(tight_server: Server) -> None:
         lines = r.iter_lines()
         next(ln for ln in lines if ln.startswith("data: "))  # generation has started
         # max-queue 0: nothing may wait behind the running request
-        assert_error(
-            raw(srv, "/v1/chat/completions", {**body, "stream": False, "max_tokens": 2}), 429, "queue_full"
-        )
+        full = raw(srv, "/v1/chat/completions", {**body, "stream": False, "max_tokens": 2})
+        assert_error(full, 429, "queue_full")
+        assert int(full.headers["Retry-After"]) >= 1
     # the client went away: its generation must stop long before CONTEXT tokens
     deadline = time.time() + 30
     while time.time() < deadline:

@@ -197,6 +197,31 @@ def test_openapi_schema_is_served(client: httpx.Client) -> None:
     assert ref == "ChatRequest" and "messages" in schema["components"]["schemas"][ref]["properties"]
 
 
+def test_built_responses_match_the_documented_schemas(client: httpx.Client) -> None:
+    import json
+
+    from colibri_backend.server import schemas as S
+
+    msgs = [{"role": "user", "content": "hi"}]
+    chat = client.post(CHAT, json={"model": "m", "messages": msgs, "logprobs": True, "top_logprobs": 1})
+    S.ChatCompletion.model_validate(chat.json())
+    comp = client.post("/v1/completions", json={"model": "m", "prompt": ["a", "b"], "logprobs": 1})
+    assert len(S.Completion.model_validate(comp.json()).choices) == 2
+    S.ModelList.model_validate(client.get("/v1/models").json())
+    S.ModelCard.model_validate(client.get("/v1/models/m").json())
+    S.ErrorResponse.model_validate(client.get("/v1/models/nope").json())
+    for path, body, chunk_model in (
+        (CHAT, {"model": "m", "messages": msgs}, S.ChatCompletionChunk),
+        ("/v1/completions", {"model": "m", "prompt": "x"}, S.Completion),
+    ):
+        opts = {"stream": True, "stream_options": {"include_usage": True}}
+        with client.stream("POST", path, json={**body, **opts}) as r:
+            lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]"
+        chunks = [chunk_model.model_validate(json.loads(ln[6:])) for ln in lines[:-1]]
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
+
+
 # ---- property-based: every request Schemathesis makes from the schema gets a non-5xx answer ----------
 
 _schema_state = make_state(limits=Limits(max_body_bytes=1 << 20, max_prompt_chars=4096))

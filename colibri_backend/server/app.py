@@ -19,7 +19,12 @@ from colibri_backend.server import (
     routes_system,
 )
 from colibri_backend.server.errors import install_error_handlers
-from colibri_backend.server.schemas import ChatRequest, CompletionRequest, openapi_components
+from colibri_backend.server.schemas import (
+    ChatCompletionChunk,
+    ChatRequest,
+    CompletionRequest,
+    openapi_components,
+)
 from colibri_backend.server.schemas_messages import CountTokensRequest, MessagesRequest
 from colibri_backend.server.schemas_responses import ResponsesRequest
 from colibri_backend.server.security import LOOPBACK_HOSTS, Guard, is_loopback
@@ -99,7 +104,12 @@ def create_app(state: ServerState) -> FastAPI:
             comps = schema.setdefault("components", {}).setdefault("schemas", {})
             comps.update(
                 openapi_components(
-                    ChatRequest, CompletionRequest, ResponsesRequest, MessagesRequest, CountTokensRequest
+                    ChatRequest,
+                    CompletionRequest,
+                    ChatCompletionChunk,
+                    ResponsesRequest,
+                    MessagesRequest,
+                    CountTokensRequest,
                 )
             )
             app.openapi_schema = schema

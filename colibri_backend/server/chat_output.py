@@ -45,9 +45,18 @@ class ParsedOutput:
 
 
 class ParsedChatChoice(ChatChoice):
-    def __init__(self, index: int, model: LoadedModel, logprobs: int | None, out: ParsedOutput) -> None:
+    """A chat choice whose output goes through a request's :class:`ChatPlan` parser; the response builder
+    makes its choices from a class, so :meth:`for_plan` gives the one of a request."""
+
+    plan: Any = None  # chat_pipeline.ChatPlan
+
+    def __init__(self, index: int, model: LoadedModel, logprobs: int | None) -> None:
         super().__init__(index, model, logprobs)
-        self.out = out
+        self.out = ParsedOutput(self.plan.parser(), self.plan.parallel)
+
+    @classmethod
+    def for_plan(cls, plan: Any) -> type[ParsedChatChoice]:
+        return type(cls.__name__, (cls,), {"plan": plan})
 
     def chunks(self, ev: Any) -> list[dict[str, Any]]:
         chunks = []

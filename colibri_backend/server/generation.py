@@ -14,8 +14,9 @@ from starlette.concurrency import run_in_threadpool
 
 from colibri_backend.backends import LoadedModel
 from colibri_backend.errors import ColibriError, ContextFullError
+from colibri_backend.generation import token_room
 from colibri_backend.server.errors import APIError, bad_value, param_of
-from colibri_backend.server.schemas import MAX_N, _Common
+from colibri_backend.server.schemas import MAX_N, GenerationRequest
 from colibri_backend.server.state import Job, ModelSlot, ServerState, Ticket
 
 # A prompt with more characters than this many per token of context cannot fit, whatever the
@@ -66,7 +67,7 @@ class Prepared:
     constraint: Callable[[], Any] | None = None  # a fresh grammar constraint per choice
 
 
-def check_request(state: ServerState, req: _Common, prompt_param: str) -> Checked:
+def check_request(state: ServerState, req: GenerationRequest, prompt_param: str) -> Checked:
     """The checks every generation endpoint makes, in the order a client's mistakes are reported."""
     slot = state.slot_for(req.model)
     model = slot.model
@@ -114,7 +115,7 @@ def admit(
     r: Checked,
     prompts: list[list[int]],
     logprobs: int | None,
-    req: _Common,
+    req: GenerationRequest,
     constraint: Callable[[], Any] | None = None,
 ) -> Prepared:
     """Check the tokenized prompts against the context and take a place in the model's queue."""
@@ -122,7 +123,7 @@ def admit(
     for ids in prompts:
         if not ids:
             raise bad_value("the prompt is empty", "prompt")
-        if len(ids) >= model.context_length:
+        if len(ids) > model.context_length:
             raise APIError(
                 413,
                 f"This model's maximum context length is {model.context_length} tokens; "
@@ -131,7 +132,7 @@ def admit(
                 r.prompt_param,
                 "context_length_exceeded",
             )
-    room = model.context_length - max(len(p) for p in prompts)
+    room = token_room(model.context_length, max(len(p) for p in prompts))
     max_tokens = room if r.max_tokens is None else min(r.max_tokens, room)
     runs: list[tuple[list[int], Any]] = []
     for ids in prompts:

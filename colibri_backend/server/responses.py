@@ -8,7 +8,7 @@ import json
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
@@ -37,7 +37,12 @@ def sse(obj: Any) -> bytes:
 
 
 class ChoiceBuilder(ABC):
-    """One choice of a response, built from its events."""
+    """One choice of a response, built from its events. ``KIND`` / ``CHUNK_KIND`` are the response's and
+    a stream chunk's ``object``, ``ID_PREFIX`` starts the response's id."""
+
+    KIND = ""
+    CHUNK_KIND = ""
+    ID_PREFIX = ""
 
     def __init__(self, index: int, model: LoadedModel, logprobs: int | None) -> None:
         self.index = index
@@ -61,6 +66,8 @@ class ChoiceBuilder(ABC):
 
 
 class ChatChoice(ChoiceBuilder):
+    KIND, CHUNK_KIND, ID_PREFIX = "chat.completion", "chat.completion.chunk", "chatcmpl"
+
     def __init__(self, index: int, model: LoadedModel, logprobs: int | None) -> None:
         super().__init__(index, model, logprobs)
         self.entries: list[dict[str, Any]] = []
@@ -106,6 +113,8 @@ class ChatChoice(ChoiceBuilder):
 
 
 class CompletionChoice(ChoiceBuilder):
+    KIND, CHUNK_KIND, ID_PREFIX = "text_completion", "text_completion", "cmpl"
+
     def __init__(self, index: int, model: LoadedModel, logprobs: int | None) -> None:
         super().__init__(index, model, logprobs)
         self.tokens: list[str] = []
@@ -196,30 +205,22 @@ class _Usage:
 
 
 async def respond(
-    state: ServerState,
-    p: Prepared,
-    request: Request,
-    *,
-    endpoint: str,
-    model_name: str,
-    kind: str,
-    id_prefix: str,
-    new_choice: Callable[[int, LoadedModel, int | None], ChoiceBuilder],
+    state: ServerState, p: Prepared, request: Request, model_name: str, builder: type[ChoiceBuilder]
 ) -> Response:
-    """Run ``p`` and answer it: ``kind`` is the response's object ("chat.completion", "text_completion";
-    a chat stream's chunks are "chat.completion.chunk")."""
+    """Run ``p`` and answer it with ``builder``'s choices, under the builder's object names and ids."""
+    kind = builder.KIND
     head = {
-        "id": f"{id_prefix}-{uuid.uuid4().hex}",
+        "id": f"{builder.ID_PREFIX}-{uuid.uuid4().hex}",
         "object": kind,
         "created": int(time.time()),
         "model": model_name,
         "system_fingerprint": f"colibri-{p.slot.cfg.backend}",
     }
-    choices = [new_choice(i, p.model, p.logprobs) for i in range(len(p.runs))]
-    usage = _Usage(state, p, endpoint)
+    choices = [builder(i, p.model, p.logprobs) for i in range(len(p.runs))]
+    usage = _Usage(state, p, request.url.path)
 
     if p.stream:
-        chunk_head = {**head, "object": kind + ".chunk" if kind == "chat.completion" else kind}
+        chunk_head = {**head, "object": builder.CHUNK_KIND}
 
         def chunk(streamed: list[dict[str, Any]], counts: Any = None) -> bytes:
             obj = {**chunk_head, "choices": streamed}

@@ -12,9 +12,11 @@ from colibri_backend.server.responses import CompletionChoice, respond
 from colibri_backend.server.schemas import (
     MAX_N,
     MAX_TOP_LOGPROBS,
+    Completion,
     CompletionRequest,
     openapi_body,
-    parse_body,
+    parse_request,
+    responses_for,
 )
 from colibri_backend.server.security import require_api_key
 
@@ -45,10 +47,14 @@ def _check_ids(model: LoadedModel, prompts: list[list[int]]) -> None:
             raise bad_value(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", "prompt")
 
 
-@router.post("/completions", openapi_extra=openapi_body(CompletionRequest))
+@router.post(
+    "/completions",
+    openapi_extra=openapi_body(CompletionRequest),
+    responses=responses_for(Completion, Completion),
+)
 async def completions(request: Request) -> Response:
     state = request.app.state.colibri
-    req = parse_body(await request.body(), CompletionRequest)
+    req = await parse_request(request, CompletionRequest)
     checked = check_request(state, req, "prompt")
     model = checked.model
     _check_unsupported(req, checked.n)
@@ -77,13 +83,4 @@ async def completions(request: Request) -> Response:
     if len(prompts) * checked.n > MAX_N:
         raise bad_value(f"at most {MAX_N} completions per request (prompts x n)", "n")
     prepared = admit(state, checked, prompts, logprobs, req)
-    return await respond(
-        state,
-        prepared,
-        request,
-        endpoint="/v1/completions",
-        model_name=req.model,
-        kind="text_completion",
-        id_prefix="cmpl",
-        new_choice=CompletionChoice,
-    )
+    return await respond(state, prepared, request, req.model, CompletionChoice)

@@ -19,7 +19,7 @@ from colibri_backend.server.chat_pipeline import chat_messages, prepare_chat, to
 from colibri_backend.server.errors import APIError, bad_value
 from colibri_backend.server.generation import check_prompt_chars, check_request, tokenize_off_loop
 from colibri_backend.server.responses import _Stream
-from colibri_backend.server.schemas import openapi_body, parse_body
+from colibri_backend.server.schemas import openapi_body, parse_request
 from colibri_backend.server.schemas_messages import CountTokensRequest, MessagesRequest, to_chat
 from colibri_backend.server.security import require_api_key
 
@@ -92,7 +92,7 @@ def _ops(ops: list[Op]) -> list[bytes]:
 @router.post("/messages", openapi_extra=openapi_body(MessagesRequest))
 async def create_message(request: Request) -> Response:
     state = request.app.state.colibri
-    req = parse_body(await request.body(), MessagesRequest)
+    req = await parse_request(request, MessagesRequest)
     prepared, plan = await prepare_chat(state, to_chat(req), request)
     mid = f"msg_{uuid.uuid4().hex}"
 
@@ -136,7 +136,7 @@ async def create_message(request: Request) -> Response:
 @router.post("/messages/count_tokens", openapi_extra=openapi_body(CountTokensRequest))
 async def count_tokens(request: Request) -> Response:
     state = request.app.state.colibri
-    req = parse_body(await request.body(), CountTokensRequest)
+    req = await parse_request(request, CountTokensRequest)
     chat = to_chat(req)
     checked = check_request(state, chat, "messages")
     model = checked.model

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from colibri_backend.server.errors import APIError
+from colibri_backend.server.schemas import ERROR_RESPONSES, ModelCard, ModelList
 from colibri_backend.server.security import require_api_key
 from colibri_backend.server.state import ModelSlot
 
@@ -28,13 +29,16 @@ def model_card(alias: str, slot: ModelSlot) -> dict[str, Any]:
     return card
 
 
-@router.get("/models")
+@router.get("/models", responses={200: {"model": ModelList}, 401: ERROR_RESPONSES[401]})
 async def list_models(request: Request) -> JSONResponse:
     slots = request.app.state.colibri.slots
     return JSONResponse({"object": "list", "data": [model_card(a, s) for a, s in slots.items()]})
 
 
-@router.get("/models/{model_id:path}")
+@router.get(
+    "/models/{model_id:path}",
+    responses={200: {"model": ModelCard}, 401: ERROR_RESPONSES[401], 404: ERROR_RESPONSES[404]},
+)
 async def get_model(model_id: str, request: Request) -> JSONResponse:
     slot = request.app.state.colibri.slots.get(model_id)
     if slot is None:

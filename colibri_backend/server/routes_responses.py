@@ -17,7 +17,7 @@ from colibri_backend.server.blocks import Block, BlockStream, Op, block_ops
 from colibri_backend.server.chat_pipeline import prepare_chat
 from colibri_backend.server.errors import APIError
 from colibri_backend.server.responses import _Stream
-from colibri_backend.server.schemas import openapi_body, parse_body
+from colibri_backend.server.schemas import openapi_body, parse_request
 from colibri_backend.server.schemas_responses import ResponsesRequest, to_chat
 from colibri_backend.server.security import require_api_key
 
@@ -160,7 +160,7 @@ class _Events:
 @router.post("/responses", openapi_extra=openapi_body(ResponsesRequest))
 async def create_response(request: Request) -> Response:
     state = request.app.state.colibri
-    req = parse_body(await request.body(), ResponsesRequest)
+    req = await parse_request(request, ResponsesRequest)
     chat = to_chat(req)
     prepared, plan = await prepare_chat(state, chat, request)
     rid = f"resp_{uuid.uuid4().hex}"

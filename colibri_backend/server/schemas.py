@@ -1,4 +1,5 @@
-"""Request bodies: the pydantic models and :func:`parse_body`, the only place a body is parsed.
+"""Request and response bodies: the pydantic models, and :func:`parse_body`, the only place a body is
+parsed.
 
 Parsing is pydantic's Rust JSON parser straight from the raw bytes, so a hostile body (nested 1,000 deep,
 a 5,000-digit number, invalid UTF-8, not an object) is a ``ValidationError`` answered 400, never a
@@ -29,7 +30,9 @@ class ChatMessage(_Strict):
     name: str | None = None
 
 
-class _Common(_Strict):
+class GenerationRequest(_Strict):
+    """The fields every generation request shares (chat and completions)."""
+
     model: str
     max_tokens: int | None = None
     temperature: float | None = None
@@ -52,7 +55,7 @@ class _Common(_Strict):
         return bool(self.stream and self.stream_options and self.stream_options.get("include_usage"))
 
 
-class ChatRequest(_Common):
+class ChatRequest(GenerationRequest):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1)
@@ -66,7 +69,7 @@ class ChatRequest(_Common):
     response_format: dict[str, Any] | None = None
 
 
-class CompletionRequest(_Common):
+class CompletionRequest(GenerationRequest):
     """POST /v1/completions."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
@@ -104,6 +107,144 @@ def parse_body(raw: bytes, schema: type[Schema]) -> Schema:
         raise APIError(
             status, msg, "invalid_request_error", loc.split(".")[0] if loc else None, code
         ) from None
+
+
+# Bodies larger than this are parsed on a worker thread, so a big body never holds the event loop.
+PARSE_OFF_LOOP_BYTES = 64 << 10
+
+
+async def parse_request(request: Any, schema: type[Schema]) -> Schema:
+    """The request's body as ``schema`` (see :func:`parse_body`)."""
+    from starlette.concurrency import run_in_threadpool
+
+    raw = await request.body()
+    if len(raw) > PARSE_OFF_LOOP_BYTES:
+        return await run_in_threadpool(parse_body, raw, schema)
+    return parse_body(raw, schema)
+
+
+# --------------------------------------------------------------------------- responses
+# What the response builder (responses.py) writes, as models: the OpenAPI schema lists them, and
+# tests/test_server_hardening.py validates built responses against them. Extra fields are allowed, as
+# OpenAI adds fields over time.
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ErrorDetail(_Open):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(_Open):
+    error: ErrorDetail
+
+
+class Usage(_Open):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatCompletionMessage(_Open):
+    role: str
+    content: str | None
+
+
+class ChatChoiceOut(_Open):
+    index: int
+    message: ChatCompletionMessage
+    logprobs: dict[str, Any] | None
+    finish_reason: str
+
+
+class ChatCompletion(_Open):
+    id: str
+    object: str
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[ChatChoiceOut]
+    usage: Usage
+
+
+class ChatDelta(_Open):
+    index: int
+    delta: dict[str, Any]
+    logprobs: dict[str, Any] | None
+    finish_reason: str | None
+
+
+class ChatCompletionChunk(_Open):
+    id: str
+    object: str
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[ChatDelta]
+    usage: Usage | None = None
+
+
+class CompletionChoiceOut(_Open):
+    index: int
+    text: str
+    logprobs: dict[str, Any] | None
+    finish_reason: str | None
+
+
+class Completion(_Open):
+    id: str
+    object: str
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[CompletionChoiceOut]
+    usage: Usage | None = None
+
+
+class ModelCard(_Open):
+    id: str
+    object: str
+    created: int
+    owned_by: str
+    backend: str
+    ready: bool
+    context_length: int | None = None
+
+
+class ModelList(_Open):
+    object: str
+    data: list[ModelCard]
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse, "description": what}
+    for code, what in (
+        (400, "bad value, invalid JSON or Host"),
+        (401, "missing or wrong API key"),
+        (404, "unknown model"),
+        (413, "body or prompt too long"),
+        (415, "not application/json"),
+        (422, "a field of the wrong type"),
+        (429, "queue full (Retry-After)"),
+        (503, "model loading or unavailable, or shutting down"),
+    )
+}
+
+
+def responses_for(schema: type[BaseModel], stream: type[BaseModel] | None = None) -> dict[int | str, Any]:
+    """``responses`` of a generation route: ``schema`` as JSON, SSE chunks of ``stream``, the errors."""
+    ok: dict[str, Any] = {
+        "model": schema,
+        "description": "the response (JSON), or with stream: true SSE chunks",
+    }
+    if stream is not None:
+        ok["content"] = {"text/event-stream": {"schema": {"$ref": f"#/components/schemas/{stream.__name__}"}}}
+    return {200: ok, **ERROR_RESPONSES}
 
 
 def openapi_body(schema: type[BaseModel]) -> dict[str, Any]:

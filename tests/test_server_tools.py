@@ -9,7 +9,6 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import openai
 import pytest
 from api_server import Server, start
@@ -330,4 +329,22 @@ def test_required_tool_on_a_backend_without_a_token_mask_still_answers(scripted:
         json={"model": "s", "messages": ASK, "response_format": {"type": "json_object"}},
     )
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
-    assert isinstance(httpx.Response, type)
+
+
+def test_harmony_without_its_vocabulary_is_a_clear_503(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """gpt-oss output is parsed by openai-harmony, which needs its o200k vocabulary file; where it cannot
+    be found the request says so instead of answering with raw channel markup."""
+    from colibri_backend.server import tool_calls
+
+    monkeypatch.setenv("TIKTOKEN_ENCODINGS_BASE", str(tmp_path))  # an empty directory: nothing to load
+    tool_calls._harmony_encoding.cache_clear()
+    model = Scripted(["hi"])
+    model.chat_template = "<|start|>assistant<|channel|>final<|message|>"
+    cfg = Config(models={"s": ModelConfig(alias="s", path="x", backend="fake")}, default_model="s")
+    state = ServerState(cfg, api_key=None, loader=lambda c: model)
+    with TestClient(create_app(state)) as http:
+        state.wait_loaded(10)
+        r = http.post("/v1/chat/completions", json={"model": "s", "messages": ASK})
+    tool_calls._harmony_encoding.cache_clear()
+    assert r.status_code == 503 and r.json()["error"]["code"] == "output_parser_unavailable"
+    assert "harmony" in r.json()["error"]["message"]

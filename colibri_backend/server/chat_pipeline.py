@@ -261,6 +261,10 @@ async def prepare_chat(state: ServerState, req: ChatRequest, request: Request) -
             raise bad_value(str(exc), "messages") from None
         plan.prompt_text = text
         try:
+            plan.parser()  # a parser that cannot start (harmony without its vocabulary) fails here
+        except ValueError as exc:
+            raise APIError(503, str(exc), "server_error", None, "output_parser_unavailable") from None
+        try:
             if schema is not None:
                 grammar.append(Grammar.from_json_schema(model, schema))
             elif choice == "required" and offered and can_constrain(model):

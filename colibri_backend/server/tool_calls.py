@@ -24,6 +24,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Literal
 
 
@@ -298,17 +299,23 @@ class MarkupOutput(OutputParser):
         return False
 
 
+@lru_cache(maxsize=1)
+def _harmony_encoding() -> Any:
+    from openai_harmony import HarmonyEncodingName, load_harmony_encoding
+
+    try:
+        return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+    except Exception as exc:  # its vocabulary file is fetched on first use (TIKTOKEN_ENCODINGS_BASE)
+        raise ValueError(f"openai-harmony cannot load the gpt-oss encoding: {exc}") from None
+
+
 class HarmonyOutput(OutputParser):
     """gpt-oss output through openai-harmony's streaming parser (token ids in, channels out)."""
 
     def __init__(self, tools: bool) -> None:
-        from openai_harmony import HarmonyEncodingName, Role, StreamableParser, load_harmony_encoding
+        from openai_harmony import Role, StreamableParser
 
-        try:
-            encoding = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
-        except Exception as exc:  # its vocabulary file is fetched on first use
-            raise ValueError(f"openai-harmony cannot load the gpt-oss encoding: {exc}") from None
-        self.parser = StreamableParser(encoding, role=Role.ASSISTANT)
+        self.parser = StreamableParser(_harmony_encoding(), role=Role.ASSISTANT)
         self.tools = tools
         self.n_messages = 0
 

@@ -432,6 +432,12 @@ class Model(BaseModel):
         self._eval(prompt[common:], self._logits, all_logits=False)
         return common
 
+    def _check_fits(self, n: int) -> None:
+        if n > self.context_length:
+            raise ContextFullError(
+                "COLIBRI_E_CONTEXT_FULL", f"{n} tokens do not fit in the context of {self.context_length}"
+            )
+
     # ---- scoring ----------------------------------------------------------------------------
 
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
@@ -441,11 +447,7 @@ class Model(BaseModel):
             return np.empty((0, self.info.n_vocab), dtype=np.float32)
         with self._lock:
             self._check_open()
-            if ids.size > self.context_length:
-                raise ContextFullError(
-                    "COLIBRI_E_CONTEXT_FULL",
-                    f"{ids.size} tokens do not fit in the context of {self.context_length}",
-                )
+            self._check_fits(ids.size)
             out = np.empty((ids.size, self.info.n_vocab), dtype=np.float32)
             self._reset_cache()
             self._eval(ids, out, all_logits=True)
@@ -489,11 +491,7 @@ class Model(BaseModel):
         ids = self._check_ids(token_ids)
         with self._lock:
             self._check_open()
-            if ids.size > self.context_length:
-                raise ContextFullError(
-                    "COLIBRI_E_CONTEXT_FULL",
-                    f"{ids.size} tokens do not fit in the context of {self.context_length}",
-                )
+            self._check_fits(ids.size)
             self._reset_cache()
             if ids.size == 0:  # routing() would report the previous evaluation
                 return np.zeros((0, self.info.n_layer, max(self.info.n_expert_used, 0)), dtype=np.int32)

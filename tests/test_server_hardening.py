@@ -16,7 +16,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import schemathesis
 from hypothesis import HealthCheck, settings
 
 from colibri_backend.backends import Capabilities
@@ -25,6 +24,7 @@ from colibri_backend.generation import GenerationEvent
 from colibri_backend.server import Limits, ServerState, create_app
 
 ERROR_KEYS = {"message", "type", "param", "code"}
+schemathesis = pytest.importorskip("schemathesis")  # in the test extra; CI treats a skip as a failure
 
 
 class _Fake:
@@ -245,7 +245,7 @@ _schema = schemathesis.openapi.from_asgi("/openapi.json", _without_lifespan)
 
 
 @_schema.parametrize()
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_schemathesis_finds_no_server_error(case) -> None:
     response = case.call()
     assert response.status_code < 500, (case.method, case.path, case.body, response.text)

@@ -83,7 +83,6 @@ def _response(
         reasoning = stream.reasoning_tokens if stream else 0
         out["usage"] = {
             "input_tokens": usage["prompt_tokens"],
-            "input_tokens_details": {"cached_tokens": 0},
             "output_tokens": usage["completion_tokens"],
             "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": usage["total_tokens"],

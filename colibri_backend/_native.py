@@ -287,6 +287,8 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "colibri_sampler_accept": (c_int, [c_void_p, c_int32]),
     "colibri_sampler_reset": (None, [c_void_p]),
     "colibri_sampler_sample": (c_int, [c_void_p, _f32p, _i32p]),
+    # (sampler, uint32 words of the allowed-token bitmask or NULL, number of words)
+    "colibri_sampler_set_allowed": (c_int, [c_void_p, c_void_p, c_int32]),
     "colibri_dequantize": (c_int, [c_int32, c_void_p, c_size_t, _f32p, c_size_t]),
     "colibri_quantize_row": (c_int, [c_int32, _f32p, c_size_t, c_size_t, _f32p, c_void_p, c_size_t]),
     "colibri_quantize_default_params": (None, [POINTER(QuantizeParamsC)]),

@@ -88,6 +88,7 @@ class LoadedModel(Protocol):
         sampling: Any = None,
         stop: Sequence[str] | None = None,
         logprobs: int | None = None,
+        constraint: Any = None,
     ) -> Iterator[GenerationEvent]: ...
 
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, **kw: Any) -> str: ...
@@ -176,6 +177,7 @@ def render_chat_template(
     bos_token: str = "",
     eos_token: str = "",
     add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,
 ) -> str:
     """Render a Hugging Face style jinja chat template (through the project's adapter)."""
     from colibri_backend.adapters import chat_template as ct
@@ -186,6 +188,7 @@ def render_chat_template(
         bos_token=bos_token,
         eos_token=eos_token,
         add_generation_prompt=add_generation_prompt,
+        **({"tools": tools} if tools is not None else {}),
     )
 
 
@@ -216,13 +219,20 @@ class BaseModel(ABC):
         sampling: Any = None,
         stop: Sequence[str] | None = None,
         logprobs: int | None = None,
+        constraint: Any = None,
     ) -> Iterator[GenerationEvent]: ...
 
     def special_tokens(self) -> dict[str, str]:
         """bos_token / eos_token text for chat templates."""
         return {}
 
-    def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """The prompt text of ``messages`` (and the ``tools`` offered, as transformers passes them)."""
         if not self.chat_template:
             raise CapabilityError(
                 f"model {self.name!r} has no chat template; set chat_template in its colibri.toml alias"
@@ -234,6 +244,7 @@ class BaseModel(ABC):
             bos_token=sp.get("bos_token", ""),
             eos_token=sp.get("eos_token", ""),
             add_generation_prompt=add_generation_prompt,
+            tools=tools,
         )
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
@@ -328,14 +339,22 @@ class StepModel(BaseModel):
         sampling: Any = None,
         stop: str | Sequence[str] | None = None,
         logprobs: int | None = None,
+        constraint: Any = None,
     ) -> Iterator[GenerationEvent]:
         ids = check_prompt(prompt_ids, self.context_length)
         max_tokens = check_max_tokens(max_tokens)
         s = as_sampling(sampling)
-        return self._generate(ids, max_tokens, s, stop_list(stop if stop is not None else s.stop), logprobs)
+        stops = stop_list(stop if stop is not None else s.stop)
+        return self._generate(ids, max_tokens, s, stops, logprobs, constraint)
 
     def _generate(
-        self, ids: list[int], max_tokens: int, s: Any, stops: list[str], logprobs: int | None
+        self,
+        ids: list[int],
+        max_tokens: int,
+        s: Any,
+        stops: list[str],
+        logprobs: int | None,
+        constraint: Any = None,
     ) -> Iterator[GenerationEvent]:
         self._n_requests += 1
 
@@ -354,7 +373,13 @@ class StepModel(BaseModel):
             return logits
 
         step = Step(
-            prefill, decode, NumpySampler(s, ids), self._new_decoder(ids), self.token_text, self.eos_token_ids
+            prefill,
+            decode,
+            NumpySampler(s, ids),
+            self._new_decoder(ids),
+            self.token_text,
+            self.eos_token_ids,
+            constraint=constraint,
         )
         for ev in generation_events(
             step,

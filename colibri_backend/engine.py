@@ -143,6 +143,11 @@ class _NativeSampler(_NativeHandle):
     def accept(self, token: int) -> None:
         self.lib.check(self.lib.colibri_sampler_accept(self.handle, token), "sampler accept")
 
+    def allow(self, mask: np.ndarray | None) -> None:
+        words = 0 if mask is None else int(mask.shape[0])
+        ptr = None if mask is None else mask.ctypes.data
+        self.lib.check(self.lib.colibri_sampler_set_allowed(self.handle, ptr, words), "allowed tokens")
+
 
 def resolve_warmup_routing(value: bool | str | os.PathLike[str] | None, model_path: Path) -> Path | None:
     """The routing profile a warmup_routing option names: False/None -> none, True -> the sidecar
@@ -504,6 +509,7 @@ class Model(BaseModel):
         sampling: SamplingParams | None = None,
         stop: str | Sequence[str] | None = None,
         logprobs: int | None = None,
+        constraint: Any = None,
     ) -> Iterator[GenerationEvent]:
         """Generate after `prompt_ids`, one GenerationEvent per token, by the rules every backend
         shares (colibri_backend.generation: max_tokens 0 prefills only; the prompt may fill the context).
@@ -512,6 +518,8 @@ class Model(BaseModel):
         logprobs: None for none, 0 for the chosen token's log-probability, n > 0 also for the n
         most likely tokens (log-softmax of the raw logits, before penalties and filters).
         The KV cache is reused for the part of the prompt it already holds.
+        constraint: a grammar's TokenConstraint (colibri_backend.grammar); only the tokens it allows
+        are sampled, and generation stops when its grammar is complete.
         """
         sp = as_sampling(sampling)
         if max_tokens is None:
@@ -521,8 +529,18 @@ class Model(BaseModel):
         prompt = self._check_ids(ids)
         if logprobs is not None and logprobs < 0:
             raise ValueError(f"logprobs must be >= 0, got {logprobs}")
+        if constraint is not None and constraint.n_vocab != self.info.n_vocab:
+            raise ValueError(
+                f"the constraint's vocabulary ({constraint.n_vocab}) is not the model's ({self.info.n_vocab})"
+            )
         return self._generate(
-            ids, prompt, max_tokens, sp, stop_list(stop if stop is not None else sp.stop), logprobs
+            ids,
+            prompt,
+            max_tokens,
+            sp,
+            stop_list(stop if stop is not None else sp.stop),
+            logprobs,
+            constraint,
         )
 
     def _stop_ids(self, stops: list[str]) -> frozenset[int]:
@@ -545,6 +563,7 @@ class Model(BaseModel):
         sp: SamplingParams,
         stops: list[str],
         logprobs: int | None,
+        constraint: Any = None,
     ) -> Iterator[GenerationEvent]:
         with self._lock:
             self._check_open()
@@ -583,6 +602,7 @@ class Model(BaseModel):
                     self.tokenizer.token_text,
                     self._stop_ids(stops),
                     first_token,
+                    constraint,
                 )
                 for ev in generation_events(
                     step,

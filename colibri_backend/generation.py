@@ -18,7 +18,7 @@ from __future__ import annotations
 import codecs
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -154,11 +154,15 @@ def token_logprobs(
 
 
 class Sampler(Protocol):
-    """Picks the next token from logits; ``accept`` tells it which token was taken (penalties)."""
+    """Picks the next token from logits; ``accept`` tells it which token was taken (penalties);
+    ``allow`` restricts the following samples to a bitmask of tokens (bit t % 32 of word t // 32), or
+    lifts the restriction (None)."""
 
     def sample(self, logits: np.ndarray) -> int: ...
 
     def accept(self, token: int) -> None: ...
+
+    def allow(self, mask: np.ndarray | None) -> None: ...
 
 
 def sample_token(
@@ -206,8 +210,21 @@ class NumpySampler:
         self.s = s
         self.history = [int(t) for t in prompt]
         self.rng = np.random.default_rng(s.effective_seed())
+        self.banned: np.ndarray | None = None  # [n_vocab] bool: tokens the allowed mask excludes
+
+    def allow(self, mask: np.ndarray | None) -> None:
+        if mask is None:
+            self.banned = None
+        else:
+            self.banned = (
+                np.unpackbits(np.asarray(mask, dtype=np.uint32).view(np.uint8), bitorder="little") == 0
+            )
 
     def sample(self, logits: np.ndarray) -> int:
+        if self.banned is not None:
+            # Banned before the bias, where the native sampler bans after it: -inf plus a bias is -inf.
+            logits = np.array(logits, dtype=np.float64, copy=True)
+            logits[self.banned[: logits.shape[0]]] = -np.inf
         return sample_token(logits, self.s, self.history, self.rng)
 
     def accept(self, token: int) -> None:
@@ -250,6 +267,9 @@ class Step:
     token_text: Callable[[int], str]  # for top-logprob listings
     stop_ids: frozenset[int]  # end-of-sequence tokens (and special tokens named as stop strings)
     on_first_token: Callable[[], None] | None = None
+    # A grammar's TokenConstraint (colibri_backend.grammar): each step samples only among the tokens
+    # it allows, and generation stops ("stop") once its grammar is complete.
+    constraint: Any = None
 
 
 def generation_events(
@@ -269,8 +289,13 @@ def generation_events(
         return
     matcher = StopMatcher(stop)
     cached = len(prompt)  # tokens whose K/V the backend holds
+    constraint = step.constraint
     for n in range(1, max_tokens + 1):
+        if constraint is not None:
+            step.sampler.allow(constraint.fill())
         tok = step.sampler.sample(logits)
+        if constraint is not None:
+            constraint.consume(tok)
         if n == 1 and step.on_first_token is not None:
             step.on_first_token()
         step.sampler.accept(tok)
@@ -285,12 +310,13 @@ def generation_events(
         if stopped:
             yield GenerationEvent(tok, text, lp, top, "stop")
             return
-        if n == max_tokens or cached >= context_length:
+        complete = constraint is not None and constraint.done
+        if complete or n == max_tokens or cached >= context_length:
             tail, stopped = matcher.feed(step.decoder.flush())
             text += tail
             if not stopped:
                 text += matcher.flush()
-            yield GenerationEvent(tok, text, lp, top, "stop" if stopped else "length")
+            yield GenerationEvent(tok, text, lp, top, "stop" if stopped or complete else "length")
             return
         yield GenerationEvent(tok, text, lp, top, None)
         logits = step.decode(tok)

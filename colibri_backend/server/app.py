@@ -10,7 +10,14 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from colibri_backend.server import routes_chat, routes_completions, routes_models, routes_system
+from colibri_backend.server import (
+    routes_chat,
+    routes_completions,
+    routes_messages,
+    routes_models,
+    routes_responses,
+    routes_system,
+)
 from colibri_backend.server.errors import install_error_handlers
 from colibri_backend.server.schemas import (
     ChatCompletionChunk,
@@ -18,10 +25,19 @@ from colibri_backend.server.schemas import (
     CompletionRequest,
     openapi_components,
 )
+from colibri_backend.server.schemas_messages import CountTokensRequest, MessagesRequest
+from colibri_backend.server.schemas_responses import ResponsesRequest
 from colibri_backend.server.security import LOOPBACK_HOSTS, Guard, is_loopback
 from colibri_backend.server.state import ServerState
 
-_ENDPOINTS = ("/v1/models", "/v1/completions", "/v1/chat/completions")
+_ENDPOINTS = (
+    "/v1/models",
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/responses",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+)
 
 
 def _endpoint_label(path: str) -> str:
@@ -69,7 +85,14 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="Colibri", version="1", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.colibri = state
     install_error_handlers(app)
-    for module in (routes_system, routes_models, routes_chat, routes_completions):
+    for module in (
+        routes_system,
+        routes_models,
+        routes_chat,
+        routes_completions,
+        routes_responses,
+        routes_messages,
+    ):
         app.include_router(module.router)
     # Outermost first: the guard refuses before anything is counted as a served request.
     app.add_middleware(_CountRequests, state=state)
@@ -79,7 +102,16 @@ def create_app(state: ServerState) -> FastAPI:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
             comps = schema.setdefault("components", {}).setdefault("schemas", {})
-            comps.update(openapi_components(ChatRequest, CompletionRequest, ChatCompletionChunk))
+            comps.update(
+                openapi_components(
+                    ChatRequest,
+                    CompletionRequest,
+                    ChatCompletionChunk,
+                    ResponsesRequest,
+                    MessagesRequest,
+                    CountTokensRequest,
+                )
+            )
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -34,11 +34,36 @@ class APIError(Exception):
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
-    def response(self) -> JSONResponse:
+    def anthropic_body(self) -> dict[str, Any]:
+        """The same error as Anthropic's API shapes it (for /v1/messages)."""
+        kind = ANTHROPIC_ERROR_TYPES.get(
+            self.status, "api_error" if self.status >= 500 else "invalid_request_error"
+        )
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+    def response(self, path: str | None = None) -> JSONResponse:
+        """The error as a response; ``path`` picks the API's error shape (Anthropic's under /v1/messages)."""
         headers = dict(self.headers or {})
         if self.status == 401:
             headers["WWW-Authenticate"] = "Bearer"
-        return JSONResponse(self.body(), status_code=self.status, headers=headers or None)
+        body = self.anthropic_body() if is_anthropic_path(path) else self.body()
+        return JSONResponse(body, status_code=self.status, headers=headers or None)
+
+
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+}
+
+
+def is_anthropic_path(path: str | None) -> bool:
+    return bool(path) and (path == "/v1/messages" or path.startswith("/v1/messages/"))  # type: ignore[union-attr]
 
 
 def bad_value(message: str, param: str | None = None) -> APIError:
@@ -56,11 +81,12 @@ def param_of(message: str, candidates: Sequence[str]) -> str | None:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
-        return exc.response()
+        return exc.response(request.url.path)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        return APIError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error").response()
+        err = APIError(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+        return err.response(request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -73,4 +99,5 @@ def install_error_handlers(app: FastAPI) -> None:
             )
         else:
             message, code = str(exc.detail), None
-        return APIError(exc.status_code, message, "invalid_request_error", None, code).response()
+        err = APIError(exc.status_code, message, "invalid_request_error", None, code)
+        return err.response(request.url.path)

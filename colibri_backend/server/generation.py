@@ -64,6 +64,7 @@ class Prepared:
     stream: bool
     include_usage: bool
     ticket: Ticket
+    constraint: Callable[[], Any] | None = None  # a fresh grammar constraint per choice
 
 
 def check_request(state: ServerState, req: GenerationRequest, prompt_param: str) -> Checked:
@@ -110,7 +111,12 @@ async def tokenize_off_loop(fn: Callable[[], list[list[int]]]) -> list[list[int]
 
 
 def admit(
-    state: ServerState, r: Checked, prompts: list[list[int]], logprobs: int | None, req: GenerationRequest
+    state: ServerState,
+    r: Checked,
+    prompts: list[list[int]],
+    logprobs: int | None,
+    req: GenerationRequest,
+    constraint: Callable[[], Any] | None = None,
 ) -> Prepared:
     """Check the tokenized prompts against the context and take a place in the model's queue."""
     model = r.model
@@ -150,6 +156,7 @@ def admit(
         bool(req.stream),
         req.include_usage,
         ticket,
+        constraint,
     )
 
 
@@ -165,7 +172,7 @@ async def events(state: ServerState, p: Prepared, request: Request) -> AsyncIter
     """Submits the job and yields ``(choice, GenerationEvent, seconds)``; cancels the generation if the
     consumer goes away (client disconnect) before the end."""
     loop = asyncio.get_running_loop()
-    job = Job(loop, asyncio.Queue(), p.runs, p.max_tokens, p.stop, p.logprobs)
+    job = Job(loop, asyncio.Queue(), p.runs, p.max_tokens, p.stop, p.logprobs, p.constraint)
     p.slot.jobs.add(job)
     finished = False
     try:

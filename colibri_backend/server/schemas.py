@@ -63,6 +63,8 @@ class ChatRequest(GenerationRequest):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
     response_format: dict[str, Any] | None = None
 

@@ -19,11 +19,14 @@ def is_loopback(host: str) -> bool:
 
 
 def require_api_key(request: Request) -> None:
-    """The /v1 routers' dependency: ``Authorization: Bearer KEY`` when the server has a key."""
+    """The /v1 routers' dependency: ``Authorization: Bearer KEY`` (or ``x-api-key: KEY``, as Anthropic's
+    clients send it) when the server has a key."""
     key = request.app.state.colibri.api_key
     if not key:
         return
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if request.headers.get("x-api-key") and not token:
+        scheme, token = "bearer", request.headers["x-api-key"]
     if scheme.lower() != "bearer" or not token:
         raise APIError(
             401,
@@ -66,7 +69,7 @@ class Guard:
         try:
             self._check(scope)
         except APIError as err:
-            await err.response()(scope, receive, send)
+            await err.response(scope.get("path"))(scope, receive, send)
             return
         limit = self.state.limits.max_body_bytes
         seen = 0

@@ -36,6 +36,8 @@ class Job:
     max_tokens: int
     stop: list[str]
     logprobs: int | None
+    # Makes each choice's grammar constraint (structured output, forced tool calls); None: unconstrained.
+    constraint: Callable[[], Any] | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
 
@@ -104,12 +106,14 @@ class ModelSlot:
     def _run_one(
         self, model: LoadedModel, job: Job, index: int, prompt_ids: list[int], sampling: Any
     ) -> None:
+        extra = {"constraint": job.constraint()} if job.constraint is not None else {}
         gen = model.generate_tokens(
             prompt_ids,
             max_tokens=job.max_tokens,
             sampling=sampling,
             stop=job.stop or None,
             logprobs=job.logprobs,
+            **extra,
         )
         t0 = time.perf_counter()
         first = True

@@ -284,6 +284,11 @@ COLIBRI_API colibri_status colibri_sampler_set_logit_bias(colibri_sampler *s, in
 /* Record a token as generated/seen (for penalties). Prompt tokens may be accepted too. */
 COLIBRI_API colibri_status colibri_sampler_accept(colibri_sampler *s, int32_t token);
 COLIBRI_API void colibri_sampler_reset(colibri_sampler *s);
+/* Restrict the following samples to the tokens whose bit is set in `mask` (token t is bit t % 32 of
+ * word t / 32, the layout grammar libraries such as llguidance fill); n_words must be (n_vocab + 31) / 32.
+ * The mask is copied and stays in force until replaced; NULL (with n_words 0) lifts it. Disallowed
+ * tokens are removed right after the logit bias, before penalties, temperature and the filters. */
+COLIBRI_API colibri_status colibri_sampler_set_allowed(colibri_sampler *s, const uint32_t *mask, int32_t n_words);
 /* Choose the next token from n_vocab logits (not modified). */
 COLIBRI_API colibri_status colibri_sampler_sample(colibri_sampler *s, const float *logits, int32_t *token_out);
 

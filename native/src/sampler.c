@@ -2,6 +2,7 @@
  *
  * Order of operations in colibri_sampler_sample (each step sees the previous one's output):
  *   1. logit bias:   l[t] += bias[t]            (-INFINITY bans t; a banned token is never chosen)
+ *      allowed mask: l[t] = -INFINITY for every t whose bit is clear (grammar-constrained output)
  *   2. penalties over the window (the last penalty_last_n accepted tokens, or all of them if <= 0),
  *      for every token t seen c(t) > 0 times in it:
  *        repetition:  l[t] = l[t] > 0 ? l[t] / rp : l[t] * rp      (once per token; HF/llama.cpp)
@@ -51,6 +52,9 @@ struct colibri_sampler {
     float *work;        /* [n_vocab] logits after bias, penalties and temperature */
     float *prob;        /* [n_vocab] unnormalised probabilities (indexed by token) */
     int32_t *cand;      /* [n_vocab] candidate token ids during filtering */
+    uint32_t *allowed;  /* [n_words] bit t%32 of word t/32 set: token t may be chosen (when has_allowed) */
+    int32_t n_words;    /* (n_vocab + 31) / 32 */
+    int has_allowed;
     uint64_t rng[4];    /* xoshiro256** state */
 };
 
@@ -113,6 +117,7 @@ void colibri_sampler_free(colibri_sampler *s) {
     cb_free(s->work);
     cb_free(s->prob);
     cb_free(s->cand);
+    cb_free(s->allowed);
     cb_free(s);
 }
 
@@ -147,9 +152,11 @@ colibri_status colibri_sampler_new(const colibri_sampler_params *params, int32_t
     s->work = cb_malloc((size_t)n_vocab * sizeof *s->work);
     s->prob = cb_malloc((size_t)n_vocab * sizeof *s->prob);
     s->cand = cb_malloc((size_t)n_vocab * sizeof *s->cand);
+    s->n_words = (int32_t)(((int64_t)n_vocab + 31) / 32);
+    s->allowed = cb_malloc((size_t)s->n_words * sizeof *s->allowed);
     if (s->ring_cap) s->ring = cb_malloc((size_t)s->ring_cap * sizeof *s->ring);
     if (!s->bias || !s->biased || !s->is_biased || !s->count || !s->seen || !s->seen_pos || !s->work || !s->prob ||
-        !s->cand || (s->ring_cap && !s->ring)) {
+        !s->cand || !s->allowed || (s->ring_cap && !s->ring)) {
         colibri_sampler_free(s);
         return cb_error(COLIBRI_E_NOMEM, "sampler: out of memory for a vocabulary of %d (window %d)", (int)n_vocab,
                         (int)p->penalty_last_n);
@@ -173,6 +180,34 @@ colibri_status colibri_sampler_set_logit_bias(colibri_sampler *s, int32_t token,
         s->biased[s->n_biased++] = token;
     }
     return COLIBRI_OK;
+}
+
+colibri_status colibri_sampler_set_allowed(colibri_sampler *s, const uint32_t *mask, int32_t n_words) {
+    if (!s) return cb_error(COLIBRI_E_INVALID_ARG, "sampler_set_allowed: NULL sampler");
+    if (!mask) {
+        if (n_words != 0) return cb_error(COLIBRI_E_INVALID_ARG, "sampler_set_allowed: NULL mask with %d words", (int)n_words);
+        s->has_allowed = 0;
+        return COLIBRI_OK;
+    }
+    if (n_words != s->n_words)
+        return cb_error(COLIBRI_E_INVALID_ARG, "sampler_set_allowed: mask has %d words; a vocabulary of %d needs %d",
+                        (int)n_words, (int)s->n_vocab, (int)s->n_words);
+    memcpy(s->allowed, mask, (size_t)n_words * sizeof *mask);
+    s->has_allowed = 1;
+    return COLIBRI_OK;
+}
+
+/* Bans every token whose bit is clear. Whole words of allowed tokens (the common case outside a grammar's
+ * narrow spots) cost one compare; bits past n_vocab in the last word are never looked at. */
+static void apply_allowed(const colibri_sampler *s, float *l) {
+    for (int32_t w = 0; w < s->n_words; w++) {
+        const uint32_t bits = s->allowed[w];
+        if (bits == 0xffffffffu) continue;
+        const int32_t base = w * 32;
+        const int32_t end = base + 32 < s->n_vocab ? base + 32 : s->n_vocab;
+        for (int32_t t = base; t < end; t++)
+            if (!(bits >> (t - base) & 1u)) l[t] = -INFINITY;
+    }
 }
 
 static void count_up(colibri_sampler *s, int32_t t) {
@@ -334,6 +369,7 @@ colibri_status colibri_sampler_sample(colibri_sampler *s, const float *logits, i
      * excluded below by comparisons, which are false for NaN) */
     memcpy(l, logits, (size_t)n * sizeof *l);
     for (int32_t i = 0; i < s->n_biased; i++) l[s->biased[i]] += s->bias[s->biased[i]];
+    if (s->has_allowed) apply_allowed(s, l);
     if (p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f) {
         for (int32_t i = 0; i < s->n_seen; i++) {
             const int32_t t = s->seen[i];

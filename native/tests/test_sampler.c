@@ -366,6 +366,47 @@ static void test_determinism_and_alloc(void) {
     colibri_sampler_free(s3);
 }
 
+/* The allowed-token mask: only allowed tokens are ever chosen, greedy or sampled (their relative
+ * probabilities unchanged), a wrong size is refused, NULL lifts it, an all-clear mask is an error. */
+static void test_allowed_mask(void) {
+    enum { V = 60 };   /* two words, the last one partial */
+    float l[V];
+    for (int i = 0; i < V; i++) l[i] = (float)i * 0.1f;   /* greedy alone picks the last token */
+    colibri_sampler *s = make(0.0f, 0, 1.0f, 0.0f, 1, V);
+    uint32_t mask[2] = {0, 0};
+    CHECK(colibri_sampler_set_allowed(s, mask, 3) == COLIBRI_E_INVALID_ARG);
+    CHECK(colibri_sampler_set_allowed(s, NULL, 2) == COLIBRI_E_INVALID_ARG);
+    mask[0] = 1u << 5 | 1u << 7;
+    mask[1] = 1u << 1;   /* token 33 */
+    CHECK(colibri_sampler_set_allowed(s, mask, 2) == COLIBRI_OK);
+    CHECK(sample1(s, l) == 33);
+    mask[1] = 0;
+    CHECK(colibri_sampler_set_allowed(s, mask, 2) == COLIBRI_OK);
+    CHECK(sample1(s, l) == 7);
+    CHECK(colibri_sampler_set_allowed(s, NULL, 0) == COLIBRI_OK);
+    CHECK(sample1(s, l) == V - 1);
+    uint32_t none[2] = {0, 0};
+    CHECK(colibri_sampler_set_allowed(s, none, 2) == COLIBRI_OK);
+    int32_t t = -1;
+    CHECK(colibri_sampler_sample(s, l, &t) == COLIBRI_E_INVALID_ARG);
+    colibri_sampler_free(s);
+
+    /* sampled: tokens 2 and 50 allowed with equal logits -> about half each, nothing else */
+    float flat[V];
+    for (int i = 0; i < V; i++) flat[i] = 1.0f;
+    s = make(1.0f, 0, 1.0f, 0.0f, 7, V);
+    uint32_t two[2] = {1u << 2, 1u << 18};
+    CHECK(colibri_sampler_set_allowed(s, two, 2) == COLIBRI_OK);
+    double expect[V] = {0};
+    expect[2] = 0.5;
+    expect[50] = 0.5;
+    uint64_t allocs0 = cb_alloc_count();
+    check_distribution(s, flat, expect, V, 4000, "allowed mask");
+    CHECK(colibri_sampler_set_allowed(s, two, 2) == COLIBRI_OK);
+    CHECK(cb_alloc_count() == allocs0);   /* setting a mask never allocates */
+    colibri_sampler_free(s);
+}
+
 int main(void) {
     test_params();
     test_greedy_and_bias();
@@ -373,6 +414,7 @@ int main(void) {
     test_filters_distribution();
     test_large_vocab_filters();
     test_determinism_and_alloc();
+    test_allowed_mask();
     if (failures) {
         fprintf(stderr, "test_sampler: %d failure(s)\n", failures);
         return 1;

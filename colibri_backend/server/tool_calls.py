@@ -1,0 +1,414 @@
+"""Model output split into what the client sees: answer text, reasoning, and tool calls.
+
+Each model family writes tool calls its own way; the family is chosen from the chat template
+(:func:`family_of`):
+
+* ``hermes`` (Hermes, Qwen 2.5/3, SmolLM3, most ChatML tool templates): ``<tool_call>{"name": ..,
+  "arguments": {..}}</tool_call>``, one block per call;
+* ``llama3``: a bare JSON object ``{"name": .., "parameters": {..}}`` as the whole answer, or after
+  ``<|python_tag|>``;
+* ``mistral``: ``[TOOL_CALLS]`` then a JSON list of ``{"name", "arguments"}`` (or the newer
+  ``name[ARGS]{..}`` form);
+* ``harmony`` (gpt-oss): parsed by the ``openai-harmony`` package from the token ids; the ``analysis``
+  channel is reasoning, ``final`` the answer, a ``commentary`` message to ``functions.NAME`` a call.
+
+Reasoning between ``<think>`` and ``</think>`` (templates that mention them) comes out apart from the
+answer. The parsers are incremental: text that could still be the start of a marker is held back, so
+partial markup never reaches the answer's deltas; a call is emitted once it is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Literal
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str  # a JSON object's text, as OpenAI sends it
+    id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+
+    def openai(self, index: int | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+        if index is not None:
+            out["index"] = index
+        return out
+
+
+@dataclass
+class Part:
+    kind: Literal["content", "reasoning", "tool_call"]
+    text: str = ""
+    call: ToolCall | None = None
+
+
+class OutputParser(ABC):
+    """Fed one generated token at a time (its id and the text it adds); returns the parts now final."""
+
+    @abstractmethod
+    def feed(self, token_id: int, text: str) -> list[Part]: ...
+
+    @abstractmethod
+    def finish(self) -> list[Part]: ...
+
+
+class PlainOutput(OutputParser):
+    def feed(self, token_id: int, text: str) -> list[Part]:
+        return [Part("content", text)] if text else []
+
+    def finish(self) -> list[Part]:
+        return []
+
+
+# ---------------------------------------------------------------- families
+
+FAMILIES = ("hermes", "llama3", "mistral", "harmony")
+
+
+def family_of(template: str | None) -> str:
+    """The tool-call family a chat template writes (hermes when the template does not say)."""
+    t = template or ""
+    if "<|channel|>" in t or "<|start|>" in t and "<|message|>" in t:
+        return "harmony"
+    if "[TOOL_CALLS]" in t:
+        return "mistral"
+    if "<tool_call>" in t:
+        return "hermes"
+    if "<|python_tag|>" in t or "ipython" in t or "<|eom_id|>" in t:
+        return "llama3"
+    return "hermes"
+
+
+def thinks(template: str | None) -> bool:
+    """Whether the template's model writes ``<think>`` reasoning."""
+    return "<think>" in (template or "") or "</think>" in (template or "")
+
+
+@dataclass(frozen=True)
+class _Markers:
+    call_open: str | None
+    call_close: str | None  # None: the call runs to the end of the output
+    bare_json: bool = False  # a whole answer that is one JSON object may be a call (Llama 3)
+
+
+_MARKERS = {
+    "hermes": _Markers("<tool_call>", "</tool_call>"),
+    "llama3": _Markers("<|python_tag|>", None, bare_json=True),
+    "mistral": _Markers("[TOOL_CALLS]", None),
+}
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+
+def marker_strings(family: str) -> list[str]:
+    """Markers a parser of ``family`` looks for; a backend that drops special tokens from the text has
+    them put back by id (see :func:`new_output_parser`)."""
+    m = _MARKERS.get(family)
+    found = [THINK_OPEN, THINK_CLOSE]
+    if m is not None:
+        found += [s for s in (m.call_open, m.call_close) if s]
+    return found
+
+
+def _call_from(obj: Any) -> ToolCall | None:
+    if not isinstance(obj, dict):
+        return None
+    if isinstance(obj.get("function"), dict):
+        obj = obj["function"]
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return ToolCall(name, json.dumps(args, ensure_ascii=False))
+
+
+def parse_calls(body: str) -> list[ToolCall] | None:
+    """Tool calls in a call body (one JSON object, a JSON list of them, objects separated by ``;``, or
+    Mistral's ``name[ARGS]{..}``); None when it is not one."""
+    text = body.strip()
+    if not text:
+        return None
+    if "[ARGS]" in text and not text.startswith(("[", "{")):
+        name, _, args = text.partition("[ARGS]")
+        call = _call_from({"name": name.strip(), "arguments": args.strip()})
+        return [call] if call else None
+    decoder = json.JSONDecoder()
+    calls: list[ToolCall] = []
+    pos = 0
+    while pos < len(text):
+        try:
+            value, end = decoder.raw_decode(text, pos)
+        except ValueError:
+            return None
+        items = value if isinstance(value, list) else [value]
+        for item in items:
+            call = _call_from(item)
+            if call is None:
+                return None
+            calls.append(call)
+        pos = end
+        while pos < len(text) and text[pos] in " \t\r\n;,":
+            pos += 1
+    return calls or None
+
+
+def _held(buf: str, markers: list[str]) -> int:
+    """Length of the longest end of ``buf`` that could still grow into one of ``markers``."""
+    hold = 0
+    for m in markers:
+        for k in range(min(len(m) - 1, len(buf)), 0, -1):
+            if buf.endswith(m[:k]):
+                hold = max(hold, k)
+                break
+    return hold
+
+
+class MarkupOutput(OutputParser):
+    """Hermes, Llama 3 and Mistral tool calls and ``<think>`` reasoning, from the text."""
+
+    def __init__(
+        self,
+        family: str,
+        *,
+        tools: bool,
+        reasoning: bool,
+        special: dict[int, str] | None = None,
+        start_in_reasoning: bool = False,
+    ) -> None:
+        self.m = _MARKERS[family] if tools else _Markers(None, None)
+        self.reasoning = reasoning
+        self.special = special or {}
+        self.mode: Literal["content", "reasoning", "call", "maybe_json"] = (
+            "reasoning" if start_in_reasoning else "content"
+        )
+        self.buf = ""
+        self.started = False  # some answer text (not whitespace) was seen
+        self.after_call = False  # a call just ended
+
+    def _opens(self) -> list[str]:
+        out = [self.m.call_open] if self.m.call_open else []
+        return out + ([THINK_OPEN] if self.reasoning else [])
+
+    def feed(self, token_id: int, text: str) -> list[Part]:
+        self.buf += self.special.get(token_id, text) if not text else text
+        return self._drain(final=False)
+
+    def finish(self) -> list[Part]:
+        return self._drain(final=True)
+
+    def _drain(self, final: bool) -> list[Part]:
+        out: list[Part] = []
+        while True:
+            progressed = getattr(self, f"_step_{self.mode}")(out, final)
+            if not progressed:
+                return [p for p in out if p.text or p.call]
+
+    def _step_content(self, out: list[Part], final: bool) -> bool:
+        if self.after_call:  # whitespace between calls (or after the last) is layout, not answer
+            rest = self.buf.lstrip()
+            if not rest and not final:
+                return False
+            opener = self.m.call_open or ""
+            if not rest or rest.startswith(opener) or (opener.startswith(rest) and not final):
+                self.buf = rest
+                if not rest or not rest.startswith(opener):
+                    return False
+            self.after_call = False
+        if not self.started and self.m.bare_json:
+            stripped = self.buf.lstrip()
+            if stripped.startswith("{"):
+                self.mode = "maybe_json"
+                return True
+            if stripped:
+                self.started = True
+            elif not final:
+                return False
+        opens = self._opens()
+        hits = [(self.buf.find(o), o) for o in opens if o in self.buf]
+        if hits:
+            i, marker = min(hits)
+            out.append(Part("content", self.buf[:i]))
+            self.buf = self.buf[i + len(marker) :]
+            self.mode = "reasoning" if marker == THINK_OPEN else "call"
+            return True
+        keep = 0 if final else _held(self.buf, opens)
+        emit, self.buf = self.buf[: len(self.buf) - keep], self.buf[len(self.buf) - keep :]
+        if emit.strip():
+            self.started = True
+        out.append(Part("content", emit))
+        return False
+
+    def _step_reasoning(self, out: list[Part], final: bool) -> bool:
+        i = self.buf.find(THINK_CLOSE)
+        if i >= 0:
+            out.append(Part("reasoning", self.buf[:i]))
+            self.buf = self.buf[i + len(THINK_CLOSE) :].lstrip("\n")
+            self.mode = "content"
+            return True
+        keep = 0 if final else _held(self.buf, [THINK_CLOSE])
+        out.append(Part("reasoning", self.buf[: len(self.buf) - keep]))
+        self.buf = self.buf[len(self.buf) - keep :]
+        return False
+
+    def _step_call(self, out: list[Part], final: bool) -> bool:
+        close = self.m.call_close
+        if close is not None and close in self.buf:
+            body, _, self.buf = self.buf.partition(close)
+        elif final:
+            body, self.buf = self.buf, ""
+        else:
+            return False
+        calls = parse_calls(body)
+        if calls is None:  # not a call after all: the model's text, as written
+            out.append(Part("content", (self.m.call_open or "") + body + (close if not final else "")))
+        else:
+            out.extend(Part("tool_call", call=c) for c in calls)
+            self.after_call = True
+        self.started = True
+        self.mode = "content"
+        return bool(self.buf) or not final
+
+    def _step_maybe_json(self, out: list[Part], final: bool) -> bool:
+        if not final:
+            return False
+        calls = parse_calls(self.buf)
+        if calls is None:
+            out.append(Part("content", self.buf))
+        else:
+            out.extend(Part("tool_call", call=c) for c in calls)
+        self.buf = ""
+        self.started = True
+        self.mode = "content"
+        return False
+
+
+@lru_cache(maxsize=1)
+def _harmony_encoding() -> Any:
+    from openai_harmony import HarmonyEncodingName, load_harmony_encoding
+
+    try:
+        return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+    except Exception as exc:  # its vocabulary file is fetched on first use (TIKTOKEN_ENCODINGS_BASE)
+        raise ValueError(f"openai-harmony cannot load the gpt-oss encoding: {exc}") from None
+
+
+class HarmonyOutput(OutputParser):
+    """gpt-oss output through openai-harmony's streaming parser (token ids in, channels out)."""
+
+    def __init__(self, tools: bool) -> None:
+        from openai_harmony import Role, StreamableParser
+
+        self.parser = StreamableParser(_harmony_encoding(), role=Role.ASSISTANT)
+        self.tools = tools
+        self.n_messages = 0
+
+    def feed(self, token_id: int, text: str) -> list[Part]:
+        p = self.parser
+        p.process(int(token_id))
+        out: list[Part] = []
+        delta = p.last_content_delta or ""
+        recipient = p.current_recipient or ""
+        if delta:
+            if recipient.startswith("functions.") and self.tools:
+                pass  # a call's arguments: taken whole from the finished message
+            elif p.current_channel == "analysis":
+                out.append(Part("reasoning", delta))
+            elif p.current_channel in ("final", None) or not recipient:
+                out.append(Part("content", delta))
+        out += self._completed()
+        return out
+
+    def _completed(self) -> list[Part]:
+        out: list[Part] = []
+        for msg in self.parser.messages[self.n_messages :]:
+            recipient = msg.recipient or ""
+            if self.tools and recipient.startswith("functions."):
+                args = "".join(getattr(c, "text", "") for c in msg.content) or "{}"
+                call = _call_from({"name": recipient[len("functions.") :], "arguments": args})
+                if call is not None:
+                    out.append(Part("tool_call", call=call))
+        self.n_messages = len(self.parser.messages)
+        return out
+
+    def finish(self) -> list[Part]:
+        try:
+            self.parser.process_eos()
+        except Exception:  # a truncated message: what was complete has been reported
+            return []
+        return self._completed()
+
+
+def new_output_parser(
+    template: str | None,
+    *,
+    tools: bool,
+    token_to_id: Callable[[str], int | None] | None = None,
+    prompt_text: str = "",
+) -> OutputParser:
+    """The parser for a model's output: tool calls when ``tools`` (the request offered tools and did not
+    say ``tool_choice: none``), reasoning when the template thinks."""
+    family = family_of(template)
+    reasoning = thinks(template)
+    if family == "harmony":
+        return HarmonyOutput(tools)
+    if not tools and not reasoning:
+        return PlainOutput()
+    special: dict[int, str] = {}
+    if token_to_id is not None:
+        for marker in marker_strings(family):
+            tid = token_to_id(marker)
+            if tid is not None:
+                special[tid] = marker
+    start = reasoning and prompt_text.rstrip().endswith(THINK_OPEN)
+    return MarkupOutput(family, tools=tools, reasoning=reasoning, special=special, start_in_reasoning=start)
+
+
+def forced_call_grammar(family: str, tools: list[dict[str, Any]], parallel: bool) -> str | None:
+    """A Lark grammar that makes the model write one (or, when ``parallel``, up to one per tool) call(s)
+    to ``tools`` in ``family``'s markup: ``tool_choice`` ``required`` or a named function. None for a
+    family whose markup is special tokens the grammar cannot spell (mistral, harmony)."""
+    if family not in ("hermes", "llama3"):
+        return None
+    key = "parameters" if family == "llama3" else "arguments"  # Llama 3 names the arguments "parameters"
+    variants = []
+    for t in tools:
+        fn = t["function"]
+        params = dict(fn.get("parameters") or {"type": "object"})
+        if "properties" in params:  # as strict function calling does: only the declared arguments
+            params.setdefault("additionalProperties", False)
+        variants.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": fn["name"]}, key: params},
+                "required": ["name", key],
+                "additionalProperties": False,
+            }
+        )
+    schema: dict[str, Any] = variants[0] if len(variants) == 1 else {"anyOf": variants}
+    schema["x-guidance"] = {"whitespace_flexible": False}  # compact JSON: fewer tokens, no runaway spaces
+    call = "%json " + json.dumps(schema)
+    if family == "llama3":
+        return f"start: call\ncall: {call}\n"
+    one = '"<tool_call>" call "</tool_call>"'
+    # At most one call per tool offered: a small model decoding greedily would otherwise repeat its
+    # call until max_tokens, leaving a cut-off call at the end.
+    more = len(tools) - 1 if parallel else 0
+    body = f'{one} ("\\n" {one}){{0,{more}}}' if more else one
+    return f"start: {body}\ncall: {call}\n"

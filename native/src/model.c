@@ -11,6 +11,7 @@
 
 #include "alloc.h"
 #include "error.h"
+#include "resident.h"
 #include "types.h"
 
 /* Upper bounds on dimensions: far above any real model, low enough that every size the
@@ -379,6 +380,7 @@ void model_free(struct colibri_model *m) {
         cb_free(m->layers);
     }
     cb_free(m->output_norm);
+    resident_free(m);
     cb_free(m->path);
     gguf_close(&m->file);
     cb_free(m);
@@ -400,6 +402,10 @@ colibri_status model_load(const char *path, struct colibri_model **out) {
         return cb_error(COLIBRI_E_NOMEM, "out of memory");
     }
     memcpy(m->path, path, path_len + 1);
+    if ((st = resident_load(m))) {   /* before anything reads tensor data */
+        model_free(m);
+        return st;
+    }
     char arch[64];
     int r = gguf_get_str(&m->file, "general.architecture", arch, sizeof arch);
     if (r <= 0) {

@@ -90,6 +90,7 @@ struct colibri_model {
     uint64_t weight_bytes;
     char *path;               /* the file, reopened by the expert store for streaming (heap) */
     int32_t resident_locks;   /* contexts holding the resident weights' pages locked (ledger.c) */
+    struct resident_state *resident;  /* the engine's copy of the file's bytes, the open file, digests (resident.c) */
 };
 
 /* Open, validate and describe a GGUF model (model.c). */
@@ -197,6 +198,7 @@ struct colibri_context {
     int32_t *wave_ids;       /* [n_expert] their ids */
     int32_t *pf_ids;         /* [2 * n_expert_used] experts to prefetch */
     int resident_locked;     /* this context holds one of model->resident_locks */
+    int experts_held;        /* this context holds the model's experts resident (resident.c) */
     /* routing profile (profile.h; NULL when none was given) and the options that use it */
     struct routing_profile *profile;
     uint8_t *dropped;              /* [n_layer][n_expert] 1: never routed to (drop_cold_share); NULL: off */

@@ -1,5 +1,5 @@
 /* fuzz_profile.c — libFuzzer target: an arbitrary file through the routing-profile reader
- * (profile.c) against a tiny mixtral written at start. The corpus holds valid profiles of that
+ * (profile.c) against the small mixtral of fuzz_util.h written at start. The corpus holds valid profiles of that
  * model (made by make_corpus.py), so mutations reach every check past the header; the
  * fingerprint and checksum checks are what a random flip meets first, so the target also
  * re-seals each input (fixes the model's size, fingerprint and the checksum) half the time. */
@@ -9,7 +9,6 @@
 #include "fuzz_util.h"
 #include "model.h"
 #include "profile.h"
-#include "../tests/tiny_llama.h"
 
 static char model_path[256], path[256];
 static colibri_model *model;
@@ -24,7 +23,7 @@ static uint64_t fnv(const uint8_t *p, size_t n) {
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     fuzz_path(model_path, sizeof model_path, "model.gguf");
-    write_model(model_path, 1, 11);
+    fuzz_write_model(model_path, 11);
     if (colibri_model_open(model_path, &model) != COLIBRI_OK ||
         profile_model_fingerprint(model_path, &model_fp, &model_size) != COLIBRI_OK) {
         fprintf(stderr, "fuzz_profile: cannot set up the model: %s\n", colibri_last_error());

@@ -1,6 +1,6 @@
 /* fuzz_replay.c — libFuzzer target for the routing-trace path (colibri_replay_routing, replay.c):
  * a trace (tokens and expert ids in colibri_get_routing's layout) and the store settings a caller
- * passes, against a tiny mixtral written at start. Input layout (little-endian):
+ * passes, against the small mixtral of fuzz_util.h written at start. Input layout (little-endian):
  *   byte 0  expert_slots (0: derive from memory_budget), byte 1 policy, byte 2 prefetch flags,
  *   byte 3  pin_experts, bytes 4..7 memory_budget in KiB (u32), then int32 pairs
  *   (token, then n_layer * k expert ids) per replayed token. Ids outside the model, repeats and
@@ -9,15 +9,15 @@
 
 #include "colibri.h"
 #include "fuzz_util.h"
-#include "../tests/tiny_llama.h"
 
 static char model_path[256];
 static colibri_model *model;
-static int32_t tokens[256], ids[256 * L * K];
+static int32_t tokens[256], ids[256 * FZ_L * FZ_K];
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    setenv("COLIBRI_IO_THREADS", "1", 0);   /* one I/O thread per store: thousands of stores a second */
     fuzz_path(model_path, sizeof model_path, "replay.gguf");
-    write_model(model_path, 1, 5);
+    fuzz_write_model(model_path, 5);
     if (colibri_model_open(model_path, &model) != COLIBRI_OK) {
         fprintf(stderr, "fuzz_replay: cannot open the model: %s\n", colibri_last_error());
         abort();
@@ -39,18 +39,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     uint32_t kib;
     memcpy(&kib, data + 4, 4);
     p.memory_budget = (uint64_t)kib * 1024;
-    const size_t per = 4 * (1 + L * K);
+    const size_t per = 4 * (1 + FZ_L * FZ_K);
     int32_t n = (int32_t)((size - 8) / per);
     if (n > 256) n = 256;
     for (int32_t t = 0; t < n; t++) {
         const uint8_t *r = data + 8 + (size_t)t * per;
         memcpy(&tokens[t], r, 4);
-        memcpy(&ids[(size_t)t * L * K], r + 4, 4 * L * K);
+        memcpy(&ids[(size_t)t * FZ_L * FZ_K], r + 4, 4 * FZ_L * FZ_K);
     }
     colibri_stats st;
     if (colibri_replay_routing(model, &p, tokens, ids, n, &st) == COLIBRI_OK) {
         /* every choice of every token counted once, as a hit or a miss */
-        if (st.expert_calls != (uint64_t)n * L * K || st.expert_hits + st.expert_misses != st.expert_calls) abort();
+        if (st.expert_calls != (uint64_t)n * FZ_L * FZ_K || st.expert_hits + st.expert_misses != st.expert_calls) abort();
     }
     return 0;
 }

@@ -1,7 +1,7 @@
 /* fuzz_sampler.c — libFuzzer target for the sampler's parameter checks and its sampling path.
  * Input layout (little-endian): a colibri_sampler_params as raw fields (temperature, top_k, top_p,
  * min_p, repetition/presence/frequency penalties, penalty_last_n, seed: 40 bytes), n_vocab (u16,
- * 1..65536), then a stream of operations, each a byte (0: accept a token, 1: set a logit bias,
+ * taken modulo 4096, plus 1: large enough for every code path, small enough for fast runs), then a stream of operations, each a byte (0: accept a token, 1: set a logit bias,
  * 2: sample, 3: reset) and its operands. Logits come from the input too, NaN and Inf included.
  * Any parameters must be refused or accepted with a status; a sampled token must be in range
  * and never a banned one. */
@@ -33,7 +33,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memcpy(&p.frequency_penalty, data + 24, 4);
     memcpy(&p.penalty_last_n, data + 28, 4);
     memcpy(&p.seed, data + 32, 8);
-    const int32_t n_vocab = (int32_t)(data[40] | (data[41] << 8)) + 1;
+    const int32_t n_vocab = (int32_t)((data[40] | (data[41] << 8)) % 4096) + 1;
     /* a window far above the vocabulary is legal but allocates its size: keep each run small */
     if (p.penalty_last_n > 4096) p.penalty_last_n = (int32_t)(p.penalty_last_n % 4096);
     colibri_sampler *s = NULL;

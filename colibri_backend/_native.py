@@ -264,6 +264,9 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "colibri_sampler_reset": (None, [c_void_p]),
     "colibri_sampler_sample": (c_int, [c_void_p, _f32p, _i32p]),
     "colibri_dequantize": (c_int, [c_int32, c_void_p, c_size_t, _f32p, c_size_t]),
+    "colibri_write_digests": (c_int, [c_char_p]),
+    "colibri_verify_file": (c_int, [c_char_p, c_char_p, c_size_t, _i32p]),
+    "colibri_model_verify": (c_int, [c_void_p, c_char_p, c_size_t, _i32p]),
 }
 
 

@@ -42,6 +42,7 @@ from colibri_backend.budget import (
     plan_to_dict,
     resolve_budget,
 )
+from colibri_backend.digests import verify_model
 from colibri_backend.errors import ContextFullError, EngineError
 from colibri_backend.models import resolve_model
 from colibri_backend.profile import profile_path
@@ -255,6 +256,7 @@ class Model:
         pin_experts: str | int | None = None,
         route_prefilter_margin: float | None = None,
         drop_cold_share: float | None = None,
+        verify: bool = False,
     ) -> None:
         self._lock = threading.RLock()
         self._model = c_void_p()
@@ -273,6 +275,8 @@ class Model:
         lib = self._lib
         lib.check(lib.colibri_model_open(os.fsencode(path), byref(self._model)), f"cannot open {path}")
         try:
+            if verify:
+                verify_model(self._model, path)
             info_c = _native.ModelInfoC()
             lib.check(lib.colibri_model_get_info(self._model, byref(info_c)), "model info")
             self.info = ModelInfo.from_c(info_c)
@@ -803,6 +807,7 @@ def replay_routing(
     context_length: int | None = None,
     batch_size: int | None = None,
     kv_cache_type: str | None = None,
+    verify: bool = False,
 ) -> dict[str, Any]:
     """Replay a recorded routing (expert_ids [T, n_layer, k], tokens [T]; a RoutingTrace's ids and
     tokens) through the expert store these options set up, each token one decode step, without
@@ -820,6 +825,8 @@ def replay_routing(
     handle = c_void_p()
     lib.check(lib.colibri_model_open(os.fsencode(path), byref(handle)), f"cannot open {path}")
     try:
+        if verify:
+            verify_model(handle, path)
         info_c = _native.ModelInfoC()
         lib.check(lib.colibri_model_get_info(handle, byref(info_c)), "model info")
         info = ModelInfo.from_c(info_c)
@@ -877,6 +884,7 @@ def load(
     pin_experts: str | int | None = None,
     route_prefilter_margin: float | None = None,
     drop_cold_share: float | None = None,
+    verify: bool = False,
 ) -> Model:
     """Load a model: a GGUF path, a Hugging Face checkpoint directory (converted once and
     cached) or a known name such as "smollm2".
@@ -900,7 +908,11 @@ def load(
     profile share is below this; 0 off. Both need a profile.
 
     kv_cache_type: None (F16, or F32 for an F32 model), "f16", or "int8" (per-position, per-head
-    scaled int8: about half the KV memory of F16, slightly different logits; docs/memory.md)."""
+    scaled int8: about half the KV memory of F16, slightly different logits; docs/memory.md).
+
+    verify: check every resident tensor against the file's digests (MODEL.digests, `colibri verify`)
+    before anything runs; ModelFormatError naming the bad tensors. Streamed experts are checked when
+    read whenever the digests exist (docs/robustness.md)."""
     resolved = resolve_model(model)
     return Model(
         resolved.gguf,
@@ -917,6 +929,7 @@ def load(
         pin_experts=pin_experts,
         route_prefilter_margin=route_prefilter_margin,
         drop_cold_share=drop_cold_share,
+        verify=verify,
         hf_dir=resolved.hf_dir,
         name=resolved.name or None,
     )

@@ -24,6 +24,7 @@ def compute_plan(
     batch_size: int | None = None,
     threads: int | None = None,
     kv_cache_type: str | None = None,
+    verify: bool = False,
     **store_options: Any,
 ) -> dict[str, int]:
     """The ledger's plan for loading `model` (path, checkpoint dir or known name) with these settings;
@@ -40,6 +41,10 @@ def compute_plan(
     handle = c_void_p()
     lib.check(lib.colibri_model_open(os.fsencode(path), byref(handle)), f"cannot open {path}")
     try:
+        if verify:
+            from colibri_backend.digests import verify_model
+
+            verify_model(handle, path)
         info_c = _native.ModelInfoC()
         lib.check(lib.colibri_model_get_info(handle, byref(info_c)), "model info")
         params, _ = store_params(

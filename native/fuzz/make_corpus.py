@@ -37,7 +37,12 @@ def _gguf(path: Path, arch: str, tensors: dict[str, np.ndarray], meta: dict, voc
         else:
             w.add_string(key, value)
     if vocab:
-        toks = [bytes([b]).decode("latin-1") for b in range(32, 127)] + ["<|im_start|>", "<|im_end|>", "he", "ll"]
+        toks = [bytes([b]).decode("latin-1") for b in range(32, 127)] + [
+            "<|im_start|>",
+            "<|im_end|>",
+            "he",
+            "ll",
+        ]
         w.add_tokenizer_model("gpt2")
         w.add_tokenizer_pre("smollm")
         w.add_token_list(toks)
@@ -172,12 +177,62 @@ def replay_seeds(out: Path) -> None:
 
 
 def sampler_seeds(out: Path) -> None:
-    def params(temp: float, top_k: int, top_p: float, min_p: float, rep: float, pres: float, freq: float,
-               last_n: int, seed: int, n_vocab: int) -> bytes:
-        return struct.pack("<fifffffiQH", temp, top_k, top_p, min_p, rep, pres, freq, last_n, seed, n_vocab - 1)
+    def params(
+        temp: float,
+        top_k: int,
+        top_p: float,
+        min_p: float,
+        rep: float,
+        pres: float,
+        freq: float,
+        last_n: int,
+        seed: int,
+        n_vocab: int,
+    ) -> bytes:
+        return struct.pack(
+            "<fifffffiQH", temp, top_k, top_p, min_p, rep, pres, freq, last_n, seed, n_vocab - 1
+        )
 
     logits = np.linspace(-3, 3, 16).astype("<f4").tobytes()
-    ops = bytes([0, 5, 0, 0, 0, 1, 3, 0, 0, 0, 2, 0, 0, 0, 0, 0, 7, 0, 0, 0, 2, 0, 0, 0, 0, 3, 0, 0, 0, 0, 2, 0, 0, 0, 0])
+    ops = bytes(
+        [
+            0,
+            5,
+            0,
+            0,
+            0,
+            1,
+            3,
+            0,
+            0,
+            0,
+            2,
+            0,
+            0,
+            0,
+            0,
+            0,
+            7,
+            0,
+            0,
+            0,
+            2,
+            0,
+            0,
+            0,
+            0,
+            3,
+            0,
+            0,
+            0,
+            0,
+            2,
+            0,
+            0,
+            0,
+            0,
+        ]
+    )
     seeds = {
         "greedy": params(0.0, 0, 1.0, 0.0, 1.0, 0.0, 0.0, 64, 1, 50),
         "topk_topp": params(0.8, 5, 0.9, 0.0, 1.1, 0.0, 0.0, 16, 7, 200),
@@ -203,7 +258,8 @@ def main() -> None:
             if not old.name.startswith("regression-"):  # found crashes stay in the corpus for good
                 old.unlink()
         make(out)
-        print(f"{target}: {len(list(out.iterdir()))} files, {sum(f.stat().st_size for f in out.iterdir())} bytes")
+        files = list(out.iterdir())
+        print(f"{target}: {len(files)} files, {sum(f.stat().st_size for f in files)} bytes")
 
 
 if __name__ == "__main__":

@@ -301,6 +301,9 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
         c_int,
         [c_void_p, c_int32, POINTER(ImatrixInfoC), POINTER(ctypes.c_double), POINTER(ctypes.c_uint64)],
     ),
+    "colibri_write_digests": (c_int, [c_char_p]),
+    "colibri_verify_file": (c_int, [c_char_p, c_char_p, c_size_t, _i32p]),
+    "colibri_model_verify": (c_int, [c_void_p, c_char_p, c_size_t, _i32p]),
 }
 
 

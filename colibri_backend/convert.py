@@ -984,6 +984,8 @@ def convert(
     """
     import gguf
 
+    from colibri_backend.digests import write_digests
+
     out_type = out_type.lower()
     if out_type not in OUT_TYPES:
         raise ConversionError(f"unknown output type '{out_type}'; choose one of {', '.join(OUT_TYPES)}")
@@ -1038,6 +1040,7 @@ def convert(
             bar.close()
         w.close()
         os.replace(tmp, out)
+        write_digests(out)  # MODEL.digests: `colibri verify`, verify=True and the streamed-expert check
     except BaseException:
         w.close()
         tmp.unlink(missing_ok=True)

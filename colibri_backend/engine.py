@@ -42,6 +42,7 @@ from colibri_backend.budget import (
     plan_to_dict,
     resolve_budget,
 )
+from colibri_backend.digests import verify_model
 from colibri_backend.errors import ContextFullError, EngineError, UnsupportedModelError
 from colibri_backend.generation import (
     GenerationEvent,
@@ -258,8 +259,11 @@ def plan_memory(model: str | os.PathLike[str], options: LoadOptions | None = Non
     """The ledger's memory plan (bytes per category, expert slots, whether it fits, the minimum budget)
     for loading ``model`` (a path, checkpoint dir or known name) with ``options``, without loading it."""
     path = resolve_model(model).gguf
+    options = options or LoadOptions()
     with _OpenModel(path) as m:
-        params, _ = store_params(m.lib, m.handle, m.info, path, options or LoadOptions())
+        if options.verify:
+            verify_model(m.handle, path)
+        params, _ = store_params(m.lib, m.handle, m.info, path, options)
         plan = _native.MemoryPlanC()
         m.lib.check(m.lib.colibri_plan_model(m.handle, byref(params), byref(plan)), f"plan for {path}")
         return plan_to_dict(plan)
@@ -299,6 +303,8 @@ class Model(BaseModel):
         lib = self._lib
         lib.check(lib.colibri_model_open(os.fsencode(path), byref(self._model)), f"cannot open {path}")
         try:
+            if options.verify:
+                verify_model(self._model, path)
             info_c = _native.ModelInfoC()
             lib.check(lib.colibri_model_get_info(self._model, byref(info_c)), "model info")
             self.info = ModelInfo.from_c(info_c)
@@ -760,6 +766,8 @@ def replay_routing(
     if ids.ndim != 3 or toks.shape != (ids.shape[0],):
         raise ValueError(f"expert_ids {ids.shape} and tokens {toks.shape} must be [T, n_layer, k] and [T]")
     with _OpenModel(path) as m:
+        if opts.verify:
+            verify_model(m.handle, path)
         info = m.info
         if info.n_expert <= 0:
             raise ValueError(f"{path} is a dense model: there is no expert routing to replay")

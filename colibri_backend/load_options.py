@@ -88,6 +88,8 @@ class LoadOptions:
     warmup_routing: a routing profile: True = MODEL.routing next to the model, or a path; False: none.
     pin_experts: keep this many of the profile's hottest experts in slots for good, or "auto".
     route_prefilter_margin, drop_cold_share (lossy, opt-in, need a profile): 0 or None = off.
+    verify: check every resident tensor against the file's digests (MODEL.digests, `colibri verify`)
+      before anything runs; streamed experts are checked when read whenever the digests exist.
     """
 
     threads: int | None = None
@@ -103,6 +105,7 @@ class LoadOptions:
     pin_experts: int | str | None = None
     route_prefilter_margin: float | None = None
     drop_cold_share: float | None = None
+    verify: bool = False
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -140,6 +143,8 @@ class LoadOptions:
             raise ValueError(f"warmup_routing must be True, False or a path, got {routing!r}")
         parse_share(self.route_prefilter_margin, "route_prefilter_margin")
         parse_share(self.drop_cold_share, "drop_cold_share", upper=1.0)
+        if not isinstance(self.verify, bool):
+            raise ValueError(f"verify must be True or False, got {self.verify!r}")
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], where: str = "") -> LoadOptions:

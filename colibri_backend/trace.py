@@ -223,9 +223,11 @@ def _load_npz(path: Path) -> RoutingTrace:
             if not hasattr(z, "files"):
                 raise ValueError("a single array, not an archive")
             arrays = {name: z[name] for name in ("ids", "weights", "tokens", "meta") if name in z.files}
-    except (OSError, EOFError, ValueError, KeyError) as exc:
-        # np.load raises assorted errors on files that are not archives (it even tries them as
-        # pickles); one clear message instead.
+    except Exception as exc:
+        # np.load and zipfile raise assorted errors on files that are not archives (it even tries
+        # them as pickles), and a corrupt member fails only when read: zlib.error,
+        # NotImplementedError for unknown zip flags, ... (found by tools/fuzz_python.py). Nothing
+        # else runs in this block, so any of them means the archive is unreadable: one clear message.
         raise ValueError(f"{path}: not a readable routing trace archive ({exc})") from exc
     missing = {"ids", "weights", "tokens", "meta"} - set(arrays)
     if missing:

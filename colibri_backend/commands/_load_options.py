@@ -41,6 +41,7 @@ LOAD_KEYS = (
     "pin_experts",
     "route_prefilter_margin",
     "drop_cold_share",
+    "verify",
 )
 
 
@@ -158,6 +159,14 @@ def add_load_arguments(p: argparse.ArgumentParser, budget_aliases: tuple[str, ..
         metavar="SHARE",
         help="lossy: never route to experts whose share of tokens in the profile is below SHARE "
         "(needs --warmup-routing; 0 = off)",
+    )
+    p.add_argument(
+        "--verify",
+        action="store_const",
+        const=True,
+        default=None,
+        help="check the model's resident tensors against its digests (MODEL.digests, `colibri verify`) "
+        "at load and refuse a file that does not match",
     )
 
 

@@ -315,6 +315,22 @@ typedef struct colibri_imatrix_info {
 COLIBRI_API colibri_status colibri_imatrix_get(const colibri_context *ctx, int32_t i, colibri_imatrix_info *info,
                                                double *sums, uint64_t *counts);
 
+/* ---- integrity: per-tensor digests in a MODEL.digests sidecar (see docs/robustness.md) ---- */
+
+/* Compute the digest of every tensor (one per expert for stacked experts) of the GGUF at
+ * model_path and write model_path + ".digests" (replaced atomically). */
+COLIBRI_API colibri_status colibri_write_digests(const char *model_path);
+/* Read the whole file and compare with its sidecar. COLIBRI_OK with *n_bad = the number of
+ * tensors (or experts) whose bytes differ, their names one a line in report[cap] ("NAME" or
+ * "NAME expert E"); an error when the file or the sidecar cannot be read or do not belong together. */
+COLIBRI_API colibri_status colibri_verify_file(const char *model_path, char *report, size_t cap, int32_t *n_bad);
+/* The same for an open model's resident tensors, from the engine's own copy (no file I/O). A
+ * model whose file has a sidecar checks every streamed expert against it when it is read (an
+ * eval that meets a bad one fails with COLIBRI_E_FORMAT), and every expert of a context that
+ * keeps them all resident when it is created. */
+COLIBRI_API colibri_status colibri_model_verify(const colibri_model *model, char *report, size_t cap,
+                                                int32_t *n_bad);
+
 /* ---- formats --------------------------------------------------------- */
 
 /* Dequantize n_elements of GGML tensor type `type` (GGUF type id) from src to dst.

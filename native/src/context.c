@@ -14,6 +14,7 @@
 #include "ops.h"
 #include "predict.h"
 #include "profile.h"
+#include "resident.h"
 #include "types.h"
 
 /* Largest context we plan for; keeps every size computation far from overflow. */
@@ -93,6 +94,7 @@ void context_destroy(struct colibri_context *c) {
     cb_free(c->route_w);
     store_destroy(c->store);
     if (c->resident_locked) ledger_unlock_resident(c->model);
+    if (c->experts_held) resident_experts_release(c->model);
     if (c->pred) {
         predictor_free(c->pred);
         cb_free(c->pred);
@@ -299,6 +301,13 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
             context_destroy(c);
             return cb_error(COLIBRI_E_NOMEM, "out of memory");
         }
+    }
+    if (plan.all_resident && hp->n_expert > 0) {   /* every expert in the engine's copy (resident.h) */
+        if ((st = resident_experts_acquire(m))) {
+            context_destroy(c);
+            return st;
+        }
+        c->experts_held = 1;
     }
     if (!plan.all_resident) {
         if ((st = store_create(m, plan.n_expert_slots, p.expert_policy, &c->store))) {

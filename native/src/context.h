@@ -83,6 +83,7 @@ struct colibri_context {
     int32_t *wave_ids;       /* [n_expert] their ids */
     int32_t *pf_ids;         /* [2 * n_expert_used] experts to prefetch */
     int resident_locked;     /* this context holds one of model->resident_locks */
+    int experts_held;        /* this context holds the model's experts resident (resident.c) */
     /* routing profile (profile.h; NULL when none was given) and the options that use it */
     struct routing_profile *profile;
     uint8_t *dropped;              /* [n_layer][n_expert] 1: never routed to (drop_cold_share); NULL: off */

@@ -26,7 +26,9 @@
 
 #include "alloc.h"
 #include "error.h"
+#include "digest.h"
 #include "profile.h"
+#include "resident.h"
 
 #ifndef O_DIRECT
 #define O_DIRECT 0
@@ -212,6 +214,28 @@ static void start_load(expert_store *s, slot *sl) {
     atomic_store_explicit(&sl->next_piece, 0, memory_order_release);
 }
 
+/* With MODEL.digests, a slot's three projections against their per-expert digests (resident.h):
+ * run by the reader that finished the load, before anyone may use the slot. 1 when they match
+ * or the model has no digests. */
+static int digests_match(const expert_store *s, const slot *sl) {
+    const layer_weights *w = &s->m->layers[sl->layer];
+    const mat3 *src[3] = {&w->gate_exps, &w->up_exps, &w->down_exps};
+    for (int p = 0; p < 3; p++) {
+        uint64_t want, off, len;
+        if (!resident_expert_digest(s->m, src[p]->data, sl->expert, &want)) return 1;
+        expert_range(s->m, sl->layer, sl->expert, p, &off, &len);
+        if (digest_bytes(sl->mem + s->region_off[p] + (off & (STORE_IO_ALIGN - 1)), (size_t)len) != want) return 0;
+    }
+    return 1;
+}
+
+/* Why a load failed, for the message: EBADMSG is the digest check's, EIO also a short read. */
+static const char *read_failure(int err) {
+    if (err == EBADMSG) return "its bytes do not match its digest in the .digests sidecar (the file is corrupt)";
+    if (err == EIO) return "input/output error or end of file (was the file truncated?)";
+    return strerror(err);
+}
+
 /* Take and read one piece of slot sl's load; 0 when every piece was already taken. The
  * reader of the last piece publishes the slot. */
 static int run_piece(expert_store *s, slot *sl) {
@@ -224,9 +248,11 @@ static int run_piece(expert_store *s, slot *sl) {
         int none = 0;
         atomic_compare_exchange_strong(&sl->io_errno, &none, err);
     }
-    if (atomic_fetch_sub_explicit(&sl->pieces_left, 1, memory_order_acq_rel) == 1)
-        atomic_store_explicit(&sl->state, atomic_load(&sl->io_errno) ? SLOT_FAILED : SLOT_READY,
-                              memory_order_release);
+    if (atomic_fetch_sub_explicit(&sl->pieces_left, 1, memory_order_acq_rel) == 1) {
+        int bad = atomic_load(&sl->io_errno);
+        if (!bad && !digests_match(s, sl)) atomic_store(&sl->io_errno, bad = EBADMSG);
+        atomic_store_explicit(&sl->state, bad ? SLOT_FAILED : SLOT_READY, memory_order_release);
+    }
     return 1;
 }
 
@@ -323,13 +349,14 @@ colibri_status store_create(const struct colibri_model *m, int n_slots, int poli
         s->slots[i].layer = s->slots[i].expert = -1;
         atomic_init(&s->slots[i].state, SLOT_FREE);
     }
-    s->fd = open(m->path, O_RDONLY | O_CLOEXEC);
+    /* the inode the model was loaded from, even if the path was replaced or deleted since */
+    s->fd = resident_reopen(m, O_RDONLY | O_CLOEXEC);
     if (s->fd < 0) {
         const int err = errno;
         store_destroy(s);
         return cb_error(COLIBRI_E_IO, "cannot open %s for expert streaming: %s", m->path, strerror(err));
     }
-    if (O_DIRECT) s->fd_direct = open(m->path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+    if (O_DIRECT) s->fd_direct = resident_reopen(m, O_RDONLY | O_CLOEXEC | O_DIRECT);
     atomic_init(&s->direct_ok, s->fd_direct >= 0);
     if (sem_init(&s->wake, 0, 0) != 0) {
         store_destroy(s);
@@ -526,8 +553,8 @@ colibri_status store_acquire(expert_store *s, int layer, int e, expert_view *vie
     c->misses++;
     if (err) {
         release_slot(s, v);
-        return cb_error(COLIBRI_E_IO, "reading expert %d of layer %d from %s: %s", e, layer, s->m->path,
-                        strerror(err));
+        return cb_error(err == EBADMSG ? COLIBRI_E_FORMAT : COLIBRI_E_IO, "reading expert %d of layer %d from %s: %s",
+                        e, layer, s->m->path, read_failure(err));
     }
     c->bytes_read += expert_bytes(s, layer);
     sl->pinned_wave = s->wave;
@@ -652,8 +679,9 @@ colibri_status store_warm(expert_store *s, const routing_profile *p, int n_pin) 
             const int err = load_now(s, j);
             if (err) {
                 release_slot(s, j);
-                st = cb_error(COLIBRI_E_IO, "warming the expert cache: reading expert %d of layer %d from %s: %s", e,
-                              layer, s->m->path, strerror(err));
+                st = cb_error(err == EBADMSG ? COLIBRI_E_FORMAT : COLIBRI_E_IO,
+                              "warming the expert cache: reading expert %d of layer %d from %s: %s", e, layer,
+                              s->m->path, read_failure(err));
                 break;
             }
             s->cnt[id].bytes_read += expert_bytes(s, layer);

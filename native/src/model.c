@@ -14,6 +14,7 @@
 #include "alloc.h"
 #include "arch.h"
 #include "error.h"
+#include "resident.h"
 #include "loader.h"
 #include "types.h"
 
@@ -214,6 +215,7 @@ void model_free(struct colibri_model *m) {
         cb_free(m->layers);
     }
     cb_free(m->output_norm);
+    resident_free(m);
     cb_free(m->path);
     gguf_close(&m->file);
     cb_free(m);
@@ -235,6 +237,10 @@ colibri_status model_load(const char *path, struct colibri_model **out) {
         return cb_error(COLIBRI_E_NOMEM, "out of memory");
     }
     memcpy(m->path, path, path_len + 1);
+    if ((st = resident_load(m))) {   /* before anything reads tensor data */
+        model_free(m);
+        return st;
+    }
 
     char arch[64];
     loader L = {.f = &m->file, .arch = arch, .m = m};

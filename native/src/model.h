@@ -121,6 +121,7 @@ struct colibri_model {
     uint64_t weight_bytes;
     char *path;               /* the file, reopened by the expert store for streaming (heap) */
     int32_t resident_locks;   /* contexts holding the resident weights' pages locked (ledger.c) */
+    struct resident_state *resident;  /* the engine's copy of the file's bytes, the open file, digests (resident.c) */
 };
 
 /* Open, validate and describe a GGUF model (model.c). */

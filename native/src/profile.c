@@ -15,6 +15,7 @@
 
 #include "alloc.h"
 #include "error.h"
+#include "resident.h"
 
 #define FNV_OFFSET 0xcbf29ce484222325ull
 #define FNV_PRIME 0x100000001b3ull
@@ -74,15 +75,10 @@ static colibri_status read_file(const char *path, unsigned char **out, size_t *s
     return COLIBRI_OK;
 }
 
-colibri_status profile_model_fingerprint(const char *model_path, uint64_t *fingerprint, uint64_t *model_bytes) {
-    const int fd = open(model_path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return cb_error(COLIBRI_E_IO, "cannot open %s: %s", model_path, strerror(errno));
+/* FNV-1a 64 of the first min(size, PROFILE_FINGERPRINT_BYTES) bytes of the open file fd. */
+static colibri_status fingerprint_fd(int fd, const char *model_path, uint64_t *fingerprint, uint64_t *model_bytes) {
     struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        const int err = errno;
-        close(fd);
-        return cb_error(COLIBRI_E_IO, "cannot stat %s: %s", model_path, strerror(err));
-    }
+    if (fstat(fd, &sb) != 0) return cb_error(COLIBRI_E_IO, "cannot stat %s: %s", model_path, strerror(errno));
     const uint64_t size = (uint64_t)sb.st_size;
     const uint64_t want = size < PROFILE_FINGERPRINT_BYTES ? size : PROFILE_FINGERPRINT_BYTES;
     unsigned char chunk[65536];
@@ -91,18 +87,21 @@ colibri_status profile_model_fingerprint(const char *model_path, uint64_t *finge
         const size_t ask = want - done < sizeof chunk ? (size_t)(want - done) : sizeof chunk;
         const ssize_t r = pread(fd, chunk, ask, (off_t)done);
         if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            const int err = r < 0 ? errno : EIO;
-            close(fd);
-            return cb_error(COLIBRI_E_IO, "reading %s: %s", model_path, strerror(err));
-        }
+        if (r <= 0) return cb_error(COLIBRI_E_IO, "reading %s: %s", model_path, strerror(r < 0 ? errno : EIO));
         h = fnv1a(h, chunk, (size_t)r);
         done += (uint64_t)r;
     }
-    close(fd);
     *fingerprint = h;
     *model_bytes = size;
     return COLIBRI_OK;
+}
+
+colibri_status profile_model_fingerprint(const char *model_path, uint64_t *fingerprint, uint64_t *model_bytes) {
+    const int fd = open(model_path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return cb_error(COLIBRI_E_IO, "cannot open %s: %s", model_path, strerror(errno));
+    const colibri_status st = fingerprint_fd(fd, model_path, fingerprint, model_bytes);
+    close(fd);
+    return st;
 }
 
 static int log2_exact(uint32_t v) {
@@ -162,10 +161,16 @@ static colibri_status parse(const char *path, const unsigned char *b, size_t n, 
     if (fnv1a(FNV_OFFSET, b, n - 8) != rd_u64(b + n - 8))
         return cb_error(COLIBRI_E_FORMAT, "routing profile %s is corrupt: checksum mismatch", path);
 
-    /* the model it was made from: the mapped file gives both numbers without another read */
+    /* the model it was made from: the fingerprint is read from the loaded file itself (the
+     * engine's copy holds only the resident tensors, and the path may name another file now) */
     const uint64_t model_bytes = rd_u64(b + 32), fingerprint = rd_u64(b + 40);
-    const uint64_t fp_n = m->file.size < PROFILE_FINGERPRINT_BYTES ? m->file.size : PROFILE_FINGERPRINT_BYTES;
-    if (model_bytes != m->file.size || fingerprint != fnv1a(FNV_OFFSET, m->file.map, (size_t)fp_n))
+    const int mfd = resident_reopen(m, O_RDONLY | O_CLOEXEC);
+    if (mfd < 0) return cb_error(COLIBRI_E_IO, "cannot reopen the model %s: %s", m->path, strerror(errno));
+    uint64_t have_fp = 0, have_bytes = 0;
+    st = fingerprint_fd(mfd, m->path, &have_fp, &have_bytes);
+    close(mfd);
+    if (st) return st;
+    if (model_bytes != m->file.size || fingerprint != have_fp)
         return cb_error(COLIBRI_E_FORMAT,
                         "routing profile %s was made from another model file (%llu bytes, fingerprint %016llx; "
                         "this one has %llu bytes)",

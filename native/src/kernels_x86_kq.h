@@ -45,6 +45,31 @@ typedef struct kx_ksub {
  * bytes, times the half's scale), so results do not depend on which tile a token is in. */
 KX_INLINE int kx_k_offset(uint32_t type, int T);
 
+/* Q6_K and Q3_K outside those VNNI prefill tiles: w = u - c with u unsigned (c = 32, 4), and
+ *   sum(sc * w * x) = madd(maddubs(u, x) - c * maddubs(1, x), sc)
+ * where c * maddubs(1, x) is per token (shared by the tile's rows): no sign trick per row.
+ * The int16 differences are the pair sums of w * x (|.| <= 2 * 32 * 127), exact. */
+KX_INLINE int kx_k_ushift(uint32_t type, int off) {
+    return off ? 0 : type == GGML_TYPE_Q6_K ? 5 : type == GGML_TYPE_Q3_K ? 2 : 0;
+}
+
+/* The same for formats with one scale per 32: w = u - c, u unsigned, and the int32 lanes are
+ * dot(u, x) - c * dot(1, x), the second per token. Q5_0 (c = 16) everywhere; with VNNI (no
+ * 16-bit intermediate to overflow) also the level tables shifted to unsigned and Q8_K (c = 128). */
+KX_INLINE int kx_k_coff(uint32_t type, int off) {
+    if (off) return 0;
+    if (type == GGML_TYPE_Q5_0) return 16;
+    if (X86_VNNI && (type == GGML_TYPE_IQ4_NL || type == GGML_TYPE_IQ4_XS || type == GGML_TYPE_MXFP4 ||
+                     type == GGML_TYPE_Q8_K))
+        return 128;
+    return 0;
+}
+
+/* c * dot(1, x) in int32 lanes, for kx_k_coff. */
+KX_INLINE __m256i kx_k_xcorr(uint32_t type, int off, __m256i xv) {
+    return kx_dot_us(_mm256_set1_epi8((char)kx_k_coff(type, off)), xv);
+}
+
 KX_INLINE int kx_k_signed(uint32_t type) {
     return !(type == GGML_TYPE_Q2_K || type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q5_1);
 }
@@ -200,7 +225,8 @@ KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr
     switch (type) {
     case GGML_TYPE_Q5_0: {
         const block_q5_0 *b = (const block_q5_0 *)blk;
-        w = _mm256_sub_epi8(_mm256_or_si256(kx_unpack_nibbles(b->qs), kx_q5_high(b->qh)), _mm256_set1_epi8(16));
+        w = _mm256_or_si256(kx_unpack_nibbles(b->qs), kx_q5_high(b->qh)); /* q + 16 */
+        if (!kx_k_coff(type, off)) w = _mm256_sub_epi8(w, _mm256_set1_epi8(16));
         break;
     }
     case GGML_TYPE_Q5_1: {
@@ -217,7 +243,8 @@ KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr
         const __m256i lo = kx_bits(b->qs + 32 * (j >> 2), 2 * (j & 3), 3);
         const __m256i hb = kx_bits(b->hmask, j, 1);
         /* a clear hmask bit subtracts 4 */
-        w = _mm256_sub_epi8(lo, _mm256_andnot_si256(_mm256_slli_epi16(hb, 2), _mm256_set1_epi8(4)));
+        w = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 2)); /* q + 4: a clear hmask bit subtracts 4 */
+        if (!kx_k_ushift(type, off)) w = _mm256_sub_epi8(w, _mm256_set1_epi8(4));
         break;
     }
     case GGML_TYPE_Q4_K: w = kx_bits(((const block_q4_K *)blk)->qs + 32 * (j >> 1), 4 * (j & 1), 0x0f); break;
@@ -232,7 +259,8 @@ KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr
         const int p = j >> 2, r = j & 3;
         const __m256i lo = kx_bits(b->ql + 64 * p + 32 * (r & 1), 4 * (r >> 1), 0x0f);
         const __m256i hi = kx_bits(b->qh + 32 * p, 2 * r, 3);
-        w = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
+        w = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)); /* q + 32 */
+        if (!kx_k_ushift(type, off)) w = _mm256_sub_epi8(w, _mm256_set1_epi8(32));
         break;
     }
     default: w = _mm256_loadu_si256((const __m256i *)(((const block_q8_K *)blk)->qs + 32 * j)); break;
@@ -243,6 +271,11 @@ KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr
         s->corr = _mm256_sub_epi32(_mm256_setzero_si256(),
                                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), w));
 #endif
+    } else if (kx_k_ushift(type, off)) {
+        s->u = s->sgn = w;
+    } else if (kx_k_coff(type, off)) {
+        /* Q5_0 is unsigned already; the others are signed bytes: + 128 */
+        s->u = s->sgn = type == GGML_TYPE_Q5_0 ? w : _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
     } else if (kx_k_signed(type)) {
         s->sgn = w;
         s->u = _mm256_sign_epi8(w, w);
@@ -268,13 +301,16 @@ KX_INLINE __m256i kx_k_xload(const block_q8a *x, const int off) {
 }
 
 /* int32 lanes of sum(w * x) over groups of 4, the halves weighted by their scales. */
-KX_INLINE __m256i kx_k_lanes(uint32_t type, const kx_ksub *s, __m256i xv, const int off) {
+KX_INLINE __m256i kx_k_lanes(uint32_t type, const kx_ksub *s, __m256i xv, __m256i xc, const int off) {
 #if X86_VNNI
     if (off) {
         const __m256i l = _mm256_dpbusd_epi32(s->corr, xv, s->u);
         return kx_k_halves(type) ? _mm256_mullo_epi32(l, s->sc32) : l;
     }
 #endif
+    if (kx_k_ushift(type, off))
+        return _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(s->u, xv), xc), s->sc16);
+    if (kx_k_coff(type, off)) return _mm256_sub_epi32(kx_dot_us(s->u, xv), xc);
     const __m256i q = kx_k_signed(type) ? _mm256_sign_epi8(xv, s->sgn) : xv;
     if (kx_k_halves(type)) return _mm256_madd_epi16(_mm256_maddubs_epi16(s->u, q), s->sc16);
     return kx_dot_us(s->u, q);
@@ -282,9 +318,9 @@ KX_INLINE __m256i kx_k_lanes(uint32_t type, const kx_ksub *s, __m256i xv, const 
 
 /* Blocks of 32 (Q5_0, Q5_1, IQ4_NL, MXFP4): the scale products per block, as Q4_0 / Q4_1. */
 KX_INLINE __m256 kx_k32_fma(uint32_t type, const kx_ksub *s, const kx_khdr *h, const block_q8a *x, __m256i xv,
-                            const int off, __m256 acc) {
+                            __m256i xc, const int off, __m256 acc) {
     const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(h->dsc[0]), _mm256_broadcast_ss(&x->d));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(kx_k_lanes(type, s, xv, off)), scale, acc);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(kx_k_lanes(type, s, xv, xc, off)), scale, acc);
     if (kx_k_min8(type)) acc = _mm256_fmadd_ps(_mm256_set1_ps(h->dm8[0]), _mm256_broadcast_ss(&x->s), acc);
     return acc;
 }
@@ -293,8 +329,8 @@ KX_INLINE __m256 kx_k32_fma(uint32_t type, const kx_ksub *s, const kx_khdr *h, c
  * multiply, stored in S and broadcast from there per sub-block), and the minimum term of
  * Q4_K / Q5_K is one multiply-add of the 8 minimums with the 8 activation sums. */
 KX_INLINE __m256 kx_k256_fma(uint32_t type, const kx_ksub *s, const float *S, const float *Sm, int j, __m256i xv,
-                             const int off, __m256 acc) {
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(kx_k_lanes(type, s, xv, off)), _mm256_broadcast_ss(&S[j]), acc);
+                             __m256i xc, const int off, __m256 acc) {
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(kx_k_lanes(type, s, xv, xc, off)), _mm256_broadcast_ss(&S[j]), acc);
     if (type == GGML_TYPE_Q2_K) { /* unsigned: xv is the raw activations */
         const __m256i ml = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), xv), s->mn16);
         acc = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ml), _mm256_broadcast_ss(&Sm[j]), acc);
@@ -320,13 +356,16 @@ KX_INLINE void kx_tile_k(uint32_t type, const char *W, size_t row_bytes, int nb,
     for (int b = 0; b < nb / per; b++) {
         for (int i = 0; i < R; i++) kx_khdr_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, &hdr[i]);
         if (per == 1) {
-            __m256i xv[MT];
-            for (int t = 0; t < T; t++) xv[t] = kx_k_xload(xt + (size_t)t * nb + b, off);
+            __m256i xv[MT], xc[MT];
+            for (int t = 0; t < T; t++) {
+                xv[t] = kx_k_xload(xt + (size_t)t * nb + b, off);
+                xc[t] = kx_k_coff(type, off) ? kx_k_xcorr(type, off, xv[t]) : xv[t];
+            }
             for (int i = 0; i < R; i++) {
                 kx_ksub sub;
                 kx_ksub_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, 0, &hdr[i], off, &sub);
                 for (int t = 0; t < T; t++)
-                    acc[i][t] = kx_k32_fma(type, &sub, &hdr[i], xt + (size_t)t * nb + b, xv[t], off, acc[i][t]);
+                    acc[i][t] = kx_k32_fma(type, &sub, &hdr[i], xt + (size_t)t * nb + b, xv[t], xc[t], off, acc[i][t]);
             }
             continue;
         }
@@ -342,12 +381,21 @@ KX_INLINE void kx_tile_k(uint32_t type, const char *W, size_t row_bytes, int nb,
             }
         }
         for (int j = 0; j < 8; j++) {
-            __m256i xv[MT];
-            for (int t = 0; t < T; t++) xv[t] = kx_k_xload(xt + (size_t)t * nb + b * 8 + j, off);
+            __m256i xv[MT], xc[MT];
+            for (int t = 0; t < T; t++) {
+                xv[t] = kx_k_xload(xt + (size_t)t * nb + b * 8 + j, off);
+                xc[t] = xv[t];
+                if (kx_k_ushift(type, off)) /* c * (pair sums of x) */
+                    xc[t] = _mm256_sll_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), xv[t]),
+                                             _mm_cvtsi32_si128(kx_k_ushift(type, off)));
+                else if (kx_k_coff(type, off))
+                    xc[t] = kx_k_xcorr(type, off, xv[t]);
+            }
             for (int i = 0; i < R; i++) {
                 kx_ksub sub;
                 kx_ksub_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, j, &hdr[i], off, &sub);
-                for (int t = 0; t < T; t++) acc[i][t] = kx_k256_fma(type, &sub, S[i][t], Sm[i][t], j, xv[t], off, acc[i][t]);
+                for (int t = 0; t < T; t++)
+                    acc[i][t] = kx_k256_fma(type, &sub, S[i][t], Sm[i][t], j, xv[t], xc[t], off, acc[i][t]);
             }
         }
     }

@@ -382,7 +382,16 @@ def markdown_table(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, help="work directory for the GGUF files")
-    ap.add_argument("--table", type=Path, metavar="JSON", help="print the table of a --json result")
+    ap.add_argument(
+        "--table",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="print the table of --json results (later rows win)",
+    )
+    ap.add_argument(
+        "--imatrix-modes", default="no,yes", help="quantize without (no) and/or with (yes) the imatrix"
+    )
     ap.add_argument("--types", default=",".join(TYPES))
     ap.add_argument("--engine", choices=sorted(ENGINES), default="llama_cpp")
     ap.add_argument("--windows", type=int, default=16, help="held-out windows of --ctx tokens")
@@ -394,7 +403,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-type-only", action="store_true", help="only the one-matrix comparison per type")
     args = ap.parse_args(argv)
     if args.table:
-        print(markdown_table(json.loads(args.table.read_text())))
+        merged: dict = {}
+        rows: dict[tuple[str, bool], dict] = {}
+        for path in args.table:
+            part = json.loads(path.read_text())
+            rows |= {(r["type"], r["imatrix"]): r for r in part.pop("rows", [])}
+            merged |= part
+        if rows:
+            merged["rows"] = list(rows.values())
+        print(markdown_table(merged))
         return 0
     if args.out is None:
         ap.error("--out is required")
@@ -447,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
     base_stats = kl_stats(base_logp, base, tg)
     print(f"f32 source: ppl {base_stats['ppl']:.4f}", flush=True)
     for qtype in args.types.split(","):
-        for with_imat in (False, True):
+        modes = args.imatrix_modes.split(",")
+        for with_imat in [m == "yes" for m in ("no", "yes") if m in modes]:
             row: dict[str, object] = {"type": qtype, "imatrix": with_imat}
             for who in ("colibri", "llama_cpp"):
                 dst = out / f"moe-{qtype}-{who}{'-imat' if with_imat else ''}.gguf"

@@ -51,12 +51,22 @@ uint16_t fp32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
-/* Element weights of one block (see quantize.h). A block whose importances are all zero (columns
- * no calibration token ever used) falls back to the unweighted form rather than to "anything goes". */
+/* Element weights of one block (see quantize.h). The importances are an estimate from a finite
+ * calibration set, so each gets IMP_FLOOR times the block's mean added: a column the calibration
+ * text hardly used still costs something when held-out text uses it (measured on the trained MoE:
+ * Q6_K mean KLD 0.00032 -> 0.00025 and a lower p99 for Q4_K_M, with the in-sample weighted error
+ * barely changed). A block whose importances are all zero falls back to the unweighted form. */
+#define IMP_FLOOR 0.1f
+
 static void block_weights(const float *x, const float *imp, int n, float sigma2, float *w) {
+    float floor_imp = 0;
+    if (imp) {
+        for (int i = 0; i < n; i++) floor_imp += imp[i];
+        floor_imp *= IMP_FLOOR / (float)n;
+    }
     double sum = 0;
     for (int i = 0; i < n; i++) {
-        w[i] = (imp ? imp[i] : 1.0f) * sqrtf(sigma2 + x[i] * x[i]);
+        w[i] = (imp ? imp[i] + floor_imp : 1.0f) * sqrtf(sigma2 + x[i] * x[i]);
         sum += w[i];
     }
     if (imp && !(sum > 0)) {

@@ -3,8 +3,9 @@
  * Every quantizer searches for its scales (and minima) by weighted least squares over a
  * set of candidate scales, then refines; the weight of element i is
  *     w_i = imp_i * sqrt(sigma2 + x_i^2)      (sigma2 = mean square of the row)
- * with imp_i the importance (mean squared activation of input column i, an imatrix row)
- * or 1 without one. The output is byte-compatible with ggml's layouts (types.h). */
+ * with imp_i the importance (mean squared activation of input column i, an imatrix row,
+ * plus a tenth of its block's mean) or 1 without one. The output is byte-compatible with
+ * ggml's layouts (types.h). */
 #ifndef COLIBRI_QUANTIZE_H
 #define COLIBRI_QUANTIZE_H
 

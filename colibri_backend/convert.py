@@ -65,6 +65,7 @@ _ST_DTYPES: dict[str, tuple[str, int]] = {
     "F16": ("<f2", 2),
     "BF16": ("<u2", 2),
     "F64": ("<f8", 8),
+    "U8": ("<u1", 1),  # gpt-oss's MXFP4 blocks and scales
 }
 
 
@@ -365,6 +366,7 @@ class _OutTensor:
     chunks: Callable[[], Iterator[np.ndarray]]  # yields float32 arrays whose concatenation is the tensor
     qtype: int = 0  # GGMLQuantizationType, decided later
     nbytes: int = 0
+    raw: bool = False  # chunks are already encoded bytes of type qtype (the checkpoint's own MXFP4 blocks)
 
 
 def _permute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -446,6 +448,35 @@ class _Planner:
 
         self.out.append(_OutTensor(name, shape, False, chunks))
 
+    def add_mxfp4(self, name: str, src: str, shape: tuple[int, int, int], rows: slice) -> None:
+        """A [n_expert, rows, cols] MXFP4 tensor from the Hub's `src`_blocks [E, R, cols/32, 16] and
+        `src`_scales [E, R, cols/32] (rows `rows` of R): the same 4-bit codes and E8M0 scales, moved into
+        GGML's block layout (scale byte, then byte j = element j | element j+16 << 4; the Hub's byte k holds
+        elements 2k and 2k+1)."""
+        from gguf import GGMLQuantizationType as Q
+
+        bname, sname = src + "_blocks", src + "_scales"
+        e, r, c = shape
+        for n, want in ((bname, (e, None, c // 32, 16)), (sname, (e, None, c // 32))):
+            got = self.ck.shape(n)
+            if len(got) != len(want) or any(w is not None and g != w for g, w in zip(got, want, strict=True)):
+                raise ConversionError(f"{n} has shape {got}, expected {want} (None: any)")
+            self.ck.mark(n)
+        ck = self.ck
+
+        def chunks() -> Iterator[np.ndarray]:
+            blocks, scales = ck.load(bname), ck.load(sname)
+            for x in range(e):
+                b, s = blocks[x, rows].astype(np.uint8), scales[x, rows].astype(np.uint8)
+                if b.shape[0] != r:
+                    raise ConversionError(f"{bname}: {b.shape[0]} rows selected, expected {r}")
+                codes = np.empty((*b.shape[:-1], 32), dtype=np.uint8)
+                codes[..., 0::2], codes[..., 1::2] = b & 0x0F, b >> 4
+                qs = codes[..., :16] | (codes[..., 16:] << 4)
+                yield np.concatenate([s[..., None], qs], axis=-1).reshape(r, -1)
+
+        self.out.append(_OutTensor(name, shape, False, chunks, qtype=int(Q.MXFP4), raw=True))
+
     def add_whole_stacked(self, name: str, src: str) -> None:
         self.ck.mark(src)
         ck = self.ck
@@ -461,19 +492,26 @@ class _Planner:
 def _plan_gptoss_layer(p: _Planner, ck: _Checkpoint, hp: _Hparams, pre: str, blk: str) -> None:
     """gpt-oss's sinks, biased router and experts. transformers stores the experts transposed,
     gate_up_proj [E, H, 2I] with gate and up interleaved (even / odd columns) and down_proj [E, I, H];
-    GGUF wants gate/up [E, I, H] and down [E, H, I], as llama.cpp's converter writes them."""
+    GGUF wants gate/up [E, I, H] and down [E, H, I], as llama.cpp's converter writes them. Hub checkpoints
+    hold the experts as MXFP4 (`*_blocks` [E, rows, cols/32, 16], `*_scales`), not transposed; those are
+    repacked into GGML's MXFP4 blocks without requantizing."""
     p.add(blk + "attn_sinks.weight", pre + "self_attn.sinks", keep_f32=True)
     moe = pre + "mlp."
     p.add(blk + "ffn_gate_inp.weight", moe + "router.weight", keep_f32=True)
     p.add(blk + "ffn_gate_inp.bias", moe + "router.bias", keep_f32=True)
     e, i, h = hp.n_expert, hp.n_ff_exp, hp.n_embd
     gu, dn = moe + "experts.gate_up_proj", moe + "experts.down_proj"
-    for src, want in ((gu, (e, h, 2 * i)), (dn, (e, i, h))):
-        if ck.shape(src) != want:
-            raise ConversionError(f"{src} has shape {ck.shape(src)}, expected {want}")
-    p.add_stacked_from(blk + "ffn_gate_exps.weight", gu, (e, i, h), lambda w, x: w[x, :, 0::2].T)
-    p.add_stacked_from(blk + "ffn_up_exps.weight", gu, (e, i, h), lambda w, x: w[x, :, 1::2].T)
-    p.add_stacked_from(blk + "ffn_down_exps.weight", dn, (e, h, i), lambda w, x: w[x].T)
+    if gu + "_blocks" in ck:  # the Hub's MXFP4 experts, repacked bit for bit
+        p.add_mxfp4(blk + "ffn_gate_exps.weight", gu, (e, i, h), slice(0, None, 2))
+        p.add_mxfp4(blk + "ffn_up_exps.weight", gu, (e, i, h), slice(1, None, 2))
+        p.add_mxfp4(blk + "ffn_down_exps.weight", dn, (e, h, i), slice(None))
+    else:
+        for src, want in ((gu, (e, h, 2 * i)), (dn, (e, i, h))):
+            if ck.shape(src) != want:
+                raise ConversionError(f"{src} has shape {ck.shape(src)}, expected {want}")
+        p.add_stacked_from(blk + "ffn_gate_exps.weight", gu, (e, i, h), lambda w, x: w[x, :, 0::2].T)
+        p.add_stacked_from(blk + "ffn_up_exps.weight", gu, (e, i, h), lambda w, x: w[x, :, 1::2].T)
+        p.add_stacked_from(blk + "ffn_down_exps.weight", dn, (e, h, i), lambda w, x: w[x].T)
     gub = gu + "_bias"
     for name, part in (("ffn_gate_exps.bias", slice(0, None, 2)), ("ffn_up_exps.bias", slice(1, None, 2))):
         p.add(
@@ -864,6 +902,10 @@ def _choose_types(tensors: list[_OutTensor], out_type: str) -> None:
     main = {"f32": Q.F32, "f16": Q.F16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0}[out_type]
     has_output = any(t.name == "output.weight" for t in tensors)
     for t in tensors:
+        if t.raw:  # pre-encoded: keep the checkpoint's own type
+            block, type_size = GGML_QUANT_SIZES[Q(t.qtype)]
+            t.nbytes = math.prod(t.shape[:-1]) * (t.shape[-1] // block) * type_size
+            continue
         q = Q.F32 if t.keep_f32 else main
         # Q4_0 on the output head costs much more quality than anywhere else (llama.cpp keeps it at a higher
         # precision too): the output projection, or the tied embedding that serves as it, gets Q8_0.
@@ -962,6 +1004,8 @@ def _encode(chunk: np.ndarray, qtype: int) -> np.ndarray:
     from gguf import quants
 
     q = Q(qtype)
+    if chunk.dtype == np.uint8:  # already encoded (a raw tensor)
+        return np.ascontiguousarray(chunk)
     if q == Q.F32:
         return np.ascontiguousarray(chunk, dtype=np.float32)
     if q == Q.F16:

@@ -61,6 +61,7 @@ def test_bit_identical_at_quarter_budget(tiny_zoo: Any, colibri: Any, tmp_path: 
         "a quarter of the file must not hold every expert"
     )
     assert s["expert_misses"] > 0 and s["expert_bytes_read"] > 0
+    assert s["allocs_last_eval"] == 0, "a decode step allocated while streaming experts"
     assert np.array_equal(ref, got), "teacher-forced logits differ under the budget"
     assert ref_greedy == got_greedy, "greedy decode differs under the budget"
 

@@ -616,3 +616,45 @@ def test_older_config_spellings(tmp_path: Path, tiny_zoo: Any) -> None:
     f = _fields(GGUFReader(convert(old, tmp_path / "old.gguf", "f16", progress=False)))
     assert math.isclose(f["llama.rope.freq_base"], 500000.0)
     assert f["llama.expert_count"] == n_exp
+
+
+def test_gpt_oss_hub_mxfp4_experts_repacked_exactly(tiny_zoo: Any, colibri: Any, tmp_path: Path) -> None:
+    """gpt-oss checkpoints on the Hub keep their experts as MXFP4 (`*_blocks`, `*_scales`): the converter
+    moves them into GGML's MXFP4 blocks without requantizing, so gguf's dequantization of the file equals
+    transformers' own dequantization of the checkpoint (integrations.mxfp4), value for value."""
+    import torch
+    from safetensors.numpy import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    src = tiny_zoo.checkpoint("gpt_oss_plain_rope")
+    hub = tmp_path / "hub"
+    shutil.copytree(src, hub)
+    w = load_file(str(src / "model.safetensors"))
+    rng = np.random.default_rng(7)
+    ref: dict[str, np.ndarray] = {}
+    for name in [n for n in w if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        e, cols, rows = w.pop(name).shape  # transformers' [E, in, out]
+        blocks = rng.integers(0, 256, (e, rows, cols // 32, 16), dtype=np.uint8)
+        scales = rng.integers(122, 128, (e, rows, cols // 32), dtype=np.uint8)
+        w[name + "_blocks"], w[name + "_scales"] = blocks, scales
+        ref[name] = convert_moe_packed_tensors(
+            torch.from_numpy(blocks), torch.from_numpy(scales), dtype=torch.float32
+        ).numpy()  # [E, in, out], as the float checkpoint would hold it
+    save_file(w, str(hub / "model.safetensors"), metadata={"format": "pt"})
+    gguf_path = convert(hub, tmp_path / "hub.gguf", out_type="f32", progress=False)
+    t = _tensors(GGUFReader(gguf_path))
+    for layer in range(2):
+        gu = ref[f"model.layers.{layer}.mlp.experts.gate_up_proj"]
+        dn = ref[f"model.layers.{layer}.mlp.experts.down_proj"]
+        want = {
+            "ffn_gate_exps": gu[:, :, 0::2].transpose(0, 2, 1),
+            "ffn_up_exps": gu[:, :, 1::2].transpose(0, 2, 1),
+            "ffn_down_exps": dn.transpose(0, 2, 1),
+        }
+        for gname, values in want.items():
+            tensor = t[f"blk.{layer}.{gname}.weight"]
+            assert tensor.tensor_type == Q.MXFP4
+            np.testing.assert_array_equal(_as_array(tensor), values)
+    with colibri.load(gguf_path, threads=tm.ENGINE_THREADS, context_length=64) as model:
+        logits = model.logits(tm.token_ids(hub, 32))
+    assert np.isfinite(logits).all()

@@ -78,6 +78,10 @@ def _compile(source: str) -> jinja2.Template:
         return env.from_string(source)
     except jinja2.exceptions.TemplateSyntaxError as exc:
         raise ChatTemplateError(f"the chat template does not compile: {exc}") from exc
+    except RecursionError:
+        # jinja2's parser and code generator recurse per nesting level: a template from a hostile
+        # file ("((((...") exhausts the stack (found by tools/fuzz_python.py)
+        raise ChatTemplateError("the chat template does not compile: it is nested too deeply") from None
 
 
 def template_from_tokenizer_config(path: str | os.PathLike[str], name: str | None = None) -> str | None:
@@ -134,6 +138,9 @@ class ChatTemplate:
             return self._template.render(**context)
         except jinja2.exceptions.TemplateError as exc:
             raise ChatTemplateError(f"the chat template failed: {exc}") from exc
+        except RecursionError:
+            # a template that recurses without end (a macro calling itself)
+            raise ChatTemplateError("the chat template failed: it recursed too deeply") from None
 
 
 def render_chat(

@@ -25,8 +25,14 @@
  * columns (fused multiply-add), lanes summed in a fixed order, then the tail in scalar. The
  * arithmetic of a pair does not depend on the tile it is computed in.
  *
- * Types without NEON code here (the 256-element super-block formats: K-quants, IQ4_XS, Q8_K)
- * go to the scalar kernels: one fallback, the default case of neon_matmul_rows. */
+ * The super-block formats Q4_K, Q5_K, Q6_K and IQ4_XS meet the activations one 32-element
+ * sub-block at a time, as the scalar reference does: their integer sub-block scales multiply
+ * the exact dot products in int32 (per 16-element half for Q6_K), then
+ *     acc = acc + ((d * dq) * float(sumi))           Q6_K, IQ4_XS
+ *     acc = (acc + (d * dq) * float(sumi)) - (dmin * m) * s   Q4_K, Q5_K
+ *
+ * Types without NEON code here (Q2_K, Q3_K, Q8_K, and any type added later) go to the scalar
+ * kernels: one fallback, the default case of neon_matmul_rows. */
 #ifndef COLIBRI_KERNELS_NEON_H
 #define COLIBRI_KERNELS_NEON_H
 
@@ -69,8 +75,9 @@ typedef struct kn_q32 {
 /* One weight block: its 32 quants as int8 and its scales. */
 typedef struct kn_wblock {
     kn_q32 q;
-    float dw;  /* scale */
-    float dm;  /* Q4_1: block minimum (0 otherwise) */
+    float dw;       /* scale (the super-block's d for the 256-element formats) */
+    float dm;       /* Q4_1 / Q5_1: block minimum; Q4_K / Q5_K: dmin * the sub-block's minimum; else 0 */
+    int32_t sc[2];  /* integer scales of the two 16-element halves (the super-block formats), else 1 */
 } kn_wblock;
 
 /* The 16 bits of qh (little-endian) at `bits` as 16 bytes of 0x10 (set) or 0 (clear):
@@ -86,15 +93,94 @@ enum {
     KN_MIN_NONE,   /* acc + d dx sumi */
     KN_MIN_SUM,    /* Q4_1: acc + (d dx sumi + m s) */
     KN_MIN_AFTER,  /* Q5_1: (acc + d dx sumi) + m s */
+    KN_MIN_SUB,    /* Q4_K, Q5_K: (acc + d dx sumi) - (dmin mn) s */
 };
 
 KN_INLINE int kn_min_mode(uint32_t type) {
-    return type == GGML_TYPE_Q4_1 ? KN_MIN_SUM : type == GGML_TYPE_Q5_1 ? KN_MIN_AFTER : KN_MIN_NONE;
+    switch (type) {
+    case GGML_TYPE_Q4_1: return KN_MIN_SUM;
+    case GGML_TYPE_Q5_1: return KN_MIN_AFTER;
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q5_K: return KN_MIN_SUB;
+    default: return KN_MIN_NONE;
+    }
+}
+
+/* How the integer sub-block scales enter sumi (exact in int32 either way). */
+enum {
+    KN_SC_NONE,     /* 32-element formats: sumi = dot */
+    KN_SC_UNIFORM,  /* Q4_K, Q5_K, IQ4_XS: one scale per 32: sumi = sc * dot */
+    KN_SC_HALVES,   /* Q6_K: one per 16: sumi = sc0 * dot(0..15) + sc1 * dot(16..31) */
+};
+
+KN_INLINE int kn_sc_mode(uint32_t type) {
+    switch (type) {
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q5_K:
+    case GGML_TYPE_IQ4_XS: return KN_SC_UNIFORM;
+    case GGML_TYPE_Q6_K: return KN_SC_HALVES;
+    default: return KN_SC_NONE;
+    }
+}
+
+/* Sub-block j (0..7, 32 elements, the activation block it meets) of a 256-element super-block. */
+KN_INLINE kn_wblock kn_load_superblock(uint32_t type, const char *row, int b) {
+    kn_wblock wb;
+    const int j = b & 7;
+    wb.dm = 0.0f;
+    if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K) {
+        const int five = type == GGML_TYPE_Q5_K;
+        const block_q4_K *b4 = (const block_q4_K *)row + (b >> 3);
+        const block_q5_K *b5 = (const block_q5_K *)row + (b >> 3);
+        const uint8_t *qs = (five ? b5->qs : b4->qs) + 32 * (j >> 1);
+        const int8x16_t shift = vdupq_n_s8((int8_t)(-4 * (j & 1)));  /* the low or high nibbles */
+        uint8x16_t lo = vandq_u8(vshlq_u8(vld1q_u8(qs), shift), vdupq_n_u8(0x0f));
+        uint8x16_t hi = vandq_u8(vshlq_u8(vld1q_u8(qs + 16), shift), vdupq_n_u8(0x0f));
+        if (five) { /* bit j of qh[l] is element l's fifth bit */
+            const uint8x16_t bit = vdupq_n_u8((uint8_t)(1u << j)), ten = vdupq_n_u8(0x10);
+            lo = vorrq_u8(lo, vandq_u8(vtstq_u8(vld1q_u8(b5->qh), bit), ten));
+            hi = vorrq_u8(hi, vandq_u8(vtstq_u8(vld1q_u8(b5->qh + 16), bit), ten));
+        }
+        wb.q.lo = vreinterpretq_s8_u8(lo);
+        wb.q.hi = vreinterpretq_s8_u8(hi);
+        int sc, m;
+        k4_scale_min(five ? b5->scales : b4->scales, j, &sc, &m);
+        wb.sc[0] = wb.sc[1] = sc;
+        wb.dw = kn_half(five ? b5->d : b4->d);
+        wb.dm = kn_half(five ? b5->dmin : b4->dmin) * (float)m;
+    } else if (type == GGML_TYPE_Q6_K) {
+        const block_q6_K *b6 = (const block_q6_K *)row + (b >> 3);
+        const int p = j >> 2, r = j & 3;
+        const uint8_t *ql = b6->ql + 64 * p + 32 * (r & 1), *qh = b6->qh + 32 * p;
+        const int8x16_t shl = vdupq_n_s8((int8_t)(-4 * (r >> 1))), shh = vdupq_n_s8((int8_t)(-2 * r));
+        uint8x16_t q[2];
+        for (int k = 0; k < 2; k++) {
+            const uint8x16_t lo = vandq_u8(vshlq_u8(vld1q_u8(ql + 16 * k), shl), vdupq_n_u8(0x0f));
+            const uint8x16_t hi = vandq_u8(vshlq_u8(vld1q_u8(qh + 16 * k), shh), vdupq_n_u8(3));
+            q[k] = vsubq_u8(vorrq_u8(lo, vshlq_n_u8(hi, 4)), vdupq_n_u8(32));
+        }
+        wb.q.lo = vreinterpretq_s8_u8(q[0]);
+        wb.q.hi = vreinterpretq_s8_u8(q[1]);
+        wb.sc[0] = b6->scales[2 * j];
+        wb.sc[1] = b6->scales[2 * j + 1];
+        wb.dw = kn_half(b6->d);
+    } else { /* GGML_TYPE_IQ4_XS */
+        const block_iq4_xs *bx = (const block_iq4_xs *)row + (b >> 3);
+        const uint8x16_t raw = vld1q_u8(bx->qs + 16 * j);
+        const int8x16_t lv = vld1q_s8(IQ4_NL_VALUES);
+        wb.q.lo = vqtbl1q_s8(lv, vandq_u8(raw, vdupq_n_u8(0x0f)));
+        wb.q.hi = vqtbl1q_s8(lv, vshrq_n_u8(raw, 4));
+        wb.sc[0] = wb.sc[1] = iq4xs_scale(bx, j);
+        wb.dw = kn_half(bx->d);
+    }
+    return wb;
 }
 
 KN_INLINE kn_wblock kn_load_wblock(uint32_t type, const char *row, int b) {
+    if (kn_sc_mode(type) != KN_SC_NONE) return kn_load_superblock(type, row, b);
     kn_wblock wb;
     wb.dm = 0.0f;
+    wb.sc[0] = wb.sc[1] = 1;
     if (type == GGML_TYPE_Q8_0) {
         const block_q8_0 *blk = (const block_q8_0 *)row + b;
         wb.q.lo = vld1q_s8(blk->qs);
@@ -179,28 +265,49 @@ KN_INLINE int32x4_t kn_dot_partial(kn_q32 w, kn_q32 x) {
 #endif
 }
 
+/* int32 lanes whose sum is sumi of one (weight block, activation block) pair, the sub-block
+ * scales applied as kn_sc_mode says (KN_SC_UNIFORM's scale comes after the fold). */
+KN_INLINE int32x4_t kn_pair_partial(uint32_t type, const kn_wblock *w, kn_q32 x) {
+    if (kn_sc_mode(type) != KN_SC_HALVES) return kn_dot_partial(w->q, x);
+    const kn_q32 wlo = {w->q.lo, vdupq_n_s8(0)}, whi = {vdupq_n_s8(0), w->q.hi};
+    return vmlaq_n_s32(vmulq_n_s32(kn_dot_partial(wlo, x), w->sc[0]), kn_dot_partial(whi, x), w->sc[1]);
+}
+
 /* [sum a, sum b, sum c, sum d] */
 KN_INLINE int32x4_t kn_fold4(int32x4_t a, int32x4_t b, int32x4_t c, int32x4_t d) {
     return vpaddq_s32(vpaddq_s32(a, b), vpaddq_s32(c, d));
 }
 
-/* Exact block sums of the 2 x 2 pairs [wa xa, wa xb, wb xa, wb xb]. */
-KN_INLINE int32x4_t kn_sums_2x2(kn_q32 wa, kn_q32 wb, kn_q32 xa, kn_q32 xb) {
+/* Exact block sums of the 2 x 2 pairs [A xa, A xb, B xa, B xb], sub-block scales applied. */
+KN_INLINE int32x4_t kn_sums_2x2(uint32_t type, const kn_wblock *A, const kn_wblock *B, kn_q32 xa, kn_q32 xb) {
+    const int scm = kn_sc_mode(type);
 #if NEON_MMLA
     /* SMMLA multiplies a 2x8 by an 8x2 int8 matrix into 2x2 int32: the operands hold 8 quants
-     * of row a then 8 of row b (of token a then token b), 4 steps cover the block */
+     * of row a then 8 of row b (of token a then token b); two steps cover 16 quants */
 #define KN_Z1(u, v) vreinterpretq_s8_s64(vzip1q_s64(vreinterpretq_s64_s8(u), vreinterpretq_s64_s8(v)))
 #define KN_Z2(u, v) vreinterpretq_s8_s64(vzip2q_s64(vreinterpretq_s64_s8(u), vreinterpretq_s64_s8(v)))
-    int32x4_t s = vmmlaq_s32(vdupq_n_s32(0), KN_Z1(wa.lo, wb.lo), KN_Z1(xa.lo, xb.lo));
-    s = vmmlaq_s32(s, KN_Z2(wa.lo, wb.lo), KN_Z2(xa.lo, xb.lo));
-    s = vmmlaq_s32(s, KN_Z1(wa.hi, wb.hi), KN_Z1(xa.hi, xb.hi));
-    s = vmmlaq_s32(s, KN_Z2(wa.hi, wb.hi), KN_Z2(xa.hi, xb.hi));
+    int32x4_t lo = vmmlaq_s32(vdupq_n_s32(0), KN_Z1(A->q.lo, B->q.lo), KN_Z1(xa.lo, xb.lo));
+    lo = vmmlaq_s32(lo, KN_Z2(A->q.lo, B->q.lo), KN_Z2(xa.lo, xb.lo));
+    if (scm == KN_SC_HALVES) {
+        int32x4_t hi = vmmlaq_s32(vdupq_n_s32(0), KN_Z1(A->q.hi, B->q.hi), KN_Z1(xa.hi, xb.hi));
+        hi = vmmlaq_s32(hi, KN_Z2(A->q.hi, B->q.hi), KN_Z2(xa.hi, xb.hi));
+        const int32_t s0[4] = {A->sc[0], A->sc[0], B->sc[0], B->sc[0]}, s1[4] = {A->sc[1], A->sc[1], B->sc[1], B->sc[1]};
+        return vmlaq_s32(vmulq_s32(lo, vld1q_s32(s0)), hi, vld1q_s32(s1));
+    }
+    int32x4_t s = vmmlaq_s32(lo, KN_Z1(A->q.hi, B->q.hi), KN_Z1(xa.hi, xb.hi));
+    s = vmmlaq_s32(s, KN_Z2(A->q.hi, B->q.hi), KN_Z2(xa.hi, xb.hi));
 #undef KN_Z1
 #undef KN_Z2
-    return s;
 #else
-    return kn_fold4(kn_dot_partial(wa, xa), kn_dot_partial(wa, xb), kn_dot_partial(wb, xa), kn_dot_partial(wb, xb));
+    int32x4_t s = kn_fold4(kn_pair_partial(type, A, xa), kn_pair_partial(type, A, xb), kn_pair_partial(type, B, xa),
+                           kn_pair_partial(type, B, xb));
+    if (scm == KN_SC_HALVES) return s;
 #endif
+    if (scm == KN_SC_UNIFORM) {
+        const int32_t sc[4] = {A->sc[0], A->sc[0], B->sc[0], B->sc[0]};
+        s = vmulq_s32(s, vld1q_s32(sc));
+    }
+    return s;
 }
 
 /* acc + (dw dq) * float(sumi), with the minimum term m s as kn_min_mode says, lane by lane. */
@@ -210,6 +317,7 @@ KN_INLINE float32x4_t kn_block_acc(float32x4_t acc, int32x4_t sumi, float32x4_t 
     if (min_mode == KN_MIN_SUM) return vaddq_f32(acc, vaddq_f32(t, mterm));
     acc = vaddq_f32(acc, t);
     if (min_mode == KN_MIN_AFTER) acc = vaddq_f32(acc, mterm);
+    if (min_mode == KN_MIN_SUB) acc = vsubq_f32(acc, mterm);
     return acc;
 }
 
@@ -229,8 +337,12 @@ KN_INLINE void kn_quad_decode(uint32_t type, const char *W, size_t row_bytes, in
         const kn_q32 xq = kn_load_xq(x + b);
         kn_wblock wb[4];
         for (int i = 0; i < 4; i++) wb[i] = kn_load_wblock(type, w[i], b);
-        const int32x4_t sumi = kn_fold4(kn_dot_partial(wb[0].q, xq), kn_dot_partial(wb[1].q, xq),
-                                        kn_dot_partial(wb[2].q, xq), kn_dot_partial(wb[3].q, xq));
+        int32x4_t sumi = kn_fold4(kn_pair_partial(type, &wb[0], xq), kn_pair_partial(type, &wb[1], xq),
+                                  kn_pair_partial(type, &wb[2], xq), kn_pair_partial(type, &wb[3], xq));
+        if (kn_sc_mode(type) == KN_SC_UNIFORM) {
+            const int32_t sc[4] = {wb[0].sc[0], wb[1].sc[0], wb[2].sc[0], wb[3].sc[0]};
+            sumi = vmulq_s32(sumi, vld1q_s32(sc));
+        }
         const float32x4_t scale = vmulq_f32(kn_f4(wb[0].dw, wb[1].dw, wb[2].dw, wb[3].dw), vdupq_n_f32(x[b].d));
         float32x4_t mterm = vdupq_n_f32(0.0f);
         if (mm != KN_MIN_NONE) mterm = vmulq_f32(kn_f4(wb[0].dm, wb[1].dm, wb[2].dm, wb[3].dm), vdupq_n_f32(x[b].s));
@@ -256,7 +368,7 @@ KN_INLINE void kn_tile_prefill(uint32_t type, const char *W, size_t row_bytes, i
         const float32x4_t dm = kn_f4(A.dm, A.dm, B.dm, B.dm);
         for (int h = 0; h < 2; h++) {
             const block_q8a *xa = x[2 * h] + b, *xb = x[2 * h + 1] + b;
-            const int32x4_t sumi = kn_sums_2x2(A.q, B.q, kn_load_xq(xa), kn_load_xq(xb));
+            const int32x4_t sumi = kn_sums_2x2(type, &A, &B, kn_load_xq(xa), kn_load_xq(xb));
             const float32x4_t scale = vmulq_f32(dw, kn_f4(xa->d, xb->d, xa->d, xb->d));
             float32x4_t mterm = vdupq_n_f32(0.0f);
             if (mm != KN_MIN_NONE) mterm = vmulq_f32(dm, kn_f4(xa->s, xb->s, xa->s, xb->s));
@@ -384,6 +496,10 @@ static void neon_matmul_rows(uint32_t type, const void *W, size_t row_bytes, int
     case GGML_TYPE_Q5_1: kn_matmul_q(GGML_TYPE_Q5_1, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     case GGML_TYPE_IQ4_NL: kn_matmul_q(GGML_TYPE_IQ4_NL, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     case GGML_TYPE_MXFP4: kn_matmul_q(GGML_TYPE_MXFP4, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_Q4_K: kn_matmul_q(GGML_TYPE_Q4_K, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_Q5_K: kn_matmul_q(GGML_TYPE_Q5_K, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_Q6_K: kn_matmul_q(GGML_TYPE_Q6_K, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_IQ4_XS: kn_matmul_q(GGML_TYPE_IQ4_XS, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     default:
         /* the one fallback: a type this file has no NEON code for runs the reference kernels */
         kernels_scalar.matmul_rows(type, W, row_bytes, n_cols, X, Xq, n_tok, Y, ldy, r0, r1);

@@ -1,8 +1,9 @@
-/* test_kernels_neon.c — the NEON tables' contract on the 32-element block formats: results
+/* test_kernels_neon.c — the NEON tables' contract on the formats they have code for: results
  * equal to the scalar kernels' bit for bit (docs/portability.md), on random full-range data,
  * for every n_tok from 1 to 9 and uneven row ranges. test_kernels checks every table against a
  * double-precision reference; this adds the stronger claim the NEON code makes. On other
  * architectures it checks that the NEON tables are refused as not built here. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,15 +37,24 @@ typedef struct fmt {
     uint32_t type;
     const char *name;
     size_t block_bytes;
-    int has_min;  /* a second fp16 (the minimum) after d */
-    int e8m0;     /* MXFP4: one exponent byte instead of an fp16 scale */
+    int block_elems; /* 32, or 256 for the super-block formats */
+    size_t d_offset; /* where the fp16 scale d sits in the block */
+    int has_min;     /* a second fp16 (the minimum) right after d */
+    int e8m0;        /* MXFP4: one exponent byte instead of an fp16 scale */
 } fmt;
 
 static const fmt FORMATS[] = {
-    {GGML_TYPE_Q8_0, "Q8_0", sizeof(block_q8_0), 0, 0},     {GGML_TYPE_Q4_0, "Q4_0", sizeof(block_q4_0), 0, 0},
-    {GGML_TYPE_Q4_1, "Q4_1", sizeof(block_q4_1), 1, 0},     {GGML_TYPE_Q5_0, "Q5_0", sizeof(block_q5_0), 0, 0},
-    {GGML_TYPE_Q5_1, "Q5_1", sizeof(block_q5_1), 1, 0},     {GGML_TYPE_IQ4_NL, "IQ4_NL", sizeof(block_iq4_nl), 0, 0},
-    {GGML_TYPE_MXFP4, "MXFP4", sizeof(block_mxfp4), 0, 1},
+    {GGML_TYPE_Q8_0, "Q8_0", sizeof(block_q8_0), 32, 0, 0, 0},
+    {GGML_TYPE_Q4_0, "Q4_0", sizeof(block_q4_0), 32, 0, 0, 0},
+    {GGML_TYPE_Q4_1, "Q4_1", sizeof(block_q4_1), 32, 0, 1, 0},
+    {GGML_TYPE_Q5_0, "Q5_0", sizeof(block_q5_0), 32, 0, 0, 0},
+    {GGML_TYPE_Q5_1, "Q5_1", sizeof(block_q5_1), 32, 0, 1, 0},
+    {GGML_TYPE_IQ4_NL, "IQ4_NL", sizeof(block_iq4_nl), 32, 0, 0, 0},
+    {GGML_TYPE_MXFP4, "MXFP4", sizeof(block_mxfp4), 32, 0, 0, 1},
+    {GGML_TYPE_Q4_K, "Q4_K", sizeof(block_q4_K), 256, offsetof(block_q4_K, d), 1, 0},
+    {GGML_TYPE_Q5_K, "Q5_K", sizeof(block_q5_K), 256, offsetof(block_q5_K, d), 1, 0},
+    {GGML_TYPE_Q6_K, "Q6_K", sizeof(block_q6_K), 256, offsetof(block_q6_K, d), 0, 0},
+    {GGML_TYPE_IQ4_XS, "IQ4_XS", sizeof(block_iq4_xs), 256, offsetof(block_iq4_xs, d), 0, 0},
 };
 
 /* random quants everywhere, then sane scales: a normal half in [2^-8, 2^-4) with a random
@@ -59,7 +69,7 @@ static void fill_row(const fmt *f, unsigned char *row, int nb) {
         }
         for (int k = 0; k <= f->has_min; k++) {
             uint16_t h = (uint16_t)(((7 + rnd() % 4) << 10) | (rnd() & 1023) | ((rnd() & 1) << 15));
-            memcpy(blk + 2 * k, &h, 2);
+            memcpy(blk + f->d_offset + 2 * k, &h, 2);
         }
     }
 }
@@ -82,16 +92,17 @@ int main(void) {
     CHECK(available >= 1, "the base neon table must be available on every AArch64 CPU");
     enum { ROWS = 11, MAX_TOK = 9 };
     static const int col_list[] = {32, 96, 544, 2048};
+    static const int kcol_list[] = {256, 512, 2304, 2048};
     for (size_t fi = 0; fi < sizeof FORMATS / sizeof FORMATS[0]; fi++) {
         const fmt *f = &FORMATS[fi];
         for (size_t ci = 0; ci < sizeof col_list / sizeof col_list[0]; ci++) {
-            const int cols = col_list[ci], nb = cols / 32;
-            const size_t rb = f->block_bytes * (size_t)nb;
+            const int cols = f->block_elems == 32 ? col_list[ci] : kcol_list[ci], nb = cols / 32;
+            const size_t rb = f->block_bytes * (size_t)(cols / f->block_elems);
             unsigned char *w = malloc(rb * ROWS);
             float *x = malloc(sizeof(float) * (size_t)cols * MAX_TOK);
             block_q8a *xq = malloc(sizeof(block_q8a) * (size_t)nb * MAX_TOK);
             float ref[ROWS * MAX_TOK], got[ROWS * MAX_TOK];
-            for (int r = 0; r < ROWS; r++) fill_row(f, w + r * rb, nb);
+            for (int r = 0; r < ROWS; r++) fill_row(f, w + r * rb, cols / f->block_elems);
             for (int i = 0; i < cols * MAX_TOK; i++) x[i] = (float)((int64_t)(rnd() % 2000001) - 1000000) * 3e-6f;
             kernels_select("scalar");
             quantize_row_q8a(x, xq, (int64_t)cols * MAX_TOK);

@@ -141,6 +141,11 @@ class ChatTemplate:
         except RecursionError:
             # a template that recurses without end (a macro calling itself)
             raise ChatTemplateError("the chat template failed: it recursed too deeply") from None
+        except Exception as exc:
+            # the template is a program from the model file: whatever its expressions raise
+            # (TypeError from `undefined | tojson` or `1 + 'a'`, ZeroDivisionError, ...; found by
+            # tools/fuzz_python.py) is that template failing on these messages
+            raise ChatTemplateError(f"the chat template failed: {type(exc).__name__}: {exc}") from exc
 
 
 def render_chat(

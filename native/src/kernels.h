@@ -2,9 +2,11 @@
  * vector primitives attention needs. Implemented per instruction set
  * (kernels_scalar.c, kernels_avx2.c, kernels_avx512.c); cpu.c picks one table at run time.
  *
- * Quantized weights (Q8_0, Q4_0, Q4_1) are multiplied with activations quantized once
- * per input row to block_q8a (int8 blocks of 32 with a float scale), so the inner loop
- * is an integer dot product. Float weights (F32, F16, BF16) use the float activations. */
+ * Quantized weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, the K-quants Q2_K..Q6_K and Q8_K, IQ4_NL,
+ * IQ4_XS, MXFP4) are multiplied with activations quantized once per input row to block_q8a
+ * (int8 blocks of 32 with a float scale; a 256-element super-block meets 8 of them), so the
+ * inner loop is an integer dot product. Float weights (F32, F16, BF16) use the float
+ * activations. */
 #ifndef COLIBRI_KERNELS_H
 #define COLIBRI_KERNELS_H
 
@@ -29,7 +31,7 @@ int kernel_wants_q8a(uint32_t type);
 /* Y[t * ldy + r] = dot(row r of W, row t of X)   for t in [0, n_tok), r in [r0, r1).
  *   W      weight matrix of `type`, row r at (const char *)W + r * row_bytes, n_cols elements per row
  *   X      float activations [n_tok][n_cols]          (used for F32/F16/BF16)
- *   Xq     quantized activations [n_tok][n_cols / 32] (used for Q8_0/Q4_0/Q4_1; may be NULL otherwise)
+ *   Xq     quantized activations [n_tok][n_cols / 32] (used where kernel_wants_q8a; may be NULL otherwise)
  * Threads call it on disjoint row ranges. */
 void matmul_rows(uint32_t type, const void *W, size_t row_bytes, int n_cols,
                  const float *X, const block_q8a *Xq, int n_tok,

@@ -621,6 +621,12 @@ class Model(BaseModel):
                     last["generated_tokens"] += 1
                     yield ev
 
+    @property
+    def last_request(self) -> dict[str, Any]:
+        """The last generation's figures (stats()["last"]): prompt_tokens, cached_prompt_tokens (the
+        prompt's prefix the KV cache already held), prefill_seconds, generated_tokens, ..."""
+        return dict(self._last)
+
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.token_text(token_id)
 

@@ -191,6 +191,10 @@ def test_chat_non_streaming_and_streaming_agree(server: Server) -> None:
     finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finals == [choice.finish_reason]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    if server.backend == "colibri":  # the second request's prompt was in the KV cache already
+        assert (
+            server.metrics()['colibri_cached_prompt_tokens_total{model="smol"}'] >= r.usage.prompt_tokens - 1
+        )
 
 
 def test_sse_wire_format_ends_with_done(server: Server) -> None:

@@ -60,6 +60,12 @@ class Metrics:
         self.cancelled = Counter(
             "colibri_cancelled_requests", "Requests cancelled by a client disconnect.", registry=r
         )
+        self.cached_prompt_tokens = Counter(
+            "colibri_cached_prompt_tokens",
+            "Prompt tokens the KV cache already held (prefix-cache hits), per model.",
+            ["model"],
+            registry=r,
+        )
         self.rejected = Counter(
             "colibri_rejected_requests",
             "Requests refused with 429 (queue full), per model.",

@@ -132,6 +132,10 @@ class ModelSlot:
             close = getattr(gen, "close", None)
             if close is not None:
                 close()
+            # Prefix reuse of the KV cache, for backends that report it (the colibri engine does).
+            last = getattr(model, "last_request", None)
+            if self.metrics is not None and isinstance(last, dict) and last.get("cached_prompt_tokens"):
+                self.metrics.cached_prompt_tokens.labels(self.cfg.alias).inc(last["cached_prompt_tokens"])
 
 
 class Ticket:

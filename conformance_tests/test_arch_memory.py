@@ -83,10 +83,12 @@ def _transformers_cache_bytes(ckpt: Path, n: int) -> tuple[int, int]:
 
 @pytest.mark.parametrize("name", [s.name for s in tm.SPECS])
 def test_plan_kv_bytes_against_transformers_cache(tiny_zoo: Any, colibri: Any, name: str) -> None:
-    from colibri_backend.commands.plan import compute_plan
+    from colibri_backend import LoadOptions
+    from colibri_backend.engine import plan_memory
 
     ckpt = tiny_zoo.checkpoint(name)
-    ours = compute_plan(str(tiny_zoo.gguf(name, "f32")), None, N_CTX, None, tm.ENGINE_THREADS)["kv_bytes"]
+    options = LoadOptions(context_length=N_CTX, threads=tm.ENGINE_THREADS)
+    ours = plan_memory(str(tiny_zoo.gguf(name, "f32")), options)["kv_bytes"]
     # F32 files keep an F32 KV cache, as transformers does for a float32 model
     if tm.reference_engine("transformers") is None:  # a failure instead under CI=true
         pytest.skip("transformers is not installed: its cache size cannot be measured")

@@ -171,6 +171,9 @@ def quantize(
     if errors:
         raise errors[0]
     lib.check(status, f"quantize {src_p} -> {dst_p}")
+    from colibri_backend.digests import write_digests
+
+    write_digests(dst_p)  # MODEL.digests, as `colibri convert` writes them (docs/robustness.md)
     return dst_p
 
 

@@ -19,6 +19,7 @@ import pytest
 from gguf import GGMLQuantizationType as Q
 
 from colibri_backend import _native
+from colibri_backend.digests import verify_file
 from colibri_backend.errors import EngineError
 from colibri_backend.quantize import ImatrixError, quantize, quantize_types, read_imatrix
 
@@ -303,7 +304,7 @@ def test_progress_and_cancel(mix_models: dict[str, Path], tmp_path: Path) -> Non
 
     with pytest.raises(KeyboardInterrupt):
         quantize(mix_models["8exp-gqa4"], tmp_path / "c.gguf", "q8_0", progress=stop)
-    assert _leftovers(tmp_path) == ["p.gguf"]
+    assert _leftovers(tmp_path) == ["p.gguf", "p.gguf.digests"]
 
 
 def test_non_finite_weights_refused(tmp_path: Path) -> None:
@@ -377,7 +378,7 @@ def test_requantize_refused_then_allowed(moe_f32: Path, tmp_path: Path) -> None:
     q8 = quantize(moe_f32, tmp_path / "q8.gguf", "q8_0", threads=2)
     with pytest.raises(EngineError, match="already quantized.*allow-requantize"):
         quantize(q8, tmp_path / "again.gguf", "q4_0")
-    assert _leftovers(tmp_path) == ["q8.gguf"]
+    assert _leftovers(tmp_path) == ["q8.gguf", "q8.gguf.digests"]
     out = quantize(q8, tmp_path / "again.gguf", "q4_0", allow_requantize=True, threads=2)
     assert _types(out)["blk.0.ffn_up_exps.weight"] == "Q4_0"
 
@@ -473,7 +474,8 @@ def test_convert_to_a_quantized_type(tmp_path: Path) -> None:
     r = subprocess.run(cmd + ["--type", "q5_k_m", "--no-progress"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert _types(out)["blk.5.ffn_down_exps.weight"] == "Q6_K"  # last layer: more bits
-    assert _leftovers(tmp_path) == ["moe-q5_k_m.gguf"]
+    assert _leftovers(tmp_path) == ["moe-q5_k_m.gguf", "moe-q5_k_m.gguf.digests"]
+    assert verify_file(out) == []  # the sidecar is the quantized file's, not the temporary F32's
     r = subprocess.run(cmd + ["--type", "q9_z"], capture_output=True, text=True)
     assert r.returncode == 1 and "unknown --type" in r.stderr
 

@@ -50,6 +50,7 @@ def _convert_quantized(src: Path, out: Path, qtype: str, show: bool) -> Path:
         return quantize(tmp, out, qtype, threads=os.cpu_count() or 1)
     finally:
         tmp.unlink(missing_ok=True)
+        tmp.with_name(tmp.name + ".digests").unlink(missing_ok=True)
 
 
 def run(args: argparse.Namespace) -> int:

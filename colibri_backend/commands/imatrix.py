@@ -12,6 +12,7 @@ Format and statistics: colibri_backend/imatrix.py, docs/quantization.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any
@@ -45,11 +46,10 @@ def run(args: argparse.Namespace) -> int:
     if not out.parent.is_dir():
         raise FileNotFoundError(f"the output directory {out.parent} does not exist")
     n_ctx = args.ctx or 512
-    options = load_options(args)
-    options.setdefault("memory_budget", 0)  # every expert resident unless the user asks otherwise
-    with colibri_backend.load(
-        args.model, threads=args.threads, context_length=n_ctx, batch_size=args.batch, **options
-    ) as model:
+    options = load_options(args, threads=args.threads, context_length=n_ctx, batch_size=args.batch)
+    if options.memory_budget is None:  # every expert resident unless the user asks otherwise
+        options = dataclasses.replace(options, memory_budget=0)
+    with colibri_backend.load(args.model, options) as model:
         if model.context_length < n_ctx:
             raise ValueError(f"--ctx {n_ctx} exceeds the model's context of {model.context_length}")
         tok = model.tokenizer

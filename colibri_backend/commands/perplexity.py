@@ -52,10 +52,8 @@ def run(args: argparse.Namespace) -> int:
     if args.kl_divergence_base and not Path(args.kl_divergence_base).parent.is_dir():
         raise FileNotFoundError(f"the output directory {Path(args.kl_divergence_base).parent} does not exist")
 
-    options = load_options(args)
-    with colibri_backend.load(
-        args.model, threads=args.threads, context_length=n_ctx, batch_size=args.batch, **options
-    ) as model:
+    options = load_options(args, threads=args.threads, context_length=n_ctx, batch_size=args.batch)
+    with colibri_backend.load(args.model, options) as model:
         if model.context_length < n_ctx:
             raise ValueError(f"--ctx {n_ctx} exceeds the model's context of {model.context_length}")
         n_vocab = model.info.n_vocab

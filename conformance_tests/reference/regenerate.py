@@ -29,6 +29,7 @@ import test_converter as tc  # noqa: E402
 import test_vs_llama_cpp as tl  # noqa: E402
 import test_vs_transformers as tt  # noqa: E402
 import tiny_models as tm  # noqa: E402
+
 from conftest import TinyZoo  # noqa: E402
 
 

@@ -119,7 +119,10 @@ def run_colibri(exe: Path, model: Path, prompt_file: Path, seed: int, timeout: f
         "--temp",
         "0.8",
     ]
-    p = subprocess.run([*cmd, "--seed", str(seed)], capture_output=True, text=True, timeout=timeout)
+    # the generated text of a random-weight model need not be valid UTF-8 where a run is cut off
+    p = subprocess.run(
+        [*cmd, "--seed", str(seed)], capture_output=True, text=True, errors="replace", timeout=timeout
+    )
     m = _COLIBRI_RE.search(p.stderr)
     if p.returncode != 0 or m is None:
         return {"ok": False, "error": (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]}

@@ -185,6 +185,13 @@ def store_params(
     if o.batch_size:
         params.n_batch = int(o.batch_size)
     params.memory_budget = resolve_budget(o.memory_budget)
+    if o.memory_budget is None and params.memory_budget:
+        # The default is a share of what the machine still allows, measured after the open model read
+        # its metadata and resident weights into memory it owns (resident.c): give those bytes back, or
+        # the plan would count them twice.
+        held = _native.MemoryPlanC()
+        lib.check(lib.colibri_plan_model(model, byref(params), byref(held)), "plan")
+        params.memory_budget += int(held.metadata_bytes) + int(held.resident_weight_bytes)
     params.expert_policy = parse_policy(o.expert_policy)
     params.kv_type = parse_kv_cache_type(o.kv_cache_type)
     params.expert_slots = parse_expert_slots(o.expert_slots, info.n_layer, info.n_expert, info.n_expert_used)

@@ -18,7 +18,7 @@
 extern "C" {
 #endif
 
-#define COLIBRI_ABI_VERSION 2
+#define COLIBRI_ABI_VERSION 3
 
 #if defined(_WIN32)
 #define COLIBRI_API __declspec(dllexport)

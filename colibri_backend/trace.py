@@ -234,7 +234,7 @@ def _load_npz(path: Path) -> RoutingTrace:
         raise ValueError(f"{path}: routing trace lacks the arrays {sorted(missing)}")
     try:
         meta = json.loads(str(arrays["meta"][()]))
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise ValueError(f"{path}: the meta array is not JSON ({exc})") from exc
     return RoutingTrace(arrays["ids"], arrays["weights"], arrays["tokens"], _check_meta(meta, path))
 
@@ -244,7 +244,7 @@ def _load_jsonl(path: Path) -> RoutingTrace:
         first = f.readline()
         try:
             meta = _check_meta(json.loads(first), path) if first.strip() else None
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:
             raise ValueError(f"{path}: line 1 is not JSON ({exc})") from exc
         if meta is None:
             raise ValueError(f"{path}: empty file, not a routing trace")
@@ -257,7 +257,7 @@ def _load_jsonl(path: Path) -> RoutingTrace:
             try:
                 row = json.loads(line)
                 pos, tok, row_ids, row_w = row["pos"], row["token"], row["ids"], row["weights"]
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            except (json.JSONDecodeError, RecursionError, KeyError, TypeError) as exc:
                 raise ValueError(f"{path}:{lineno}: not a routing record ({exc})") from exc
             if pos != len(tokens):
                 raise ValueError(f"{path}:{lineno}: position {pos} out of order (expected {len(tokens)})")
@@ -268,9 +268,14 @@ def _load_jsonl(path: Path) -> RoutingTrace:
     try:
         ids_arr = np.asarray(ids, dtype=np.int32).reshape(len(tokens), n_layer, k)
         w_arr = np.asarray(weights, dtype=np.float32).reshape(len(tokens), n_layer, k)
-    except ValueError as exc:
-        raise ValueError(f"{path}: records do not all have {n_layer} layers x {k} experts ({exc})") from exc
-    return RoutingTrace(ids_arr, w_arr, np.asarray(tokens, dtype=np.int32), meta)
+        tok_arr = np.asarray(tokens, dtype=np.int32)
+    except (ValueError, TypeError, OverflowError) as exc:
+        # ragged records, non-numbers, or ids/tokens outside int32 (OverflowError: found by
+        # tools/fuzz_python.py, input in tests/fuzz_corpus/trace/)
+        raise ValueError(
+            f"{path}: records must hold {n_layer} layers x {k} int32 expert ids and float weights ({exc})"
+        ) from exc
+    return RoutingTrace(ids_arr, w_arr, tok_arr, meta)
 
 
 def load_trace(path: str | os.PathLike[str]) -> RoutingTrace:

@@ -226,7 +226,7 @@ def _load_npz(path: Path) -> RoutingTrace:
     except Exception as exc:
         # np.load and zipfile raise assorted errors on files that are not archives (it even tries
         # them as pickles), and a corrupt member fails only when read: zlib.error,
-        # NotImplementedError for unknown zip flags, ... (found by tools/fuzz_python.py). Nothing
+        # an unsupported-feature error for unknown zip flags, ... (found by tools/fuzz_python.py). Nothing
         # else runs in this block, so any of them means the archive is unreadable: one clear message.
         raise ValueError(f"{path}: not a readable routing trace archive ({exc})") from exc
     missing = {"ids", "weights", "tokens", "meta"} - set(arrays)

@@ -186,6 +186,18 @@ COLIBRI_API colibri_status colibri_truncate(colibri_context *ctx, int32_t n_past
 COLIBRI_API colibri_status colibri_eval(colibri_context *ctx, const int32_t *tokens, int32_t n_tokens,
                                         float *logits_out, int32_t all_logits);
 
+/* The state of the context's first n_tokens tokens (n_tokens <= colibri_n_past): their KV rows in
+ * every layer, whatever the KV cache type, and any per-architecture state, as a self-checking blob
+ * (magic, version, the model's identity, shapes, KV type, a checksum; layout in src/kv_io.c).
+ * colibri_state_size: the blob's bytes. colibri_state_save: writes it into buf[cap] (cap at least
+ * that size) and its size to *written. colibri_state_load: checks a blob fully (another model, other
+ * shapes or KV type, more tokens than the context holds, truncated or corrupt: an error, and the
+ * context is left as it was), then restores it; n_past becomes its n_tokens. */
+COLIBRI_API colibri_status colibri_state_size(const colibri_context *ctx, int32_t n_tokens, size_t *out);
+COLIBRI_API colibri_status colibri_state_save(colibri_context *ctx, int32_t n_tokens, void *buf, size_t cap,
+                                              size_t *written);
+COLIBRI_API colibri_status colibri_state_load(colibri_context *ctx, const void *buf, size_t size);
+
 /* Routing of the last colibri_eval call: for each of its tokens, each layer, each of the
  * top-k chosen experts, the expert id and its weight (layout [n_tokens][n_layer][k]).
  * Writes at most max_tokens tokens; returns the number of tokens written via *n_written.

@@ -304,6 +304,9 @@ def format_plan(plan: dict[str, int]) -> str:
         total = format_size(plan["expert_total_bytes"])
         lines.append(f"  experts: {mode}; routed experts in the file: {total}")
     lines.append(f"  minimum budget: {format_size(plan['min_budget'])} ({plan['min_budget']} bytes)")
+    if plan.get("prefix_cache_bytes"):
+        cache = format_size(plan["prefix_cache_bytes"])
+        lines.append(f"  prefix cache: {cache} of KV states; the budget below is what is left")
     if budget == 0:
         lines.append("  budget: unlimited -> fits")
     elif plan["fits"]:

@@ -13,11 +13,12 @@ report log-probabilities.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from ctypes import byref, c_int32, c_void_p
+from ctypes import byref, c_char, c_int32, c_size_t, c_void_p
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ from colibri_backend.generation import (
 from colibri_backend.load_options import LoadOptions
 from colibri_backend.models import resolve_model
 from colibri_backend.optimum import belady
+from colibri_backend.prefix_cache import Entry, PrefixCache
 from colibri_backend.profile import profile_path
 
 
@@ -231,6 +233,40 @@ def store_params(
     return params, profile
 
 
+DEFAULT_PREFIX_SHARE = 0.10  # of the memory budget, for the prefix cache
+UNBUDGETED_PREFIX_BYTES = 1 << 30
+
+
+def carve_prefix_cache(
+    lib: Any, model: c_void_p, params: _native.ContextParamsC, options: LoadOptions
+) -> int:
+    """Bytes the prefix cache may hold (LoadOptions.prefix_cache_size), taken out of the budget the
+    engine plans with (params.memory_budget, lowered in place), so the ledger's plan and the cache
+    together stay within the memory budget. The default share is dropped when the rest of the budget
+    would no longer hold the engine's minimum working set; an explicit size is the user's to size."""
+    size, budget = options.prefix_cache_size, int(params.memory_budget)
+    if isinstance(size, str):  # a share of the budget, checked by LoadOptions
+        want = int(budget * float(size[:-1]) / 100)
+    elif size is not None:
+        want = size
+    else:
+        want = int(budget * DEFAULT_PREFIX_SHARE) if budget else UNBUDGETED_PREFIX_BYTES
+    if not budget or not want:
+        return want
+    if want >= budget:
+        raise ValueError(
+            f"prefix_cache_size ({want} bytes) leaves nothing of the memory budget ({budget} bytes)"
+        )
+    params.memory_budget = budget - want
+    if size is None:
+        plan = _native.MemoryPlanC()
+        lib.check(lib.colibri_plan_model(model, byref(params), byref(plan)), "plan")
+        if not plan.fits:
+            params.memory_budget = budget
+            return 0
+    return want
+
+
 class _OpenModel(_NativeHandle):
     """A native model opened for a look (its info, a plan, a replay) without a context; closed on exit."""
 
@@ -271,9 +307,10 @@ def plan_memory(model: str | os.PathLike[str], options: LoadOptions | None = Non
         if options.verify:
             verify_model(m.handle, path)
         params, _ = store_params(m.lib, m.handle, m.info, path, options)
+        prefix_bytes = carve_prefix_cache(m.lib, m.handle, params, options)
         plan = _native.MemoryPlanC()
         m.lib.check(m.lib.colibri_plan_model(m.handle, byref(params), byref(plan)), f"plan for {path}")
-        return plan_to_dict(plan)
+        return {**plan_to_dict(plan), "prefix_cache_bytes": prefix_bytes}
 
 
 class Model(BaseModel):
@@ -316,7 +353,9 @@ class Model(BaseModel):
             lib.check(lib.colibri_model_get_info(self._model, byref(info_c)), "model info")
             self.info = ModelInfo.from_c(info_c)
             params, self.routing_profile = store_params(lib, self._model, self.info, path, options)
+            prefix_bytes = carve_prefix_cache(lib, self._model, params, options)
             lib.check(lib.colibri_context_new(self._model, byref(params), byref(self._ctx)), "context")
+            self.prefix_cache = PrefixCache(prefix_bytes, self._state_namespace(), options.kv_cache_dir)
             self.context_length: int = int(lib.colibri_context_n_ctx(self._ctx))
             self.threads = params.n_threads
             meta = read_metadata(path)
@@ -432,19 +471,57 @@ class Model(BaseModel):
 
     def _prefill(self, prompt: np.ndarray) -> int:
         """Bring the cache to `prompt`, evaluating only what is not cached already; the last
-        token's logits land in self._logits. Returns how many prompt tokens were reused."""
+        token's logits land in self._logits. The prefix cache chooses what to reuse: what the
+        context holds now, or a stored state sharing more of the prompt (restored first). Returns
+        how many prompt tokens were reused."""
         if prompt.size > self.context_length:
             raise ContextFullError(
                 "COLIBRI_E_CONTEXT_FULL",
                 f"the prompt has {prompt.size} tokens but the context holds {self.context_length}",
             )
-        common = 0
-        limit = min(len(self._cached), int(prompt.size) - 1)  # the last token is always re-run for logits
-        while common < limit and self._cached[common] == prompt[common]:
-            common += 1
-        self._truncate(common)
-        self._eval(prompt[common:], self._logits, all_logits=False)
-        return common
+        limit = int(prompt.size) - 1  # the last token is always re-run for logits
+        while True:
+            reuse = self.prefix_cache.best(prompt, np.asarray(self._cached, dtype=np.int32), limit)
+            if reuse.entry is None or self._restore(reuse.entry):
+                break
+        self.prefix_cache.used(reuse.entry, reuse.n)
+        self._truncate(reuse.n)
+        self._eval(prompt[reuse.n :], self._logits, all_logits=False)
+        return reuse.n
+
+    def _restore(self, entry: Entry) -> bool:
+        """Load a stored state into the context; False (the entry dropped, the context unchanged)
+        if its blob cannot be read or the engine refuses it."""
+        blob = self.prefix_cache.blob(entry)
+        if blob is None:
+            return False
+        status = self._lib.colibri_state_load(self._ctx, blob, len(blob))
+        if status != _native.OK:
+            self.prefix_cache.discard(entry, self._lib.last_error())
+            return False
+        self._cached = entry.tokens.tolist()
+        return True
+
+    def _save_state(self, n: int) -> bytes:
+        """The engine's state blob of the context's first n tokens (colibri_state_save)."""
+        lib = self._lib
+        size = c_size_t(0)
+        lib.check(lib.colibri_state_size(self._ctx, int(n), byref(size)), "state size")
+        buf = (c_char * size.value)()
+        written = c_size_t(0)
+        lib.check(lib.colibri_state_save(self._ctx, int(n), buf, size.value, byref(written)), "state save")
+        return bytes(memoryview(buf)[: written.value])
+
+    def _remember(self, prompt: np.ndarray) -> None:
+        """Offer the prompt's state to the prefix cache (kept unless an entry covers it already)."""
+        n = int(prompt.size)
+        if len(self._cached) >= n and self._cached[:n] == prompt.tolist():
+            self.prefix_cache.put(prompt, lambda: self._save_state(n))
+
+    def _state_namespace(self) -> str:
+        """What the prefix cache's entries are for: the digest of this context's empty state, which
+        names the model, its shapes and the KV cache type (kv_io.c's header)."""
+        return hashlib.blake2b(self._save_state(0), digest_size=8).hexdigest()
 
     def _check_fits(self, n: int) -> None:
         if n > self.context_length:
@@ -616,17 +693,22 @@ class Model(BaseModel):
                     self._stop_ids(stops),
                     first_token,
                     constraint,
+                    lambda: last["cached_prompt_tokens"],
                 )
-                for ev in generation_events(
-                    step,
-                    ids,
-                    max_tokens=max_tokens,
-                    context_length=self.context_length,
-                    stop=stops,
-                    logprobs=logprobs,
-                ):
-                    last["generated_tokens"] += 1
-                    yield ev
+                try:
+                    for ev in generation_events(
+                        step,
+                        ids,
+                        max_tokens=max_tokens,
+                        context_length=self.context_length,
+                        stop=stops,
+                        logprobs=logprobs,
+                    ):
+                        last["generated_tokens"] += 1
+                        yield ev
+                finally:
+                    # After the answer (stopped early or not), so storing never delays a first token.
+                    self._remember(prompt)
 
     @property
     def last_request(self) -> dict[str, Any]:
@@ -686,6 +768,7 @@ class Model(BaseModel):
             out["cpu_backend"] = _native.cpu_backend()
             out["last"] = dict(self._last)
             out["memory_plan"] = self.memory_plan()
+            out.update(self.prefix_cache.stats())
             out["expert_layers"] = self._expert_layers()
             return out
 
@@ -790,6 +873,7 @@ def replay_routing(
                 f"{info.n_layer} layers x top-{info.n_expert_used}"
             )
         params, profile = store_params(m.lib, m.handle, info, path, opts)
+        carve_prefix_cache(m.lib, m.handle, params, opts)  # the serving engine's expert budget
         out = _native.StatsC()
         m.lib.check(
             m.lib.colibri_replay_routing(

@@ -41,6 +41,9 @@ class GenerationEvent:
     logprob: float | None = None
     top_logprobs: dict[str, float] | None = None
     finish_reason: str | None = None
+    # On the first event only, for backends that say: how many prompt tokens were not evaluated
+    # because their KV state was reused (the prefix cache, colibri_backend.prefix_cache).
+    cached_tokens: int | None = None
 
 
 def stop_list(stop: str | Iterable[str] | None) -> list[str]:
@@ -270,6 +273,8 @@ class Step:
     # A grammar's TokenConstraint (colibri_backend.grammar): each step samples only among the tokens
     # it allows, and generation stops ("stop") once its grammar is complete.
     constraint: Any = None
+    # Prompt tokens the prefill reused from a cache (reported on the first event), for backends that know.
+    cached_tokens: Callable[[], int] | None = None
 
 
 def generation_events(
@@ -287,6 +292,7 @@ def generation_events(
     logits = step.prefill(prompt)
     if max_tokens == 0:
         return
+    cached_tokens = step.cached_tokens() if step.cached_tokens is not None else None
     matcher = StopMatcher(stop)
     cached = len(prompt)  # tokens whose K/V the backend holds
     constraint = step.constraint
@@ -300,15 +306,16 @@ def generation_events(
             step.on_first_token()
         step.sampler.accept(tok)
         lp = top = None
+        reused = cached_tokens if n == 1 else None
         if logprobs is not None:
             lp, top = token_logprobs(logits, tok, logprobs, step.token_text)
         if tok in step.stop_ids:
             text, _ = matcher.feed(step.decoder.flush())
-            yield GenerationEvent(tok, text + matcher.flush(), lp, top, "stop")
+            yield GenerationEvent(tok, text + matcher.flush(), lp, top, "stop", reused)
             return
         text, stopped = matcher.feed(step.decoder.add(tok))
         if stopped:
-            yield GenerationEvent(tok, text, lp, top, "stop")
+            yield GenerationEvent(tok, text, lp, top, "stop", reused)
             return
         complete = constraint is not None and constraint.done
         if complete or n == max_tokens or cached >= context_length:
@@ -316,8 +323,8 @@ def generation_events(
             text += tail
             if not stopped:
                 text += matcher.flush()
-            yield GenerationEvent(tok, text, lp, top, "stop" if stopped or complete else "length")
+            yield GenerationEvent(tok, text, lp, top, "stop" if stopped or complete else "length", reused)
             return
-        yield GenerationEvent(tok, text, lp, top, None)
+        yield GenerationEvent(tok, text, lp, top, None, reused)
         logits = step.decode(tok)
         cached += 1

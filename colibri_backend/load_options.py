@@ -70,6 +70,27 @@ def check_lookahead_depth(value: Any) -> int:
     return n
 
 
+def check_prefix_cache_size(value: Any) -> int | str:
+    """Bytes (an int or a size string; 0: no stored entries) or a share of the memory budget ("10%")."""
+    if isinstance(value, str) and value.strip().endswith("%"):
+        s = value.strip()
+        try:
+            share = float(s[:-1])
+        except ValueError:
+            raise ValueError(
+                f"prefix_cache_size: {value!r} is not a size or a percentage such as 10%"
+            ) from None
+        if not 0 <= share < 100:
+            raise ValueError(f"prefix_cache_size: {value!r}: a percentage must be in [0%, 100%)")
+        return s
+    if isinstance(value, str) and value.strip().lower() in ("0", "none", "off"):
+        return 0
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise ValueError(f"prefix_cache_size: {exc}") from None
+
+
 @dataclass(frozen=True)
 class LoadOptions:
     """Everything that configures a model's engine context. ``None`` means the engine's default.
@@ -90,6 +111,11 @@ class LoadOptions:
     route_prefilter_margin, drop_cold_share (lossy, opt-in, need a profile): 0 or None = off.
     verify: check every resident tensor against the file's digests (MODEL.digests, `colibri verify`)
       before anything runs; streamed experts are checked when read whenever the digests exist.
+    prefix_cache_size: bytes of KV states the prefix cache keeps (colibri_backend.prefix_cache), or a
+      share of the memory budget ("10%"); taken out of the budget the engine plans with. None: 10% of
+      the budget (dropped to 0 when the rest would not hold the engine's minimum), 1 GiB without a
+      budget. 0: no stored prefixes (a prompt still reuses what the context holds from the last one).
+    kv_cache_dir: a directory where the prefix cache keeps its entries too, so a restart keeps them.
     """
 
     threads: int | None = None
@@ -106,6 +132,8 @@ class LoadOptions:
     route_prefilter_margin: float | None = None
     drop_cold_share: float | None = None
     verify: bool = False
+    prefix_cache_size: int | str | None = None
+    kv_cache_dir: str | os.PathLike[str] | None = None
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -145,6 +173,13 @@ class LoadOptions:
         parse_share(self.drop_cold_share, "drop_cold_share", upper=1.0)
         if not isinstance(self.verify, bool):
             raise ValueError(f"verify must be True or False, got {self.verify!r}")
+        if self.prefix_cache_size is not None:
+            put("prefix_cache_size", check_prefix_cache_size(self.prefix_cache_size))
+        if self.kv_cache_dir is not None:
+            if not isinstance(self.kv_cache_dir, (str, os.PathLike)) or not os.fspath(self.kv_cache_dir):
+                raise ValueError(f"kv_cache_dir must be a directory path, got {self.kv_cache_dir!r}")
+            if os.path.exists(self.kv_cache_dir) and not os.path.isdir(self.kv_cache_dir):
+                raise ValueError(f"kv_cache_dir: {self.kv_cache_dir} exists and is not a directory")
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], where: str = "") -> LoadOptions:

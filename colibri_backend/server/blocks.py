@@ -85,13 +85,13 @@ class BlockStream:
 
 async def block_ops(
     state: ServerState, p: Prepared, plan: ChatPlan, request: Request, endpoint: str
-) -> AsyncIterator[tuple[BlockStream, list[Op], dict[str, int] | None]]:
+) -> AsyncIterator[tuple[BlockStream, list[Op], dict[str, Any] | None]]:
     """Run ``p`` (one choice) and yield ``(stream, ops, None)`` per event, then ``(stream, [], usage)``."""
     stream = BlockStream(ParsedOutput(plan.parser(), plan.parallel))
     usage = _Usage(state, p, endpoint)
     async with aclosing(events(state, p, request)) as evs:
         async for idx, ev, secs in evs:
-            usage.add(idx, secs)
+            usage.add(idx, secs, ev)
             yield stream, stream.add(ev), None
     if stream.finish_reason is None:
         stream.finish_reason = "length"

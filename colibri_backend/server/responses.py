@@ -182,13 +182,17 @@ class _Usage:
         self.state, self.p, self.endpoint = state, p, endpoint
         self.count = 0
         self.seconds: dict[int, float] = {}  # generation seconds per choice, at its last event
+        self.cached: dict[int, int] = {}  # prompt tokens reused from the prefix cache, per choice
         self.t0 = time.perf_counter()
 
-    def add(self, idx: int, secs: float) -> None:
+    def add(self, idx: int, secs: float, ev: Any) -> None:
         self.count += 1
         self.seconds[idx] = secs
+        if ev.cached_tokens is not None:  # the first event of a backend that reports it
+            self.cached[idx] = ev.cached_tokens
 
-    def close(self) -> dict[str, int]:
+    def close(self) -> dict[str, Any]:
+        """OpenAI's usage object; the other APIs reshape it (prompt_tokens_details.cached_tokens)."""
         m, p = self.state.metrics, self.p
         seconds = sum(self.seconds.values())
         m.prompt_tokens.inc(p.prompt_tokens)
@@ -201,6 +205,7 @@ class _Usage:
             "prompt_tokens": p.prompt_tokens,
             "completion_tokens": self.count,
             "total_tokens": p.prompt_tokens + self.count,
+            "prompt_tokens_details": {"cached_tokens": sum(self.cached.values())},
         }
 
 
@@ -232,7 +237,7 @@ async def respond(
             try:
                 async with aclosing(events(state, p, request)) as stream:
                     async for idx, ev, secs in stream:
-                        usage.add(idx, secs)
+                        usage.add(idx, secs, ev)
                         for c in choices[idx].add(ev):
                             yield chunk([c])
             except APIError as err:
@@ -249,7 +254,7 @@ async def respond(
     try:
         async with aclosing(events(state, p, request)) as stream:
             async for idx, ev, secs in stream:
-                usage.add(idx, secs)
+                usage.add(idx, secs, ev)
                 choices[idx].add(ev)
     finally:
         p.ticket.release()

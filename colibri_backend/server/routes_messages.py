@@ -43,7 +43,7 @@ def _block(b: Block, done: bool) -> dict[str, Any]:
 
 
 def _message(
-    mid: str, model: str, stream: BlockStream | None, usage: dict[str, int] | None
+    mid: str, model: str, stream: BlockStream | None, usage: dict[str, Any] | None
 ) -> dict[str, Any]:
     done = stream is not None and usage is not None
     return {
@@ -54,10 +54,20 @@ def _message(
         "content": [_block(b, True) for b in stream.blocks] if done and stream else [],
         "stop_reason": _STOP.get(stream.finish_reason or "", "end_turn") if done and stream else None,
         "stop_sequence": None,
-        "usage": {
-            "input_tokens": usage["prompt_tokens"] if usage else 0,
-            "output_tokens": usage["completion_tokens"] if usage else 0,
-        },
+        "usage": _usage(usage),
+    }
+
+
+def _usage(usage: dict[str, Any] | None) -> dict[str, int]:
+    """Anthropic's usage: input_tokens counts the prompt tokens evaluated, cache_read_input_tokens
+    those restored from the prefix cache (together: the prompt)."""
+    if usage is None:
+        return {"input_tokens": 0, "output_tokens": 0, "cache_read_input_tokens": 0}
+    cached = usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+    return {
+        "input_tokens": usage["prompt_tokens"] - cached,
+        "output_tokens": usage["completion_tokens"],
+        "cache_read_input_tokens": cached,
     }
 
 
@@ -124,7 +134,7 @@ async def create_message(request: Request) -> Response:
                     delta = {"stop_reason": stop, "stop_sequence": None}
                     yield _sse(
                         "message_delta",
-                        {"delta": delta, "usage": {"output_tokens": usage["completion_tokens"]}},
+                        {"delta": delta, "usage": _usage(usage)},
                     )
                     yield _sse("message_stop", {})
         except APIError as err:

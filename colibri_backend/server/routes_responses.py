@@ -55,7 +55,7 @@ def _text_part(text: str) -> dict[str, Any]:
 
 
 def _response(
-    rid: str, req: ResponsesRequest, status: str, stream: BlockStream | None, usage: dict[str, int] | None
+    rid: str, req: ResponsesRequest, status: str, stream: BlockStream | None, usage: dict[str, Any] | None
 ) -> dict[str, Any]:
     output = [_item(b, i, rid, True) for i, b in enumerate(stream.blocks)] if stream else []
     incomplete = status == "completed" and stream is not None and stream.finish_reason == "length"
@@ -83,6 +83,7 @@ def _response(
         reasoning = stream.reasoning_tokens if stream else 0
         out["usage"] = {
             "input_tokens": usage["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": usage["prompt_tokens_details"]["cached_tokens"]},
             "output_tokens": usage["completion_tokens"],
             "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": usage["total_tokens"],

@@ -24,6 +24,7 @@ from colibri_backend.load_options import (
     check_expert_slots,
     check_lookahead_depth,
     check_pin_experts,
+    check_prefix_cache_size,
 )
 
 # Command-line options that set a LoadOptions field of the same name.
@@ -42,6 +43,8 @@ LOAD_KEYS = (
     "route_prefilter_margin",
     "drop_cold_share",
     "verify",
+    "prefix_cache_size",
+    "kv_cache_dir",
 )
 
 
@@ -74,6 +77,7 @@ _slots = _arg_type(check_expert_slots)
 _pin = _arg_type(check_pin_experts)
 _prefetch = _arg_type(parse_prefetch, keep_text=True)
 _depth = _arg_type(_lookahead)
+_prefix_size = _arg_type(check_prefix_cache_size, keep_text=True)
 
 
 def _share(upper: float | None) -> Callable[[str], float]:
@@ -159,6 +163,21 @@ def add_load_arguments(p: argparse.ArgumentParser, budget_aliases: tuple[str, ..
         metavar="SHARE",
         help="lossy: never route to experts whose share of tokens in the profile is below SHARE "
         "(needs --warmup-routing; 0 = off)",
+    )
+    c = p.add_argument_group("prefix cache (docs/server.md)")
+    c.add_argument(
+        "--prefix-cache-size",
+        type=_prefix_size,
+        default=None,
+        metavar="SIZE|P%",
+        help="KV states of earlier prompts kept for reuse by prompts that start the same way: a size, "
+        "or a share of --memory-budget (taken out of it); 0 = none (default 10%% of the budget)",
+    )
+    c.add_argument(
+        "--kv-cache-dir",
+        default=None,
+        metavar="DIR",
+        help="keep the prefix cache's entries in DIR too, so a restart keeps them",
     )
     p.add_argument(
         "--verify",

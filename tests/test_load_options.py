@@ -327,5 +327,6 @@ def test_serve_memory_budget_reaches_the_engine(model_path: Path, monkeypatch: p
     assert slot.state == "ready", slot.error  # a single model is loaded before the server starts
     stats = slot.model.stats()
     # the engine plans with the budget less the prefix cache's share (LoadOptions.prefix_cache_size)
-    assert stats["memory_budget"] + stats["prefix_cache_max_bytes"] == 64 << 20 and stats["expert_slots"] == 20
+    assert stats["memory_budget"] + stats["prefix_cache_max_bytes"] == 64 << 20
+    assert stats["expert_slots"] == 20
     slot.model.close()

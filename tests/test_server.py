@@ -537,7 +537,12 @@ def test_multiple_choices_prompts_and_engine_metrics_in_process() -> None:
         assert [c["index"] for c in r["choices"]] == [0, 1, 2, 3]
         assert all(c["text"] == "aba" and c["finish_reason"] == "length" for c in r["choices"])
         assert r["choices"][0]["logprobs"]["text_offset"] == [0, 1, 2]
-        assert r["usage"] == {"prompt_tokens": 4, "completion_tokens": 12, "total_tokens": 16}
+        assert r["usage"] == {
+            "prompt_tokens": 4,
+            "completion_tokens": 12,
+            "total_tokens": 16,
+            "prompt_tokens_details": {"cached_tokens": 0},  # a backend that reuses nothing
+        }
         body = {
             "model": "e",
             "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],

@@ -355,8 +355,10 @@ class Model(BaseModel):
             params, self.routing_profile = store_params(lib, self._model, self.info, path, options)
             prefix_bytes = carve_prefix_cache(lib, self._model, params, options)
             lib.check(lib.colibri_context_new(self._model, byref(params), byref(self._ctx)), "context")
-            self.prefix_cache = PrefixCache(prefix_bytes, self._state_namespace(), options.kv_cache_dir)
             self.context_length: int = int(lib.colibri_context_n_ctx(self._ctx))
+            self.prefix_cache = PrefixCache(
+                prefix_bytes, self._state_namespace(), options.kv_cache_dir, self.context_length
+            )
             self.threads = params.n_threads
             meta = read_metadata(path)
             # Everything but the (large) vocabulary arrays, for callers that want to look.

@@ -83,15 +83,22 @@ class PrefixCache:
 
     ``max_bytes`` 0 keeps no entries: only the live context is reused. ``namespace`` names the model and
     KV type the blobs are for (a digest of the engine's empty state); entries on disk live under
-    ``directory/namespace``, so models sharing a directory never meet each other's files.
+    ``directory/namespace``, so models sharing a directory never meet each other's files. Entries
+    longer than ``max_tokens`` (a context of that length could not hold them: a directory written with a
+    longer context) are kept but never offered.
     """
 
     def __init__(
-        self, max_bytes: int, namespace: str = "", directory: str | os.PathLike[str] | None = None
+        self,
+        max_bytes: int,
+        namespace: str = "",
+        directory: str | os.PathLike[str] | None = None,
+        max_tokens: int | None = None,
     ) -> None:
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self.max_bytes = max_bytes
+        self.max_tokens = max_tokens
         self._entries: OrderedDict[str, Entry] = OrderedDict()  # least recently used first
         self._index: dict[bytes, dict[str, None]] = {}  # chain hash -> keys of entries holding it
         self._lock = threading.RLock()
@@ -116,6 +123,8 @@ class PrefixCache:
                     continue
                 for key in reversed(keys):  # most recently stored first
                     e = self._entries[key]
+                    if self.max_tokens is not None and e.tokens.size > self.max_tokens:
+                        continue
                     n = common_length(e.tokens[:limit], prompt[:limit])
                     if n > reuse.n:
                         reuse = Reuse(n, e)

@@ -67,6 +67,10 @@ def test_longest_prefix_token_exact_and_live_context() -> None:
     assert cache.best(c, arr([]), c.size - 1).entry is None
     # the limit caps the reuse (the last prompt token is always evaluated)
     assert cache.best(a, arr([]), a.size - 1).n == a.size - 1
+    # an entry longer than the context is kept (on disk, for a longer context) but never offered
+    short = PrefixCache(1 << 20, max_tokens=2 * BLOCK)
+    short.put(a, lambda: b"A")
+    assert short.stats()["prefix_cache_entries"] == 1 and short.best(a, arr([]), a.size - 1).entry is None
 
 
 def test_lru_bound_and_superseded_prefixes() -> None:

@@ -106,8 +106,11 @@ class PrefixCache:
         self.hits = self.misses = self.tokens_reused = self.dropped_files = 0
         self.directory = Path(directory) / namespace if directory is not None and max_bytes > 0 else None
         if self.directory is not None:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            self._scan()
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                self._scan()
+            except OSError as exc:
+                raise ValueError(f"kv_cache_dir: cannot use {directory}: {exc.strerror or exc}") from None
 
     # ---- lookup ---------------------------------------------------------------------------------
 

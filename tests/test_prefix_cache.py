@@ -129,6 +129,8 @@ def test_files_survive_and_broken_ones_are_removed(tmp_path: Path) -> None:
     with pytest.warns(UserWarning, match="ignoring"):
         assert again.blob(r.entry) is None
     assert not by_first[4].exists()
+    with pytest.raises(ValueError, match="kv_cache_dir: cannot use"):
+        PrefixCache(1 << 20, "ns", by_first[0])  # a file, not a directory
     # another namespace (model, KV type) never sees these files
     assert PrefixCache(1 << 20, "other", tmp_path).stats()["prefix_cache_entries"] == 0
 

@@ -2,14 +2,18 @@
 Colibri's engine), driven by the official openai client: concurrent streaming requests give exactly
 the text they give alone (greedy and seeded sampling) while the server decodes them together; a
 client that goes away in the middle of its prompt's prefill is cancelled there; a full queue is a
-429 with Retry-After."""
+429 with Retry-After; benchmarks/concurrency.py runs."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -139,3 +143,21 @@ def test_cancel_mid_prefill_and_queue_overflow(server: Server) -> None:
     wait_idle(server)
     r = server.client.completions.create(model="smol", prompt="Hi", max_tokens=2, temperature=0)
     assert r.usage.completion_tokens <= 2
+
+
+def test_concurrency_benchmark_script(tmp_path: Path) -> None:
+    """benchmarks/concurrency.py runs end to end (a script, not a timed test: no speed is checked)."""
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "concurrency.py"
+    out = tmp_path / "concurrency.json"
+    cmd = [sys.executable, str(script), "--model", str(smollm2_path()), "--clients", "1,2"]
+    cmd += ["--max-tokens", "4", "--prompt-words", "8", "--threads", "2", "--json", str(out)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(out.read_text())
+    assert set(report["modes"]) == {"one_at_a_time", "batched"}
+    for mode in report["modes"].values():
+        assert [r["clients"] for r in mode] == [1, 2]
+        assert all(r["completion_tokens"] > 0 and r["aggregate_tok_s"] > 0 for r in mode)
+        assert all(0 < r["ttft_p50_s"] <= r["ttft_p99_s"] for r in mode)
+    assert all(r["identical_to_one_at_a_time"] for r in report["modes"]["batched"])
+    assert "speedup" in result.stdout

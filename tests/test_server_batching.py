@@ -1,6 +1,6 @@
 """Continuous batching through a real `colibri serve --max-concurrency N` on loopback (SmolLM2 on
 Colibri's engine), driven by the official openai client: concurrent streaming requests give exactly
-the text they give alone (greedy and seeded sampling) while the server decodes them together; a
+the text they give alone (greedy, seeded sampling, a JSON grammar) while the server decodes them together; a
 client that goes away in the middle of its prompt's prefill is cancelled there; a full queue is a
 429 with Retry-After; benchmarks/concurrency.py runs."""
 
@@ -45,8 +45,12 @@ def metric(srv: Server, name: str) -> float:
 REQUESTS = [
     ("Name three colours.", {"temperature": 0}),
     ("Write a haiku about the sea.", {"temperature": 0.9, "seed": 7}),
-    ("What is the capital of France?", {"temperature": 0}),
     ("Tell me a fact about cats.", {"temperature": 0.7, "top_p": 0.9, "seed": 99}),
+    # grammar-constrained: each request's own grammar state beside the others'
+    (
+        "Give a JSON object with a name and an age.",
+        {"temperature": 0, "response_format": {"type": "json_object"}},
+    ),
 ]
 
 
@@ -83,7 +87,7 @@ def test_concurrent_streams_equal_alone(server: Server) -> None:
     watcher.start()
     try:
         with ThreadPoolExecutor(len(REQUESTS)) as pool:
-            # the fourth waits in the queue for a sequence: it joins when one is freed
+            # the fourth waits in the queue (--max-queue 1) for a sequence: it joins when one is freed
             together = list(pool.map(lambda r: streamed(server, *r), REQUESTS))
     finally:
         done.set()

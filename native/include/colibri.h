@@ -5,7 +5,7 @@
  * thread. Nothing here calls exit() or abort() on bad input.
  *
  * Lifetime: a colibri_model owns the weights (read-only, shareable);
- * a colibri_context owns the per-sequence state (KV cache, scratch arena,
+ * a colibri_context owns the state of its sequences (KV caches, scratch arena,
  * thread pool, counters) and borrows the model, which must outlive it.
  */
 #ifndef COLIBRI_H

@@ -322,6 +322,7 @@ class Model(BaseModel):
             self.context_length: int = int(lib.colibri_context_n_ctx(self._ctx))
             # Sequences the context holds (LoadOptions.max_concurrency): eval_batch's sequence ids.
             self.max_concurrency: int = int(lib.colibri_n_seq_max(self._ctx))
+            self.batch_size: int = min(int(params.n_batch), self.context_length)  # tokens per chunk
             self.threads = params.n_threads
             meta = read_metadata(path)
             # Everything but the (large) vocabulary arrays, for callers that want to look.

@@ -28,7 +28,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     cfg = tmp_path_factory.mktemp("srv-batch") / "colibri.toml"
     cfg.write_text(
         'backend = "colibri"\nmodel = "smol"\n\n'
-        f'[models.smol]\npath = "{smollm2_path()}"\nthreads = 2\ncontext_length = {CONTEXT}\n',
+        f'[models.smol]\npath = "{smollm2_path()}"\nthreads = 2\ncontext_length = {CONTEXT}\n'
+        # prompts in 64-token steps also when nothing else is decoding (the cancel test needs several)
+        "[models.smol.options]\nbatch_size = 64\n",
         encoding="utf-8",
     )
     srv = Server(cfg, "--max-queue", "1", "--max-concurrency", "3")

@@ -8,7 +8,8 @@ until the batched step that carries it has run. The step thread forms each step 
 
 * the next token of every sequence that is decoding, and
 * at most ``prefill_chunk`` prompt tokens of the sequences still prefilling (oldest first), so a
-  long prompt is spread over several steps and the decodes keep flowing beside it,
+  long prompt is spread over several steps and the decodes keep flowing beside it (with no sequence
+  decoding, nobody waits: a step then takes up to the model's batch size of prompt tokens),
 
 waits a moment (``gather_s``) for sequences that are between two steps (sampling, sending) so one
 step carries them all, and runs it as one ``Model.eval_batch``: each expert is read and computed
@@ -73,6 +74,7 @@ class BatchScheduler:
         self.model = model
         self.n_seq = int(model.max_concurrency)
         self.prefill_chunk = prefill_chunk
+        self.idle_chunk = max(prefill_chunk, int(getattr(model, "batch_size", prefill_chunk)))
         self.gather_s = gather_s
         self._cond = threading.Condition()
         self._free = list(range(self.n_seq))  # sequence ids no request holds
@@ -161,7 +163,8 @@ class BatchScheduler:
             # one-token work (decodes, and one-token prompts) first; the prompt chunk after it, no
             # larger than the engine takes in one call (n_ctx tokens)
             step: list[tuple[_Work, int]] = [(w, 1) for w in self._pending.values() if len(w.tokens) == 1]
-            budget = min(self.prefill_chunk, self.model.context_length - len(step))
+            chunk = self.prefill_chunk if step else self.idle_chunk
+            budget = min(chunk, self.model.context_length - len(step))
             for w in self._pending.values():
                 if budget <= 0:
                     break

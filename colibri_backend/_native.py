@@ -113,6 +113,7 @@ class ContextParamsC(Structure):
         ("pin_experts", c_int32),
         ("route_prefilter_margin", c_float),
         ("drop_cold_share", c_float),
+        ("n_seq_max", c_int32),
     ]
 
 
@@ -276,6 +277,11 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "colibri_state_save": (c_int, [c_void_p, c_int32, c_void_p, c_size_t, POINTER(c_size_t)]),
     "colibri_state_load": (c_int, [c_void_p, c_void_p, c_size_t]),
     "colibri_eval": (c_int, [c_void_p, _i32p, c_int32, _f32p, c_int32]),
+    # (ctx, seq_ids, tokens, n_tokens, want_logits uint8[n_tokens] or NULL, logits)
+    "colibri_eval_batch": (c_int, [c_void_p, _i32p, _i32p, c_int32, c_void_p, _f32p]),
+    "colibri_n_seq_max": (c_int32, [c_void_p]),
+    "colibri_seq_n_past": (c_int32, [c_void_p, c_int32]),
+    "colibri_seq_truncate": (c_int, [c_void_p, c_int32, c_int32]),
     "colibri_get_routing": (c_int, [c_void_p, _i32p, _f32p, c_int32, _i32p]),
     "colibri_get_stats": (c_int, [c_void_p, POINTER(StatsC)]),
     "colibri_replay_routing": (

@@ -40,6 +40,16 @@ if TYPE_CHECKING:
     from colibri_backend.config import ModelConfig
 
 
+class SequenceSteps(Protocol):
+    """Where one generation's forward steps run when it shares the engine with other generations
+    (a sequence of colibri_backend.server.scheduler's batches): each call blocks until the batched
+    step that carries it has run, and returns that sequence's next-token logits [n_vocab]."""
+
+    def prefill(self, prompt: list[int]) -> np.ndarray: ...
+
+    def decode(self, token: int) -> np.ndarray: ...
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What a loaded model can do beyond plain generation."""

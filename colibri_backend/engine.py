@@ -13,6 +13,7 @@ report log-probabilities.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
@@ -30,7 +31,7 @@ from colibri_backend.adapters.chat_template import render_chat, template_from_to
 from colibri_backend.adapters.gguf_metadata import read_metadata
 from colibri_backend.adapters.sampling import SamplingParams
 from colibri_backend.adapters.tokenizer import Tokenizer
-from colibri_backend.backends import BaseModel, Capabilities, CapabilityError, as_sampling
+from colibri_backend.backends import BaseModel, Capabilities, CapabilityError, SequenceSteps, as_sampling
 from colibri_backend.budget import (
     DEFAULT_PREFETCH,
     HASHED,
@@ -218,6 +219,7 @@ def store_params(
             raise ValueError(f"{name} needs a routing profile: pass warmup_routing (--warmup-routing) too")
     params.route_prefilter_margin = margin
     params.drop_cold_share = cold
+    params.n_seq_max = int(o.max_concurrency or 1)
     if profile is not None:
         params.routing_profile = os.fsencode(profile)
     if o.pin_experts:
@@ -359,6 +361,9 @@ class Model(BaseModel):
             self.prefix_cache = PrefixCache(
                 prefix_bytes, self._state_namespace(), options.kv_cache_dir, self.context_length
             )
+            # Sequences the context holds (LoadOptions.max_concurrency): eval_batch's sequence ids.
+            self.max_concurrency: int = int(lib.colibri_n_seq_max(self._ctx))
+            self.batch_size: int = min(int(params.n_batch), self.context_length)  # tokens per chunk
             self.threads = params.n_threads
             meta = read_metadata(path)
             # Everything but the (large) vocabulary arrays, for callers that want to look.
@@ -525,6 +530,55 @@ class Model(BaseModel):
         names the model, its shapes and the KV cache type (kv_io.c's header)."""
         return hashlib.blake2b(self._save_state(0), digest_size=8).hexdigest()
 
+    # ---- several sequences (continuous batching; server/scheduler.py drives these) ------------
+
+    def eval_batch(self, seq_ids: np.ndarray, tokens: np.ndarray, want: np.ndarray) -> np.ndarray:
+        """One forward step over tokens of several sequences (colibri_eval_batch): token i is appended
+        to sequence seq_ids[i]; returns the logits rows [n_wanted, n_vocab] of the tokens with want[i],
+        in token order. Each row is bit-identical to that sequence's evaluated alone. On failure no
+        sequence changes (the engine restores every position count)."""
+        seqs = np.ascontiguousarray(seq_ids, dtype=np.int32)
+        toks = self._check_ids(tokens)
+        flags = np.ascontiguousarray(want, dtype=np.uint8)
+        if not seqs.size == toks.size == flags.size:
+            raise ValueError("seq_ids, tokens and want must have the same length")
+        out = np.empty((int(np.count_nonzero(flags)), self.info.n_vocab), dtype=np.float32)
+        with self._lock:
+            self._check_open()
+            lib = self._lib
+            status = lib.colibri_eval_batch(
+                self._ctx,
+                _native.i32_ptr(seqs),
+                _native.i32_ptr(toks),
+                int(toks.size),
+                flags.ctypes.data_as(c_void_p),
+                _native.f32_ptr(out) if out.size else None,
+            )
+            lib.check(status, "eval_batch")
+            if (seqs == 0).any():
+                # Sequence 0 is also the single-sequence calls' cache: what it holds now matches no
+                # prompt, so the next of those calls starts it afresh.
+                self._cached = [-1] * int(lib.colibri_seq_n_past(self._ctx, 0))
+            self._last_eval_tokens = int(toks.size)
+        return out
+
+    def seq_n_past(self, seq: int) -> int:
+        """Tokens in sequence ``seq``'s cache."""
+        with self._lock:
+            self._check_open()
+            n = int(self._lib.colibri_seq_n_past(self._ctx, int(seq)))
+        if n < 0:
+            raise ValueError(f"sequence {seq} is outside [0, {self.max_concurrency})")
+        return n
+
+    def seq_truncate(self, seq: int, n_past: int = 0) -> None:
+        """Keep the first ``n_past`` tokens of sequence ``seq``'s cache (0 frees the sequence)."""
+        with self._lock:
+            self._check_open()
+            self._lib.check(self._lib.colibri_seq_truncate(self._ctx, int(seq), int(n_past)), "seq_truncate")
+            if seq == 0:
+                del self._cached[n_past:]
+
     def _check_fits(self, n: int) -> None:
         if n > self.context_length:
             raise ContextFullError(
@@ -602,6 +656,7 @@ class Model(BaseModel):
         stop: str | Sequence[str] | None = None,
         logprobs: int | None = None,
         constraint: Any = None,
+        steps: SequenceSteps | None = None,
     ) -> Iterator[GenerationEvent]:
         """Generate after `prompt_ids`, one GenerationEvent per token, by the rules every backend
         shares (colibri_backend.generation: max_tokens 0 prefills only; the prompt may fill the context).
@@ -612,6 +667,8 @@ class Model(BaseModel):
         The KV cache is reused for the part of the prompt it already holds.
         constraint: a grammar's TokenConstraint (colibri_backend.grammar); only the tokens it allows
         are sampled, and generation stops when its grammar is complete.
+        steps: run the forward steps there (a batch scheduler's sequence, which shares the context
+        with other generations) instead of on sequence 0 under the model's lock; no prefix reuse.
         """
         sp = as_sampling(sampling)
         if max_tokens is None:
@@ -633,6 +690,7 @@ class Model(BaseModel):
             stop_list(stop if stop is not None else sp.stop),
             logprobs,
             constraint,
+            steps,
         )
 
     def _stop_ids(self, stops: list[str]) -> frozenset[int]:
@@ -656,8 +714,10 @@ class Model(BaseModel):
         stops: list[str],
         logprobs: int | None,
         constraint: Any = None,
+        steps: SequenceSteps | None = None,
     ) -> Iterator[GenerationEvent]:
-        with self._lock:
+        # A scheduler's sequence takes the model's lock for each batched step itself.
+        with self._lock if steps is None else contextlib.nullcontext():
             self._check_open()
             t_start = time.perf_counter()
             last = self._last = {
@@ -671,16 +731,24 @@ class Model(BaseModel):
             step_buf = np.empty(1, dtype=np.int32)
 
             def prefill(_: list[int]) -> np.ndarray:
-                last["cached_prompt_tokens"] = self._prefill(prompt)
+                if steps is None:
+                    last["cached_prompt_tokens"] = self._prefill(prompt)
+                    logits = self._logits
+                else:
+                    logits = steps.prefill(ids)
                 last["prefill_seconds"] = time.perf_counter() - t_start
-                return self._logits
+                return logits
 
             def decode(token: int) -> np.ndarray:
                 t0 = time.perf_counter()
-                step_buf[0] = token
-                self._eval(step_buf, self._logits, all_logits=False)
+                if steps is None:
+                    step_buf[0] = token
+                    self._eval(step_buf, self._logits, all_logits=False)
+                    logits = self._logits
+                else:
+                    logits = steps.decode(token)
                 last["decode_seconds"] += time.perf_counter() - t0
-                return self._logits
+                return logits
 
             def first_token() -> None:
                 last["time_to_first_token"] = time.perf_counter() - t_start

@@ -21,6 +21,7 @@ from typing import Any
 from colibri_backend.budget import parse_kv_cache_type, parse_policy, parse_prefetch, parse_share, parse_size
 
 MAX_LOOKAHEAD_DEPTH = 8  # colibri.h: lookahead_depth 1..8
+MAX_SEQUENCES = 256  # colibri.h: n_seq_max 1..256
 
 
 def check_count(value: Any, name: str, minimum: int = 0) -> int:
@@ -109,6 +110,8 @@ class LoadOptions:
     warmup_routing: a routing profile: True = MODEL.routing next to the model, or a path; False: none.
     pin_experts: keep this many of the profile's hottest experts in slots for good, or "auto".
     route_prefilter_margin, drop_cold_share (lossy, opt-in, need a profile): 0 or None = off.
+    max_concurrency: sequences the context holds at once, each with its own KV cache of
+      context_length tokens (None: 1); the server decodes that many requests together.
     verify: check every resident tensor against the file's digests (MODEL.digests, `colibri verify`)
       before anything runs; streamed experts are checked when read whenever the digests exist.
     prefix_cache_size: bytes of KV states the prefix cache keeps (colibri_backend.prefix_cache), or a
@@ -134,6 +137,7 @@ class LoadOptions:
     verify: bool = False
     prefix_cache_size: int | str | None = None
     kv_cache_dir: str | os.PathLike[str] | None = None
+    max_concurrency: int | None = None
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -144,6 +148,12 @@ class LoadOptions:
                 check_count(getattr(self, name), name)
         if self.batch_size is not None:
             check_count(self.batch_size, "batch_size", 1)
+        if self.max_concurrency is not None:
+            check_count(self.max_concurrency, "max_concurrency", 1)
+            if self.max_concurrency > MAX_SEQUENCES:
+                raise ValueError(
+                    f"max_concurrency must be at most {MAX_SEQUENCES}, got {self.max_concurrency}"
+                )
         if self.memory_budget is not None:
             try:
                 put("memory_budget", parse_size(self.memory_budget))

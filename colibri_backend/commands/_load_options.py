@@ -45,6 +45,7 @@ LOAD_KEYS = (
     "verify",
     "prefix_cache_size",
     "kv_cache_dir",
+    "max_concurrency",
 )
 
 
@@ -70,6 +71,14 @@ def _lookahead(text: str) -> int:
     if n == 0:  # 0 means "the default" inside LoadOptions; on the command line it is a mistake
         raise ValueError("the lookahead depth must be between 1 and 8")
     return check_lookahead_depth(n)
+
+
+def _concurrency(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a whole number") from None
+    return int(LoadOptions(max_concurrency=n).max_concurrency or 1)
 
 
 _size = _arg_type(parse_size, keep_text=True)
@@ -163,6 +172,14 @@ def add_load_arguments(p: argparse.ArgumentParser, budget_aliases: tuple[str, ..
         metavar="SHARE",
         help="lossy: never route to experts whose share of tokens in the profile is below SHARE "
         "(needs --warmup-routing; 0 = off)",
+    )
+    g.add_argument(
+        "--max-concurrency",
+        type=_arg_type(_concurrency),
+        default=None,
+        metavar="N",
+        help="sequences the engine holds at once, each with its own KV cache (the KV memory grows N "
+        "times); the server decodes up to N requests together in one batch (default 1)",
     )
     c = p.add_argument_group("prefix cache (docs/server.md)")
     c.add_argument(

@@ -24,6 +24,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(plan, indent=2))
     else:
         print(f"memory plan for {args.model}")
+        if args.max_concurrency and args.max_concurrency > 1:
+            print(f"  (the KV cache holds {args.max_concurrency} sequences, --max-concurrency)")
         print(format_plan(plan))
     if not plan["fits"]:
         print(

@@ -119,7 +119,7 @@ class _LiveCollector(Collector):
         slots = self.state.slots
         depth = GaugeMetricFamily(
             "colibri_queue_depth",
-            "Requests waiting for a model (not counting the running one).",
+            "Requests waiting for a model (not counting the running ones).",
             labels=["model"],
         )
         flight = GaugeMetricFamily(
@@ -133,7 +133,7 @@ class _LiveCollector(Collector):
         )
         engine: dict[str, list[tuple[str, float]]] = {}
         for alias, slot in slots.items():
-            depth.add_metric([alias], max(0, slot.in_flight - 1))
+            depth.add_metric([alias], max(0, slot.in_flight - slot.running))
             flight.add_metric([alias], slot.in_flight)
             batch.add_metric([alias], slot.running)
             ready.add_metric([alias, slot.cfg.backend], int(slot.state == "ready"))

@@ -1,10 +1,13 @@
 """What the server serves: one slot per model alias (its loaded model, its generation thread, its queue
 accounting) and :class:`ServerState`, which admits requests and knows the limits.
 
-Concurrency model: each served model has one generation thread, so requests to a model run one at a
-time, in arrival order, and their outputs cannot mix. Requests beyond the one running wait in a bounded
-queue (``max_queue`` per model; the next one gets 429 with ``Retry-After``). A client that disconnects,
-while waiting or while generating, cancels its request: the generation stops at the next token.
+Concurrency model: a model loaded with one sequence (the default) has one generation thread, so its
+requests run one at a time, in arrival order. A colibri model loaded with ``max_concurrency`` N > 1
+runs up to N requests at once, each on its own thread with its own sequence of the engine context,
+their forward steps batched together by the model's scheduler (scheduler.py); outputs are the same
+as served alone. Requests beyond the running ones wait in a bounded queue (``max_queue`` per model; the
+next one gets 429 with ``Retry-After``). A client that disconnects, while waiting or while generating
+(its prompt included), cancels its request: the generation stops at the next step.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from colibri_backend.backends import LoadedModel
 from colibri_backend.config import Config, ModelConfig
 from colibri_backend.server.errors import APIError
 from colibri_backend.server.metrics import Metrics
+from colibri_backend.server.scheduler import BatchScheduler, Cancelled
 
 # Seconds a client told 429 should wait: one short generation on two cores.
 RETRY_AFTER_S = 2
@@ -61,6 +65,9 @@ class ModelSlot:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"colibri-{cfg.alias}")
         self.in_flight = 0  # requests admitted and not finished (running + waiting)
         self.running = 0  # sequences being decoded now (the batch size)
+        self.concurrency = 1  # requests that run at once (the others wait)
+        self.scheduler: BatchScheduler | None = None  # batches the requests' steps when concurrency > 1
+        self._count_lock = threading.Lock()
         self.jobs: set[Job] = set()
         # stats() taken on the slot's thread between requests: a backend may hold its model lock for
         # a whole generation, and /metrics must never wait for one.
@@ -78,6 +85,15 @@ class ModelSlot:
         try:
             self.model = loader(self.cfg)
             self.snapshot_stats()
+            n = int(getattr(self.model, "max_concurrency", 1))
+            if n > 1 and hasattr(self.model, "eval_batch"):
+                self.scheduler = BatchScheduler(self.model)
+                self.concurrency = n
+                old, self.executor = (
+                    self.executor,
+                    ThreadPoolExecutor(max_workers=n, thread_name_prefix=f"colibri-{self.cfg.alias}"),
+                )
+                old.shutdown(wait=False)
             self.state = "ready"
         except Exception as exc:  # reported by /health and as 503 on requests
             self.error = f"{type(exc).__name__}: {exc}"
@@ -106,7 +122,19 @@ class ModelSlot:
     def _run_one(
         self, model: LoadedModel, job: Job, index: int, prompt_ids: list[int], sampling: Any
     ) -> None:
-        extra = {"constraint": job.constraint()} if job.constraint is not None else {}
+        extra: dict[str, Any] = {"constraint": job.constraint()} if job.constraint is not None else {}
+        if self.scheduler is None:
+            self._generate(model, job, index, prompt_ids, sampling, extra)
+            return
+        with self.scheduler.sequence(job.cancel) as seq:
+            try:
+                self._generate(model, job, index, prompt_ids, sampling, {**extra, "steps": seq})
+            except Cancelled:
+                job.cancel.set()
+
+    def _generate(
+        self, model: LoadedModel, job: Job, index: int, prompt_ids: list[int], sampling: Any, extra: dict
+    ) -> None:
         gen = model.generate_tokens(
             prompt_ids,
             max_tokens=job.max_tokens,
@@ -117,7 +145,8 @@ class ModelSlot:
         )
         t0 = time.perf_counter()
         first = True
-        self.running = 1
+        with self._count_lock:
+            self.running += 1
         try:
             for ev in gen:
                 if job.cancel.is_set():
@@ -128,7 +157,8 @@ class ModelSlot:
                 first = False
                 job.post(("event", index, ev, secs))
         finally:
-            self.running = 0
+            with self._count_lock:
+                self.running -= 1
             close = getattr(gen, "close", None)
             if close is not None:
                 close()
@@ -221,6 +251,8 @@ class ServerState:
         self.wait_loaded(timeout=60)
         for slot in self.slots.values():
             slot.executor.shutdown(wait=True, cancel_futures=True)
+            if slot.scheduler is not None:
+                slot.scheduler.close()
             if slot.model is not None:
                 try:
                     slot.model.close()
@@ -262,8 +294,8 @@ class ServerState:
         return slot
 
     def admit(self, slot: ModelSlot) -> Ticket:
-        # in_flight counts the running request too: max_queue is how many may wait behind it.
-        if slot.in_flight >= self.max_queue + 1:
+        # in_flight counts the running requests too: max_queue is how many may wait behind them.
+        if slot.in_flight >= self.max_queue + slot.concurrency:
             self.metrics.rejected.labels(slot.cfg.alias).inc()
             raise APIError(
                 429,

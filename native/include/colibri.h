@@ -5,7 +5,7 @@
  * thread. Nothing here calls exit() or abort() on bad input.
  *
  * Lifetime: a colibri_model owns the weights (read-only, shareable);
- * a colibri_context owns the per-sequence state (KV cache, scratch arena,
+ * a colibri_context owns the state of its sequences (KV caches, scratch arena,
  * thread pool, counters) and borrows the model, which must outlive it.
  */
 #ifndef COLIBRI_H
@@ -115,6 +115,10 @@ typedef struct colibri_context_params {
     /* Drop cold experts (opt-in, lossy): > 0 never routes to an expert whose share of tokens in
      * the profile is below this (a layer always keeps its top-k hottest). 0: off. */
     float drop_cold_share;
+    /* Sequences the context holds at once (continuous batching, colibri_eval_batch), each with
+     * its own KV cache of n_ctx positions: the KV memory is n_seq_max times one sequence's.
+     * <= 0: 1. At most 256. */
+    int32_t n_seq_max;
 } colibri_context_params;
 
 /* KV cache element types. INT8 stores, per position and KV head, one float scale (absmax/127)
@@ -197,6 +201,30 @@ COLIBRI_API colibri_status colibri_state_size(const colibri_context *ctx, int32_
 COLIBRI_API colibri_status colibri_state_save(colibri_context *ctx, int32_t n_tokens, void *buf, size_t cap,
                                               size_t *written);
 COLIBRI_API colibri_status colibri_state_load(colibri_context *ctx, const void *buf, size_t size);
+/* ---- several sequences (continuous batching) --------------------------------
+ *
+ * A context made with n_seq_max = S holds sequences 0 .. S-1, each with its own KV cache and
+ * position count; the single-sequence calls above (colibri_eval, colibri_n_past, colibri_truncate)
+ * work on sequence 0. One colibri_eval_batch call is one forward pass over the union of the
+ * tokens given: every token attends to its own sequence's cache at its own position, and the MoE
+ * layers group the tokens of all sequences by expert, so each expert is read and computed once
+ * per step. A token's logits are bit-identical to those of the same sequence evaluated alone. */
+
+/* Run n_tokens tokens, token i appended to sequence seq_ids[i] (a sequence's tokens in order;
+ * they take that sequence's positions n_past, n_past+1, ...). n_tokens may not exceed n_ctx;
+ * more than n_batch run in chunks. logits_out may be NULL; otherwise it receives one n_vocab row
+ * per token with want_logits[i] != 0, in token order, or, with want_logits NULL, one row per
+ * sequence present, for its last token in this call, in the order those last tokens appear.
+ * A sequence that would pass n_ctx gives COLIBRI_E_CONTEXT_FULL and nothing is evaluated; on any
+ * failure every sequence keeps the positions it had before the call. */
+COLIBRI_API colibri_status colibri_eval_batch(colibri_context *ctx, const int32_t *seq_ids, const int32_t *tokens,
+                                              int32_t n_tokens, const uint8_t *want_logits, float *logits_out);
+/* Sequences the context holds (n_seq_max as resolved). */
+COLIBRI_API int32_t colibri_n_seq_max(const colibri_context *ctx);
+/* Tokens in sequence seq's KV cache; -1 for a sequence id outside [0, n_seq_max). */
+COLIBRI_API int32_t colibri_seq_n_past(const colibri_context *ctx, int32_t seq);
+/* Drop sequence seq's cache after position n_past (0 frees the sequence for a new one). */
+COLIBRI_API colibri_status colibri_seq_truncate(colibri_context *ctx, int32_t seq, int32_t n_past);
 
 /* Routing of the last colibri_eval call: for each of its tokens, each layer, each of the
  * top-k chosen experts, the expert id and its weight (layout [n_tokens][n_layer][k]).

@@ -65,6 +65,7 @@ void colibri_context_default_params(colibri_context_params *out) {
     out->pin_experts = 0;
     out->route_prefilter_margin = 0.0f;
     out->drop_cold_share = 0.0f;
+    out->n_seq_max = 1;
 }
 
 colibri_status colibri_plan_model(const colibri_model *model, const colibri_context_params *params,
@@ -120,15 +121,34 @@ void colibri_context_free(colibri_context *ctx) {
 
 int32_t colibri_context_n_ctx(const colibri_context *ctx) { return ctx ? ctx->n_ctx : 0; }
 
-int32_t colibri_n_past(const colibri_context *ctx) { return ctx ? ctx->n_past : 0; }
+int32_t colibri_n_past(const colibri_context *ctx) { return ctx ? ctx->seq_past[0] : 0; }
 
 colibri_status colibri_truncate(colibri_context *ctx, int32_t n_past) {
     if (!ctx) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_truncate: ctx is NULL");
-    if (n_past < 0 || n_past > ctx->n_past)
+    if (n_past < 0 || n_past > ctx->seq_past[0])
         return cb_error(COLIBRI_E_INVALID_ARG, "colibri_truncate: n_past %d is outside [0, %d]", (int)n_past,
-                        (int)ctx->n_past);
+                        (int)ctx->seq_past[0]);
     /* The cache rows past n_past are simply overwritten by the next eval. */
-    ctx->n_past = n_past;
+    ctx->seq_past[0] = n_past;
+    return COLIBRI_OK;
+}
+
+int32_t colibri_n_seq_max(const colibri_context *ctx) { return ctx ? ctx->n_seq_max : 0; }
+
+int32_t colibri_seq_n_past(const colibri_context *ctx, int32_t seq) {
+    if (!ctx || seq < 0 || seq >= ctx->n_seq_max) return -1;
+    return ctx->seq_past[seq];
+}
+
+colibri_status colibri_seq_truncate(colibri_context *ctx, int32_t seq, int32_t n_past) {
+    if (!ctx) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_seq_truncate: ctx is NULL");
+    if (seq < 0 || seq >= ctx->n_seq_max)
+        return cb_error(COLIBRI_E_INVALID_ARG, "colibri_seq_truncate: sequence %d is outside [0, %d)", (int)seq,
+                        (int)ctx->n_seq_max);
+    if (n_past < 0 || n_past > ctx->seq_past[seq])
+        return cb_error(COLIBRI_E_INVALID_ARG, "colibri_seq_truncate: n_past %d is outside [0, %d] for sequence %d",
+                        (int)n_past, (int)ctx->seq_past[seq], (int)seq);
+    ctx->seq_past[seq] = n_past;
     return COLIBRI_OK;
 }
 
@@ -136,6 +156,12 @@ colibri_status colibri_eval(colibri_context *ctx, const int32_t *tokens, int32_t
                             int32_t all_logits) {
     if (!ctx) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_eval: ctx is NULL");
     return context_eval(ctx, tokens, n_tokens, logits_out, all_logits);
+}
+
+colibri_status colibri_eval_batch(colibri_context *ctx, const int32_t *seq_ids, const int32_t *tokens,
+                                  int32_t n_tokens, const uint8_t *want_logits, float *logits_out) {
+    if (!ctx) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_eval_batch: ctx is NULL");
+    return context_eval_batch(ctx, seq_ids, tokens, n_tokens, want_logits, logits_out);
 }
 
 colibri_status colibri_get_routing(const colibri_context *ctx, int32_t *expert_ids, float *expert_weights,

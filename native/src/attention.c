@@ -1,6 +1,8 @@
 /* attention.c — the attention block: q/k/v projections (+ biases), q/k RMSNorms of the
  * architecture's kind, RoPE, the KV cache write (F32, F16 or INT8 rows) and causal GQA
- * attention over the cache, then the output projection. */
+ * attention over the cache, then the output projection. A chunk may mix the tokens of several
+ * sequences: each token writes and reads its own sequence's rows at its own position (s.seq,
+ * s.pos), so what a token computes never depends on what else is in the chunk. */
 #include <math.h>
 #include <string.h>
 
@@ -11,10 +13,10 @@
 
 typedef struct attn_task {
     struct colibri_context *c;
-    int layer, n_tok, p0;
+    int layer, n_tok;
 } attn_task;
 
-/* One (token, head) item: scores against the cached keys it sees (0..pos, or the layer's
+/* One (token, head) item: scores against its sequence's cached keys it sees (0..pos, or the layer's
  * sliding window of the last `window` positions), softmax (with the head's sink logit in the
  * denominator when the layer has sinks), weighted sum of the cached values. Items are dealt
  * round-robin so that causal prefill (later tokens see more keys) stays balanced between threads. */
@@ -36,10 +38,10 @@ static void attn_worker(void *arg, int ith, int nth) {
     for (int it = ith; it < n_items; it += nth) {
         const int tok = it / nh, h = it % nh, kvh = h / group;
         const float *q = c->s.qkv + (size_t)tok * qkv_w + (size_t)h * hd;
-        const int pos = t->p0 + tok;
+        const int pos = c->s.pos[tok];
         const int j0 = w->window > 0 && pos >= w->window ? pos - w->window + 1 : 0; /* first key seen */
         const int n = pos - j0 + 1;
-        const size_t base = (((size_t)t->layer * hp->n_head_kv + kvh) * (size_t)c->n_ctx + (size_t)j0) * hd;
+        const size_t base = kv_row(c, c->s.seq[tok], t->layer, kvh, j0) * (size_t)hd;
         float *out = c->s.att + (size_t)tok * qd + (size_t)h * hd;
         memset(out, 0, (size_t)hd * sizeof(float));
         if (c->kv_kind == KV_I8) {
@@ -86,6 +88,7 @@ static float quantize_row_i8(const float *x, int8_t *q, int n) {
 }
 
 void block_attention(struct colibri_context *c, int il, int n, int p0) {
+    (void)p0; /* the chunk's first position; each token's own is s.pos[t] */
     const struct colibri_model *m = c->model;
     const model_hparams *hp = &m->hp;
     const layer_weights *w = &m->layers[il];
@@ -118,9 +121,8 @@ void block_attention(struct colibri_context *c, int il, int n, int p0) {
         const float *cs = s->rope_cs + (size_t)t * hp->n_rot;
         for (int h = 0; h < nh; h++) op_rope(q + h * hd, hp->n_rot, cs, hp->rope_neox);
         for (int h = 0; h < nkv; h++) op_rope(k + h * hd, hp->n_rot, cs, hp->rope_neox);
-        const size_t pos = (size_t)(p0 + t);
         for (int h = 0; h < nkv; h++) {
-            const size_t row = ((size_t)il * nkv + h) * (size_t)c->n_ctx + pos, off = row * hd;
+            const size_t row = kv_row(c, s->seq[t], il, h, s->pos[t]), off = row * hd;
             if (c->kv_kind == KV_I8) {
                 c->k_scale[row] = quantize_row_i8(k + h * hd, (int8_t *)c->k_cache + off, hd);
                 c->v_scale[row] = quantize_row_i8(v + h * hd, (int8_t *)c->v_cache + off, hd);
@@ -134,7 +136,7 @@ void block_attention(struct colibri_context *c, int il, int n, int p0) {
         }
     }
 
-    attn_task at = {c, il, n, p0};
+    attn_task at = {c, il, n};
     pool_run(c->pool, attn_worker, &at);
 
     const block_q8a *attq = NULL;

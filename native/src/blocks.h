@@ -13,7 +13,8 @@ struct colibri_context;
 /* s.xn = RMSNorm(s.x) * w for the chunk's n rows (forward.c). */
 void block_norm_rows(struct colibri_context *c, const float *w, int n);
 
-/* Attention of layer il from s.xn into s.tmp, writing the chunk's K/V at positions p0..
+/* Attention of layer il from s.xn into s.tmp, writing each token's K/V into its sequence's
+ * cache at its position (s.seq[t], s.pos[t]; p0 = s.pos[0], kept for the recipes' signature)
  * (attention.c). */
 void block_attention(struct colibri_context *c, int il, int n, int p0);
 

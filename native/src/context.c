@@ -20,6 +20,7 @@
 /* Largest context we plan for; keeps every size computation far from overflow. */
 #define MAX_CTX (1 << 22)
 #define MAX_BATCH 8192
+#define MAX_SEQ 256
 
 
 /* Lays out the scratch buffers. With a == NULL only sums their (aligned) sizes into *total. */
@@ -60,6 +61,9 @@ static void plan_scratch(struct colibri_context *c, planner *p) {
     s->attq = take(p, B * NB(qd) * q);
     s->tmp = take(p, B * E * f);
     s->rope_cs = take(p, B * (size_t)hp->n_rot * f);
+    s->seq = take(p, B * sizeof(int32_t));
+    s->pos = take(p, B * sizeof(int32_t));
+    s->want = take(p, B);
     s->scores = take(p, (size_t)c->n_threads * (size_t)c->n_ctx * f);
     s->gate = take(p, R * F * f);
     s->up = take(p, R * F * f);
@@ -89,6 +93,7 @@ void context_destroy(struct colibri_context *c) {
     cb_free(c->v_cache);
     cb_free(c->k_scale);
     cb_free(c->v_scale);
+    cb_free(c->seq_past);
     cb_free(c->inv_freq);
     cb_free(c->route_ids);
     cb_free(c->route_w);
@@ -183,6 +188,9 @@ colibri_status context_resolve_params(const struct colibri_model *m, const colib
         if (needs)
             return cb_error(COLIBRI_E_INVALID_ARG, "%s needs a routing profile (routing_profile is NULL)", needs);
     }
+    if (p.n_seq_max <= 0) p.n_seq_max = 1;
+    if (p.n_seq_max > MAX_SEQ)
+        return cb_error(COLIBRI_E_INVALID_ARG, "n_seq_max %d is above %d", (int)p.n_seq_max, MAX_SEQ);
     if (p.kv_type != COLIBRI_KV_DEFAULT && p.kv_type != COLIBRI_KV_F16 && p.kv_type != COLIBRI_KV_INT8)
         return cb_error(COLIBRI_E_INVALID_ARG, "kv_type %d is not COLIBRI_KV_DEFAULT, _F16 or _INT8",
                         (int)p.kv_type);
@@ -197,6 +205,10 @@ int context_kv_kind(const struct colibri_model *m, const colibri_context_params 
 }
 
 size_t context_kv_bytes(const struct colibri_model *m, const colibri_context_params *p) {
+    return (size_t)(p->n_seq_max > 0 ? p->n_seq_max : 1) * context_kv_seq_bytes(m, p);
+}
+
+size_t context_kv_seq_bytes(const struct colibri_model *m, const colibri_context_params *p) {
     const model_hparams *hp = &m->hp;
     const size_t rows = (size_t)hp->n_layer * hp->n_head_kv * (size_t)p->n_ctx, hd = (size_t)hp->head_dim;
     switch (context_kv_kind(m, p)) {
@@ -236,6 +248,7 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
     c->n_ctx = p.n_ctx;
     c->n_batch = p.n_batch;
     c->n_threads = p.n_threads;
+    c->n_seq_max = p.n_seq_max;
     c->plan = plan;
     c->prefetch = p.prefetch;
     if (p.routing_profile) {
@@ -249,7 +262,8 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
             return st;
         }
     }
-    const size_t kv_rows = (size_t)hp->n_layer * hp->n_head_kv * (size_t)c->n_ctx;
+    c->kv_seq_rows = (size_t)hp->n_layer * hp->n_head_kv * (size_t)c->n_ctx;
+    const size_t kv_rows = c->kv_seq_rows * (size_t)c->n_seq_max;
     const size_t kv_elems = kv_rows * hp->head_dim;
     c->kv_kind = context_kv_kind(m, &p);
     const size_t kv_elem_bytes = c->kv_kind == KV_F32 ? sizeof(float) : c->kv_kind == KV_I8 ? 1 : sizeof(uint16_t);
@@ -269,11 +283,14 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
     const size_t route_elems = hp->n_expert ? (size_t)c->n_ctx * hp->n_layer * hp->n_expert_used : 1;
     c->route_ids = cb_malloc(route_elems * sizeof(int32_t));
     c->route_w = cb_malloc(route_elems * sizeof(float));
-    if (!c->k_cache || !c->v_cache || !c->inv_freq || !c->route_ids || !c->route_w) {
+    c->seq_past = cb_calloc((size_t)c->n_seq_max * 3, sizeof(int32_t));
+    if (!c->k_cache || !c->v_cache || !c->inv_freq || !c->route_ids || !c->route_w || !c->seq_past) {
         context_destroy(c);
-        return cb_error(COLIBRI_E_NOMEM, "cannot allocate a KV cache of %zu bytes for %d positions", c->kv_bytes,
-                        (int)c->n_ctx);
+        return cb_error(COLIBRI_E_NOMEM, "cannot allocate a KV cache of %zu bytes for %d sequences of %d positions",
+                        c->kv_bytes, (int)c->n_seq_max, (int)c->n_ctx);
     }
+    c->seq_saved = c->seq_past + c->n_seq_max;
+    c->seq_last = c->seq_saved + c->n_seq_max;
     rope_init_freqs(hp, c->inv_freq);
 
     planner pl = {NULL, 0, 0};

@@ -1,6 +1,6 @@
-/* context.h — a per-sequence context: KV cache, scratch plan, thread pool, expert streaming
- * state (created and destroyed in context.c), run by the forward pass (forward.c and the
- * shared blocks it calls). */
+/* context.h — an inference context: the KV caches of its sequences (n_seq_max of them), scratch
+ * plan, thread pool, expert streaming state (created and destroyed in context.c), run by the
+ * forward pass (forward.c and the shared blocks it calls). */
 #ifndef COLIBRI_CONTEXT_H
 #define COLIBRI_CONTEXT_H
 
@@ -23,6 +23,9 @@ typedef struct scratch {
     block_q8a *attq;     /* [B][q_dim/32] */
     float *tmp;          /* [B][n_embd] output of a projection before the residual add */
     float *rope_cs;      /* [B][n_rot] cos then sin per position */
+    int32_t *seq;        /* [B] sequence of each token of the chunk */
+    int32_t *pos;        /* [B] its position in that sequence */
+    uint8_t *want;       /* [B] 1: the token's logits are wanted */
     float *scores;       /* [n_threads][n_ctx] attention probabilities */
     /* FFN: width F = max(n_ff, n_ff_exp, n_ff_shexp), rows R = max(B, P) */
     float *gate;         /* [R][F] */
@@ -49,19 +52,25 @@ typedef struct scratch {
 struct colibri_context {
     struct colibri_model *model;
     int32_t n_ctx, n_batch, n_threads;
-    int32_t n_past;
+    int32_t n_seq_max;
+    /* [n_seq_max] tokens in each sequence's cache (sequence 0 is the single-sequence API's);
+     * seq_saved: the same at the start of an eval, restored when it fails; seq_last: scratch of
+     * the eval driver (index of each sequence's last token in the call) */
+    int32_t *seq_past, *seq_saved, *seq_last;
     cb_pool *pool;
-    /* KV cache [n_layer][n_head_kv][n_ctx][head_dim], F16 — or F32 when the model's attention
+    /* KV cache [n_seq_max][n_layer][n_head_kv][n_ctx][head_dim] (kv_row() indexes it), so one
+     * sequence's rows are one contiguous block of kv_seq_rows rows. F16 — or F32 when the model's attention
      * weights are F32: a full-precision file is meant to reproduce the reference exactly, and
      * F16 keys alone move its logits by ~1e-3 relative. INT8 (kv_type COLIBRI_KV_INT8, opt-in)
      * halves the memory for long contexts, with the per-row scales below. */
     void *k_cache;
     void *v_cache;
     int kv_kind;         /* KV_F16, KV_F32 or KV_I8 */
-    /* KV_I8 only: [n_layer][n_head_kv][n_ctx] scales (absmax/127) of the int8 rows above */
+    /* KV_I8 only: [n_seq_max][n_layer][n_head_kv][n_ctx] scales (absmax/127) of the int8 rows above */
     float *k_scale;
     float *v_scale;
-    size_t kv_bytes;
+    size_t kv_seq_rows;  /* n_layer * n_head_kv * n_ctx: rows of one sequence */
+    size_t kv_bytes;     /* all sequences */
     float *inv_freq;     /* [n_rot/2] */
     arena arena;
     scratch s;
@@ -97,16 +106,26 @@ colibri_status context_resolve_params(const struct colibri_model *m, const colib
                                       colibri_context_params *out);
 /* Bytes of the scratch arena a context with these (resolved) parameters lays out. */
 size_t context_scratch_bytes(const struct colibri_model *m, const colibri_context_params *p);
-/* How the KV cache of resolved params p stores its elements, and its total bytes (K and V,
- * scales included): the one formula the ledger and context_create share. */
+/* How the KV cache of resolved params p stores its elements, and its total bytes for all
+ * n_seq_max sequences (K and V, scales included): the one formula the ledger and context_create
+ * share. context_kv_seq_bytes is one sequence's part (n_seq_max = 1: the same number). */
 enum { KV_F16 = 0, KV_F32 = 1, KV_I8 = 2 };
 int context_kv_kind(const struct colibri_model *m, const colibri_context_params *p);
+size_t context_kv_seq_bytes(const struct colibri_model *m, const colibri_context_params *p);
 size_t context_kv_bytes(const struct colibri_model *m, const colibri_context_params *p);
+
+/* Index of the KV row (and scale) of position pos of KV head h, layer il, sequence seq. */
+static inline size_t kv_row(const struct colibri_context *c, int seq, int il, int h, int pos) {
+    return (size_t)seq * c->kv_seq_rows + ((size_t)il * (size_t)c->model->hp.n_head_kv + (size_t)h) * (size_t)c->n_ctx +
+           (size_t)pos;
+}
 colibri_status context_create(struct colibri_model *m, const colibri_context_params *p,
                               struct colibri_context **out);
 void context_destroy(struct colibri_context *c);
-/* Run tokens through the model (see colibri_eval; forward.c). */
+/* Run tokens through the model (see colibri_eval and colibri_eval_batch; forward.c). */
 colibri_status context_eval(struct colibri_context *c, const int32_t *tokens, int32_t n_tokens, float *logits,
                             int32_t all_logits);
+colibri_status context_eval_batch(struct colibri_context *c, const int32_t *seq_ids, const int32_t *tokens,
+                                  int32_t n_tokens, const uint8_t *want_logits, float *logits);
 
 #endif

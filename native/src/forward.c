@@ -2,8 +2,8 @@
  * recipe for each layer (arch.h), the output head; and the pre-norm decoder layer most
  * architectures share.
  *
- * One code path serves prefill and decode: a chunk of n tokens (1 <= n <= n_batch) goes
- * through each layer together. Matrix products are issued as job lists (jobs.h), one pool_run
+ * One code path serves prefill and decode, of one sequence or several: a chunk of n tokens
+ * (1 <= n <= n_batch), each at its own sequence and position, goes through each layer together. Matrix products are issued as job lists (jobs.h), one pool_run
  * per dependency step. All scratch memory was laid out at context creation (context.c); an
  * eval makes no heap allocation. */
 #include <math.h>
@@ -54,83 +54,121 @@ colibri_status layer_pre_norm(struct colibri_context *c, int il, int n, int p0) 
 
 /* ---- one chunk -------------------------------------------------------- */
 
-/* Tokens tok[0..n) at positions n_past.. ; logits rows go to `logits` (row stride n_vocab)
- * for every token when all_logits, else for the last token only when want_last. */
-static colibri_status eval_chunk(struct colibri_context *c, const int32_t *tok, int n, float *logits,
-                                 int all_logits, int want_last) {
+/* Tokens tok[0..n), token t at position s.pos[t] of sequence s.seq[t]. A logits row (stride
+ * n_vocab) goes to `logits` for each token with s.want[t], in token order; *n_rows counts them. */
+static colibri_status eval_chunk(struct colibri_context *c, const int32_t *tok, int n, float *logits, int *n_rows) {
     const struct colibri_model *m = c->model;
     const model_hparams *hp = &m->hp;
     scratch *s = &c->s;
-    const int E = hp->n_embd, p0 = c->n_past;
+    const int E = hp->n_embd;
     c->chunk_tokens = tok;
+    *n_rows = 0;
 
     for (int t = 0; t < n; t++)
         dequantize_row(m->tok_embd.type, (const char *)m->tok_embd.data + (size_t)tok[t] * m->tok_embd.row_bytes,
                        s->x + (size_t)t * E, (uint64_t)E);
     if (hp->embd_scale != 1.0f)
         for (size_t i = 0; i < (size_t)n * E; i++) s->x[i] *= hp->embd_scale;
-    for (int t = 0; t < n; t++) op_rope_angles(s->rope_cs + (size_t)t * hp->n_rot, c->inv_freq, hp->n_rot, p0 + t);
+    for (int t = 0; t < n; t++)
+        op_rope_angles(s->rope_cs + (size_t)t * hp->n_rot, c->inv_freq, hp->n_rot, s->pos[t]);
     if (hp->rope_attn_factor != 1.0f) /* YaRN: cos and sin scaled, so q.k by its square */
         for (size_t i = 0; i < (size_t)n * hp->n_rot; i++) s->rope_cs[i] *= hp->rope_attn_factor;
     if (c->store) store_tick(c->store, n);
     if (c->pred && n == 1) ffn_prefetch_layer(c, 0, NULL); /* decode step start: temporal and hashed */
 
     for (int il = 0; il < hp->n_layer; il++) {
-        colibri_status st = m->arch->layer(c, il, n, p0);
+        colibri_status st = m->arch->layer(c, il, n, s->pos[0]);
         if (st) return st;
     }
-    c->n_past += n;
 
-    if (!logits || (!all_logits && !want_last)) return COLIBRI_OK;
-    const int r0 = all_logits ? 0 : n - 1, nr = n - r0;
-    for (int t = r0; t < n; t++)
-        op_rmsnorm(s->x + (size_t)t * E, m->output_norm, s->xn + (size_t)(t - r0) * E, E, hp->norm_eps);
+    if (!logits) return COLIBRI_OK;
+    int nr = 0;
+    for (int t = 0; t < n; t++)
+        if (s->want[t])
+            op_rmsnorm(s->x + (size_t)t * E, m->output_norm, s->xn + (size_t)nr++ * E, E, hp->norm_eps);
+    if (nr == 0) return COLIBRI_OK;
     if (mat_wants_q8a(&m->output)) quantize_activations(c, s->xn, s->xnq, nr, E);
     mm_job o = job(&m->output, s->xn, s->xnq, nr, logits, hp->n_vocab);
     run_jobs(c, &o, 1);
     if (hp->logit_scale != 1.0f) /* a division, as transformers' logits / logits_scaling */
         for (size_t i = 0; i < (size_t)nr * hp->n_vocab; i++) logits[i] /= hp->logit_scale;
+    *n_rows = nr;
     return COLIBRI_OK;
 }
 
-colibri_status context_eval(struct colibri_context *c, const int32_t *tokens, int32_t n_tokens, float *logits,
-                            int32_t all_logits) {
+/* ---- the eval driver -------------------------------------------------- */
+
+/* Which tokens get a logits row. */
+enum { WANT_GIVEN, WANT_ALL, WANT_LAST };
+
+/* Checks every input, then runs tokens[0..n_tokens) (token i in sequence seq_ids[i], or 0 when
+ * seq_ids is NULL) in chunks of n_batch; a failure restores every sequence's position count. */
+static colibri_status eval_tokens(struct colibri_context *c, const int32_t *seq_ids, const int32_t *tokens,
+                                  int32_t n_tokens, int mode, const uint8_t *want, float *logits) {
     const model_hparams *hp = &c->model->hp;
     if (n_tokens < 1) return cb_error(COLIBRI_E_INVALID_ARG, "n_tokens must be >= 1 (got %d)", (int)n_tokens);
     if (!tokens) return cb_error(COLIBRI_E_INVALID_ARG, "tokens is NULL");
-    for (int32_t i = 0; i < n_tokens; i++)
+    if (seq_ids && n_tokens > c->n_ctx) /* the routing record holds n_ctx tokens */
+        return cb_error(COLIBRI_E_INVALID_ARG, "n_tokens %d is above the context's n_ctx %d", (int)n_tokens,
+                        (int)c->n_ctx);
+    for (int32_t i = 0; i < n_tokens; i++) {
         if (tokens[i] < 0 || tokens[i] >= hp->n_vocab)
             return cb_error(COLIBRI_E_INVALID_ARG, "token %d at index %d is outside the vocabulary [0, %d)",
                             (int)tokens[i], (int)i, (int)hp->n_vocab);
-    if ((int64_t)c->n_past + n_tokens > c->n_ctx)
-        return cb_error(COLIBRI_E_CONTEXT_FULL, "%d tokens do not fit: %d of the context's %d positions are in use",
-                        (int)n_tokens, (int)c->n_past, (int)c->n_ctx);
+        if (seq_ids && (seq_ids[i] < 0 || seq_ids[i] >= c->n_seq_max))
+            return cb_error(COLIBRI_E_INVALID_ARG, "sequence id %d at index %d is outside [0, %d)", (int)seq_ids[i],
+                            (int)i, (int)c->n_seq_max);
+    }
+    /* seq_last counts each sequence's tokens first, then holds the index of its last one */
+    memset(c->seq_last, 0, (size_t)c->n_seq_max * sizeof *c->seq_last);
+    int n_seqs = 0;
+    for (int32_t i = 0; i < n_tokens; i++) n_seqs += c->seq_last[seq_ids ? seq_ids[i] : 0]++ == 0;
+    for (int q = 0; q < c->n_seq_max; q++) {
+        if ((int64_t)c->seq_past[q] + c->seq_last[q] <= c->n_ctx) continue;
+        if (!seq_ids)
+            return cb_error(COLIBRI_E_CONTEXT_FULL,
+                            "%d tokens do not fit: %d of the context's %d positions are in use", (int)n_tokens,
+                            (int)c->seq_past[q], (int)c->n_ctx);
+        return cb_error(COLIBRI_E_CONTEXT_FULL,
+                        "sequence %d: %d tokens do not fit: %d of its %d positions are in use", q,
+                        (int)c->seq_last[q], (int)c->seq_past[q], (int)c->n_ctx);
+    }
+    for (int32_t i = 0; i < n_tokens; i++) c->seq_last[seq_ids ? seq_ids[i] : 0] = i;
 
     const uint64_t allocs0 = cb_alloc_count();
     const double t0 = now_seconds();
-    const int32_t past0 = c->n_past;
+    memcpy(c->seq_saved, c->seq_past, (size_t)c->n_seq_max * sizeof *c->seq_past);
+    scratch *s = &c->s;
+    size_t rows = 0;
     for (int32_t i = 0; i < n_tokens; i += c->n_batch) {
         const int n = n_tokens - i < c->n_batch ? n_tokens - i : c->n_batch;
-        const int last = i + n == n_tokens;
-        float *dst = logits && all_logits ? logits + (size_t)i * hp->n_vocab : logits;
+        for (int t = 0; t < n; t++) {
+            const int32_t q = seq_ids ? seq_ids[i + t] : 0;
+            s->seq[t] = q;
+            s->pos[t] = c->seq_past[q]++;
+            s->want[t] = mode == WANT_ALL ? 1 : mode == WANT_LAST ? c->seq_last[q] == i + t : want[i + t] != 0;
+        }
         c->route_base = i;
-        colibri_status st = eval_chunk(c, tokens + i, n, dst, all_logits, last);
+        int nr = 0;
+        colibri_status st = eval_chunk(c, tokens + i, n, logits ? logits + rows * hp->n_vocab : NULL, &nr);
         if (st) {
             /* an expert could not be read: the call did nothing, the context stays usable */
-            c->n_past = past0;
+            memcpy(c->seq_past, c->seq_saved, (size_t)c->n_seq_max * sizeof *c->seq_past);
             c->route_n = 0;
             return st;
         }
+        rows += (size_t)nr;
     }
     c->route_n = hp->n_expert > 0 ? n_tokens : 0;
     const double dt = now_seconds() - t0;
 
+    /* a step that gives each of its sequences one token is a decode step */
     colibri_stats *st = &c->stats;
-    if (n_tokens > 1) {
+    if (n_tokens > n_seqs) {
         st->n_prompt_tokens += (uint64_t)n_tokens;
         st->prefill_seconds += dt;
     } else {
-        st->n_decode_tokens += 1;
+        st->n_decode_tokens += (uint64_t)n_tokens;
         st->decode_seconds += dt;
     }
     st->n_eval_calls++;
@@ -139,3 +177,13 @@ colibri_status context_eval(struct colibri_context *c, const int32_t *tokens, in
     return COLIBRI_OK;
 }
 
+colibri_status context_eval(struct colibri_context *c, const int32_t *tokens, int32_t n_tokens, float *logits,
+                            int32_t all_logits) {
+    return eval_tokens(c, NULL, tokens, n_tokens, all_logits ? WANT_ALL : WANT_LAST, NULL, logits);
+}
+
+colibri_status context_eval_batch(struct colibri_context *c, const int32_t *seq_ids, const int32_t *tokens,
+                                  int32_t n_tokens, const uint8_t *want_logits, float *logits) {
+    if (!seq_ids) return cb_error(COLIBRI_E_INVALID_ARG, "seq_ids is NULL");
+    return eval_tokens(c, seq_ids, tokens, n_tokens, want_logits ? WANT_GIVEN : WANT_LAST, want_logits, logits);
+}

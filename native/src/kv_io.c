@@ -79,9 +79,9 @@ static size_t state_bytes(const struct colibri_context *c, int32_t n) {
 }
 
 static colibri_status check_n(const struct colibri_context *c, int32_t n, const char *fn) {
-    if (n < 0 || n > c->n_past)
+    if (n < 0 || n > c->seq_past[0])
         return cb_error(COLIBRI_E_INVALID_ARG, "%s: n_tokens %d is outside [0, %d] (the tokens in the cache)", fn,
-                        (int)n, (int)c->n_past);
+                        (int)n, (int)c->seq_past[0]);
     return COLIBRI_OK;
 }
 
@@ -201,6 +201,6 @@ colibri_status colibri_state_load(colibri_context *ctx, const void *buf, size_t 
     const int32_t n = (int32_t)rd32(b + 40);
     /* kv_section_io only reads the blob in this direction. */
     kv_section_io(ctx, n, (unsigned char *)(uintptr_t)(b + KV_HEADER_BYTES + KV_SECTION_HEAD), 0);
-    ctx->n_past = n;
+    ctx->seq_past[0] = n;
     return COLIBRI_OK;
 }

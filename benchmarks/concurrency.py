@@ -1,0 +1,265 @@
+"""Aggregate decode throughput and time to first token of `colibri serve` with concurrent clients, with
+continuous batching (--max-concurrency) against the same requests served one at a time.
+
+    python benchmarks/concurrency.py --model ~/.cache/colibri/bench/bench-a-q8_0.gguf
+    python benchmarks/concurrency.py --model smollm2 --clients 1,4,8,16 --max-tokens 64
+    sudo python benchmarks/concurrency.py --model ... --memory-cap 50%   # in a cgroup (bench.py's)
+
+For each mode, one server on loopback: "batched" with --max-concurrency max(--clients), "one at a time"
+with --max-concurrency 1 (the same clients queue behind each other; --max-queue is large enough for
+all). For each client count N, N clients send at once N different prompts (streaming completions,
+greedy), and the script reports
+
+* aggregate decode tok/s: completion tokens of all N / wall time from the first send to the last end,
+* p50 / p99 time to first token over the N requests (queueing included),
+* whether every batched output is identical to the same request served one at a time.
+
+--memory-cap SIZE (or P% of the model file) runs each server in a fresh memory cgroup (root needed);
+the engine's default budget then follows the cgroup limit. --json FILE writes the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import MemoryCgroup, parse_size  # noqa: E402  (the cgroup and size parsing bench.py uses)
+
+READY = re.compile(r"colibri serve: http://127\.0\.0\.1:(\d+)/v1")
+TOPICS = [
+    "the history of the printing press",
+    "how bees make honey",
+    "why the sky is blue",
+    "the rules of chess",
+    "how a steam engine works",
+    "the water cycle",
+    "the life of a star",
+    "how vaccines work",
+    "the invention of the telephone",
+    "how plants grow",
+    "the causes of tides",
+    "how computers store numbers",
+    "the migration of birds",
+    "how bread rises",
+    "the structure of an atom",
+    "how rivers shape valleys",
+]
+
+
+def prompt(i: int, words: int) -> str:
+    # The request number comes first, so no two prompts share more than a token or two of prefix:
+    # the one-at-a-time server's KV prefix reuse does not flatter it.
+    base = f"Request {i}. Write a detailed explanation of {TOPICS[i % len(TOPICS)]}. "
+    filler = " ".join(TOPICS[(i + j) % len(TOPICS)] for j in range(words // 4))
+    return base + "Background: " + filler + "\nExplanation:"
+
+
+class Server:
+    """`colibri serve` in a child process (optionally in a memory cgroup)."""
+
+    def __init__(self, args: argparse.Namespace, concurrency: int, cap: int | None) -> None:
+        cmd = [
+            sys.executable,
+            "-m",
+            "colibri_backend",
+            "serve",
+            "--model",
+            args.model,
+            "--port",
+            "0",
+            "--context-length",
+            str(args.context_length),
+            "--max-concurrency",
+            str(concurrency),
+            "--max-queue",
+            str(max(args.clients) + 1),
+            "--log-level",
+            "warning",
+        ]
+        if args.threads:
+            cmd += ["--threads", str(args.threads)]
+        self.cgroup = MemoryCgroup(cap, f"colibri-concurrency-{os.getpid()}") if cap else None
+        if self.cgroup is not None:
+            self.cgroup.__enter__()
+        self.proc = subprocess.Popen(
+            cmd,
+            stderr=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            text=True,
+            preexec_fn=self.cgroup.join if self.cgroup is not None else None,
+        )
+        port: list[int] = []
+        ready = threading.Event()
+
+        def pump() -> None:
+            assert self.proc.stderr is not None
+            for line in self.proc.stderr:
+                m = READY.search(line)
+                if m and not port:
+                    port.append(int(m.group(1)))
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        if not ready.wait(300) or not port:
+            self.stop()
+            raise SystemExit("the server did not start")
+        self.base = f"http://127.0.0.1:{port[0]}"
+        with httpx.Client(base_url=self.base, timeout=30) as http:
+            deadline = time.time() + 600
+            while time.time() < deadline:
+                models = http.get("/health").json()["models"]
+                if all(s["state"] != "loading" for s in models.values()):
+                    break
+                time.sleep(0.5)
+            self.alias = next(iter(models))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.cgroup is not None:
+            self.cgroup.__exit__(None, None, None)
+
+
+def one_request(base: str, alias: str, text: str, max_tokens: int) -> dict:
+    body = {
+        "model": alias,
+        "prompt": text,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    t0 = time.perf_counter()
+    ttft = None
+    out: list[str] = []
+    tokens = 0
+    with httpx.Client(base_url=base, timeout=3600) as http:
+        with http.stream("POST", "/v1/completions", json=body) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                obj = json.loads(line[6:])
+                if "error" in obj:
+                    raise RuntimeError(obj["error"]["message"])
+                for c in obj.get("choices", []):
+                    if c.get("text"):
+                        if ttft is None:
+                            ttft = time.perf_counter() - t0
+                        out.append(c["text"])
+                if obj.get("usage"):
+                    tokens = obj["usage"]["completion_tokens"]
+    return {
+        "ttft": ttft if ttft is not None else float("nan"),
+        "text": "".join(out),
+        "tokens": tokens,
+        "end": time.perf_counter(),
+    }
+
+
+def percentile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
+
+
+def run_clients(server: Server, n: int, args: argparse.Namespace, first: int) -> dict:
+    """n clients at once, sending prompts first .. first+n-1."""
+    texts = [prompt(first + i, args.prompt_words) for i in range(n)]
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(n) as pool:
+        results = list(pool.map(lambda t: one_request(server.base, server.alias, t, args.max_tokens), texts))
+    wall = max(r["end"] for r in results) - t0
+    ttfts = [r["ttft"] for r in results]
+    tokens = sum(r["tokens"] for r in results)
+    return {
+        "clients": n,
+        "wall_s": wall,
+        "completion_tokens": tokens,
+        "aggregate_tok_s": tokens / wall if wall > 0 else float("nan"),
+        "ttft_p50_s": statistics.median(ttfts),
+        "ttft_p99_s": percentile(ttfts, 99),
+        "texts": [r["text"] for r in results],
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(Path.home() / ".cache/colibri/bench/bench-a-q8_0.gguf"))
+    ap.add_argument("--clients", default="1,4,8,16", help="comma list of concurrent client counts")
+    ap.add_argument("--max-tokens", type=int, default=64, help="tokens per request")
+    ap.add_argument("--prompt-words", type=int, default=60, help="about this many words per prompt")
+    ap.add_argument("--context-length", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=0, help="engine threads (default: all CPUs)")
+    ap.add_argument(
+        "--memory-cap", default=None, metavar="SIZE|P%", help="run each server in a memory cgroup"
+    )
+    ap.add_argument("--json", type=Path, default=None, help="write the figures here")
+    args = ap.parse_args()
+    try:
+        args.clients = sorted({int(c) for c in args.clients.split(",")})
+    except ValueError:
+        ap.error(f"--clients: {args.clients!r} is not a comma list of numbers")
+    if not args.clients or min(args.clients) < 1:
+        ap.error("--clients: counts must be at least 1")
+    cap = None
+    if args.memory_cap:
+        if args.memory_cap.endswith("%"):
+            model = Path(args.model).expanduser()
+            if not model.is_file():
+                ap.error("--memory-cap P% needs --model to be a file")
+            cap = int(model.stat().st_size * float(args.memory_cap[:-1]) / 100)
+        else:
+            cap = parse_size(args.memory_cap)
+
+    report: dict = {"model": args.model, "memory_cap": cap, "max_tokens": args.max_tokens, "modes": {}}
+    for mode, concurrency in (("one_at_a_time", 1), ("batched", max(args.clients))):
+        server = Server(args, concurrency, cap)
+        try:
+            run_clients(server, 1, args, 10_000)  # warm-up (page cache, expert slots)
+            starts = [sum(args.clients[:k]) for k in range(len(args.clients))]
+            report["modes"][mode] = [
+                run_clients(server, n, args, s) for n, s in zip(args.clients, starts, strict=True)
+            ]
+        finally:
+            server.stop()
+    print(f"{args.model}  cap={cap or 'none'}  max_tokens={args.max_tokens}")
+    print(
+        f"{'clients':>7} {'mode':>14} {'agg tok/s':>10} {'ttft p50':>9} {'ttft p99':>9} {'speedup':>8} same"
+    )
+    for i, n in enumerate(args.clients):
+        base = report["modes"]["one_at_a_time"][i]
+        bat = report["modes"]["batched"][i]
+        bat["identical_to_one_at_a_time"] = bat["texts"] == base["texts"]
+        bat["speedup"] = bat["aggregate_tok_s"] / base["aggregate_tok_s"]
+        for name, r in (("one at a time", base), ("batched", bat)):
+            extra = f"{r['speedup']:7.2f}x {r['identical_to_one_at_a_time']}" if name == "batched" else ""
+            print(
+                f"{n:>7} {name:>14} {r['aggregate_tok_s']:10.2f} {r['ttft_p50_s']:8.2f}s "
+                f"{r['ttft_p99_s']:8.2f}s {extra}"
+            )
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    same = all(r["identical_to_one_at_a_time"] for r in report["modes"]["batched"])
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

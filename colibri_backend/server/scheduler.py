@@ -1,0 +1,245 @@
+"""Continuous batching: the requests a model serves share its engine context, one sequence each, and
+one thread runs every forward step for all of them together.
+
+A request's generation runs the one generation loop (colibri_backend.generation, through
+``Model.generate_tokens(steps=...)``) on its own worker thread, with its own sampler, stop matcher,
+UTF-8 decoder and grammar; only its forward steps come here, as a :class:`Sequence`. Each call blocks
+until the batched step that carries it has run. The step thread forms each step from
+
+* the next token of every sequence that is decoding, and
+* at most ``prefill_chunk`` prompt tokens of the sequences still prefilling (oldest first), so a
+  long prompt is spread over several steps and the decodes keep flowing beside it (with no sequence
+  decoding, nobody waits: a step then takes up to the model's batch size of prompt tokens),
+
+waits a moment (``gather_s``) for sequences that are between two steps (sampling, sending) so one
+step carries them all, and runs it as one ``Model.eval_batch``: each expert is read and computed
+once per step for all the sequences that route to it. Requests join and leave at any step. A
+request whose ``cancel`` event is set (its client went away) leaves at the next step, in the middle
+of its prompt included. Logits are bit-identical to the same request served alone (the engine's
+batch invariance, native/tests/test_batch.c), so batching never changes an output.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+# Prompt tokens per step, shared by the sequences prefilling: bounds how long a step takes while a
+# long prompt comes in, so the sequences decoding beside it keep their pace.
+DEFAULT_PREFILL_CHUNK = 64
+# How long a step waits for sequences that are between two steps before it runs without them.
+DEFAULT_GATHER_S = 0.005
+# How often a waiting thread looks at cancellation and shutdown.
+_POLL_S = 0.05
+
+
+class Cancelled(Exception):
+    """The request was cancelled (or the server is shutting down) while it waited for a step."""
+
+
+@dataclass(eq=False)
+class _Work:
+    """Tokens of one sequence waiting to be evaluated: a prompt (its remainder, while it is being
+    prefilled in chunks) or one decode token. ``result`` gets the logits after the last one."""
+
+    seq: int
+    tokens: list[int]
+    cancel: threading.Event
+    done: threading.Event = field(default_factory=threading.Event)
+    result: np.ndarray | None = None
+    error: BaseException | None = None
+
+    def finish(self, result: np.ndarray | None = None, error: BaseException | None = None) -> None:
+        self.result, self.error = result, error
+        self.done.set()
+
+
+class BatchScheduler:
+    """The step thread of one model and the sequences of its context (``model.max_concurrency``)."""
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        gather_s: float = DEFAULT_GATHER_S,
+    ) -> None:
+        """``model``: a colibri engine Model (eval_batch, seq_truncate, seq_n_past, max_concurrency)."""
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
+        self.model = model
+        self.n_seq = int(model.max_concurrency)
+        self.prefill_chunk = prefill_chunk
+        self.idle_chunk = max(prefill_chunk, int(getattr(model, "batch_size", prefill_chunk)))
+        self.gather_s = gather_s
+        self._cond = threading.Condition()
+        self._free = list(range(self.n_seq))  # sequence ids no request holds
+        self._held: set[int] = set()
+        self._pending: dict[int, _Work] = {}  # sequence -> its work, in arrival order
+        self._closed = False
+        self.steps = 0  # steps run
+        self._thread = threading.Thread(target=self._loop, name="colibri-batch", daemon=True)
+        self._thread.start()
+
+    # ---- what request threads call ---------------------------------------------------------
+
+    def sequence(self, cancel: threading.Event | None = None) -> Sequence:
+        """A sequence for one generation (``with scheduler.sequence(job.cancel) as seq:``)."""
+        return Sequence(self, cancel if cancel is not None else threading.Event())
+
+    @property
+    def active(self) -> int:
+        """Sequences held by a generation now (the batch size)."""
+        return len(self._held)
+
+    def close(self) -> None:
+        """Stop the step thread; every waiting call raises Cancelled."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout=60)
+
+    def _acquire(self, cancel: threading.Event) -> int:
+        with self._cond:
+            while not self._free:
+                if cancel.is_set() or self._closed:
+                    raise Cancelled("cancelled while waiting for a sequence")
+                self._cond.wait(_POLL_S)
+            seq = self._free.pop(0)
+            self._held.add(seq)
+            return seq
+
+    def _release(self, seq: int) -> None:
+        self.model.seq_truncate(seq, 0)
+        with self._cond:
+            self._held.discard(seq)
+            self._free.append(seq)
+            self._cond.notify_all()
+
+    def _submit(self, seq: int, tokens: list[int], cancel: threading.Event) -> np.ndarray:
+        work = _Work(seq, tokens, cancel)
+        with self._cond:
+            if self._closed:
+                raise Cancelled("the scheduler is closed")
+            self._pending[seq] = work
+            self._cond.notify_all()
+        work.done.wait()
+        if work.error is not None:
+            raise work.error
+        assert work.result is not None
+        return work.result
+
+    # ---- the step thread -------------------------------------------------------------------
+
+    def _next_step(self) -> list[tuple[_Work, int]] | None:
+        """Under the lock: wait for work, drop cancelled work, and choose the next step's tokens as
+        (work, how many of its tokens). None when closed."""
+        while True:
+            if self._closed:
+                for w in self._pending.values():
+                    w.finish(error=Cancelled("the server is shutting down"))
+                self._pending.clear()
+                return None
+            for seq, w in list(self._pending.items()):
+                if w.cancel.is_set():
+                    del self._pending[seq]
+                    w.finish(error=Cancelled("cancelled"))
+            if not self._pending:
+                self._cond.wait(_POLL_S)
+                continue
+            # Sequences between two steps are about to submit: give them a moment to join this one.
+            deadline = time.perf_counter() + self.gather_s
+            while len(self._pending) < len(self._held) and not self._closed:
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            if self._closed or any(w.cancel.is_set() for w in self._pending.values()):
+                continue
+            # one-token work (decodes, and one-token prompts) first; the prompt chunk after it, no
+            # larger than the engine takes in one call (n_ctx tokens)
+            step: list[tuple[_Work, int]] = [(w, 1) for w in self._pending.values() if len(w.tokens) == 1]
+            chunk = self.prefill_chunk if step else self.idle_chunk
+            budget = min(chunk, self.model.context_length - len(step))
+            for w in self._pending.values():
+                if budget <= 0:
+                    break
+                if len(w.tokens) > 1:
+                    take = min(budget, len(w.tokens))
+                    step.append((w, take))
+                    budget -= take
+            return step
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                step = self._next_step()
+            if step is None:
+                return
+            self._run(step)
+
+    def _run(self, step: list[tuple[_Work, int]]) -> None:
+        seq_ids: list[int] = []
+        tokens: list[int] = []
+        want: list[int] = []
+        for w, take in step:
+            seq_ids.extend([w.seq] * take)
+            tokens.extend(w.tokens[:take])
+            want.extend([0] * (take - 1) + [1 if take == len(w.tokens) else 0])
+        try:
+            rows = self.model.eval_batch(np.array(seq_ids), np.array(tokens), np.array(want))
+        except BaseException as exc:  # every request of the step fails with the engine's error
+            with self._cond:
+                for w, _ in step:
+                    self._pending.pop(w.seq, None)
+                    w.finish(error=exc)
+            return
+        self.steps += 1
+        r = 0
+        with self._cond:
+            for w, take in step:
+                if take < len(w.tokens):  # a prompt with more to come in the next steps
+                    del w.tokens[:take]
+                    continue
+                self._pending.pop(w.seq, None)
+                w.finish(result=rows[r])
+                r += 1
+
+
+class Sequence:
+    """One generation's sequence of the context (colibri_backend.backends.SequenceSteps): it is taken
+    at the prompt and given back, emptied, by close()."""
+
+    def __init__(self, scheduler: BatchScheduler, cancel: threading.Event) -> None:
+        self.scheduler = scheduler
+        self.cancel = cancel
+        self.seq: int | None = None
+
+    def prefill(self, prompt: list[int]) -> np.ndarray:
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if self.seq is None:
+            self.seq = self.scheduler._acquire(self.cancel)
+        if self.scheduler.model.seq_n_past(self.seq):  # sequence 0 may hold a single-sequence call's tokens
+            self.scheduler.model.seq_truncate(self.seq, 0)
+        return self.scheduler._submit(self.seq, list(prompt), self.cancel)
+
+    def decode(self, token: int) -> np.ndarray:
+        if self.seq is None:
+            raise RuntimeError("decode before prefill")
+        return self.scheduler._submit(self.seq, [int(token)], self.cancel)
+
+    def close(self) -> None:
+        if self.seq is not None:
+            seq, self.seq = self.seq, None
+            self.scheduler._release(seq)
+
+    def __enter__(self) -> Sequence:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -127,8 +127,9 @@ colibri_status colibri_truncate(colibri_context *ctx, int32_t n_past) {
     if (n_past < 0 || n_past > ctx->n_past)
         return cb_error(COLIBRI_E_INVALID_ARG, "colibri_truncate: n_past %d is outside [0, %d]", (int)n_past,
                         (int)ctx->n_past);
-    /* The cache rows past n_past are simply overwritten by the next eval. */
-    ctx->n_past = n_past;
+    /* KV rows past n_past are simply overwritten by the next eval; a recurrent state goes back
+     * to its checkpoint or to 0 (colibri_n_past tells where) */
+    context_rewind(ctx, n_past);
     return COLIBRI_OK;
 }
 

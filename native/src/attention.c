@@ -39,7 +39,7 @@ static void attn_worker(void *arg, int ith, int nth) {
         const int pos = t->p0 + tok;
         const int j0 = w->window > 0 && pos >= w->window ? pos - w->window + 1 : 0; /* first key seen */
         const int n = pos - j0 + 1;
-        const size_t base = (((size_t)t->layer * hp->n_head_kv + kvh) * (size_t)c->n_ctx + (size_t)j0) * hd;
+        const size_t base = (((size_t)w->kv_slot * hp->n_head_kv + kvh) * (size_t)c->n_ctx + (size_t)j0) * hd;
         float *out = c->s.att + (size_t)tok * qd + (size_t)h * hd;
         memset(out, 0, (size_t)hd * sizeof(float));
         if (c->kv_kind == KV_I8) {
@@ -94,8 +94,9 @@ void block_attention(struct colibri_context *c, int il, int n, int p0) {
     const int qd = nh * hd, kvd = nkv * hd, qkv_w = qd + 2 * kvd;
 
     if (mat_wants_q8a(&w->wq) || mat_wants_q8a(&w->wk) || mat_wants_q8a(&w->wv)) quantize_activations(c, s->xn, s->xnq, n, E);
+    /* with an output gate the q rows go to s.qg first: (q, gate) per head */
     mm_job jobs[3] = {
-        job(&w->wq, s->xn, s->xnq, n, s->qkv, qkv_w),
+        hp->attn_out_gate ? job(&w->wq, s->xn, s->xnq, n, s->qg, 2 * qd) : job(&w->wq, s->xn, s->xnq, n, s->qkv, qkv_w),
         job(&w->wk, s->xn, s->xnq, n, s->qkv + qd, qkv_w),
         job(&w->wv, s->xn, s->xnq, n, s->qkv + qd + kvd, qkv_w),
     };
@@ -103,6 +104,9 @@ void block_attention(struct colibri_context *c, int il, int n, int p0) {
 
     for (int t = 0; t < n; t++) {
         float *q = s->qkv + (size_t)t * qkv_w, *k = q + qd, *v = k + kvd;
+        if (hp->attn_out_gate)
+            for (int h = 0; h < nh; h++)
+                memcpy(q + h * hd, s->qg + (size_t)t * 2 * qd + (size_t)h * 2 * hd, (size_t)hd * sizeof(float));
         if (w->bq) {
             op_add(q, w->bq, qd);
             op_add(k, w->bk, kvd);
@@ -120,7 +124,7 @@ void block_attention(struct colibri_context *c, int il, int n, int p0) {
         for (int h = 0; h < nkv; h++) op_rope(k + h * hd, hp->n_rot, cs, hp->rope_neox);
         const size_t pos = (size_t)(p0 + t);
         for (int h = 0; h < nkv; h++) {
-            const size_t row = ((size_t)il * nkv + h) * (size_t)c->n_ctx + pos, off = row * hd;
+            const size_t row = ((size_t)w->kv_slot * nkv + h) * (size_t)c->n_ctx + pos, off = row * hd;
             if (c->kv_kind == KV_I8) {
                 c->k_scale[row] = quantize_row_i8(k + h * hd, (int8_t *)c->k_cache + off, hd);
                 c->v_scale[row] = quantize_row_i8(v + h * hd, (int8_t *)c->v_cache + off, hd);
@@ -136,6 +140,13 @@ void block_attention(struct colibri_context *c, int il, int n, int p0) {
 
     attn_task at = {c, il, n, p0};
     pool_run(c->pool, attn_worker, &at);
+    if (hp->attn_out_gate) /* transformers' gated attention: out *= sigmoid(gate), per element */
+        for (int t = 0; t < n; t++)
+            for (int h = 0; h < nh; h++) {
+                float *o = s->att + (size_t)t * qd + (size_t)h * hd;
+                const float *g = s->qg + (size_t)t * 2 * qd + (size_t)h * 2 * hd + hd;
+                for (int i = 0; i < hd; i++) o[i] *= op_sigmoid(g[i]);
+            }
 
     const block_q8a *attq = NULL;
     if (mat_wants_q8a(&w->wo)) {

@@ -109,18 +109,27 @@ colibri_status context_eval(struct colibri_context *c, const int32_t *tokens, in
     const uint64_t allocs0 = cb_alloc_count();
     const double t0 = now_seconds();
     const int32_t past0 = c->n_past;
-    for (int32_t i = 0; i < n_tokens; i += c->n_batch) {
-        const int n = n_tokens - i < c->n_batch ? n_tokens - i : c->n_batch;
+    /* With recurrent state, a multi-token eval stops before its last token to checkpoint the
+     * state there: a next prompt that re-runs that last token (or shares less, down to here)
+     * resumes from the checkpoint (context_rewind). */
+    const int32_t ckpt_at = c->rs_bytes && n_tokens > 1 ? n_tokens - 1 : -1;
+    for (int32_t i = 0; i < n_tokens;) {
+        const int32_t end = i < ckpt_at ? ckpt_at : n_tokens;
+        const int n = end - i < c->n_batch ? end - i : c->n_batch;
         const int last = i + n == n_tokens;
         float *dst = logits && all_logits ? logits + (size_t)i * hp->n_vocab : logits;
         c->route_base = i;
         colibri_status st = eval_chunk(c, tokens + i, n, dst, all_logits, last);
         if (st) {
-            /* an expert could not be read: the call did nothing, the context stays usable */
-            c->n_past = past0;
+            /* an expert could not be read: the call did nothing, the context stays usable (a
+             * recurrent state was advanced, so it goes back as far as it can: context_rewind) */
+            c->n_past += n;
+            context_rewind(c, past0);
             c->route_n = 0;
             return st;
         }
+        i += n;
+        if (i == ckpt_at) context_state_checkpoint(c);
     }
     c->route_n = hp->n_expert > 0 ? n_tokens : 0;
     const double dt = now_seconds() - t0;

@@ -425,10 +425,14 @@ class Model(BaseModel):
         self._lib.colibri_truncate(self._ctx, 0)
         self._cached = []
 
-    def _truncate(self, n: int) -> None:
+    def _truncate(self, n: int) -> int:
+        """Keep the first n cached tokens; returns how many were kept (fewer for a model with recurrent
+        state, which resumes from its checkpoint or from 0: colibri_truncate)."""
         if n < len(self._cached):
             self._lib.check(self._lib.colibri_truncate(self._ctx, int(n)), "truncate")
+            n = int(self._lib.colibri_n_past(self._ctx))
             del self._cached[n:]
+        return min(n, len(self._cached))
 
     def _prefill(self, prompt: np.ndarray) -> int:
         """Bring the cache to `prompt`, evaluating only what is not cached already; the last
@@ -442,7 +446,7 @@ class Model(BaseModel):
         limit = min(len(self._cached), int(prompt.size) - 1)  # the last token is always re-run for logits
         while common < limit and self._cached[common] == prompt[common]:
             common += 1
-        self._truncate(common)
+        common = self._truncate(common)
         self._eval(prompt[common:], self._logits, all_logits=False)
         return common
 

@@ -347,10 +347,21 @@ SPECS += [
             layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
             vocab_size=1013,
             tie_word_embeddings=False,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+            # MRoPE sections within the rotary half (llama.cpp asserts it); text positions make them moot
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.5,
+                "mrope_section": [2, 2, 2],
+                "mrope_interleaved": True,
+            },
         ),
         seed=22,
-        notes="Qwen3.5-MoE: Gated DeltaNet layers (2 k heads, 6 v heads of 12, conv 4) around one gated "
+        # llama.cpp's qwen35moe takes the v heads' width to be ssm.state_size (the k heads' width): it cannot
+        # load this file, whose v heads (12) are narrower than its k heads (16)
+        llama_cpp_compatible=False,
+        llama_cpp_converts=True,
+        notes="Qwen3.5-MoE: Gated DeltaNet layers (2 k heads of 16, 6 v heads of 12, conv 4) around one gated "
         "attention layer, head_dim 24 with 12 rotary dims, GQA 2, shared expert, untied, vocab 1013",
     ),
     TinySpec(
@@ -366,16 +377,26 @@ SPECS += [
             num_experts=8,
             num_experts_per_tok=3,
             linear_conv_kernel_dim=3,
-            linear_key_head_dim=8,
-            linear_value_head_dim=20,
-            linear_num_key_heads=3,
-            linear_num_value_heads=3,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
             vocab_size=1000,
             tie_word_embeddings=True,
-            rope_parameters={"rope_type": "default", "rope_theta": 50000.0, "partial_rotary_factor": 0.25},
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 50000.0,
+                "partial_rotary_factor": 0.25,
+                "mrope_section": [1, 1, 0],
+                "mrope_interleaved": True,
+            },
         ),
         seed=23,
-        notes="Qwen3.5-MoE: full_attention_interval 2, as many v as k heads (3), conv 3, 4 rotary dims of 16, "
+        # Each Gated DeltaNet head's output goes through an RMSNorm, so its sign follows sums like q.k that
+        # can sit near 0: the F16 file's rounding (llama.cpp also rounds activations to F16) moves a few
+        # argmaxes in either engine. At F16 too the assertion is faithfulness to the file's exact math.
+        extra={"f16_vs_exact": True},
+        notes="Qwen3.5-MoE: full_attention_interval 2, 2 k and 4 v heads of 16, conv 3, 4 rotary dims of 16, "
         "GQA 4, 8 experts top-3, tied",
     ),
 ]

@@ -109,3 +109,18 @@ def test_plan_state_bytes_against_transformers_cache(tiny_zoo: Any, colibri: Any
     )
     assert plan["state_bytes"] == 2 * ours_one
     assert ours_one == theirs - conv_rows * 4
+
+
+def test_mtp_block_loaded_and_ignored(tiny_zoo: Any, colibri: Any) -> None:
+    """llama.cpp's converter writes the checkpoint's multi-token-prediction block as an extra layer
+    (nextn_predict_layers); Colibri runs the trunk only (the logits tests above pass on that file)."""
+    from gguf import GGUFReader
+
+    spec = tm.SPEC_BY_NAME["qwen35moe"]
+    assert spec.config.get("mtp_num_hidden_layers") == 1
+    path = tiny_zoo.gguf("qwen35moe", "f32", "llama.cpp")
+    fields = GGUFReader(path).fields
+    assert fields["qwen35moe.nextn_predict_layers"].contents() == 1
+    assert fields["qwen35moe.block_count"].contents() == spec.config["num_hidden_layers"] + 1
+    with colibri.load(path, threads=1, context_length=64) as model:
+        assert model.info.n_layer == spec.config["num_hidden_layers"]

@@ -345,6 +345,7 @@ SPECS += [
             _QWEN35,
             num_hidden_layers=4,
             layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+            mtp_num_hidden_layers=1,
             vocab_size=1013,
             tie_word_embeddings=False,
             # MRoPE sections within the rotary half (llama.cpp asserts it); text positions make them moot
@@ -361,8 +362,9 @@ SPECS += [
         # load this file, whose v heads (12) are narrower than its k heads (16)
         llama_cpp_compatible=False,
         llama_cpp_converts=True,
-        notes="Qwen3.5-MoE: Gated DeltaNet layers (2 k heads of 16, 6 v heads of 12, conv 4) around one gated "
-        "attention layer, head_dim 24 with 12 rotary dims, GQA 2, shared expert, untied, vocab 1013",
+        notes="Qwen3.5-MoE: Gated DeltaNet layers (2 k heads of 16, 6 v heads of 12, conv 4) around one "
+        "gated attention layer, head_dim 24 with 12 rotary dims, GQA 2, shared expert, untied, vocab 1013, "
+        "an MTP block",
     ),
     TinySpec(
         "qwen35moe_tied",
@@ -658,7 +660,12 @@ def _qwen35_weights(
     """Qwen3.5-MoE: zero-centred RMSNorm weights (transformers multiplies by 1 + w), Gated DeltaNet layers
     whose decays exp(-A softplus(.)) keep a memory of several tokens (A in [0.05, 1]), gated attention."""
     c = spec.config
-    hidden, n_head, n_kv, hd = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    hidden, n_head, n_kv, hd = (
+        c["hidden_size"],
+        c["num_attention_heads"],
+        c["num_key_value_heads"],
+        c["head_dim"],
+    )
     nk, nv = c["linear_num_key_heads"], c["linear_num_value_heads"]
     dk, dv, kern = c["linear_key_head_dim"], c["linear_value_head_dim"], c["linear_conv_kernel_dim"]
     conv_dim = 2 * nk * dk + nv * dv
@@ -670,8 +677,7 @@ def _qwen35_weights(
     def zc(n: int) -> np.ndarray:  # zero-centred norm weight
         return (0.2 * rng.standard_normal(n)).astype(np.float32)
 
-    for i, kind in enumerate(types):
-        p = f"model.layers.{i}."
+    def layer(p: str, kind: str) -> None:
         w[p + "input_layernorm.weight"] = zc(hidden)
         w[p + "post_attention_layernorm.weight"] = zc(hidden)
         if kind == "linear_attention":
@@ -680,7 +686,9 @@ def _qwen35_weights(
             w[la + "in_proj_z.weight"] = lin(nv * dv, hidden)
             w[la + "in_proj_b.weight"] = lin(nv, hidden)
             w[la + "in_proj_a.weight"] = lin(nv, hidden)
-            w[la + "conv1d.weight"] = (rng.standard_normal((conv_dim, 1, kern)) / math.sqrt(kern)).astype(np.float32)
+            w[la + "conv1d.weight"] = (rng.standard_normal((conv_dim, 1, kern)) / math.sqrt(kern)).astype(
+                np.float32
+            )
             w[la + "dt_bias"] = (0.5 * rng.standard_normal(nv)).astype(np.float32)
             w[la + "A_log"] = np.log(rng.uniform(0.05, 1.0, nv)).astype(np.float32)
             w[la + "norm.weight"] = (1.0 + 0.2 * rng.standard_normal(dv)).astype(np.float32)
@@ -704,6 +712,16 @@ def _qwen35_weights(
         w[m + "shared_expert.up_proj.weight"] = lin(sff, hidden)
         w[m + "shared_expert.down_proj.weight"] = lin(hidden, sff, BRANCH_GAIN)
         w[m + "shared_expert_gate.weight"] = lin(1, hidden, ROUTER_GAIN)
+
+    for i, kind in enumerate(types):
+        layer(f"model.layers.{i}.", kind)
+    # the multi-token-prediction block as the Hub checkpoints hold it (transformers does not load it)
+    for i in range(c.get("mtp_num_hidden_layers", 0)):
+        layer(f"mtp.layers.{i}.", "full_attention")
+    if c.get("mtp_num_hidden_layers"):
+        w["mtp.fc.weight"] = lin(hidden, 2 * hidden)
+        for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+            w[f"mtp.{n}.weight"] = zc(hidden)
     w["model.norm.weight"] = zc(hidden)
     if not c.get("tie_word_embeddings"):
         w["lm_head.weight"] = lin(spec.config["vocab_size"], hidden, 4.0)

@@ -1,7 +1,7 @@
 """The recurrent state of Qwen3.5-MoE's linear-attention layers (Gated DeltaNet) as part of the context.
 
 * Prefill of a chunk equals token-by-token decode: the same logits with the whole prompt in one chunk, in
-  chunks of 7 and one token at a time (batch_size 1), bit for bit.
+  chunks of 7 and one token at a time (batch_size 1), bit for bit; and with 1 thread as with 2.
 * A prompt that shares only a prefix with the previous one: the state cannot be cut back, so the context
   resumes from its checkpoint (taken before the last token of the latest multi-token eval) or from 0, and
   the logits equal a fresh context's, bit for bit; how many tokens were re-evaluated is checked too.
@@ -29,6 +29,9 @@ def test_prefill_equals_token_by_token(tiny_zoo: Any, colibri: Any, name: str) -
     for batch in (None, 7, 1):
         with colibri.load(gguf, threads=tm.ENGINE_THREADS, context_length=128, batch_size=batch) as model:
             runs[batch] = model.logits(ids)
+    with colibri.load(gguf, threads=1, context_length=128) as model:  # threads split the v heads
+        one_thread = model.logits(ids)
+    assert np.array_equal(runs[None], one_thread), "1 thread and 2 threads differ"
     diff = {b: float(np.abs(runs[b] - runs[None]).max()) for b in (7, 1)}
     tm.report(f"{name}: prefill in one chunk vs chunks of 7 / token by token: max|dlogit| {diff}")
     assert np.array_equal(runs[None], runs[7]), "chunks of 7 differ from one chunk"

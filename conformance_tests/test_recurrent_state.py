@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -127,3 +128,49 @@ def test_mtp_block_loaded_and_ignored(tiny_zoo: Any, colibri: Any) -> None:
     assert fields["qwen35moe.block_count"].contents() == spec.config["num_hidden_layers"] + 1
     with colibri.load(path, threads=1, context_length=64) as model:
         assert model.info.n_layer == spec.config["num_hidden_layers"]
+
+
+def test_vision_language_checkpoint_converts_its_text_model(tiny_zoo: Any, tmp_path: Path) -> None:
+    """Qwen3.5-MoE as the Hub ships it (Qwen3_5MoeForConditionalGeneration: text_config, weights under
+    model.language_model., a vision tower, an MTP block): Colibri's converter writes the same tensors as
+    for the text-only checkpoint."""
+    import json
+    import shutil
+
+    from gguf import GGUFReader
+    from safetensors.numpy import load_file, save_file
+
+    from colibri_backend.convert import convert
+
+    src = tiny_zoo.checkpoint("qwen35moe")
+    vl = tmp_path / "vl"
+    shutil.copytree(src, vl)
+    cfg = json.loads((src / "config.json").read_text())
+    text = {k: v for k, v in cfg.items() if k not in ("architectures", "tie_word_embeddings")}
+    text["model_type"] = "qwen3_5_moe_text"
+    (vl / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+                "model_type": "qwen3_5_moe",
+                "tie_word_embeddings": cfg["tie_word_embeddings"],
+                "text_config": text,
+                "vision_config": {"depth": 1},
+            }
+        )
+    )
+    weights = load_file(str(src / "model.safetensors"))
+    renamed = {
+        (k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k): v
+        for k, v in weights.items()
+    }
+    renamed["model.visual.patch_embed.proj.weight"] = np.zeros((4, 3), dtype=np.float32)
+    save_file(renamed, str(vl / "model.safetensors"), metadata={"format": "pt"})
+    a = GGUFReader(tiny_zoo.gguf("qwen35moe", "f32"))
+    b = GGUFReader(convert(vl, tmp_path / "vl.gguf", out_type="f32", progress=False))
+    ta = {t.name: np.asarray(t.data) for t in a.tensors}
+    tb = {t.name: np.asarray(t.data) for t in b.tensors}
+    assert sorted(ta) == sorted(tb)
+    for name, data in ta.items():
+        assert np.array_equal(data, tb[name]), name
+    assert b.fields["general.architecture"].contents() == "qwen35moe"

@@ -1,8 +1,9 @@
 """Convert a Hugging Face checkpoint directory into a llama.cpp-compatible GGUF file.
 
 Supported architectures (config.json `model_type`): llama (dense), mixtral, qwen2_moe, qwen3_moe, olmoe,
-granitemoe, granitemoeshared. The output uses llama.cpp's tensor names and metadata keys, so the same file
-runs in llama.cpp and in Colibri; that is what the conformance suite and the benchmarks rely on.
+granitemoe, granitemoeshared, gpt_oss, qwen3_5_moe_text and qwen3_5_moe (its text model). The output uses
+llama.cpp's tensor names and metadata keys, so the same file runs in llama.cpp and in Colibri; that is what
+the conformance suite and the benchmarks rely on.
 
 Only numpy, the `gguf` package and the standard library are used: no torch. Safetensors files are read through
 their JSON header and a memory map, one tensor at a time, so converting a checkpoint larger than memory is

@@ -1,4 +1,4 @@
-"""Write the random-weight benchmark models bench-A, bench-B (and bench-gptoss) and convert them to GGUF.
+"""Write the random-weight benchmark models (bench-A, bench-B, bench-gptoss, bench-qwen35) as GGUF files.
 
 bench-A is Mixtral-like (8 experts, top-2, expert FFN 2816); bench-B is Qwen3-MoE-like (64 experts, top-8,
 expert FFN 512, per-head q/k RMSNorm, normalised top-k). Both have 16 layers, hidden size 1024, 16 query heads
@@ -6,6 +6,8 @@ and 4 KV heads of width 64, and SmolLM2's 49152-token vocabulary, so a fixed Eng
 ordinary words rather than bytes. bench-gptoss has gpt-oss-20b's layer recipe (attention sinks, a 128-token
 window on even layers, YaRN, biases, 32 experts top-4 with the clamped SwiGLU) at bench-A's width and depth;
 its MXFP4 form is made from the F16 file by a quantizer (Colibri's converter writes F32/F16/Q8_0/Q4_0).
+bench-qwen35 has Qwen3.5-35B-A3B's layer recipe (three Gated DeltaNet layers per gated full-attention layer,
+64 experts top-8 plus a gated shared expert) at bench-A's width and depth.
 
 Each model is first written as a Hugging Face-style checkpoint (config.json, F16 safetensors shards with the
 tensor names transformers saves, tokenizer files) and then converted to GGUF by Colibri's own converter
@@ -52,7 +54,7 @@ class BenchSpec:
     """Shape of one benchmark model. Every field is part of the cache stamp."""
 
     name: str
-    arch: str  # "mixtral", "qwen3_moe" or "gpt_oss" (transformers' model_type)
+    arch: str  # "mixtral", "qwen3_moe", "gpt_oss" or "qwen3_5_moe_text" (transformers' model_type)
     n_layer: int
     hidden: int
     n_head: int
@@ -68,6 +70,11 @@ class BenchSpec:
     rms_eps: float = 1e-5
     norm_topk_prob: bool = True  # qwen3_moe only; Mixtral always renormalises
     sliding_window: int = 128  # gpt_oss only: the window of its even layers
+    # qwen3_5_moe_text only: Gated DeltaNet k / v heads (width head_dim_la), full attention every 4th layer
+    la_k_heads: int = 0
+    la_v_heads: int = 0
+    head_dim_la: int = 128
+    n_ff_shexp: int = 0
 
     def stamp(self) -> str:
         payload = json.dumps({"format": FORMAT_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
@@ -121,6 +128,27 @@ SPECS: dict[str, BenchSpec] = {
         seed=1003,
         rope_theta=150000.0,
     ),
+    # Qwen3.5-35B-A3B's layer recipe (3 Gated DeltaNet layers of 8 k / 16 v heads of 128 per gated attention
+    # layer with 2 KV heads of 128 and 32 rotary dims, 64 experts top-8 plus a gated shared expert) at
+    # bench-A's width and depth; llama.cpp needs the DeltaNet's k and v heads equally wide
+    "bench-qwen35": BenchSpec(
+        name="bench-qwen35",
+        arch="qwen3_5_moe_text",
+        n_layer=16,
+        hidden=1024,
+        n_head=8,
+        n_head_kv=2,
+        head_dim=128,
+        n_expert=64,
+        n_expert_used=8,
+        n_ff_exp=512,
+        vocab=49152,
+        seed=1004,
+        rms_eps=1e-6,
+        la_k_heads=8,
+        la_v_heads=16,
+        n_ff_shexp=512,
+    ),
 }
 
 
@@ -128,15 +156,66 @@ SPECS: dict[str, BenchSpec] = {
 class TensorSpec:
     name: str
     shape: tuple[int, ...]
-    init: str  # "normal" or "ones"
+    init: str  # "normal", "ones" or "zeros"
 
 
 # ---------------------------------------------------------------------------------------------------------
 # checkpoint layout
 
 
+def qwen35_layer_tensors(spec: BenchSpec, layer: int) -> list[TensorSpec]:
+    """Qwen3.5-MoE: zero-centred RMSNorm weights (transformers initialises them to 0), every 4th layer gated
+    full attention (q_proj also yields the gate), the others Gated DeltaNet; MoE, gated shared expert."""
+    p, h, ff = f"model.layers.{layer}", spec.hidden, spec.n_ff_exp
+    out = [
+        TensorSpec(f"{p}.input_layernorm.weight", (h,), "zeros"),
+        TensorSpec(f"{p}.post_attention_layernorm.weight", (h,), "zeros"),
+    ]
+    if (layer + 1) % 4 == 0:
+        a, q, kv = f"{p}.self_attn", spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
+        out += [
+            TensorSpec(f"{a}.q_proj.weight", (2 * q, h), "normal"),
+            TensorSpec(f"{a}.k_proj.weight", (kv, h), "normal"),
+            TensorSpec(f"{a}.v_proj.weight", (kv, h), "normal"),
+            TensorSpec(f"{a}.o_proj.weight", (h, q), "normal"),
+            TensorSpec(f"{a}.q_norm.weight", (spec.head_dim,), "zeros"),
+            TensorSpec(f"{a}.k_norm.weight", (spec.head_dim,), "zeros"),
+        ]
+    else:
+        la, d = f"{p}.linear_attn", spec.head_dim_la
+        conv = 2 * spec.la_k_heads * d + spec.la_v_heads * d
+        out += [
+            TensorSpec(f"{la}.in_proj_qkv.weight", (conv, h), "normal"),
+            TensorSpec(f"{la}.in_proj_z.weight", (spec.la_v_heads * d, h), "normal"),
+            TensorSpec(f"{la}.in_proj_b.weight", (spec.la_v_heads, h), "normal"),
+            TensorSpec(f"{la}.in_proj_a.weight", (spec.la_v_heads, h), "normal"),
+            TensorSpec(f"{la}.conv1d.weight", (conv, 1, 4), "normal"),
+            TensorSpec(f"{la}.dt_bias", (spec.la_v_heads,), "ones"),
+            TensorSpec(f"{la}.A_log", (spec.la_v_heads,), "normal"),
+            TensorSpec(f"{la}.norm.weight", (d,), "ones"),
+            TensorSpec(f"{la}.out_proj.weight", (h, spec.la_v_heads * d), "normal"),
+        ]
+    m = f"{p}.mlp"
+    out.append(TensorSpec(f"{m}.gate.weight", (spec.n_expert, h), "normal"))
+    for e in range(spec.n_expert):
+        out += [
+            TensorSpec(f"{m}.experts.{e}.gate_proj.weight", (ff, h), "normal"),
+            TensorSpec(f"{m}.experts.{e}.up_proj.weight", (ff, h), "normal"),
+            TensorSpec(f"{m}.experts.{e}.down_proj.weight", (h, ff), "normal"),
+        ]
+    out += [
+        TensorSpec(f"{m}.shared_expert.gate_proj.weight", (spec.n_ff_shexp, h), "normal"),
+        TensorSpec(f"{m}.shared_expert.up_proj.weight", (spec.n_ff_shexp, h), "normal"),
+        TensorSpec(f"{m}.shared_expert.down_proj.weight", (h, spec.n_ff_shexp), "normal"),
+        TensorSpec(f"{m}.shared_expert_gate.weight", (1, h), "normal"),
+    ]
+    return out
+
+
 def layer_tensors(spec: BenchSpec, layer: int) -> list[TensorSpec]:
     """The tensors of one decoder layer, named as transformers' save_pretrained writes them."""
+    if spec.arch == "qwen3_5_moe_text":
+        return qwen35_layer_tensors(spec, layer)
     p = f"model.layers.{layer}"
     h, q_width, kv_width = spec.hidden, spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
     out = [
@@ -192,9 +271,10 @@ def layer_tensors(spec: BenchSpec, layer: int) -> list[TensorSpec]:
 
 def global_tensors(spec: BenchSpec) -> list[TensorSpec]:
     """Embeddings, final norm and the (untied) output head."""
+    zero_centred = spec.arch == "qwen3_5_moe_text"  # its RMSNorm scales by 1 + w
     return [
         TensorSpec("model.embed_tokens.weight", (spec.vocab, spec.hidden), "normal"),
-        TensorSpec("model.norm.weight", (spec.hidden,), "ones"),
+        TensorSpec("model.norm.weight", (spec.hidden,), "zeros" if zero_centred else "ones"),
         TensorSpec("lm_head.weight", (spec.vocab, spec.hidden), "normal"),
     ]
 
@@ -245,6 +325,34 @@ def hf_config(spec: BenchSpec, bos_id: int, eos_id: int) -> dict:
             "router_jitter_noise": 0.0,
             **common,
         }
+    if spec.arch == "qwen3_5_moe_text":
+        return {
+            "architectures": ["Qwen3_5MoeForCausalLM"],
+            "model_type": "qwen3_5_moe_text",
+            **{
+                k: v
+                for k, v in common.items()
+                if k not in ("num_local_experts", "sliding_window", "rope_theta")
+            },
+            "num_experts": spec.n_expert,
+            "moe_intermediate_size": spec.n_ff_exp,
+            "shared_expert_intermediate_size": spec.n_ff_shexp,
+            "layer_types": [
+                "full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(spec.n_layer)
+            ],
+            "linear_conv_kernel_dim": 4,
+            "linear_key_head_dim": spec.head_dim_la,
+            "linear_value_head_dim": spec.head_dim_la,
+            "linear_num_key_heads": spec.la_k_heads,
+            "linear_num_value_heads": spec.la_v_heads,
+            "rope_parameters": {
+                "rope_theta": spec.rope_theta,
+                "rope_type": "default",
+                "partial_rotary_factor": 0.25,
+                "mrope_section": [11, 11, 10],
+                "mrope_interleaved": True,
+            },
+        }
     if spec.arch == "gpt_oss":
         yarn = {"factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}
         return {
@@ -290,6 +398,8 @@ def tensor_values(spec: BenchSpec, t: TensorSpec) -> np.ndarray:
     """F16 values of one tensor; the generator is seeded from (model seed, tensor name)."""
     if t.init == "ones":
         return np.ones(t.shape, dtype=np.float16)
+    if t.init == "zeros":
+        return np.zeros(t.shape, dtype=np.float16)
     rng = np.random.default_rng([spec.seed, zlib.crc32(t.name.encode())])
     values = rng.standard_normal(t.shape, dtype=np.float32)
     values *= INIT_STD
@@ -590,7 +700,9 @@ def iter_models(names: str) -> Iterator[BenchSpec]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
-        "--models", default="bench-a,bench-b", help="comma-separated: bench-a, bench-b, bench-gptoss"
+        "--models",
+        default="bench-a,bench-b",
+        help="comma-separated: bench-a, bench-b, bench-gptoss, bench-qwen35",
     )
     ap.add_argument(
         "--cache-dir",

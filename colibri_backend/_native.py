@@ -150,6 +150,7 @@ class MemoryPlanC(Structure):
         ("min_expert_slots", c_int32),
         ("all_resident", c_int32),
         ("fits", c_int32),
+        ("state_bytes", c_uint64),
     ]
 
 

@@ -1,8 +1,9 @@
 """Convert a Hugging Face checkpoint directory into a llama.cpp-compatible GGUF file.
 
 Supported architectures (config.json `model_type`): llama (dense), mixtral, qwen2_moe, qwen3_moe, olmoe,
-granitemoe, granitemoeshared. The output uses llama.cpp's tensor names and metadata keys, so the same file
-runs in llama.cpp and in Colibri; that is what the conformance suite and the benchmarks rely on.
+granitemoe, granitemoeshared, gpt_oss, qwen3_5_moe_text and qwen3_5_moe (its text model). The output uses
+llama.cpp's tensor names and metadata keys, so the same file runs in llama.cpp and in Colibri; that is what
+the conformance suite and the benchmarks rely on.
 
 Only numpy, the `gguf` package and the standard library are used: no torch. Safetensors files are read through
 their JSON header and a memory map, one tensor at a time, so converting a checkpoint larger than memory is
@@ -48,7 +49,11 @@ SUPPORTED_MODEL_TYPES = (
     "granitemoe",
     "granitemoeshared",
     "gpt_oss",
+    "qwen3_5_moe_text",
+    "qwen3_5_moe",
 )
+# Qwen3.5 / 3.6 MoE: the text model alone, or the text half of the vision-language checkpoint.
+_QWEN35 = ("qwen3_5_moe_text", "qwen3_5_moe")
 # GraniteMoE with and without the always-on shared MLP: one GGUF architecture, granitemoe.
 _GRANITE = ("granitemoe", "granitemoeshared")
 
@@ -264,8 +269,49 @@ def _gptoss_hparams(cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _qwen35_hparams(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3.5-MoE: the Gated DeltaNet sizes, which layers are linear attention, partial rotary RoPE and
+    the MRoPE sections llama.cpp requires (text positions make them plain RoPE)."""
+    n_layer = int(cfg["num_hidden_layers"])
+    types = cfg.get("layer_types") or [
+        "linear_attention" if (i + 1) % int(cfg.get("full_attention_interval", 4)) else "full_attention"
+        for i in range(n_layer)
+    ]
+    if len(types) != n_layer or any(t not in ("linear_attention", "full_attention") for t in types):
+        raise ConversionError(f"layer_types {types} are not {n_layer} of linear_attention / full_attention")
+    if "full_attention" not in types:
+        raise ConversionError("Qwen3.5-MoE without any full_attention layer is not supported")
+    nk, nv = int(cfg["linear_num_key_heads"]), int(cfg["linear_num_value_heads"])
+    if nv % nk:
+        raise ConversionError(f"linear_num_value_heads {nv} is not a multiple of linear_num_key_heads {nk}")
+    rope = dict(cfg.get("rope_parameters") or {})
+    partial = float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25)))
+    head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // int(cfg["num_attention_heads"]))
+    n_rot = int(head_dim * partial)
+    if n_rot < 2 or n_rot % 2:
+        raise ConversionError(
+            f"partial_rotary_factor {partial} gives {n_rot} rotary dimensions (need even, >= 2)"
+        )
+    sections = [int(x) for x in rope.get("mrope_section", [11, 11, 10])][:4]
+    return {
+        "recurrent": [t == "linear_attention" for t in types],
+        "conv_kernel": int(cfg["linear_conv_kernel_dim"]),
+        "k_heads": nk,
+        "v_heads": nv,
+        "k_dim": int(cfg["linear_key_head_dim"]),
+        "v_dim": int(cfg["linear_value_head_dim"]),
+        "n_rot": n_rot,
+        "sections": sections + [0] * (4 - len(sections)),
+        "prefix": "model.language_model." if cfg.get("model_type") == "qwen3_5_moe" else "model.",
+    }
+
+
 def _hparams(cfg: dict[str, Any]) -> _Hparams:
     mt = cfg.get("model_type")
+    if mt == "qwen3_5_moe":  # the vision-language config: its text model
+        if not isinstance(cfg.get("text_config"), dict):
+            raise ConversionError("qwen3_5_moe config without a text_config")
+        cfg = {**cfg["text_config"], "model_type": mt, "tie_word_embeddings": cfg.get("tie_word_embeddings")}
     if mt not in SUPPORTED_MODEL_TYPES:
         raise ConversionError(
             f"model_type '{mt}' is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
@@ -307,6 +353,8 @@ def _hparams(cfg: dict[str, Any]) -> _Hparams:
     arch = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}.get(
         mt, mt
     )
+    if mt in _QWEN35:
+        arch = "qwen35moe"
     if mt in _GRANITE:
         arch = "granitemoe"
     gptoss = _gptoss_hparams(cfg) if mt == "gpt_oss" else None
@@ -333,6 +381,11 @@ def _hparams(cfg: dict[str, Any]) -> _Hparams:
     if mt in ("qwen2_moe", "qwen3_moe"):
         hp.n_ff_exp = int(cfg["moe_intermediate_size"])
         hp.norm_topk = bool(cfg.get("norm_topk_prob", False))
+    if mt in _QWEN35:  # the router always renormalises its top-k
+        hp.n_ff_exp = int(cfg["moe_intermediate_size"])
+        hp.n_ff_shexp = int(cfg["shared_expert_intermediate_size"])
+        hp.norm_topk = True
+        hp.extra = _qwen35_hparams(cfg)
     elif mt in ("mixtral", "olmoe", "gpt_oss", *_GRANITE):
         hp.n_ff_exp = hp.n_ff
         hp.norm_topk = (
@@ -524,7 +577,124 @@ def _plan_gptoss_layer(p: _Planner, ck: _Checkpoint, hp: _Hparams, pre: str, blk
     p.add(blk + "ffn_down_exps.bias", dn + "_bias", keep_f32=True)
 
 
+def _tiled_v_heads(w: np.ndarray, axis: int, k_heads: int, v_heads: int, width: int) -> np.ndarray:
+    """Reorder v heads along `axis` from grouped by k head (transformers: head g*r + i reads k head g) to
+    tiled (head i*G + g reads k head g = head % G), the order llama.cpp's converter writes."""
+    w = np.moveaxis(w, axis, 0)
+    shape = w.shape
+    w = w.reshape(k_heads, v_heads // k_heads, width, *shape[1:]).swapaxes(0, 1).reshape(shape)
+    return np.ascontiguousarray(np.moveaxis(w, 0, axis))
+
+
+def _plan_qwen35moe(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
+    """Qwen3.5-MoE's tensors as llama.cpp's converter writes them: zero-centred RMSNorm weights stored as
+    1 + w (the gated norm's as is), A_log as a = -exp(A_log), the conv kernel [C, K], v heads tiled
+    (_tiled_v_heads) in every linear-attention tensor that has them. The vision tower and the
+    multi-token-prediction block (model.visual.*, mtp.*) are not converted."""
+    p = _Planner(ck, hp)
+    x = hp.extra
+    nk, nv, dk, dv = x["k_heads"], x["v_heads"], x["k_dim"], x["v_dim"]
+    qk = 2 * nk * dk
+    pre0 = x["prefix"]
+
+    def plus_one(w: np.ndarray) -> np.ndarray:
+        return w + np.float32(1.0)
+
+    def tiled(axis: int, width: int) -> Callable[[np.ndarray], np.ndarray]:
+        return lambda w: _tiled_v_heads(w, axis, nk, nv, width)
+
+    def qkv_rows(w: np.ndarray) -> np.ndarray:
+        return np.concatenate([w[:qk], _tiled_v_heads(w[qk:], 0, nk, nv, dv)])
+
+    p.add("token_embd.weight", pre0 + "embed_tokens.weight")
+    for i in range(hp.n_layer):
+        pre, blk = f"{pre0}layers.{i}.", f"blk.{i}."
+        p.add(blk + "attn_norm.weight", pre + "input_layernorm.weight", keep_f32=True, transform=plus_one)
+        p.add(
+            blk + "post_attention_norm.weight",
+            pre + "post_attention_layernorm.weight",
+            keep_f32=True,
+            transform=plus_one,
+        )
+        if x["recurrent"][i]:
+            la = pre + "linear_attn."
+            p.add(blk + "attn_qkv.weight", la + "in_proj_qkv.weight", transform=qkv_rows)
+            p.add(blk + "attn_gate.weight", la + "in_proj_z.weight", transform=tiled(0, dv))
+            p.add(blk + "ssm_beta.weight", la + "in_proj_b.weight", transform=tiled(0, 1))
+            p.add(blk + "ssm_alpha.weight", la + "in_proj_a.weight", transform=tiled(0, 1))
+            p.add(blk + "ssm_out.weight", la + "out_proj.weight", transform=tiled(1, dv))
+            c, _, k = ck.shape(la + "conv1d.weight")
+            p.add(
+                blk + "ssm_conv1d.weight",
+                la + "conv1d.weight",
+                keep_f32=True,
+                shape=(c, k),
+                transform=lambda w: qkv_rows(w.reshape(w.shape[0], -1)),
+            )
+            p.add(blk + "ssm_dt.bias", la + "dt_bias", transform=tiled(0, 1))
+            p.add(blk + "ssm_a", la + "A_log", transform=lambda w: _tiled_v_heads(-np.exp(w), 0, nk, nv, 1))
+            p.add(blk + "ssm_norm.weight", la + "norm.weight", keep_f32=True)
+        else:
+            at = pre + "self_attn."
+            for proj, gname in (
+                ("q_proj", "attn_q"),
+                ("k_proj", "attn_k"),
+                ("v_proj", "attn_v"),
+                ("o_proj", "attn_output"),
+            ):
+                p.add(f"{blk}{gname}.weight", f"{at}{proj}.weight")
+            p.add(blk + "attn_q_norm.weight", at + "q_norm.weight", keep_f32=True, transform=plus_one)
+            p.add(blk + "attn_k_norm.weight", at + "k_norm.weight", keep_f32=True, transform=plus_one)
+        moe = pre + "mlp."
+        p.add(blk + "ffn_gate_inp.weight", moe + "gate.weight", keep_f32=True)
+        fused = moe + "experts.gate_up_proj"
+        if (
+            fused in ck
+        ):  # transformers' in-memory layout: gate_up [E, 2I, H] (gate rows first), down [E, H, I]
+            e, two_i, _ = ck.shape(fused)
+            half = two_i // 2
+            p.add_split_stacked(blk + "ffn_gate_exps.weight", fused, slice(0, half), half)
+            p.add_split_stacked(blk + "ffn_up_exps.weight", fused, slice(half, two_i), half)
+            p.add_whole_stacked(blk + "ffn_down_exps.weight", moe + "experts.down_proj")
+        else:  # as save_pretrained and the Hub write them: one tensor per expert and projection
+            for gname, proj in (
+                ("ffn_gate_exps", "gate_proj"),
+                ("ffn_up_exps", "up_proj"),
+                ("ffn_down_exps", "down_proj"),
+            ):
+                p.add_stacked(
+                    f"{blk}{gname}.weight", [f"{moe}experts.{e}.{proj}.weight" for e in range(hp.n_expert)]
+                )
+        for proj, gname in (
+            ("gate_proj", "ffn_gate_shexp"),
+            ("up_proj", "ffn_up_shexp"),
+            ("down_proj", "ffn_down_shexp"),
+        ):
+            p.add(f"{blk}{gname}.weight", f"{moe}shared_expert.{proj}.weight")
+        p.add(
+            blk + "ffn_gate_inp_shexp.weight",
+            moe + "shared_expert_gate.weight",
+            keep_f32=True,
+            transform=lambda w: w.reshape(-1),
+            shape=(hp.n_embd,),
+        )
+    p.add("output_norm.weight", pre0 + "norm.weight", keep_f32=True, transform=plus_one)
+    if hp.tie_embeddings:
+        ck.used.discard("lm_head.weight")  # a tied copy saved anyway is not converted
+        ck.used.add("lm_head.weight")
+    else:
+        p.add("output.weight", "lm_head.weight")
+    skipped = ("model.visual.", "mtp.", "model.mtp.")
+    leftovers = sorted(n for n in ck.tensors if n not in ck.used and not n.startswith(skipped))
+    if leftovers:
+        shown = ", ".join(leftovers[:8]) + (" ..." if len(leftovers) > 8 else "")
+        raise ConversionError(f"{len(leftovers)} checkpoint tensors have no GGUF mapping: {shown}")
+    return p.out
+
+
 def _plan(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
+    if hp.model_type in _QWEN35:
+        return _plan_qwen35moe(ck, hp)
     p = _Planner(ck, hp)
     mt = hp.model_type
     permute = mt in ("llama", "mixtral", *_GRANITE)
@@ -945,17 +1115,17 @@ def _write_metadata(w: Any, hp: _Hparams, vocab: _Vocab, name: str, out_type: st
     w.add_feed_forward_length(hp.n_ff if hp.n_ff else hp.n_ff_exp)
     w.add_head_count(hp.n_head)
     w.add_head_count_kv(hp.n_head_kv)
-    w.add_rope_dimension_count(hp.head_dim)
+    w.add_rope_dimension_count(hp.extra.get("n_rot", hp.head_dim))
     w.add_rope_freq_base(hp.rope_theta)
     w.add_layer_norm_rms_eps(hp.rms_eps)
-    if hp.head_dim * hp.n_head != hp.n_embd or hp.model_type == "qwen3_moe":
+    if hp.head_dim * hp.n_head != hp.n_embd or hp.model_type in ("qwen3_moe", *_QWEN35):
         w.add_key_length(hp.head_dim)
         w.add_value_length(hp.head_dim)
     if hp.n_expert:
         w.add_expert_count(hp.n_expert)
         w.add_expert_used_count(hp.n_expert_used)
         w.add_expert_weights_norm(hp.norm_topk)
-        if hp.model_type in ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "gpt_oss", *_GRANITE):
+        if hp.model_type in ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "gpt_oss", *_GRANITE, *_QWEN35):
             w.add_expert_feed_forward_length(hp.n_ff_exp)
     if hp.n_ff_shexp:
         w.add_expert_shared_feed_forward_length(hp.n_ff_shexp)
@@ -970,6 +1140,16 @@ def _write_metadata(w: Any, hp: _Hparams, vocab: _Vocab, name: str, out_type: st
             w.add_rope_scaling_orig_ctx_len(y["original_context"])
             w.add_rope_scaling_yarn_beta_fast(y["beta_fast"])
             w.add_rope_scaling_yarn_beta_slow(y["beta_slow"])
+    if hp.model_type in _QWEN35:
+        x = hp.extra
+        w.add_ssm_conv_kernel(x["conv_kernel"])
+        w.add_ssm_state_size(x["k_dim"])
+        w.add_ssm_group_count(x["k_heads"])
+        w.add_ssm_time_step_rank(x["v_heads"])
+        w.add_ssm_inner_size(x["v_heads"] * x["v_dim"])
+        # the installed gguf package predates these two keys' helpers: written by name
+        w.add_array(f"{hp.arch}.attention.recurrent_layers", [bool(r) for r in x["recurrent"]])
+        w.add_array(f"{hp.arch}.rope.dimension_sections", [int(v) for v in x["sections"]])
     if hp.model_type in _GRANITE:
         w.add_attention_scale(hp.extra["attention_scale"])
         w.add_embedding_scale(hp.extra["embedding_scale"])

@@ -245,8 +245,14 @@ def carve_prefix_cache(
     """Bytes the prefix cache may hold (LoadOptions.prefix_cache_size), taken out of the budget the
     engine plans with (params.memory_budget, lowered in place), so the ledger's plan and the cache
     together stay within the memory budget. The default share is dropped when the rest of the budget
-    would no longer hold the engine's minimum working set; an explicit size is the user's to size."""
+    would no longer hold the engine's minimum working set; an explicit size is the user's to size.
+    0 for a model with a recurrent state, whose prefixes the engine cannot store (only the live
+    context's is reused)."""
     size, budget = options.prefix_cache_size, int(params.memory_budget)
+    plan = _native.MemoryPlanC()
+    lib.check(lib.colibri_plan_model(model, byref(params), byref(plan)), "plan")
+    if plan.state_bytes:  # a recurrent state cannot be saved for a prefix (kv_io.c): only the live one
+        return 0
     if isinstance(size, str):  # a share of the budget, checked by LoadOptions
         want = int(budget * float(size[:-1]) / 100)
     elif size is not None:
@@ -261,7 +267,6 @@ def carve_prefix_cache(
         )
     params.memory_budget = budget - want
     if size is None:
-        plan = _native.MemoryPlanC()
         lib.check(lib.colibri_plan_model(model, byref(params), byref(plan)), "plan")
         if not plan.fits:
             params.memory_budget = budget
@@ -471,10 +476,14 @@ class Model(BaseModel):
         self._lib.colibri_truncate(self._ctx, 0)
         self._cached = []
 
-    def _truncate(self, n: int) -> None:
+    def _truncate(self, n: int) -> int:
+        """Keep the first n cached tokens; returns how many were kept (fewer for a model with recurrent
+        state, which resumes from its checkpoint or from 0: colibri_truncate)."""
         if n < len(self._cached):
             self._lib.check(self._lib.colibri_truncate(self._ctx, int(n)), "truncate")
+            n = int(self._lib.colibri_n_past(self._ctx))
             del self._cached[n:]
+        return min(n, len(self._cached))
 
     def _prefill(self, prompt: np.ndarray) -> int:
         """Bring the cache to `prompt`, evaluating only what is not cached already; the last
@@ -492,9 +501,9 @@ class Model(BaseModel):
             if reuse.entry is None or self._restore(reuse.entry):
                 break
         self.prefix_cache.used(reuse.entry, reuse.n)
-        self._truncate(reuse.n)
-        self._eval(prompt[reuse.n :], self._logits, all_logits=False)
-        return reuse.n
+        n = self._truncate(reuse.n)  # fewer than asked for a model with recurrent state
+        self._eval(prompt[n:], self._logits, all_logits=False)
+        return n
 
     def _restore(self, entry: Entry) -> bool:
         """Load a stored state into the context; False (the entry dropped, the context unchanged)

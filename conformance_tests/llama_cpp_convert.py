@@ -10,13 +10,24 @@ tiny checkpoints' tokenizer and nothing about the model tensors or hyper-paramet
 * it reaches for the `sentencepiece` module before checking that a tokenizer.model exists; without that file
   the shim raises the FileNotFoundError the converter would raise with the module installed, so it falls back
   to the tokenizer.json path as usual.
+Qwen3.5 checkpoints without a multi-token-prediction block are converted with the converter's own --no-mtp.
 """
 
 from __future__ import annotations
 
+import json
 import runpy
 import sys
 from pathlib import Path
+
+
+def _mtp_flag(ckpt: Path) -> list[str]:
+    """The converter expects Qwen3.5's multi-token-prediction block unless told there is none (--no-mtp), as
+    a user converting a checkpoint without one would tell it."""
+    cfg = json.loads((ckpt / "config.json").read_text())
+    if cfg.get("model_type", "").startswith("qwen3_5") and not cfg.get("mtp_num_hidden_layers"):
+        return ["--no-mtp"]
+    return []
 
 
 def main(argv: list[str]) -> int:
@@ -46,7 +57,7 @@ def main(argv: list[str]) -> int:
     base.TextModel._create_vocab_sentencepiece = spm_or_missing
     script = str(root / "convert_hf_to_gguf.py")
     for ckpt, out in pairs:
-        sys.argv = [script, ckpt, "--outfile", out, "--outtype", out_type]
+        sys.argv = [script, ckpt, "--outfile", out, "--outtype", out_type, *_mtp_flag(Path(ckpt))]
         runpy.run_path(script, run_name="__main__")
     return 0
 

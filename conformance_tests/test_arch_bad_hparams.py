@@ -27,6 +27,24 @@ CASES = [
     ("granitemoe", {"granitemoe.residual_scale": (-1.0, F32)}, "granitemoe.residual_scale = -1"),
     ("granitemoe", {"granitemoe.attention.scale": (-0.5, F32)}, "granitemoe.attention.scale = -0.5"),
     ("granitemoeshared", {"granitemoe.expert_shared_feed_forward_length": (7, U32)}, "disagrees"),
+    ("qwen35moe", {"qwen35moe.ssm.conv_kernel": None}, "qwen35moe.ssm.conv_kernel is missing"),
+    ("qwen35moe", {"qwen35moe.ssm.conv_kernel": (0, U32)}, "qwen35moe.ssm.conv_kernel = 0"),
+    ("qwen35moe", {"qwen35moe.ssm.time_step_rank": (5, U32)}, "qwen35moe.ssm.time_step_rank 5 (v heads)"),
+    ("qwen35moe", {"qwen35moe.ssm.inner_size": (70, U32)}, "qwen35moe.ssm.inner_size 70"),
+    ("qwen35moe", {"qwen35moe.ssm.state_size": (8, U32)}, "blk.0.attn_qkv.weight has shape"),
+    ("qwen35moe", {"qwen35moe.attention.recurrent_layers": None}, "recurrent_layers is missing"),
+    ("qwen35moe", {"qwen35moe.attention.recurrent_layers": ([True] * 3, V.ARRAY, V.BOOL)}, "has 3 entries"),
+    (
+        "qwen35moe",
+        {"qwen35moe.attention.recurrent_layers": ([True] * 4, V.ARRAY, V.BOOL)},
+        "every layer recurrent",
+    ),
+    (
+        "qwen35moe",
+        {"qwen35moe.attention.recurrent_layers": ([1, 1, 0, 1], V.ARRAY, V.UINT8)},
+        "array of bools",
+    ),
+    ("qwen35moe", {"qwen35moe.nextn_predict_layers": (4, U32)}, "qwen35moe.nextn_predict_layers = 4"),
 ]
 
 

@@ -75,6 +75,8 @@ def _transformers_cache_bytes(ckpt: Path, n: int) -> tuple[int, int]:
         cache = model(torch.tensor([list(range(3, 3 + n))]), use_cache=True).past_key_values
     total = full = 0
     for layer in cache.layers:
+        if not hasattr(layer, "keys"):  # a linear-attention layer keeps a recurrent state, no K/V
+            continue
         b = (layer.keys.numel() + layer.values.numel()) * layer.keys.element_size()
         total += b
         full += b if layer.keys.shape[-2] == n else 0  # a layer that kept every position

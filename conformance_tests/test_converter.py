@@ -56,7 +56,11 @@ def _as_array(t: Any) -> np.ndarray:
 
 def test_tiny_checkpoints_have_transformers_layout(tiny_zoo: Any) -> None:
     layout_path = tm.REFERENCE_DIR / "tiny_layout.json"
-    ours = {s.name: {k: list(v.shape) for k, v in tm.make_weights(s).items()} for s in tm.SPECS}
+    # Qwen3.5's multi-token-prediction block (mtp.*) is in the Hub's files but not in transformers' model
+    ours = {
+        s.name: {k: list(v.shape) for k, v in tm.make_weights(s).items() if not k.startswith("mtp.")}
+        for s in tm.SPECS
+    }
     if tm.reference_engine("transformers") is not None:
         theirs = {s.name: tm.transformers_layout(s) for s in tm.SPECS}
         source = "live transformers"
@@ -225,7 +229,9 @@ def test_metadata_tokenizer_and_alignment(tiny_zoo: Any, name: str) -> None:
     arch = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}.get(
         spec.model_type, spec.model_type
     )
-    arch = {"granitemoeshared": "granitemoe", "gpt_oss": "gpt-oss"}.get(arch, arch)
+    arch = {"granitemoeshared": "granitemoe", "gpt_oss": "gpt-oss", "qwen3_5_moe_text": "qwen35moe"}.get(
+        arch, arch
+    )
     assert f["general.architecture"] == arch
     assert "general.alignment" not in f  # GGUF's default (32): what llama.cpp's quantizer writes back
     assert f[f"{arch}.block_count"] == cfg["num_hidden_layers"]
@@ -233,7 +239,8 @@ def test_metadata_tokenizer_and_alignment(tiny_zoo: Any, name: str) -> None:
     assert f[f"{arch}.attention.head_count"] == cfg["num_attention_heads"]
     assert f[f"{arch}.attention.head_count_kv"] == cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    assert f[f"{arch}.rope.dimension_count"] == head_dim
+    partial = (cfg.get("rope_parameters") or {}).get("partial_rotary_factor", 1.0)  # Qwen3.5's partial rotary
+    assert f[f"{arch}.rope.dimension_count"] == int(head_dim * partial)
     if head_dim * cfg["num_attention_heads"] != cfg["hidden_size"]:
         assert f[f"{arch}.attention.key_length"] == head_dim
         assert f[f"{arch}.attention.value_length"] == head_dim
@@ -244,7 +251,13 @@ def test_metadata_tokenizer_and_alignment(tiny_zoo: Any, name: str) -> None:
     if n_expert:
         assert f[f"{arch}.expert_count"] == n_expert
         assert f[f"{arch}.expert_used_count"] == cfg["num_experts_per_tok"]
-        always = ("mixtral", "granitemoe", "granitemoeshared", "gpt_oss")  # top-k weights sum to 1 by design
+        always = (
+            "mixtral",
+            "granitemoe",
+            "granitemoeshared",
+            "gpt_oss",
+            "qwen3_5_moe_text",
+        )  # top-k sums to 1
         expected_norm = True if spec.model_type in always else cfg["norm_topk_prob"]
         assert f[f"{arch}.expert_weights_norm"] is expected_norm
 
@@ -270,9 +283,14 @@ def test_metadata_tokenizer_and_alignment(tiny_zoo: Any, name: str) -> None:
     for t in reader.tensors:
         assert t.data_offset % ALIGNMENT == 0, f"{t.name} at {t.data_offset} is not {ALIGNMENT}-aligned"
     for tname, t in tensors.items():
-        small = tname.endswith((".bias", "ffn_gate_inp.weight"))  # biases (gpt-oss's expert ones are 2-D)
+        # biases (gpt-oss's expert ones are 2-D), routers, Qwen3.5's short convolution kernel
+        small = tname.endswith((".bias", "ffn_gate_inp.weight", "ssm_conv1d.weight"))
         if len(t.shape) == 1 or "norm" in tname or small:
             assert t.tensor_type == Q.F32, f"{tname} should stay F32, is {t.tensor_type.name}"
+        elif int(t.shape[0]) % 32:  # rows shorter than whole Q8_0 blocks
+            assert t.tensor_type == Q.F16, (
+                f"{tname} has {int(t.shape[0])}-wide rows: F16, is {t.tensor_type.name}"
+            )
         else:
             assert t.tensor_type == Q.Q8_0, f"{tname} should be Q8_0, is {t.tensor_type.name}"
     if n_expert:

@@ -217,7 +217,7 @@ def test_tiny_models_same_file(tiny_zoo: Any, colibri: Any, name: str, out_type:
         cmp = tm.compare_to_record(theirs_rec, ours)
         source = "recorded"
     label = f"{name} {out_type.upper()} ({source})"
-    if out_type == "f16":
+    if out_type == "f16" and not tm.SPEC_BY_NAME[name].extra.get("f16_vs_exact"):
         _check(cmp, f"{label} Colibri vs llama.cpp")
         return
     exact = exact_logits(colibri, gguf, ids, tmp_path)

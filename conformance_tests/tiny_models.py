@@ -25,6 +25,7 @@ import math
 import os
 import sys
 import sysconfig
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -316,6 +317,91 @@ SPECS += [
         notes="gpt-oss without YaRN (so llama.cpp computes it as transformers does), GQA 8, 6 experts top-3",
     ),
 ]
+_QWEN35 = dict(
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    bos_token_id=0,
+    eos_token_id=2,
+    pad_token_id=0,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=24,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=48,
+    num_experts=6,
+    num_experts_per_tok=2,
+    linear_conv_kernel_dim=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=12,
+    linear_num_key_heads=2,
+    linear_num_value_heads=6,
+)
+SPECS += [
+    TinySpec(
+        "qwen35moe",
+        "qwen3_5_moe_text",
+        dict(
+            _QWEN35,
+            num_hidden_layers=4,
+            layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+            mtp_num_hidden_layers=1,
+            vocab_size=1013,
+            tie_word_embeddings=False,
+            # MRoPE sections within the rotary half (llama.cpp asserts it); text positions make them moot
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.5,
+                "mrope_section": [2, 2, 2],
+                "mrope_interleaved": True,
+            },
+        ),
+        seed=22,
+        # llama.cpp's qwen35moe takes the v heads' width to be ssm.state_size (the k heads' width): it cannot
+        # load this file, whose v heads (12) are narrower than its k heads (16)
+        llama_cpp_compatible=False,
+        llama_cpp_converts=True,
+        notes="Qwen3.5-MoE: Gated DeltaNet layers (2 k heads of 16, 6 v heads of 12, conv 4) around one "
+        "gated attention layer, head_dim 24 with 12 rotary dims, GQA 2, shared expert, untied, vocab 1013, "
+        "an MTP block",
+    ),
+    TinySpec(
+        "qwen35moe_tied",
+        "qwen3_5_moe_text",
+        dict(
+            _QWEN35,
+            num_hidden_layers=4,
+            full_attention_interval=2,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            head_dim=16,
+            num_experts=8,
+            num_experts_per_tok=3,
+            linear_conv_kernel_dim=3,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            vocab_size=1000,
+            tie_word_embeddings=True,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 50000.0,
+                "partial_rotary_factor": 0.25,
+                "mrope_section": [1, 1, 0],
+                "mrope_interleaved": True,
+            },
+        ),
+        seed=23,
+        # Each Gated DeltaNet head's output goes through an RMSNorm, so its sign follows sums like q.k that
+        # can sit near 0: the F16 file's rounding (llama.cpp also rounds activations to F16) moves a few
+        # argmaxes in either engine. At F16 too the assertion is faithfulness to the file's exact math.
+        extra={"f16_vs_exact": True},
+        notes="Qwen3.5-MoE: full_attention_interval 2, 2 k and 4 v heads of 16, conv 3, 4 rotary dims of 16, "
+        "GQA 4, 8 experts top-3, tied",
+    ),
+]
 SPEC_BY_NAME = {s.name: s for s in SPECS}
 
 
@@ -445,6 +531,7 @@ _ARCH_CLASS = {
     "granitemoe": "GraniteMoeForCausalLM",
     "granitemoeshared": "GraniteMoeSharedForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
+    "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
 }
 
 
@@ -485,6 +572,8 @@ def make_weights(spec: TinySpec) -> dict[str, np.ndarray]:
 
     w: dict[str, np.ndarray] = {}
     w["model.embed_tokens.weight"] = (0.5 * rng.standard_normal((n_vocab, hidden))).astype(np.float32)
+    if mt == "qwen3_5_moe_text":
+        return _qwen35_weights(spec, w, rng, lin)
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"] = norm(hidden)
@@ -562,6 +651,80 @@ def make_weights(spec: TinySpec) -> dict[str, np.ndarray]:
     w["model.norm.weight"] = norm(hidden)
     if not c.get("tie_word_embeddings"):
         w["lm_head.weight"] = lin(n_vocab, hidden, 4.0)
+    return w
+
+
+def _qwen35_weights(
+    spec: TinySpec, w: dict[str, np.ndarray], rng: np.random.Generator, lin: Callable[..., np.ndarray]
+) -> dict[str, np.ndarray]:
+    """Qwen3.5-MoE: zero-centred RMSNorm weights (transformers multiplies by 1 + w), Gated DeltaNet layers
+    whose decays exp(-A softplus(.)) keep a memory of several tokens (A in [0.05, 1]), gated attention."""
+    c = spec.config
+    hidden, n_head, n_kv, hd = (
+        c["hidden_size"],
+        c["num_attention_heads"],
+        c["num_key_value_heads"],
+        c["head_dim"],
+    )
+    nk, nv = c["linear_num_key_heads"], c["linear_num_value_heads"]
+    dk, dv, kern = c["linear_key_head_dim"], c["linear_value_head_dim"], c["linear_conv_kernel_dim"]
+    conv_dim = 2 * nk * dk + nv * dv
+    types = c.get("layer_types") or [
+        "linear_attention" if (i + 1) % c.get("full_attention_interval", 4) else "full_attention"
+        for i in range(c["num_hidden_layers"])
+    ]
+
+    def zc(n: int) -> np.ndarray:  # zero-centred norm weight
+        return (0.2 * rng.standard_normal(n)).astype(np.float32)
+
+    def layer(p: str, kind: str) -> None:
+        w[p + "input_layernorm.weight"] = zc(hidden)
+        w[p + "post_attention_layernorm.weight"] = zc(hidden)
+        if kind == "linear_attention":
+            la = p + "linear_attn."
+            w[la + "in_proj_qkv.weight"] = lin(conv_dim, hidden)
+            w[la + "in_proj_z.weight"] = lin(nv * dv, hidden)
+            w[la + "in_proj_b.weight"] = lin(nv, hidden)
+            w[la + "in_proj_a.weight"] = lin(nv, hidden)
+            w[la + "conv1d.weight"] = (rng.standard_normal((conv_dim, 1, kern)) / math.sqrt(kern)).astype(
+                np.float32
+            )
+            w[la + "dt_bias"] = (0.5 * rng.standard_normal(nv)).astype(np.float32)
+            w[la + "A_log"] = np.log(rng.uniform(0.05, 1.0, nv)).astype(np.float32)
+            w[la + "norm.weight"] = (1.0 + 0.2 * rng.standard_normal(dv)).astype(np.float32)
+            w[la + "out_proj.weight"] = lin(hidden, nv * dv, BRANCH_GAIN)
+        else:
+            a = p + "self_attn."
+            w[a + "q_proj.weight"] = lin(2 * n_head * hd, hidden)
+            w[a + "k_proj.weight"] = lin(n_kv * hd, hidden)
+            w[a + "v_proj.weight"] = lin(n_kv * hd, hidden)
+            w[a + "o_proj.weight"] = lin(hidden, n_head * hd, BRANCH_GAIN)
+            w[a + "q_norm.weight"] = zc(hd)
+            w[a + "k_norm.weight"] = zc(hd)
+        m = p + "mlp."
+        ff, sff, n_exp = c["moe_intermediate_size"], c["shared_expert_intermediate_size"], c["num_experts"]
+        w[m + "gate.weight"] = lin(n_exp, hidden, ROUTER_GAIN)
+        for e in range(n_exp):
+            w[f"{m}experts.{e}.gate_proj.weight"] = lin(ff, hidden)
+            w[f"{m}experts.{e}.up_proj.weight"] = lin(ff, hidden)
+            w[f"{m}experts.{e}.down_proj.weight"] = lin(hidden, ff, BRANCH_GAIN)
+        w[m + "shared_expert.gate_proj.weight"] = lin(sff, hidden)
+        w[m + "shared_expert.up_proj.weight"] = lin(sff, hidden)
+        w[m + "shared_expert.down_proj.weight"] = lin(hidden, sff, BRANCH_GAIN)
+        w[m + "shared_expert_gate.weight"] = lin(1, hidden, ROUTER_GAIN)
+
+    for i, kind in enumerate(types):
+        layer(f"model.layers.{i}.", kind)
+    # the multi-token-prediction block as the Hub checkpoints hold it (transformers does not load it)
+    for i in range(c.get("mtp_num_hidden_layers", 0)):
+        layer(f"mtp.layers.{i}.", "full_attention")
+    if c.get("mtp_num_hidden_layers"):
+        w["mtp.fc.weight"] = lin(hidden, 2 * hidden)
+        for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+            w[f"mtp.{n}.weight"] = zc(hidden)
+    w["model.norm.weight"] = zc(hidden)
+    if not c.get("tie_word_embeddings"):
+        w["lm_head.weight"] = lin(spec.config["vocab_size"], hidden, 4.0)
     return w
 
 

@@ -2,6 +2,7 @@
 
     python conformance_tests/reference/regenerate.py [tiny] [smollm2]   # needs torch, transformers,
                                                                         # llama-cpp-python
+    python conformance_tests/reference/regenerate.py tiny:NAME[,NAME]   # those tiny specs only
 
 Writes, next to this script:
   tiny_layout.json   tensor names/shapes transformers' save_pretrained writes for each tiny spec
@@ -38,11 +39,15 @@ def _put(out: dict[str, np.ndarray], prefix: str, rec: dict[str, np.ndarray]) ->
         out[f"{prefix}_{k}"] = v
 
 
-def tiny(root: Path) -> None:
+def tiny(root: Path, names: set[str] | None = None) -> None:
+    """Every tiny spec's records, or those of `names` (the layout file keeps the others' entries)."""
     zoo = TinyZoo(root)
-    layout = {s.name: tm.transformers_layout(s) for s in tm.SPECS}
-    (HERE / "tiny_layout.json").write_text(json.dumps(layout, indent=1, sort_keys=True))
-    for spec in tm.SPECS:
+    specs = [s for s in tm.SPECS if names is None or s.name in names]
+    layout_path = HERE / "tiny_layout.json"
+    layout = json.loads(layout_path.read_text()) if names is not None and layout_path.exists() else {}
+    layout.update({s.name: tm.transformers_layout(s) for s in specs})
+    layout_path.write_text(json.dumps(layout, indent=1, sort_keys=True))
+    for spec in specs:
         ckpt = zoo.checkpoint(spec.name)
         out: dict[str, np.ndarray] = {"fingerprint": np.array(tm.checkpoint_fingerprint(ckpt))}
         ids = tm.token_ids(ckpt, tt.N_POS)
@@ -103,9 +108,10 @@ def main(argv: list[str]) -> int:
     import tempfile
 
     parts = set(argv) or {"tiny", "smollm2"}
-    if "tiny" in parts:
+    some = {n for p in parts if p.startswith("tiny:") for n in p[len("tiny:") :].split(",")}
+    if "tiny" in parts or some:
         with tempfile.TemporaryDirectory(prefix="colibri-ref-") as tmp:
-            tiny(Path(tmp))
+            tiny(Path(tmp), None if "tiny" in parts else some)
     if "smollm2" in parts:
         smollm2()
     return 0

@@ -159,6 +159,8 @@ typedef struct colibri_memory_plan {
     int32_t min_expert_slots;        /* minimum working set: top-k slots */
     int32_t all_resident;            /* 1: no streaming, experts read from the mapped file */
     int32_t fits;                    /* 1 if the budget holds the minimum working set */
+    uint64_t state_bytes;            /* recurrent states of the layers that have one (live copy and
+                                        checkpoint; 0 without such layers), part of total_bytes */
 } colibri_memory_plan;
 
 /* The plan for opening `path` with `params` (NULL: defaults), without allocating the context.
@@ -179,7 +181,11 @@ COLIBRI_API colibri_status colibri_get_memory_plan(const colibri_context *ctx, c
 
 /* Number of tokens in the KV cache. */
 COLIBRI_API int32_t colibri_n_past(const colibri_context *ctx);
-/* Drop the KV cache after position n_past (0 clears it); the prefix is kept for reuse. */
+/* Drop the KV cache after position n_past (0 clears it); the prefix is kept for reuse. A model
+ * with recurrent layers (qwen35moe) cannot cut its state back to any position: it resumes from its
+ * checkpoint (taken before the last token of the latest multi-token eval) when that lies at or
+ * before n_past, else from 0; colibri_n_past then says where, and the caller evaluates the tokens
+ * from there. */
 COLIBRI_API colibri_status colibri_truncate(colibri_context *ctx, int32_t n_past);
 
 /* Run n_tokens tokens through the model, appending them to the KV cache (positions

@@ -128,8 +128,9 @@ colibri_status colibri_truncate(colibri_context *ctx, int32_t n_past) {
     if (n_past < 0 || n_past > ctx->seq_past[0])
         return cb_error(COLIBRI_E_INVALID_ARG, "colibri_truncate: n_past %d is outside [0, %d]", (int)n_past,
                         (int)ctx->seq_past[0]);
-    /* The cache rows past n_past are simply overwritten by the next eval. */
-    ctx->seq_past[0] = n_past;
+    /* KV rows past n_past are simply overwritten by the next eval; a recurrent state goes back
+     * to its checkpoint or to 0 (colibri_n_past tells where) */
+    context_rewind(ctx, 0, n_past);
     return COLIBRI_OK;
 }
 
@@ -148,7 +149,7 @@ colibri_status colibri_seq_truncate(colibri_context *ctx, int32_t seq, int32_t n
     if (n_past < 0 || n_past > ctx->seq_past[seq])
         return cb_error(COLIBRI_E_INVALID_ARG, "colibri_seq_truncate: n_past %d is outside [0, %d] for sequence %d",
                         (int)n_past, (int)ctx->seq_past[seq], (int)seq);
-    ctx->seq_past[seq] = n_past;
+    context_rewind(ctx, seq, n_past);
     return COLIBRI_OK;
 }
 

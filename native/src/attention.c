@@ -41,7 +41,7 @@ static void attn_worker(void *arg, int ith, int nth) {
         const int pos = c->s.pos[tok];
         const int j0 = w->window > 0 && pos >= w->window ? pos - w->window + 1 : 0; /* first key seen */
         const int n = pos - j0 + 1;
-        const size_t base = kv_row(c, c->s.seq[tok], t->layer, kvh, j0) * (size_t)hd;
+        const size_t base = kv_row(c, c->s.seq[tok], w->kv_slot, kvh, j0) * (size_t)hd;
         float *out = c->s.att + (size_t)tok * qd + (size_t)h * hd;
         memset(out, 0, (size_t)hd * sizeof(float));
         if (c->kv_kind == KV_I8) {
@@ -97,8 +97,9 @@ void block_attention(struct colibri_context *c, int il, int n, int p0) {
     const int qd = nh * hd, kvd = nkv * hd, qkv_w = qd + 2 * kvd;
 
     if (mat_wants_q8a(&w->wq) || mat_wants_q8a(&w->wk) || mat_wants_q8a(&w->wv)) quantize_activations(c, s->xn, s->xnq, n, E);
+    /* with an output gate the q rows go to s.qg first: (q, gate) per head */
     mm_job jobs[3] = {
-        job(&w->wq, s->xn, s->xnq, n, s->qkv, qkv_w),
+        hp->attn_out_gate ? job(&w->wq, s->xn, s->xnq, n, s->qg, 2 * qd) : job(&w->wq, s->xn, s->xnq, n, s->qkv, qkv_w),
         job(&w->wk, s->xn, s->xnq, n, s->qkv + qd, qkv_w),
         job(&w->wv, s->xn, s->xnq, n, s->qkv + qd + kvd, qkv_w),
     };
@@ -106,6 +107,9 @@ void block_attention(struct colibri_context *c, int il, int n, int p0) {
 
     for (int t = 0; t < n; t++) {
         float *q = s->qkv + (size_t)t * qkv_w, *k = q + qd, *v = k + kvd;
+        if (hp->attn_out_gate)
+            for (int h = 0; h < nh; h++)
+                memcpy(q + h * hd, s->qg + (size_t)t * 2 * qd + (size_t)h * 2 * hd, (size_t)hd * sizeof(float));
         if (w->bq) {
             op_add(q, w->bq, qd);
             op_add(k, w->bk, kvd);
@@ -122,7 +126,7 @@ void block_attention(struct colibri_context *c, int il, int n, int p0) {
         for (int h = 0; h < nh; h++) op_rope(q + h * hd, hp->n_rot, cs, hp->rope_neox);
         for (int h = 0; h < nkv; h++) op_rope(k + h * hd, hp->n_rot, cs, hp->rope_neox);
         for (int h = 0; h < nkv; h++) {
-            const size_t row = kv_row(c, s->seq[t], il, h, s->pos[t]), off = row * hd;
+            const size_t row = kv_row(c, s->seq[t], w->kv_slot, h, s->pos[t]), off = row * hd;
             if (c->kv_kind == KV_I8) {
                 c->k_scale[row] = quantize_row_i8(k + h * hd, (int8_t *)c->k_cache + off, hd);
                 c->v_scale[row] = quantize_row_i8(v + h * hd, (int8_t *)c->v_cache + off, hd);
@@ -138,6 +142,13 @@ void block_attention(struct colibri_context *c, int il, int n, int p0) {
 
     attn_task at = {c, il, n};
     pool_run(c->pool, attn_worker, &at);
+    if (hp->attn_out_gate) /* transformers' gated attention: out *= sigmoid(gate), per element */
+        for (int t = 0; t < n; t++)
+            for (int h = 0; h < nh; h++) {
+                float *o = s->att + (size_t)t * qd + (size_t)h * hd;
+                const float *g = s->qg + (size_t)t * 2 * qd + (size_t)h * 2 * hd + hd;
+                for (int i = 0; i < hd; i++) o[i] *= op_sigmoid(g[i]);
+            }
 
     const block_q8a *attq = NULL;
     if (mat_wants_q8a(&w->wo)) {

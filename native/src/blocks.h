@@ -18,6 +18,10 @@ void block_norm_rows(struct colibri_context *c, const float *w, int n);
  * (attention.c). */
 void block_attention(struct colibri_context *c, int il, int n, int p0);
 
+/* Gated DeltaNet linear attention of layer il from s.xn into s.tmp, advancing the layer's
+ * conv and recurrent states (c->rs[il]) through the chunk's n tokens (linear_attention.c). */
+void block_linear_attention(struct colibri_context *c, int il, int n);
+
 /* FFN of layer il from s.xn into s.tmp: the dense SwiGLU, or the routed experts (plus the
  * shared expert). block_ffn picks by the model (forward.c); the MoE form fails only when an
  * expert cannot be read (ffn.c). */

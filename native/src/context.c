@@ -83,6 +83,17 @@ static void plan_scratch(struct colibri_context *c, planner *p) {
     s->sh_w = S ? take(p, B * f) : NULL;
     s->jobs = take(p, (X + 4) * sizeof(mm_job));
     s->glu = take(p, (X + 2) * sizeof(glu_job));
+    s->qg = hp->attn_out_gate ? take(p, B * 2 * qd * f) : NULL;
+    if (hp->n_layer_rec > 0) {
+        const size_t H = (size_t)hp->ssm_dt_rank, Di = (size_t)hp->ssm_d_inner;
+        const size_t C = 2 * (size_t)hp->ssm_n_group * hp->ssm_d_state + Di;
+        s->la_qkv = take(p, B * C * f);
+        s->la_z = take(p, B * Di * f);
+        s->la_ab = take(p, B * 2 * H * f);
+        s->la_o = take(p, B * Di * f);
+        s->la_oq = take(p, B * NB(Di) * q);
+        s->la_tmp = take(p, (size_t)c->n_threads * (Di / H) * f);
+    }
 #undef NB
 }
 
@@ -94,6 +105,9 @@ void context_destroy(struct colibri_context *c) {
     cb_free(c->k_scale);
     cb_free(c->v_scale);
     cb_free(c->seq_past);
+    cb_free(c->rs);
+    cb_free(c->rs_ckpt);
+    cb_free(c->rs_buf);
     cb_free(c->inv_freq);
     cb_free(c->route_ids);
     cb_free(c->route_w);
@@ -191,6 +205,12 @@ colibri_status context_resolve_params(const struct colibri_model *m, const colib
     if (p.n_seq_max <= 0) p.n_seq_max = 1;
     if (p.n_seq_max > MAX_SEQ)
         return cb_error(COLIBRI_E_INVALID_ARG, "n_seq_max %d is above %d", (int)p.n_seq_max, MAX_SEQ);
+    /* one recurrent state (and its checkpoint) per context: such a model decodes one sequence */
+    if (p.n_seq_max > 1 && m->hp.n_layer_rec > 0)
+        return cb_error(COLIBRI_E_UNSUPPORTED,
+                        "n_seq_max %d: this %s model has %d layers with a recurrent state, which hold one "
+                        "sequence per context (use n_seq_max 1)",
+                        (int)p.n_seq_max, m->arch_name, (int)m->hp.n_layer_rec);
     if (p.kv_type != COLIBRI_KV_DEFAULT && p.kv_type != COLIBRI_KV_F16 && p.kv_type != COLIBRI_KV_INT8)
         return cb_error(COLIBRI_E_INVALID_ARG, "kv_type %d is not COLIBRI_KV_DEFAULT, _F16 or _INT8",
                         (int)p.kv_type);
@@ -201,7 +221,85 @@ colibri_status context_resolve_params(const struct colibri_model *m, const colib
 int context_kv_kind(const struct colibri_model *m, const colibri_context_params *p) {
     if (p->kv_type == COLIBRI_KV_INT8) return KV_I8;
     if (p->kv_type == COLIBRI_KV_F16) return KV_F16;
-    return m->layers[0].wk.type == GGML_TYPE_F32 ? KV_F32 : KV_F16;
+    int il = 0; /* the first layer with attention weights (recurrent layers have none) */
+    while (il + 1 < m->hp.n_layer && m->layers[il].recurrent) il++;
+    return m->layers[il].wk.type == GGML_TYPE_F32 ? KV_F32 : KV_F16;
+}
+
+/* ---- recurrent state ---------------------------------------------------- */
+
+/* Floats of layer il's conv and matrix states (0, 0 for a layer without). */
+static void state_floats(const struct colibri_model *m, int il, size_t *conv, size_t *ssm) {
+    const model_hparams *hp = &m->hp;
+    *conv = *ssm = 0;
+    if (!m->layers[il].recurrent) return;
+    const size_t H = (size_t)hp->ssm_dt_rank, Di = (size_t)hp->ssm_d_inner, dk = (size_t)hp->ssm_d_state;
+    *conv = (2 * (size_t)hp->ssm_n_group * dk + Di) * (size_t)(hp->ssm_conv_kernel - 1);
+    *ssm = H * dk * (Di / H);
+}
+
+size_t context_state_bytes(const struct colibri_model *m) {
+    size_t total = 0;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        size_t a, b;
+        state_floats(m, il, &a, &b);
+        total += (a + b) * sizeof(float);
+    }
+    return total;
+}
+
+/* Points rs and rs_ckpt's layers into rs_buf (live copy, then the checkpoint). */
+static colibri_status state_create(struct colibri_context *c) {
+    const struct colibri_model *m = c->model;
+    c->rs_ckpt_pos = -1;
+    c->rs_bytes = context_state_bytes(m);
+    if (c->rs_bytes == 0) return COLIBRI_OK;
+    const int L = m->hp.n_layer;
+    c->rs = cb_calloc((size_t)L, sizeof *c->rs);
+    c->rs_ckpt = cb_calloc((size_t)L, sizeof *c->rs_ckpt);
+    c->rs_buf = cb_calloc(2 * c->rs_bytes / sizeof(float), sizeof(float));
+    if (!c->rs || !c->rs_ckpt || !c->rs_buf)
+        return cb_error(COLIBRI_E_NOMEM, "cannot allocate recurrent states of %zu bytes", 2 * c->rs_bytes);
+    float *live = c->rs_buf, *ckpt = c->rs_buf + c->rs_bytes / sizeof(float);
+    for (int il = 0; il < L; il++) {
+        size_t a, b;
+        state_floats(m, il, &a, &b);
+        if (a + b == 0) continue;
+        c->rs[il].conv = live;
+        c->rs[il].ssm = live + a;
+        c->rs_ckpt[il].conv = ckpt;
+        c->rs_ckpt[il].ssm = ckpt + a;
+        live += a + b;
+        ckpt += a + b;
+    }
+    return COLIBRI_OK;
+}
+
+int32_t context_rewind(struct colibri_context *c, int seq, int32_t n) {
+    int32_t *past = &c->seq_past[seq];
+    if (n >= *past) return *past;
+    if (c->rs_bytes == 0) { /* KV rows past n are simply overwritten by the next eval */
+        *past = n;
+        return n;
+    }
+    /* a model with recurrent state holds one sequence (context_create), so seq is 0 here */
+    float *live = c->rs_buf, *ckpt = c->rs_buf + c->rs_bytes / sizeof(float);
+    if (c->rs_ckpt_pos >= 0 && c->rs_ckpt_pos <= n) {
+        memcpy(live, ckpt, c->rs_bytes);
+        *past = c->rs_ckpt_pos;
+    } else {
+        /* below the checkpoint (or none): the history restarts; the checkpoint described
+         * tokens that will now be overwritten */
+        memset(live, 0, c->rs_bytes);
+        c->rs_ckpt_pos = -1;
+        *past = 0;
+    }
+    return *past;
+}
+
+void context_state_checkpoint(struct colibri_context *c) {
+    memcpy(c->rs_buf + c->rs_bytes / sizeof(float), c->rs_buf, c->rs_bytes);
+    c->rs_ckpt_pos = c->seq_past[0];
 }
 
 size_t context_kv_bytes(const struct colibri_model *m, const colibri_context_params *p) {
@@ -210,7 +308,7 @@ size_t context_kv_bytes(const struct colibri_model *m, const colibri_context_par
 
 size_t context_kv_seq_bytes(const struct colibri_model *m, const colibri_context_params *p) {
     const model_hparams *hp = &m->hp;
-    const size_t rows = (size_t)hp->n_layer * hp->n_head_kv * (size_t)p->n_ctx, hd = (size_t)hp->head_dim;
+    const size_t rows = (size_t)hp->n_layer_kv * hp->n_head_kv * (size_t)p->n_ctx, hd = (size_t)hp->head_dim;
     switch (context_kv_kind(m, p)) {
     case KV_I8: return 2 * rows * (hd + sizeof(float)); /* int8 values + one float scale per row */
     case KV_F32: return 2 * rows * hd * sizeof(float);
@@ -262,7 +360,7 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
             return st;
         }
     }
-    c->kv_seq_rows = (size_t)hp->n_layer * hp->n_head_kv * (size_t)c->n_ctx;
+    c->kv_seq_rows = (size_t)hp->n_layer_kv * hp->n_head_kv * (size_t)c->n_ctx;
     const size_t kv_rows = c->kv_seq_rows * (size_t)c->n_seq_max;
     const size_t kv_elems = kv_rows * hp->head_dim;
     c->kv_kind = context_kv_kind(m, &p);
@@ -292,6 +390,10 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
     c->seq_saved = c->seq_past + c->n_seq_max;
     c->seq_last = c->seq_saved + c->n_seq_max;
     rope_init_freqs(hp, c->inv_freq);
+    if ((st = state_create(c))) {
+        context_destroy(c);
+        return st;
+    }
 
     planner pl = {NULL, 0, 0};
     plan_scratch(c, &pl);

@@ -47,7 +47,25 @@ typedef struct scratch {
     float *sh_w;         /* [B] sigmoid gate of the shared expert */
     mm_job *jobs;        /* [n_expert + 4] */
     glu_job *glu;        /* [n_expert + 2] */
+    /* gated attention (hp.attn_out_gate): the q projection's rows, q and gate per head */
+    float *qg;           /* [B][2 * q_dim] */
+    /* linear attention (linear_attention.c; C, d_inner, H as in layer_weights) */
+    float *la_qkv;       /* [B][C] projected, then convolved q|k|v */
+    float *la_z;         /* [B][d_inner] output gate */
+    float *la_ab;        /* [B][2H] alpha then beta projections, then decay then beta */
+    float *la_o;         /* [B][d_inner] delta-rule output, normed and gated */
+    block_q8a *la_oq;    /* [B][d_inner/32] */
+    float *la_tmp;       /* [n_threads][dv] per-thread row of the state update */
 } scratch;
+
+/* The recurrent state of one layer (NULL members for layers without one). Linear attention
+ * (qwen35moe's Gated DeltaNet) has both: the short convolution's last K-1 inputs per channel
+ * and the delta rule's matrix per v head. One clearly separated block per layer, so a
+ * per-sequence copy (batching) or a save/restore section (prefix cache) is a loop over layers. */
+typedef struct rstate_layer {
+    float *conv;  /* [C][K-1], oldest input first */
+    float *ssm;   /* [H][d_state][dv] */
+} rstate_layer;
 
 struct colibri_context {
     struct colibri_model *model;
@@ -99,6 +117,15 @@ struct colibri_context {
     float route_prefilter_margin;  /* 0: exact routing */
     const int32_t *chunk_tokens;   /* token ids of the chunk being run (hashed predictor, pre-filter) */
     struct imatrix *imatrix;       /* activation statistics being collected (imatrix.h), or NULL */
+    /* Recurrent states (context.c; NULL / 0 when the model has no recurrent layer). Like the KV
+     * cache they describe the first n_past tokens, but they cannot be cut back to an earlier
+     * position: rs_ckpt is a copy taken at position rs_ckpt_pos (before the last token of the
+     * latest multi-token eval), which context_rewind restores; below it the history restarts at 0. */
+    rstate_layer *rs;        /* [n_layer] the live state */
+    rstate_layer *rs_ckpt;   /* [n_layer] the checkpoint */
+    float *rs_buf;           /* both copies, one allocation (live first) */
+    size_t rs_bytes;         /* bytes of one copy */
+    int32_t rs_ckpt_pos;     /* -1: no checkpoint */
 };
 
 /* Fill defaults and check limits of context parameters (as context_create applies them). */
@@ -119,6 +146,15 @@ static inline size_t kv_row(const struct colibri_context *c, int seq, int il, in
     return (size_t)seq * c->kv_seq_rows + ((size_t)il * (size_t)c->model->hp.n_head_kv + (size_t)h) * (size_t)c->n_ctx +
            (size_t)pos;
 }
+/* Bytes of one copy of the recurrent states of every layer (0 when the model has none); the
+ * ledger plans two (live and checkpoint). */
+size_t context_state_bytes(const struct colibri_model *m);
+/* Drop sequence seq's history after position n (0 <= n <= its n_past): returns the position the context can
+ * really resume from, n itself without recurrent state, else the checkpoint's position when it
+ * lies in [.., n] or 0 (states zeroed). The caller re-evaluates the tokens from there. */
+int32_t context_rewind(struct colibri_context *c, int seq, int32_t n);
+/* Copy the live recurrent state into the checkpoint, at sequence 0's position (a recurrent model holds one sequence). */
+void context_state_checkpoint(struct colibri_context *c);
 colibri_status context_create(struct colibri_model *m, const colibri_context_params *p,
                               struct colibri_context **out);
 void context_destroy(struct colibri_context *c);

@@ -140,8 +140,13 @@ static colibri_status eval_tokens(struct colibri_context *c, const int32_t *seq_
     memcpy(c->seq_saved, c->seq_past, (size_t)c->n_seq_max * sizeof *c->seq_past);
     scratch *s = &c->s;
     size_t rows = 0;
-    for (int32_t i = 0; i < n_tokens; i += c->n_batch) {
-        const int n = n_tokens - i < c->n_batch ? n_tokens - i : c->n_batch;
+    /* With recurrent state (one sequence, context_create), a multi-token eval stops before its
+     * last token to checkpoint the state there: a next prompt that re-runs that last token (or
+     * shares less, down to here) resumes from the checkpoint (context_rewind). */
+    const int32_t ckpt_at = c->rs_bytes && n_tokens > 1 ? n_tokens - 1 : -1;
+    for (int32_t i = 0; i < n_tokens;) {
+        const int32_t end = i < ckpt_at ? ckpt_at : n_tokens;
+        const int n = end - i < c->n_batch ? end - i : c->n_batch;
         for (int t = 0; t < n; t++) {
             const int32_t q = seq_ids ? seq_ids[i + t] : 0;
             s->seq[t] = q;
@@ -152,12 +157,18 @@ static colibri_status eval_tokens(struct colibri_context *c, const int32_t *seq_
         int nr = 0;
         colibri_status st = eval_chunk(c, tokens + i, n, logits ? logits + rows * hp->n_vocab : NULL, &nr);
         if (st) {
-            /* an expert could not be read: the call did nothing, the context stays usable */
-            memcpy(c->seq_past, c->seq_saved, (size_t)c->n_seq_max * sizeof *c->seq_past);
+            /* an expert could not be read: the call did nothing, the context stays usable (a
+             * recurrent state was advanced, so it goes back as far as it can: context_rewind) */
+            if (c->rs_bytes)
+                context_rewind(c, 0, c->seq_saved[0]);
+            else
+                memcpy(c->seq_past, c->seq_saved, (size_t)c->n_seq_max * sizeof *c->seq_past);
             c->route_n = 0;
             return st;
         }
         rows += (size_t)nr;
+        i += n;
+        if (i == ckpt_at) context_state_checkpoint(c);
     }
     c->route_n = hp->n_expert > 0 ? n_tokens : 0;
     const double dt = now_seconds() - t0;

@@ -68,7 +68,7 @@ static size_t kv_elem_bytes(int kind) { return kind == KV_F32 ? 4 : kind == KV_I
 /* Bytes of the KV section's data for n tokens. */
 static size_t kv_section_bytes(const struct colibri_context *c, int32_t n) {
     const model_hparams *hp = &c->model->hp;
-    const size_t rows = (size_t)hp->n_layer * (size_t)hp->n_head_kv;
+    const size_t rows = (size_t)hp->n_layer_kv * (size_t)hp->n_head_kv;
     size_t b = 2 * rows * (size_t)n * (size_t)hp->head_dim * kv_elem_bytes(c->kv_kind);
     if (c->kv_kind == KV_I8) b += 2 * rows * (size_t)n * sizeof(float);
     return b;
@@ -82,6 +82,12 @@ static colibri_status check_n(const struct colibri_context *c, int32_t n, const 
     if (n < 0 || n > c->seq_past[0])
         return cb_error(COLIBRI_E_INVALID_ARG, "%s: n_tokens %d is outside [0, %d] (the tokens in the cache)", fn,
                         (int)n, (int)c->seq_past[0]);
+    /* a recurrent state exists for the context's current position only (and one checkpoint) */
+    if (n > 0 && c->rs_bytes)
+        return cb_error(COLIBRI_E_UNSUPPORTED,
+                        "%s: the recurrent state of this model's first %d tokens is not kept, only the live "
+                        "context's (state of 0 tokens only)",
+                        fn, (int)n);
     return COLIBRI_OK;
 }
 
@@ -109,7 +115,7 @@ static void copy_rows(unsigned char *blob, unsigned char *cache, size_t rows, in
 /* Move the KV section's data (kv_section_bytes(c, n) bytes at p) out of or into the context. */
 static void kv_section_io(struct colibri_context *c, int32_t n, unsigned char *p, int to_blob) {
     const model_hparams *hp = &c->model->hp;
-    const size_t rows = (size_t)hp->n_layer * (size_t)hp->n_head_kv;
+    const size_t rows = (size_t)hp->n_layer_kv * (size_t)hp->n_head_kv;
     const size_t w = (size_t)hp->head_dim * kv_elem_bytes(c->kv_kind);
     const size_t part = rows * (size_t)n * w;
     copy_rows(p, c->k_cache, rows, c->n_ctx, n, w, to_blob);
@@ -176,6 +182,8 @@ static colibri_status state_check(const struct colibri_context *c, const unsigne
         return cb_error(COLIBRI_E_INVALID_ARG, "%s: the state has %u layers, %u KV heads of %u, the model %d, %d of %d",
                         fn, rd32(b + 24), rd32(b + 28), rd32(b + 32), (int)hp->n_layer, (int)hp->n_head_kv,
                         (int)hp->head_dim);
+    if (rd32(b + 40) > 0 && c->rs_bytes)
+        return cb_error(COLIBRI_E_UNSUPPORTED, "%s: this model's recurrent state is not restored from a blob", fn);
     if (rd32(b + 36) != (uint32_t)c->kv_kind)
         return cb_error(COLIBRI_E_INVALID_ARG, "%s: the state's KV cache is %s, this context's is %s", fn,
                         kind_name(rd32(b + 36)), kind_name((uint32_t)c->kv_kind));
@@ -201,6 +209,9 @@ colibri_status colibri_state_load(colibri_context *ctx, const void *buf, size_t 
     const int32_t n = (int32_t)rd32(b + 40);
     /* kv_section_io only reads the blob in this direction. */
     kv_section_io(ctx, n, (unsigned char *)(uintptr_t)(b + KV_HEADER_BYTES + KV_SECTION_HEAD), 0);
-    ctx->seq_past[0] = n;
+    if (ctx->rs_bytes) /* n is 0 (state_check): the recurrent state starts afresh */
+        context_rewind(ctx, 0, 0);
+    else
+        ctx->seq_past[0] = n;
     return COLIBRI_OK;
 }

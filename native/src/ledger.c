@@ -37,6 +37,7 @@ colibri_status ledger_plan(const struct colibri_model *m, const colibri_context_
     o->model_table_bytes += m->file.n_tensors * sizeof(gguf_tensor) + m->file.n_kv * sizeof(gguf_kv);
 
     o->kv_bytes = context_kv_bytes(m, p);
+    o->state_bytes = 2 * (uint64_t)context_state_bytes(m);
     o->scratch_bytes = context_scratch_bytes(m, p);
     const uint64_t route = hp->n_expert ? (uint64_t)p->n_ctx * hp->n_layer * hp->n_expert_used * 8 : 8;
     o->context_bytes = route + sizeof(struct colibri_context) + (uint64_t)hp->n_rot * 4 +
@@ -59,7 +60,7 @@ colibri_status ledger_plan(const struct colibri_model *m, const colibri_context_
     o->expert_slot_bytes = store_slot_bytes(m);
     o->min_expert_slots = hp->n_expert_used;
     const uint64_t fixed = o->metadata_bytes + o->resident_weight_bytes + o->model_table_bytes + o->kv_bytes +
-                           o->scratch_bytes + o->context_bytes;
+                           o->state_bytes + o->scratch_bytes + o->context_bytes;
 
     const uint64_t min_budget = fixed + store_table_bytes(m, o->min_expert_slots) + predictor_bytes(m) +
                                 (uint64_t)o->min_expert_slots * o->expert_slot_bytes;

@@ -58,6 +58,21 @@ colibri_status ld_bool(const loader *L, const char *suffix, int dflt, int32_t *o
     return COLIBRI_OK;
 }
 
+colibri_status ld_bool_at(const loader *L, const char *suffix, int64_t len, int64_t i, int32_t *out) {
+    char key[160];
+    ld_key(L, suffix, key, sizeof key);
+    const gguf_kv *kv = gguf_find(L->f, key);
+    if (!kv) return cb_error(COLIBRI_E_FORMAT, "metadata key %s is missing", key);
+    if (kv->type != GGUF_VT_ARRAY || kv->arr_type != GGUF_VT_BOOL)
+        return cb_error(COLIBRI_E_FORMAT, "metadata %s is not an array of bools", key);
+    if ((int64_t)kv->arr_len != len)
+        return cb_error(COLIBRI_E_FORMAT, "metadata %s has %llu entries, expected %lld", key,
+                        (unsigned long long)kv->arr_len, (long long)len);
+    if (i < 0 || i >= len) return cb_error(COLIBRI_E_INTERNAL, "ld_bool_at: index %lld outside %s", (long long)i, key);
+    *out = kv->arr_data[i] != 0; /* gguf_open checked that the array's bytes lie inside the file */
+    return COLIBRI_OK;
+}
+
 /* ---- tensors ---------------------------------------------------------- */
 
 static colibri_status check_type(const gguf_tensor *t) {

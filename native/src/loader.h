@@ -40,6 +40,10 @@ colibri_status ld_i32(const loader *L, const char *suffix, int required, int32_t
 colibri_status ld_f32(const loader *L, const char *suffix, int required, float dflt, float *out);
 colibri_status ld_bool(const loader *L, const char *suffix, int dflt, int32_t *out);
 
+/* Element i of the required bool array "<arch>.<suffix>" of exactly len elements (a per-layer
+ * flag list); a missing key, another type or length is an error naming the key. */
+colibri_status ld_bool_at(const loader *L, const char *suffix, int64_t len, int64_t i, int32_t *out);
+
 /* "blk.<layer>.<what>" into buf. */
 const char *ld_tname(char *buf, size_t cap, int layer, const char *what);
 const gguf_tensor *ld_find(const loader *L, const char *name);

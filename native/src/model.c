@@ -84,6 +84,7 @@ static colibri_status read_common_hparams(loader *L) {
     hp->swiglu_alpha = 1.702f; /* FFN_SWIGLU_OAI only: gpt-oss's constants (llama.cpp hard-codes them) */
     hp->swiglu_limit = 7.0f;
     hp->embd_scale = hp->logit_scale = hp->residual_scale = 1.0f;
+    hp->n_layer_kv = hp->n_layer; /* an architecture with recurrent layers lowers it */
 
     if ((st = read_rope_scaling(L))) return st;
     if (ld_find(L, "rope_freqs.weight"))
@@ -161,6 +162,7 @@ static colibri_status read_layers(loader *L) {
     m->layers = cb_calloc((size_t)m->hp.n_layer, sizeof(layer_weights));
     if (!m->layers) return cb_error(COLIBRI_E_NOMEM, "out of memory");
     for (int il = 0; il < m->hp.n_layer; il++) {
+        m->layers[il].kv_slot = il;
         colibri_status st = m->arch->read_layer(L, il);
         if (st) return st;
     }
@@ -211,6 +213,10 @@ void model_free(struct colibri_model *m) {
             cb_free(w->gate_exps_b);
             cb_free(w->up_exps_b);
             cb_free(w->down_exps_b);
+            cb_free(w->la_conv);
+            cb_free(w->la_dt);
+            cb_free(w->la_a);
+            cb_free(w->la_norm);
         }
         cb_free(m->layers);
     }

@@ -77,6 +77,21 @@ typedef struct layer_weights {
     /* qwen2moe shared expert */
     mat sh_gate, sh_up, sh_down;     /* [n_ff_shexp][n_embd] x2, [n_embd][n_ff_shexp] */
     float *sh_gate_inp;              /* [n_embd]: y += sigmoid(x . sh_gate_inp) * shared(x) */
+    /* where this layer's K/V rows sit in the KV cache (0..n_layer_kv-1); set to il before read_layer */
+    int32_t kv_slot;
+    /* Gated DeltaNet linear attention (qwen35moe; recurrent != 0, the layer has no KV). Channels of
+     * the short convolution C = 2*n_group*d_state + d_inner (q, k, v); v heads H = ssm_dt_rank of
+     * width dv = d_inner/H, k heads G = ssm_n_group of width d_state; v head h reads k head h % G
+     * (llama.cpp's tiled head order, which both converters write). */
+    int32_t recurrent;
+    mat la_qkv;                      /* attn_qkv [C][n_embd] */
+    mat la_z;                        /* attn_gate [d_inner][n_embd]: the output gate z */
+    mat la_alpha, la_beta;           /* ssm_alpha / ssm_beta [H][n_embd] */
+    mat la_out;                      /* ssm_out [n_embd][d_inner] */
+    float *la_conv;                  /* ssm_conv1d [C][K] taps, the last one for the current token */
+    float *la_dt;                    /* ssm_dt.bias [H] */
+    float *la_a;                     /* ssm_a [H] = -exp(A_log) */
+    float *la_norm;                  /* ssm_norm [dv], the gated RMSNorm's weight */
 } layer_weights;
 
 typedef struct model_hparams {
@@ -106,6 +121,14 @@ typedef struct model_hparams {
     float rope_freq_base;
     float norm_eps;
     int32_t bos_token_id, eos_token_id;
+    int32_t n_layer_kv;           /* layers that keep K/V rows (= n_layer unless some are recurrent) */
+    int32_t attn_out_gate;        /* attention q projection also yields a per-head output gate:
+                                   * wq rows [n_head][2*head_dim] = (q, gate); out *= sigmoid(gate) */
+    /* Gated DeltaNet layers (qwen35moe; 0 when the model has none): conv kernel K, k-head width
+     * d_state, k heads n_group, v heads dt_rank, v width d_inner = dt_rank * dv */
+    int32_t ssm_conv_kernel, ssm_d_state, ssm_n_group, ssm_dt_rank, ssm_d_inner;
+    int32_t n_layer_rec;          /* layers with a recurrent state */
+    int32_t n_nextn;              /* multi-token-prediction blocks the file has after the n_layer (not run) */
 } model_hparams;
 
 struct colibri_model {

@@ -1,0 +1,133 @@
+/* linear_attention.c — the Gated DeltaNet block (Qwen3.5 / Qwen3-Next linear attention), as
+ * transformers' torch path computes it (torch_recurrent_gated_delta_rule; its chunked form is the
+ * same recurrence regrouped):
+ *
+ *   qkv = causal_conv1d(x W_qkv) then silu      (K taps per channel, state: the last K-1 inputs)
+ *   q, k = l2norm per k head (eps 1e-6), q /= sqrt(d_state)
+ *   beta = sigmoid(x W_beta), decay = exp(a * softplus(x W_alpha + dt_bias)), a = -exp(A_log)
+ *   per v head h (reading k head h % G):
+ *     S = decay * S;  S += k (beta (v - S^T k))^T;  o = S^T q        (S: [d_state][dv])
+ *   o = RMSNorm(o) * w_norm * silu(z),  z = x W_z;  out = o W_out
+ *
+ * The chunk's tokens go through the state one after another, so a prefill chunk computes exactly
+ * what token-by-token decode does. Threads split the v heads (each owns its head's state). */
+#include <math.h>
+#include <string.h>
+
+#include "blocks.h"
+#include "context.h"
+#include "ops.h"
+#include "types.h"
+
+typedef struct la_task {
+    struct colibri_context *c;
+    int layer, n_tok;
+} la_task;
+
+static inline float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); } /* torch's threshold 20 */
+
+/* x *= 1/sqrt(sum x^2 + eps) * scale, as transformers' l2norm (then the query scaling). */
+static void l2norm_scaled(float *x, int n, float scale) {
+    double ss = 0.0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * (double)x[i];
+    const float r = (float)(1.0 / sqrt(ss + 1e-6)) * scale;
+    for (int i = 0; i < n; i++) x[i] *= r;
+}
+
+static void delta_rule_worker(void *arg, int ith, int nth) {
+    const la_task *t = arg;
+    struct colibri_context *c = t->c;
+    const model_hparams *hp = &c->model->hp;
+    const layer_weights *w = &c->model->layers[t->layer];
+    const int H = hp->ssm_dt_rank, G = hp->ssm_n_group, dk = hp->ssm_d_state, Di = hp->ssm_d_inner;
+    const int dv = Di / H, C = 2 * G * dk + Di;
+    float *mem = c->s.la_tmp + (size_t)ith * dv;
+    for (int h = ith; h < H; h += nth) {
+        float *S = c->rs[t->layer].ssm + (size_t)h * dk * dv;
+        const int g = h % G;
+        for (int tok = 0; tok < t->n_tok; tok++) {
+            const float *row = c->s.la_qkv + (size_t)tok * C;
+            const float *q = row + (size_t)g * dk, *k = row + (size_t)(G + g) * dk, *v = row + 2 * G * dk + h * dv;
+            const float decay = c->s.la_ab[(size_t)tok * 2 * H + h], beta = c->s.la_ab[(size_t)tok * 2 * H + H + h];
+            /* decay the state and read what it predicts for k */
+            memset(mem, 0, (size_t)dv * sizeof(float));
+            for (int i = 0; i < dk; i++) {
+                float *Si = S + (size_t)i * dv;
+                for (int j = 0; j < dv; j++) Si[j] *= decay;
+                op_axpy(mem, k[i], Si, dv);
+            }
+            for (int j = 0; j < dv; j++) mem[j] = (v[j] - mem[j]) * beta; /* the correction (delta) */
+            float *o = c->s.la_o + (size_t)tok * Di + (size_t)h * dv;
+            memset(o, 0, (size_t)dv * sizeof(float));
+            for (int i = 0; i < dk; i++) {
+                float *Si = S + (size_t)i * dv;
+                op_axpy(Si, k[i], mem, dv);
+                op_axpy(o, q[i], Si, dv);
+            }
+            /* gated RMSNorm of the head's output */
+            const float *z = c->s.la_z + (size_t)tok * Di + (size_t)h * dv;
+            op_rmsnorm(o, w->la_norm, o, dv, hp->norm_eps);
+            for (int j = 0; j < dv; j++) o[j] *= z[j] * op_sigmoid(z[j]);
+        }
+    }
+}
+
+void block_linear_attention(struct colibri_context *c, int il, int n) {
+    const struct colibri_model *m = c->model;
+    const model_hparams *hp = &m->hp;
+    const layer_weights *w = &m->layers[il];
+    scratch *s = &c->s;
+    const int E = hp->n_embd, H = hp->ssm_dt_rank, G = hp->ssm_n_group, dk = hp->ssm_d_state;
+    const int Di = hp->ssm_d_inner, C = 2 * G * dk + Di, K = hp->ssm_conv_kernel;
+
+    if (mat_wants_q8a(&w->la_qkv) || mat_wants_q8a(&w->la_z) || mat_wants_q8a(&w->la_alpha) ||
+        mat_wants_q8a(&w->la_beta))
+        quantize_activations(c, s->xn, s->xnq, n, E);
+    mm_job jobs[4] = {
+        job(&w->la_qkv, s->xn, s->xnq, n, s->la_qkv, C),
+        job(&w->la_z, s->xn, s->xnq, n, s->la_z, Di),
+        job(&w->la_alpha, s->xn, s->xnq, n, s->la_ab, 2 * H),
+        job(&w->la_beta, s->xn, s->xnq, n, s->la_ab + H, 2 * H),
+    };
+    run_jobs(c, jobs, 4);
+
+    float *conv = c->rs[il].conv;
+    const float qscale = 1.0f / sqrtf((float)dk);
+    for (int t = 0; t < n; t++) {
+        /* the causal convolution through the conv state: taps 0..K-2 on the previous inputs,
+         * tap K-1 on this token's; then the state shifts by one */
+        float *x = s->la_qkv + (size_t)t * C;
+        for (int ch = 0; ch < C; ch++) {
+            const float *wc = w->la_conv + (size_t)ch * K;
+            float *st = conv + (size_t)ch * (K - 1);
+            float acc = 0.0f;
+            for (int j = 0; j < K - 1; j++) acc += wc[j] * st[j];
+            acc += wc[K - 1] * x[ch];
+            if (K > 1) {
+                memmove(st, st + 1, (size_t)(K - 2) * sizeof(float));
+                st[K - 2] = x[ch];
+            }
+            x[ch] = acc * op_sigmoid(acc);
+        }
+        for (int g = 0; g < G; g++) {
+            l2norm_scaled(x + (size_t)g * dk, dk, qscale);
+            l2norm_scaled(x + (size_t)(G + g) * dk, dk, 1.0f);
+        }
+        float *ab = s->la_ab + (size_t)t * 2 * H;
+        for (int h = 0; h < H; h++) {
+            ab[h] = expf(w->la_a[h] * softplus(ab[h] + w->la_dt[h]));
+            ab[H + h] = op_sigmoid(ab[H + h]);
+        }
+    }
+
+    la_task task = {c, il, n};
+    pool_run(c->pool, delta_rule_worker, &task);
+
+    const block_q8a *oq = NULL;
+    if (mat_wants_q8a(&w->la_out)) {
+        quantize_activations(c, s->la_o, s->la_oq, n, Di);
+        oq = s->la_oq;
+    }
+    mm_job o = job(&w->la_out, s->la_o, oq, n, s->tmp, E);
+    run_jobs(c, &o, 1);
+}

@@ -21,6 +21,14 @@ from typing import Any
 from colibri_backend.budget import parse_kv_cache_type, parse_policy, parse_prefetch, parse_share, parse_size
 
 MAX_LOOKAHEAD_DEPTH = 8  # colibri.h: lookahead_depth 1..8
+DEVICES = ("cpu", "opencl")  # colibri.h COLIBRI_BACKEND_CPU, _OPENCL
+
+
+def check_device(value: Any) -> str:
+    """The compute backend: "cpu" or "opencl" (case-insensitive)."""
+    if not isinstance(value, str) or value.strip().lower() not in DEVICES:
+        raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {value!r}")
+    return value.strip().lower()
 
 
 def check_count(value: Any, name: str, minimum: int = 0) -> int:
@@ -90,6 +98,8 @@ class LoadOptions:
     route_prefilter_margin, drop_cold_share (lossy, opt-in, need a profile): 0 or None = off.
     verify: check every resident tensor against the file's digests (MODEL.digests, `colibri verify`)
       before anything runs; streamed experts are checked when read whenever the digests exist.
+    device: where the matrix products run, "cpu" or "opencl" (docs/portability.md); None: $COLIBRI_DEVICE,
+      else the CPU. OpenCL without a platform and device is an error, never a silent fallback.
     """
 
     threads: int | None = None
@@ -106,6 +116,7 @@ class LoadOptions:
     route_prefilter_margin: float | None = None
     drop_cold_share: float | None = None
     verify: bool = False
+    device: str | None = None
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -145,6 +156,8 @@ class LoadOptions:
         parse_share(self.drop_cold_share, "drop_cold_share", upper=1.0)
         if not isinstance(self.verify, bool):
             raise ValueError(f"verify must be True or False, got {self.verify!r}")
+        if self.device is not None:
+            put("device", check_device(self.device))
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], where: str = "") -> LoadOptions:

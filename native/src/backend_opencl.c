@@ -316,7 +316,7 @@ typedef struct ocl_backend {
     stage_buf stage[N_STAGE];
     size_t stage_bytes;
     int stage_next;
-    uint64_t gen;            /* bumped by every glu call: a wave's experts are held until the next */
+    uint64_t gen;            /* bumped by every call: a staged copy is only reused within its call */
     /* activations and results, [T_MAX] tokens of the widest shapes */
     cl_mem xf, xq, y, g, u, gq;
     size_t max_cols, max_rows, max_ff;
@@ -660,6 +660,7 @@ static cl_int device_matmul(ocl_backend *b, const mm_job *jb) {
 
 static void ocl_matmul(void *vctx, const mm_job *jobs, int n_jobs) {
     ocl_backend *b = vctx;
+    b->gen++;  /* staged copies are valid within one call: the slots may change between calls */
     int n_cpu = 0;
     cl_int err = CL_SUCCESS;
     for (int j = 0; j < n_jobs; j++) {
@@ -756,7 +757,7 @@ static cl_int device_glu(ocl_backend *b, const glu_job *jb) {
 
 static void ocl_glu(void *vctx, const glu_job *jobs, int n_jobs) {
     ocl_backend *b = vctx;
-    b->gen++;  /* a new wave: the experts staged for the last one may have been replaced */
+    b->gen++;
     int n_cpu = 0;
     cl_int err = CL_SUCCESS;
     for (int j = 0; j < n_jobs; j++) {

@@ -104,7 +104,7 @@ typedef struct cl_api {
 /* The loader stays loaded once opened: ICDs (PoCL's LLVM among them) are not safe to unload
  * and load again in one process. Written once under pthread_once, read-only after. */
 static cl_api g_cl;
-static char g_cl_error[256];
+static char g_cl_error[384];
 static pthread_once_t g_cl_once = PTHREAD_ONCE_INIT;
 
 static void cl_load(void) {
@@ -114,8 +114,8 @@ static void cl_load(void) {
     for (int i = 0; i < 2 && !h; i++)
         if (names[i]) h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
     if (!h) {
-        snprintf(g_cl_error, sizeof g_cl_error, "cannot load %s (%s): install an OpenCL loader and driver "
-                 "(Debian: ocl-icd-libopencl1 and pocl-opencl-icd, or the GPU vendor's)", names[0], dlerror());
+        snprintf(g_cl_error, sizeof g_cl_error, "cannot load %s: install an OpenCL loader and driver (Debian: "
+                 "ocl-icd-libopencl1 and pocl-opencl-icd, or the GPU vendor's); dlopen: %.160s", names[0], dlerror());
         return;
     }
     struct { void **slot; const char *name; } fns[] = {

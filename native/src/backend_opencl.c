@@ -7,7 +7,7 @@
  * platform, else the first accelerator, else the first device: PoCL's CPU device in CI).
  *
  * What runs on the device: matrix x activations for F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K and
- * Q6_K weights (one work-group per output row and token, the weight row split over its lanes),
+ * Q6_K weights (one work-group per output row and tile of 4 tokens, the row split over its lanes),
  * and the expert FFN's gate/up products with SwiGLU and the q8a quantization of the result for
  * the down projection. The arithmetic follows the scalar reference kernels (kernels_scalar.c):
  * activations of quantized weights are block_q8a, each block's integer dot product is exact,
@@ -141,7 +141,8 @@ static void cl_load(void) {
 
 /* ---- kernels --------------------------------------------------------------------------- */
 
-#define LWS 64          /* lanes per work-group: one output row of one token */
+#define LWS 64          /* lanes per work-group: one output row */
+#define TB 4            /* tokens per work-group (the kernels' tile; KERNEL_SRC says the same) */
 #define T_MAX 32        /* tokens per dispatch; longer jobs are split */
 #define N_STAGE 3       /* staging buffers: one computing, one being copied, one free to fill */
 #define MAX_EVENTS 512  /* events kept for the timeline between two collections */
@@ -149,6 +150,7 @@ static void cl_load(void) {
 static const char *KERNEL_SRC =
     "#pragma OPENCL FP_CONTRACT OFF\n"
     "#define LWS 64\n"
+    "#define TB 4\n"
     "typedef struct { float d; float s; char qs[32]; } q8a;\n"
     /* fp16 bits to float, exact for every value (subnormals included) */
     "inline float h2f(uint h) {\n"
@@ -158,50 +160,70 @@ static const char *KERNEL_SRC =
     "  return as_float(s | ((e + 112u) << 23) | (m << 13));\n"
     "}\n"
     "inline uint ld16(global const uchar *p) { return (uint)p[0] | ((uint)p[1] << 8); }\n"
-    /* the lanes' partial sums of one row and token, added as a tree */
-    "inline void finish(local float *red, float acc, global float *Y, int idx) {\n"
+    /* A work-group computes one output row for a tile of up to TB tokens: each lane takes every
+     * LWS-th block of the row, decodes it once and meets all the tile's tokens with it (the
+     * weight bytes come from memory once per tile), then the lanes' partial sums are added as
+     * a tree. Per token, the sum order is the same whatever the tile. */
+    "inline void finish(local float *red, const float *acc, int nt, global float *Y, int t0, int ldy, int r) {\n"
     "  const int l = get_local_id(0);\n"
-    "  red[l] = acc; barrier(CLK_LOCAL_MEM_FENCE);\n"
-    "  for (int s = LWS / 2; s > 0; s >>= 1) { if (l < s) red[l] += red[l + s]; barrier(CLK_LOCAL_MEM_FENCE); }\n"
-    "  if (l == 0) Y[idx] = red[0];\n"
+    "  for (int k = 0; k < TB; k++) red[k * LWS + l] = acc[k];\n"
+    "  barrier(CLK_LOCAL_MEM_FENCE);\n"
+    "  for (int s = LWS / 2; s > 0; s >>= 1) {\n"
+    "    if (l < s) for (int k = 0; k < TB; k++) red[k * LWS + l] += red[k * LWS + l + s];\n"
+    "    barrier(CLK_LOCAL_MEM_FENCE);\n"
+    "  }\n"
+    "  if (l == 0) for (int k = 0; k < nt; k++) Y[(size_t)(t0 + k) * ldy + r] = red[k * LWS];\n"
     "}\n"
     "#define HEAD(name) kernel void name(global const uchar *W, ulong w_off, ulong row_bytes, int n_cols, \\\n"
-    "    global const float *X, global const q8a *XQ, global float *Y, int ldy) { \\\n"
-    "  const int r = get_group_id(0), t = get_global_id(1), l = get_local_id(0), nb = n_cols / 32; \\\n"
+    "    global const float *X, global const q8a *XQ, global float *Y, int ldy, int n_tok) { \\\n"
+    "  const int r = get_group_id(0), t0 = get_group_id(1) * TB, l = get_local_id(0), nb = n_cols / 32; \\\n"
+    "  const int nt = min(TB, n_tok - t0); \\\n"
     "  global const uchar *row = W + w_off + (ulong)r * row_bytes; \\\n"
-    "  global const float *x = X + (size_t)t * n_cols; global const q8a *xq = XQ + (size_t)t * nb; \\\n"
-    "  local float red[LWS]; float acc = 0.0f;\n"
-    "#define TAIL finish(red, acc, Y, t * ldy + r); }\n"
+    "  local float red[TB * LWS]; float acc[TB]; for (int k = 0; k < TB; k++) acc[k] = 0.0f;\n"
+    "#define TAIL finish(red, acc, nt, Y, t0, ldy, r); }\n"
+    /* x of token k of the tile, element i; q8a block b of token k */
+    "#define XF(k, i) X[(size_t)(t0 + (k)) * n_cols + (i)]\n"
+    "#define XB(k, b) XQ[(size_t)(t0 + (k)) * nb + (b)]\n"
     "HEAD(mm_f32) global const float *w = (global const float *)row;\n"
-    "  for (int i = l; i < n_cols; i += LWS) acc += w[i] * x[i];\n"
+    "  for (int i = l; i < n_cols; i += LWS) { const float v = w[i]; for (int k = 0; k < nt; k++) acc[k] += v * XF(k, i); }\n"
     "TAIL\n"
     "HEAD(mm_f16) global const ushort *w = (global const ushort *)row;\n"
-    "  for (int i = l; i < n_cols; i += LWS) acc += h2f(w[i]) * x[i];\n"
+    "  for (int i = l; i < n_cols; i += LWS) { const float v = h2f(w[i]); for (int k = 0; k < nt; k++) acc[k] += v * XF(k, i); }\n"
     "TAIL\n"
     "HEAD(mm_bf16) global const ushort *w = (global const ushort *)row;\n"
-    "  for (int i = l; i < n_cols; i += LWS) acc += as_float((uint)w[i] << 16) * x[i];\n"
+    "  for (int i = l; i < n_cols; i += LWS) { const float v = as_float((uint)w[i] << 16); for (int k = 0; k < nt; k++) acc[k] += v * XF(k, i); }\n"
     "TAIL\n"
     "HEAD(mm_q8_0)\n"
     "  for (int b = l; b < nb; b += LWS) {\n"
-    "    global const uchar *bp = row + (size_t)b * 34; global const char *q = (global const char *)(bp + 2);\n"
-    "    int sumi = 0; for (int i = 0; i < 32; i++) sumi += (int)q[i] * (int)xq[b].qs[i];\n"
-    "    acc += h2f(ld16(bp)) * xq[b].d * (float)sumi;\n"
+    "    global const uchar *bp = row + (size_t)b * 34; const float d = h2f(ld16(bp)); char q[32];\n"
+    "    for (int i = 0; i < 32; i++) q[i] = ((global const char *)(bp + 2))[i];\n"
+    "    for (int k = 0; k < nt; k++) {\n"
+    "      global const q8a *x = &XB(k, b); int sumi = 0;\n"
+    "      for (int i = 0; i < 32; i++) sumi += (int)q[i] * (int)x->qs[i];\n"
+    "      acc[k] += d * x->d * (float)sumi;\n"
+    "    }\n"
     "  }\n"
     "TAIL\n"
     "HEAD(mm_q4_0)\n"
     "  for (int b = l; b < nb; b += LWS) {\n"
-    "    global const uchar *bp = row + (size_t)b * 18, *qs = bp + 2;\n"
-    "    int sumi = 0;\n"
-    "    for (int i = 0; i < 16; i++) sumi += ((int)(qs[i] & 15) - 8) * xq[b].qs[i] + ((int)(qs[i] >> 4) - 8) * xq[b].qs[i + 16];\n"
-    "    acc += h2f(ld16(bp)) * xq[b].d * (float)sumi;\n"
+    "    global const uchar *bp = row + (size_t)b * 18; const float d = h2f(ld16(bp)); char q[32];\n"
+    "    for (int i = 0; i < 16; i++) { q[i] = (char)((bp[2 + i] & 15) - 8); q[i + 16] = (char)((bp[2 + i] >> 4) - 8); }\n"
+    "    for (int k = 0; k < nt; k++) {\n"
+    "      global const q8a *x = &XB(k, b); int sumi = 0;\n"
+    "      for (int i = 0; i < 32; i++) sumi += (int)q[i] * (int)x->qs[i];\n"
+    "      acc[k] += d * x->d * (float)sumi;\n"
+    "    }\n"
     "  }\n"
     "TAIL\n"
     "HEAD(mm_q4_1)\n"
     "  for (int b = l; b < nb; b += LWS) {\n"
-    "    global const uchar *bp = row + (size_t)b * 20, *qs = bp + 4;\n"
-    "    int sumi = 0;\n"
-    "    for (int i = 0; i < 16; i++) sumi += (int)(qs[i] & 15) * xq[b].qs[i] + (int)(qs[i] >> 4) * xq[b].qs[i + 16];\n"
-    "    acc += h2f(ld16(bp)) * xq[b].d * (float)sumi + h2f(ld16(bp + 2)) * xq[b].s;\n"
+    "    global const uchar *bp = row + (size_t)b * 20; const float d = h2f(ld16(bp)), m = h2f(ld16(bp + 2)); uchar q[32];\n"
+    "    for (int i = 0; i < 16; i++) { q[i] = bp[4 + i] & 15; q[i + 16] = bp[4 + i] >> 4; }\n"
+    "    for (int k = 0; k < nt; k++) {\n"
+    "      global const q8a *x = &XB(k, b); int sumi = 0;\n"
+    "      for (int i = 0; i < 32; i++) sumi += (int)q[i] * (int)x->qs[i];\n"
+    "      acc[k] += d * x->d * (float)sumi + m * x->s;\n"
+    "    }\n"
     "  }\n"
     "TAIL\n"
     /* Q4_K: 144-byte super-blocks of 8 sub-blocks of 32; 6-bit scale and minimum per sub-block */
@@ -212,10 +234,14 @@ static const char *KERNEL_SRC =
     "    int s, m;\n"
     "    if (j < 4) { s = sc[j] & 63; m = sc[j + 4] & 63; }\n"
     "    else { s = (sc[j + 4] & 15) | ((sc[j - 4] >> 6) << 4); m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4); }\n"
-    "    const int sh = 4 * (j & 1); int dot = 0;\n"
-    "    for (int i = 0; i < 32; i++) dot += (int)((qs[i] >> sh) & 15) * xq[b].qs[i];\n"
-    "    acc += h2f(ld16(bp)) * xq[b].d * (float)(s * dot);\n"
-    "    acc -= h2f(ld16(bp + 2)) * (float)m * xq[b].s;\n"
+    "    const float d = h2f(ld16(bp)), dmin = h2f(ld16(bp + 2)); const int sh = 4 * (j & 1); uchar q[32];\n"
+    "    for (int i = 0; i < 32; i++) q[i] = (qs[i] >> sh) & 15;\n"
+    "    for (int k = 0; k < nt; k++) {\n"
+    "      global const q8a *x = &XB(k, b); int dot = 0;\n"
+    "      for (int i = 0; i < 32; i++) dot += (int)q[i] * (int)x->qs[i];\n"
+    "      acc[k] += d * x->d * (float)(s * dot);\n"
+    "      acc[k] -= dmin * (float)m * x->s;\n"
+    "    }\n"
     "  }\n"
     "TAIL\n"
     /* Q6_K: 210-byte super-blocks, 16 sub-blocks of 16 with int8 scales */
@@ -224,14 +250,14 @@ static const char *KERNEL_SRC =
     "    const int j = b & 7, p = j >> 2, rr = j & 3; global const uchar *bp = row + (size_t)(b >> 3) * 210;\n"
     "    global const uchar *ql = bp + 64 * p + 32 * (rr & 1), *qh = bp + 128 + 32 * p;\n"
     "    global const char *sc = (global const char *)(bp + 192);\n"
-    "    const int shl = 4 * (rr >> 1), shh = 2 * rr; int isum = 0;\n"
-    "    for (int h = 0; h < 2; h++) {\n"
-    "      int dot = 0;\n"
-    "      for (int i = 16 * h; i < 16 * h + 16; i++)\n"
-    "        dot += ((int)(((ql[i] >> shl) & 15) | (((qh[i] >> shh) & 3) << 4)) - 32) * xq[b].qs[i];\n"
-    "      isum += (int)sc[2 * j + h] * dot;\n"
+    "    const int shl = 4 * (rr >> 1), shh = 2 * rr, s0 = sc[2 * j], s1 = sc[2 * j + 1];\n"
+    "    const float d = h2f(ld16(bp + 208)); char q[32];\n"
+    "    for (int i = 0; i < 32; i++) q[i] = (char)((((ql[i] >> shl) & 15) | (((qh[i] >> shh) & 3) << 4)) - 32);\n"
+    "    for (int k = 0; k < nt; k++) {\n"
+    "      global const q8a *x = &XB(k, b); int d0 = 0, d1 = 0;\n"
+    "      for (int i = 0; i < 16; i++) { d0 += (int)q[i] * (int)x->qs[i]; d1 += (int)q[i + 16] * (int)x->qs[i + 16]; }\n"
+    "      acc[k] += d * x->d * (float)(s0 * d0 + s1 * d1);\n"
     "    }\n"
-    "    acc += h2f(ld16(bp + 208)) * xq[b].d * (float)isum;\n"
     "  }\n"
     "TAIL\n"
     "kernel void glu_silu(global float *G, global const float *U, int n) {\n"
@@ -541,7 +567,8 @@ static void note_event(ocl_backend *b, cl_event ev, int stage) {
     b->evs[b->n_evs++] = (timed_event){ev, stage};
 }
 
-static cl_int set_mm_args(ocl_backend *b, cl_kernel k, cl_mem w, cl_ulong w_off, const mat *m, cl_mem y, int ldy) {
+static cl_int set_mm_args(ocl_backend *b, cl_kernel k, cl_mem w, cl_ulong w_off, const mat *m, cl_mem y, int ldy,
+                          int nt) {
     const cl_ulong rb = m->row_bytes;
     const int cols = m->cols;
     cl_int e = g_cl.SetKernelArg(k, 0, sizeof w, &w);
@@ -552,6 +579,7 @@ static cl_int set_mm_args(ocl_backend *b, cl_kernel k, cl_mem w, cl_ulong w_off,
     e |= g_cl.SetKernelArg(k, 5, sizeof b->xq, &b->xq);
     e |= g_cl.SetKernelArg(k, 6, sizeof y, &y);
     e |= g_cl.SetKernelArg(k, 7, sizeof ldy, &ldy);
+    e |= g_cl.SetKernelArg(k, 8, sizeof nt, &nt);
     return e;
 }
 
@@ -578,9 +606,9 @@ static cl_int upload_x(ocl_backend *b, const mat *w, const float *x, const block
 static cl_int enqueue_mm(ocl_backend *b, const mat *w, cl_mem wm, size_t w_off, cl_event wait, cl_mem y, int ldy,
                          int nt, cl_event *done) {
     cl_kernel k = b->k[kernel_of(w->type)];
-    cl_int err = set_mm_args(b, k, wm, (cl_ulong)w_off, w, y, ldy);
+    cl_int err = set_mm_args(b, k, wm, (cl_ulong)w_off, w, y, ldy, nt);
     if (err != CL_SUCCESS) return err;
-    const size_t gws[2] = {(size_t)w->rows * LWS, (size_t)nt}, lws[2] = {LWS, 1};
+    const size_t gws[2] = {(size_t)w->rows * LWS, (size_t)(nt + TB - 1) / TB}, lws[2] = {LWS, 1};
     cl_event ev = NULL;
     err = g_cl.EnqueueNDRangeKernel(b->q, k, 2, NULL, gws, lws, wait ? 1 : 0, wait ? &wait : NULL,
                                     (b->tl || done) ? &ev : NULL);

@@ -136,10 +136,17 @@ def test_streamed_under_budget_timeline(
     assert max(busy.values()) <= pipe["any_busy_seconds"] + 1e-9 <= sum(busy.values()) + 2e-9
 
 
+# One tiny model per FFN shape the device meets: dense (llama), routed experts (mixtral), a shared expert and
+# q/k/v biases (qwen2moe), GraniteMoE's multipliers, gpt-oss's expert biases and clamped SwiGLU (handed to
+# the CPU backend). docs/portability.md has the whole suite's run through OpenCL.
+CONFORMANCE_SUBSET = ("llama", "mixtral", "qwen2moe", "granitemoe", "gpt_oss")
+
+
 def test_conformance_suite_through_opencl(opencl: None) -> None:
-    """test_vs_transformers' teacher-forced logits of every architecture (Colibri's F32 files), every
+    """test_vs_transformers' teacher-forced logits (Colibri's F32 files) of CONFORMANCE_SUBSET, every
     product through OpenCL (COLIBRI_DEVICE), judged by the suite's own tolerances."""
     env = dict(os.environ, COLIBRI_DEVICE="opencl")
+    pick = " or ".join(f"[{name}-colibri]" for name in CONFORMANCE_SUBSET)
     cmd = [
         sys.executable,
         "-m",
@@ -148,12 +155,13 @@ def test_conformance_suite_through_opencl(opencl: None) -> None:
         "-p",
         "no:cacheprovider",
         "-k",
-        "teacher_forced and colibri",
+        f"teacher_forced and ({pick})",
         str(ROOT / "conformance_tests" / "test_vs_transformers.py"),
     ]
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    assert " passed" in r.stdout and " failed" not in r.stdout and "skipped" not in r.stdout, r.stdout[-2000:]
+    assert f"{len(CONFORMANCE_SUBSET)} passed" in r.stdout, r.stdout[-2000:]
+    assert " failed" not in r.stdout and "skipped" not in r.stdout, r.stdout[-2000:]
 
 
 def test_env_selects_and_bad_names_are_refused(opencl: None, monkeypatch: pytest.MonkeyPatch) -> None:

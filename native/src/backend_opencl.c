@@ -323,6 +323,13 @@ struct cb_buf {
     size_t bytes;
 };
 
+/* What the activation buffers (float, q8a) hold since the start of the call: jobs of one call that
+ * share their input (q, k and v; gate and up) upload it once. */
+typedef struct last_x {
+    const void *host;
+    size_t bytes;
+} last_x;
+
 typedef struct ocl_backend {
     const cb_backend *cpu;
     timeline *tl;
@@ -345,6 +352,7 @@ typedef struct ocl_backend {
     uint64_t gen;            /* bumped by every call: a staged copy is only reused within its call */
     /* activations and results, [T_MAX] tokens of the widest shapes */
     cl_mem xf, xq, y, g, u, gq;
+    last_x lx[2];            /* [0] xf, [1] xq */
     size_t max_cols, max_rows, max_ff;
     /* jobs handed to the CPU in the current call */
     mm_job *cpu_jobs;
@@ -583,19 +591,13 @@ static cl_int set_mm_args(ocl_backend *b, cl_kernel k, cl_mem w, cl_ulong w_off,
     return e;
 }
 
-/* Upload tokens [t0, t0 + nt) of a job's activations unless the last upload was the same. */
-typedef struct last_x {
-    const void *host;
-    size_t bytes;
-} last_x;
-
-static cl_int upload_x(ocl_backend *b, const mat *w, const float *x, const block_q8a *xq, int t0, int nt,
-                       last_x *lx) {
+/* Upload tokens [t0, t0 + nt) of a job's activations unless the buffer holds them already. */
+static cl_int upload_x(ocl_backend *b, const mat *w, const float *x, const block_q8a *xq, int t0, int nt) {
     const int q = kernel_wants_q8a(w->type);
     const size_t nb = (size_t)w->cols / QK8A;
     const void *src = q ? (const void *)(xq + (size_t)t0 * nb) : (const void *)(x + (size_t)t0 * w->cols);
     const size_t bytes = q ? (size_t)nt * nb * sizeof(block_q8a) : (size_t)nt * w->cols * sizeof(float);
-    last_x *l = &lx[q];
+    last_x *l = &b->lx[q];
     if (l->host == src && l->bytes == bytes) return CL_SUCCESS;
     l->host = src;
     l->bytes = bytes;
@@ -663,11 +665,10 @@ static cl_int device_matmul(ocl_backend *b, const mm_job *jb) {
     int stage;
     cl_mem wm = place(b, &jb->w, &off, &wait, &stage);
     if (!wm) return 1;  /* cannot place it: the CPU takes it (not an error) */
-    last_x lx[2] = {{0}};
     const int rows = jb->w.rows;
     for (int t0 = 0; t0 < jb->n_tok; t0 += T_MAX) {
         const int nt = jb->n_tok - t0 < T_MAX ? jb->n_tok - t0 : T_MAX;
-        cl_int err = upload_x(b, &jb->w, jb->x, jb->xq, t0, nt, lx);
+        cl_int err = upload_x(b, &jb->w, jb->x, jb->xq, t0, nt);
         cl_event done = NULL;
         if (err == CL_SUCCESS) err = enqueue_mm(b, &jb->w, wm, off, wait, b->y, rows, nt, stage >= 0 ? &done : NULL);
         if (err != CL_SUCCESS) return err;
@@ -689,6 +690,7 @@ static cl_int device_matmul(ocl_backend *b, const mm_job *jb) {
 static void ocl_matmul(void *vctx, const mm_job *jobs, int n_jobs) {
     ocl_backend *b = vctx;
     b->gen++;  /* staged copies are valid within one call: the slots may change between calls */
+    memset(b->lx, 0, sizeof b->lx);  /* and the host's activations too */
     int n_cpu = 0;
     cl_int err = CL_SUCCESS;
     for (int j = 0; j < n_jobs; j++) {
@@ -733,11 +735,10 @@ static cl_int device_glu(ocl_backend *b, const glu_job *jb) {
         if (!mg || !mu) return 1;
     }
     const int F = jb->gate.rows;
-    last_x lx[2] = {{0}};
     for (int t0 = 0; t0 < jb->n_tok; t0 += T_MAX) {
         const int nt = jb->n_tok - t0 < T_MAX ? jb->n_tok - t0 : T_MAX;
-        cl_int err = upload_x(b, &jb->gate, jb->x, jb->xq, t0, nt, lx);
-        if (err == CL_SUCCESS) err = upload_x(b, &jb->up, jb->x, jb->xq, t0, nt, lx);
+        cl_int err = upload_x(b, &jb->gate, jb->x, jb->xq, t0, nt);
+        if (err == CL_SUCCESS) err = upload_x(b, &jb->up, jb->x, jb->xq, t0, nt);
         cl_event dg = NULL, du = NULL;
         if (err == CL_SUCCESS) err = enqueue_mm(b, &jb->gate, mg, og, wg, b->g, F, nt, sg >= 0 ? &dg : NULL);
         if (err == CL_SUCCESS) err = enqueue_mm(b, &jb->up, mu, ou, wu, b->u, F, nt, su >= 0 ? &du : NULL);
@@ -786,6 +787,7 @@ static cl_int device_glu(ocl_backend *b, const glu_job *jb) {
 static void ocl_glu(void *vctx, const glu_job *jobs, int n_jobs) {
     ocl_backend *b = vctx;
     b->gen++;
+    memset(b->lx, 0, sizeof b->lx);
     int n_cpu = 0;
     cl_int err = CL_SUCCESS;
     for (int j = 0; j < n_jobs; j++) {

@@ -24,6 +24,45 @@ colibri_status context_backend_resolve(colibri_context_params *p) {
     return COLIBRI_OK;
 }
 
+/* Every matrix the forward pass multiplies with, except the routed experts unless asked:
+ * those stream through staging buffers when the store holds them. */
+colibri_status backend_add_model(const cb_backend *b, const struct colibri_model *m, int with_experts) {
+    colibri_status st;
+#define ADD(mt)                                                                                               \
+    do {                                                                                                      \
+        if ((mt).data && (st = b->ops->add_resident(b->ctx, (mt).data, (size_t)(mt).rows * (mt).row_bytes))) \
+            return st;                                                                                        \
+    } while (0)
+#define ADD3(mt)                                                                                              \
+    do {                                                                                                      \
+        if ((mt).data && (st = b->ops->add_resident(b->ctx, (mt).data, (size_t)m->hp.n_expert * (mt).expert_bytes))) \
+            return st;                                                                                        \
+    } while (0)
+    ADD(m->output);
+    for (int l = 0; l < m->hp.n_layer; l++) {
+        const layer_weights *w = &m->layers[l];
+        ADD(w->wq);
+        ADD(w->wk);
+        ADD(w->wv);
+        ADD(w->wo);
+        ADD(w->ffn_gate);
+        ADD(w->ffn_up);
+        ADD(w->ffn_down);
+        ADD(w->router);
+        ADD(w->sh_gate);
+        ADD(w->sh_up);
+        ADD(w->sh_down);
+        if (with_experts) {
+            ADD3(w->gate_exps);
+            ADD3(w->up_exps);
+            ADD3(w->down_exps);
+        }
+    }
+#undef ADD
+#undef ADD3
+    return COLIBRI_OK;
+}
+
 colibri_status context_backend_init(struct colibri_context *c, const colibri_context_params *p) {
     colibri_status st;
     if (c->store) {

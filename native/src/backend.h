@@ -67,6 +67,8 @@ colibri_status backend_cpu_create(cb_pool *pool, struct timeline *tl, cb_backend
  * max_tok: most tokens one job carries (the context's n_batch times top-k). */
 colibri_status backend_opencl_create(const struct colibri_model *m, int max_tok, const cb_backend *cpu,
                                      struct timeline *tl, cb_backend *out);
+/* Fault injection for tests: the OpenCL backend's next n kernel enqueues fail. */
+void backend_opencl_fail_next(const cb_backend *b, int n);
 /* Upload the model's resident matrices (and its stacked experts when with_experts); context_backend.c. */
 colibri_status backend_add_model(const cb_backend *b, const struct colibri_model *m, int with_experts);
 

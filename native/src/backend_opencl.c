@@ -366,6 +366,7 @@ typedef struct ocl_backend {
     uint64_t uploaded, staged, dev_jobs, cpu_jobs_n, errors;
     int failed;
     char first_error[160];
+    int fail_next;           /* fault injection: kernel enqueues that report an error */
 } ocl_backend;
 
 static colibri_status cl_fail(ocl_backend *b, const char *what, cl_int err) {
@@ -607,6 +608,10 @@ static cl_int upload_x(ocl_backend *b, const mat *w, const float *x, const block
 /* y = W x on the device for tokens [t0, t0 + nt), into device buffer y (row stride ldy). */
 static cl_int enqueue_mm(ocl_backend *b, const mat *w, cl_mem wm, size_t w_off, cl_event wait, cl_mem y, int ldy,
                          int nt, cl_event *done) {
+    if (b->fail_next > 0) {
+        b->fail_next--;
+        return -5; /* CL_OUT_OF_RESOURCES */
+    }
     cl_kernel k = b->k[kernel_of(w->type)];
     cl_int err = set_mm_args(b, k, wm, (cl_ulong)w_off, w, y, ldy, nt);
     if (err != CL_SUCCESS) return err;
@@ -999,4 +1004,8 @@ colibri_status backend_opencl_create(const struct colibri_model *m, int max_tok,
     out->ops = &OCL_OPS;
     out->ctx = b;
     return COLIBRI_OK;
+}
+
+void backend_opencl_fail_next(const cb_backend *b, int n) {
+    if (b->ops == &OCL_OPS) ((ocl_backend *)b->ctx)->fail_next = n;
 }

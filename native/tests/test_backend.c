@@ -5,7 +5,8 @@
  * exists (PoCL in CI), the OpenCL backend's products are checked against the CPU kernels for
  * every type it has a kernel for, resident and streamed through staging buffers, for 1, 3 and
  * 40 tokens (more than one dispatch), and its SwiGLU with the q8a quantization; a type
- * without a device kernel must come back from the CPU exactly. Without OpenCL the device part
+ * without a device kernel must come back from the CPU exactly, and so must every output after a
+ * device failure (injected). Without OpenCL the device part
  * is skipped with a message, unless COLIBRI_TEST_OPENCL=1 asks for it. */
 #include <math.h>
 #include <stdio.h>
@@ -225,6 +226,30 @@ static void test_opencl(const cb_backend *cpu) {
 
     check_glu(&cl, cpu, x, xq);
 
+    CHECK_OK(cl.ops->sync(cl.ctx));
+    /* a device failure: that call's outputs come from the CPU, exactly, and so does every later one */
+    {
+        weights w8 = make_weights(GGML_TYPE_Q8_0, ROWS, COLS);
+        const mat m8 = {w8.data, w8.type, ROWS, COLS, w8.row_bytes};
+        const mm_job a8 = job(&m8, x, xq, 3, ya, ROWS), b8 = job(&m8, x, xq, 3, yb, ROWS);
+        cpu->ops->matmul(cpu->ctx, &a8, 1);
+        backend_opencl_fail_next(&cl, 1);
+        memset(yb, 0, sizeof yb);
+        cl.ops->matmul(cl.ctx, &b8, 1);
+        CHECK(memcmp(ya, yb, sizeof ya) == 0);
+        cl.ops->fill_stats(cl.ctx, &s);
+        CHECK(s.device_errors == 1);
+        const uint64_t dev_jobs = s.device_jobs;
+        memset(yb, 0, sizeof yb);
+        cl.ops->matmul(cl.ctx, &b8, 1);
+        CHECK(memcmp(ya, yb, sizeof ya) == 0);
+        cl.ops->fill_stats(cl.ctx, &s);
+        CHECK(s.device_jobs == dev_jobs);  /* the failed backend gives everything to the CPU */
+        CHECK(cl.ops->sync(cl.ctx) == COLIBRI_E_INTERNAL);
+        CHECK(strstr(colibri_last_error(), "redone on the CPU") != NULL);
+        free(w8.data);
+    }
+
     cb_buf *b = NULL;
     CHECK_OK(cl.ops->buf_alloc(cl.ctx, 256, &b));
     if (b) {
@@ -232,7 +257,6 @@ static void test_opencl(const cb_backend *cpu) {
         CHECK(cl.ops->upload(cl.ctx, b, 128, x, 256) == COLIBRI_E_INVALID_ARG);
         cl.ops->buf_free(cl.ctx, b);
     }
-    CHECK_OK(cl.ops->sync(cl.ctx));
     backend_destroy(&cl);
     for (int i = 0; i < n_keep; i++) free(keep[i]);
     free(x);

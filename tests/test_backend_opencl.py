@@ -15,6 +15,7 @@ pocl-opencl-icd), where a skip counts as a failure. Checked here:
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -202,3 +203,23 @@ def test_no_platform_is_a_clear_error(opencl: None, tmp_path: Path) -> None:
     r = _load_in_child({"OCL_ICD_VENDORS": str(tmp_path)})
     assert r.returncode == 3, r.stdout + r.stderr
     assert "no platform found" in r.stdout, r.stdout
+
+
+def test_device_pipeline_script(opencl: None, tmp_path: Path) -> None:
+    """benchmarks/device_pipeline.py (the docs' timeline command) on the bundled model, streamed."""
+    plan = colibri_backend.plan_memory(default_model_path(), LoadOptions(memory_budget=1, context_length=512))
+    out = tmp_path / "pipe.json"
+    cmd = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "device_pipeline.py"),
+        "--model",
+        str(default_model_path()),
+    ]
+    cmd += ["--memory-budget", str(int(plan["min_budget"] * 1.2)), "--max-tokens", "4", "--json", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = json.loads(out.read_text())
+    assert got["device"].startswith("opencl: ") and got["generated"] == 4
+    assert got["expert_slots"] > 0 and got["device_staged_bytes"] > 0
+    assert all(got["pipeline"]["stages"][s]["busy_seconds"] > 0 for s in ("io", "stage", "compute"))
+    assert "compute  busy" in r.stdout

@@ -223,3 +223,25 @@ def test_device_pipeline_script(opencl: None, tmp_path: Path) -> None:
     assert got["expert_slots"] > 0 and got["device_staged_bytes"] > 0
     assert all(got["pipeline"]["stages"][s]["busy_seconds"] > 0 for s in ("io", "stage", "compute"))
     assert "compute  busy" in r.stdout
+
+
+def test_cli_device_option(opencl: None) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "colibri_backend",
+        "run",
+        "Once upon a time",
+        "--model",
+        str(default_model_path()),
+    ]
+    r = subprocess.run(
+        [*cmd, "--device", "opencl", "--max-tokens", "2", "--stats"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "stats.device: opencl: " in r.stdout + r.stderr
+    bad = subprocess.run([*cmd, "--device", "gpu"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "invalid choice: 'gpu'" in bad.stderr

@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 
 #include "alloc.h"
 #include "backend.h"
@@ -108,6 +109,13 @@ static char g_cl_error[384];
 static pthread_once_t g_cl_once = PTHREAD_ONCE_INIT;
 
 static void cl_load(void) {
+    /* A statically linked program has no dynamic loader (the kernel gives no interpreter base):
+     * glibc's dlopen from such a program crashes inside the driver, so it is refused here. */
+    if (getauxval(AT_BASE) == 0) {
+        snprintf(g_cl_error, sizeof g_cl_error, "this program is statically linked and cannot load an OpenCL "
+                 "driver; use a dynamically linked build (the shared library, e.g. through the Python package)");
+        return;
+    }
     const char *env = getenv("COLIBRI_OPENCL_LIB");
     const char *names[] = {env && *env ? env : "libOpenCL.so.1", env && *env ? NULL : "libOpenCL.so"};
     void *h = NULL;

@@ -230,6 +230,7 @@ class StatsC(Structure):
         ("device_jobs", c_uint64),
         ("device_cpu_jobs", c_uint64),
         ("device_errors", c_uint64),
+        ("device_buffer_bytes", c_uint64),
     ]
 
 

@@ -125,7 +125,7 @@ def test_streamed_under_budget_timeline(
         st = pipe["stages"][stage]
         assert st["intervals"] > 0 and st["busy_seconds"] > 0, (stage, pipe)
         assert 0 < st["busy_share"] <= 1.0 + 1e-6, (stage, pipe)
-    assert s["device_staged_bytes"] > 0
+    assert s["device_staged_bytes"] > 0 and s["device_buffer_bytes"] > 0
     assert pipe["any_busy_seconds"] <= pipe["span_seconds"] + 1e-9
     busy = {k: v["busy_seconds"] for k, v in pipe["stages"].items()}
     for pair, (a, b) in {

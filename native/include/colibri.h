@@ -245,11 +245,14 @@ typedef struct colibri_stats {
     double pipe_any_busy_seconds;
     double pipe_span_seconds;              /* first to last recorded activity */
     uint64_t pipe_io_intervals, pipe_stage_intervals, pipe_compute_intervals;
-    uint64_t device_uploaded_bytes;        /* resident weights copied to the device, once */
+    uint64_t device_uploaded_bytes;        /* resident weights put on the device once (copied, or wrapped
+                                              in place on a device that shares host memory) */
     uint64_t device_staged_bytes;          /* streamed expert bytes copied through staging buffers */
     uint64_t device_jobs;                  /* matrix products the device ran */
     uint64_t device_cpu_jobs;              /* ... it gave the CPU (a type without a device kernel) */
     uint64_t device_errors;                /* device failures; the work was redone on the CPU */
+    uint64_t device_buffer_bytes;          /* the backend's staging and activation buffers (not in the
+                                              memory plan; host memory on PoCL and integrated GPUs) */
 } colibri_stats;
 
 /* Counters of one expert of one layer. */

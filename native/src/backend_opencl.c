@@ -372,6 +372,7 @@ typedef struct ocl_backend {
     double clock_offset[TL_STAGES]; /* host seconds = device ns * 1e-9 + clock_offset[stage] */
     /* counters */
     uint64_t uploaded, staged, dev_jobs, cpu_jobs_n, errors;
+    uint64_t buffer_bytes;   /* staging and activation buffers */
     int failed;
     char first_error[160];
     int fail_next;           /* fault injection: kernel enqueues that report an error */
@@ -840,6 +841,7 @@ static void ocl_fill_stats(void *vctx, colibri_stats *out) {
     out->device_jobs = b->dev_jobs;
     out->device_cpu_jobs = b->cpu_jobs_n;
     out->device_errors = b->errors;
+    out->device_buffer_bytes = b->buffer_bytes;
 }
 
 static const char *ocl_device_name(void *vctx) { return ((const ocl_backend *)vctx)->name; }
@@ -913,6 +915,7 @@ static cl_mem new_buf(ocl_backend *b, size_t bytes, colibri_status *st) {
         *st = cb_error(COLIBRI_E_NOMEM, "OpenCL: cannot allocate %zu bytes on %s (error %d)", bytes, b->name, (int)err);
         return NULL;
     }
+    b->buffer_bytes += bytes;
     return m;
 }
 

@@ -209,6 +209,7 @@ static void test_opencl(const cb_backend *cpu) {
     CHECK(s.device_jobs == 2 * 3 * sizeof types / sizeof types[0]);
     CHECK(s.device_cpu_jobs == 0 && s.device_errors == 0);
     CHECK(s.device_staged_bytes > 0);
+    CHECK(s.device_buffer_bytes >= 3 * (size_t)2 * 256 * COLS * sizeof(float));  /* three staging buffers */
     CHECK(s.device_uploaded_bytes > 0);
     printf("  staged %llu, uploaded %llu bytes\n", (unsigned long long)s.device_staged_bytes, (unsigned long long)s.device_uploaded_bytes);
 

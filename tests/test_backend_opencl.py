@@ -50,17 +50,18 @@ def opencl() -> None:
         pytest.skip(f"no OpenCL device: {reason}")
 
 
-def _logits(device: str, ids: list[int], **options: object) -> tuple[np.ndarray, dict]:
-    with colibri_backend.load(
-        default_model_path(), threads=2, device=device, context_length=128, **options
-    ) as m:
+def _logits(
+    device: str, ids: list[int], model: Path | None = None, **options: object
+) -> tuple[np.ndarray, dict]:
+    path = model or default_model_path()
+    with colibri_backend.load(path, threads=2, device=device, context_length=128, **options) as m:
         out = np.asarray(m.logits(ids), dtype=np.float64)
         return out, m.stats()
 
 
-def _ids() -> list[int]:
-    with colibri_backend.load(default_model_path(), threads=2, context_length=64) as m:
-        return m.tokenize(TEXT)[:48]
+def _ids(model: Path | None = None, n: int = 48) -> list[int]:
+    with colibri_backend.load(model or default_model_path(), threads=2, context_length=64) as m:
+        return m.tokenize(TEXT)[:n]
 
 
 def _kl_mean(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
@@ -72,41 +73,59 @@ def _kl_mean(p_logits: np.ndarray, q_logits: np.ndarray) -> float:
     return float((np.exp(lp) * (lp - lq)).sum(-1).mean())
 
 
-@pytest.fixture(scope="module")
-def cpu_noise() -> tuple[list[int], np.ndarray, float, float]:
+# the CPU's logits, and its scalar kernels' distance from them: max |dlogit|, mean KL, top-1 disagreements
+Noise = tuple[list[int], np.ndarray, float, float, int]
+
+
+def _cpu_noise(model: Path | None = None, n: int = 48) -> Noise:
     """The CPU's logits and how far its scalar kernels are from them: the tolerance scale."""
-    ids = _ids()
-    fast, _ = _logits("cpu", ids)
+    ids = _ids(model, n)
+    fast, _ = _logits("cpu", ids, model)
     table = _native.cpu_backend()
     _native.set_cpu_backend("scalar")
     try:
-        scalar, _ = _logits("cpu", ids)
+        scalar, _ = _logits("cpu", ids, model)
     finally:
         _native.set_cpu_backend(table)
-    return ids, fast, float(np.abs(fast - scalar).max()), _kl_mean(fast, scalar)
+    flips = int((fast.argmax(-1) != scalar.argmax(-1)).sum())
+    return ids, fast, float(np.abs(fast - scalar).max()), _kl_mean(fast, scalar), flips
 
 
-def test_bundled_model_matches_cpu(
-    opencl: None, cpu_noise: tuple[list[int], np.ndarray, float, float]
-) -> None:
-    ids, cpu, noise_abs, noise_kl = cpu_noise
-    dev, stats = _logits("opencl", ids)
+@pytest.fixture(scope="module")
+def cpu_noise() -> Noise:
+    return _cpu_noise()
+
+
+def _check_against_cpu(noise: Noise, model: Path | None = None) -> None:
+    ids, cpu, noise_abs, noise_kl, noise_flips = noise
+    dev, stats = _logits("opencl", ids, model)
     assert stats["device"].startswith("opencl: "), stats["device"]
     assert stats["backend"] == _native.BACKEND_OPENCL
     assert stats["device_jobs"] > 0 and stats["device_errors"] == 0
-    assert stats["device_cpu_jobs"] == 0  # Q8_0 and F32 have device kernels: nothing handed back
+    assert stats["device_cpu_jobs"] == 0  # every type of these files has a device kernel
     diff = float(np.abs(cpu - dev).max())
     kl = _kl_mean(cpu, dev)
     print(f"opencl vs cpu: max|dlogit| {diff:.3g}, KL {kl:.3g}; cpu scalar vs simd {noise_abs:.3g}")
     assert diff <= 2 * noise_abs + 1e-4, (diff, noise_abs)
     assert _kl_mean(cpu, dev) <= 2 * noise_kl + 1e-7
-    assert (cpu.argmax(-1) == dev.argmax(-1)).mean() >= 0.97
+    assert int((cpu.argmax(-1) != dev.argmax(-1)).sum()) <= 2 * noise_flips + 1
 
 
-def test_streamed_under_budget_timeline(
-    opencl: None, cpu_noise: tuple[list[int], np.ndarray, float, float]
-) -> None:
-    ids, cpu, noise_abs, _ = cpu_noise
+def test_bundled_model_matches_cpu(opencl: None, cpu_noise: Noise) -> None:
+    _check_against_cpu(cpu_noise)  # the bundled MoE: Q8_0 experts, F32 norms
+
+
+def test_smollm2_matches_cpu(opencl: None) -> None:
+    """A real trained dense model (llama architecture, Q4_1): 30 layers of requantized activations, so the
+    CPU's own kernel sets already differ by about a logit here."""
+    from colibri_backend.models import resolve_model
+
+    model = resolve_model("smollm2").gguf
+    _check_against_cpu(_cpu_noise(model, 24), model)
+
+
+def test_streamed_under_budget_timeline(opencl: None, cpu_noise: Noise) -> None:
+    ids, cpu, noise_abs, _, _ = cpu_noise
     plan = colibri_backend.plan_memory(default_model_path(), LoadOptions(memory_budget=1, context_length=128))
     budget = int(plan["min_budget"] * 1.15)  # streams: far below what holds every expert
     with colibri_backend.load(

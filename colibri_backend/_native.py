@@ -114,6 +114,7 @@ class ContextParamsC(Structure):
         ("route_prefilter_margin", c_float),
         ("drop_cold_share", c_float),
         ("n_seq_max", c_int32),
+        ("backend", c_int32),
     ]
 
 
@@ -128,6 +129,10 @@ PREFETCH_HASHED = 4
 KV_DEFAULT = 0
 KV_F16 = 1
 KV_INT8 = 2
+# compute backends (colibri.h COLIBRI_BACKEND_*; native/src/backend.h)
+BACKEND_DEFAULT = 0
+BACKEND_CPU = 1
+BACKEND_OPENCL = 2
 
 
 class MemoryPlanC(Structure):
@@ -210,6 +215,24 @@ class StatsC(Structure):
         ("prefilter_accepted", c_uint64),
         ("experts_pinned", c_int32),
         ("experts_dropped", c_int32),
+        ("backend", c_int32),
+        ("pipe_io_seconds", c_double),
+        ("pipe_stage_seconds", c_double),
+        ("pipe_compute_seconds", c_double),
+        ("pipe_io_stage_overlap_seconds", c_double),
+        ("pipe_stage_compute_overlap_seconds", c_double),
+        ("pipe_io_compute_overlap_seconds", c_double),
+        ("pipe_any_busy_seconds", c_double),
+        ("pipe_span_seconds", c_double),
+        ("pipe_io_intervals", c_uint64),
+        ("pipe_stage_intervals", c_uint64),
+        ("pipe_compute_intervals", c_uint64),
+        ("device_uploaded_bytes", c_uint64),
+        ("device_staged_bytes", c_uint64),
+        ("device_jobs", c_uint64),
+        ("device_cpu_jobs", c_uint64),
+        ("device_errors", c_uint64),
+        ("device_buffer_bytes", c_uint64),
     ]
 
 
@@ -290,6 +313,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
         [c_void_p, POINTER(ContextParamsC), POINTER(c_int32), POINTER(c_int32), c_int32, POINTER(StatsC)],
     ),
     "colibri_reset_stats": (None, [c_void_p]),
+    "colibri_device_name": (c_char_p, [c_void_p]),
     "colibri_sampler_default_params": (None, [POINTER(SamplerParamsC)]),
     "colibri_sampler_new": (c_int, [POINTER(SamplerParamsC), c_int32, POINTER(c_void_p)]),
     "colibri_sampler_free": (None, [c_void_p]),

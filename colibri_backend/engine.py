@@ -220,6 +220,8 @@ def store_params(
     params.route_prefilter_margin = margin
     params.drop_cold_share = cold
     params.n_seq_max = int(o.max_concurrency or 1)
+    if o.device is not None:
+        params.backend = _native.BACKEND_OPENCL if o.device == "opencl" else _native.BACKEND_CPU
     if profile is not None:
         params.routing_profile = os.fsencode(profile)
     if o.pin_experts:
@@ -845,6 +847,7 @@ class Model(BaseModel):
             out["n_past"] = int(self._lib.colibri_n_past(self._ctx))
             out["context_length"] = self.context_length
             out["cpu_backend"] = _native.cpu_backend()
+            out["device"] = self._lib.colibri_device_name(self._ctx).decode(errors="replace")
             out["last"] = dict(self._last)
             out["memory_plan"] = self.memory_plan()
             out.update(self.prefix_cache.stats())
@@ -906,7 +909,38 @@ def stats_to_dict(s: _native.StatsC) -> dict[str, Any]:
         correct = out[f"{src}_correct"]
         out[f"{src}_precision"] = correct / out[f"{src}_predicted"] if out[f"{src}_predicted"] else 0.0
         out[f"{src}_recall"] = correct / out[f"{src}_actual"] if out[f"{src}_actual"] else 0.0
+    out["pipeline"] = pipeline_timeline(s)
     return out
+
+
+def pipeline_timeline(s: _native.StatsC) -> dict[str, Any]:
+    """The streaming pipeline's timeline (native/src/timeline.h): per stage (io: the expert store's
+    reads; stage: copies into device staging buffers; compute: the backend's products) its busy
+    seconds and share of the span, and the seconds two stages were busy at once. All zero when
+    nothing streams."""
+    span = s.pipe_span_seconds
+    stages = {}
+    for name in ("io", "stage", "compute"):
+        busy = getattr(s, f"pipe_{name}_seconds")
+        stages[name] = {
+            "busy_seconds": busy,
+            "busy_share": busy / span if span > 0 else 0.0,
+            "intervals": getattr(s, f"pipe_{name}_intervals"),
+        }
+    overlap = {
+        "io_stage": s.pipe_io_stage_overlap_seconds,
+        "stage_compute": s.pipe_stage_compute_overlap_seconds,
+        "io_compute": s.pipe_io_compute_overlap_seconds,
+    }
+    busy_sum = sum(v["busy_seconds"] for v in stages.values())
+    return {
+        "span_seconds": span,
+        "any_busy_seconds": s.pipe_any_busy_seconds,
+        "stages": stages,
+        "overlap_seconds": overlap,
+        # busy time beyond the wall time some stage was busy: 0 when the stages ran one after another
+        "overlapped_seconds": busy_sum - s.pipe_any_busy_seconds if busy_sum else 0.0,
+    }
 
 
 def _options(options: LoadOptions | None, keywords: dict[str, Any], default: LoadOptions) -> LoadOptions:

@@ -22,6 +22,14 @@ from colibri_backend.budget import parse_kv_cache_type, parse_policy, parse_pref
 
 MAX_LOOKAHEAD_DEPTH = 8  # colibri.h: lookahead_depth 1..8
 MAX_SEQUENCES = 256  # colibri.h: n_seq_max 1..256
+DEVICES = ("cpu", "opencl")  # colibri.h COLIBRI_BACKEND_CPU, _OPENCL
+
+
+def check_device(value: Any) -> str:
+    """The compute backend: "cpu" or "opencl" (case-insensitive)."""
+    if not isinstance(value, str) or value.strip().lower() not in DEVICES:
+        raise ValueError(f"device must be one of {', '.join(DEVICES)}, got {value!r}")
+    return value.strip().lower()
 
 
 def check_count(value: Any, name: str, minimum: int = 0) -> int:
@@ -119,6 +127,8 @@ class LoadOptions:
       the budget (dropped to 0 when the rest would not hold the engine's minimum), 1 GiB without a
       budget. 0: no stored prefixes (a prompt still reuses what the context holds from the last one).
     kv_cache_dir: a directory where the prefix cache keeps its entries too, so a restart keeps them.
+    device: where the matrix products run, "cpu" or "opencl" (docs/portability.md); None: $COLIBRI_DEVICE,
+      else the CPU. OpenCL without a platform and device is an error, never a silent fallback.
     """
 
     threads: int | None = None
@@ -138,6 +148,7 @@ class LoadOptions:
     prefix_cache_size: int | str | None = None
     kv_cache_dir: str | os.PathLike[str] | None = None
     max_concurrency: int | None = None
+    device: str | None = None
 
     def __post_init__(self) -> None:
         def put(name: str, value: Any) -> None:
@@ -190,6 +201,8 @@ class LoadOptions:
                 raise ValueError(f"kv_cache_dir must be a directory path, got {self.kv_cache_dir!r}")
             if os.path.exists(self.kv_cache_dir) and not os.path.isdir(self.kv_cache_dir):
                 raise ValueError(f"kv_cache_dir: {self.kv_cache_dir} exists and is not a directory")
+        if self.device is not None:
+            put("device", check_device(self.device))
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], where: str = "") -> LoadOptions:

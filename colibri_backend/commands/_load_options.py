@@ -20,6 +20,7 @@ from typing import Any
 
 from colibri_backend.budget import parse_prefetch, parse_share, parse_size
 from colibri_backend.load_options import (
+    DEVICES,
     LoadOptions,
     check_expert_slots,
     check_lookahead_depth,
@@ -46,6 +47,7 @@ LOAD_KEYS = (
     "prefix_cache_size",
     "kv_cache_dir",
     "max_concurrency",
+    "device",
 )
 
 
@@ -203,6 +205,13 @@ def add_load_arguments(p: argparse.ArgumentParser, budget_aliases: tuple[str, ..
         default=None,
         help="check the model's resident tensors against its digests (MODEL.digests, `colibri verify`) "
         "at load and refuse a file that does not match",
+    )
+    p.add_argument(
+        "--device",
+        choices=DEVICES,
+        default=None,
+        help="where the matrix products run: cpu, or opencl (loaded at run time; an error when no "
+        "OpenCL platform and device exist); default $COLIBRI_DEVICE, else cpu (docs/portability.md)",
     )
 
 

@@ -119,7 +119,15 @@ typedef struct colibri_context_params {
      * its own KV cache of n_ctx positions: the KV memory is n_seq_max times one sequence's.
      * <= 0: 1. At most 256. */
     int32_t n_seq_max;
+    /* Where the matrix products run (backend.h): COLIBRI_BACKEND_DEFAULT takes $COLIBRI_DEVICE
+     * ("cpu" or "opencl"; unset: the CPU). OpenCL without a usable platform and device is
+     * refused with COLIBRI_E_UNSUPPORTED and the reason. */
+    int32_t backend;
 } colibri_context_params;
+
+#define COLIBRI_BACKEND_DEFAULT 0
+#define COLIBRI_BACKEND_CPU 1
+#define COLIBRI_BACKEND_OPENCL 2
 
 /* KV cache element types. INT8 stores, per position and KV head, one float scale (absmax/127)
  * and head_dim int8 values: (head_dim + 4) / (2 * head_dim) of F16's bytes, for long contexts
@@ -273,6 +281,24 @@ typedef struct colibri_stats {
     uint64_t prefilter_accepted;           /* ... decided from the candidates alone */
     int32_t experts_pinned;                /* slots pinned from the profile */
     int32_t experts_dropped;               /* experts never routed to (drop_cold_share) */
+    /* compute backend and the streaming pipeline's timeline (backend.h, timeline.h): busy
+     * seconds per stage (I/O reads of experts, staging copies to the device, compute), the
+     * seconds two stages were busy at once, and the seconds any was busy. Zero without a
+     * store (nothing streams). */
+    int32_t backend;                       /* COLIBRI_BACKEND_CPU or _OPENCL */
+    double pipe_io_seconds, pipe_stage_seconds, pipe_compute_seconds;
+    double pipe_io_stage_overlap_seconds, pipe_stage_compute_overlap_seconds, pipe_io_compute_overlap_seconds;
+    double pipe_any_busy_seconds;
+    double pipe_span_seconds;              /* first to last recorded activity */
+    uint64_t pipe_io_intervals, pipe_stage_intervals, pipe_compute_intervals;
+    uint64_t device_uploaded_bytes;        /* resident weights put on the device once (copied, or wrapped
+                                              in place on a device that shares host memory) */
+    uint64_t device_staged_bytes;          /* streamed expert bytes copied through staging buffers */
+    uint64_t device_jobs;                  /* matrix products the device ran */
+    uint64_t device_cpu_jobs;              /* ... it gave the CPU (a type without a device kernel) */
+    uint64_t device_errors;                /* device failures; the work was redone on the CPU */
+    uint64_t device_buffer_bytes;          /* the backend's staging and activation buffers (not in the
+                                              memory plan; host memory on PoCL and integrated GPUs) */
 } colibri_stats;
 
 /* Counters of one expert of one layer. */
@@ -306,6 +332,8 @@ COLIBRI_API colibri_status colibri_replay_routing(colibri_model *model, const co
                                                   const int32_t *tokens, const int32_t *expert_ids,
                                                   int32_t n_tokens, colibri_stats *out);
 COLIBRI_API void colibri_reset_stats(colibri_context *ctx);
+/* The context's compute device: "cpu", or "opencl: <platform> / <device>". */
+COLIBRI_API const char *colibri_device_name(const colibri_context *ctx);
 
 /* ---- sampler --------------------------------------------------------- */
 

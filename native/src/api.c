@@ -66,6 +66,7 @@ void colibri_context_default_params(colibri_context_params *out) {
     out->route_prefilter_margin = 0.0f;
     out->drop_cold_share = 0.0f;
     out->n_seq_max = 1;
+    out->backend = COLIBRI_BACKEND_DEFAULT;
 }
 
 colibri_status colibri_plan_model(const colibri_model *model, const colibri_context_params *params,
@@ -189,6 +190,7 @@ colibri_status colibri_get_stats(const colibri_context *ctx, colibri_stats *out)
     out->scratch_peak_bytes = ctx->arena.peak;
     if (ctx->store) store_fill_stats(ctx->store, out);
     if (ctx->pred) predictor_fill_stats(ctx->pred, out);
+    context_fill_backend_stats(ctx, out);  /* backend.h, timeline.h */
     return COLIBRI_OK;
 }
 
@@ -213,4 +215,10 @@ void colibri_reset_stats(colibri_context *ctx) {
     ctx->stats.experts_dropped = keep.experts_dropped;  /* a setting of the context, not a counter */
     if (ctx->store) store_reset_stats(ctx->store);
     if (ctx->pred) predictor_reset_stats(ctx->pred);
+    context_reset_backend_stats(ctx);
+}
+
+const char *colibri_device_name(const colibri_context *ctx) {
+    if (!ctx) return "";
+    return ctx->backend.ops->device_name(ctx->backend.ctx);
 }

@@ -112,6 +112,7 @@ void context_destroy(struct colibri_context *c) {
     cb_free(c->route_ids);
     cb_free(c->route_w);
     store_destroy(c->store);
+    context_backend_free(c);  /* backend hook: after the store, whose I/O threads log to the timeline */
     if (c->resident_locked) ledger_unlock_resident(c->model);
     if (c->experts_held) resident_experts_release(c->model);
     if (c->pred) {
@@ -214,6 +215,8 @@ colibri_status context_resolve_params(const struct colibri_model *m, const colib
     if (p.kv_type != COLIBRI_KV_DEFAULT && p.kv_type != COLIBRI_KV_F16 && p.kv_type != COLIBRI_KV_INT8)
         return cb_error(COLIBRI_E_INVALID_ARG, "kv_type %d is not COLIBRI_KV_DEFAULT, _F16 or _INT8",
                         (int)p.kv_type);
+    colibri_status st = context_backend_resolve(&p);  /* backend hook */
+    if (st) return st;
     *out = p;
     return COLIBRI_OK;
 }
@@ -452,6 +455,10 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
                 return st;
             }
         }
+    }
+    if ((st = context_backend_init(c, &p))) {  /* backend hook: weights are in place by now */
+        context_destroy(c);
+        return st;
     }
     c->stats.kv_bytes = c->kv_bytes;
     c->stats.scratch_bytes = c->arena.cap;

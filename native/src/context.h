@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "arena.h"
+#include "backend.h"
 #include "colibri.h"
 #include "jobs.h"
 #include "model.h"
@@ -126,6 +127,11 @@ struct colibri_context {
     float *rs_buf;           /* both copies, one allocation (live first) */
     size_t rs_bytes;         /* bytes of one copy */
     int32_t rs_ckpt_pos;     /* -1: no checkpoint */
+    /* compute backend (backend.h; context_backend.c): run_jobs/run_glu call `backend`, which
+     * is cpu_backend or a device backend that gives cpu_backend what it cannot run; the
+     * pipeline timeline (timeline.h) exists when a store streams experts */
+    cb_backend backend, cpu_backend;
+    struct timeline *timeline;
 };
 
 /* Fill defaults and check limits of context parameters (as context_create applies them). */
@@ -159,6 +165,13 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
                               struct colibri_context **out);
 void context_destroy(struct colibri_context *c);
 /* Run tokens through the model (see colibri_eval and colibri_eval_batch; forward.c). */
+/* The backend part of a context (context_backend.c): params.backend resolved (COLIBRI_DEVICE),
+ * the backend created after the store and resident experts, its counters, its teardown. */
+colibri_status context_backend_resolve(colibri_context_params *p);
+colibri_status context_backend_init(struct colibri_context *c, const colibri_context_params *p);
+void context_backend_free(struct colibri_context *c);
+void context_fill_backend_stats(const struct colibri_context *c, colibri_stats *out);
+void context_reset_backend_stats(struct colibri_context *c);
 colibri_status context_eval(struct colibri_context *c, const int32_t *tokens, int32_t n_tokens, float *logits,
                             int32_t all_logits);
 colibri_status context_eval_batch(struct colibri_context *c, const int32_t *seq_ids, const int32_t *tokens,

@@ -29,6 +29,7 @@
 #include "digest.h"
 #include "profile.h"
 #include "resident.h"
+#include "timeline.h"
 
 #ifndef O_DIRECT
 #define O_DIRECT 0
@@ -90,6 +91,7 @@ struct expert_store {
     _Atomic int stop;
     pthread_t io[STORE_IO_THREADS_MAX];
     int n_io, n_io_started, sem_ready, mutex_ready;
+    struct timeline *tl;    /* backend hook: each piece's read is an I/O-stage interval (timeline.h) */
 };
 
 static double now_s(void) {
@@ -243,7 +245,11 @@ static int run_piece(expert_store *s, slot *sl) {
     if (piece >= sl->n_pieces) return 0;
     int err = 0;
     if (piece == 0 && atomic_load(&s->fail_reads) > 0 && atomic_fetch_sub(&s->fail_reads, 1) > 0) err = EIO;
-    if (!err) err = read_piece(s, sl->layer, sl->expert, sl->mem, piece);
+    if (!err) {
+        const double t0 = s->tl ? now_s() : 0.0;
+        err = read_piece(s, sl->layer, sl->expert, sl->mem, piece);
+        if (s->tl) timeline_add(s->tl, TL_IO, t0, now_s());
+    }
     if (err) {
         int none = 0;
         atomic_compare_exchange_strong(&sl->io_errno, &none, err);
@@ -765,3 +771,5 @@ void store_reset_stats(expert_store *s) {
     memset(s->cnt, 0, (size_t)s->n_layer * s->n_expert * sizeof(counters));
     s->stall_decode_s = 0.0;
 }
+
+void store_set_timeline(expert_store *s, struct timeline *tl) { s->tl = tl; }

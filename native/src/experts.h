@@ -73,6 +73,10 @@ void store_fill_stats(const expert_store *s, colibri_stats *out);
 void store_expert_stats(const expert_store *s, colibri_expert_stats *out, int max, int *n_written);
 void store_reset_stats(expert_store *s);
 
+/* The pipeline timeline (timeline.h) that receives every read's busy interval, or NULL. */
+struct timeline;
+void store_set_timeline(expert_store *s, struct timeline *tl);
+
 /* Fault injection for tests: the next n reads fail with EIO. */
 void store_fail_next_reads(expert_store *s, int n);
 

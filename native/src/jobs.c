@@ -27,11 +27,15 @@ static void mm_worker(void *arg, int ith, int nth) {
     }
 }
 
+void cpu_run_jobs(cb_pool *pool, const mm_job *jobs, int n_jobs) {
+    mm_task t = {jobs, n_jobs};
+    pool_run(pool, mm_worker, &t);
+}
+
 void run_jobs(struct colibri_context *c, const mm_job *jobs, int n_jobs) {
     if (n_jobs == 0) return;
     imatrix_observe_jobs(c->imatrix, jobs, n_jobs);
-    mm_task t = {jobs, n_jobs};
-    pool_run(c->pool, mm_worker, &t);
+    c->backend.ops->matmul(c->backend.ctx, jobs, n_jobs);  /* backend.h: the CPU's is cpu_run_jobs */
 }
 
 typedef struct glu_task {
@@ -63,11 +67,15 @@ static void glu_worker(void *arg, int ith, int nth) {
     }
 }
 
+void cpu_run_glu(cb_pool *pool, const glu_job *jobs, int n_jobs) {
+    glu_task t = {jobs, n_jobs};
+    pool_run(pool, glu_worker, &t);
+}
+
 void run_glu(struct colibri_context *c, const glu_job *jobs, int n_jobs) {
     if (n_jobs == 0) return;
     imatrix_observe_glu(c->imatrix, jobs, n_jobs);
-    glu_task t = {jobs, n_jobs};
-    pool_run(c->pool, glu_worker, &t);
+    c->backend.ops->glu(c->backend.ctx, jobs, n_jobs);  /* backend.h: the CPU's is cpu_run_glu */
 }
 
 typedef struct quant_task {

@@ -65,8 +65,12 @@ static inline glu_job glu_act(glu_job j, const model_hparams *hp, const float *b
 /* The weight's kernel takes q8a-quantized activations (an absent optional weight: no). */
 static inline int mat_wants_q8a(const mat *w) { return w->data && kernel_wants_q8a(w->type); }
 
+/* Through the context's backend (backend.h). */
 void run_jobs(struct colibri_context *c, const mm_job *jobs, int n_jobs);
 void run_glu(struct colibri_context *c, const glu_job *jobs, int n_jobs);
+/* The CPU backend's runners: the jobs on the pool's threads. */
+void cpu_run_jobs(cb_pool *pool, const mm_job *jobs, int n_jobs);
+void cpu_run_glu(cb_pool *pool, const glu_job *jobs, int n_jobs);
 /* Quantize n_rows rows of n_cols floats (n_cols % 32 == 0) to block_q8a rows. */
 void quantize_activations(struct colibri_context *c, const float *x, block_q8a *y, int n_rows, int n_cols);
 

@@ -316,6 +316,80 @@ SPECS += [
         notes="gpt-oss without YaRN (so llama.cpp computes it as transformers does), GQA 8, 6 experts top-3",
     ),
 ]
+# Gemma 4 (gemma4_text): local layers (head_dim 24, GQA 2, window 12) and global layers (head_dim 40, one KV
+# head whose values are its keys' projection, proportional RoPE over 5 of 20 pairs); norms, router scale,
+# per-expert scale and layer scalars drawn away from 1; the dense MLP beside the experts; soft-capped logits
+# (cap 8, so tanh bends them). llama.cpp's converter fuses the experts' gate and up (ffn_gate_up_exps), which
+# the engine refuses, so only Colibri's converter's files run here.
+_GEMMA4 = dict(
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    bos_token_id=0,
+    eos_token_id=2,
+    pad_token_id=0,
+    hidden_size=64,
+    intermediate_size=96,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=24,
+    vocab_size=1013,
+    enable_moe_block=True,
+    moe_intermediate_size=32,
+    hidden_size_per_layer_input=0,
+    sliding_window=12,
+    hidden_activation="gelu_pytorch_tanh",
+)
+SPECS += [
+    TinySpec(
+        "gemma4",
+        "gemma4_text",
+        dict(
+            _GEMMA4,
+            num_hidden_layers=4,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+            global_head_dim=40,
+            num_global_key_value_heads=1,
+            attention_k_eq_v=True,
+            num_experts=6,
+            top_k_experts=2,
+            final_logit_softcapping=8.0,
+            tie_word_embeddings=True,
+        ),
+        seed=22,
+        llama_cpp_compatible=False,
+        llama_cpp_converts=False,
+        notes="gemma4: local hd 24 GQA 2, global hd 40 GQA 4 k=v, window 12, 6 experts top-2 + MLP, cap 8",
+    ),
+    TinySpec(
+        "gemma4_sep_v",
+        "gemma4_text",
+        dict(
+            _GEMMA4,
+            num_hidden_layers=3,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+            num_attention_heads=6,
+            num_key_value_heads=3,
+            head_dim=16,
+            global_head_dim=32,
+            attention_k_eq_v=False,
+            num_experts=8,
+            top_k_experts=3,
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {
+                    "rope_type": "proportional",
+                    "partial_rotary_factor": 0.5,
+                    "rope_theta": 5e5,
+                },
+            },
+            tie_word_embeddings=False,
+        ),
+        seed=23,
+        llama_cpp_compatible=False,
+        llama_cpp_converts=False,
+        notes="gemma4: v_proj everywhere, global hd 32 (8 of 16 pairs rotate), GQA 2, 8 experts top-3",
+    ),
+]
 SPEC_BY_NAME = {s.name: s for s in SPECS}
 
 
@@ -445,6 +519,7 @@ _ARCH_CLASS = {
     "granitemoe": "GraniteMoeForCausalLM",
     "granitemoeshared": "GraniteMoeSharedForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
+    "gemma4_text": "Gemma4ForCausalLM",
 }
 
 
@@ -485,6 +560,8 @@ def make_weights(spec: TinySpec) -> dict[str, np.ndarray]:
 
     w: dict[str, np.ndarray] = {}
     w["model.embed_tokens.weight"] = (0.5 * rng.standard_normal((n_vocab, hidden))).astype(np.float32)
+    if mt == "gemma4_text":
+        return _gemma4_weights(spec, w, lin, norm)
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"] = norm(hidden)
@@ -562,6 +639,53 @@ def make_weights(spec: TinySpec) -> dict[str, np.ndarray]:
     w["model.norm.weight"] = norm(hidden)
     if not c.get("tie_word_embeddings"):
         w["lm_head.weight"] = lin(n_vocab, hidden, 4.0)
+    return w
+
+
+def _gemma4_weights(spec: TinySpec, w: dict[str, np.ndarray], lin: Any, norm: Any) -> dict[str, np.ndarray]:
+    """Gemma 4's layers as Gemma4ForCausalLM saves them (the embedding is scaled by sqrt(hidden) in the model,
+    so it is drawn 1/sqrt(hidden) as large as the others'; the residual branches are normed, so their
+    projections keep unit scale)."""
+    c = spec.config
+    rng = np.random.default_rng(spec.seed + 1000)
+    hidden, n_head = c["hidden_size"], c["num_attention_heads"]
+    w["model.embed_tokens.weight"] *= np.float32(1.0 / math.sqrt(hidden))
+    for i, kind in enumerate(c["layer_types"]):
+        glob = kind == "full_attention"
+        hd = c["global_head_dim"] if glob else c["head_dim"]
+        n_kv = c.get("num_global_key_value_heads") if glob and c.get("attention_k_eq_v") else None
+        n_kv = n_kv or c["num_key_value_heads"]
+        p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
+        w[a + "q_proj.weight"] = lin(n_head * hd, hidden)
+        w[a + "k_proj.weight"] = lin(n_kv * hd, hidden)
+        if not (glob and c.get("attention_k_eq_v")):
+            w[a + "v_proj.weight"] = lin(n_kv * hd, hidden)
+        w[a + "o_proj.weight"] = lin(hidden, n_head * hd)
+        w[a + "q_norm.weight"] = norm(hd)
+        w[a + "k_norm.weight"] = norm(hd)
+        for n in (
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+            "pre_feedforward_layernorm_2",
+            "post_feedforward_layernorm_1",
+            "post_feedforward_layernorm_2",
+        ):
+            w[f"{p}{n}.weight"] = norm(hidden)
+        ff, fe, n_exp = c["intermediate_size"], c["moe_intermediate_size"], c["num_experts"]
+        w[p + "mlp.gate_proj.weight"] = lin(ff, hidden)
+        w[p + "mlp.up_proj.weight"] = lin(ff, hidden)
+        w[p + "mlp.down_proj.weight"] = lin(hidden, ff)
+        w[p + "router.proj.weight"] = lin(n_exp, hidden, ROUTER_GAIN * math.sqrt(hidden))
+        w[p + "router.scale"] = norm(hidden)
+        w[p + "router.per_expert_scale"] = rng.uniform(0.5, 1.5, n_exp).astype(np.float32)
+        w[p + "experts.gate_up_proj"] = lin(2 * fe, hidden, lead=(n_exp,))
+        w[p + "experts.down_proj"] = lin(hidden, fe, lead=(n_exp,))
+        w[p + "layer_scalar"] = rng.uniform(0.6, 1.2, 1).astype(np.float32)
+    w["model.norm.weight"] = norm(hidden)
+    if not c.get("tie_word_embeddings"):
+        w["lm_head.weight"] = lin(c["vocab_size"], hidden, 4.0)
     return w
 
 

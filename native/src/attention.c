@@ -27,26 +27,26 @@ static void attn_worker(void *arg, int ith, int nth) {
     const attn_task *t = arg;
     struct colibri_context *c = t->c;
     const model_hparams *hp = &c->model->hp;
-    const int hd = hp->head_dim, nh = hp->n_head, group = hp->n_head / hp->n_head_kv;
-    const int qd = nh * hd, qkv_w = qd + 2 * hp->n_head_kv * hd;
+    const layer_weights *w = &c->model->layers[t->layer];
+    const int hd = w->head_dim, nh = hp->n_head, group = hp->n_head / w->n_head_kv;
+    const int qd = nh * hd, qkv_w = qd + 2 * w->n_head_kv * hd;
     const float scale = hp->attn_scale;
     float *sc = c->s.scores + (size_t)ith * c->n_ctx;
     const int n_items = t->n_tok * nh;
-    const layer_weights *w = &c->model->layers[t->layer];
     for (int it = ith; it < n_items; it += nth) {
         const int tok = it / nh, h = it % nh, kvh = h / group;
         const float *q = c->s.qkv + (size_t)tok * qkv_w + (size_t)h * hd;
         const int pos = t->p0 + tok;
         const int j0 = w->window > 0 && pos >= w->window ? pos - w->window + 1 : 0; /* first key seen */
         const int n = pos - j0 + 1;
-        const size_t base = (((size_t)t->layer * hp->n_head_kv + kvh) * (size_t)c->n_ctx + (size_t)j0) * hd;
+        const size_t base = (size_t)w->kv_dim0 * (size_t)c->n_ctx + ((size_t)kvh * (size_t)c->n_ctx + (size_t)j0) * hd;
         float *out = c->s.att + (size_t)tok * qd + (size_t)h * hd;
         memset(out, 0, (size_t)hd * sizeof(float));
         if (c->kv_kind == KV_I8) {
             /* The row scale is folded into the score and the softmax weight, so each row costs
              * one int8-to-float dot and one axpy, with no dequantized copy to hold anywhere. */
             const int8_t *K = (const int8_t *)c->k_cache + base, *V = (const int8_t *)c->v_cache + base;
-            const size_t sbase = base / (size_t)hd;
+            const size_t sbase = (size_t)w->kv_head0 * (size_t)c->n_ctx + (size_t)kvh * (size_t)c->n_ctx + (size_t)j0;
             const float *ks = c->k_scale + sbase, *vs = c->v_scale + sbase;
             for (int j = 0; j < n; j++) {
                 const int8_t *kr = K + (size_t)j * hd;
@@ -90,19 +90,24 @@ void block_attention(struct colibri_context *c, int il, int n, int p0) {
     const model_hparams *hp = &m->hp;
     const layer_weights *w = &m->layers[il];
     scratch *s = &c->s;
-    const int E = hp->n_embd, hd = hp->head_dim, nh = hp->n_head, nkv = hp->n_head_kv;
+    const int E = hp->n_embd, hd = w->head_dim, nh = hp->n_head, nkv = w->n_head_kv, n_rot = w->n_rot;
     const int qd = nh * hd, kvd = nkv * hd, qkv_w = qd + 2 * kvd;
+    const int has_v = w->wv.data != NULL; /* without v_proj the values are the keys' projection (Gemma 4) */
 
-    if (mat_wants_q8a(&w->wq) || mat_wants_q8a(&w->wk) || mat_wants_q8a(&w->wv)) quantize_activations(c, s->xn, s->xnq, n, E);
+    if (mat_wants_q8a(&w->wq) || mat_wants_q8a(&w->wk) || (has_v && mat_wants_q8a(&w->wv)))
+        quantize_activations(c, s->xn, s->xnq, n, E);
     mm_job jobs[3] = {
         job(&w->wq, s->xn, s->xnq, n, s->qkv, qkv_w),
         job(&w->wk, s->xn, s->xnq, n, s->qkv + qd, qkv_w),
         job(&w->wv, s->xn, s->xnq, n, s->qkv + qd + kvd, qkv_w),
     };
-    run_jobs(c, jobs, 3);
+    run_jobs(c, jobs, has_v ? 3 : 2);
 
     for (int t = 0; t < n; t++) {
         float *q = s->qkv + (size_t)t * qkv_w, *k = q + qd, *v = k + kvd;
+        if (!has_v) memcpy(v, k, (size_t)kvd * sizeof(float));
+        if (w->v_norm)
+            for (int h = 0; h < nkv; h++) op_rmsnorm(v + h * hd, w->v_norm, v + h * hd, hd, hp->norm_eps);
         if (w->bq) {
             op_add(q, w->bq, qd);
             op_add(k, w->bk, kvd);
@@ -115,12 +120,13 @@ void block_attention(struct colibri_context *c, int il, int n, int p0) {
             for (int h = 0; h < nh; h++) op_rmsnorm(q + h * hd, w->q_norm, q + h * hd, hd, hp->norm_eps);
             for (int h = 0; h < nkv; h++) op_rmsnorm(k + h * hd, w->k_norm, k + h * hd, hd, hp->norm_eps);
         }
-        const float *cs = s->rope_cs + (size_t)t * hp->n_rot;
-        for (int h = 0; h < nh; h++) op_rope(q + h * hd, hp->n_rot, cs, hp->rope_neox);
-        for (int h = 0; h < nkv; h++) op_rope(k + h * hd, hp->n_rot, cs, hp->rope_neox);
+        const float *cs = s->rope_cs + (size_t)t * n_rot;
+        for (int h = 0; h < nh; h++) op_rope(q + h * hd, n_rot, cs, hp->rope_neox);
+        for (int h = 0; h < nkv; h++) op_rope(k + h * hd, n_rot, cs, hp->rope_neox);
         const size_t pos = (size_t)(p0 + t);
         for (int h = 0; h < nkv; h++) {
-            const size_t row = ((size_t)il * nkv + h) * (size_t)c->n_ctx + pos, off = row * hd;
+            const size_t row = ((size_t)w->kv_head0 + (size_t)h) * (size_t)c->n_ctx + pos;
+            const size_t off = (size_t)w->kv_dim0 * (size_t)c->n_ctx + ((size_t)h * (size_t)c->n_ctx + pos) * hd;
             if (c->kv_kind == KV_I8) {
                 c->k_scale[row] = quantize_row_i8(k + h * hd, (int8_t *)c->k_cache + off, hd);
                 c->v_scale[row] = quantize_row_i8(v + h * hd, (int8_t *)c->v_cache + off, hd);

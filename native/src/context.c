@@ -43,8 +43,8 @@ static void *take(planner *p, size_t bytes) {
 static void plan_scratch(struct colibri_context *c, planner *p) {
     const model_hparams *hp = &c->model->hp;
     scratch *s = &c->s;
-    const size_t B = (size_t)c->n_batch, E = (size_t)hp->n_embd, hd = (size_t)hp->head_dim;
-    const size_t qd = (size_t)hp->n_head * hd, kvd = (size_t)hp->n_head_kv * hd;
+    const size_t B = (size_t)c->n_batch, E = (size_t)hp->n_embd;
+    const size_t qd = (size_t)hp->q_dim_max, qkv_w = (size_t)hp->qkv_w_max; /* the widest layer's */
     const size_t k = (size_t)hp->n_expert_used, X = (size_t)hp->n_expert, P = B * k;
     const size_t S = (size_t)hp->n_ff_shexp;
     size_t F = (size_t)hp->n_ff;
@@ -55,7 +55,7 @@ static void plan_scratch(struct colibri_context *c, planner *p) {
     s->x = take(p, B * E * f);
     s->xn = take(p, B * E * f);
     s->xnq = take(p, B * NB(E) * q);
-    s->qkv = take(p, B * (qd + 2 * kvd) * f);
+    s->qkv = take(p, B * qkv_w * f);
     s->att = take(p, B * qd * f);
     s->attq = take(p, B * NB(qd) * q);
     s->tmp = take(p, B * E * f);
@@ -77,6 +77,7 @@ static void plan_scratch(struct colibri_context *c, planner *p) {
     s->sh_actq = take(p, B * NB(S) * q);
     s->sh_down = S ? take(p, B * E * f) : NULL;
     s->sh_w = S ? take(p, B * f) : NULL;
+    s->ffn2 = hp->moe_dense_branch ? take(p, B * E * f) : NULL;
     s->jobs = take(p, (X + 4) * sizeof(mm_job));
     s->glu = take(p, (X + 2) * sizeof(glu_job));
 #undef NB
@@ -198,11 +199,12 @@ int context_kv_kind(const struct colibri_model *m, const colibri_context_params 
 
 size_t context_kv_bytes(const struct colibri_model *m, const colibri_context_params *p) {
     const model_hparams *hp = &m->hp;
-    const size_t rows = (size_t)hp->n_layer * hp->n_head_kv * (size_t)p->n_ctx, hd = (size_t)hp->head_dim;
+    /* rows: one per (layer, KV head, position); elems: their head_dim values (per-layer geometry) */
+    const size_t rows = (size_t)hp->kv_heads_total * (size_t)p->n_ctx, elems = (size_t)hp->kv_dim_total * (size_t)p->n_ctx;
     switch (context_kv_kind(m, p)) {
-    case KV_I8: return 2 * rows * (hd + sizeof(float)); /* int8 values + one float scale per row */
-    case KV_F32: return 2 * rows * hd * sizeof(float);
-    default: return 2 * rows * hd * sizeof(uint16_t);
+    case KV_I8: return 2 * (elems + rows * sizeof(float)); /* int8 values + one float scale per row */
+    case KV_F32: return 2 * elems * sizeof(float);
+    default: return 2 * elems * sizeof(uint16_t);
     }
 }
 
@@ -249,8 +251,8 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
             return st;
         }
     }
-    const size_t kv_rows = (size_t)hp->n_layer * hp->n_head_kv * (size_t)c->n_ctx;
-    const size_t kv_elems = kv_rows * hp->head_dim;
+    const size_t kv_rows = (size_t)hp->kv_heads_total * (size_t)c->n_ctx;
+    const size_t kv_elems = (size_t)hp->kv_dim_total * (size_t)c->n_ctx;
     c->kv_kind = context_kv_kind(m, &p);
     const size_t kv_elem_bytes = c->kv_kind == KV_F32 ? sizeof(float) : c->kv_kind == KV_I8 ? 1 : sizeof(uint16_t);
     c->kv_bytes = context_kv_bytes(m, &p);

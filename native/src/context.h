@@ -18,8 +18,8 @@ typedef struct scratch {
     float *x;            /* [B][n_embd] residual stream */
     float *xn;           /* [B][n_embd] normed input of the current block */
     block_q8a *xnq;      /* [B][n_embd/32] */
-    float *qkv;          /* [B][q_dim + 2*kv_dim] */
-    float *att;          /* [B][q_dim] attention output */
+    float *qkv;          /* [B][qkv_w_max]: q, k, v of the layer being run (its own q_dim + 2*kv_dim) */
+    float *att;          /* [B][q_dim_max] attention output */
     block_q8a *attq;     /* [B][q_dim/32] */
     float *tmp;          /* [B][n_embd] output of a projection before the residual add */
     float *rope_cs;      /* [B][n_rot] cos then sin per position */
@@ -42,6 +42,7 @@ typedef struct scratch {
     block_q8a *sh_actq;  /* [B][n_ff_shexp/32] */
     float *sh_down;      /* [B][n_embd] */
     float *sh_w;         /* [B] sigmoid gate of the shared expert */
+    float *ffn2;         /* [B][n_embd] the dense MLP's output beside the experts (moe_dense_branch), else NULL */
     mm_job *jobs;        /* [n_expert + 4] */
     glu_job *glu;        /* [n_expert + 2] */
 } scratch;
@@ -51,7 +52,8 @@ struct colibri_context {
     int32_t n_ctx, n_batch, n_threads;
     int32_t n_past;
     cb_pool *pool;
-    /* KV cache [n_layer][n_head_kv][n_ctx][head_dim], F16 — or F32 when the model's attention
+    /* KV cache [n_layer][n_head_kv][n_ctx][head_dim] (each layer its own n_head_kv and head_dim:
+     * layer_weights.kv_head0 / kv_dim0 place it), F16 — or F32 when the model's attention
      * weights are F32: a full-precision file is meant to reproduce the reference exactly, and
      * F16 keys alone move its logits by ~1e-3 relative. INT8 (kv_type COLIBRI_KV_INT8, opt-in)
      * halves the memory for long contexts, with the per-row scales below. */

@@ -61,7 +61,19 @@ static colibri_status read_common_hparams(loader *L) {
     if ((st = ld_i32(L, "block_count", 1, 0, 1, MAX_LAYERS, &hp->n_layer))) return st;
     if ((st = ld_i32(L, "embedding_length", 1, 0, 1, MAX_EMBD, &hp->n_embd))) return st;
     if ((st = ld_i32(L, "attention.head_count", 1, 0, 1, MAX_HEADS, &hp->n_head))) return st;
-    if ((st = ld_i32(L, "attention.head_count_kv", 0, hp->n_head, 1, MAX_HEADS, &hp->n_head_kv))) return st;
+    char kvkey[160];
+    gguf_value_type kvt;
+    uint64_t kvn;
+    if (gguf_get_arr(L->f, ld_key(L, "attention.head_count_kv", kvkey, sizeof kvkey), &kvt, &kvn) == 1) {
+        /* per-layer KV head counts: the architecture reads them (read_hparams), or the file is refused */
+        if (!L->m->arch->per_layer_kv)
+            return cb_error(COLIBRI_E_UNSUPPORTED, "metadata %s is a per-layer array, which %s does not support", kvkey,
+                            L->arch);
+        hp->n_head_kv = hp->n_head;
+    } else if ((st = ld_i32(L, "attention.head_count_kv", 0, hp->n_head, 1, MAX_HEADS, &hp->n_head_kv))) {
+        return st;
+    }
+    cb_clear_error();
     if (hp->n_head % hp->n_head_kv != 0)
         return cb_error(COLIBRI_E_FORMAT, "head_count %d is not a multiple of head_count_kv %d", hp->n_head,
                         hp->n_head_kv);
@@ -86,7 +98,7 @@ static colibri_status read_common_hparams(loader *L) {
     hp->embd_scale = hp->logit_scale = hp->residual_scale = 1.0f;
 
     if ((st = read_rope_scaling(L))) return st;
-    if (ld_find(L, "rope_freqs.weight"))
+    if (ld_find(L, "rope_freqs.weight") && !L->m->arch->per_layer_kv)
         return cb_error(COLIBRI_E_UNSUPPORTED, "per-dimension RoPE frequencies (rope_freqs) are not supported");
 
     if ((st = ld_i32(L, "expert_count", 0, 0, 0, MAX_EXPERTS, &hp->n_expert))) return st;
@@ -156,14 +168,39 @@ static colibri_status read_global_weights(loader *L) {
     return COLIBRI_OK;
 }
 
+/* Every layer's attention geometry (the model's unless its architecture set one), where its
+ * rows sit in the KV cache, and the sums and maxima the context sizes its buffers by. */
+static void layer_geometry(struct colibri_model *m) {
+    model_hparams *hp = &m->hp;
+    int64_t heads = 0, dims = 0;
+    hp->qkv_w_max = hp->q_dim_max = 0;
+    for (int il = 0; il < hp->n_layer; il++) {
+        layer_weights *w = &m->layers[il];
+        if (!w->head_dim) w->head_dim = hp->head_dim;
+        if (!w->n_head_kv) w->n_head_kv = hp->n_head_kv;
+        if (!w->n_rot) w->n_rot = hp->n_rot;
+        w->kv_head0 = heads;
+        w->kv_dim0 = dims;
+        heads += w->n_head_kv;
+        dims += (int64_t)w->n_head_kv * w->head_dim;
+        const int32_t qd = hp->n_head * w->head_dim, qkv = qd + 2 * w->n_head_kv * w->head_dim;
+        if (qd > hp->q_dim_max) hp->q_dim_max = qd;
+        if (qkv > hp->qkv_w_max) hp->qkv_w_max = qkv;
+    }
+    hp->kv_heads_total = heads;
+    hp->kv_dim_total = dims;
+}
+
 static colibri_status read_layers(loader *L) {
     struct colibri_model *m = L->m;
     m->layers = cb_calloc((size_t)m->hp.n_layer, sizeof(layer_weights));
     if (!m->layers) return cb_error(COLIBRI_E_NOMEM, "out of memory");
     for (int il = 0; il < m->hp.n_layer; il++) {
+        m->layers[il].layer_scale = 1.0f;
         colibri_status st = m->arch->read_layer(L, il);
         if (st) return st;
     }
+    layer_geometry(m);
     return COLIBRI_OK;
 }
 
@@ -211,6 +248,15 @@ void model_free(struct colibri_model *m) {
             cb_free(w->gate_exps_b);
             cb_free(w->up_exps_b);
             cb_free(w->down_exps_b);
+            cb_free(w->v_norm);
+            cb_free(w->rope_freqs);
+            cb_free(w->attn_post_norm);
+            cb_free(w->ffn_post_norm);
+            cb_free(w->ffn_post_norm_1);
+            cb_free(w->ffn_pre_norm_2);
+            cb_free(w->ffn_post_norm_2);
+            cb_free(w->router_in_scale);
+            cb_free(w->expert_scale);
         }
         cb_free(m->layers);
     }

@@ -643,13 +643,12 @@ def make_weights(spec: TinySpec) -> dict[str, np.ndarray]:
 
 
 def _gemma4_weights(spec: TinySpec, w: dict[str, np.ndarray], lin: Any, norm: Any) -> dict[str, np.ndarray]:
-    """Gemma 4's layers as Gemma4ForCausalLM saves them (the embedding is scaled by sqrt(hidden) in the model,
-    so it is drawn 1/sqrt(hidden) as large as the others'; the residual branches are normed, so their
-    projections keep unit scale)."""
+    """Gemma 4's layers as Gemma4ForCausalLM saves them. Every branch output is normed, so projections keep
+    unit scale; the embedding (std 0.5, times sqrt(hidden) in the model) gives tied logits a standard
+    deviation of about 4, which the soft-cap bends."""
     c = spec.config
     rng = np.random.default_rng(spec.seed + 1000)
     hidden, n_head = c["hidden_size"], c["num_attention_heads"]
-    w["model.embed_tokens.weight"] *= np.float32(1.0 / math.sqrt(hidden))
     for i, kind in enumerate(c["layer_types"]):
         glob = kind == "full_attention"
         hd = c["global_head_dim"] if glob else c["head_dim"]

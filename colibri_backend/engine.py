@@ -428,7 +428,8 @@ class Model(BaseModel):
     def _truncate(self, n: int) -> None:
         if n < len(self._cached):
             self._lib.check(self._lib.colibri_truncate(self._ctx, int(n)), "truncate")
-            del self._cached[n:]
+            # a sliding-window layer's ring may not reach back to n: the engine then keeps less
+            del self._cached[int(self._lib.colibri_n_past(self._ctx)) :]
 
     def _prefill(self, prompt: np.ndarray) -> int:
         """Bring the cache to `prompt`, evaluating only what is not cached already; the last

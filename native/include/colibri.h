@@ -175,7 +175,9 @@ COLIBRI_API colibri_status colibri_get_memory_plan(const colibri_context *ctx, c
 
 /* Number of tokens in the KV cache. */
 COLIBRI_API int32_t colibri_n_past(const colibri_context *ctx);
-/* Drop the KV cache after position n_past (0 clears it); the prefix is kept for reuse. */
+/* Drop the KV cache after position n_past (0 clears it); the prefix is kept for reuse. A model
+ * with sliding-window layers keeps only their last rows (a ring): a rollback that reaches past
+ * them clears the cache instead; colibri_n_past gives what was kept. */
 COLIBRI_API colibri_status colibri_truncate(colibri_context *ctx, int32_t n_past);
 
 /* Run n_tokens tokens through the model, appending them to the KV cache (positions

@@ -127,8 +127,10 @@ colibri_status colibri_truncate(colibri_context *ctx, int32_t n_past) {
     if (n_past < 0 || n_past > ctx->n_past)
         return cb_error(COLIBRI_E_INVALID_ARG, "colibri_truncate: n_past %d is outside [0, %d]", (int)n_past,
                         (int)ctx->n_past);
-    /* The cache rows past n_past are simply overwritten by the next eval. */
-    ctx->n_past = n_past;
+    /* The cache rows past n_past are simply overwritten by the next eval. A sliding-window
+     * layer's ring holds only its last rows: rolling back further than kv_reach positions lost
+     * rows the next token reads, so the cache is cleared instead (colibri_n_past tells). */
+    ctx->n_past = ctx->n_past - n_past > ctx->kv_reach ? 0 : n_past;
     return COLIBRI_OK;
 }
 

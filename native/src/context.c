@@ -91,6 +91,7 @@ void context_destroy(struct colibri_context *c) {
     cb_free(c->k_scale);
     cb_free(c->v_scale);
     cb_free(c->inv_freq);
+    cb_free(c->kv_layers);
     cb_free(c->route_ids);
     cb_free(c->route_w);
     store_destroy(c->store);
@@ -197,10 +198,27 @@ int context_kv_kind(const struct colibri_model *m, const colibri_context_params 
     return m->layers[0].wk.type == GGML_TYPE_F32 ? KV_F32 : KV_F16;
 }
 
+int32_t context_kv_positions(const struct colibri_model *m, int il, const colibri_context_params *p) {
+    const int32_t w = m->layers[il].window;
+    if (w <= 0) return p->n_ctx;
+    const int64_t ring = (int64_t)w + (p->n_batch < w ? p->n_batch : w) - 1;
+    return ring < p->n_ctx ? (int32_t)ring : p->n_ctx;
+}
+
+/* The KV rows (one per layer, KV head and kept position) and their elements, over all layers. */
+static void kv_totals(const struct colibri_model *m, const colibri_context_params *p, size_t *rows, size_t *elems) {
+    *rows = *elems = 0;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const layer_weights *w = &m->layers[il];
+        const size_t r = (size_t)w->n_head_kv * (size_t)context_kv_positions(m, il, p);
+        *rows += r;
+        *elems += r * (size_t)w->head_dim;
+    }
+}
+
 size_t context_kv_bytes(const struct colibri_model *m, const colibri_context_params *p) {
-    const model_hparams *hp = &m->hp;
-    /* rows: one per (layer, KV head, position); elems: their head_dim values (per-layer geometry) */
-    const size_t rows = (size_t)hp->kv_heads_total * (size_t)p->n_ctx, elems = (size_t)hp->kv_dim_total * (size_t)p->n_ctx;
+    size_t rows, elems;
+    kv_totals(m, p, &rows, &elems);
     switch (context_kv_kind(m, p)) {
     case KV_I8: return 2 * (elems + rows * sizeof(float)); /* int8 values + one float scale per row */
     case KV_F32: return 2 * elems * sizeof(float);
@@ -251,8 +269,26 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
             return st;
         }
     }
-    const size_t kv_rows = (size_t)hp->kv_heads_total * (size_t)c->n_ctx;
-    const size_t kv_elems = (size_t)hp->kv_dim_total * (size_t)c->n_ctx;
+    size_t kv_rows, kv_elems;
+    kv_totals(m, &p, &kv_rows, &kv_elems);
+    c->kv_layers = cb_malloc((size_t)hp->n_layer * sizeof *c->kv_layers);
+    if (!c->kv_layers) {
+        context_destroy(c);
+        return cb_error(COLIBRI_E_NOMEM, "out of memory");
+    }
+    c->kv_reach = c->n_ctx;
+    for (size_t il = 0, e0 = 0, r0 = 0; il < (size_t)hp->n_layer; il++) {
+        const layer_weights *w = &m->layers[il];
+        kv_layer *kl = &c->kv_layers[il];
+        kl->positions = context_kv_positions(m, (int)il, &p);
+        kl->elem0 = e0;
+        kl->row0 = r0;
+        r0 += (size_t)w->n_head_kv * (size_t)kl->positions;
+        e0 += (size_t)w->n_head_kv * (size_t)kl->positions * (size_t)w->head_dim;
+        /* a ring keeps positions - window + 1 positions more than the window needs */
+        if (kl->positions < c->n_ctx && kl->positions - w->window + 1 < c->kv_reach)
+            c->kv_reach = kl->positions - w->window + 1;
+    }
     c->kv_kind = context_kv_kind(m, &p);
     const size_t kv_elem_bytes = c->kv_kind == KV_F32 ? sizeof(float) : c->kv_kind == KV_I8 ? 1 : sizeof(uint16_t);
     c->kv_bytes = context_kv_bytes(m, &p);

@@ -47,13 +47,23 @@ typedef struct scratch {
     glu_job *glu;        /* [n_expert + 2] */
 } scratch;
 
+/* Where one layer's rows sit in the KV cache. A layer keeps `positions` rows per KV head: n_ctx,
+ * or for a sliding-window layer a ring of window + min(n_batch, window) - 1 rows (when that is
+ * fewer), position p in row p % positions. A chunk is attended in pieces of at most
+ * positions - window + 1 tokens, so the rows a piece reads are never overwritten by its own
+ * writes. Values at elem0 + (h * positions + row) * head_dim, INT8 scales at row0 + h * positions + row. */
+typedef struct kv_layer {
+    int32_t positions;
+    size_t elem0, row0;
+} kv_layer;
+
 struct colibri_context {
     struct colibri_model *model;
     int32_t n_ctx, n_batch, n_threads;
     int32_t n_past;
     cb_pool *pool;
-    /* KV cache [n_layer][n_head_kv][n_ctx][head_dim] (each layer its own n_head_kv and head_dim:
-     * layer_weights.kv_head0 / kv_dim0 place it), F16 — or F32 when the model's attention
+    /* KV cache [n_layer][n_head_kv][positions][head_dim] (each layer its own n_head_kv, head_dim
+     * and positions: kv_layers), F16 — or F32 when the model's attention
      * weights are F32: a full-precision file is meant to reproduce the reference exactly, and
      * F16 keys alone move its logits by ~1e-3 relative. INT8 (kv_type COLIBRI_KV_INT8, opt-in)
      * halves the memory for long contexts, with the per-row scales below. */
@@ -64,6 +74,8 @@ struct colibri_context {
     float *k_scale;
     float *v_scale;
     size_t kv_bytes;
+    kv_layer *kv_layers;  /* [n_layer] */
+    int32_t kv_reach;     /* how far back colibri_truncate can go and keep every ring's rows (n_ctx: no ring) */
     float *inv_freq;     /* [n_rot/2] */
     arena arena;
     scratch s;
@@ -103,6 +115,8 @@ size_t context_scratch_bytes(const struct colibri_model *m, const colibri_contex
  * scales included): the one formula the ledger and context_create share. */
 enum { KV_F16 = 0, KV_F32 = 1, KV_I8 = 2 };
 int context_kv_kind(const struct colibri_model *m, const colibri_context_params *p);
+/* The rows per KV head layer il keeps (kv_layer.positions) for resolved params p. */
+int32_t context_kv_positions(const struct colibri_model *m, int il, const colibri_context_params *p);
 size_t context_kv_bytes(const struct colibri_model *m, const colibri_context_params *p);
 colibri_status context_create(struct colibri_model *m, const colibri_context_params *p,
                               struct colibri_context **out);

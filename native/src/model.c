@@ -168,27 +168,20 @@ static colibri_status read_global_weights(loader *L) {
     return COLIBRI_OK;
 }
 
-/* Every layer's attention geometry (the model's unless its architecture set one), where its
- * rows sit in the KV cache, and the sums and maxima the context sizes its buffers by. */
+/* Every layer's attention geometry (the model's unless its architecture set one) and the
+ * widest rows the context sizes its scratch by. */
 static void layer_geometry(struct colibri_model *m) {
     model_hparams *hp = &m->hp;
-    int64_t heads = 0, dims = 0;
     hp->qkv_w_max = hp->q_dim_max = 0;
     for (int il = 0; il < hp->n_layer; il++) {
         layer_weights *w = &m->layers[il];
         if (!w->head_dim) w->head_dim = hp->head_dim;
         if (!w->n_head_kv) w->n_head_kv = hp->n_head_kv;
         if (!w->n_rot) w->n_rot = hp->n_rot;
-        w->kv_head0 = heads;
-        w->kv_dim0 = dims;
-        heads += w->n_head_kv;
-        dims += (int64_t)w->n_head_kv * w->head_dim;
         const int32_t qd = hp->n_head * w->head_dim, qkv = qd + 2 * w->n_head_kv * w->head_dim;
         if (qd > hp->q_dim_max) hp->q_dim_max = qd;
         if (qkv > hp->qkv_w_max) hp->qkv_w_max = qkv;
     }
-    hp->kv_heads_total = heads;
-    hp->kv_dim_total = dims;
 }
 
 static colibri_status read_layers(loader *L) {

@@ -66,12 +66,9 @@ typedef struct layer_weights {
     int32_t window;              /* sliding window: a token sees the last `window` positions; 0: all */
     float *q_norm, *k_norm;      /* qwen3moe: [hd] each; olmoe: [n_head*hd], [n_kv*hd]; else NULL */
     /* This layer's attention geometry: the model's head_dim, n_head_kv and n_rot unless the
-     * architecture sets its own per layer (Gemma 4's local and global layers differ). kv_head0 and
-     * kv_dim0 are the KV heads and the elements per position of the layers before this one: its
-     * rows start at kv_head0 * n_ctx (the INT8 scales) and its elements at kv_dim0 * n_ctx in the
-     * KV cache, each head's n_ctx rows of head_dim after the other. model.c fills them. */
+     * architecture sets its own per layer (Gemma 4's local and global layers differ); model.c
+     * fills the defaults. Where its rows sit in the KV cache is the context's (context.h kv_layer). */
     int32_t head_dim, n_head_kv, n_rot;
-    int64_t kv_head0, kv_dim0;
     float *v_norm;               /* [head_dim] RMSNorm of v per head (Gemma 4: unweighted, all ones), NULL if none */
     float *rope_freqs;           /* [n_rot/2] the layer's own RoPE frequencies (Gemma 4), NULL: the model's */
     /* Gemma 4's extra norms (NULL elsewhere): on the attention output, on the dense MLP's output
@@ -126,10 +123,8 @@ typedef struct model_hparams {
     int32_t head_dim_swa;
     float rope_freq_base_swa;
     int32_t moe_dense_branch;     /* a dense MLP runs beside the experts (Gemma 4; scratch s.ffn2) */
-    /* Sums and maxima over the layers' attention geometry (layer_weights.head_dim ...), set by
-     * model.c after the layers are read: KV heads and KV elements per position over all layers,
-     * the widest q+k+v row and q row of one layer. */
-    int64_t kv_heads_total, kv_dim_total;
+    /* The widest q+k+v row and q row of one layer (layer_weights.head_dim ...), set by model.c
+     * after the layers are read: the context's scratch is sized by them. */
     int32_t qkv_w_max, q_dim_max;
     int32_t bos_token_id, eos_token_id;
 } model_hparams;

@@ -444,6 +444,7 @@ class Model(BaseModel):
         while common < limit and self._cached[common] == prompt[common]:
             common += 1
         self._truncate(common)
+        common = len(self._cached)  # less than asked when a sliding-window ring could not reach back
         self._eval(prompt[common:], self._logits, all_logits=False)
         return common
 

@@ -664,14 +664,15 @@ def _gemma4_weights(spec: TinySpec, w: dict[str, np.ndarray], lin: Any, norm: An
         w[a + "k_norm.weight"] = norm(hd)
         for n in (
             "input_layernorm",
-            "post_attention_layernorm",
             "pre_feedforward_layernorm",
-            "post_feedforward_layernorm",
             "pre_feedforward_layernorm_2",
             "post_feedforward_layernorm_1",
             "post_feedforward_layernorm_2",
         ):
             w[f"{p}{n}.weight"] = norm(hidden)
+        # the branches' last norms set their scale: BRANCH_GAIN, so the layers outweigh the token's embedding
+        for n in ("post_attention_layernorm", "post_feedforward_layernorm"):
+            w[f"{p}{n}.weight"] = BRANCH_GAIN * norm(hidden)
         ff, fe, n_exp = c["intermediate_size"], c["moe_intermediate_size"], c["num_experts"]
         w[p + "mlp.gate_proj.weight"] = lin(ff, hidden)
         w[p + "mlp.up_proj.weight"] = lin(ff, hidden)

@@ -20,10 +20,12 @@
  * Embeddings are multiplied by sqrt(n_embd); the logits are soft-capped, cap * tanh(l / cap)
  * with cap = final_logit_softcapping. Gemma 4 has no attention soft-capping.
  *
+ * The experts' gate and up are two stacked tensors (Colibri's converter) or one fused
+ * ffn_gate_up_exps [n_expert][2 * n_ff_exp][n_embd], gate rows first (llama.cpp's): then gate and
+ * up are views of its two halves (mat3.expert_stride spans both).
+ *
  * Refused, naming the key: per-layer input embeddings (embedding_length_per_layer_input > 0, the
- * small E2B/E4B models), KV sharing between layers (attention.shared_kv_layers > 0), and the
- * experts' gate and up fused in one tensor (ffn_gate_up_exps, as llama.cpp's converter writes
- * them; Colibri's converter writes them apart). */
+ * small E2B/E4B models) and KV sharing between layers (attention.shared_kv_layers > 0). */
 #include <math.h>
 #include <string.h>
 
@@ -90,10 +92,6 @@ static colibri_status gemma4_hparams(loader *L) {
     if (v > 0)
         return cb_error(COLIBRI_E_UNSUPPORTED, "metadata %s = %d: KV sharing between layers is not supported",
                         ld_key(L, "attention.shared_kv_layers", key, sizeof key), v);
-    if (ld_find(L, "blk.0.ffn_gate_up_exps.weight"))
-        return cb_error(COLIBRI_E_UNSUPPORTED,
-                        "tensor blk.0.ffn_gate_up_exps.weight: experts with gate and up fused in one tensor are not "
-                        "supported (convert the checkpoint with `colibri convert`, which writes them apart)");
     if (hp->rope_yarn)
         return cb_error(COLIBRI_E_UNSUPPORTED, "metadata %s: RoPE scaling is not supported for gemma4",
                         ld_key(L, "rope.scaling.type", key, sizeof key));
@@ -245,8 +243,17 @@ static colibri_status gemma4_layer_tensors(loader *L, int il) {
     if ((st = ld_vec(L, ld_tname(n, sizeof n, il, "ffn_gate_inp.scale"), E, 1, &w->router_in_scale))) return st;
     const float root = 1.0f / sqrtf((float)E); /* transformers' scalar_root_size = hidden_size ** -0.5 */
     for (int64_t i = 0; i < E; i++) w->router_in_scale[i] *= root;
-    if ((st = ld_mat3(L, ld_tname(n, sizeof n, il, "ffn_gate_exps.weight"), E, FX, X, &w->gate_exps))) return st;
-    if ((st = ld_mat3(L, ld_tname(n, sizeof n, il, "ffn_up_exps.weight"), E, FX, X, &w->up_exps))) return st;
+    if (ld_find(L, ld_tname(n, sizeof n, il, "ffn_gate_up_exps.weight"))) {
+        mat3 both;
+        if ((st = ld_mat3(L, n, E, 2 * FX, X, &both))) return st;
+        both.rows = (int32_t)FX;
+        both.expert_bytes /= 2; /* each half: FX rows, read where the expert's 2 FX rows start */
+        w->gate_exps = w->up_exps = both;
+        w->up_exps.data = (const char *)both.data + both.expert_bytes;
+    } else {
+        if ((st = ld_mat3(L, ld_tname(n, sizeof n, il, "ffn_gate_exps.weight"), E, FX, X, &w->gate_exps))) return st;
+        if ((st = ld_mat3(L, ld_tname(n, sizeof n, il, "ffn_up_exps.weight"), E, FX, X, &w->up_exps))) return st;
+    }
     if ((st = ld_mat3(L, ld_tname(n, sizeof n, il, "ffn_down_exps.weight"), FX, E, X, &w->down_exps))) return st;
     if ((st = ld_vec(L, ld_tname(n, sizeof n, il, "ffn_down_exps.scale"), X, 1, &w->expert_scale))) return st;
     if ((st = ld_vec(L, ld_tname(n, sizeof n, il, "pre_ffw_norm_2.weight"), E, 1, &w->ffn_pre_norm_2))) return st;

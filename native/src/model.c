@@ -131,6 +131,12 @@ static colibri_status read_ffn_widths(loader *L) {
     int32_t meta;
     const char *what = hp->n_expert > 0 ? "blk.0.ffn_gate_exps.weight" : "blk.0.ffn_gate.weight";
     const gguf_tensor *t = ld_find(L, what);
+    int fused = 0; /* gate and up in one tensor: twice the width (the architecture splits it) */
+    if (!t && hp->n_expert > 0 && (t = ld_find(L, "blk.0.ffn_gate_up_exps.weight"))) {
+        what = "blk.0.ffn_gate_up_exps.weight";
+        fused = 1;
+        if (t->ne[1] % 2) return ld_shape_error(t, "an even gate+up width");
+    }
     if (!t) return cb_error(COLIBRI_E_FORMAT, "tensor %s is missing", what);
     if (t->ne[1] < 1 || t->ne[1] > MAX_FF) return ld_shape_error(t, "an FFN width in range");
     if (hp->n_expert == 0) {
@@ -141,7 +147,7 @@ static colibri_status read_ffn_widths(loader *L) {
         return COLIBRI_OK;
     }
     hp->n_ff = 0;
-    hp->n_ff_exp = (int32_t)t->ne[1];
+    hp->n_ff_exp = (int32_t)(fused ? t->ne[1] / 2 : t->ne[1]);
     if ((st = ld_i32(L, "expert_feed_forward_length", 0, hp->n_ff_exp, 1, MAX_FF, &meta))) return st;
     if (meta != hp->n_ff_exp)
         return cb_error(COLIBRI_E_FORMAT, "expert_feed_forward_length %d disagrees with %s", meta, what);
@@ -327,7 +333,7 @@ expert_view model_expert_view(const struct colibri_model *m, int layer, int e) {
     const mat3 *src[3] = {&w->gate_exps, &w->up_exps, &w->down_exps};
     mat *dst[3] = {&v.gate, &v.up, &v.down};
     for (int i = 0; i < 3; i++) {
-        dst[i]->data = (const char *)src[i]->data + (size_t)e * src[i]->expert_bytes;
+        dst[i]->data = (const char *)src[i]->data + (size_t)e * src[i]->expert_stride;
         dst[i]->type = src[i]->type;
         dst[i]->rows = src[i]->rows;
         dst[i]->cols = src[i]->cols;

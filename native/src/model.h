@@ -48,6 +48,8 @@ typedef struct mat3 {
     int32_t cols;
     size_t row_bytes;
     size_t expert_bytes;  /* rows * row_bytes */
+    size_t expert_stride; /* bytes from one expert to the next: expert_bytes, or more for one half of a
+                           * tensor with gate and up fused (ffn_gate_up_exps, gemma4 from llama.cpp) */
 } mat3;
 
 /* One expert's three projections, as the forward pass sees them. */

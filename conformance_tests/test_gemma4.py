@@ -1,0 +1,88 @@
+"""Gemma 4 files in llama.cpp's layout: the experts' gate and up fused in one tensor.
+
+llama.cpp's converter writes Gemma 4's experts as one `ffn_gate_up_exps` [n_expert, 2 * n_ff_exp, n_embd]
+(gate rows first) where Colibri's converter writes `ffn_gate_exps` and `ffn_up_exps`. The engine reads the
+fused tensor as two views (native/src/arch_gemma4.c; mat3.expert_stride). Here Colibri's own file is rewritten
+with the two tensors fused, byte for byte, and must give the same logits bit for bit: with every expert
+resident and with the experts streamed by the expert store under a 25% memory budget.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tiny_models as tm
+
+N_POS, N_CTX = 64, 128
+
+
+def fuse_gate_up(src: Path, dst: Path) -> Path:
+    """`src` with each layer's ffn_gate_exps and ffn_up_exps replaced by one ffn_gate_up_exps (same bytes)."""
+    import gguf
+
+    reader = gguf.GGUFReader(src)
+    writer = gguf.GGUFWriter(dst, reader.fields["general.architecture"].contents())
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", "general.alignment"):
+            continue
+        sub = field.types[1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+    tensors = {t.name: t for t in reader.tensors}
+    for t in reader.tensors:
+        if re.search(r"\.ffn_up_exps\.weight$", t.name):
+            continue
+        data = np.asarray(t.data)
+        name = t.name
+        if name.endswith(".ffn_gate_exps.weight"):
+            up = np.asarray(tensors[name.replace("ffn_gate_exps", "ffn_up_exps")].data)
+            data = np.concatenate([data, up], axis=1)  # [n_expert, 2 * n_ff_exp, n_embd], gate rows first
+            name = name.replace("ffn_gate_exps", "ffn_gate_up_exps")
+        writer.add_tensor(name, data, raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+def _logits(colibri: Any, path: Path, ids: list[int], budget: int | None = None) -> tuple[np.ndarray, Any]:
+    with colibri.load(path, threads=tm.ENGINE_THREADS, context_length=N_CTX, memory_budget=budget) as m:
+        return m.logits(ids), m.stats()
+
+
+@pytest.mark.parametrize("name", ["gemma4", "gemma4_sep_v"])
+def test_fused_gate_up_same_logits(tiny_zoo: Any, colibri: Any, tmp_path: Path, name: str) -> None:
+    split = tiny_zoo.gguf(name, "f32")
+    fused = fuse_gate_up(split, tmp_path / "fused.gguf")
+    ids = tm.token_ids(tiny_zoo.checkpoint(name), N_POS)
+    a, _ = _logits(colibri, split, ids)
+    b, _ = _logits(colibri, fused, ids)
+    tm.report(f"{name}: fused ffn_gate_up_exps file, logits equal to the split file: {np.array_equal(a, b)}")
+    assert np.array_equal(a, b)
+
+
+def test_fused_gate_up_streamed_at_quarter_budget(tiny_zoo: Any, colibri: Any, tmp_path: Path) -> None:
+    from colibri_backend.convert import convert
+
+    cfg = dict(tm.SPEC_BY_NAME["gemma4"].config, num_experts=32, moe_intermediate_size=384)
+    spec = dataclasses.replace(tm.SPEC_BY_NAME["gemma4"], name="gemma4_streaming", config=cfg)
+    ckpt = tm.build_checkpoint(spec, tmp_path / "ckpt", tiny_zoo.tokenizer_dir())
+    split = convert(ckpt, tmp_path / "split.gguf", out_type="f32", progress=False)
+    fused = fuse_gate_up(split, tmp_path / "fused.gguf")
+    ids = tm.token_ids(ckpt, N_POS)
+    ref, _ = _logits(colibri, split, ids)
+    got, stats = _logits(colibri, fused, ids, budget=os.path.getsize(fused) // 4)
+    plan = stats["memory_plan"]
+    tm.report(
+        f"gemma4 fused gate/up at 25%: {plan['n_expert_slots']} of {plan['n_expert_total']} slots, "
+        f"{stats['expert_misses']} misses, equal to the split file unbudgeted: {np.array_equal(ref, got)}"
+    )
+    assert 0 < plan["n_expert_slots"] < plan["n_expert_total"]
+    assert stats["expert_misses"] > 0
+    assert np.array_equal(ref, got)

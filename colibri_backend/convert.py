@@ -974,10 +974,10 @@ def _token_content(tok: Any) -> str | None:
 
 @dataclass
 class _Vocab:
-    model: str  # tokenizer.ggml.model: "gpt2" (byte-level BPE) or "llama" (SentencePiece-style BPE)
+    model: str  # tokenizer.ggml.model: "gpt2" (byte-level BPE), "llama" (SentencePiece-style BPE), "gemma4"
     tokens: list[str]
     types: list[int]
-    merges: list[str]  # gpt2 only
+    merges: list[str]  # gpt2 and gemma4
     scores: list[float]  # llama only
     add_space_prefix: bool  # llama only
     pre: str  # gpt2 only
@@ -987,7 +987,9 @@ class _Vocab:
     chat_template: str | list[dict[str, str]] | None
 
 
-def _vocab(hf_dir: Path, cfg: dict[str, Any], n_vocab: int) -> _Vocab:
+def _vocab(hf_dir: Path, cfg: dict[str, Any], n_vocab: int, gemma4: bool = False) -> _Vocab:
+    """The GGUF tokenizer of tokenizer.json. gemma4: a SentencePiece-style BPE is written as llama.cpp writes
+    Gemma 4's ("gemma4": ranked merges, no space prefix), not as a "llama" vocabulary."""
     from gguf import TokenType
 
     tj_path = hf_dir / "tokenizer.json"
@@ -1084,11 +1086,16 @@ def _vocab(hf_dir: Path, cfg: dict[str, Any], n_vocab: int) -> _Vocab:
     jinja = hf_dir / "chat_template.jinja"
     if template is None and jinja.exists():
         template = jinja.read_text(encoding="utf-8")
+    kind = "gpt2"
+    if spm:
+        kind = "gemma4" if gemma4 else "llama"
+    if kind == "gemma4" and space_prefix:
+        raise ConversionError("a Gemma 4 tokenizer.json that prepends a space is not Gemma 4's tokenizer")
     return _Vocab(
-        model="llama" if spm else "gpt2",
+        model=kind,
         tokens=tokens,
         types=types,
-        merges=[] if spm else merges,
+        merges=[] if kind == "llama" else merges,
         scores=scores if spm else [],
         add_space_prefix=space_prefix,
         pre=pre,
@@ -1212,7 +1219,11 @@ def _write_metadata(w: Any, hp: _Hparams, vocab: _Vocab, name: str, out_type: st
     w.add_tokenizer_model(vocab.model)
     w.add_token_list(vocab.tokens)
     w.add_token_types(vocab.types)
-    if vocab.model == "gpt2":
+    if vocab.model == "gemma4":  # as llama.cpp's converter writes Gemma 4's: ranked merges and scores
+        w.add_token_merges(vocab.merges)
+        w.add_token_scores(vocab.scores)
+        w.add_add_space_prefix(False)
+    elif vocab.model == "gpt2":
         w.add_tokenizer_pre(vocab.pre)
         w.add_token_merges(vocab.merges)
     else:
@@ -1274,7 +1285,7 @@ def convert(
     hp = _hparams(cfg)
     ck = _Checkpoint(src)
     tensors = _plan(ck, hp)
-    vocab = _vocab(src, cfg, hp.vocab_size)
+    vocab = _vocab(src, cfg, hp.vocab_size, gemma4=hp.arch == "gemma4")
     _choose_types(tensors, out_type)
 
     out = Path(out_path)

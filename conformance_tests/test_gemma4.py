@@ -86,3 +86,36 @@ def test_fused_gate_up_streamed_at_quarter_budget(tiny_zoo: Any, colibri: Any, t
     assert 0 < plan["n_expert_slots"] < plan["n_expert_total"]
     assert stats["expert_misses"] > 0
     assert np.array_equal(ref, got)
+
+
+@pytest.mark.parametrize("converter", ["colibri", "llama.cpp"])
+def test_gemma4_tokenizer_from_the_gguf_matches_hf(tiny_zoo: Any, converter: str) -> None:
+    """The "gemma4" vocabulary (ranked merges, spaces as U+2581, no space prefix) built from each
+    converter's GGUF gives the Hugging Face tokenizer's ids on test_tokenizer's corpus (>= 200 varied
+    strings), and so does llama.cpp's own tokenizer on its file. The tokenizer is the tiny one of Gemma 4's
+    kind trained here (tiny_models.build_gemma4_tokenizer): the real Gemma 4 tokenizer is not offline."""
+    from test_tokenizer import CORPUS
+    from tokenizers import Tokenizer as HFTokenizer
+
+    from colibri_backend.adapters.gguf_metadata import read_metadata
+    from colibri_backend.adapters.tokenizer import Tokenizer
+
+    gguf = tiny_zoo.gguf("gemma4", "f32", converter=converter)
+    meta = read_metadata(gguf)
+    assert meta["tokenizer.ggml.model"] == "gemma4"
+    ours = Tokenizer.from_gguf_metadata(meta, source=str(gguf))
+    hf = HFTokenizer.from_file(str(tiny_zoo.checkpoint("gemma4") / "tokenizer.json"))
+    want = [hf.encode(s, add_special_tokens=False).ids for s in CORPUS]
+    got = [ours.encode(s, add_special_tokens=False) for s in CORPUS]
+    bad = [(s, w, g) for s, w, g in zip(CORPUS, want, got, strict=True) if w != g]
+    tm.report(f"gemma4 tokenizer from {converter}'s GGUF: {len(CORPUS) - len(bad)} of {len(CORPUS)} as HF")
+    assert not bad, f"{len(bad)} of {len(CORPUS)} differ; first: {bad[0]!r}"
+    assert all(ours.decode(g) == s for s, g in zip(CORPUS, got, strict=True))
+    assert ours.encode("Hello")[0] == ours.bos_token_id == 2
+    if converter == "llama.cpp":
+        if tm.reference_engine("llama_cpp") is None:  # a failure instead under CI=true
+            pytest.skip("llama-cpp-python is not installed")
+        theirs = tm.llama_cpp_tokenize(gguf, list(CORPUS))
+        bad = [(s, w, t) for s, w, t in zip(CORPUS, want, theirs, strict=True) if w != t]
+        tm.report(f"gemma4 tokenizer, llama.cpp's own: {len(CORPUS) - len(bad)} of {len(CORPUS)} as HF")
+        assert not bad, f"{len(bad)} of {len(CORPUS)} differ; first: {bad[0]!r}"

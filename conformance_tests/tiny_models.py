@@ -319,20 +319,21 @@ SPECS += [
 # Gemma 4 (gemma4_text): local layers (head_dim 24, GQA 2, window 12) and global layers (head_dim 40, one KV
 # head whose values are its keys' projection, proportional RoPE over 5 of 20 pairs); norms, router scale,
 # per-expert scale and layer scalars drawn away from 1; the dense MLP beside the experts; soft-capped logits
-# (cap 8, so tanh bends them). llama.cpp's converter fuses the experts' gate and up (ffn_gate_up_exps), which
-# the engine refuses, so only Colibri's converter's files run here.
+# (cap 8, so tanh bends them). Their tokenizer is of Gemma 4's kind (build_gemma4_tokenizer), which
+# llama.cpp's converter needs; it fuses the experts' gate and up (ffn_gate_up_exps), read as two views.
 _GEMMA4 = dict(
     max_position_embeddings=512,
     rms_norm_eps=1e-6,
-    bos_token_id=0,
-    eos_token_id=2,
+    bos_token_id=2,
+    eos_token_id=1,
     pad_token_id=0,
+    num_kv_shared_layers=0,
     hidden_size=64,
     intermediate_size=96,
     num_attention_heads=4,
     num_key_value_heads=2,
     head_dim=24,
-    vocab_size=1013,
+    vocab_size=1001,  # llama.cpp's converter drops embedding rows past its vocabulary (<mask> added: 1001)
     enable_moe_block=True,
     moe_intermediate_size=32,
     hidden_size_per_layer_input=0,
@@ -357,7 +358,8 @@ SPECS += [
         ),
         seed=22,
         llama_cpp_compatible=False,
-        llama_cpp_converts=False,
+        llama_cpp_converts=True,
+        extra={"tokenizer": "gemma4"},
         notes="gemma4: local hd 24 GQA 2, global hd 40 GQA 4 k=v, window 12, 6 experts top-2 + MLP, cap 8",
     ),
     TinySpec(
@@ -386,7 +388,8 @@ SPECS += [
         ),
         seed=23,
         llama_cpp_compatible=False,
-        llama_cpp_converts=False,
+        llama_cpp_converts=True,
+        extra={"tokenizer": "gemma4"},
         notes="gemma4: v_proj everywhere, global hd 32 (8 of 16 pairs rotate), GQA 2, 8 experts top-3",
     ),
 ]
@@ -501,6 +504,47 @@ def build_spm_tokenizer(out_dir: Path) -> Path:
         "tokenizer_class": "LlamaTokenizerFast",
         "bos_token": "<s>",
         "eos_token": "</s>",
+        "unk_token": "<unk>",
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
+    return out_dir
+
+
+GEMMA4_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>"]
+
+
+def build_gemma4_tokenizer(out_dir: Path) -> Path:
+    """A tokenizer of Gemma 4's kind, 1000 tokens: BPE with byte fallback over text whose spaces are U+2581,
+    no space prefix, no pre-splitting (so pieces may span words), <pad> <eos> <bos> <unk> at ids 0-3 as in
+    Gemma's vocabulary, BOS added. What could be checked offline: the real Gemma 4 tokenizer is not here."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    trainer = trainers.BpeTrainer(
+        vocab_size=TOKENIZER_VOCAB,
+        special_tokens=GEMMA4_SPECIALS + [f"<0x{i:02X}>" for i in range(256)],
+        show_progress=False,
+        max_token_length=12,
+    )
+    lines = corpus_text().splitlines()
+    tok.train_from_iterator([lines[i : i + 200] for i in range(0, len(lines), 200)], trainer=trainer)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out_dir / "tokenizer.json"))
+    tj = json.loads((out_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    tj["added_tokens"] = [t for t in tj["added_tokens"] if t["content"] in GEMMA4_SPECIALS]
+    (out_dir / "tokenizer.json").write_text(json.dumps(tj, ensure_ascii=False), encoding="utf-8")
+    tok_cfg = {
+        "tokenizer_class": "GemmaTokenizerFast",
+        "bos_token": "<bos>",
+        "eos_token": "<eos>",
+        "pad_token": "<pad>",
         "unk_token": "<unk>",
         "add_bos_token": True,
         "add_eos_token": False,

@@ -28,6 +28,9 @@ from colibri_backend.convert import ALIGNMENT, ConversionError, convert
 
 COMPATIBLE = [s.name for s in tm.SPECS if s.llama_cpp_compatible]
 ALL = [s.name for s in tm.SPECS]
+# Gemma 4's keys and tokenizer differ in kind (per-layer arrays, "gemma4" vocabulary): test_gemma4 checks them
+# against llama.cpp's converter's file.
+NOT_GEMMA4 = [s.name for s in tm.SPECS if s.model_type != "gemma4_text"]
 N_POS = 128  # teacher-forced positions for the transformers comparisons (the issue asks for >= 64)
 
 
@@ -215,7 +218,7 @@ def test_sentencepiece_style_tokenizer(tmp_path: Path, tiny_zoo: Any) -> None:
 # file structure
 
 
-@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("name", NOT_GEMMA4)
 def test_metadata_tokenizer_and_alignment(tiny_zoo: Any, name: str) -> None:
     spec = tm.SPEC_BY_NAME[name]
     ckpt = tiny_zoo.checkpoint(name)

@@ -119,3 +119,64 @@ def test_gemma4_tokenizer_from_the_gguf_matches_hf(tiny_zoo: Any, converter: str
         bad = [(s, w, t) for s, w, t in zip(CORPUS, want, theirs, strict=True) if w != t]
         tm.report(f"gemma4 tokenizer, llama.cpp's own: {len(CORPUS) - len(bad)} of {len(CORPUS)} as HF")
         assert not bad, f"{len(bad)} of {len(CORPUS)} differ; first: {bad[0]!r}"
+
+
+GEMMA4_KEYS = [
+    "context_length",
+    "embedding_length",
+    "block_count",
+    "feed_forward_length",
+    "expert_feed_forward_length",
+    "expert_count",
+    "expert_used_count",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.key_length",
+    "attention.value_length",
+    "attention.key_length_swa",
+    "attention.value_length_swa",
+    "attention.layer_norm_rms_epsilon",
+    "attention.sliding_window",
+    "attention.sliding_window_pattern",
+    "attention.shared_kv_layers",
+    "embedding_length_per_layer_input",
+    "rope.dimension_count",
+    "rope.dimension_count_swa",
+    "rope.freq_base",
+    "rope.freq_base_swa",
+    "final_logit_softcapping",
+]
+
+
+@pytest.mark.parametrize("name", ["gemma4", "gemma4_sep_v"])
+def test_gemma4_file_as_llama_cpp_writes_it(tiny_zoo: Any, name: str) -> None:
+    """Colibri's converter writes Gemma 4's keys, RoPE factors, tokenizer and tensors as llama.cpp's does (the
+    experts' gate/up apart instead of fused, and the vocabulary without llama.cpp's extra <mask>)."""
+    from gguf import GGUFReader
+
+    def fields(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+        r = GGUFReader(path)
+        return {k: f.contents() for k, f in r.fields.items()}, {t.name: t for t in r.tensors}
+
+    ours, our_t = fields(tiny_zoo.gguf(name, "f32"))
+    theirs, their_t = fields(tiny_zoo.gguf(name, "f32", converter="llama.cpp"))
+    for key in GEMMA4_KEYS:
+        k = "gemma4." + key
+        assert (k in ours) == (k in theirs), f"{k}: Colibri {ours.get(k)!r}, llama.cpp {theirs.get(k)!r}"
+        if isinstance(ours.get(k), float):
+            assert np.isclose(ours[k], theirs[k], rtol=1e-6), k
+        else:
+            assert ours.get(k) == theirs.get(k), f"{k}: Colibri {ours.get(k)!r}, llama.cpp {theirs.get(k)!r}"
+    for k in ("tokenizer.ggml.model", "tokenizer.ggml.merges", "tokenizer.ggml.add_space_prefix"):
+        assert ours[k] == theirs[k], k
+    n = len(ours["tokenizer.ggml.tokens"]) - 1  # llama.cpp appends <mask> where Colibri pads the last row
+    assert ours["tokenizer.ggml.tokens"][:n] == theirs["tokenizer.ggml.tokens"][:n]
+    np.testing.assert_array_equal(
+        np.asarray(our_t["rope_freqs.weight"].data), their_t["rope_freqs.weight"].data
+    )
+    fused = {t.replace("ffn_gate_up_exps", "ffn_gate_exps") for t in their_t if "ffn_gate_up_exps" in t}
+    fused |= {t.replace("ffn_gate_exps", "ffn_up_exps") for t in fused}
+    assert set(our_t) == {t for t in their_t if "ffn_gate_up_exps" not in t} | fused
+    tm.report(
+        f"{name}: Colibri's file has llama.cpp's {len(GEMMA4_KEYS)} gemma4 keys, RoPE factors and tensors"
+    )

@@ -530,6 +530,14 @@ def _mutated(src: Path, dst: Path, **changes: Any) -> Path:
         ("llama", {"model_type": "gpt2"}, "not supported"),
         ("llama", {"hidden_act": "gelu"}, "hidden_act"),
         ("llama", {"tie_word_embeddings": False}, "lm_head"),
+        ("gemma4", {"hidden_size_per_layer_input": 256}, "hidden_size_per_layer_input"),
+        ("gemma4", {"hidden_size_per_layer_input": None}, "hidden_size_per_layer_input"),  # default 256
+        ("gemma4", {"num_kv_shared_layers": 2}, "num_kv_shared_layers"),
+        ("gemma4", {"hidden_activation": "gelu"}, "hidden_activation"),
+        ("gemma4", {"sliding_window": 4096}, "sliding_window 4096"),
+        ("gemma4", {"layer_types": ["sliding_attention", "chunked_attention"]}, "layer_types"),
+        ("gemma4", {"num_global_key_value_heads": 3}, "not a multiple of 3 KV heads"),
+        ("gemma4_sep_v", {"rope_parameters": {"full_attention": {"rope_type": "yarn"}}}, "rope_parameters"),
     ],
 )
 def test_unsupported_configs_are_refused(

@@ -191,10 +191,13 @@ static colibri_status gemma4_layer_tensors(loader *L, int il) {
     const int64_t E = hp->n_embd;
     char n[96];
     colibri_status st;
-    int32_t pat[MAX_LAYERS], kvh[MAX_LAYERS];
-    read_layer_array(L, "attention.sliding_window_pattern", hp->n_layer, pat, &st); /* checked in hparams */
+    int32_t pat[MAX_LAYERS], kvh[MAX_LAYERS]; /* both checked by gemma4_hparams */
+    if (read_layer_array(L, "attention.sliding_window_pattern", hp->n_layer, pat, &st) != 0)
+        return st ? st : cb_error(COLIBRI_E_FORMAT, "metadata %s.attention.sliding_window_pattern is unreadable", L->arch);
     const int local = pat[il] != 0;
-    w->n_head_kv = read_layer_array(L, "attention.head_count_kv", hp->n_layer, kvh, &st) == 0 ? kvh[il] : hp->n_head_kv;
+    const int r = read_layer_array(L, "attention.head_count_kv", hp->n_layer, kvh, &st);
+    if (st) return st;
+    w->n_head_kv = r == 0 ? kvh[il] : hp->n_head_kv;
     w->head_dim = local ? hp->head_dim_swa : hp->head_dim;
     w->n_rot = w->head_dim;
     w->window = local ? hp->n_swa : 0;

@@ -51,9 +51,14 @@ SUPPORTED_MODEL_TYPES = (
     "gpt_oss",
     "qwen3_5_moe_text",
     "qwen3_5_moe",
+    "gemma4_text",
+    "gemma4",
 )
 # Qwen3.5 / 3.6 MoE: the text model alone, or the text half of the vision-language checkpoint.
 _QWEN35 = ("qwen3_5_moe_text", "qwen3_5_moe")
+# Gemma 4: the text model alone (gemma4_text) or inside the multimodal checkpoint (gemma4, whose text_config
+# and model.language_model.* weights are converted; the vision and audio towers are left out).
+_GEMMA4 = ("gemma4_text", "gemma4")
 # GraniteMoE with and without the always-on shared MLP: one GGUF architecture, granitemoe.
 _GRANITE = ("granitemoe", "granitemoeshared")
 
@@ -306,6 +311,122 @@ def _qwen35_hparams(cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _gemma4_layer_geometry(cfg: dict[str, Any], types: list[str]) -> tuple[int, int]:
+    """The global layers' head_dim and KV head count: `global_head_dim` / `num_global_key_value_heads` when
+    the config carries them (published checkpoints do), else a full-attention layer's `per_layer_config` entry
+    (what transformers 5.24 writes), else transformers' defaults (512; the local layers' KV heads). As in
+    transformers, the global KV head count applies only with attention_k_eq_v."""
+    per_layer = cfg.get("per_layer_config") or {}
+    full = [i for i, t in enumerate(types) if t == "full_attention"]
+    entry: dict[str, Any] = {}
+    for i in full:
+        entry = per_layer.get(str(i)) or per_layer.get(i) or {}
+        if entry:
+            break
+    hd = cfg.get("global_head_dim", entry.get("head_dim", 512))
+    n_kv = int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
+    if cfg.get("attention_k_eq_v", False):
+        n_kv = cfg.get("num_global_key_value_heads") or entry.get("num_key_value_heads") or n_kv
+    elif "num_key_value_heads" in entry:
+        n_kv = entry["num_key_value_heads"]
+    return int(hd), int(n_kv)
+
+
+def _gemma4_hparams(cfg: dict[str, Any]) -> _Hparams:
+    """Gemma 4's text model (transformers Gemma4TextConfig, its defaults where a key is absent)."""
+    if cfg.get("model_type") == "gemma4":
+        if not isinstance(cfg.get("text_config"), dict):
+            raise ConversionError("gemma4 config.json has no text_config")
+        cfg = {**cfg["text_config"], "tie_word_embeddings": cfg.get("tie_word_embeddings", True)}
+        prefix = "model.language_model."
+    else:
+        prefix = "model."
+    n_layer = int(cfg["num_hidden_layers"])
+    n_head = int(cfg["num_attention_heads"])
+    n_embd = int(cfg["hidden_size"])
+    act = cfg.get("hidden_activation", "gelu_pytorch_tanh")
+    if act != "gelu_pytorch_tanh":
+        raise ConversionError(f"gemma4 hidden_activation '{act}' is not supported (only gelu_pytorch_tanh)")
+    unsupported = {
+        "hidden_size_per_layer_input": (cfg.get("hidden_size_per_layer_input", 256) or 0) > 0,
+        "num_kv_shared_layers": int(cfg.get("num_kv_shared_layers") or 0) > 0,
+        "use_double_wide_mlp": bool(cfg.get("use_double_wide_mlp")),
+        "attention_bias": bool(cfg.get("attention_bias")),
+        "use_bidirectional_attention": cfg.get("use_bidirectional_attention") == "all",
+    }
+    for key, bad in unsupported.items():
+        if bad:
+            raise ConversionError(f"gemma4 {key}={cfg.get(key, 256)!r} is not supported")
+    types = list(
+        cfg.get("layer_types")
+        or ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(n_layer)]
+    )
+    if len(types) != n_layer or set(types) - {"sliding_attention", "full_attention"}:
+        raise ConversionError(f"gemma4 layer_types {types} are not {n_layer} sliding/full entries")
+    types[-1] = "full_attention"  # as transformers forces it
+    rope = cfg.get("rope_parameters") or {}
+    local = rope.get("sliding_attention") or {"rope_type": "default", "rope_theta": 10000.0}
+    glob = rope.get("full_attention") or {
+        "rope_type": "proportional",
+        "partial_rotary_factor": 0.25,
+        "rope_theta": 1_000_000.0,
+    }
+    glob_type = glob.get("rope_type")
+    if local.get("rope_type", "default") != "default" or glob_type not in ("proportional", "default"):
+        raise ConversionError(f"gemma4 rope_parameters {rope} are not supported (default / proportional)")
+    if float(glob.get("factor", 1.0)) != 1.0:
+        raise ConversionError(f"gemma4 full_attention rope factor {glob['factor']} is not supported")
+    hd_local = int(cfg.get("head_dim") or 256)
+    hd_global, kv_global = _gemma4_layer_geometry(cfg, types)
+    kv_local = int(cfg.get("num_key_value_heads") or n_head)
+    for hd in (hd_local, hd_global):
+        if hd % 2:
+            raise ConversionError(f"gemma4 head_dim {hd} must be even for RoPE")
+    for kv in (kv_local, kv_global):
+        if n_head % kv:
+            raise ConversionError(f"num_attention_heads {n_head} is not a multiple of {kv} KV heads")
+    partial = float(glob.get("partial_rotary_factor", 1.0)) if glob_type == "proportional" else 1.0
+    n_ctx = int(cfg.get("max_position_embeddings", 131072))
+    window = int(cfg.get("sliding_window", 512))
+    if "sliding_attention" in types and not 0 < window <= n_ctx:
+        raise ConversionError(f"gemma4 sliding_window {window} must be in [1, context {n_ctx}]")
+    hp = _Hparams(
+        model_type="gemma4_text",
+        arch="gemma4",
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=kv_local,
+        head_dim=hd_local,
+        n_ff=int(cfg["intermediate_size"]),
+        n_ctx=n_ctx,
+        rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(glob.get("rope_theta", 1_000_000.0)),
+        vocab_size=int(cfg["vocab_size"]),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+    )
+    if cfg.get("enable_moe_block"):
+        hp.n_expert = int(cfg["num_experts"])
+        hp.n_expert_used = int(cfg["top_k_experts"])
+        hp.n_ff_exp = int(cfg["moe_intermediate_size"])
+        hp.norm_topk = True
+        if hp.n_expert <= 1 or not 0 < hp.n_expert_used <= hp.n_expert:
+            raise ConversionError(f"invalid expert counts: {hp.n_expert} experts, {hp.n_expert_used} used")
+    hp.extra = {
+        "prefix": prefix,
+        "types": types,
+        "window": window,
+        "head_dim_global": hd_global,
+        "kv_global": kv_global,
+        "k_eq_v": bool(cfg.get("attention_k_eq_v", False)),
+        "rope_theta_local": float(local.get("rope_theta", 10000.0)),
+        # rotated pairs of the global layers' head (the rest keep their values: transformers' zero frequency)
+        "rot_pairs_global": int(partial * hd_global // 2),
+        "softcap": float(cfg.get("final_logit_softcapping") or 0.0),
+    }
+    return hp
+
+
 def _hparams(cfg: dict[str, Any]) -> _Hparams:
     mt = cfg.get("model_type")
     if mt == "qwen3_5_moe":  # the vision-language config: its text model
@@ -316,6 +437,8 @@ def _hparams(cfg: dict[str, Any]) -> _Hparams:
         raise ConversionError(
             f"model_type '{mt}' is not supported; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
+    if mt in _GEMMA4:
+        return _gemma4_hparams(cfg)
     n_embd = int(cfg["hidden_size"])
     n_head = int(cfg["num_attention_heads"])
     n_head_kv = int(_first(cfg, "num_key_value_heads", default=n_head))
@@ -692,9 +815,94 @@ def _plan_qwen35moe(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
     return p.out
 
 
+def _plan_gemma4(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
+    """Gemma 4 under llama.cpp's tensor names, except the experts' gate/up, written as two stacked tensors
+    (ffn_gate_exps / ffn_up_exps) where llama.cpp writes one fused ffn_gate_up_exps. The global layers'
+    partial RoPE is llama.cpp's rope_freqs tensor: factor 1 for the rotated pairs, 1e30 (frequency ~0) for
+    the others."""
+    p = _Planner(ck, hp)
+    x = hp.extra
+    pre0 = x["prefix"]
+    e_shape = ck.shape(pre0 + "embed_tokens.weight")
+    if e_shape != (hp.vocab_size, hp.n_embd):
+        raise ConversionError(f"embed_tokens has shape {e_shape}, config says {(hp.vocab_size, hp.n_embd)}")
+    p.add("token_embd.weight", pre0 + "embed_tokens.weight")
+    half = x["head_dim_global"] // 2
+    factors = np.array([1.0] * x["rot_pairs_global"] + [1e30] * (half - x["rot_pairs_global"]), np.float32)
+    p.out.append(_OutTensor("rope_freqs.weight", (half,), True, lambda: iter([factors])))
+    for i in range(hp.n_layer):
+        pre, blk = f"{pre0}layers.{i}.", f"blk.{i}."
+        glob = x["types"][i] == "full_attention"
+        hd = x["head_dim_global"] if glob else hp.head_dim
+        n_kv = x["kv_global"] if glob else hp.n_head_kv
+        a = pre + "self_attn."
+        shapes = {
+            "q_proj": (hp.n_head * hd, hp.n_embd),
+            "k_proj": (n_kv * hd, hp.n_embd),
+            "o_proj": (hp.n_embd, hp.n_head * hd),
+        }
+        if not (glob and x["k_eq_v"]):
+            shapes["v_proj"] = (n_kv * hd, hp.n_embd)
+        names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output"}
+        for proj, want in shapes.items():
+            got = ck.shape(a + proj + ".weight")
+            if got != want:
+                raise ConversionError(f"{a}{proj}.weight has shape {got}, expected {want}")
+            p.add(f"{blk}{names[proj]}.weight", a + proj + ".weight")
+        norms = {
+            "attn_norm": "input_layernorm",
+            "post_attention_norm": "post_attention_layernorm",
+            "ffn_norm": "pre_feedforward_layernorm",
+            "post_ffw_norm": "post_feedforward_layernorm",
+            "attn_q_norm": "self_attn.q_norm",
+            "attn_k_norm": "self_attn.k_norm",
+        }
+        if hp.n_expert:
+            norms.update(
+                pre_ffw_norm_2="pre_feedforward_layernorm_2",
+                post_ffw_norm_1="post_feedforward_layernorm_1",
+                post_ffw_norm_2="post_feedforward_layernorm_2",
+            )
+        for gname, hname in norms.items():
+            p.add(f"{blk}{gname}.weight", f"{pre}{hname}.weight", keep_f32=True)
+        for proj, gname in (("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"), ("down_proj", "ffn_down")):
+            p.add(f"{blk}{gname}.weight", f"{pre}mlp.{proj}.weight")
+        if pre + "layer_scalar" in ck:
+            p.add(blk + "layer_output_scale.weight", pre + "layer_scalar", keep_f32=True)
+        if not hp.n_expert:
+            continue
+        e, f, h = hp.n_expert, hp.n_ff_exp, hp.n_embd
+        r = pre + "router."
+        if (got := ck.shape(r + "proj.weight")) != (e, h):
+            raise ConversionError(f"{r}proj.weight has shape {got}, expected {(e, h)}")
+        p.add(blk + "ffn_gate_inp.weight", r + "proj.weight", keep_f32=True)
+        p.add(blk + "ffn_gate_inp.scale", r + "scale", keep_f32=True)
+        p.add(blk + "ffn_down_exps.scale", r + "per_expert_scale", keep_f32=True)
+        gu, dn = pre + "experts.gate_up_proj", pre + "experts.down_proj"
+        for src, want in ((gu, (e, 2 * f, h)), (dn, (e, h, f))):
+            if ck.shape(src) != want:
+                raise ConversionError(f"{src} has shape {ck.shape(src)}, expected {want}")
+        p.add_split_stacked(blk + "ffn_gate_exps.weight", gu, slice(0, f), f)
+        p.add_split_stacked(blk + "ffn_up_exps.weight", gu, slice(f, 2 * f), f)
+        p.add_whole_stacked(blk + "ffn_down_exps.weight", dn)
+    p.add("output_norm.weight", pre0 + "norm.weight", keep_f32=True)
+    if not hp.tie_embeddings:
+        p.add("output.weight", "lm_head.weight")
+    elif "lm_head.weight" in ck:
+        ck.used.add("lm_head.weight")  # a tied copy saved anyway: the embedding is authoritative
+    towers = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.")
+    leftovers = sorted(n for n in ck.tensors if n not in ck.used and not n.startswith(towers))
+    if leftovers:
+        shown = ", ".join(leftovers[:8]) + (" ..." if len(leftovers) > 8 else "")
+        raise ConversionError(f"{len(leftovers)} checkpoint tensors have no GGUF mapping: {shown}")
+    return p.out
+
+
 def _plan(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
     if hp.model_type in _QWEN35:
         return _plan_qwen35moe(ck, hp)
+    if hp.arch == "gemma4":
+        return _plan_gemma4(ck, hp)
     p = _Planner(ck, hp)
     mt = hp.model_type
     permute = mt in ("llama", "mixtral", *_GRANITE)
@@ -936,10 +1144,10 @@ def _token_content(tok: Any) -> str | None:
 
 @dataclass
 class _Vocab:
-    model: str  # tokenizer.ggml.model: "gpt2" (byte-level BPE) or "llama" (SentencePiece-style BPE)
+    model: str  # tokenizer.ggml.model: "gpt2" (byte-level BPE), "llama" (SentencePiece-style BPE), "gemma4"
     tokens: list[str]
     types: list[int]
-    merges: list[str]  # gpt2 only
+    merges: list[str]  # gpt2 and gemma4
     scores: list[float]  # llama only
     add_space_prefix: bool  # llama only
     pre: str  # gpt2 only
@@ -949,7 +1157,9 @@ class _Vocab:
     chat_template: str | list[dict[str, str]] | None
 
 
-def _vocab(hf_dir: Path, cfg: dict[str, Any], n_vocab: int) -> _Vocab:
+def _vocab(hf_dir: Path, cfg: dict[str, Any], n_vocab: int, gemma4: bool = False) -> _Vocab:
+    """The GGUF tokenizer of tokenizer.json. gemma4: a SentencePiece-style BPE is written as llama.cpp writes
+    Gemma 4's ("gemma4": ranked merges, no space prefix), not as a "llama" vocabulary."""
     from gguf import TokenType
 
     tj_path = hf_dir / "tokenizer.json"
@@ -1046,11 +1256,16 @@ def _vocab(hf_dir: Path, cfg: dict[str, Any], n_vocab: int) -> _Vocab:
     jinja = hf_dir / "chat_template.jinja"
     if template is None and jinja.exists():
         template = jinja.read_text(encoding="utf-8")
+    kind = "gpt2"
+    if spm:
+        kind = "gemma4" if gemma4 else "llama"
+    if kind == "gemma4" and space_prefix:
+        raise ConversionError("a Gemma 4 tokenizer.json that prepends a space is not Gemma 4's tokenizer")
     return _Vocab(
-        model="llama" if spm else "gpt2",
+        model=kind,
         tokens=tokens,
         types=types,
-        merges=[] if spm else merges,
+        merges=[] if kind == "llama" else merges,
         scores=scores if spm else [],
         add_space_prefix=space_prefix,
         pre=pre,
@@ -1103,6 +1318,28 @@ def _file_type(out_type: str) -> int:
     )
 
 
+def _write_gemma4_metadata(w: Any, hp: _Hparams) -> None:
+    """Gemma 4's keys as llama.cpp's converter writes them: the global layers' geometry under the plain keys,
+    the local layers' under the _swa ones, the layer pattern and per-layer KV head counts as arrays."""
+    x = hp.extra
+    kv = [x["kv_global"] if t == "full_attention" else hp.n_head_kv for t in x["types"]]
+    w.add_head_count_kv(kv if len(set(kv)) > 1 else kv[0])
+    w.add_key_length(x["head_dim_global"])
+    w.add_value_length(x["head_dim_global"])
+    w.add_key_length_swa(hp.head_dim)
+    w.add_value_length_swa(hp.head_dim)
+    w.add_rope_dimension_count(x["head_dim_global"])
+    w.add_rope_dimension_count_swa(hp.head_dim)
+    w.add_rope_freq_base(hp.rope_theta)
+    w.add_rope_freq_base_swa(x["rope_theta_local"])
+    w.add_sliding_window(x["window"])
+    w.add_sliding_window_pattern([t == "sliding_attention" for t in x["types"]])
+    w.add_shared_kv_layers(0)
+    w.add_embedding_length_per_layer_input(0)
+    if x["softcap"]:
+        w.add_final_logit_softcapping(x["softcap"])
+
+
 def _write_metadata(w: Any, hp: _Hparams, vocab: _Vocab, name: str, out_type: str) -> None:
     w.add_type("model")
     w.add_name(name)
@@ -1114,18 +1351,30 @@ def _write_metadata(w: Any, hp: _Hparams, vocab: _Vocab, name: str, out_type: st
     w.add_block_count(hp.n_layer)
     w.add_feed_forward_length(hp.n_ff if hp.n_ff else hp.n_ff_exp)
     w.add_head_count(hp.n_head)
-    w.add_head_count_kv(hp.n_head_kv)
-    w.add_rope_dimension_count(hp.extra.get("n_rot", hp.head_dim))
-    w.add_rope_freq_base(hp.rope_theta)
     w.add_layer_norm_rms_eps(hp.rms_eps)
-    if hp.head_dim * hp.n_head != hp.n_embd or hp.model_type in ("qwen3_moe", *_QWEN35):
-        w.add_key_length(hp.head_dim)
-        w.add_value_length(hp.head_dim)
+    if hp.arch == "gemma4":
+        _write_gemma4_metadata(w, hp)
+    else:
+        w.add_head_count_kv(hp.n_head_kv)
+        w.add_rope_dimension_count(hp.extra.get("n_rot", hp.head_dim))
+        w.add_rope_freq_base(hp.rope_theta)
+        if hp.head_dim * hp.n_head != hp.n_embd or hp.model_type in ("qwen3_moe", *_QWEN35):
+            w.add_key_length(hp.head_dim)
+            w.add_value_length(hp.head_dim)
     if hp.n_expert:
         w.add_expert_count(hp.n_expert)
         w.add_expert_used_count(hp.n_expert_used)
         w.add_expert_weights_norm(hp.norm_topk)
-        if hp.model_type in ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "gpt_oss", *_GRANITE, *_QWEN35):
+        if hp.model_type in (
+            "qwen2_moe",
+            "qwen3_moe",
+            "olmoe",
+            "mixtral",
+            "gpt_oss",
+            *_GEMMA4,
+            *_GRANITE,
+            *_QWEN35,
+        ):
             w.add_expert_feed_forward_length(hp.n_ff_exp)
     if hp.n_ff_shexp:
         w.add_expert_shared_feed_forward_length(hp.n_ff_shexp)
@@ -1159,7 +1408,11 @@ def _write_metadata(w: Any, hp: _Hparams, vocab: _Vocab, name: str, out_type: st
     w.add_tokenizer_model(vocab.model)
     w.add_token_list(vocab.tokens)
     w.add_token_types(vocab.types)
-    if vocab.model == "gpt2":
+    if vocab.model == "gemma4":  # as llama.cpp's converter writes Gemma 4's: ranked merges and scores
+        w.add_token_merges(vocab.merges)
+        w.add_token_scores(vocab.scores)
+        w.add_add_space_prefix(False)
+    elif vocab.model == "gpt2":
         w.add_tokenizer_pre(vocab.pre)
         w.add_token_merges(vocab.merges)
     else:
@@ -1221,7 +1474,7 @@ def convert(
     hp = _hparams(cfg)
     ck = _Checkpoint(src)
     tensors = _plan(ck, hp)
-    vocab = _vocab(src, cfg, hp.vocab_size)
+    vocab = _vocab(src, cfg, hp.vocab_size, gemma4=hp.arch == "gemma4")
     _choose_types(tensors, out_type)
 
     out = Path(out_path)

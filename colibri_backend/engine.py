@@ -534,7 +534,12 @@ class Model(BaseModel):
         """Offer the prompt's state to the prefix cache (kept unless an entry covers it already)."""
         n = int(prompt.size)
         if len(self._cached) >= n and self._cached[:n] == prompt.tolist():
-            self.prefix_cache.put(prompt, lambda: self._save_state(n))
+            try:
+                self.prefix_cache.put(prompt, lambda: self._save_state(n))
+            except UnsupportedModelError:
+                # A sliding-window ring keeps only its last rows (kv_io.c): this model's prefixes
+                # cannot be stored, so the cache keeps none (the live context is still reused).
+                self.prefix_cache.max_bytes = 0
 
     def _state_namespace(self) -> str:
         """What the prefix cache's entries are for: the digest of this context's empty state, which

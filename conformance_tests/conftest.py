@@ -34,6 +34,7 @@ class TinyZoo:
     def __init__(self, root: Path) -> None:
         self.root = root
         self._tokenizer: Path | None = None
+        self._gemma4_tokenizer: Path | None = None
         self._ckpts: dict[str, Path] = {}
         self._ggufs: dict[tuple[str, str, str], Path] = {}
 
@@ -42,10 +43,17 @@ class TinyZoo:
             self._tokenizer = tiny_models.build_tokenizer(self.root / "tokenizer")
         return self._tokenizer
 
+    def gemma4_tokenizer_dir(self) -> Path:
+        if self._gemma4_tokenizer is None:
+            self._gemma4_tokenizer = tiny_models.build_gemma4_tokenizer(self.root / "gemma4_tokenizer")
+        return self._gemma4_tokenizer
+
     def checkpoint(self, name: str) -> Path:
         if name not in self._ckpts:
             spec = tiny_models.SPEC_BY_NAME[name]
-            self._ckpts[name] = tiny_models.build_checkpoint(spec, self.root / name, self.tokenizer_dir())
+            gemma = spec.extra.get("tokenizer") == "gemma4"
+            tok = self.gemma4_tokenizer_dir() if gemma else self.tokenizer_dir()
+            self._ckpts[name] = tiny_models.build_checkpoint(spec, self.root / name, tok)
         return self._ckpts[name]
 
     def gguf(self, name: str, out_type: str = "f32", converter: str = "colibri") -> Path:

@@ -45,6 +45,17 @@ CASES = [
         "array of bools",
     ),
     ("qwen35moe", {"qwen35moe.nextn_predict_layers": (4, U32)}, "qwen35moe.nextn_predict_layers = 4"),
+    ("gemma4", {"gemma4.attention.sliding_window": (4096, U32)}, "larger than gemma4.context_length"),
+    ("gemma4", {"gemma4.attention.sliding_window": None}, "gemma4.attention.sliding_window is missing"),
+    ("gemma4", {"gemma4.attention.sliding_window_pattern": None}, "sliding_window_pattern (the local/global"),
+    ("gemma4", {"gemma4.attention.sliding_window_pattern": ([True, False], V.ARRAY, V.BOOL)}, "has 2 values"),
+    ("gemma4", {"gemma4.attention.head_count_kv": ([3, 1, 3, 1], V.ARRAY, V.INT32)}, "head_count_kv[0] = 3"),
+    ("gemma4", {"gemma4.embedding_length_per_layer_input": (256, U32)}, "per_layer_input = 256"),
+    ("gemma4", {"gemma4.attention.shared_kv_layers": (2, U32)}, "gemma4.attention.shared_kv_layers = 2"),
+    ("gemma4", {"gemma4.rope.dimension_count_swa": (8, U32)}, "gemma4.rope.dimension_count_swa = 8"),
+    ("gemma4", {"gemma4.final_logit_softcapping": (-1.0, F32)}, "gemma4.final_logit_softcapping must be"),
+    ("gemma4", {"gemma4.attention.key_length_swa": (23, U32)}, "value_length_swa = 24 differs"),
+    ("gpt_oss", {"gpt-oss.attention.head_count_kv": ([2, 2], V.ARRAY, V.INT32)}, "is a per-layer array"),
 ]
 
 

@@ -66,25 +66,26 @@ def test_bit_identical_at_quarter_budget(tiny_zoo: Any, colibri: Any, tmp_path: 
     assert ref_greedy == got_greedy, "greedy decode differs under the budget"
 
 
-def _transformers_cache_bytes(ckpt: Path, n: int) -> tuple[int, int]:
-    """(bytes of transformers' cache after n positions, of its full-attention layers only), float32."""
+def _transformers_cache_layers(ckpt: Path, n: int) -> list[tuple[int, int]]:
+    """(bytes, positions kept) of each layer of transformers' cache after n positions, float32."""
     import torch
 
     model = tm.transformers_model(ckpt)
     with torch.no_grad():
-        cache = model(torch.tensor([list(range(3, 3 + n))]), use_cache=True).past_key_values
-    total = full = 0
-    for layer in cache.layers:
-        if not hasattr(layer, "keys"):  # a linear-attention layer keeps a recurrent state, no K/V
-            continue
-        b = (layer.keys.numel() + layer.values.numel()) * layer.keys.element_size()
-        total += b
-        full += b if layer.keys.shape[-2] == n else 0  # a layer that kept every position
-    return total, full
+        out = model(torch.tensor([list(range(3, 3 + n))]), use_cache=True)
+    cache = getattr(out, "cache", None) or out.past_key_values
+    return [
+        ((layer.keys.numel() + layer.values.numel()) * layer.keys.element_size(), layer.keys.shape[-2])
+        for layer in cache.layers
+        if hasattr(layer, "keys")  # a linear-attention layer keeps a recurrent state, no K/V
+    ]
 
 
 @pytest.mark.parametrize("name", [s.name for s in tm.SPECS])
 def test_plan_kv_bytes_against_transformers_cache(tiny_zoo: Any, colibri: Any, name: str) -> None:
+    """Colibri's plan against transformers' cache, layer by layer: a full-attention layer keeps every
+    position in both; a sliding-window layer keeps window - 1 past positions in transformers and a ring of
+    window + min(n_batch, window) - 1 rows in Colibri (the rows a chunk of up to n_batch tokens reads)."""
     from colibri_backend import LoadOptions
     from colibri_backend.engine import plan_memory
 
@@ -94,21 +95,22 @@ def test_plan_kv_bytes_against_transformers_cache(tiny_zoo: Any, colibri: Any, n
     # F32 files keep an F32 KV cache, as transformers does for a float32 model
     if tm.reference_engine("transformers") is None:  # a failure instead under CI=true
         pytest.skip("transformers is not installed: its cache size cannot be measured")
-    theirs, theirs_full = _transformers_cache_bytes(ckpt, N_CTX)
+    layers = _transformers_cache_layers(ckpt, N_CTX)
+    theirs = sum(b for b, _ in layers)
     cfg = tm.config_of(ckpt)
-    types = getattr(tm.transformers_model(ckpt).config, "layer_types", None) or []
-    sliding = [bool(t == "sliding_attention" and cfg.get("sliding_window")) for t in types]
-    note = ""
-    if any(sliding):
-        note = f" (its sliding layers keep {cfg['sliding_window'] - 1} positions; Colibri's keep all {N_CTX})"
+    window = cfg.get("sliding_window")
+    n_batch = N_CTX  # the default n_batch (512) is capped at the context
+    expected = 0
+    for b, kept in layers:
+        per_position = b // kept
+        if kept == N_CTX:
+            expected += per_position * N_CTX
+        else:
+            assert window and kept == window - 1, f"a sliding layer kept {kept} positions, window {window}"
+            expected += per_position * min(N_CTX, window + min(n_batch, window) - 1)
+    note = f" (sliding window {window})" if expected != theirs else ""
     tm.report(
         f"{name}: KV bytes per token at {N_CTX} positions: Colibri {ours / N_CTX:.0f}, "
         f"transformers {theirs / N_CTX:.0f}{note}"
     )
-    if any(sliding):
-        # every layer of Colibri's cache is as large as one of transformers' full-attention layers
-        n_full = len(sliding) - sum(sliding)
-        assert ours * n_full == theirs_full * len(sliding)
-        assert ours > theirs
-    else:
-        assert ours == theirs
+    assert ours == expected

@@ -402,6 +402,83 @@ SPECS += [
         "GQA 4, 8 experts top-3, tied",
     ),
 ]
+# Gemma 4 (gemma4_text): local layers (head_dim 24, GQA 2, window 12) and global layers (head_dim 40, one KV
+# head whose values are its keys' projection, proportional RoPE over 5 of 20 pairs); norms, router scale,
+# per-expert scale and layer scalars drawn away from 1; the dense MLP beside the experts; soft-capped logits
+# (cap 8, so tanh bends them). Their tokenizer is of Gemma 4's kind (build_gemma4_tokenizer), which
+# llama.cpp's converter needs; it fuses the experts' gate and up (ffn_gate_up_exps), read as two views.
+_GEMMA4 = dict(
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    bos_token_id=2,
+    eos_token_id=1,
+    pad_token_id=0,
+    num_kv_shared_layers=0,
+    hidden_size=64,
+    intermediate_size=96,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=24,
+    vocab_size=1001,  # llama.cpp's converter drops embedding rows past its vocabulary (<mask> added: 1001)
+    enable_moe_block=True,
+    moe_intermediate_size=32,
+    hidden_size_per_layer_input=0,
+    sliding_window=12,
+    hidden_activation="gelu_pytorch_tanh",
+)
+SPECS += [
+    TinySpec(
+        "gemma4",
+        "gemma4_text",
+        dict(
+            _GEMMA4,
+            num_hidden_layers=4,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+            global_head_dim=40,
+            num_global_key_value_heads=1,
+            attention_k_eq_v=True,
+            num_experts=6,
+            top_k_experts=2,
+            final_logit_softcapping=8.0,
+            tie_word_embeddings=True,
+        ),
+        seed=22,
+        llama_cpp_compatible=False,
+        llama_cpp_converts=True,
+        extra={"tokenizer": "gemma4"},
+        notes="gemma4: local hd 24 GQA 2, global hd 40 GQA 4 k=v, window 12, 6 experts top-2 + MLP, cap 8",
+    ),
+    TinySpec(
+        "gemma4_sep_v",
+        "gemma4_text",
+        dict(
+            _GEMMA4,
+            num_hidden_layers=3,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+            num_attention_heads=6,
+            num_key_value_heads=3,
+            head_dim=16,
+            global_head_dim=32,
+            attention_k_eq_v=False,
+            num_experts=8,
+            top_k_experts=3,
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {
+                    "rope_type": "proportional",
+                    "partial_rotary_factor": 0.5,
+                    "rope_theta": 5e5,
+                },
+            },
+            tie_word_embeddings=False,
+        ),
+        seed=23,
+        llama_cpp_compatible=False,
+        llama_cpp_converts=True,
+        extra={"tokenizer": "gemma4"},
+        notes="gemma4: v_proj everywhere, global hd 32 (8 of 16 pairs rotate), GQA 2, 8 experts top-3",
+    ),
+]
 SPEC_BY_NAME = {s.name: s for s in SPECS}
 
 
@@ -522,6 +599,47 @@ def build_spm_tokenizer(out_dir: Path) -> Path:
     return out_dir
 
 
+GEMMA4_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>"]
+
+
+def build_gemma4_tokenizer(out_dir: Path) -> Path:
+    """A tokenizer of Gemma 4's kind, 1000 tokens: BPE with byte fallback over text whose spaces are U+2581,
+    no space prefix, no pre-splitting (so pieces may span words), <pad> <eos> <bos> <unk> at ids 0-3 as in
+    Gemma's vocabulary, BOS added. What could be checked offline: the real Gemma 4 tokenizer is not here."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    trainer = trainers.BpeTrainer(
+        vocab_size=TOKENIZER_VOCAB,
+        special_tokens=GEMMA4_SPECIALS + [f"<0x{i:02X}>" for i in range(256)],
+        show_progress=False,
+        max_token_length=12,
+    )
+    lines = corpus_text().splitlines()
+    tok.train_from_iterator([lines[i : i + 200] for i in range(0, len(lines), 200)], trainer=trainer)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out_dir / "tokenizer.json"))
+    tj = json.loads((out_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    tj["added_tokens"] = [t for t in tj["added_tokens"] if t["content"] in GEMMA4_SPECIALS]
+    (out_dir / "tokenizer.json").write_text(json.dumps(tj, ensure_ascii=False), encoding="utf-8")
+    tok_cfg = {
+        "tokenizer_class": "GemmaTokenizerFast",
+        "bos_token": "<bos>",
+        "eos_token": "<eos>",
+        "pad_token": "<pad>",
+        "unk_token": "<unk>",
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
+    return out_dir
+
+
 _ARCH_CLASS = {
     "llama": "LlamaForCausalLM",
     "mixtral": "MixtralForCausalLM",
@@ -532,6 +650,7 @@ _ARCH_CLASS = {
     "granitemoeshared": "GraniteMoeSharedForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
     "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
+    "gemma4_text": "Gemma4ForCausalLM",
 }
 
 
@@ -574,6 +693,8 @@ def make_weights(spec: TinySpec) -> dict[str, np.ndarray]:
     w["model.embed_tokens.weight"] = (0.5 * rng.standard_normal((n_vocab, hidden))).astype(np.float32)
     if mt == "qwen3_5_moe_text":
         return _qwen35_weights(spec, w, rng, lin)
+    if mt == "gemma4_text":
+        return _gemma4_weights(spec, w, lin, norm)
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"] = norm(hidden)
@@ -725,6 +846,53 @@ def _qwen35_weights(
     w["model.norm.weight"] = zc(hidden)
     if not c.get("tie_word_embeddings"):
         w["lm_head.weight"] = lin(spec.config["vocab_size"], hidden, 4.0)
+    return w
+
+
+def _gemma4_weights(spec: TinySpec, w: dict[str, np.ndarray], lin: Any, norm: Any) -> dict[str, np.ndarray]:
+    """Gemma 4's layers as Gemma4ForCausalLM saves them. Every branch output is normed, so projections keep
+    unit scale; the embedding (std 0.5, times sqrt(hidden) in the model) gives tied logits a standard
+    deviation of about 4, which the soft-cap bends."""
+    c = spec.config
+    rng = np.random.default_rng(spec.seed + 1000)
+    hidden, n_head = c["hidden_size"], c["num_attention_heads"]
+    for i, kind in enumerate(c["layer_types"]):
+        glob = kind == "full_attention"
+        hd = c["global_head_dim"] if glob else c["head_dim"]
+        n_kv = c.get("num_global_key_value_heads") if glob and c.get("attention_k_eq_v") else None
+        n_kv = n_kv or c["num_key_value_heads"]
+        p, a = f"model.layers.{i}.", f"model.layers.{i}.self_attn."
+        w[a + "q_proj.weight"] = lin(n_head * hd, hidden)
+        w[a + "k_proj.weight"] = lin(n_kv * hd, hidden)
+        if not (glob and c.get("attention_k_eq_v")):
+            w[a + "v_proj.weight"] = lin(n_kv * hd, hidden)
+        w[a + "o_proj.weight"] = lin(hidden, n_head * hd)
+        w[a + "q_norm.weight"] = norm(hd)
+        w[a + "k_norm.weight"] = norm(hd)
+        for n in (
+            "input_layernorm",
+            "pre_feedforward_layernorm",
+            "pre_feedforward_layernorm_2",
+            "post_feedforward_layernorm_1",
+            "post_feedforward_layernorm_2",
+        ):
+            w[f"{p}{n}.weight"] = norm(hidden)
+        # the branches' last norms set their scale: BRANCH_GAIN, so the layers outweigh the token's embedding
+        for n in ("post_attention_layernorm", "post_feedforward_layernorm"):
+            w[f"{p}{n}.weight"] = BRANCH_GAIN * norm(hidden)
+        ff, fe, n_exp = c["intermediate_size"], c["moe_intermediate_size"], c["num_experts"]
+        w[p + "mlp.gate_proj.weight"] = lin(ff, hidden)
+        w[p + "mlp.up_proj.weight"] = lin(ff, hidden)
+        w[p + "mlp.down_proj.weight"] = lin(hidden, ff)
+        w[p + "router.proj.weight"] = lin(n_exp, hidden, ROUTER_GAIN * math.sqrt(hidden))
+        w[p + "router.scale"] = norm(hidden)
+        w[p + "router.per_expert_scale"] = rng.uniform(0.5, 1.5, n_exp).astype(np.float32)
+        w[p + "experts.gate_up_proj"] = lin(2 * fe, hidden, lead=(n_exp,))
+        w[p + "experts.down_proj"] = lin(hidden, fe, lead=(n_exp,))
+        w[p + "layer_scalar"] = rng.uniform(0.6, 1.2, 1).astype(np.float32)
+    w["model.norm.weight"] = norm(hidden)
+    if not c.get("tie_word_embeddings"):
+        w["lm_head.weight"] = lin(c["vocab_size"], hidden, 4.0)
     return w
 
 

@@ -8,6 +8,8 @@ or is built from the GGUF's own metadata the way llama.cpp reads it:
   tokenizer.ggml.add_bos_token says so.
   tokenizer.ggml.model == "llama": SentencePiece BPE over tokens and scores with byte fallback, the
   way llama.cpp runs it (see _spm_tokenizer).
+  tokenizer.ggml.model == "gemma4": Gemma 4's SentencePiece-style BPE over tokens and ranked merges
+  (see _gemma4_tokenizer).
 """
 
 from __future__ import annotations
@@ -182,6 +184,31 @@ def _spm_tokenizer(
     return hf
 
 
+def _gemma4_tokenizer(meta: dict[str, Any], vocab: dict[str, int], source: str) -> HFTokenizer:
+    """Gemma 4's tokenizer as llama.cpp runs a "gemma4" vocabulary: spaces written as U+2581 with no
+    space prefix, the text split into runs of newlines and runs of anything else, the ranked merges
+    (tokenizer.ggml.merges) applied within each run to its UTF-8 characters, characters with no piece as
+    <0xXX> byte tokens."""
+    merges_raw = meta.get("tokenizer.ggml.merges")
+    if not merges_raw:
+        raise ModelFormatError("COLIBRI_E_FORMAT", f"{source}: tokenizer.ggml.merges is missing (gemma4)")
+    merges = []
+    for m in merges_raw:
+        left, sep, right = str(m).partition(" ")
+        if not sep:
+            raise ModelFormatError("COLIBRI_E_FORMAT", f"{source}: merge {m!r} is not 'left right'")
+        merges.append((left, right))
+    unk_id = _as_int(meta.get("tokenizer.ggml.unknown_token_id"))
+    unk = next((t for t, i in vocab.items() if i == unk_id), None) if unk_id is not None else None
+    hf = HFTokenizer(BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
+    hf.normalizer = normalizers.Replace(" ", "\u2581")
+    hf.pre_tokenizer = pre_tokenizers.Split(Regex("[^\n]+|[\n]+"), behavior="isolated")
+    hf.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    return hf
+
+
 class Tokenizer:
     """encode/decode plus the special tokens generation needs."""
 
@@ -246,11 +273,12 @@ class Tokenizer:
         model = meta.get("tokenizer.ggml.model")
         if model is None:
             raise ModelFormatError("COLIBRI_E_FORMAT", f"{source}: the file has no tokenizer metadata")
-        if model not in ("gpt2", "llama"):
+        if model not in ("gpt2", "llama", "gemma4"):
             raise UnsupportedModelError(
                 "COLIBRI_E_UNSUPPORTED",
                 f"{source}: tokenizer.ggml.model={model!r} is not supported without a tokenizer.json; "
-                "byte-level BPE ('gpt2') and SentencePiece BPE ('llama') are built from GGUF metadata",
+                "byte-level BPE ('gpt2'), SentencePiece BPE ('llama') and Gemma 4's ('gemma4') are built "
+                "from GGUF metadata",
             )
         tokens: list[str] = list(meta.get("tokenizer.ggml.tokens") or [])
         if not tokens:
@@ -268,6 +296,9 @@ class Tokenizer:
             vocab.setdefault(tok, i)
         if model == "llama":
             hf = _spm_tokenizer(meta, tokens, types, vocab, source)
+            default_add_bos = True
+        elif model == "gemma4":
+            hf = _gemma4_tokenizer(meta, vocab, source)
             default_add_bos = True
         else:
             hf = _byte_level_bpe_tokenizer(meta, tokens, types, vocab, source)

@@ -193,7 +193,8 @@ COLIBRI_API int32_t colibri_n_past(const colibri_context *ctx);
  * with recurrent layers (qwen35moe) cannot cut its state back to any position: it resumes from its
  * checkpoint (taken before the last token of the latest multi-token eval) when that lies at or
  * before n_past, else from 0; colibri_n_past then says where, and the caller evaluates the tokens
- * from there. */
+ * from there. A model with sliding-window layers keeps only their last rows (a ring): a rollback
+ * that reaches past them clears the cache instead; colibri_n_past gives what was kept. */
 COLIBRI_API colibri_status colibri_truncate(colibri_context *ctx, int32_t n_past);
 
 /* Run n_tokens tokens through the model, appending them to the KV cache (positions

@@ -26,6 +26,9 @@ typedef struct arch_desc {
     /* One layer over the chunk of n tokens at positions p0.. : reads and updates the residual
      * stream c->s.x. Fails only when an expert cannot be read. */
     colibri_status (*layer)(struct colibri_context *c, int il, int n, int p0);
+    /* The architecture reads per-layer attention geometry itself: an array head_count_kv and the
+     * rope_freqs tensor are its to read (refused for the others). */
+    int per_layer_kv;
 } arch_desc;
 
 /* The row for general.architecture `name`, NULL when Colibri does not run it. */

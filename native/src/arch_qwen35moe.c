@@ -109,8 +109,6 @@ static colibri_status qwen35moe_layer_tensors(loader *L, int il) {
     if (w->recurrent) {
         if ((st = linear_attention_tensors(L, il))) return st;
     } else {
-        w->kv_slot = 0; /* attention layers fill the KV cache's slots in order */
-        for (int j = 0; j < il; j++) w->kv_slot += !L->m->layers[j].recurrent;
         if ((st = gated_attention_tensors(L, il))) return st;
     }
     return ld_ffn_named(L, il, "post_attention_norm.weight");

@@ -13,8 +13,12 @@
 
 typedef struct attn_task {
     struct colibri_context *c;
-    int layer, n_tok;
+    int layer, t0, n_tok;  /* the chunk's tokens t0 .. t0 + n_tok - 1 (positions s.pos[t]) */
 } attn_task;
+
+/* The cache row of the j-th key seen, the first being in row r0, in a layer that keeps P rows
+ * per head (a ring when P < n_ctx; else r0 + j itself). */
+static inline size_t ring_row(int j, int r0, int P) { return (size_t)(r0 + j < P ? r0 + j : r0 + j - P); }
 
 /* One (token, head) item: scores against its sequence's cached keys it sees (0..pos, or the layer's
  * sliding window of the last `window` positions), softmax (with the head's sink logit in the
@@ -29,49 +33,53 @@ static void attn_worker(void *arg, int ith, int nth) {
     const attn_task *t = arg;
     struct colibri_context *c = t->c;
     const model_hparams *hp = &c->model->hp;
-    const int hd = hp->head_dim, nh = hp->n_head, group = hp->n_head / hp->n_head_kv;
-    const int qd = nh * hd, qkv_w = qd + 2 * hp->n_head_kv * hd;
+    const layer_weights *w = &c->model->layers[t->layer];
+    const kv_layer *kl = &c->kv_layers[t->layer];
+    const int P = kl->positions;
+    const int hd = w->head_dim, nh = hp->n_head, group = hp->n_head / w->n_head_kv;
+    const int qd = nh * hd, qkv_w = qd + 2 * w->n_head_kv * hd;
     const float scale = hp->attn_scale;
     float *sc = c->s.scores + (size_t)ith * c->n_ctx;
     const int n_items = t->n_tok * nh;
-    const layer_weights *w = &c->model->layers[t->layer];
     for (int it = ith; it < n_items; it += nth) {
-        const int tok = it / nh, h = it % nh, kvh = h / group;
+        const int tok = t->t0 + it / nh, h = it % nh, kvh = h / group;
         const float *q = c->s.qkv + (size_t)tok * qkv_w + (size_t)h * hd;
         const int pos = c->s.pos[tok];
         const int j0 = w->window > 0 && pos >= w->window ? pos - w->window + 1 : 0; /* first key seen */
-        const int n = pos - j0 + 1;
-        const size_t base = kv_row(c, c->s.seq[tok], w->kv_slot, kvh, j0) * (size_t)hd;
+        const int n = pos - j0 + 1, r0 = j0 % P;
+        const size_t base = kv_elem(c, c->s.seq[tok], kl, kvh, 0); /* this head's rows */
         float *out = c->s.att + (size_t)tok * qd + (size_t)h * hd;
         memset(out, 0, (size_t)hd * sizeof(float));
         if (c->kv_kind == KV_I8) {
             /* The row scale is folded into the score and the softmax weight, so each row costs
              * one int8-to-float dot and one axpy, with no dequantized copy to hold anywhere. */
             const int8_t *K = (const int8_t *)c->k_cache + base, *V = (const int8_t *)c->v_cache + base;
-            const size_t sbase = base / (size_t)hd;
+            const size_t sbase = kv_row(c, c->s.seq[tok], kl, kvh, 0);
             const float *ks = c->k_scale + sbase, *vs = c->v_scale + sbase;
             for (int j = 0; j < n; j++) {
-                const int8_t *kr = K + (size_t)j * hd;
+                const size_t r = ring_row(j, r0, P);
+                const int8_t *kr = K + r * hd;
                 float d = 0.0f;
                 for (int i = 0; i < hd; i++) d += (float)kr[i] * q[i];
-                sc[j] = d * ks[j] * scale;
+                sc[j] = d * ks[r] * scale;
             }
             attn_softmax(sc, n, w->sinks, h);
             for (int j = 0; j < n; j++) {
-                const int8_t *vr = V + (size_t)j * hd;
-                const float a = sc[j] * vs[j];
+                const size_t r = ring_row(j, r0, P);
+                const int8_t *vr = V + r * hd;
+                const float a = sc[j] * vs[r];
                 for (int i = 0; i < hd; i++) out[i] += a * (float)vr[i];
             }
         } else if (c->kv_kind == KV_F32) {
             const float *K = (const float *)c->k_cache + base, *V = (const float *)c->v_cache + base;
-            for (int j = 0; j < n; j++) sc[j] = dot_f32(K + (size_t)j * hd, q, hd) * scale;
+            for (int j = 0; j < n; j++) sc[j] = dot_f32(K + ring_row(j, r0, P) * hd, q, hd) * scale;
             attn_softmax(sc, n, w->sinks, h);
-            for (int j = 0; j < n; j++) op_axpy(out, sc[j], V + (size_t)j * hd, hd);
+            for (int j = 0; j < n; j++) op_axpy(out, sc[j], V + ring_row(j, r0, P) * hd, hd);
         } else {
             const uint16_t *K = (const uint16_t *)c->k_cache + base, *V = (const uint16_t *)c->v_cache + base;
-            for (int j = 0; j < n; j++) sc[j] = dot_f16_f32(K + (size_t)j * hd, q, hd) * scale;
+            for (int j = 0; j < n; j++) sc[j] = dot_f16_f32(K + ring_row(j, r0, P) * hd, q, hd) * scale;
             attn_softmax(sc, n, w->sinks, h);
-            for (int j = 0; j < n; j++) axpy_f16(out, sc[j], V + (size_t)j * hd, hd);
+            for (int j = 0; j < n; j++) axpy_f16(out, sc[j], V + ring_row(j, r0, P) * hd, hd);
         }
     }
 }
@@ -93,55 +101,69 @@ void block_attention(struct colibri_context *c, int il, int n, int p0) {
     const model_hparams *hp = &m->hp;
     const layer_weights *w = &m->layers[il];
     scratch *s = &c->s;
-    const int E = hp->n_embd, hd = hp->head_dim, nh = hp->n_head, nkv = hp->n_head_kv;
+    const int E = hp->n_embd, hd = w->head_dim, nh = hp->n_head, nkv = w->n_head_kv, n_rot = w->n_rot;
     const int qd = nh * hd, kvd = nkv * hd, qkv_w = qd + 2 * kvd;
+    const int has_v = w->wv.data != NULL; /* without v_proj the values are the keys' projection (Gemma 4) */
 
-    if (mat_wants_q8a(&w->wq) || mat_wants_q8a(&w->wk) || mat_wants_q8a(&w->wv)) quantize_activations(c, s->xn, s->xnq, n, E);
+    if (mat_wants_q8a(&w->wq) || mat_wants_q8a(&w->wk) || (has_v && mat_wants_q8a(&w->wv)))
+        quantize_activations(c, s->xn, s->xnq, n, E);
     /* with an output gate the q rows go to s.qg first: (q, gate) per head */
     mm_job jobs[3] = {
         hp->attn_out_gate ? job(&w->wq, s->xn, s->xnq, n, s->qg, 2 * qd) : job(&w->wq, s->xn, s->xnq, n, s->qkv, qkv_w),
         job(&w->wk, s->xn, s->xnq, n, s->qkv + qd, qkv_w),
         job(&w->wv, s->xn, s->xnq, n, s->qkv + qd + kvd, qkv_w),
     };
-    run_jobs(c, jobs, 3);
+    run_jobs(c, jobs, has_v ? 3 : 2);
 
-    for (int t = 0; t < n; t++) {
-        float *q = s->qkv + (size_t)t * qkv_w, *k = q + qd, *v = k + kvd;
-        if (hp->attn_out_gate)
-            for (int h = 0; h < nh; h++)
-                memcpy(q + h * hd, s->qg + (size_t)t * 2 * qd + (size_t)h * 2 * hd, (size_t)hd * sizeof(float));
-        if (w->bq) {
-            op_add(q, w->bq, qd);
-            op_add(k, w->bk, kvd);
-            op_add(v, w->bv, kvd);
-        }
-        if (hp->qk_norm == QK_NORM_FULL) {
-            op_rmsnorm(q, w->q_norm, q, qd, hp->norm_eps);
-            op_rmsnorm(k, w->k_norm, k, kvd, hp->norm_eps);
-        } else if (hp->qk_norm == QK_NORM_HEAD) {
-            for (int h = 0; h < nh; h++) op_rmsnorm(q + h * hd, w->q_norm, q + h * hd, hd, hp->norm_eps);
-            for (int h = 0; h < nkv; h++) op_rmsnorm(k + h * hd, w->k_norm, k + h * hd, hd, hp->norm_eps);
-        }
-        const float *cs = s->rope_cs + (size_t)t * hp->n_rot;
-        for (int h = 0; h < nh; h++) op_rope(q + h * hd, hp->n_rot, cs, hp->rope_neox);
-        for (int h = 0; h < nkv; h++) op_rope(k + h * hd, hp->n_rot, cs, hp->rope_neox);
-        for (int h = 0; h < nkv; h++) {
-            const size_t row = kv_row(c, s->seq[t], w->kv_slot, h, s->pos[t]), off = row * hd;
-            if (c->kv_kind == KV_I8) {
-                c->k_scale[row] = quantize_row_i8(k + h * hd, (int8_t *)c->k_cache + off, hd);
-                c->v_scale[row] = quantize_row_i8(v + h * hd, (int8_t *)c->v_cache + off, hd);
-            } else if (c->kv_kind == KV_F32) {
-                memcpy((float *)c->k_cache + off, k + h * hd, (size_t)hd * sizeof(float));
-                memcpy((float *)c->v_cache + off, v + h * hd, (size_t)hd * sizeof(float));
-            } else {
-                fp32_to_fp16_row(k + h * hd, (uint16_t *)c->k_cache + off, hd);
-                fp32_to_fp16_row(v + h * hd, (uint16_t *)c->v_cache + off, hd);
+    /* A ring layer is written and attended in pieces short enough that no piece overwrites a row
+     * one of its own tokens still reads (context.h kv_layer); other layers in one piece. */
+    const kv_layer *kl = &c->kv_layers[il];
+    const int P = kl->positions, piece = P < c->n_ctx ? P - w->window + 1 : n;
+    for (int t0 = 0; t0 < n; t0 += piece) {
+        const int t1 = t0 + piece < n ? t0 + piece : n;
+        for (int t = t0; t < t1; t++) {
+            float *q = s->qkv + (size_t)t * qkv_w, *k = q + qd, *v = k + kvd;
+            if (hp->attn_out_gate)
+                for (int h = 0; h < nh; h++)
+                    memcpy(q + h * hd, s->qg + (size_t)t * 2 * qd + (size_t)h * 2 * hd, (size_t)hd * sizeof(float));
+            if (!has_v) memcpy(v, k, (size_t)kvd * sizeof(float));
+            if (w->v_norm)
+                for (int h = 0; h < nkv; h++) op_rmsnorm(v + h * hd, w->v_norm, v + h * hd, hd, hp->norm_eps);
+            if (w->bq) {
+                op_add(q, w->bq, qd);
+                op_add(k, w->bk, kvd);
+                op_add(v, w->bv, kvd);
+            }
+            if (hp->qk_norm == QK_NORM_FULL) {
+                op_rmsnorm(q, w->q_norm, q, qd, hp->norm_eps);
+                op_rmsnorm(k, w->k_norm, k, kvd, hp->norm_eps);
+            } else if (hp->qk_norm == QK_NORM_HEAD) {
+                for (int h = 0; h < nh; h++) op_rmsnorm(q + h * hd, w->q_norm, q + h * hd, hd, hp->norm_eps);
+                for (int h = 0; h < nkv; h++) op_rmsnorm(k + h * hd, w->k_norm, k + h * hd, hd, hp->norm_eps);
+            }
+            const float *cs = s->rope_cs + (size_t)t * n_rot;
+            for (int h = 0; h < nh; h++) op_rope(q + h * hd, n_rot, cs, hp->rope_neox);
+            for (int h = 0; h < nkv; h++) op_rope(k + h * hd, n_rot, cs, hp->rope_neox);
+            const int slot = s->pos[t] % P;
+            for (int h = 0; h < nkv; h++) {
+                const size_t row = kv_row(c, s->seq[t], kl, h, slot);
+                const size_t off = kv_elem(c, s->seq[t], kl, h, slot);
+                if (c->kv_kind == KV_I8) {
+                    c->k_scale[row] = quantize_row_i8(k + h * hd, (int8_t *)c->k_cache + off, hd);
+                    c->v_scale[row] = quantize_row_i8(v + h * hd, (int8_t *)c->v_cache + off, hd);
+                } else if (c->kv_kind == KV_F32) {
+                    memcpy((float *)c->k_cache + off, k + h * hd, (size_t)hd * sizeof(float));
+                    memcpy((float *)c->v_cache + off, v + h * hd, (size_t)hd * sizeof(float));
+                } else {
+                    fp32_to_fp16_row(k + h * hd, (uint16_t *)c->k_cache + off, hd);
+                    fp32_to_fp16_row(v + h * hd, (uint16_t *)c->v_cache + off, hd);
+                }
             }
         }
-    }
 
-    attn_task at = {c, il, n};
-    pool_run(c->pool, attn_worker, &at);
+        attn_task at = {c, il, t0, t1 - t0};
+        pool_run(c->pool, attn_worker, &at);
+    }
     if (hp->attn_out_gate) /* transformers' gated attention: out *= sigmoid(gate), per element */
         for (int t = 0; t < n; t++)
             for (int h = 0; h < nh; h++) {

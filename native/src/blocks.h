@@ -28,6 +28,9 @@ void block_linear_attention(struct colibri_context *c, int il, int n);
 colibri_status block_ffn(struct colibri_context *c, int il, int n);
 void block_ffn_dense(struct colibri_context *c, int il, int n);
 colibri_status block_ffn_moe(struct colibri_context *c, int il, int n);
+/* The MoE FFN's experts (grouping, expert GLUs, shared expert, weighted sum into s.tmp) over a
+ * routing already chosen by router_select, on s.xn / s.xnq (ffn.c). */
+colibri_status block_moe_experts(struct colibri_context *c, int il, int n);
 
 /* Router of layer il over s.xn (s.xnq quantized when the router's kernel wants it): each
  * token's k experts into s.sel and their weights into s.selw, recorded for

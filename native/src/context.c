@@ -44,8 +44,8 @@ static void *take(planner *p, size_t bytes) {
 static void plan_scratch(struct colibri_context *c, planner *p) {
     const model_hparams *hp = &c->model->hp;
     scratch *s = &c->s;
-    const size_t B = (size_t)c->n_batch, E = (size_t)hp->n_embd, hd = (size_t)hp->head_dim;
-    const size_t qd = (size_t)hp->n_head * hd, kvd = (size_t)hp->n_head_kv * hd;
+    const size_t B = (size_t)c->n_batch, E = (size_t)hp->n_embd;
+    const size_t qd = (size_t)hp->q_dim_max, qkv_w = (size_t)hp->qkv_w_max; /* the widest layer's */
     const size_t k = (size_t)hp->n_expert_used, X = (size_t)hp->n_expert, P = B * k;
     const size_t S = (size_t)hp->n_ff_shexp;
     size_t F = (size_t)hp->n_ff;
@@ -56,7 +56,7 @@ static void plan_scratch(struct colibri_context *c, planner *p) {
     s->x = take(p, B * E * f);
     s->xn = take(p, B * E * f);
     s->xnq = take(p, B * NB(E) * q);
-    s->qkv = take(p, B * (qd + 2 * kvd) * f);
+    s->qkv = take(p, B * qkv_w * f);
     s->att = take(p, B * qd * f);
     s->attq = take(p, B * NB(qd) * q);
     s->tmp = take(p, B * E * f);
@@ -81,6 +81,7 @@ static void plan_scratch(struct colibri_context *c, planner *p) {
     s->sh_actq = take(p, B * NB(S) * q);
     s->sh_down = S ? take(p, B * E * f) : NULL;
     s->sh_w = S ? take(p, B * f) : NULL;
+    s->ffn2 = hp->moe_dense_branch ? take(p, B * E * f) : NULL;
     s->jobs = take(p, (X + 4) * sizeof(mm_job));
     s->glu = take(p, (X + 2) * sizeof(glu_job));
     s->qg = hp->attn_out_gate ? take(p, B * 2 * qd * f) : NULL;
@@ -109,6 +110,7 @@ void context_destroy(struct colibri_context *c) {
     cb_free(c->rs_ckpt);
     cb_free(c->rs_buf);
     cb_free(c->inv_freq);
+    cb_free(c->kv_layers);
     cb_free(c->route_ids);
     cb_free(c->route_w);
     store_destroy(c->store);
@@ -281,9 +283,12 @@ static colibri_status state_create(struct colibri_context *c) {
 int32_t context_rewind(struct colibri_context *c, int seq, int32_t n) {
     int32_t *past = &c->seq_past[seq];
     if (n >= *past) return *past;
-    if (c->rs_bytes == 0) { /* KV rows past n are simply overwritten by the next eval */
-        *past = n;
-        return n;
+    if (c->rs_bytes == 0) {
+        /* KV rows past n are simply overwritten by the next eval. A sliding-window layer's ring
+         * holds only its last rows: rolling back further than kv_reach positions lost rows the
+         * next token reads, so the cache is cleared instead (colibri_n_past tells). */
+        *past = *past - n > c->kv_reach ? 0 : n;
+        return *past;
     }
     /* a model with recurrent state holds one sequence (context_create), so seq is 0 here */
     float *live = c->rs_buf, *ckpt = c->rs_buf + c->rs_bytes / sizeof(float);
@@ -305,17 +310,36 @@ void context_state_checkpoint(struct colibri_context *c) {
     c->rs_ckpt_pos = c->seq_past[0];
 }
 
+int32_t context_kv_positions(const struct colibri_model *m, int il, const colibri_context_params *p) {
+    if (m->layers[il].recurrent) return 0; /* no attention, no KV rows */
+    const int32_t w = m->layers[il].window;
+    if (w <= 0) return p->n_ctx;
+    const int64_t ring = (int64_t)w + (p->n_batch < w ? p->n_batch : w) - 1;
+    return ring < p->n_ctx ? (int32_t)ring : p->n_ctx;
+}
+
+/* The KV rows (one per layer, KV head and kept position) and their elements, over all layers. */
+static void kv_totals(const struct colibri_model *m, const colibri_context_params *p, size_t *rows, size_t *elems) {
+    *rows = *elems = 0;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const layer_weights *w = &m->layers[il];
+        const size_t r = (size_t)w->n_head_kv * (size_t)context_kv_positions(m, il, p);
+        *rows += r;
+        *elems += r * (size_t)w->head_dim;
+    }
+}
+
 size_t context_kv_bytes(const struct colibri_model *m, const colibri_context_params *p) {
     return (size_t)(p->n_seq_max > 0 ? p->n_seq_max : 1) * context_kv_seq_bytes(m, p);
 }
 
 size_t context_kv_seq_bytes(const struct colibri_model *m, const colibri_context_params *p) {
-    const model_hparams *hp = &m->hp;
-    const size_t rows = (size_t)hp->n_layer_kv * hp->n_head_kv * (size_t)p->n_ctx, hd = (size_t)hp->head_dim;
+    size_t rows, elems;
+    kv_totals(m, p, &rows, &elems);
     switch (context_kv_kind(m, p)) {
-    case KV_I8: return 2 * rows * (hd + sizeof(float)); /* int8 values + one float scale per row */
-    case KV_F32: return 2 * rows * hd * sizeof(float);
-    default: return 2 * rows * hd * sizeof(uint16_t);
+    case KV_I8: return 2 * (elems + rows * sizeof(float)); /* int8 values + one float scale per row */
+    case KV_F32: return 2 * elems * sizeof(float);
+    default: return 2 * elems * sizeof(uint16_t);
     }
 }
 
@@ -363,9 +387,30 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
             return st;
         }
     }
-    c->kv_seq_rows = (size_t)hp->n_layer_kv * hp->n_head_kv * (size_t)c->n_ctx;
-    const size_t kv_rows = c->kv_seq_rows * (size_t)c->n_seq_max;
-    const size_t kv_elems = kv_rows * hp->head_dim;
+    size_t kv_seq_rows, kv_seq_elems;
+    kv_totals(m, &p, &kv_seq_rows, &kv_seq_elems);
+    c->kv_seq_rows = kv_seq_rows;
+    c->kv_seq_elems = kv_seq_elems;
+    const size_t kv_rows = kv_seq_rows * (size_t)c->n_seq_max, kv_elems = kv_seq_elems * (size_t)c->n_seq_max;
+    c->kv_layers = cb_malloc((size_t)hp->n_layer * sizeof *c->kv_layers);
+    if (!c->kv_layers) {
+        context_destroy(c);
+        return cb_error(COLIBRI_E_NOMEM, "out of memory");
+    }
+    c->kv_reach = c->n_ctx;
+    for (size_t il = 0, e0 = 0, r0 = 0; il < (size_t)hp->n_layer; il++) {
+        const layer_weights *w = &m->layers[il];
+        kv_layer *kl = &c->kv_layers[il];
+        kl->positions = context_kv_positions(m, (int)il, &p);
+        kl->head_dim = w->head_dim;
+        kl->elem0 = e0;
+        kl->row0 = r0;
+        r0 += (size_t)w->n_head_kv * (size_t)kl->positions;
+        e0 += (size_t)w->n_head_kv * (size_t)kl->positions * (size_t)w->head_dim;
+        /* a ring keeps positions - window + 1 positions more than the window needs */
+        if (kl->positions > 0 && kl->positions < c->n_ctx && kl->positions - w->window + 1 < c->kv_reach)
+            c->kv_reach = kl->positions - w->window + 1;
+    }
     c->kv_kind = context_kv_kind(m, &p);
     const size_t kv_elem_bytes = c->kv_kind == KV_F32 ? sizeof(float) : c->kv_kind == KV_I8 ? 1 : sizeof(uint16_t);
     c->kv_bytes = context_kv_bytes(m, &p);

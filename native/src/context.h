@@ -19,8 +19,8 @@ typedef struct scratch {
     float *x;            /* [B][n_embd] residual stream */
     float *xn;           /* [B][n_embd] normed input of the current block */
     block_q8a *xnq;      /* [B][n_embd/32] */
-    float *qkv;          /* [B][q_dim + 2*kv_dim] */
-    float *att;          /* [B][q_dim] attention output */
+    float *qkv;          /* [B][qkv_w_max]: q, k, v of the layer being run (its own q_dim + 2*kv_dim) */
+    float *att;          /* [B][q_dim_max] attention output */
     block_q8a *attq;     /* [B][q_dim/32] */
     float *tmp;          /* [B][n_embd] output of a projection before the residual add */
     float *rope_cs;      /* [B][n_rot] cos then sin per position */
@@ -46,6 +46,7 @@ typedef struct scratch {
     block_q8a *sh_actq;  /* [B][n_ff_shexp/32] */
     float *sh_down;      /* [B][n_embd] */
     float *sh_w;         /* [B] sigmoid gate of the shared expert */
+    float *ffn2;         /* [B][n_embd] the dense MLP's output beside the experts (moe_dense_branch), else NULL */
     mm_job *jobs;        /* [n_expert + 4] */
     glu_job *glu;        /* [n_expert + 2] */
     /* gated attention (hp.attn_out_gate): the q projection's rows, q and gate per head */
@@ -67,6 +68,16 @@ typedef struct rstate_layer {
     float *conv;  /* [C][K-1], oldest input first */
     float *ssm;   /* [H][d_state][dv] */
 } rstate_layer;
+/* Where one layer's rows sit in the KV cache. A layer keeps `positions` rows per KV head: n_ctx,
+ * or for a sliding-window layer a ring of window + min(n_batch, window) - 1 rows (when that is
+ * fewer), position p in row p % positions. A chunk is attended in pieces of at most
+ * positions - window + 1 tokens, so the rows a piece reads are never overwritten by its own
+ * writes. Values at elem0 + (h * positions + row) * head_dim, INT8 scales at row0 + h * positions + row. */
+typedef struct kv_layer {
+    int32_t positions;
+    int32_t head_dim;  /* the layer's own (its KV rows' width) */
+    size_t elem0, row0;
+} kv_layer;
 
 struct colibri_context {
     struct colibri_model *model;
@@ -77,8 +88,10 @@ struct colibri_context {
      * the eval driver (index of each sequence's last token in the call) */
     int32_t *seq_past, *seq_saved, *seq_last;
     cb_pool *pool;
-    /* KV cache [n_seq_max][n_layer][n_head_kv][n_ctx][head_dim] (kv_row() indexes it), so one
-     * sequence's rows are one contiguous block of kv_seq_rows rows. F16 — or F32 when the model's attention
+    /* KV cache [n_seq_max][layer][n_head_kv][positions][head_dim]: one contiguous block of
+     * kv_seq_elems elements (kv_seq_rows rows) per sequence; within it each layer has its own
+     * n_head_kv, head_dim and positions (kv_layers; 0 rows for a recurrent layer), indexed by
+     * kv_row()/kv_elem(). F16 — or F32 when the model's attention
      * weights are F32: a full-precision file is meant to reproduce the reference exactly, and
      * F16 keys alone move its logits by ~1e-3 relative. INT8 (kv_type COLIBRI_KV_INT8, opt-in)
      * halves the memory for long contexts, with the per-row scales below. */
@@ -88,8 +101,11 @@ struct colibri_context {
     /* KV_I8 only: [n_seq_max][n_layer][n_head_kv][n_ctx] scales (absmax/127) of the int8 rows above */
     float *k_scale;
     float *v_scale;
-    size_t kv_seq_rows;  /* n_layer * n_head_kv * n_ctx: rows of one sequence */
-    size_t kv_bytes;     /* all sequences */
+    size_t kv_seq_rows;   /* rows (positions x KV heads, all layers) of one sequence */
+    size_t kv_seq_elems;  /* elements of one sequence's K (or V) rows */
+    size_t kv_bytes;      /* all sequences */
+    kv_layer *kv_layers;  /* [n_layer] */
+    int32_t kv_reach;     /* how far back colibri_truncate can go and keep every ring's rows (n_ctx: no ring) */
     float *inv_freq;     /* [n_rot/2] */
     arena arena;
     scratch s;
@@ -145,12 +161,19 @@ size_t context_scratch_bytes(const struct colibri_model *m, const colibri_contex
 enum { KV_F16 = 0, KV_F32 = 1, KV_I8 = 2 };
 int context_kv_kind(const struct colibri_model *m, const colibri_context_params *p);
 size_t context_kv_seq_bytes(const struct colibri_model *m, const colibri_context_params *p);
+/* The rows per KV head layer il keeps (kv_layer.positions) for resolved params p. */
+int32_t context_kv_positions(const struct colibri_model *m, int il, const colibri_context_params *p);
 size_t context_kv_bytes(const struct colibri_model *m, const colibri_context_params *p);
 
-/* Index of the KV row (and scale) of position pos of KV head h, layer il, sequence seq. */
-static inline size_t kv_row(const struct colibri_context *c, int seq, int il, int h, int pos) {
-    return (size_t)seq * c->kv_seq_rows + ((size_t)il * (size_t)c->model->hp.n_head_kv + (size_t)h) * (size_t)c->n_ctx +
-           (size_t)pos;
+/* Where the KV of sequence seq, layer kl, KV head h, cache row `slot` (the position, or the
+ * position modulo a ring's kl->positions) sits: its row (the INT8 scale's index) and its first
+ * element. */
+static inline size_t kv_row(const struct colibri_context *c, int seq, const kv_layer *kl, int h, int slot) {
+    return (size_t)seq * c->kv_seq_rows + kl->row0 + (size_t)h * (size_t)kl->positions + (size_t)slot;
+}
+static inline size_t kv_elem(const struct colibri_context *c, int seq, const kv_layer *kl, int h, int slot) {
+    return (size_t)seq * c->kv_seq_elems + kl->elem0 +
+           ((size_t)h * (size_t)kl->positions + (size_t)slot) * (size_t)kl->head_dim;
 }
 /* Bytes of one copy of the recurrent states of every layer (0 when the model has none); the
  * ledger plans two (live and checkpoint). */

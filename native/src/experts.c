@@ -106,7 +106,7 @@ static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 static void expert_range(const struct colibri_model *m, int l, int e, int p, uint64_t *off, uint64_t *len) {
     const layer_weights *w = &m->layers[l];
     const mat3 *t = p == 0 ? &w->gate_exps : p == 1 ? &w->up_exps : &w->down_exps;
-    *off = (uint64_t)((const unsigned char *)t->data - m->file.map) + (uint64_t)e * t->expert_bytes;
+    *off = (uint64_t)((const unsigned char *)t->data - m->file.map) + (uint64_t)e * t->expert_stride;
     *len = t->expert_bytes;
 }
 
@@ -224,6 +224,8 @@ static int digests_match(const expert_store *s, const slot *sl) {
     const mat3 *src[3] = {&w->gate_exps, &w->up_exps, &w->down_exps};
     for (int p = 0; p < 3; p++) {
         uint64_t want, off, len;
+        /* half of a fused gate/up tensor: its digest covers both halves (checked when the file is verified) */
+        if (src[p]->expert_stride != src[p]->expert_bytes) continue;
         if (!resident_expert_digest(s->m, src[p]->data, sl->expert, &want)) return 1;
         expert_range(s->m, sl->layer, sl->expert, p, &off, &len);
         if (digest_bytes(sl->mem + s->region_off[p] + (off & (STORE_IO_ALIGN - 1)), (size_t)len) != want) return 0;

@@ -119,9 +119,7 @@ colibri_status block_ffn_moe(struct colibri_context *c, int il, int n) {
     const model_hparams *hp = &m->hp;
     const layer_weights *w = &m->layers[il];
     scratch *s = &c->s;
-    const int E = hp->n_embd, X = hp->n_expert, k = hp->n_expert_used, S = hp->n_ff_shexp;
-    const int has_sh = S > 0;
-    const int nbE = E / QK8A;
+    const int E = hp->n_embd, has_sh = hp->n_ff_shexp > 0;
 
     const int q_in =
         mat_wants_q8a(&w->router) || (has_sh && (mat_wants_q8a(&w->sh_gate) || mat_wants_q8a(&w->sh_up)));
@@ -130,6 +128,21 @@ colibri_status block_ffn_moe(struct colibri_context *c, int il, int n) {
 
     /* 1-2. router logits, top-k and weights into s.sel / s.selw */
     router_select(c, il, n);
+    return block_moe_experts(c, il, n);
+}
+
+/* Steps 3-6 of the MoE FFN over the routing already in s.sel / s.selw, on s.xn (and s.xnq
+ * where the experts' kernels want it); the recipe that routes on another input than the
+ * experts' (Gemma 4) calls it after its own router_select. */
+colibri_status block_moe_experts(struct colibri_context *c, int il, int n) {
+    const struct colibri_model *m = c->model;
+    const model_hparams *hp = &m->hp;
+    const layer_weights *w = &m->layers[il];
+    scratch *s = &c->s;
+    const int E = hp->n_embd, X = hp->n_expert, k = hp->n_expert_used, S = hp->n_ff_shexp;
+    const int has_sh = S > 0;
+    const int nbE = E / QK8A;
+    const int q_exp = kernel_wants_q8a(w->gate_exps.type) || kernel_wants_q8a(w->up_exps.type);
 
     /* 3. group the (token, expert) pairs by expert: cnt[e] becomes the end offset of
      *    expert e's pairs (start = end of e-1), pairs keep token order within an expert */

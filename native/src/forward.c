@@ -93,6 +93,9 @@ static colibri_status eval_chunk(struct colibri_context *c, const int32_t *tok, 
     if (hp->logit_scale != 1.0f) /* a division, as transformers' logits / logits_scaling */
         for (size_t i = 0; i < (size_t)nr * hp->n_vocab; i++) logits[i] /= hp->logit_scale;
     *n_rows = nr;
+    if (hp->final_softcap > 0.0f) /* as transformers: tanh(logits / cap) * cap */
+        for (size_t i = 0; i < (size_t)nr * hp->n_vocab; i++)
+            logits[i] = tanhf(logits[i] / hp->final_softcap) * hp->final_softcap;
     return COLIBRI_OK;
 }
 

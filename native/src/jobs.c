@@ -61,6 +61,7 @@ static void glu_worker(void *arg, int ith, int nth) {
             if (jb->bg) op_add(g, jb->bg + r0, r1 - r0);
             if (jb->bu) op_add(u, jb->bu + r0, r1 - r0);
             if (jb->act == FFN_SWIGLU_OAI) op_swiglu_oai(g, u, r1 - r0, jb->alpha, jb->limit);
+            else if (jb->act == FFN_GEGLU_TANH) op_gelu_tanh_mul(g, u, r1 - r0);
             else op_silu_mul(g, u, r1 - r0);
             if (jb->actq) quantize_row_q8a(g, jb->actq + ((size_t)tk * F + r0) / QK8A, r1 - r0);
         }

@@ -22,8 +22,8 @@ typedef struct mm_job {
 } mm_job;
 
 /* A SwiGLU job: g = act(W_gate x + bg, W_up x + bu) for n_tok tokens, g and u rows of width
- * ld = gate.rows; act is silu(gate) * up, or the clamped gpt-oss form (FFN_SWIGLU_OAI, with
- * alpha and limit); the biases are optional. With actq set, g is also quantized to block_q8a
+ * ld = gate.rows; act is silu(gate) * up, the clamped gpt-oss form (FFN_SWIGLU_OAI, with
+ * alpha and limit) or gelu_tanh(gate) * up (FFN_GEGLU_TANH); the biases are optional. With actq set, g is also quantized to block_q8a
  * rows (ld / 32 blocks) for the down projection. Each thread finishes its own rows completely
  * (both products, the gate, the quantization of its blocks), so no serial pass remains between
  * gate/up and down. */

@@ -65,13 +65,20 @@ static uint64_t kv_model_id(const struct colibri_model *m) {
 
 static size_t kv_elem_bytes(int kind) { return kind == KV_F32 ? 4 : kind == KV_I8 ? 1 : 2; }
 
-/* Bytes of the KV section's data for n tokens. */
+/* Bytes of the KV section's data for n tokens: K then V rows of every layer that has attention
+ * (each with its own KV heads and head_dim), then the INT8 scales. */
 static size_t kv_section_bytes(const struct colibri_context *c, int32_t n) {
-    const model_hparams *hp = &c->model->hp;
-    const size_t rows = (size_t)hp->n_layer_kv * (size_t)hp->n_head_kv;
-    size_t b = 2 * rows * (size_t)n * (size_t)hp->head_dim * kv_elem_bytes(c->kv_kind);
-    if (c->kv_kind == KV_I8) b += 2 * rows * (size_t)n * sizeof(float);
-    return b;
+    size_t rows = 0, elems = 0;
+    for (int il = 0; il < c->model->hp.n_layer; il++) {
+        const kv_layer *kl = &c->kv_layers[il];
+        if (kl->positions == 0) continue;
+        const size_t r = (size_t)c->model->layers[il].n_head_kv * (size_t)n;
+        rows += r;
+        elems += r * (size_t)kl->head_dim;
+    }
+    size_t bytes = 2 * elems * kv_elem_bytes(c->kv_kind);
+    if (c->kv_kind == KV_I8) bytes += 2 * rows * sizeof(float);
+    return bytes;
 }
 
 static size_t state_bytes(const struct colibri_context *c, int32_t n) {
@@ -82,6 +89,11 @@ static colibri_status check_n(const struct colibri_context *c, int32_t n, const 
     if (n < 0 || n > c->seq_past[0])
         return cb_error(COLIBRI_E_INVALID_ARG, "%s: n_tokens %d is outside [0, %d] (the tokens in the cache)", fn,
                         (int)n, (int)c->seq_past[0]);
+    if (n > 0 && c->kv_reach < c->n_ctx)
+        return cb_error(COLIBRI_E_UNSUPPORTED,
+                        "%s: this model's sliding-window layers keep a ring of their last rows, not the rows "
+                        "of its first %d tokens (state of 0 tokens only)",
+                        fn, (int)n);
     /* a recurrent state exists for the context's current position only (and one checkpoint) */
     if (n > 0 && c->rs_bytes)
         return cb_error(COLIBRI_E_UNSUPPORTED,
@@ -99,32 +111,38 @@ colibri_status colibri_state_size(const colibri_context *ctx, int32_t n_tokens, 
     return COLIBRI_OK;
 }
 
-/* Copy between a cache laid out [n_layer*n_head_kv][n_ctx][w] (w elements of `eb` bytes per
- * position) and a packed [n_layer*n_head_kv][n][w] run; to_blob picks the direction. */
-static void copy_rows(unsigned char *blob, unsigned char *cache, size_t rows, int32_t n_ctx, int32_t n, size_t w,
-                      int to_blob) {
-    const size_t run = (size_t)n * w, stride = (size_t)n_ctx * w;
-    for (size_t r = 0; r < rows; r++) {
-        if (to_blob)
-            memcpy(blob + r * run, cache + r * stride, run);
-        else
-            memcpy(cache + r * stride, blob + r * run, run);
-    }
-}
-
-/* Move the KV section's data (kv_section_bytes(c, n) bytes at p) out of or into the context. */
+/* Move the KV section's data (kv_section_bytes(c, n) bytes at p) out of or into sequence 0's
+ * cache; to_blob picks the direction. Every layer with attention keeps n_ctx rows per head here
+ * (check_n refuses contexts with a sliding-window ring), so positions 0..n-1 are rows 0..n-1. */
 static void kv_section_io(struct colibri_context *c, int32_t n, unsigned char *p, int to_blob) {
-    const model_hparams *hp = &c->model->hp;
-    const size_t rows = (size_t)hp->n_layer_kv * (size_t)hp->n_head_kv;
-    const size_t w = (size_t)hp->head_dim * kv_elem_bytes(c->kv_kind);
-    const size_t part = rows * (size_t)n * w;
-    copy_rows(p, c->k_cache, rows, c->n_ctx, n, w, to_blob);
-    copy_rows(p + part, c->v_cache, rows, c->n_ctx, n, w, to_blob);
-    if (c->kv_kind == KV_I8) {
-        const size_t sp = rows * (size_t)n * sizeof(float);
-        copy_rows(p + 2 * part, (unsigned char *)c->k_scale, rows, c->n_ctx, n, sizeof(float), to_blob);
-        copy_rows(p + 2 * part + sp, (unsigned char *)c->v_scale, rows, c->n_ctx, n, sizeof(float), to_blob);
-    }
+    const size_t eb = kv_elem_bytes(c->kv_kind);
+    unsigned char *const caches[2] = {c->k_cache, c->v_cache};
+    float *const scales[2] = {c->k_scale, c->v_scale};
+    for (int kv = 0; kv < 2; kv++)
+        for (int il = 0; il < c->model->hp.n_layer; il++) {
+            const kv_layer *kl = &c->kv_layers[il];
+            if (kl->positions == 0) continue;
+            for (int h = 0; h < c->model->layers[il].n_head_kv; h++) {
+                unsigned char *row = caches[kv] + kv_elem(c, 0, kl, h, 0) * eb;
+                const size_t run = (size_t)n * (size_t)kl->head_dim * eb;
+                if (to_blob) memcpy(p, row, run);
+                else memcpy(row, p, run);
+                p += run;
+            }
+        }
+    if (c->kv_kind != KV_I8) return;
+    for (int kv = 0; kv < 2; kv++)
+        for (int il = 0; il < c->model->hp.n_layer; il++) {
+            const kv_layer *kl = &c->kv_layers[il];
+            if (kl->positions == 0) continue;
+            for (int h = 0; h < c->model->layers[il].n_head_kv; h++) {
+                float *row = scales[kv] + kv_row(c, 0, kl, h, 0);
+                const size_t run = (size_t)n * sizeof(float);
+                if (to_blob) memcpy(p, row, run);
+                else memcpy(row, p, run);
+                p += run;
+            }
+        }
 }
 
 colibri_status colibri_state_save(colibri_context *ctx, int32_t n_tokens, void *buf, size_t cap, size_t *written) {
@@ -182,8 +200,9 @@ static colibri_status state_check(const struct colibri_context *c, const unsigne
         return cb_error(COLIBRI_E_INVALID_ARG, "%s: the state has %u layers, %u KV heads of %u, the model %d, %d of %d",
                         fn, rd32(b + 24), rd32(b + 28), rd32(b + 32), (int)hp->n_layer, (int)hp->n_head_kv,
                         (int)hp->head_dim);
-    if (rd32(b + 40) > 0 && c->rs_bytes)
-        return cb_error(COLIBRI_E_UNSUPPORTED, "%s: this model's recurrent state is not restored from a blob", fn);
+    if (rd32(b + 40) > 0 && (c->rs_bytes || c->kv_reach < c->n_ctx))
+        return cb_error(COLIBRI_E_UNSUPPORTED,
+                        "%s: this model's recurrent state or sliding-window ring is not restored from a blob", fn);
     if (rd32(b + 36) != (uint32_t)c->kv_kind)
         return cb_error(COLIBRI_E_INVALID_ARG, "%s: the state's KV cache is %s, this context's is %s", fn,
                         kind_name(rd32(b + 36)), kind_name((uint32_t)c->kv_kind));

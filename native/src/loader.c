@@ -133,6 +133,7 @@ colibri_status ld_mat3(const loader *L, const char *name, int64_t cols, int64_t 
     out->cols = (int32_t)cols;
     out->row_bytes = type_row_bytes(t->type, (uint64_t)cols);
     out->expert_bytes = out->row_bytes * (size_t)rows;
+    out->expert_stride = out->expert_bytes;
     if (out->row_bytes == 0 || out->expert_bytes * (uint64_t)n_expert != t->nbytes)
         return cb_error(COLIBRI_E_FORMAT, "tensor %s: byte size does not match its shape and type", name);
     return COLIBRI_OK;

@@ -61,7 +61,19 @@ static colibri_status read_common_hparams(loader *L) {
     if ((st = ld_i32(L, "block_count", 1, 0, 1, MAX_LAYERS, &hp->n_layer))) return st;
     if ((st = ld_i32(L, "embedding_length", 1, 0, 1, MAX_EMBD, &hp->n_embd))) return st;
     if ((st = ld_i32(L, "attention.head_count", 1, 0, 1, MAX_HEADS, &hp->n_head))) return st;
-    if ((st = ld_i32(L, "attention.head_count_kv", 0, hp->n_head, 1, MAX_HEADS, &hp->n_head_kv))) return st;
+    char kvkey[160];
+    gguf_value_type kvt;
+    uint64_t kvn;
+    if (gguf_get_arr(L->f, ld_key(L, "attention.head_count_kv", kvkey, sizeof kvkey), &kvt, &kvn) == 1) {
+        /* per-layer KV head counts: the architecture reads them (read_hparams), or the file is refused */
+        if (!L->m->arch->per_layer_kv)
+            return cb_error(COLIBRI_E_UNSUPPORTED, "metadata %s is a per-layer array, which %s does not support", kvkey,
+                            L->arch);
+        hp->n_head_kv = hp->n_head;
+    } else if ((st = ld_i32(L, "attention.head_count_kv", 0, hp->n_head, 1, MAX_HEADS, &hp->n_head_kv))) {
+        return st;
+    }
+    cb_clear_error();
     if (hp->n_head % hp->n_head_kv != 0)
         return cb_error(COLIBRI_E_FORMAT, "head_count %d is not a multiple of head_count_kv %d", hp->n_head,
                         hp->n_head_kv);
@@ -87,7 +99,7 @@ static colibri_status read_common_hparams(loader *L) {
     hp->n_layer_kv = hp->n_layer; /* an architecture with recurrent layers lowers it */
 
     if ((st = read_rope_scaling(L))) return st;
-    if (ld_find(L, "rope_freqs.weight"))
+    if (ld_find(L, "rope_freqs.weight") && !L->m->arch->per_layer_kv)
         return cb_error(COLIBRI_E_UNSUPPORTED, "per-dimension RoPE frequencies (rope_freqs) are not supported");
 
     if ((st = ld_i32(L, "expert_count", 0, 0, 0, MAX_EXPERTS, &hp->n_expert))) return st;
@@ -120,6 +132,12 @@ static colibri_status read_ffn_widths(loader *L) {
     int32_t meta;
     const char *what = hp->n_expert > 0 ? "blk.0.ffn_gate_exps.weight" : "blk.0.ffn_gate.weight";
     const gguf_tensor *t = ld_find(L, what);
+    int fused = 0; /* gate and up in one tensor: twice the width (the architecture splits it) */
+    if (!t && hp->n_expert > 0 && (t = ld_find(L, "blk.0.ffn_gate_up_exps.weight"))) {
+        what = "blk.0.ffn_gate_up_exps.weight";
+        fused = 1;
+        if (t->ne[1] % 2) return ld_shape_error(t, "an even gate+up width");
+    }
     if (!t) return cb_error(COLIBRI_E_FORMAT, "tensor %s is missing", what);
     if (t->ne[1] < 1 || t->ne[1] > MAX_FF) return ld_shape_error(t, "an FFN width in range");
     if (hp->n_expert == 0) {
@@ -130,7 +148,7 @@ static colibri_status read_ffn_widths(loader *L) {
         return COLIBRI_OK;
     }
     hp->n_ff = 0;
-    hp->n_ff_exp = (int32_t)t->ne[1];
+    hp->n_ff_exp = (int32_t)(fused ? t->ne[1] / 2 : t->ne[1]);
     if ((st = ld_i32(L, "expert_feed_forward_length", 0, hp->n_ff_exp, 1, MAX_FF, &meta))) return st;
     if (meta != hp->n_ff_exp)
         return cb_error(COLIBRI_E_FORMAT, "expert_feed_forward_length %d disagrees with %s", meta, what);
@@ -157,15 +175,32 @@ static colibri_status read_global_weights(loader *L) {
     return COLIBRI_OK;
 }
 
+/* Every layer's attention geometry (the model's unless its architecture set one) and the
+ * widest rows the context sizes its scratch by. */
+static void layer_geometry(struct colibri_model *m) {
+    model_hparams *hp = &m->hp;
+    hp->qkv_w_max = hp->q_dim_max = 0;
+    for (int il = 0; il < hp->n_layer; il++) {
+        layer_weights *w = &m->layers[il];
+        if (!w->head_dim) w->head_dim = hp->head_dim;
+        if (!w->n_head_kv) w->n_head_kv = hp->n_head_kv;
+        if (!w->n_rot) w->n_rot = hp->n_rot;
+        const int32_t qd = hp->n_head * w->head_dim, qkv = qd + 2 * w->n_head_kv * w->head_dim;
+        if (qd > hp->q_dim_max) hp->q_dim_max = qd;
+        if (qkv > hp->qkv_w_max) hp->qkv_w_max = qkv;
+    }
+}
+
 static colibri_status read_layers(loader *L) {
     struct colibri_model *m = L->m;
     m->layers = cb_calloc((size_t)m->hp.n_layer, sizeof(layer_weights));
     if (!m->layers) return cb_error(COLIBRI_E_NOMEM, "out of memory");
     for (int il = 0; il < m->hp.n_layer; il++) {
-        m->layers[il].kv_slot = il;
+        m->layers[il].layer_scale = 1.0f;
         colibri_status st = m->arch->read_layer(L, il);
         if (st) return st;
     }
+    layer_geometry(m);
     return COLIBRI_OK;
 }
 
@@ -217,6 +252,15 @@ void model_free(struct colibri_model *m) {
             cb_free(w->la_dt);
             cb_free(w->la_a);
             cb_free(w->la_norm);
+            cb_free(w->v_norm);
+            cb_free(w->rope_freqs);
+            cb_free(w->attn_post_norm);
+            cb_free(w->ffn_post_norm);
+            cb_free(w->ffn_post_norm_1);
+            cb_free(w->ffn_pre_norm_2);
+            cb_free(w->ffn_post_norm_2);
+            cb_free(w->router_in_scale);
+            cb_free(w->expert_scale);
         }
         cb_free(m->layers);
     }
@@ -294,7 +338,7 @@ expert_view model_expert_view(const struct colibri_model *m, int layer, int e) {
     const mat3 *src[3] = {&w->gate_exps, &w->up_exps, &w->down_exps};
     mat *dst[3] = {&v.gate, &v.up, &v.down};
     for (int i = 0; i < 3; i++) {
-        dst[i]->data = (const char *)src[i]->data + (size_t)e * src[i]->expert_bytes;
+        dst[i]->data = (const char *)src[i]->data + (size_t)e * src[i]->expert_stride;
         dst[i]->type = src[i]->type;
         dst[i]->rows = src[i]->rows;
         dst[i]->cols = src[i]->cols;

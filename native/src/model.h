@@ -26,7 +26,7 @@ enum { ROUTER_SOFTMAX_TOPK = 0, ROUTER_TOPK_SOFTMAX = 1 };
 
 /* The gated activation of the FFNs (jobs.c): silu(gate) * up, or gpt-oss's clamped variant
  * (op_swiglu_oai with swiglu_alpha and swiglu_limit). */
-enum { FFN_SWIGLU = 0, FFN_SWIGLU_OAI = 1 };
+enum { FFN_SWIGLU = 0, FFN_SWIGLU_OAI = 1, FFN_GEGLU_TANH = 2 /* gelu_pytorch_tanh(gate) * up (Gemma 4) */ };
 
 /* Where the q/k RMSNorms sit (applied after the projections and biases, before RoPE). */
 enum { QK_NORM_NONE = 0, QK_NORM_HEAD = 1 /* per head, weight [head_dim] */, QK_NORM_FULL = 2 /* over q / k */ };
@@ -48,6 +48,8 @@ typedef struct mat3 {
     int32_t cols;
     size_t row_bytes;
     size_t expert_bytes;  /* rows * row_bytes */
+    size_t expert_stride; /* bytes from one expert to the next: expert_bytes, or more for one half of a
+                           * tensor with gate and up fused (ffn_gate_up_exps, gemma4 from llama.cpp) */
 } mat3;
 
 /* One expert's three projections, as the forward pass sees them. */
@@ -65,6 +67,18 @@ typedef struct layer_weights {
     float *sinks;                /* [n_head] attention-sink logits (gpt-oss), NULL if none */
     int32_t window;              /* sliding window: a token sees the last `window` positions; 0: all */
     float *q_norm, *k_norm;      /* qwen3moe: [hd] each; olmoe: [n_head*hd], [n_kv*hd]; else NULL */
+    /* This layer's attention geometry: the model's head_dim, n_head_kv and n_rot unless the
+     * architecture sets its own per layer (Gemma 4's local and global layers differ); model.c
+     * fills the defaults. Where its rows sit in the KV cache is the context's (context.h kv_layer). */
+    int32_t head_dim, n_head_kv, n_rot;
+    float *v_norm;               /* [head_dim] RMSNorm of v per head (Gemma 4: unweighted, all ones), NULL if none */
+    float *rope_freqs;           /* [n_rot/2] the layer's own RoPE frequencies (Gemma 4), NULL: the model's */
+    /* Gemma 4's extra norms (NULL elsewhere): on the attention output, on the dense MLP's output
+     * (post_ffw_norm_1), on the experts' input and output (pre/post_ffw_norm_2), on their sum */
+    float *attn_post_norm, *ffn_post_norm, *ffn_post_norm_1, *ffn_pre_norm_2, *ffn_post_norm_2;
+    float *router_in_scale;      /* [n_embd] Gemma 4: the router sees RMSNorm(x) * this (scale / sqrt(n_embd)) */
+    float *expert_scale;         /* [n_expert] Gemma 4: multiplies each chosen expert's routing weight */
+    float layer_scale;           /* Gemma 4: the residual stream is multiplied by this after the layer */
     float *ffn_norm;             /* [n_embd] */
     /* dense FFN (n_expert == 0) */
     mat ffn_gate, ffn_up, ffn_down;  /* [n_ff][n_embd], [n_ff][n_embd], [n_embd][n_ff] */
@@ -77,8 +91,6 @@ typedef struct layer_weights {
     /* qwen2moe shared expert */
     mat sh_gate, sh_up, sh_down;     /* [n_ff_shexp][n_embd] x2, [n_embd][n_ff_shexp] */
     float *sh_gate_inp;              /* [n_embd]: y += sigmoid(x . sh_gate_inp) * shared(x) */
-    /* where this layer's K/V rows sit in the KV cache (0..n_layer_kv-1); set to il before read_layer */
-    int32_t kv_slot;
     /* Gated DeltaNet linear attention (qwen35moe; recurrent != 0, the layer has no KV). Channels of
      * the short convolution C = 2*n_group*d_state + d_inner (q, k, v); v heads H = ssm_dt_rank of
      * width dv = d_inner/H, k heads G = ssm_n_group of width d_state; v head h reads k head h % G
@@ -120,6 +132,15 @@ typedef struct model_hparams {
                                    * that have one, e.g. GraniteMoE's) */
     float rope_freq_base;
     float norm_eps;
+    float final_softcap;          /* logits = cap * tanh(logits / cap) when > 0 (Gemma 4) */
+    /* Gemma 4's local (sliding-window) layers: their head_dim and RoPE base (head_dim and
+     * rope_freq_base above are the global layers') */
+    int32_t head_dim_swa;
+    float rope_freq_base_swa;
+    int32_t moe_dense_branch;     /* a dense MLP runs beside the experts (Gemma 4; scratch s.ffn2) */
+    /* The widest q+k+v row and q row of one layer (layer_weights.head_dim ...), set by model.c
+     * after the layers are read: the context's scratch is sized by them. */
+    int32_t qkv_w_max, q_dim_max;
     int32_t bos_token_id, eos_token_id;
     int32_t n_layer_kv;           /* layers that keep K/V rows (= n_layer unless some are recurrent) */
     int32_t attn_out_gate;        /* attention q projection also yields a per-head output gate:

@@ -73,6 +73,15 @@ void op_swiglu_oai(float *g, const float *u, int n, float alpha, float limit) {
     }
 }
 
+void op_gelu_tanh_mul(float *g, const float *u, int n) {
+    const float beta = 0.7978845608028654f, kappa = 0.044715f; /* sqrt(2/pi), as torch */
+    for (int i = 0; i < n; i++) {
+        const float v = g[i];
+        const float inner = beta * (v + kappa * (v * v * v));
+        g[i] = 0.5f * v * (1.0f + tanhf(inner)) * u[i];
+    }
+}
+
 void op_silu_mul(float *g, const float *u, int n) {
     for (int i = 0; i < n; i++) {
         const float v = g[i];

@@ -30,6 +30,10 @@ void op_softmax_sink(float *x, int n, float sink);
  * g[i] = (up + 1) * gate * sigmoid(alpha * gate). */
 void op_swiglu_oai(float *g, const float *u, int n, float alpha, float limit);
 
+/* g[i] = gelu_tanh(g[i]) * u[i] — the GeGLU gate with the tanh form of GELU, computed in f32 as
+ * torch's gelu(approximate="tanh") is (Gemma 4). */
+void op_gelu_tanh_mul(float *g, const float *u, int n);
+
 /* g[i] = silu(g[i]) * u[i] — the SwiGLU gate. */
 void op_silu_mul(float *g, const float *u, int n);
 

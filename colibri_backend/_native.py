@@ -208,6 +208,7 @@ class StatsC(Structure):
         ("prefilter_accepted", c_uint64),
         ("experts_pinned", c_int32),
         ("experts_dropped", c_int32),
+        ("prefetch_dropped", c_uint64),
     ]
 
 
@@ -280,6 +281,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
         [c_void_p, POINTER(ContextParamsC), POINTER(c_int32), POINTER(c_int32), c_int32, POINTER(StatsC)],
     ),
     "colibri_reset_stats": (None, [c_void_p]),
+    "colibri_debug_route_override": (c_int, [c_void_p, _i32p, _f32p, c_int32]),
     "colibri_sampler_default_params": (None, [POINTER(SamplerParamsC)]),
     "colibri_sampler_new": (c_int, [POINTER(SamplerParamsC), c_int32, POINTER(c_void_p)]),
     "colibri_sampler_free": (None, [c_void_p]),

@@ -499,6 +499,24 @@ class Model(BaseModel):
             )
             return ids[: written.value], weights[: written.value]
 
+    def _debug_route_override(self, ids: np.ndarray | None, weights: np.ndarray | None = None) -> None:
+        """Benchmarks and tests only: impose a recorded routing ([T, n_layer, k] ids and weights; position p
+        follows row p % T) on every later evaluation; None turns it off. colibri_backend.trace.impose_trace
+        is the checked way to call it."""
+        with self._lock:
+            self._check_open()
+            if ids is None:
+                self._lib.check(self._lib.colibri_debug_route_override(self._ctx, None, None, 0), "route override")
+                return
+            ids = np.ascontiguousarray(ids, dtype=np.int32)
+            weights = np.ascontiguousarray(weights, dtype=np.float32)
+            self._lib.check(
+                self._lib.colibri_debug_route_override(
+                    self._ctx, _native.i32_ptr(ids), _native.f32_ptr(weights), int(ids.shape[0])
+                ),
+                "route override",
+            )
+
     def route(self, token_ids: Sequence[int]) -> np.ndarray:
         """Expert ids [n, n_layer, n_expert_used] the router chooses for `token_ids` evaluated as a
         fresh sequence (teacher-forced, no logits copied out). Dense models give n = 0 rows."""

@@ -209,6 +209,8 @@ class StatsC(Structure):
         ("experts_pinned", c_int32),
         ("experts_dropped", c_int32),
         ("prefetch_dropped", c_uint64),
+        ("major_faults_prefill", c_uint64),
+        ("major_faults_decode", c_uint64),
     ]
 
 

@@ -506,7 +506,8 @@ class Model(BaseModel):
         with self._lock:
             self._check_open()
             if ids is None:
-                self._lib.check(self._lib.colibri_debug_route_override(self._ctx, None, None, 0), "route override")
+                status = self._lib.colibri_debug_route_override(self._ctx, None, None, 0)
+                self._lib.check(status, "route override")
                 return
             ids = np.ascontiguousarray(ids, dtype=np.int32)
             weights = np.ascontiguousarray(weights, dtype=np.float32)

@@ -310,7 +310,9 @@ def impose_trace(model: Any, trace: RoutingTrace | None) -> None:
         )
     n_expert = int(trace.meta.get("n_expert", info.n_expert))
     if n_expert != info.n_expert:
-        raise ValueError(f"the trace's model has {n_expert} experts per layer; {model.path} has {info.n_expert}")
+        raise ValueError(
+            f"the trace's model has {n_expert} experts per layer; {model.path} has {info.n_expert}"
+        )
     if trace.n_tokens == 0:
         raise ValueError("the trace has no tokens")
     model._debug_route_override(trace.ids, trace.weights)

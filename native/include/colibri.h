@@ -229,6 +229,8 @@ typedef struct colibri_stats {
     int32_t experts_dropped;               /* experts never routed to (drop_cold_share) */
     uint64_t prefetch_dropped;             /* prefetches cancelled before any byte was read: their layer
                                               routed elsewhere, or the step had passed it */
+    uint64_t major_faults_prefill;         /* major page faults of the process during prefill calls */
+    uint64_t major_faults_decode;          /* ... during decode steps (getrusage; every thread counts) */
 } colibri_stats;
 
 /* Counters of one expert of one layer. */

@@ -8,6 +8,7 @@
  * eval makes no heap allocation. */
 #include <math.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "alloc.h"
@@ -93,6 +94,13 @@ static colibri_status eval_chunk(struct colibri_context *c, const int32_t *tok, 
     return COLIBRI_OK;
 }
 
+/* Major page faults of this process so far (pages read from storage on a touch: a resident weight
+ * that had been evicted, or a mapped expert; the expert store's own reads are not faults). */
+static uint64_t major_faults(void) {
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? (uint64_t)ru.ru_majflt : 0;
+}
+
 colibri_status context_eval(struct colibri_context *c, const int32_t *tokens, int32_t n_tokens, float *logits,
                             int32_t all_logits) {
     const model_hparams *hp = &c->model->hp;
@@ -107,6 +115,7 @@ colibri_status context_eval(struct colibri_context *c, const int32_t *tokens, in
                         (int)n_tokens, (int)c->n_past, (int)c->n_ctx);
 
     const uint64_t allocs0 = cb_alloc_count();
+    const uint64_t faults0 = major_faults();
     const double t0 = now_seconds();
     const int32_t past0 = c->n_past;
     for (int32_t i = 0; i < n_tokens; i += c->n_batch) {
@@ -126,12 +135,15 @@ colibri_status context_eval(struct colibri_context *c, const int32_t *tokens, in
     const double dt = now_seconds() - t0;
 
     colibri_stats *st = &c->stats;
+    const uint64_t faults = major_faults() - faults0;
     if (n_tokens > 1) {
         st->n_prompt_tokens += (uint64_t)n_tokens;
         st->prefill_seconds += dt;
+        st->major_faults_prefill += faults;
     } else {
         st->n_decode_tokens += 1;
         st->decode_seconds += dt;
+        st->major_faults_decode += faults;
     }
     st->n_eval_calls++;
     st->allocs_last_eval = cb_alloc_count() - allocs0;

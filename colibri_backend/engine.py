@@ -185,10 +185,11 @@ def store_params(
     if o.batch_size:
         params.n_batch = int(o.batch_size)
     params.memory_budget = resolve_budget(o.memory_budget)
-    if o.memory_budget is None and params.memory_budget:
+    if o.memory_budget is None and params.memory_budget and not os.environ.get("COLIBRI_MEMORY_BUDGET"):
         # The default is a share of what the machine still allows, measured after the open model read
         # its metadata and resident weights into memory it owns (resident.c): give those bytes back, or
-        # the plan would count them twice.
+        # the plan would count them twice. COLIBRI_MEMORY_BUDGET is a budget given, not measured: it
+        # covers everything, as an explicit memory_budget does.
         held = _native.MemoryPlanC()
         lib.check(lib.colibri_plan_model(model, byref(params), byref(held)), "plan")
         params.memory_budget += int(held.metadata_bytes) + int(held.resident_weight_bytes)

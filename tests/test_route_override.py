@@ -110,3 +110,16 @@ def test_streamed_decode_under_an_override_is_bit_identical(prefetch: str) -> No
     assert s["expert_slots"] < m.info.n_layer * m.info.n_expert
     assert s["expert_misses"] > 0 and s["expert_hits"] > 0  # both paths of the decode loop ran
     assert s["major_faults_decode"] >= 0 and "prefetch_dropped" in s
+
+
+def test_colibri_memory_budget_is_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """COLIBRI_MEMORY_BUDGET (what benchmarks/capped_sweep.py sets to cap - overhead) is a budget given: the
+    context gets exactly it, not it plus the resident copy the measured default gives back (which made the
+    capped sweep's children outgrow their cgroup)."""
+    with colibri_backend.load("colibri-moe", memory_budget=0) as m:
+        full = m.memory_plan()["total_bytes"]
+    budget = full * 3 // 4
+    monkeypatch.setenv("COLIBRI_MEMORY_BUDGET", str(budget))
+    with colibri_backend.load("colibri-moe", threads=2) as m:
+        assert m.stats()["memory_budget"] == budget
+        assert m.memory_plan()["total_bytes"] <= budget

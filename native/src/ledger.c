@@ -103,8 +103,7 @@ colibri_status ledger_plan(const struct colibri_model *m, const colibri_context_
     return COLIBRI_OK;
 }
 
-/* Apply mlock (lock 1) or munlock (lock 0) to the metadata and every non-expert tensor's pages, or
- * (lock 2) ask the kernel to read them ahead (MADV_WILLNEED). */
+/* Apply mlock (lock != 0) or munlock to the metadata and every non-expert tensor's pages. */
 static int lock_ranges(struct colibri_model *m, int lock) {
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     const uintptr_t base = (uintptr_t)m->file.map;
@@ -122,8 +121,7 @@ static int lock_ranges(struct colibri_model *m, int lock) {
         if (len == 0) continue;
         const uintptr_t a = (base + off) & ~(page - 1);
         const size_t n = (size_t)(base + off + len - a);
-        if (lock == 2) madvise((void *)a, n, MADV_WILLNEED);
-        else if (lock ? mlock((const void *)a, n) : munlock((const void *)a, n)) return 0;
+        if (lock ? mlock((const void *)a, n) : munlock((const void *)a, n)) return 0;
     }
     return 1;
 }
@@ -137,10 +135,6 @@ int ledger_lock_resident(struct colibri_model *m) {
      * (read_ahead_kb, 8 MiB on this machine's virtio disk) from pulling expert pages next to the
      * resident tensors into the page cache, where a cgroup cap charges them to us. */
     madvise((void *)m->file.map, (size_t)m->file.size, MADV_RANDOM);
-    /* After a cold start the resident tensors are not in the page cache: read every range ahead in
-     * large requests first (all of them queued at once), so mlock below finds the pages there instead
-     * of faulting them in one 4 KiB page at a time (MADV_RANDOM turned read-around off). */
-    lock_ranges(m, 2);
     if (!lock_ranges(m, 1)) {
         lock_ranges(m, 0);  /* undo a partial lock */
         return 0;

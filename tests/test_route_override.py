@@ -92,8 +92,11 @@ def test_bad_traces_are_refused_and_the_previous_override_kept() -> None:
         np.testing.assert_array_equal(m.routing()[0], good.ids)  # the good override is still in place
 
 
-@pytest.mark.parametrize("prefetch", ["none", "lookahead,temporal"])
-def test_streamed_decode_under_an_override_is_bit_identical(prefetch: str) -> None:
+@pytest.mark.parametrize(("prefetch", "overlap"), [("none", "1"), ("lookahead,temporal", "1"), ("none", "0")])
+def test_streamed_decode_under_an_override_is_bit_identical(
+    prefetch: str, overlap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLIBRI_DECODE_OVERLAP", overlap)  # 0: wait for every expert, one pool run
     with colibri_backend.load("colibri-moe", threads=2, context_length=256, memory_budget=0) as m:
         trace = skewed_trace(m.info, len(PROMPT) + N_GEN)
         impose_trace(m, trace)

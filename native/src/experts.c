@@ -92,6 +92,7 @@ struct expert_store {
     _Atomic int stop;
     pthread_t io[STORE_IO_THREADS_MAX];
     int n_io, n_io_started, sem_ready, mutex_ready;
+    int overlap;            /* decode steps compute experts as they arrive (COLIBRI_DECODE_OVERLAP=0: off) */
 };
 
 static double now_s(void) {
@@ -347,6 +348,8 @@ colibri_status store_create(const struct colibri_model *m, int n_slots, int poli
         s->n_pieces += s->chunks[p];
     }
     atomic_init(&s->urgent, -1);
+    const char *ov = getenv("COLIBRI_DECODE_OVERLAP");
+    s->overlap = !(ov && ov[0] == '0' && ov[1] == '\0');
     const size_t n = (size_t)s->n_layer * s->n_expert;
     s->slots = cb_calloc((size_t)n_slots, sizeof(slot));
     s->where = cb_malloc(n * sizeof(int32_t));
@@ -775,6 +778,8 @@ int store_is_resident(const expert_store *s, int layer, int e) {
 }
 
 int store_n_slots(const expert_store *s) { return s->n_slots; }
+
+int store_overlap(const expert_store *s) { return s->overlap; }
 
 int store_direct_reads(const expert_store *s) {
     return s->fd_direct >= 0 && atomic_load_explicit(&s->direct_ok, memory_order_relaxed);

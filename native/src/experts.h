@@ -77,6 +77,10 @@ struct routing_profile;
 colibri_status store_warm(expert_store *s, const struct routing_profile *p, int n_pin);
 
 int store_n_slots(const expert_store *s);
+/* 1: a decode step computes the experts it has while the others load, each as it arrives (ffn.c); 0 with
+ * COLIBRI_DECODE_OVERLAP=0 in the environment at store creation: it waits for all, then computes them in
+ * one pool run (fewer pool runs, no overlap; for measuring one against the other). Same output either way. */
+int store_overlap(const expert_store *s);
 /* 1 while the store reads with O_DIRECT (the file system accepted it), 0 once it fell back. */
 int store_direct_reads(const expert_store *s);
 /* Counters: totals into the stats struct, per expert into out[n_layer * n_expert]. */

@@ -95,7 +95,7 @@ static colibri_status decode_experts(struct colibri_context *c, int il, int has_
     int nw = 0;
     for (int h = 0; h < X; h++) {
         if (cnt[h] == (h ? cnt[h - 1] : 0)) continue;
-        if (store_ready(c->store, il, h) != 1) {
+        if (store_overlap(c->store) && store_ready(c->store, il, h) != 1) {
             pending[n_pending++] = h;
             continue;
         }

@@ -10,6 +10,8 @@ computes resident experts first and missing ones as they arrive, so this is the 
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +20,9 @@ import colibri_backend
 from colibri_backend.adapters.sampling import SamplingParams
 from colibri_backend.errors import EngineError
 from colibri_backend.trace import RoutingTrace, impose_trace
+
+REPO = Path(__file__).resolve().parents[1]
+V1_TRACE = REPO / "benchmarks" / "traces" / "colibri-moe-v1-heldout.npz"
 
 PROMPT = [int(t) for t in np.random.default_rng(7).integers(10, 4000, 24)]
 N_GEN = 16
@@ -126,3 +131,24 @@ def test_colibri_memory_budget_is_the_budget(monkeypatch: pytest.MonkeyPatch) ->
     with colibri_backend.load("colibri-moe", threads=2) as m:
         assert m.stats()["memory_budget"] == budget
         assert m.memory_plan()["total_bytes"] <= budget
+
+
+def test_bench_r_has_the_trace_models_counts(tmp_path: Path) -> None:
+    """make_bench_models.py's routed spec: bench-A's expert size with a trace's layer and expert counts."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import make_bench_models as mbm
+    finally:
+        sys.path.pop(0)
+    v1 = mbm.spec_like_trace(V1_TRACE)
+    assert v1 == mbm.SPECS["bench-r"]
+    assert (v1.n_layer, v1.n_expert, v1.n_expert_used) == (6, 8, 2)
+    a = mbm.SPECS["bench-a"]
+    assert (v1.hidden, v1.n_ff_exp, v1.arch) == (a.hidden, a.n_ff_exp, a.arch)
+    ids = np.tile(np.arange(4, dtype=np.int32), (5, 12, 1))
+    path = RoutingTrace(ids, np.full(ids.shape, 0.25, np.float32), np.zeros(5, np.int32), {"n_expert": 32})
+    saved = tmp_path / "v2.npz"
+    path.save(saved)
+    v2 = mbm.spec_like_trace(saved)
+    assert (v2.name, v2.n_layer, v2.n_expert, v2.n_expert_used) == ("bench-r-l12-e32-k4", 12, 32, 4)
+    assert v2.stamp() != v1.stamp()

@@ -58,13 +58,26 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
 
 
+def major_faults() -> int:
+    """Major page faults of this process so far (a page read from storage when it was touched)."""
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_majflt)
+
+
+FAULTS: list[int] = []  # major faults at the start of generation, then at each token's arrival
+
+
 def time_generation(tokens: Iterator[int], max_tokens: int) -> tuple[list[int], list[float], float]:
-    """Pull max_tokens tokens from a started generator; return ids, arrival times and the start time."""
+    """Pull max_tokens tokens from a started generator; return ids, arrival times and the start time.
+    The process's major page faults at the start and at each arrival go to FAULTS."""
     ids: list[int] = []
     times: list[float] = []
+    FAULTS[:] = [major_faults()]
     t0 = time.perf_counter()
     for tok in tokens:
         times.append(time.perf_counter())
+        FAULTS.append(major_faults())
         ids.append(int(tok))
         if len(ids) >= max_tokens:
             break
@@ -82,11 +95,22 @@ def run_colibri(args: argparse.Namespace, prompt: list[int]) -> dict:
     from colibri_backend.adapters.sampling import SamplingParams
 
     rss_before_load = read_status_bytes("VmRSS")
+    faults_before_load = major_faults()
     t_load = time.perf_counter()
+    options = {"prefetch": args.prefetch} if args.prefetch else {}
     model = colibri_backend.load(
-        args.model, threads=args.threads, context_length=args.ctx, batch_size=args.batch_size or args.ctx
+        args.model,
+        threads=args.threads,
+        context_length=args.ctx,
+        batch_size=args.batch_size or args.ctx,
+        **options,
     )
     load_s = time.perf_counter() - t_load
+    load_faults = major_faults() - faults_before_load
+    if args.routing_trace:  # benchmarks only: a trained model's routing on this (random-weight) file
+        from colibri_backend.trace import impose_trace, load_trace
+
+        impose_trace(model, load_trace(args.routing_trace))
     rss_loaded = read_status_bytes("VmRSS")
 
     banned = sorted(set(args.ban_ids) | set(model.tokenizer.stop_token_ids))
@@ -115,6 +139,7 @@ def run_colibri(args: argparse.Namespace, prompt: list[int]) -> dict:
         "engine_stats": jsonable(stats),
         "banned": banned,
         "backend": _native.cpu_backend(),
+        "load_major_faults": load_faults,
     }
 
 
@@ -153,9 +178,12 @@ def run_llama_cpp(args: argparse.Namespace, prompt: list[int]) -> dict:
     import llama_cpp
     import numpy as np
 
+    if args.routing_trace or args.prefetch:
+        raise ValueError("--routing-trace and --prefetch are Colibri options; llama.cpp has neither")
     extra_bufts = args.llama_extra_bufts == "on" or (args.llama_extra_bufts == "auto" and not cpu_has_amx())
     if not extra_bufts:
         llama_cpp_plain_buffers(llama_cpp)
+    faults_before_load = major_faults()
     t_load = time.perf_counter()
     llm = llama_cpp.Llama(
         model_path=args.model,
@@ -212,6 +240,7 @@ def run_llama_cpp(args: argparse.Namespace, prompt: list[int]) -> dict:
         "engine_stats": {**counters, "extra_bufts": extra_bufts},
         "banned": banned,
         "backend": llama_cpp.__version__,
+        "load_major_faults": major_faults() - faults_before_load,
     }
 
 
@@ -237,6 +266,10 @@ def summarize(engine: str, args: argparse.Namespace, prompt: list[int], raw: dic
         raise RuntimeError("the engine generated no tokens")
     ttft = times[0] - t0
     decode_s = times[-1] - times[0]
+    # FAULTS[0] at the start, FAULTS[i + 1] when token i arrived: prefill = up to the first token, the
+    # first decoded tokens (a cold start faulting weights in) apart from the rest
+    faults = FAULTS if len(FAULTS) == len(ids) + 1 else None
+    n_early = min(8, len(ids) - 1)
     return {
         "ok": True,
         "engine": engine,
@@ -257,6 +290,14 @@ def summarize(engine: str, args: argparse.Namespace, prompt: list[int], raw: dic
         "banned_tokens": raw["banned"],
         "generated_ids": ids,
         "engine_backend": raw["backend"],
+        "major_faults_load": raw.get("load_major_faults"),
+        "major_faults_prefill": faults[1] - faults[0] if faults else None,
+        "major_faults_per_decode_token": (faults[-1] - faults[1]) / (len(ids) - 1)
+        if faults and len(ids) > 1
+        else None,
+        "major_faults_first_decode_tokens": faults[1 + n_early] - faults[1] if faults else None,
+        "routing_trace": args.routing_trace,
+        "prefetch": args.prefetch,
         "engine_stats": raw["engine_stats"],
     }
 
@@ -273,6 +314,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--ban-ids", default="", help="comma-separated token ids never to generate")
+    ap.add_argument(
+        "--routing-trace", default=None, help="Colibri: follow this routing trace (benchmark-only override)"
+    )
+    ap.add_argument("--prefetch", default=None, help="Colibri: expert predictors (load option prefetch)")
     ap.add_argument(
         "--llama-extra-bufts",
         choices=["auto", "on", "off"],

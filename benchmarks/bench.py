@@ -303,6 +303,10 @@ def run_worker(
         "--llama-extra-bufts",
         args.llama_extra_bufts,
     ]
+    if req.engine == "colibri" and args.routing_trace:
+        cmd += ["--routing-trace", str(args.routing_trace)]
+    if req.engine == "colibri" and args.prefetch:
+        cmd += ["--prefetch", args.prefetch]
     env = dict(os.environ)
     if args.omp_wait_policy:
         env["OMP_WAIT_POLICY"] = args.omp_wait_policy
@@ -608,6 +612,14 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="OMP_WAIT_POLICY for the children (llama.cpp uses OpenMP); default: unset",
     )
+    ap.add_argument(
+        "--routing-trace",
+        type=Path,
+        default=None,
+        help="Colibri only: impose this routing trace (colibri_backend.trace) on the model, e.g. bench-r, "
+        "which has the trace model's layer and expert counts; llama.cpp cannot follow one",
+    )
+    ap.add_argument("--prefetch", default=None, help="Colibri's expert predictors (default: the engine's)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds before a run is killed")
     ap.add_argument("--json", type=Path, default=None, help="write every run and the summary here")
     ap.add_argument("--markdown", action="store_true", help="print the summary as Markdown tables")
@@ -619,6 +631,10 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"unknown engine {e!r}; choose from {', '.join(ENGINE_LABELS)}")
     if args.runs < 1:
         ap.error("--runs must be at least 1")
+    if args.routing_trace and "llama_cpp" in engines:
+        ap.error("--routing-trace: llama.cpp cannot follow a routing trace; use --engines colibri")
+    if args.routing_trace and not args.routing_trace.is_file():
+        ap.error(f"--routing-trace: no file {args.routing_trace}")
     samplings = list(SAMPLING_MODES) if args.sampling == "both" else [args.sampling]
     models = [
         resolve_model(m, args.cache_dir, args.bench_type)

@@ -19,6 +19,16 @@ Two modes:
 
       python benchmarks/capped_sweep.py capped --model bench-a --fractions 1,0.6,0.4,0.25 --runs 1
 
+  Realistic routing: --routing-trace TRACE (both modes) makes Colibri follow a trained model's recorded
+  routing on a random-weight file with the same layer and expert counts (bench-r, made by
+  make_bench_models.py; the override is for benchmarks only, colibri_backend.trace.impose_trace).
+  llama.cpp cannot follow a trace, so the capped mode then runs Colibri alone. --prefetch-modes
+  none/temporal runs every cell once per predictor set ("/" between sets), so prefetch on and off are
+  measured side by side; each cell reports major page faults per decoded token.
+
+      python benchmarks/capped_sweep.py capped --model bench-r --routing-trace \
+          benchmarks/traces/colibri-moe-v1-heldout.npz --fractions 0.6,0.25 --prefetch-modes none/temporal
+
 Results go to stdout as a table and, with --json, to a file.
 """
 
@@ -62,6 +72,10 @@ def child(args: argparse.Namespace) -> int:
         expert_policy=args.policy,
         prefetch=args.prefetch,
     )
+    if args.routing_trace:
+        from colibri_backend.trace import impose_trace, load_trace
+
+        impose_trace(model, load_trace(args.routing_trace))
     rng = np.random.default_rng(args.seed)
     prompt = [int(t) for t in rng.integers(100, model.info.n_vocab - 100, args.prompt_tokens)]
     model.reset_stats()
@@ -126,6 +140,8 @@ def run_point(args: argparse.Namespace, budget: int, teacher_force: bool) -> dic
         "--prefetch",
         args.prefetch,
     ]
+    if args.routing_trace:
+        cmd += ["--routing-trace", str(args.routing_trace)]
     if teacher_force:
         cmd.append("--teacher-force")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
@@ -149,6 +165,7 @@ def budget_sweep(args: argparse.Namespace) -> int:
     print(
         f"model {args.model} ({size / 2**20:.1f} MiB), {args.max_tokens} greedy tokens, "
         f"policy {args.policy}, prefetch {args.prefetch}, threads {args.threads}"
+        + (f", routing of {args.routing_trace}" if args.routing_trace else "")
     )
     head = (
         "budget",
@@ -157,7 +174,8 @@ def budget_sweep(args: argparse.Namespace) -> int:
         "hit %",
         "MiB read/tok",
         "stall %",
-        "pf issued/used/wasted",
+        "pf issued/used/wasted/dropped",
+        "major faults/tok",
         "lookahead P/R",
         "temporal P/R",
         "plan MiB",
@@ -178,7 +196,8 @@ def budget_sweep(args: argparse.Namespace) -> int:
             f"{100 * ratio(s['expert_hits'], s['expert_calls']):.1f}" if s["expert_calls"] else "-",
             f"{s['expert_bytes_read'] / 2**20 / n_tok:.1f}",
             f"{100 * ratio(s['expert_stall_seconds'], s['decode_seconds'] + s['prefill_seconds']):.1f}",
-            f"{s['prefetch_issued']}/{s['prefetch_used']}/{s['prefetch_wasted']}",
+            f"{s['prefetch_issued']}/{s['prefetch_used']}/{s['prefetch_wasted']}/{s['prefetch_dropped']}",
+            f"{ratio(s['major_faults_decode'], s['n_decode_tokens']):.2f}",
             f"{ratio(s['lookahead_correct'], s['lookahead_predicted']):.2f}/"
             f"{ratio(s['lookahead_correct'], s['lookahead_actual']):.2f}",
             f"{ratio(s['temporal_correct'], s['temporal_predicted']):.2f}/"
@@ -202,17 +221,21 @@ def capped_sweep(args: argparse.Namespace) -> int:
     size = path.stat().st_size
     overhead = int(args.overhead_mib * 2**20)
     results = []
-    for f in (float(x) for x in args.fractions.split(",")):
+    modes = [m.strip() for m in args.prefetch_modes.split("/")] if args.prefetch_modes else [None]
+    engines = "colibri" if args.routing_trace else args.engines
+    cells = [(float(x), m) for x in args.fractions.split(",") for m in modes]
+    for f, mode in cells:
         cap = int(size * f)
         env = dict(os.environ, COLIBRI_MEMORY_BUDGET=str(max(cap - overhead, 1)))
-        out = Path(args.out_dir) / f"capped_{f:.2f}.json"
+        tag = f"_pf-{mode.replace(',', '+')}" if mode else ""
+        out = Path(args.out_dir) / f"capped_{f:.2f}{tag}.json"
         cmd = [
             sys.executable,
             str(HERE / "bench.py"),
             "--model",
             args.model,
             "--engines",
-            args.engines,
+            engines,
             "--sampling",
             args.sampling,
             "--runs",
@@ -231,70 +254,89 @@ def capped_sweep(args: argparse.Namespace) -> int:
             str(out),
             "--markdown",
         ]
+        if mode:
+            cmd += ["--prefetch", mode]
+        if args.routing_trace:
+            cmd += ["--routing-trace", str(args.routing_trace)]
         print(
             f"== cap {f:.0%} of {size / 2**20:.0f} MiB = {cap / 2**20:.0f} MiB, Colibri budget "
-            f"{(cap - overhead) / 2**20:.0f} MiB",
+            f"{(cap - overhead) / 2**20:.0f} MiB" + (f", prefetch {mode}" if mode else ""),
             flush=True,
         )
         proc = subprocess.run(cmd, env=env, text=True, timeout=args.timeout)
-        results.append({"fraction": f, "cap": cap, "rc": proc.returncode, "json": str(out)})
+        results.append({"fraction": f, "prefetch": mode, "cap": cap, "rc": proc.returncode, "json": str(out)})
     print(json.dumps(results, indent=2))
     return 0 if all(r["rc"] == 0 for r in results) else 1
 
 
 def capped_report(args: argparse.Namespace) -> int:
     """Markdown tables from a capped sweep's JSON files (capped_*.json, plus capped_none.json: the same
-    protocol without a cap, from `bench.py ... --json DIR/capped_none.json`)."""
+    protocol without a cap, from `bench.py ... --json DIR/capped_none.json`; a `_pf-MODE` suffix names the
+    predictor set of a --prefetch-modes cell)."""
     from statistics import median
 
-    rows: dict[tuple[str, str], dict[str, list[dict]]] = {}
+    rows: dict[tuple[str, str, str], dict[str, list[dict]]] = {}
     for f in sorted(Path(args.dir).glob("capped_*.json")):
-        label = f.stem.removeprefix("capped_")
+        label, _, pf = f.stem.removeprefix("capped_").partition("_pf-")
         for r in json.loads(f.read_text())["runs"]:
             if r.get("ok"):
-                rows.setdefault((label, r["sampling"]), {}).setdefault(r["engine"], []).append(r)
+                rows.setdefault((label, pf or "default", r["sampling"]), {}).setdefault(
+                    r["engine"], []
+                ).append(r)
 
-    def med(runs: list[dict], key: str) -> float:
-        return median(r[key] for r in runs if r.get(key) is not None)
+    def med(runs: list[dict], key: str) -> float | None:
+        vals = [r[key] for r in runs if r.get(key) is not None]
+        return median(vals) if vals else None
 
     uncapped = {
-        s: med(e["colibri"], "decode_tps") for (lab, s), e in rows.items() if lab == "none" and "colibri" in e
+        (pf, s): med(e["colibri"], "decode_tps")
+        for (lab, pf, s), e in rows.items()
+        if lab == "none" and "colibri" in e
     }
     print(
-        "| cap | sampling | Colibri decode tok/s | llama.cpp decode tok/s | ratio | Colibri / own uncapped "
-        "| hit % "
-        "| MiB read / token | stall % | plan MiB | RSS growth MiB (/ plan) | cgroup peak MiB (C / L) |"
+        "| cap | prefetch | sampling | Colibri decode tok/s | llama.cpp decode tok/s | ratio "
+        "| Colibri / own uncapped | hit % | MiB read / token | stall % | major faults / token (C / L) "
+        "| faults, first 8 tokens (C / L) | plan MiB | RSS growth MiB (/ plan) | cgroup peak MiB (C / L) |"
     )
-    print("|" + "---|" * 12)
-    order = sorted(rows, key=lambda k: (k[0] != "none", -float(k[0]) if k[0] != "none" else 0, k[1]))
-    for label, sampling in order:
-        e = rows[(label, sampling)]
+    print("|" + "---|" * 15)
+    order = sorted(rows, key=lambda k: (k[0] != "none", -float(k[0]) if k[0] != "none" else 0, k[1], k[2]))
+    for label, pf, sampling in order:
+        e = rows[(label, pf, sampling)]
         c, ll = e.get("colibri", []), e.get("llama_cpp", [])
         ctps = med(c, "decode_tps") if c else None
         ltps = med(ll, "decode_tps") if ll else None
-        cells = [label if label == "none" else f"{float(label):.0%}", sampling]
+        cells = [label if label == "none" else f"{float(label):.0%}", pf, sampling]
         cells += [f"{ctps:.2f}" if ctps else "-", f"{ltps:.2f}" if ltps else "-"]
         cells.append(f"{ctps / ltps:.1f}x" if ctps and ltps else "-")
-        own = uncapped.get(sampling)
+        own = uncapped.get((pf, sampling)) or uncapped.get(("default", sampling))
         cells.append(f"{ctps / own:.0%}" if ctps and own and label != "none" else "-")
+        faults = [med(x, "major_faults_per_decode_token") if x else None for x in (c, ll)]
+        early = [med(x, "major_faults_first_decode_tokens") if x else None for x in (c, ll)]
         if c:
             st = c[0]["engine_stats"]
             n_tok = st["n_prompt_tokens"] + st["n_decode_tokens"]
             busy = st["prefill_seconds"] + st["decode_seconds"]
-            plan = st["memory_plan"]["total_bytes"]
-            growth = c[0]["peak_rss_bytes"] - (c[0].get("rss_before_load_bytes") or 0)
             streaming = st.get("expert_calls", 0) > 0
             cells += [
                 f"{100 * ratio(st['expert_hits'], st['expert_calls']):.1f}" if streaming else "all resident",
                 f"{st['expert_bytes_read'] / 2**20 / max(n_tok, 1):.1f}",
                 f"{100 * ratio(st['expert_stall_seconds'], busy):.0f}",
+            ]
+        else:
+            cells += ["-"] * 3
+        cells.append(" / ".join("-" if v is None else f"{v:.1f}" for v in faults))
+        cells.append(" / ".join("-" if v is None else f"{v:.0f}" for v in early))
+        if c:
+            plan = st["memory_plan"]["total_bytes"]
+            growth = c[0]["peak_rss_bytes"] - (c[0].get("rss_before_load_bytes") or 0)
+            cells += [
                 f"{plan / 2**20:.0f}",
                 f"{growth / 2**20:.0f} ({ratio(growth, plan):.2f})"
                 if c[0].get("rss_before_load_bytes")
                 else f"{c[0]['peak_rss_bytes'] / 2**20:.0f} (process)",
             ]
         else:
-            cells += ["-"] * 5
+            cells += ["-"] * 2
         cg = [
             f"{x[0]['cgroup_peak_bytes'] / 2**20:.0f}" if x and x[0].get("cgroup_peak_bytes") else "-"
             for x in (c, ll)
@@ -312,6 +354,13 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("budget", "child", "capped"):
         p = sub.add_parser(name)
         p.add_argument("--model", required=True)
+        p.add_argument(
+            "--routing-trace",
+            type=Path,
+            default=None,
+            help="Colibri follows this recorded routing (benchmark-only override; the model needs the trace "
+            "model's layer and expert counts, e.g. bench-r)",
+        )
         p.add_argument("--threads", type=int, default=2)
         p.add_argument("--ctx", type=int, default=512)
         p.add_argument("--max-tokens", type=int, default=32)
@@ -333,6 +382,12 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--engines", default="colibri,llama_cpp")
             p.add_argument("--sampling", default="both")
             p.add_argument("--runs", type=int, default=1)
+            p.add_argument(
+                "--prefetch-modes",
+                default=None,
+                help="Colibri predictor sets separated by '/', each cell run once per set "
+                "(e.g. none/temporal/lookahead,temporal); default: the engine's default",
+            )
             p.add_argument(
                 "--overhead-mib",
                 type=float,

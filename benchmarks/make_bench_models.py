@@ -152,6 +152,29 @@ SPECS: dict[str, BenchSpec] = {
 }
 
 
+def routed_spec(n_layer: int, n_expert: int, k: int) -> BenchSpec:
+    """bench-A's shape (hidden 1024, expert FFN 2816, 16/4 heads, Mixtral layers) with a trained model's
+    layer count, expert count and top-k, to run that model's routing trace through
+    (colibri_backend.trace.impose_trace, benchmarks/bench.py --routing-trace): real expert sizes, a
+    trained router's choices."""
+    name = "bench-r" if (n_layer, n_expert, k) == (6, 8, 2) else f"bench-r-l{n_layer}-e{n_expert}-k{k}"
+    return dataclasses.replace(
+        SPECS["bench-a"], name=name, n_layer=n_layer, n_expert=n_expert, n_expert_used=k, seed=1004
+    )
+
+
+# bench-r: the bundled colibri-moe's counts (6 layers, 8 experts, top-2), for its routing traces
+SPECS["bench-r"] = routed_spec(6, 8, 2)
+
+
+def spec_like_trace(path: Path) -> BenchSpec:
+    """routed_spec for the model a routing trace (.npz or .jsonl) was recorded on."""
+    from colibri_backend.trace import load_trace
+
+    t = load_trace(path)
+    return routed_spec(t.n_layer, int(t.meta["n_expert"]), t.k)
+
+
 @dataclasses.dataclass(frozen=True)
 class TensorSpec:
     name: str
@@ -702,7 +725,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--models",
         default="bench-a,bench-b",
-        help="comma-separated: bench-a, bench-b, bench-gptoss, bench-qwen35",
+        help="comma-separated: bench-a, bench-b, bench-gptoss, bench-qwen35, bench-r",
+    )
+    ap.add_argument(
+        "--like-trace",
+        type=Path,
+        default=None,
+        help="instead of --models: bench-A-sized experts with a routing trace's layer/expert counts, top-k",
     )
     ap.add_argument(
         "--cache-dir",
@@ -726,7 +755,8 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer_gguf = args.tokenizer_gguf or find_smollm2_gguf()
     args.cache_dir.mkdir(parents=True, exist_ok=True)
-    for spec in iter_models(args.models):
+    specs = [spec_like_trace(args.like_trace)] if args.like_trace else list(iter_models(args.models))
+    for spec in specs:
         if args.checkpoint_only:
             ckpt = checkpoint_dir(args.cache_dir, spec.name)
             if args.force or not checkpoint_is_current(spec, ckpt):

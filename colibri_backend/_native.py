@@ -233,6 +233,9 @@ class StatsC(Structure):
         ("device_cpu_jobs", c_uint64),
         ("device_errors", c_uint64),
         ("device_buffer_bytes", c_uint64),
+        ("prefetch_dropped", c_uint64),
+        ("major_faults_prefill", c_uint64),
+        ("major_faults_decode", c_uint64),
     ]
 
 
@@ -314,6 +317,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     ),
     "colibri_reset_stats": (None, [c_void_p]),
     "colibri_device_name": (c_char_p, [c_void_p]),
+    "colibri_debug_route_override": (c_int, [c_void_p, _i32p, _f32p, c_int32]),
     "colibri_sampler_default_params": (None, [POINTER(SamplerParamsC)]),
     "colibri_sampler_new": (c_int, [POINTER(SamplerParamsC), c_int32, POINTER(c_void_p)]),
     "colibri_sampler_free": (None, [c_void_p]),

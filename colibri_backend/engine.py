@@ -188,10 +188,11 @@ def store_params(
     if o.batch_size:
         params.n_batch = int(o.batch_size)
     params.memory_budget = resolve_budget(o.memory_budget)
-    if o.memory_budget is None and params.memory_budget:
+    if o.memory_budget is None and params.memory_budget and not os.environ.get("COLIBRI_MEMORY_BUDGET"):
         # The default is a share of what the machine still allows, measured after the open model read
         # its metadata and resident weights into memory it owns (resident.c): give those bytes back, or
-        # the plan would count them twice.
+        # the plan would count them twice. COLIBRI_MEMORY_BUDGET is a budget given, not measured: it
+        # covers everything, as an explicit memory_budget does.
         held = _native.MemoryPlanC()
         lib.check(lib.colibri_plan_model(model, byref(params), byref(held)), "plan")
         params.memory_budget += int(held.metadata_bytes) + int(held.resident_weight_bytes)
@@ -647,6 +648,25 @@ class Model(BaseModel):
                 "routing",
             )
             return ids[: written.value], weights[: written.value]
+
+    def _debug_route_override(self, ids: np.ndarray | None, weights: np.ndarray | None = None) -> None:
+        """Benchmarks and tests only: impose a recorded routing ([T, n_layer, k] ids and weights; position p
+        follows row p % T) on every later evaluation; None turns it off. colibri_backend.trace.impose_trace
+        is the checked way to call it."""
+        with self._lock:
+            self._check_open()
+            if ids is None:
+                status = self._lib.colibri_debug_route_override(self._ctx, None, None, 0)
+                self._lib.check(status, "route override")
+                return
+            ids = np.ascontiguousarray(ids, dtype=np.int32)
+            weights = np.ascontiguousarray(weights, dtype=np.float32)
+            self._lib.check(
+                self._lib.colibri_debug_route_override(
+                    self._ctx, _native.i32_ptr(ids), _native.f32_ptr(weights), int(ids.shape[0])
+                ),
+                "route override",
+            )
 
     def route(self, token_ids: Sequence[int]) -> np.ndarray:
         """Expert ids [n, n_layer, n_expert_used] the router chooses for `token_ids` evaluated as a

@@ -289,3 +289,30 @@ def load_trace(path: str | os.PathLike[str]) -> RoutingTrace:
     if n is not None and n != trace.n_tokens:
         raise ValueError(f"{path}: header says {n} tokens but {trace.n_tokens} were read (truncated file?)")
     return trace
+
+
+def impose_trace(model: Any, trace: RoutingTrace | None) -> None:
+    """Benchmarks and tests only: make a loaded Model follow `trace`'s routing from its next evaluation on
+    (position p takes row p % T of the trace, every layer), or stop with None.
+
+    Meant for a random-weight model with the trace model's layer count, expert count and top-k (e.g.
+    benchmarks/make_bench_models.py's bench-r), so the expert store reads real bytes and the kernels do
+    real work under a trained router's choices. The router still runs; only its choice is replaced."""
+    if trace is None:
+        model._debug_route_override(None)
+        return
+    info = model.info
+    want = (info.n_layer, info.n_expert_used)
+    if (trace.n_layer, trace.k) != want or info.n_expert <= 0:
+        raise ValueError(
+            f"the trace routes {trace.n_layer} layers top-{trace.k}; {model.path} has {info.n_layer} layers "
+            f"top-{info.n_expert_used} over {info.n_expert} experts"
+        )
+    n_expert = int(trace.meta.get("n_expert", info.n_expert))
+    if n_expert != info.n_expert:
+        raise ValueError(
+            f"the trace's model has {n_expert} experts per layer; {model.path} has {info.n_expert}"
+        )
+    if trace.n_tokens == 0:
+        raise ValueError("the trace has no tokens")
+    model._debug_route_override(trace.ids, trace.weights)

@@ -40,6 +40,7 @@ def summary(s: dict[str, Any]) -> dict[str, Any]:
         "prefetch_used": s["prefetch_used"],
         "prefetch_wasted": s["prefetch_wasted"],
         "prefetch_wasted_bytes": s["prefetch_wasted_bytes"],
+        "prefetch_dropped": s["prefetch_dropped"],
         "bytes_read": s["expert_bytes_read"],
         "stall_seconds": s["expert_stall_seconds"],
         "replay_seconds": s["decode_seconds"],
@@ -67,7 +68,8 @@ def format_summary(r: dict[str, Any]) -> str:
         f"{100 * r['optimal_hit_rate_preloaded']:.1f}% from the best preload; "
         f"this store reaches {100 * r['share_of_optimum']:.1f}% of the optimum",
         f"prefetch: issued {r['prefetch_issued']}, used {r['prefetch_used']}, wasted {r['prefetch_wasted']} "
-        f"({r['prefetch_wasted_bytes'] / mib:.1f} MiB wasted); {r['bytes_read'] / mib:.1f} MiB read in all",
+        f"({r['prefetch_wasted_bytes'] / mib:.1f} MiB wasted), dropped unread {r['prefetch_dropped']}; "
+        f"{r['bytes_read'] / mib:.1f} MiB read in all",
         f"stall: {r['stall_seconds']:.3f} s of {r['replay_seconds']:.3f} s ({100 * r['stall_share']:.1f}%)",
     ]
     for src in ("temporal", "hashed"):

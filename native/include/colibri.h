@@ -300,6 +300,10 @@ typedef struct colibri_stats {
     uint64_t device_errors;                /* device failures; the work was redone on the CPU */
     uint64_t device_buffer_bytes;          /* the backend's staging and activation buffers (not in the
                                               memory plan; host memory on PoCL and integrated GPUs) */
+    uint64_t prefetch_dropped;             /* prefetches cancelled before any byte was read: their layer
+                                              routed elsewhere, or the step had passed it */
+    uint64_t major_faults_prefill;         /* major page faults of the process during prefill calls */
+    uint64_t major_faults_decode;          /* ... during decode steps (getrusage; every thread counts) */
 } colibri_stats;
 
 /* Counters of one expert of one layer. */
@@ -335,6 +339,16 @@ COLIBRI_API colibri_status colibri_replay_routing(colibri_model *model, const co
 COLIBRI_API void colibri_reset_stats(colibri_context *ctx);
 /* The context's compute device: "cpu", or "opencl: <platform> / <device>". */
 COLIBRI_API const char *colibri_device_name(const colibri_context *ctx);
+
+/* Benchmarks and tests only (no CLI, server or load option reaches it): from the next colibri_eval on,
+ * the router's choice at every position p and layer is replaced by row p % n_tokens of
+ * expert_ids[n_tokens][n_layer][k] and weights[n_tokens][n_layer][k] (colibri_get_routing's layout),
+ * e.g. a trained model's routing trace on a random-weight file with the same layer and expert counts,
+ * so the expert store and the kernels do a real run's work under a trained router's choices. The
+ * router still runs. Ids must be distinct within a row and in range, weights finite
+ * (COLIBRI_E_INVALID_ARG otherwise, the previous override kept); n_tokens = 0 turns it off. */
+COLIBRI_API colibri_status colibri_debug_route_override(colibri_context *ctx, const int32_t *expert_ids,
+                                                        const float *weights, int32_t n_tokens);
 
 /* ---- sampler --------------------------------------------------------- */
 

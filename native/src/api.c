@@ -11,6 +11,7 @@
 #include "model.h"
 #include "predict.h"
 #include "replay.h"
+#include "route_override.h"
 
 int colibri_abi_version(void) { return COLIBRI_ABI_VERSION; }
 
@@ -221,4 +222,25 @@ void colibri_reset_stats(colibri_context *ctx) {
 const char *colibri_device_name(const colibri_context *ctx) {
     if (!ctx) return "";
     return ctx->backend.ops->device_name(ctx->backend.ctx);
+}
+
+colibri_status colibri_debug_route_override(colibri_context *ctx, const int32_t *expert_ids, const float *weights,
+                                            int32_t n_tokens) {
+    if (!ctx) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_debug_route_override: NULL context");
+    if (n_tokens == 0) {
+        route_override_free(ctx->route_ov);
+        ctx->route_ov = NULL;
+        return COLIBRI_OK;
+    }
+    const model_hparams *hp = &ctx->model->hp;
+    if (hp->n_expert == 0) return cb_error(COLIBRI_E_INVALID_ARG, "routing override: the model is dense");
+    if (!expert_ids || !weights || n_tokens < 0)
+        return cb_error(COLIBRI_E_INVALID_ARG, "colibri_debug_route_override: NULL arrays or negative length");
+    route_override *o;
+    colibri_status st = route_override_new(n_tokens, hp->n_layer, hp->n_expert, hp->n_expert_used, expert_ids,
+                                           weights, &o);
+    if (st) return st;
+    route_override_free(ctx->route_ov);
+    ctx->route_ov = o;
+    return COLIBRI_OK;
 }

@@ -15,6 +15,7 @@
 #include "predict.h"
 #include "profile.h"
 #include "resident.h"
+#include "route_override.h"
 #include "types.h"
 
 /* Largest context we plan for; keeps every size computation far from overflow. */
@@ -123,9 +124,11 @@ void context_destroy(struct colibri_context *c) {
     }
     cb_free(c->views);
     cb_free(c->wave_ids);
+    cb_free(c->pf_wait);
     cb_free(c->pf_ids);
     profile_free(c->profile);
     cb_free(c->dropped);
+    route_override_free(c->route_ov);
     arena_free(&c->arena);
     cb_free(c);
 }
@@ -462,9 +465,10 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
     if (hp->n_expert > 0) {
         c->views = cb_malloc((size_t)hp->n_expert * sizeof(expert_view));
         c->wave_ids = cb_malloc((size_t)hp->n_expert * sizeof(int32_t));
+        c->pf_wait = cb_malloc((size_t)hp->n_expert * sizeof(int32_t));
         /* lookahead_depth layers of lookahead guesses plus temporal and hashed for one layer */
         c->pf_ids = cb_malloc(predictor_max_ids(m, p.lookahead_depth) * sizeof(int32_t));
-        if (!c->views || !c->wave_ids || !c->pf_ids) {
+        if (!c->views || !c->wave_ids || !c->pf_ids || !c->pf_wait) {
             context_destroy(c);
             return cb_error(COLIBRI_E_NOMEM, "out of memory");
         }

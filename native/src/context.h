@@ -125,6 +125,7 @@ struct colibri_context {
     int prefetch;            /* COLIBRI_PREFETCH_* flags */
     expert_view *views;      /* [n_expert] views of the experts of the wave being computed */
     int32_t *wave_ids;       /* [n_expert] their ids */
+    int32_t *pf_wait;        /* [n_expert] a decode step's experts still loading (ffn.c) */
     int32_t *pf_ids;         /* [2 * n_expert_used] experts to prefetch */
     int resident_locked;     /* this context holds one of model->resident_locks */
     int experts_held;        /* this context holds the model's experts resident (resident.c) */
@@ -148,6 +149,7 @@ struct colibri_context {
      * pipeline timeline (timeline.h) exists when a store streams experts */
     cb_backend backend, cpu_backend;
     struct timeline *timeline;
+    struct route_override *route_ov; /* recorded routing imposed on the router (benchmarks, tests), or NULL */
 };
 
 /* Fill defaults and check limits of context parameters (as context_create applies them). */

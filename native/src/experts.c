@@ -49,6 +49,7 @@ typedef struct slot {
     int n_pieces;           /* pieces of the load in progress */
     _Atomic int next_piece; /* the next piece nobody has taken yet */
     _Atomic int pieces_left;/* pieces not finished yet */
+    _Atomic int urgent_load;/* 1: a demand read (store_hold), served before every queued prefetch */
     uint64_t pinned_wave;   /* == store->wave: needed by the wave being computed */
     double freq;            /* LFU score at last_tick */
     uint64_t last_tick;     /* token step of the last use */
@@ -56,7 +57,7 @@ typedef struct slot {
 } slot;
 
 typedef struct counters {
-    uint64_t calls, hits, misses, pf_issued, pf_used, pf_wasted, pf_wasted_bytes, bytes_read;
+    uint64_t calls, hits, misses, pf_issued, pf_used, pf_wasted, pf_wasted_bytes, pf_dropped, bytes_read;
     double stall_s;
 } counters;
 
@@ -74,6 +75,7 @@ struct expert_store {
     int32_t *layer_count;   /* [n_layer] slots owned by each layer */
     counters *cnt;          /* [n_layer][n_expert] */
     uint64_t tick, wave, use_clock;
+    uint64_t use_base;      /* use_clock when the current wave began */
     double decay;           /* per-token LFU decay factor */
     int decode_step;        /* the current step (store_tick) is one token */
     int n_pinned;           /* slots pinned by store_warm */
@@ -92,6 +94,7 @@ struct expert_store {
     pthread_t io[STORE_IO_THREADS_MAX];
     int n_io, n_io_started, sem_ready, mutex_ready;
     struct timeline *tl;    /* backend hook: each piece's read is an I/O-stage interval (timeline.h) */
+    int overlap;            /* decode steps compute experts as they arrive (COLIBRI_DECODE_OVERLAP=0: off) */
 };
 
 static double now_s(void) {
@@ -198,6 +201,9 @@ static int read_piece(expert_store *s, int l, int e, unsigned char *mem, int pie
     if (err == EINVAL) {
         const uint64_t from = lo > off ? lo : off;
         err = pread_full(s->fd, mem + s->region_off[p] + (from - a), (size_t)(hi - from), from, (size_t)(hi - from));
+        /* the bytes now live in the slot: a second copy in the page cache would only take memory from
+         * the budget's cgroup (the kernel keeps pages other users still map or lock) */
+        if (!err) posix_fadvise(s->fd, (off_t)from, (off_t)(hi - from), POSIX_FADV_DONTNEED);
     }
     return err;
 }
@@ -210,6 +216,7 @@ static size_t expert_bytes(const expert_store *s, int l) {
 /* Arm slot sl (already claimed for its layer and expert) for a load of every piece. */
 static void start_load(expert_store *s, slot *sl) {
     sl->n_pieces = s->n_pieces;
+    atomic_store_explicit(&sl->urgent_load, sl->demand, memory_order_relaxed);
     atomic_store_explicit(&sl->io_errno, 0, memory_order_relaxed);
     atomic_store_explicit(&sl->pieces_left, s->n_pieces, memory_order_relaxed);
     atomic_store_explicit(&sl->state, SLOT_LOADING, memory_order_relaxed);
@@ -264,8 +271,10 @@ static int run_piece(expert_store *s, slot *sl) {
     return 1;
 }
 
-/* The slot an I/O thread should take a piece of: the demand miss first, then the oldest queued
- * prefetch with pieces left (finished ones leave the ring). -1: nothing to do. */
+/* The slot an I/O thread should take a piece of: the demand miss being read synchronously first,
+ * then the oldest queued demand read (store_hold), then the oldest queued prefetch with pieces left
+ * (finished ones leave the ring). So a prediction only uses the disk when no read the step waits for
+ * is queued, and a demand read never waits behind a prefetch that has not started. -1: nothing. */
 static int next_work(expert_store *s) {
     const int u = atomic_load_explicit(&s->urgent, memory_order_acquire);
     if (u >= 0 && atomic_load(&s->slots[u].next_piece) < s->slots[u].n_pieces) return u;
@@ -273,14 +282,20 @@ static int next_work(expert_store *s) {
     pthread_mutex_lock(&s->take);
     uint32_t t = atomic_load_explicit(&s->tail, memory_order_relaxed);
     const uint32_t h = atomic_load_explicit(&s->head, memory_order_acquire);
-    for (; t != h; t++) {
+    for (; t != h; t++) {  /* entries with nothing left to take leave the ring */
         const int i = s->ring[t % STORE_QUEUE_CAP];
-        if (atomic_load(&s->slots[i].next_piece) < s->slots[i].n_pieces) {
+        if (atomic_load(&s->slots[i].next_piece) < s->slots[i].n_pieces) break;
+    }
+    atomic_store_explicit(&s->tail, t, memory_order_release);
+    for (uint32_t q = t; q != h; q++) {
+        const int i = s->ring[q % STORE_QUEUE_CAP];
+        if (atomic_load(&s->slots[i].next_piece) >= s->slots[i].n_pieces) continue;
+        if (found < 0) found = i;  /* the oldest with pieces left, whatever its kind */
+        if (atomic_load_explicit(&s->slots[i].urgent_load, memory_order_acquire)) {
             found = i;
             break;
         }
     }
-    atomic_store_explicit(&s->tail, t, memory_order_release);
     pthread_mutex_unlock(&s->take);
     return found;
 }
@@ -341,6 +356,8 @@ colibri_status store_create(const struct colibri_model *m, int n_slots, int poli
         s->n_pieces += s->chunks[p];
     }
     atomic_init(&s->urgent, -1);
+    const char *ov = getenv("COLIBRI_DECODE_OVERLAP");
+    s->overlap = !(ov && ov[0] == '0' && ov[1] == '\0');
     const size_t n = (size_t)s->n_layer * s->n_expert;
     s->slots = cb_calloc((size_t)n_slots, sizeof(slot));
     s->where = cb_malloc(n * sizeof(int32_t));
@@ -418,7 +435,14 @@ static void add_stall(expert_store *s, counters *c, double dt) {
     if (s->decode_step) s->stall_decode_s += dt;
 }
 
-void store_wave_begin(expert_store *s) { s->wave++; }
+/* A wave's experts get LRU stamps by expert id (use_base + id + 1), whatever order they are acquired
+ * in (a decode step takes them as their bytes arrive): the cache's state, and so every later hit and
+ * miss, does not depend on I/O timing. */
+void store_wave_begin(expert_store *s) {
+    s->wave++;
+    s->use_base = s->use_clock;
+    s->use_clock += (uint64_t)s->n_expert;
+}
 
 static double lfu_score(const expert_store *s, const slot *sl) {
     return sl->freq * pow(s->decay, (double)(s->tick - sl->last_tick));
@@ -427,7 +451,7 @@ static double lfu_score(const expert_store *s, const slot *sl) {
 static void touch(expert_store *s, slot *sl) {
     sl->freq = lfu_score(s, sl) + 1.0;
     sl->last_tick = s->tick;
-    sl->last_use = ++s->use_clock;
+    sl->last_use = s->use_base + (uint64_t)sl->expert + 1;
 }
 
 static void release_slot(expert_store *s, int i) {
@@ -591,6 +615,8 @@ void store_hold(expert_store *s, int layer, int e) {
     const int i = s->where[id];
     if (i >= 0) {
         s->slots[i].pinned_wave = s->wave;
+        /* a prefetch still in flight is now a read the step waits for: its pieces go first */
+        atomic_store_explicit(&s->slots[i].urgent_load, 1, memory_order_release);
         return;
     }
     if (queue_full(s)) return;  /* store_acquire reads it then */
@@ -623,6 +649,51 @@ void store_prefetch(expert_store *s, int layer, int e) {
     s->cnt[id].pf_issued++;
     s->cnt[id].bytes_read += expert_bytes(s, layer);
     queue_load(s, v);
+}
+
+static int names(const int32_t *ids, int k, int e) {
+    for (int j = 0; j < k; j++)
+        if (ids[j] == e) return 1;
+    return 0;
+}
+
+void store_drop_stale(expert_store *s, int layer, const int32_t *chosen, int k) {
+    for (int i = 0; i < s->n_slots; i++) {
+        slot *sl = &s->slots[i];
+        if (!sl->prefetched || sl->layer < 0 || sl->layer > layer || sl->pinned_wave == s->wave) continue;
+        if (sl->layer == layer && names(chosen, k, sl->expert)) continue;  /* chosen after all */
+        if (atomic_load_explicit(&sl->state, memory_order_acquire) != SLOT_LOADING) continue;
+        /* take every piece at once; an I/O thread that got to piece 0 first keeps the load */
+        int none = 0;
+        if (!atomic_compare_exchange_strong(&sl->next_piece, &none, sl->n_pieces)) continue;
+        const size_t id = (size_t)sl->layer * s->n_expert + sl->expert;
+        s->cnt[id].pf_dropped++;
+        s->cnt[id].bytes_read -= expert_bytes(s, sl->layer);  /* counted when issued, never read */
+        sl->prefetched = 0;  /* not wasted: nothing was read */
+        release_slot(s, i);
+    }
+}
+
+int store_ready(const expert_store *s, int layer, int e) {
+    const int i = s->where[(size_t)layer * s->n_expert + e];
+    if (i < 0) return -1;
+    return atomic_load_explicit(&s->slots[i].state, memory_order_acquire) == SLOT_LOADING ? 0 : 1;
+}
+
+int store_wait_any(expert_store *s, int layer, const int32_t *ids, int n) {
+    const double t0 = now_s();
+    for (int spins = 0;; spins++) {
+        for (int j = 0; j < n; j++)
+            if (store_ready(s, layer, ids[j]) != 0) {
+                add_stall(s, &s->cnt[(size_t)layer * s->n_expert + ids[j]], now_s() - t0);
+                return j;
+            }
+        if (spins < 64) sched_yield();
+        else {
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+        }
+    }
 }
 
 /* ---- warm-up and pinning from a routing profile ------------------------- */
@@ -716,6 +787,8 @@ int store_is_resident(const expert_store *s, int layer, int e) {
 
 int store_n_slots(const expert_store *s) { return s->n_slots; }
 
+int store_overlap(const expert_store *s) { return s->overlap; }
+
 int store_direct_reads(const expert_store *s) {
     return s->fd_direct >= 0 && atomic_load_explicit(&s->direct_ok, memory_order_relaxed);
 }
@@ -729,6 +802,7 @@ void store_fill_stats(const expert_store *s, colibri_stats *o) {
     o->expert_calls = o->expert_hits = o->expert_misses = 0;
     o->prefetch_issued = o->prefetch_used = o->prefetch_wasted = o->expert_bytes_read = 0;
     o->prefetch_wasted_bytes = 0;
+    o->prefetch_dropped = 0;
     o->expert_stall_seconds = 0.0;
     o->expert_stall_decode_seconds = s->stall_decode_s;
     o->experts_pinned = s->n_pinned;
@@ -742,6 +816,7 @@ void store_fill_stats(const expert_store *s, colibri_stats *o) {
         o->prefetch_used += c->pf_used;
         o->prefetch_wasted += c->pf_wasted;
         o->prefetch_wasted_bytes += c->pf_wasted_bytes;
+        o->prefetch_dropped += c->pf_dropped;
         o->expert_bytes_read += c->bytes_read;
         o->expert_stall_seconds += c->stall_s;
     }

@@ -55,6 +55,17 @@ void store_hold(expert_store *s, int layer, int e);
  * given up for it (never one pinned by the current wave, never one still loading). */
 void store_prefetch(expert_store *s, int layer, int e);
 int store_is_resident(const expert_store *s, int layer, int e);
+/* Decode steps, once layer `layer` has routed to chosen[0..k): prefetches of this layer it did not
+ * choose, and of layers before it, are dropped if no piece of them has been read yet, so a guess the
+ * step no longer needs gives its slot and its disk time back. Counted in prefetch_dropped, not in bytes
+ * read. */
+void store_drop_stale(expert_store *s, int layer, const int32_t *chosen, int k);
+/* 1: expert e of layer l is in a slot and its bytes are there (or its load failed: store_acquire says
+ * so); 0: its load is in flight; -1: it has no slot (store_acquire reads it now). */
+int store_ready(const expert_store *s, int layer, int e);
+/* Wait until one of ids[0..n) of layer l is no longer in flight (store_ready != 0) and return its
+ * index; the wait is stall time of that expert. n >= 1. */
+int store_wait_any(expert_store *s, int layer, const int32_t *ids, int n);
 
 struct routing_profile;
 /* Warm-up from a routing profile: fill the free slots with the profile's hottest experts (every
@@ -66,6 +77,10 @@ struct routing_profile;
 colibri_status store_warm(expert_store *s, const struct routing_profile *p, int n_pin);
 
 int store_n_slots(const expert_store *s);
+/* 1: a decode step computes the experts it has while the others load, each as it arrives (ffn.c); 0 with
+ * COLIBRI_DECODE_OVERLAP=0 in the environment at store creation: it waits for all, then computes them in
+ * one pool run (fewer pool runs, no overlap; for measuring one against the other). Same output either way. */
+int store_overlap(const expert_store *s);
 /* 1 while the store reads with O_DIRECT (the file system accepted it), 0 once it fell back. */
 int store_direct_reads(const expert_store *s);
 /* Counters: totals into the stats struct, per expert into out[n_layer * n_expert]. */

@@ -76,22 +76,70 @@ static void issue_prefetch(struct colibri_context *c, int il) {
     if (il + 1 < c->model->hp.n_layer) ffn_prefetch_layer(c, il + 1, c->s.xn);
 }
 
-/* Experts from the store: waves of as many experts as the slots can hold at once (a decode
- * step is one wave whenever the budget passed the ledger). */
+/* A decode step's experts in the order their bytes arrive: every missing expert's read starts
+ * (store_hold, the demand reads ahead of any queued prefetch), stale prefetches are dropped, the next
+ * layer's predictions are queued behind the demand reads, then the resident experts (and the shared
+ * one) are computed while the reads run, and each missing expert as soon as it is there (with any
+ * others that arrived meanwhile). Each expert writes its own rows of s.gate / s.up / s.down and the
+ * weighted sum runs afterwards in (token, slot) order, so the arrival order changes no value. */
+static colibri_status decode_experts(struct colibri_context *c, int il, int has_sh, int q_down, block_q8a *sh_actq) {
+    const int X = c->model->hp.n_expert;
+    const int32_t *cnt = c->s.cnt;
+    int32_t *pending = c->pf_wait;
+    int n_pending = 0;
+    store_wave_begin(c->store);
+    for (int h = 0; h < X; h++)
+        if (cnt[h] != (h ? cnt[h - 1] : 0)) store_hold(c->store, il, h);
+    store_drop_stale(c->store, il, c->s.sel, c->model->hp.n_expert_used);
+    if (c->pred) issue_prefetch(c, il);
+    int nw = 0;
+    for (int h = 0; h < X; h++) {
+        if (cnt[h] == (h ? cnt[h - 1] : 0)) continue;
+        if (store_overlap(c->store) && store_ready(c->store, il, h) != 1) {
+            pending[n_pending++] = h;
+            continue;
+        }
+        int got;
+        colibri_status st = store_acquire(c->store, il, h, &c->views[nw], &got);
+        if (st) return st;
+        if (!got) return cb_error(COLIBRI_E_INTERNAL, "no expert slot could be freed");
+        c->wave_ids[nw++] = h;
+    }
+    if (nw || has_sh) expert_wave(c, il, 1, c->wave_ids, c->views, nw, has_sh, q_down, sh_actq);
+    while (n_pending) {
+        /* one that has arrived (or has no slot: read now, while the others keep loading), then every
+         * other that is there by now */
+        const int first = store_wait_any(c->store, il, pending, n_pending);
+        nw = 0;
+        int kept = 0;
+        for (int j = 0; j < n_pending; j++) {
+            const int h = pending[j];
+            if (j != first && store_ready(c->store, il, h) == 0) {
+                pending[kept++] = h;
+                continue;
+            }
+            int got;
+            colibri_status st = store_acquire(c->store, il, h, &c->views[nw], &got);
+            if (st) return st;
+            if (!got) return cb_error(COLIBRI_E_INTERNAL, "no expert slot could be freed");
+            c->wave_ids[nw++] = h;
+        }
+        n_pending = kept;
+        expert_wave(c, il, 1, c->wave_ids, c->views, nw, 0, q_down, sh_actq);
+    }
+    return COLIBRI_OK;
+}
+
+/* Experts from the store: a decode step by arrival (decode_experts); a prefill chunk in waves of as
+ * many experts as the slots can hold at once. */
 static colibri_status streamed_experts(struct colibri_context *c, int il, int n, int has_sh, int q_down,
                                        block_q8a *sh_actq) {
+    if (n == 1) return decode_experts(c, il, has_sh, q_down, sh_actq);
     const int X = c->model->hp.n_expert;
     const int32_t *cnt = c->s.cnt;
     int e = 0, first = 1;
     for (;;) {
         store_wave_begin(c->store);
-        if (first && n == 1) {
-            /* a decode step is one wave: start every missing expert's read, then the next layer's
-             * prefetches, before waiting for any of them */
-            for (int h = 0; h < X; h++)
-                if (cnt[h] != (h ? cnt[h - 1] : 0)) store_hold(c->store, il, h);
-            if (c->pred) issue_prefetch(c, il);
-        }
         int nw = 0;
         while (e < X) {
             const int start = e ? cnt[e - 1] : 0;

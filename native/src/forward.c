@@ -8,6 +8,7 @@
  * eval makes no heap allocation. */
 #include <math.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "alloc.h"
@@ -99,6 +100,13 @@ static colibri_status eval_chunk(struct colibri_context *c, const int32_t *tok, 
     return COLIBRI_OK;
 }
 
+/* Major page faults of this process so far (pages read from storage on a touch: a resident weight
+ * that had been evicted, or a mapped expert; the expert store's own reads are not faults). */
+static uint64_t major_faults(void) {
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? (uint64_t)ru.ru_majflt : 0;
+}
+
 /* ---- the eval driver -------------------------------------------------- */
 
 /* Which tokens get a logits row. */
@@ -139,6 +147,7 @@ static colibri_status eval_tokens(struct colibri_context *c, const int32_t *seq_
     for (int32_t i = 0; i < n_tokens; i++) c->seq_last[seq_ids ? seq_ids[i] : 0] = i;
 
     const uint64_t allocs0 = cb_alloc_count();
+    const uint64_t faults0 = major_faults();
     const double t0 = now_seconds();
     memcpy(c->seq_saved, c->seq_past, (size_t)c->n_seq_max * sizeof *c->seq_past);
     scratch *s = &c->s;
@@ -178,12 +187,15 @@ static colibri_status eval_tokens(struct colibri_context *c, const int32_t *seq_
 
     /* a step that gives each of its sequences one token is a decode step */
     colibri_stats *st = &c->stats;
+    const uint64_t faults = major_faults() - faults0;
     if (n_tokens > n_seqs) {
         st->n_prompt_tokens += (uint64_t)n_tokens;
         st->prefill_seconds += dt;
+        st->major_faults_prefill += faults;
     } else {
         st->n_decode_tokens += (uint64_t)n_tokens;
         st->decode_seconds += dt;
+        st->major_faults_decode += faults;
     }
     st->n_eval_calls++;
     st->allocs_last_eval = cb_alloc_count() - allocs0;

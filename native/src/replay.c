@@ -86,11 +86,13 @@ static colibri_status run_trace(const model_hparams *hp, expert_store *s, predic
                 predictor_observe(pred, l, chosen);
             }
             store_wave_begin(s);
-            /* as forward.c does a decode step: hold every chosen expert (misses start loading),
-             * prefetch the next layer, then acquire, in increasing expert id (the order decides
-             * which slot each miss evicts, so a replay matches a live run) */
+            /* as ffn.c does a decode step: hold every chosen expert (misses start loading and take
+             * their slots, in increasing expert id, so a replay matches a live run), drop stale
+             * prefetches, prefetch the next layer, then acquire (LRU stamps follow the id whatever
+             * the order, see store_wave_begin) */
             for (int e = 0; e < X; e++)
                 if (is_chosen(chosen, k, e)) store_hold(s, l, e);
+            store_drop_stale(s, l, chosen, k);
             if (pred && l + 1 < L) prefetch_layer(pred, s, X, l + 1, token, pf_ids);
             for (int e = 0; e < X; e++) {
                 if (!is_chosen(chosen, k, e)) continue;

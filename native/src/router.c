@@ -14,6 +14,7 @@
 #include "ops.h"
 #include "predict.h"
 #include "profile.h"
+#include "route_override.h"
 
 /* Pre-filter for token row t at layer il: router logits for the profile's candidates of the
  * token only (skipping dropped experts; single rows through the same kernel as the full
@@ -131,6 +132,8 @@ void router_select(struct colibri_context *c, int il, int n) {
         int32_t *sel = s->sel + (size_t)t * k;
         float *sw = s->selw + (size_t)t * k;
         if (!prefilter || sel[0] < 0) select_row(hp, s->router + (size_t)t * X, drop, sel, sw);
+        /* benchmarks and tests only: a recorded routing replaces the router's choice */
+        if (c->route_ov) route_override_row(c->route_ov, (int64_t)s->pos[t], il, sel, sw);
         const size_t rt = (size_t)c->route_base + t;
         int32_t *rid = c->route_ids + (rt * hp->n_layer + il) * k;
         float *rw = c->route_w + (rt * hp->n_layer + il) * k;

@@ -1,0 +1,63 @@
+/* route_override.c — a recorded routing imposed on the forward pass (see route_override.h). */
+#include "route_override.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "alloc.h"
+#include "error.h"
+
+colibri_status route_override_new(int32_t n_tokens, int32_t n_layer, int32_t n_expert, int32_t k,
+                                  const int32_t *ids, const float *weights, route_override **out) {
+    *out = NULL;
+    if (n_tokens < 1 || n_layer < 1 || n_expert < 1 || k < 1 || k > n_expert)
+        return cb_error(COLIBRI_E_INVALID_ARG, "routing override: %d tokens, %d layers, %d experts, top-%d",
+                        (int)n_tokens, (int)n_layer, (int)n_expert, (int)k);
+    const size_t n = (size_t)n_tokens * (size_t)n_layer * (size_t)k;
+    for (size_t r = 0; r < n; r += (size_t)k) {
+        const size_t t = r / ((size_t)n_layer * k), l = r / k % (size_t)n_layer;
+        for (int j = 0; j < k; j++) {
+            const int32_t e = ids[r + j];
+            if (e < 0 || e >= n_expert)
+                return cb_error(COLIBRI_E_INVALID_ARG,
+                                "routing override: token %zu, layer %zu names expert %d; the model has %d", t, l,
+                                (int)e, (int)n_expert);
+            if (!isfinite(weights[r + j]))
+                return cb_error(COLIBRI_E_INVALID_ARG, "routing override: token %zu, layer %zu has a weight "
+                                "that is not a finite number", t, l);
+            for (int i = 0; i < j; i++)
+                if (ids[r + i] == e)
+                    return cb_error(COLIBRI_E_INVALID_ARG,
+                                    "routing override: token %zu, layer %zu names expert %d twice", t, l, (int)e);
+        }
+    }
+    route_override *o = cb_calloc(1, sizeof *o);
+    if (o) {
+        o->ids = cb_malloc(n * sizeof *o->ids);
+        o->weights = cb_malloc(n * sizeof *o->weights);
+    }
+    if (!o || !o->ids || !o->weights) {
+        route_override_free(o);
+        return cb_error(COLIBRI_E_NOMEM, "out of memory for a routing override of %d tokens", (int)n_tokens);
+    }
+    memcpy(o->ids, ids, n * sizeof *o->ids);
+    memcpy(o->weights, weights, n * sizeof *o->weights);
+    o->n_tokens = n_tokens;
+    o->n_layer = n_layer;
+    o->k = k;
+    *out = o;
+    return COLIBRI_OK;
+}
+
+void route_override_free(route_override *o) {
+    if (!o) return;
+    cb_free(o->ids);
+    cb_free(o->weights);
+    cb_free(o);
+}
+
+void route_override_row(const route_override *o, int64_t pos, int il, int32_t *sel, float *sw) {
+    const size_t r = ((size_t)(pos % o->n_tokens) * (size_t)o->n_layer + (size_t)il) * (size_t)o->k;
+    memcpy(sel, o->ids + r, (size_t)o->k * sizeof *sel);
+    memcpy(sw, o->weights + r, (size_t)o->k * sizeof *sw);
+}

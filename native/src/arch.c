@@ -5,7 +5,7 @@
 #include <string.h>
 
 extern const arch_desc arch_llama, arch_qwen2moe, arch_qwen3moe, arch_olmoe, arch_granitemoe,
-    arch_gptoss;
+    arch_gptoss, arch_deepseek2;
 
 static const arch_desc *const table[] = {
     &arch_llama,
@@ -14,6 +14,7 @@ static const arch_desc *const table[] = {
     &arch_olmoe,
     &arch_granitemoe,
     &arch_gptoss,
+    &arch_deepseek2,
 };
 
 const arch_desc *arch_find(const char *name) {

@@ -17,6 +17,10 @@ void block_norm_rows(struct colibri_context *c, const float *w, int n);
  * (attention.c). */
 void block_attention(struct colibri_context *c, int il, int n, int p0);
 
+/* Multi-head latent attention of layer il from s.xn into s.tmp, writing the chunk's latent
+ * cache rows at positions p0.. (attention_mla.c). */
+void block_attention_mla(struct colibri_context *c, int il, int n, int p0);
+
 /* FFN of layer il from s.xn into s.tmp: the dense SwiGLU, or the routed experts (plus the
  * shared expert). block_ffn picks by the model (forward.c); the MoE form fails only when an
  * expert cannot be read (ffn.c). */

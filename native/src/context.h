@@ -42,6 +42,13 @@ typedef struct scratch {
     block_q8a *sh_actq;  /* [B][n_ff_shexp/32] */
     float *sh_down;      /* [B][n_embd] */
     float *sh_w;         /* [B] sigmoid gate of the shared expert */
+    /* multi-head latent attention only (attention_mla.c; H heads, C latent, R rope, N nope,
+     * Q q-LoRA rank, as in model.h); qkv is not laid out then, and att is [B][H*V] */
+    float *mla_q;        /* [B][H*(N+R)] queries */
+    float *mla_qa;       /* [B][Q] q-LoRA down projection, normed */
+    block_q8a *mla_qaq;  /* [B][Q/32] */
+    float *mla_kv;       /* [B][C+R] latent c_kv and k_pe of the chunk */
+    float *mla_thr;      /* [n_threads][MLA_THR_FLOATS]: a worker's absorbed query, latent sum, q8a rows */
     mm_job *jobs;        /* [n_expert + 4] */
     glu_job *glu;        /* [n_expert + 2] */
 } scratch;
@@ -62,6 +69,10 @@ struct colibri_context {
     float *k_scale;
     float *v_scale;
     size_t kv_bytes;
+    /* MLA models (hp.mla_kv_lora > 0) cache no per-head K/V (k_cache, v_cache stay NULL): per
+     * layer and position one row of the normed latent c_kv [C] then the rope'd k_pe [R],
+     * [n_layer][n_ctx][C+R], F32 or F16 by kv_kind (never KV_I8). */
+    void *mla_cache;
     float *inv_freq;     /* [n_rot/2] */
     arena arena;
     scratch s;
@@ -100,6 +111,8 @@ size_t context_scratch_bytes(const struct colibri_model *m, const colibri_contex
 /* How the KV cache of resolved params p stores its elements, and its total bytes (K and V,
  * scales included): the one formula the ledger and context_create share. */
 enum { KV_F16 = 0, KV_F32 = 1, KV_I8 = 2 };
+/* Floats of one worker's MLA scratch for model hp (attention_mla.c). */
+size_t mla_thread_floats(const model_hparams *hp);
 int context_kv_kind(const struct colibri_model *m, const colibri_context_params *p);
 size_t context_kv_bytes(const struct colibri_model *m, const colibri_context_params *p);
 colibri_status context_create(struct colibri_model *m, const colibri_context_params *p,

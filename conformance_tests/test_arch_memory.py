@@ -26,7 +26,7 @@ MOE_SPECS = [s.name for s in tm.SPECS if s.model_type != "llama"]
 def _streaming_variant(spec: tm.TinySpec) -> tm.TinySpec:
     """The spec with 32 experts of width 384 (keys as the config spells them)."""
     cfg = dict(spec.config)
-    cfg["num_local_experts" if "num_local_experts" in cfg else "num_experts"] = 32
+    cfg[next((k for k in ("num_local_experts", "n_routed_experts") if k in cfg), "num_experts")] = 32
     cfg["moe_intermediate_size" if "moe_intermediate_size" in cfg else "intermediate_size"] = 384
     return dataclasses.replace(spec, name=spec.name + "_streaming", config=cfg)
 

@@ -316,6 +316,105 @@ SPECS += [
         notes="gpt-oss without YaRN (so llama.cpp computes it as transformers does), GQA 8, 6 experts top-3",
     ),
 ]
+_DEEPSEEK = dict(
+    num_hidden_layers=3,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+    bos_token_id=0,
+    eos_token_id=2,
+    pad_token_id=0,
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+)
+SPECS += [
+    TinySpec(
+        "deepseek_v2",
+        "deepseek_v2",
+        dict(
+            _DEEPSEEK,
+            q_lora_rank=None,
+            kv_lora_rank=32,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=24,
+            n_routed_experts=6,
+            num_experts_per_tok=2,
+            n_shared_experts=2,
+            first_k_dense_replace=1,
+            topk_method="greedy",
+            routed_scaling_factor=1.0,
+            norm_topk_prob=False,
+            vocab_size=1013,
+            tie_word_embeddings=False,
+        ),
+        seed=22,
+        notes="DeepSeek-V2-Lite-like: no q-LoRA, latent 32 + rope 8, nope 16 != v 24, 1 dense layer, "
+        "6 experts top-2 softmax, 2 shared experts",
+    ),
+    TinySpec(
+        "deepseek_v2_groups",
+        "deepseek_v2",
+        dict(
+            _DEEPSEEK,
+            num_attention_heads=6,
+            num_key_value_heads=6,
+            hidden_size=96,
+            q_lora_rank=40,
+            kv_lora_rank=24,
+            qk_rope_head_dim=12,
+            qk_nope_head_dim=20,
+            v_head_dim=16,
+            n_routed_experts=8,
+            num_experts_per_tok=3,
+            n_shared_experts=1,
+            first_k_dense_replace=0,
+            topk_method="group_limited_greedy",
+            n_group=4,
+            topk_group=2,
+            routed_scaling_factor=1.5,
+            vocab_size=1000,
+            tie_word_embeddings=True,
+        ),
+        seed=23,
+        # llama.cpp scores a group by its best two experts; transformers' V2 by its best one
+        llama_cpp_compatible=False,
+        llama_cpp_converts=True,
+        notes="DeepSeek-V2: q-LoRA 40, group-limited greedy (4 groups, 2 kept), routed scale 1.5, no dense "
+        "layer, tied, 6 heads",
+    ),
+    TinySpec(
+        "deepseek_v3",
+        "deepseek_v3",
+        dict(
+            _DEEPSEEK,
+            q_lora_rank=48,
+            kv_lora_rank=40,
+            qk_rope_head_dim=16,
+            qk_nope_head_dim=8,
+            v_head_dim=20,
+            n_routed_experts=12,
+            num_experts_per_tok=4,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            n_group=4,
+            topk_group=3,
+            routed_scaling_factor=2.5,
+            norm_topk_prob=True,
+            # keys published V3 checkpoints carry (transformers 5.24 neither writes nor reads them)
+            scoring_func="sigmoid",
+            topk_method="noaux_tc",
+            vocab_size=1013,
+            tie_word_embeddings=False,
+        ),
+        seed=24,
+        notes="DeepSeek-V3: sigmoid router with e_score_correction_bias, 12 experts in 4 groups (3 kept), "
+        "top-4, renormalised, routed scale 2.5, q-LoRA 48, rope 16 > nope 8",
+    ),
+]
 SPEC_BY_NAME = {s.name: s for s in SPECS}
 
 
@@ -445,6 +544,8 @@ _ARCH_CLASS = {
     "granitemoe": "GraniteMoeForCausalLM",
     "granitemoeshared": "GraniteMoeSharedForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
 }
 
 
@@ -489,6 +590,9 @@ def make_weights(spec: TinySpec) -> dict[str, np.ndarray]:
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"] = norm(hidden)
         w[p + "post_attention_layernorm.weight"] = norm(hidden)
+        if mt in ("deepseek_v2", "deepseek_v3"):
+            _deepseek_layer_weights(w, p, i, c, mt, lin, norm)
+            continue
         a = p + "self_attn."
         w[a + "q_proj.weight"] = lin(n_head * hd, hidden)
         w[a + "k_proj.weight"] = lin(n_kv * hd, hidden)
@@ -563,6 +667,48 @@ def make_weights(spec: TinySpec) -> dict[str, np.ndarray]:
     if not c.get("tie_word_embeddings"):
         w["lm_head.weight"] = lin(n_vocab, hidden, 4.0)
     return w
+
+
+def _deepseek_layer_weights(
+    w: dict[str, np.ndarray], p: str, i: int, c: dict[str, Any], mt: str, lin: Any, norm: Any
+) -> None:
+    """One DeepSeek-V2/V3 layer as save_pretrained writes it: latent attention (q directly or through the
+    q-LoRA), a dense MLP in the first first_k_dense_replace layers, else router (+ V3's correction bias),
+    per-expert projections and the shared experts."""
+    hidden, h = c["hidden_size"], c["num_attention_heads"]
+    cr, r, n, v = c["kv_lora_rank"], c["qk_rope_head_dim"], c["qk_nope_head_dim"], c["v_head_dim"]
+    a = p + "self_attn."
+    if c.get("q_lora_rank"):
+        q = c["q_lora_rank"]
+        w[a + "q_a_proj.weight"] = lin(q, hidden)
+        w[a + "q_a_layernorm.weight"] = norm(q)
+        w[a + "q_b_proj.weight"] = lin(h * (n + r), q)
+    else:
+        w[a + "q_proj.weight"] = lin(h * (n + r), hidden)
+    w[a + "kv_a_proj_with_mqa.weight"] = lin(cr + r, hidden)
+    w[a + "kv_a_layernorm.weight"] = norm(cr)
+    w[a + "kv_b_proj.weight"] = lin(h * (n + v), cr)
+    w[a + "o_proj.weight"] = lin(hidden, h * v, BRANCH_GAIN)
+    m = p + "mlp."
+    if i < c.get("first_k_dense_replace", 0):
+        ff = c["intermediate_size"]
+        w[m + "gate_proj.weight"] = lin(ff, hidden)
+        w[m + "up_proj.weight"] = lin(ff, hidden)
+        w[m + "down_proj.weight"] = lin(hidden, ff, BRANCH_GAIN)
+        return
+    n_exp, ff = c["n_routed_experts"], c["moe_intermediate_size"]
+    w[m + "gate.weight"] = lin(n_exp, hidden, ROUTER_GAIN)
+    if mt == "deepseek_v3":  # large enough to change some choices, as a trained bias does
+        w[m + "gate.e_score_correction_bias"] = (0.1 * np.arange(n_exp)[::-1] / n_exp).astype(np.float32)
+    for e in range(n_exp):
+        w[f"{m}experts.{e}.gate_proj.weight"] = lin(ff, hidden)
+        w[f"{m}experts.{e}.up_proj.weight"] = lin(ff, hidden)
+        w[f"{m}experts.{e}.down_proj.weight"] = lin(hidden, ff, BRANCH_GAIN)
+    sff = ff * c.get("n_shared_experts", 0)
+    if sff:
+        w[m + "shared_experts.gate_proj.weight"] = lin(sff, hidden)
+        w[m + "shared_experts.up_proj.weight"] = lin(sff, hidden)
+        w[m + "shared_experts.down_proj.weight"] = lin(hidden, sff, BRANCH_GAIN)
 
 
 def build_checkpoint(spec: TinySpec, out_dir: Path, tokenizer_dir: Path) -> Path:

@@ -27,6 +27,8 @@ def _streaming_variant(spec: tm.TinySpec) -> tm.TinySpec:
     """The spec with 32 experts of width 384 (keys as the config spells them)."""
     cfg = dict(spec.config)
     cfg[next((k for k in ("num_local_experts", "n_routed_experts") if k in cfg), "num_experts")] = 32
+    if cfg.get("n_shared_experts"):  # DeepSeek's shared experts are n_shared routed widths, all resident
+        cfg["n_shared_experts"] = 1
     cfg["moe_intermediate_size" if "moe_intermediate_size" in cfg else "intermediate_size"] = 384
     return dataclasses.replace(spec, name=spec.name + "_streaming", config=cfg)
 

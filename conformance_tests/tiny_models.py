@@ -391,6 +391,7 @@ SPECS += [
         "deepseek_v3",
         dict(
             _DEEPSEEK,
+            num_hidden_layers=4,
             q_lora_rank=48,
             kv_lora_rank=40,
             qk_rope_head_dim=16,

@@ -1139,8 +1139,8 @@ def _write_deepseek_metadata(w: Any, hp: _Hparams) -> None:
 
     d = hp.extra
     w.add_leading_dense_block_count(d["dense_lead"])
-    if d["q_lora"]:
-        w.add_q_lora_rank(d["q_lora"])
+    # written as 0 without a q-LoRA too: llama.cpp requires the key unless the layer count is V2-Lite's
+    w.add_q_lora_rank(d["q_lora"])
     w.add_kv_lora_rank(d["kv_lora"])
     w.add_key_length(d["kv_lora"] + d["rope"])
     w.add_value_length(d["kv_lora"])

@@ -412,6 +412,10 @@ SPECS += [
             tie_word_embeddings=False,
         ),
         seed=24,
+        # F16 rounding of the weights alone flips near-tied sigmoid routing choices at ~2% of positions
+        # (llama.cpp's batched and token-by-token passes disagree at 1.6%): against llama.cpp's F16 the bar
+        # is issue 9's, twice llama.cpp's own disagreement (test_vs_llama_cpp)
+        extra={"f16_bar": "self_noise"},
         notes="DeepSeek-V3: sigmoid router with e_score_correction_bias, 12 experts in 4 groups (3 kept), "
         "top-4, renormalised, routed scale 2.5, q-LoRA 48, rope 16 > nope 8",
     ),
@@ -863,21 +867,26 @@ def open_llama_cpp(gguf_path: Path, **kwargs: Any) -> Any:
         low.llama_model_default_params = original
 
 
-def llama_cpp_logits(gguf_path: Path, ids: list[int], f32_kv: bool = False) -> np.ndarray:
+def llama_cpp_logits(
+    gguf_path: Path, ids: list[int], f32_kv: bool = False, n_batch: int | None = None
+) -> np.ndarray:
     """Teacher-forced logits [len(ids), vocab] from llama.cpp (llama-cpp-python), 2 threads.
 
     f32_kv keeps the KV cache in F32 (llama.cpp's default is F16), for comparisons at F32 precision.
+    n_batch: tokens per decode call (default: all in one; 1 is llama.cpp token by token).
     """
     import llama_cpp
 
     kwargs: dict[str, Any] = {}
     if f32_kv:
         kwargs.update(type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
+    if n_batch is not None:
+        kwargs.update(n_batch=n_batch, n_ubatch=n_batch)
+    kwargs.setdefault("n_batch", max(64, len(ids)))
     llm = open_llama_cpp(
         gguf_path,
         logits_all=True,
         n_ctx=max(64, len(ids)),
-        n_batch=max(64, len(ids)),
         n_threads=LLAMA_CPP_THREADS,
         **kwargs,
     )

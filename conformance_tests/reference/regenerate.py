@@ -1,6 +1,6 @@
 """Regenerate the recorded reference outputs of the conformance suite.
 
-    python conformance_tests/reference/regenerate.py [tiny] [smollm2]   # needs torch, transformers,
+    python conformance_tests/reference/regenerate.py [tiny] [smollm2] [SPEC ...]   # needs torch, transformers,
                                                                         # llama-cpp-python
 
 Writes, next to this script:
@@ -38,11 +38,15 @@ def _put(out: dict[str, np.ndarray], prefix: str, rec: dict[str, np.ndarray]) ->
         out[f"{prefix}_{k}"] = v
 
 
-def tiny(root: Path) -> None:
+def tiny(root: Path, only: set[str] | None = None) -> None:
+    """Every spec's record, or only those named (the layout file keeps the other specs' entries)."""
     zoo = TinyZoo(root)
-    layout = {s.name: tm.transformers_layout(s) for s in tm.SPECS}
-    (HERE / "tiny_layout.json").write_text(json.dumps(layout, indent=1, sort_keys=True))
-    for spec in tm.SPECS:
+    specs = [s for s in tm.SPECS if not only or s.name in only]
+    layout_path = HERE / "tiny_layout.json"
+    layout = json.loads(layout_path.read_text()) if only and layout_path.exists() else {}
+    layout.update({s.name: tm.transformers_layout(s) for s in specs})
+    layout_path.write_text(json.dumps(layout, indent=1, sort_keys=True))
+    for spec in specs:
         ckpt = zoo.checkpoint(spec.name)
         out: dict[str, np.ndarray] = {"fingerprint": np.array(tm.checkpoint_fingerprint(ckpt))}
         ids = tm.token_ids(ckpt, tt.N_POS)
@@ -102,10 +106,14 @@ def smollm2() -> None:
 def main(argv: list[str]) -> int:
     import tempfile
 
-    parts = set(argv) or {"tiny", "smollm2"}
+    # spec names (tiny_models.SPECS) regenerate those tiny records only
+    names = {a for a in argv if a in tm.SPEC_BY_NAME}
+    parts = set(argv) - names or {"tiny", "smollm2"}
+    if names:
+        parts = {"tiny"}
     if "tiny" in parts:
         with tempfile.TemporaryDirectory(prefix="colibri-ref-") as tmp:
-            tiny(Path(tmp))
+            tiny(Path(tmp), names or None)
     if "smollm2" in parts:
         smollm2()
     return 0

@@ -27,6 +27,24 @@ CASES = [
     ("granitemoe", {"granitemoe.residual_scale": (-1.0, F32)}, "granitemoe.residual_scale = -1"),
     ("granitemoe", {"granitemoe.attention.scale": (-0.5, F32)}, "granitemoe.attention.scale = -0.5"),
     ("granitemoeshared", {"granitemoe.expert_shared_feed_forward_length": (7, U32)}, "disagrees"),
+    ("deepseek_v3", {"deepseek2.expert_group_count": (5, U32)}, "does not divide deepseek2.expert_count 12"),
+    ("deepseek_v3", {"deepseek2.expert_group_used_count": (5, U32)}, "expert_group_used_count = 5 is out of"),
+    ("deepseek_v3", {"deepseek2.expert_group_used_count": (1, U32)}, "expert_used_count 4 exceeds the 3"),
+    ("deepseek_v3", {"deepseek2.expert_weights_scale": (0.0, F32)}, "deepseek2.expert_weights_scale = 0"),
+    (
+        "deepseek_v3",
+        {"deepseek2.attention.kv_lora_rank": None},
+        "with deepseek2.attention.kv_lora_rank",
+    ),
+    ("deepseek_v3", {"deepseek2.attention.key_length": (99, U32)}, "deepseek2.attention.key_length = 99"),
+    (
+        "deepseek_v2",
+        {"deepseek2.attention.key_length_mla": (8, U32)},
+        "must be below deepseek2.attention.key",
+    ),
+    ("deepseek_v2", {"deepseek2.leading_dense_block_count": (3, U32)}, "leading_dense_block_count = 3"),
+    ("deepseek_v2", {"deepseek2.expert_shared_count": (3, U32)}, "expert_shared_count 3"),
+    ("deepseek_v2", {"deepseek2.attention.q_lora_rank": (16, U32)}, "blk.0.attn_q_a.weight is missing"),
 ]
 
 

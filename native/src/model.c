@@ -76,7 +76,10 @@ static colibri_status read_common_hparams(loader *L) {
     char mla_key[160];
     const int mla = gguf_find(L->f, ld_key(L, "attention.kv_lora_rank", mla_key, sizeof mla_key)) != NULL;
     if (vlen != hp->head_dim && !mla)
-        return cb_error(COLIBRI_E_UNSUPPORTED, "value_length %d differs from key_length %d", vlen, hp->head_dim);
+        return cb_error(COLIBRI_E_UNSUPPORTED,
+                        "metadata %s.attention.value_length %d differs from key_length %d (only a latent-attention "
+                        "file, with %s, may have different ones)",
+                        L->arch, vlen, hp->head_dim, mla_key);
     if ((st = ld_i32(L, "rope.dimension_count", 0, hp->head_dim, 2, hp->head_dim, &hp->n_rot))) return st;
     if (hp->n_rot % 2 != 0) return cb_error(COLIBRI_E_FORMAT, "rope.dimension_count %d is odd", hp->n_rot);
     if ((st = ld_f32(L, "rope.freq_base", 0, 10000.0f, &hp->rope_freq_base))) return st;

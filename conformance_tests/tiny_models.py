@@ -420,6 +420,28 @@ SPECS += [
         "top-4, renormalised, routed scale 2.5, q-LoRA 48, rope 16 > nope 8",
     ),
 ]
+SPECS += [
+    TinySpec(
+        "deepseek_v2_yarn",
+        "deepseek_v2",
+        dict(
+            next(s for s in SPECS if s.name == "deepseek_v2").config,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 8.0,
+                "original_max_position_embeddings": 64,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "mscale": 0.707,
+                "mscale_all_dim": 0.707,
+            },
+        ),
+        seed=25,
+        notes="DeepSeek-V2-Lite's YaRN (factor 8 over 64 positions, mscale = mscale_all_dim = 0.707: softmax "
+        "scale x mscale^2, cos/sin unscaled)",
+    ),
+]
 SPEC_BY_NAME = {s.name: s for s in SPECS}
 
 

@@ -66,6 +66,10 @@ static colibri_status deepseek2_hparams(loader *L) {
     if (hp->rope_yarn && hp->yarn_factor > 1.0f && log_mul > 0.0f) {
         const float ms = (float)(log_mul * log((double)hp->yarn_factor) + 1.0);
         hp->attn_scale *= ms * ms;
+        /* cos/sin are then scaled by mscale(f, mscale) / mscale(f, mscale_all_dim): GGUF has no key
+         * for mscale, so without an explicit attention factor (Colibri's converter writes it) this
+         * is 1, as in every published DeepSeek config (mscale == mscale_all_dim) */
+        if (!gguf_find(L->f, ld_key(L, "rope.scaling.yarn_attn_factor", key, sizeof key))) hp->rope_attn_factor = 1.0f;
     }
 
     /* routing */

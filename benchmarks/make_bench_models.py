@@ -1,4 +1,4 @@
-"""Write the random-weight benchmark models bench-A, bench-B (and bench-gptoss) and convert them to GGUF.
+"""Write the random-weight benchmark models bench-A, bench-B (and bench-gptoss, bench-deepseek2) as GGUF.
 
 bench-A is Mixtral-like (8 experts, top-2, expert FFN 2816); bench-B is Qwen3-MoE-like (64 experts, top-8,
 expert FFN 512, per-head q/k RMSNorm, normalised top-k). Both have 16 layers, hidden size 1024, 16 query heads
@@ -6,6 +6,8 @@ and 4 KV heads of width 64, and SmolLM2's 49152-token vocabulary, so a fixed Eng
 ordinary words rather than bytes. bench-gptoss has gpt-oss-20b's layer recipe (attention sinks, a 128-token
 window on even layers, YaRN, biases, 32 experts top-4 with the clamped SwiGLU) at bench-A's width and depth;
 its MXFP4 form is made from the F16 file by a quantizer (Colibri's converter writes F32/F16/Q8_0/Q4_0).
+bench-deepseek2 has DeepSeek-V2-Lite's recipe (multi-head latent attention, latent 512 + rope 64, no q-LoRA;
+one leading dense layer; 64 experts top-6 of width 512 plus 2 shared) at bench-A's width and depth.
 
 Each model is first written as a Hugging Face-style checkpoint (config.json, F16 safetensors shards with the
 tensor names transformers saves, tokenizer files) and then converted to GGUF by Colibri's own converter
@@ -52,7 +54,7 @@ class BenchSpec:
     """Shape of one benchmark model. Every field is part of the cache stamp."""
 
     name: str
-    arch: str  # "mixtral", "qwen3_moe" or "gpt_oss" (transformers' model_type)
+    arch: str  # "mixtral", "qwen3_moe", "gpt_oss" or "deepseek_v2" (transformers' model_type)
     n_layer: int
     hidden: int
     n_head: int
@@ -68,9 +70,15 @@ class BenchSpec:
     rms_eps: float = 1e-5
     norm_topk_prob: bool = True  # qwen3_moe only; Mixtral always renormalises
     sliding_window: int = 128  # gpt_oss only: the window of its even layers
+    # deepseek_v2 only (None elsewhere, and then left out of the stamp so other models' caches stay valid):
+    # latent width, rope / nope / value head widths, shared experts, leading dense layers and their width
+    mla: tuple[int, int, int, int] | None = None  # (kv_lora_rank, qk_rope, qk_nope, v_head_dim)
+    n_shared: int | None = None
+    dense_lead: tuple[int, int] | None = None  # (first_k_dense_replace, intermediate_size)
 
     def stamp(self) -> str:
-        payload = json.dumps({"format": FORMAT_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
+        fields = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        payload = json.dumps({"format": FORMAT_VERSION, **fields}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -121,6 +129,27 @@ SPECS: dict[str, BenchSpec] = {
         seed=1003,
         rope_theta=150000.0,
     ),
+    # DeepSeek-V2-Lite's layer recipe (latent attention without q-LoRA: latent 512 + rope 64, nope 128,
+    # value 128; one leading dense layer; 64 experts top-6 with 2 shared) at bench-A's width and depth
+    "bench-deepseek2": BenchSpec(
+        name="bench-deepseek2",
+        arch="deepseek_v2",
+        n_layer=16,
+        hidden=1024,
+        n_head=16,
+        n_head_kv=16,
+        head_dim=64,
+        n_expert=64,
+        n_expert_used=6,
+        n_ff_exp=512,
+        vocab=49152,
+        seed=1004,
+        rope_theta=10000.0,
+        rms_eps=1e-6,
+        mla=(512, 64, 128, 128),
+        n_shared=2,
+        dense_lead=(1, 2816),
+    ),
 }
 
 
@@ -139,6 +168,8 @@ def layer_tensors(spec: BenchSpec, layer: int) -> list[TensorSpec]:
     """The tensors of one decoder layer, named as transformers' save_pretrained writes them."""
     p = f"model.layers.{layer}"
     h, q_width, kv_width = spec.hidden, spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
+    if spec.arch == "deepseek_v2":
+        return deepseek_layer_tensors(spec, layer)
     out = [
         TensorSpec(f"{p}.input_layernorm.weight", (h,), "ones"),
         TensorSpec(f"{p}.post_attention_layernorm.weight", (h,), "ones"),
@@ -188,6 +219,43 @@ def layer_tensors(spec: BenchSpec, layer: int) -> list[TensorSpec]:
     else:
         raise ValueError(f"unknown benchmark architecture {spec.arch!r}")
     return out
+
+
+def deepseek_layer_tensors(spec: BenchSpec, layer: int) -> list[TensorSpec]:
+    """A DeepSeek-V2(-Lite) layer: latent attention, then a dense MLP, or router, experts, shared experts."""
+    assert spec.mla is not None and spec.dense_lead is not None and spec.n_shared is not None
+    p, h, nh = f"model.layers.{layer}", spec.hidden, spec.n_head
+    c, r, n, v = spec.mla
+    a, mlp = f"{p}.self_attn", f"{p}.mlp"
+    out = [
+        TensorSpec(f"{p}.input_layernorm.weight", (h,), "ones"),
+        TensorSpec(f"{p}.post_attention_layernorm.weight", (h,), "ones"),
+        TensorSpec(f"{a}.q_proj.weight", (nh * (n + r), h), "normal"),
+        TensorSpec(f"{a}.kv_a_proj_with_mqa.weight", (c + r, h), "normal"),
+        TensorSpec(f"{a}.kv_a_layernorm.weight", (c,), "ones"),
+        TensorSpec(f"{a}.kv_b_proj.weight", (nh * (n + v), c), "normal"),
+        TensorSpec(f"{a}.o_proj.weight", (h, nh * v), "normal"),
+    ]
+    lead, dense_ff = spec.dense_lead
+    if layer < lead:
+        return out + [
+            TensorSpec(f"{mlp}.gate_proj.weight", (dense_ff, h), "normal"),
+            TensorSpec(f"{mlp}.up_proj.weight", (dense_ff, h), "normal"),
+            TensorSpec(f"{mlp}.down_proj.weight", (h, dense_ff), "normal"),
+        ]
+    ff, sff = spec.n_ff_exp, spec.n_ff_exp * spec.n_shared
+    out.append(TensorSpec(f"{mlp}.gate.weight", (spec.n_expert, h), "normal"))
+    for e in range(spec.n_expert):
+        out += [
+            TensorSpec(f"{mlp}.experts.{e}.gate_proj.weight", (ff, h), "normal"),
+            TensorSpec(f"{mlp}.experts.{e}.up_proj.weight", (ff, h), "normal"),
+            TensorSpec(f"{mlp}.experts.{e}.down_proj.weight", (h, ff), "normal"),
+        ]
+    return out + [
+        TensorSpec(f"{mlp}.shared_experts.gate_proj.weight", (sff, h), "normal"),
+        TensorSpec(f"{mlp}.shared_experts.up_proj.weight", (sff, h), "normal"),
+        TensorSpec(f"{mlp}.shared_experts.down_proj.weight", (h, sff), "normal"),
+    ]
 
 
 def global_tensors(spec: BenchSpec) -> list[TensorSpec]:
@@ -244,6 +312,30 @@ def hf_config(spec: BenchSpec, bos_id: int, eos_id: int) -> dict:
             "intermediate_size": spec.n_ff_exp,
             "router_jitter_noise": 0.0,
             **common,
+        }
+    if spec.arch == "deepseek_v2":
+        assert spec.mla is not None and spec.dense_lead is not None
+        c, r, n, v = spec.mla
+        for k in ("head_dim", "num_local_experts", "sliding_window", "router_aux_loss_coef"):
+            common.pop(k)
+        return {
+            "architectures": ["DeepseekV2ForCausalLM"],
+            "model_type": "deepseek_v2",
+            **common,
+            "intermediate_size": spec.dense_lead[1],
+            "first_k_dense_replace": spec.dense_lead[0],
+            "moe_intermediate_size": spec.n_ff_exp,
+            "n_routed_experts": spec.n_expert,
+            "n_shared_experts": spec.n_shared,
+            "q_lora_rank": None,
+            "kv_lora_rank": c,
+            "qk_rope_head_dim": r,
+            "qk_nope_head_dim": n,
+            "v_head_dim": v,
+            "topk_method": "greedy",
+            "routed_scaling_factor": 1.0,
+            "norm_topk_prob": False,
+            "attention_bias": False,
         }
     if spec.arch == "gpt_oss":
         yarn = {"factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}

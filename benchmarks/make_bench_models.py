@@ -322,6 +322,7 @@ def hf_config(spec: BenchSpec, bos_id: int, eos_id: int) -> dict:
             "architectures": ["DeepseekV2ForCausalLM"],
             "model_type": "deepseek_v2",
             **common,
+            "num_key_value_heads": spec.n_head,  # MLA: every head has its own key and value
             "intermediate_size": spec.dense_lead[1],
             "first_k_dense_replace": spec.dense_lead[0],
             "moe_intermediate_size": spec.n_ff_exp,
@@ -682,7 +683,9 @@ def iter_models(names: str) -> Iterator[BenchSpec]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
-        "--models", default="bench-a,bench-b", help="comma-separated: bench-a, bench-b, bench-gptoss"
+        "--models",
+        default="bench-a,bench-b",
+        help="comma-separated: bench-a, bench-b, bench-gptoss, bench-deepseek2",
     )
     ap.add_argument(
         "--cache-dir",

@@ -475,7 +475,7 @@ LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-PRE_TOKENIZERS = ("gpt-2", "qwen2", "llama-bpe", "smollm")
+PRE_TOKENIZERS = ("gpt-2", "qwen2", "llama-bpe", "smollm", "deepseek-v3")
 
 
 def _pre_tokenizer(kind: str) -> Any:
@@ -486,6 +486,13 @@ def _pre_tokenizer(kind: str) -> Any:
     if kind == "smollm":  # SmolLM / StarCoder: single digits, then GPT-2
         return pre_tokenizers.Sequence(
             [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        )
+    if kind == "deepseek-v3":  # DeepSeek-V3's three splits, as its tokenizer.json has them
+        from colibri_backend.adapters.tokenizer import PRE_TOKENIZER_REGEXES
+
+        return pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in PRE_TOKENIZER_REGEXES[kind]]
+            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
         )
     regex = {"qwen2": QWEN2_SPLIT, "llama-bpe": LLAMA3_SPLIT}[kind]  # Qwen2/3(-MoE), Llama 3
     return pre_tokenizers.Sequence(

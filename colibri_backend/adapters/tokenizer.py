@@ -52,6 +52,15 @@ _O200K = (
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
+# DeepSeek-V3 (and R1, V3.x): digits in threes, runs of CJK ideographs and kana, then words with a leading
+# ASCII punctuation mark, letters with marks, punctuation and symbol runs, newlines and spaces.
+_DEEPSEEK_V3 = [
+    r"\p{N}{1,3}",
+    r"[一-龥぀-ゟ゠-ヿ]+",
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+"  # as DeepSeek's tokenizer.json spells it
+    r"|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+]
+
 # tokenizer.ggml.pre -> the regexes applied in sequence (each splits the pieces of the one before),
 # as llama.cpp's vocabulary loader chooses them.
 PRE_TOKENIZER_REGEXES: dict[str, list[str]] = {
@@ -72,6 +81,7 @@ PRE_TOKENIZER_REGEXES: dict[str, list[str]] = {
     "stablelm2": [_QWEN2],
     "deepseek-r1-qwen": [_QWEN2],
     "gpt-4o": [_O200K],
+    "deepseek-v3": _DEEPSEEK_V3,
 }
 
 # Token texts that end a turn in the chat formats we know; a token with one of these texts that

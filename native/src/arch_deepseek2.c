@@ -72,48 +72,11 @@ static colibri_status deepseek2_hparams(loader *L) {
         if (!gguf_find(L->f, ld_key(L, "rope.scaling.yarn_attn_factor", key, sizeof key))) hp->rope_attn_factor = 1.0f;
     }
 
-    /* routing */
+    /* routing: softmax (V2) or sigmoid (V3) scores; V2 scores a group by its best expert */
     hp->router_sigmoid = hp->expert_gating == 2;
-    hp->group_score_top2 = hp->router_sigmoid; /* V3's group score; V2 (softmax) scores a group by its best */
-    if ((st = ld_expert_weights_norm(L, 0))) return st;
-    if ((st = ld_f32(L, "expert_weights_scale", 0, 1.0f, &hp->expert_weights_scale))) return st;
-    if (!(hp->expert_weights_scale > 0.0f))
-        return cb_error(COLIBRI_E_FORMAT, "metadata %s = %g must be positive",
-                        ld_key(L, "expert_weights_scale", key, sizeof key), (double)hp->expert_weights_scale);
-    if ((st = ld_i32(L, "expert_group_count", 0, 1, 1, hp->n_expert, &hp->n_expert_groups))) return st;
-    if (hp->n_expert % hp->n_expert_groups != 0)
-        return cb_error(COLIBRI_E_FORMAT, "metadata %s = %d does not divide %s.expert_count %d",
-                        ld_key(L, "expert_group_count", key, sizeof key), hp->n_expert_groups, L->arch, hp->n_expert);
-    if ((st = ld_i32(L, "expert_group_used_count", 0, hp->n_expert_groups, 1, hp->n_expert_groups,
-                     &hp->n_group_used)))
-        return st;
-    if (hp->n_expert_used > hp->n_group_used * (hp->n_expert / hp->n_expert_groups))
-        return cb_error(COLIBRI_E_FORMAT, "%s.expert_used_count %d exceeds the %d experts of %s = %d groups", L->arch,
-                        hp->n_expert_used, hp->n_group_used * (hp->n_expert / hp->n_expert_groups),
-                        ld_key(L, "expert_group_used_count", key, sizeof key), hp->n_group_used);
-
-    /* shared experts: expert_shared_count of the routed width, in the first MoE layer's tensors */
-    int32_t n_shared;
-    if ((st = ld_i32(L, "expert_shared_count", 0, 0, 0, MAX_EXPERTS, &n_shared))) return st;
-    char tn[96];
-    const gguf_tensor *sh = ld_find(L, ld_tname(tn, sizeof tn, hp->n_dense_lead, "ffn_gate_shexp.weight"));
-    const gguf_tensor *ex = ld_find(L, ld_tname(tn, sizeof tn, hp->n_dense_lead, "ffn_gate_exps.weight"));
-    hp->n_ff_shexp = 0;
-    if (n_shared > 0) {
-        if (!sh || !ex)
-            return cb_error(COLIBRI_E_FORMAT, "%s.expert_shared_count %d but layer %d has no %s", L->arch, n_shared,
-                            hp->n_dense_lead, sh ? "ffn_gate_exps.weight" : "ffn_gate_shexp.weight");
-        if (sh->ne[1] != ex->ne[1] * (uint64_t)n_shared)
-            return cb_error(COLIBRI_E_FORMAT, "%s.expert_shared_count %d: ffn_gate_shexp has %llu rows, expected %llu",
-                            L->arch, n_shared, (unsigned long long)sh->ne[1],
-                            (unsigned long long)(ex->ne[1] * (uint64_t)n_shared));
-        if (sh->ne[1] > MAX_FF) return ld_shape_error(sh, "an FFN width in range");
-        hp->n_ff_shexp = (int32_t)sh->ne[1];
-    } else if (sh) {
-        return cb_error(COLIBRI_E_FORMAT, "%s has shared-expert tensors but %s.expert_shared_count is 0", L->arch,
-                        L->arch);
-    }
-    return COLIBRI_OK;
+    hp->group_score_top2 = hp->router_sigmoid;
+    if ((st = ld_grouped_router(L, 0))) return st;
+    return ld_shexp_count(L);
 }
 
 static colibri_status deepseek2_layer_tensors(loader *L, int il) {
@@ -144,36 +107,19 @@ static colibri_status deepseek2_layer_tensors(loader *L, int il) {
         if ((st = ld_ffn(L, il))) return st;
         return ld_vec(L, ld_tname(n, sizeof n, il, "exp_probs_b.bias"), hp->n_expert, 0, &w->exp_probs_b);
     }
-    const int64_t F = hp->n_ff;
-    if ((st = ld_vec(L, ld_tname(n, sizeof n, il, "ffn_norm.weight"), E, 1, &w->ffn_norm))) return st;
-    if ((st = ld_mat(L, ld_tname(n, sizeof n, il, "ffn_gate.weight"), E, F, 1, &w->ffn_gate))) return st;
-    if ((st = ld_mat(L, ld_tname(n, sizeof n, il, "ffn_up.weight"), E, F, 1, &w->ffn_up))) return st;
-    return ld_mat(L, ld_tname(n, sizeof n, il, "ffn_down.weight"), F, E, 1, &w->ffn_down);
+    return ld_ffn_dense(L, il, "ffn_norm.weight");
 }
 
-/* x += MLA(norm1(x)); x += FFN(norm2(x)), the FFN dense in the leading layers (their routing
- * record says so: expert -1, weight 0) and routed after. */
+/* x += MLA(norm1(x)); x += FFN(norm2(x)), the FFN dense in the leading layers (block_ffn). */
 static colibri_status deepseek2_layer(struct colibri_context *c, int il, int n, int p0) {
-    const model_hparams *hp = &c->model->hp;
     const layer_weights *w = &c->model->layers[il];
-    const int E = hp->n_embd, k = hp->n_expert_used;
+    const int E = c->model->hp.n_embd;
     block_norm_rows(c, w->attn_norm, n);
     block_attention_mla(c, il, n, p0);
     op_add(c->s.x, c->s.tmp, n * E);
     block_norm_rows(c, w->ffn_norm, n);
-    if (il < hp->n_dense_lead) {
-        block_ffn_dense(c, il, n);
-        for (int t = 0; t < n; t++) {
-            const size_t at = (((size_t)c->route_base + t) * hp->n_layer + il) * k;
-            for (int j = 0; j < k; j++) {
-                c->route_ids[at + j] = -1;
-                c->route_w[at + j] = 0.0f;
-            }
-        }
-    } else {
-        colibri_status st = block_ffn_moe(c, il, n);
-        if (st) return st;
-    }
+    colibri_status st = block_ffn(c, il, n);
+    if (st) return st;
     op_add(c->s.x, c->s.tmp, n * E);
     return COLIBRI_OK;
 }

@@ -1,9 +1,9 @@
 """Convert a Hugging Face checkpoint directory into a llama.cpp-compatible GGUF file.
 
 Supported architectures (config.json `model_type`): llama (dense), mixtral, qwen2_moe, qwen3_moe, olmoe,
-granitemoe, granitemoeshared, gpt_oss, deepseek_v2, deepseek_v3. The output uses llama.cpp's tensor names and
-metadata keys, so the same file runs in llama.cpp and in Colibri; that is what the conformance suite and the
-benchmarks rely on.
+granitemoe, granitemoeshared, gpt_oss, deepseek_v2, deepseek_v3, glm4_moe. The output uses llama.cpp's tensor
+names and metadata keys, so the same file runs in llama.cpp and in Colibri; that is what the conformance suite
+and the benchmarks rely on.
 
 Only numpy, the `gguf` package and the standard library are used: no torch. Safetensors files are read through
 their JSON header and a memory map, one tensor at a time, so converting a checkpoint larger than memory is
@@ -51,6 +51,7 @@ SUPPORTED_MODEL_TYPES = (
     "gpt_oss",
     "deepseek_v2",
     "deepseek_v3",
+    "glm4_moe",
 )
 # DeepSeek-V2 / V3: one GGUF architecture, deepseek2 (multi-head latent attention).
 _DEEPSEEK = ("deepseek_v2", "deepseek_v3")
@@ -355,6 +356,32 @@ def _deepseek_hparams(cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _glm4moe_hparams(cfg: dict[str, Any]) -> dict[str, Any]:
+    """GLM-4.5: leading dense layers, the sigmoid router with correction bias and groups (scored by their best
+    two, as DeepSeek-V3), shared experts, optional per-head q/k norm, partial rotary embedding."""
+    n_expert = int(cfg["n_routed_experts"])
+    n_group = int(cfg.get("n_group") or 1)
+    topk_group = int(cfg.get("topk_group") or n_group)
+    if n_expert % n_group or not 1 <= topk_group <= n_group:
+        raise ConversionError(
+            f"glm4_moe n_group={n_group} / topk_group={topk_group} do not fit {n_expert} experts"
+        )
+    rope = dict(cfg.get("rope_parameters") or {})
+    prf = float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor") or 0.5))
+    head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // int(cfg["num_attention_heads"]))
+    return {
+        "dense_lead": int(cfg.get("first_k_dense_replace", 1) or 0),
+        "n_shared": int(cfg.get("n_shared_experts") or 0),
+        "scale": float(cfg.get("routed_scaling_factor", 1.0)),
+        "sigmoid": True,
+        "n_group": n_group,
+        "topk_group": topk_group,
+        "qk_norm": bool(cfg.get("use_qk_norm", False)),
+        "rope": int(head_dim * prf),
+        "mtp_layers": int(cfg.get("num_nextn_predict_layers") or 0),
+    }
+
+
 def _hparams(cfg: dict[str, Any]) -> _Hparams:
     mt = cfg.get("model_type")
     if mt not in SUPPORTED_MODEL_TYPES:
@@ -402,6 +429,7 @@ def _hparams(cfg: dict[str, Any]) -> _Hparams:
         "gpt_oss": "gpt-oss",
         "deepseek_v2": "deepseek2",
         "deepseek_v3": "deepseek2",
+        "glm4_moe": "glm4moe",
     }.get(mt, mt)
     if mt in _GRANITE:
         arch = "granitemoe"
@@ -440,6 +468,16 @@ def _hparams(cfg: dict[str, Any]) -> _Hparams:
         )
     if mt == "qwen2_moe":
         hp.n_ff_shexp = int(cfg.get("shared_expert_intermediate_size") or 0)
+    if mt == "glm4_moe":
+        glm = _glm4moe_hparams(cfg)
+        hp.n_ff_exp = int(cfg["moe_intermediate_size"])
+        hp.n_ff_shexp = hp.n_ff_exp * glm["n_shared"]
+        hp.norm_topk = bool(cfg.get("norm_topk_prob", True))
+        hp.extra = glm
+        if not 0 <= glm["dense_lead"] < hp.n_layer:
+            raise ConversionError(
+                f"first_k_dense_replace={glm['dense_lead']} leaves no MoE layer of {hp.n_layer}"
+            )
     if deepseek:
         hp.n_ff_exp = int(cfg["moe_intermediate_size"])
         hp.n_ff_shexp = hp.n_ff_exp * deepseek["n_shared"]
@@ -681,8 +719,14 @@ def _plan_deepseek_layer(p: _Planner, ck: _Checkpoint, hp: _Hparams, pre: str, b
         transform=lambda w: np.ascontiguousarray(w.reshape(h, n + v, c)[:, n:, :]),
     )
     p.add(blk + "attn_output.weight", a + "o_proj.weight")
+    _plan_grouped_ffn(p, ck, hp, pre, blk, il)
+
+
+def _plan_grouped_ffn(p: _Planner, ck: _Checkpoint, hp: _Hparams, pre: str, blk: str, il: int) -> None:
+    """DeepSeek's and GLM-4.5's FFN: a dense MLP in the first hp.extra["dense_lead"] layers, else router
+    (+ e_score_correction_bias as exp_probs_b), stacked experts and the ungated shared experts."""
     m = pre + "mlp."
-    if il < d["dense_lead"]:
+    if il < hp.extra["dense_lead"]:
         for proj, gname in (("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"), ("down_proj", "ffn_down")):
             p.add(f"{blk}{gname}.weight", f"{m}{proj}.weight")
         return
@@ -729,7 +773,7 @@ def _plan(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
         pre = f"model.layers.{i}."
         blk = f"blk.{i}."
         p.add(blk + "attn_norm.weight", pre + "input_layernorm.weight", keep_f32=True)
-        ffn_norm = "post_attention_norm.weight" if mt == "gpt_oss" else "ffn_norm.weight"
+        ffn_norm = "post_attention_norm.weight" if mt in ("gpt_oss", "glm4_moe") else "ffn_norm.weight"
         p.add(blk + ffn_norm, pre + "post_attention_layernorm.weight", keep_f32=True)
         if mt in _DEEPSEEK:
             _plan_deepseek_layer(p, ck, hp, pre, blk, i)
@@ -757,9 +801,12 @@ def _plan(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
         p.add(blk + "attn_output.weight", pre + "self_attn.o_proj.weight")
         if pre + "self_attn.o_proj.bias" in ck:
             p.add(blk + "attn_output.bias", pre + "self_attn.o_proj.bias")
-        if mt in ("qwen3_moe", "olmoe"):
+        if mt in ("qwen3_moe", "olmoe") or (mt == "glm4_moe" and hp.extra["qk_norm"]):
             p.add(blk + "attn_q_norm.weight", pre + "self_attn.q_norm.weight", keep_f32=True)
             p.add(blk + "attn_k_norm.weight", pre + "self_attn.k_norm.weight", keep_f32=True)
+        if mt == "glm4_moe":
+            _plan_grouped_ffn(p, ck, hp, pre, blk, i)
+            continue
 
         if mt == "llama":
             for proj, gname in (("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"), ("down_proj", "ffn_down")):
@@ -860,9 +907,8 @@ def _plan(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
     if hp.tie_embeddings and "lm_head.weight" in ck:
         ck.used.add("lm_head.weight")  # a tied copy saved anyway: the embedding is authoritative
 
-    if (
-        mt in _DEEPSEEK
-    ):  # multi-token-prediction layers (model.layers.N and above) are left out, as llama.cpp does
+    # multi-token-prediction layers (model.layers.N and above) are left out, as llama.cpp's converter does
+    if mt in (*_DEEPSEEK, "glm4_moe"):
         ck.used.update(n for n in ck.tensors if _layer_index(n) is not None and _layer_index(n) >= hp.n_layer)
     leftovers = sorted(n for n in ck.tensors if n not in ck.used and not n.endswith("rotary_emb.inv_freq"))
     if leftovers:
@@ -1141,21 +1187,11 @@ def _file_type(out_type: str) -> int:
     )
 
 
-def _write_deepseek_metadata(w: Any, hp: _Hparams) -> None:
-    """deepseek2's keys as llama.cpp writes them: key/value lengths of the cached latent (C+R, C), the heads'
-    own lengths as *_mla, the router (gating function, groups, scale) and YaRN (its attention factor written
-    out, since transformers derives it from mscale / mscale_all_dim, which GGUF has no key for)."""
+def _write_grouped_router_metadata(w: Any, d: dict[str, Any]) -> None:
+    """DeepSeek's and GLM-4.5's router and FFN layout keys (llama.cpp's names)."""
     import gguf
 
-    d = hp.extra
     w.add_leading_dense_block_count(d["dense_lead"])
-    # written as 0 without a q-LoRA too: llama.cpp requires the key unless the layer count is V2-Lite's
-    w.add_q_lora_rank(d["q_lora"])
-    w.add_kv_lora_rank(d["kv_lora"])
-    w.add_key_length(d["kv_lora"] + d["rope"])
-    w.add_value_length(d["kv_lora"])
-    w.add_key_length_mla(d["nope"] + d["rope"])
-    w.add_value_length_mla(d["v"])
     w.add_expert_shared_count(d["n_shared"])
     w.add_expert_weights_scale(d["scale"])
     w.add_expert_gating_func(
@@ -1164,6 +1200,23 @@ def _write_deepseek_metadata(w: Any, hp: _Hparams) -> None:
     if d["n_group"] > 1:
         w.add_expert_group_count(d["n_group"])
         w.add_expert_group_used_count(d["topk_group"])
+
+
+def _write_deepseek_metadata(w: Any, hp: _Hparams) -> None:
+    """deepseek2's keys as llama.cpp writes them: key/value lengths of the cached latent (C+R, C), the heads'
+    own lengths as *_mla, the router (gating function, groups, scale) and YaRN (its attention factor written
+    out, since transformers derives it from mscale / mscale_all_dim, which GGUF has no key for)."""
+    import gguf
+
+    d = hp.extra
+    # written as 0 without a q-LoRA too: llama.cpp requires the key unless the layer count is V2-Lite's
+    w.add_q_lora_rank(d["q_lora"])
+    w.add_kv_lora_rank(d["kv_lora"])
+    w.add_key_length(d["kv_lora"] + d["rope"])
+    w.add_value_length(d["kv_lora"])
+    w.add_key_length_mla(d["nope"] + d["rope"])
+    w.add_value_length_mla(d["v"])
+    _write_grouped_router_metadata(w, d)
     if "yarn" in d:
         y = d["yarn"]
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
@@ -1187,9 +1240,11 @@ def _write_metadata(w: Any, hp: _Hparams, vocab: _Vocab, name: str, out_type: st
     w.add_feed_forward_length(hp.n_ff if hp.n_ff else hp.n_ff_exp)
     w.add_head_count(hp.n_head)
     w.add_head_count_kv(hp.n_head_kv)
-    w.add_rope_dimension_count(hp.extra["rope"] if hp.model_type in _DEEPSEEK else hp.head_dim)
+    w.add_rope_dimension_count(hp.extra["rope"] if hp.model_type in (*_DEEPSEEK, "glm4_moe") else hp.head_dim)
     w.add_rope_freq_base(hp.rope_theta)
     w.add_layer_norm_rms_eps(hp.rms_eps)
+    if hp.model_type == "glm4_moe":
+        _write_grouped_router_metadata(w, hp.extra)
     if hp.model_type in _DEEPSEEK:
         _write_deepseek_metadata(w, hp)
     elif hp.head_dim * hp.n_head != hp.n_embd or hp.model_type == "qwen3_moe":
@@ -1199,9 +1254,21 @@ def _write_metadata(w: Any, hp: _Hparams, vocab: _Vocab, name: str, out_type: st
         w.add_expert_count(hp.n_expert)
         w.add_expert_used_count(hp.n_expert_used)
         w.add_expert_weights_norm(hp.norm_topk)
-        if hp.model_type in ("qwen2_moe", "qwen3_moe", "olmoe", "mixtral", "gpt_oss", *_GRANITE, *_DEEPSEEK):
+        if hp.model_type in (
+            "qwen2_moe",
+            "qwen3_moe",
+            "olmoe",
+            "mixtral",
+            "gpt_oss",
+            *_GRANITE,
+            *_DEEPSEEK,
+            "glm4_moe",
+        ):
             w.add_expert_feed_forward_length(hp.n_ff_exp)
-    if hp.n_ff_shexp and hp.model_type not in _DEEPSEEK:  # deepseek2: expert_shared_count experts of n_ff_exp
+    if hp.n_ff_shexp and hp.model_type not in (
+        *_DEEPSEEK,
+        "glm4_moe",
+    ):  # deepseek2: expert_shared_count experts of n_ff_exp
         w.add_expert_shared_feed_forward_length(hp.n_ff_shexp)
     if hp.model_type == "gpt_oss":
         w.add_sliding_window(hp.extra["sliding_window"])

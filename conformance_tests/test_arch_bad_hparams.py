@@ -45,6 +45,11 @@ CASES = [
     ("deepseek_v2", {"deepseek2.leading_dense_block_count": (3, U32)}, "leading_dense_block_count = 3"),
     ("deepseek_v2", {"deepseek2.expert_shared_count": (3, U32)}, "expert_shared_count 3"),
     ("deepseek_v2", {"deepseek2.attention.q_lora_rank": (16, U32)}, "blk.0.attn_q_a.weight is missing"),
+    ("glm4_moe", {"glm4moe.expert_group_count": (3, U32)}, "does not divide glm4moe.expert_count 8"),
+    ("glm4_moe", {"glm4moe.expert_gating_func": (1, U32)}, "glm4moe.expert_gating_func = 1"),
+    ("glm4_moe", {"glm4moe.leading_dense_block_count": (3, U32)}, "glm4moe.leading_dense_block_count = 3"),
+    ("glm4_moe", {"glm4moe.nextn_predict_layers": (3, U32)}, "glm4moe.nextn_predict_layers = 3"),
+    ("glm4_moe_air", {"glm4moe.expert_shared_count": (2, U32)}, "glm4moe.expert_shared_count 2"),
 ]
 
 

@@ -229,6 +229,9 @@ def test_metadata_tokenizer_and_alignment(tiny_zoo: Any, name: str) -> None:
     deepseek = spec.model_type in ("deepseek_v2", "deepseek_v3")
     if deepseek:
         arch = "deepseek2"
+    glm = spec.model_type == "glm4_moe"
+    if glm:
+        arch = "glm4moe"
     assert f["general.architecture"] == arch
     assert "general.alignment" not in f  # GGUF's default (32): what llama.cpp's quantizer writes back
     assert f[f"{arch}.block_count"] == cfg["num_hidden_layers"]
@@ -239,7 +242,12 @@ def test_metadata_tokenizer_and_alignment(tiny_zoo: Any, name: str) -> None:
     else:
         assert f[f"{arch}.attention.head_count_kv"] == cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    if not deepseek:
+    if glm:  # partial rotary embedding
+        assert f[f"{arch}.rope.dimension_count"] == int(
+            head_dim * cfg["rope_parameters"]["partial_rotary_factor"]
+        )
+        _check_glm4moe_metadata(f, cfg)
+    elif not deepseek:
         assert f[f"{arch}.rope.dimension_count"] == head_dim
     if head_dim * cfg["num_attention_heads"] != cfg["hidden_size"] and not deepseek:
         assert f[f"{arch}.attention.key_length"] == head_dim
@@ -322,6 +330,24 @@ def _check_deepseek_metadata(f: dict[str, Any], cfg: dict[str, Any], model_type:
     for key, value in want.items():
         assert f[f"deepseek2.{key}"] == value, f"deepseek2.{key} = {f[f'deepseek2.{key}']}, expected {value}"
     assert math.isclose(f["deepseek2.expert_weights_scale"], cfg["routed_scaling_factor"], rel_tol=1e-6)
+
+
+def _check_glm4moe_metadata(f: dict[str, Any], cfg: dict[str, Any]) -> None:
+    """glm4moe's router keys, as llama.cpp's converter writes them."""
+    want = {
+        "leading_dense_block_count": cfg["first_k_dense_replace"],
+        "expert_count": cfg["n_routed_experts"],
+        "expert_used_count": cfg["num_experts_per_tok"],
+        "expert_shared_count": cfg["n_shared_experts"],
+        "expert_gating_func": 2,
+        "expert_weights_norm": cfg["norm_topk_prob"],
+    }
+    if cfg["n_group"] > 1:
+        want["expert_group_count"] = cfg["n_group"]
+        want["expert_group_used_count"] = cfg["topk_group"]
+    for key, value in want.items():
+        assert f[f"glm4moe.{key}"] == value, f"glm4moe.{key} = {f[f'glm4moe.{key}']}, expected {value}"
+    assert math.isclose(f["glm4moe.expert_weights_scale"], cfg["routed_scaling_factor"], rel_tol=1e-6)
 
 
 def _rope_half(x: np.ndarray, pos: np.ndarray, theta: float) -> np.ndarray:

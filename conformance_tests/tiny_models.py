@@ -442,6 +442,76 @@ SPECS += [
         "scale x mscale^2, cos/sin unscaled)",
     ),
 ]
+_GLM = dict(
+    num_hidden_layers=3,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+    bos_token_id=0,
+    eos_token_id=2,
+    pad_token_id=0,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    first_k_dense_replace=1,
+    attention_bias=True,
+    norm_topk_prob=True,
+)
+SPECS += [
+    TinySpec(
+        "glm4_moe",
+        "glm4_moe",
+        dict(
+            _GLM,
+            hidden_size=64,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=24,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+            use_qk_norm=True,
+            n_routed_experts=8,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            n_shared_experts=1,
+            routed_scaling_factor=1.8,
+            vocab_size=1013,
+            tie_word_embeddings=False,
+        ),
+        seed=26,
+        # llama.cpp's converter reads GLM's own special tokens ([gMASK], <sop>, ...) from the tokenizer, which
+        # the tiny checkpoints' tokenizer has not; its engine runs Colibri's file
+        llama_cpp_converts=False,
+        notes="GLM-4.5-like: per-head qk-norm, q/k/v bias, partial rotary 12 of head_dim 24 (!= 64/4), "
+        "GQA 2, sigmoid router + correction bias, 2 groups (1 kept), routed scale 1.8, shared expert, "
+        "1 dense layer",
+    ),
+    TinySpec(
+        "glm4_moe_air",
+        "glm4_moe",
+        dict(
+            _GLM,
+            hidden_size=96,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            head_dim=32,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+            use_qk_norm=False,
+            n_routed_experts=10,
+            num_experts_per_tok=3,
+            n_group=1,
+            topk_group=1,
+            n_shared_experts=1,
+            routed_scaling_factor=1.0,
+            vocab_size=1000,
+            tie_word_embeddings=True,
+        ),
+        seed=27,
+        # llama.cpp's converter reads GLM's own special tokens ([gMASK], <sop>, ...) from the tokenizer, which
+        # the tiny checkpoints' tokenizer has not; its engine runs Colibri's file
+        llama_cpp_converts=False,
+        notes="GLM-4.5-Air-like: no qk-norm, GQA 3, head_dim 32 with hidden 96, 10 experts top-3 ungrouped, "
+        "tied",
+    ),
+]
 SPEC_BY_NAME = {s.name: s for s in SPECS}
 
 
@@ -580,6 +650,7 @@ _ARCH_CLASS = {
     "gpt_oss": "GptOssForCausalLM",
     "deepseek_v2": "DeepseekV2ForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
+    "glm4_moe": "Glm4MoeForCausalLM",
 }
 
 
@@ -635,13 +706,16 @@ def make_weights(spec: TinySpec) -> dict[str, np.ndarray]:
         if mt == "gpt_oss":
             w[a + "o_proj.bias"] = bias(hidden)
             w[a + "sinks"] = (0.5 + rng.standard_normal(n_head)).astype(np.float32)
-        if mt in ("qwen2_moe", "gpt_oss"):
+        if mt in ("qwen2_moe", "gpt_oss") or (mt == "glm4_moe" and c.get("attention_bias")):
             w[a + "q_proj.bias"] = bias(n_head * hd)
             w[a + "k_proj.bias"] = bias(n_kv * hd)
             w[a + "v_proj.bias"] = bias(n_kv * hd)
-        if mt == "qwen3_moe":
+        if mt == "qwen3_moe" or (mt == "glm4_moe" and c.get("use_qk_norm")):
             w[a + "q_norm.weight"] = norm(hd)
             w[a + "k_norm.weight"] = norm(hd)
+        if mt == "glm4_moe":
+            _grouped_ffn_weights(w, p, i, c, mt, lin, norm)
+            continue
         if mt == "olmoe":
             w[a + "q_norm.weight"] = norm(n_head * hd)
             w[a + "k_norm.weight"] = norm(n_kv * hd)
@@ -723,6 +797,15 @@ def _deepseek_layer_weights(
     w[a + "kv_a_layernorm.weight"] = norm(cr)
     w[a + "kv_b_proj.weight"] = lin(h * (n + v), cr)
     w[a + "o_proj.weight"] = lin(hidden, h * v, BRANCH_GAIN)
+    _grouped_ffn_weights(w, p, i, c, mt, lin, norm)
+
+
+def _grouped_ffn_weights(
+    w: dict[str, np.ndarray], p: str, i: int, c: dict[str, Any], mt: str, lin: Any, norm: Any
+) -> None:
+    """DeepSeek's / GLM-4.5's FFN: dense in the first first_k_dense_replace layers, else router (+ the
+    correction bias of the sigmoid routers), per-expert projections and the shared experts."""
+    hidden = c["hidden_size"]
     m = p + "mlp."
     if i < c.get("first_k_dense_replace", 0):
         ff = c["intermediate_size"]
@@ -732,7 +815,7 @@ def _deepseek_layer_weights(
         return
     n_exp, ff = c["n_routed_experts"], c["moe_intermediate_size"]
     w[m + "gate.weight"] = lin(n_exp, hidden, ROUTER_GAIN)
-    if mt == "deepseek_v3":  # large enough to change some choices, as a trained bias does
+    if mt in ("deepseek_v3", "glm4_moe"):  # large enough to change some choices, as a trained bias does
         w[m + "gate.e_score_correction_bias"] = (0.1 * np.arange(n_exp)[::-1] / n_exp).astype(np.float32)
     for e in range(n_exp):
         w[f"{m}experts.{e}.gate_proj.weight"] = lin(ff, hidden)

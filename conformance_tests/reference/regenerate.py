@@ -1,7 +1,7 @@
 """Regenerate the recorded reference outputs of the conformance suite.
 
-    python conformance_tests/reference/regenerate.py [tiny] [smollm2] [SPEC ...]   # needs torch, transformers,
-                                                                        # llama-cpp-python
+    python conformance_tests/reference/regenerate.py [tiny] [smollm2] [SPEC ...]  # needs torch, transformers,
+                                                                       # llama-cpp-python
 
 Writes, next to this script:
   tiny_layout.json   tensor names/shapes transformers' save_pretrained writes for each tiny spec

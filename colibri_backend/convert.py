@@ -52,9 +52,11 @@ SUPPORTED_MODEL_TYPES = (
     "deepseek_v2",
     "deepseek_v3",
     "glm4_moe",
+    "glm4_moe_lite",
 )
-# DeepSeek-V2 / V3: one GGUF architecture, deepseek2 (multi-head latent attention).
-_DEEPSEEK = ("deepseek_v2", "deepseek_v3")
+# DeepSeek-V2 / V3 and GLM-4.7-Flash (glm4_moe_lite: V3's recipe): one GGUF architecture, deepseek2
+# (multi-head latent attention).
+_DEEPSEEK = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
 # GraniteMoE with and without the always-on shared MLP: one GGUF architecture, granitemoe.
 _GRANITE = ("granitemoe", "granitemoeshared")
 
@@ -282,7 +284,7 @@ def _deepseek_hparams(cfg: dict[str, Any]) -> dict[str, Any]:
     Published checkpoints carry `scoring_func` and `topk_method`, which transformers 5.24 neither writes nor
     reads (its V2 router reads topk_method): they are checked against what transformers computes."""
     mt = cfg["model_type"]
-    v3 = mt == "deepseek_v3"
+    v3 = mt in ("deepseek_v3", "glm4_moe_lite")  # GLM-4.7-Flash routes and attends as V3 does
     if cfg.get("attention_bias"):
         raise ConversionError(f"attention_bias=True is not supported for {mt}")
     if v3 and cfg.get("rope_interleave") is False:
@@ -308,15 +310,26 @@ def _deepseek_hparams(cfg: dict[str, Any]) -> dict[str, Any]:
     if not 1 <= topk_group <= n_group:
         raise ConversionError(f"{mt} topk_group={topk_group} is not in [1, n_group={n_group}]")
     q_lora = cfg.get("q_lora_rank")
+    dense_lead = int(cfg.get("first_k_dense_replace", 3 if v3 else 0) or 0)
+    if mt == "glm4_moe_lite":  # its layer pattern: leading "dense" layers, then "sparse" ones
+        n_layer = int(cfg["num_hidden_layers"])
+        types = list(cfg.get("mlp_layer_types") or ["dense"] + ["sparse"] * (n_layer - 1))
+        dense_lead = next((i for i, t in enumerate(types) if t != "dense"), len(types))
+        if types != ["dense"] * dense_lead + ["sparse"] * (n_layer - dense_lead):
+            raise ConversionError(
+                f"glm4_moe_lite mlp_layer_types {types}: only leading dense layers are supported"
+            )
     out: dict[str, Any] = {
-        "dense_lead": int(cfg.get("first_k_dense_replace", 3 if v3 else 0) or 0),
+        "dense_lead": dense_lead,
         "q_lora": int(q_lora) if q_lora else 0,
         "kv_lora": int(cfg["kv_lora_rank"]),
         "rope": int(cfg["qk_rope_head_dim"]),
         "nope": int(cfg["qk_nope_head_dim"]),
         "v": int(cfg["v_head_dim"]),
         "n_shared": int(cfg.get("n_shared_experts") or 0),
-        "scale": float(cfg.get("routed_scaling_factor", 2.5 if v3 else 1.0)),
+        "scale": float(
+            cfg.get("routed_scaling_factor", {"deepseek_v3": 2.5, "glm4_moe_lite": 1.8}.get(mt, 1.0))
+        ),
         # transformers' V2 router never renormalises (it does not read norm_topk_prob)
         "norm": bool(cfg.get("norm_topk_prob", True)) if v3 else False,
         "sigmoid": v3,
@@ -429,6 +442,7 @@ def _hparams(cfg: dict[str, Any]) -> _Hparams:
         "gpt_oss": "gpt-oss",
         "deepseek_v2": "deepseek2",
         "deepseek_v3": "deepseek2",
+        "glm4_moe_lite": "deepseek2",
         "glm4_moe": "glm4moe",
     }.get(mt, mt)
     if mt in _GRANITE:

@@ -226,7 +226,7 @@ def test_metadata_tokenizer_and_alignment(tiny_zoo: Any, name: str) -> None:
         spec.model_type, spec.model_type
     )
     arch = {"granitemoeshared": "granitemoe", "gpt_oss": "gpt-oss"}.get(arch, arch)
-    deepseek = spec.model_type in ("deepseek_v2", "deepseek_v3")
+    deepseek = spec.model_type in ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
     if deepseek:
         arch = "deepseek2"
     glm = spec.model_type == "glm4_moe"
@@ -307,7 +307,7 @@ def test_metadata_tokenizer_and_alignment(tiny_zoo: Any, name: str) -> None:
 def _check_deepseek_metadata(f: dict[str, Any], cfg: dict[str, Any], model_type: str) -> None:
     """deepseek2's latent-attention and router keys, as llama.cpp's converter writes them."""
     c, r = cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
-    v3 = model_type == "deepseek_v3"
+    v3 = model_type in ("deepseek_v3", "glm4_moe_lite")
     want = {
         "attention.head_count_kv": 1,
         "attention.kv_lora_rank": c,
@@ -317,14 +317,16 @@ def _check_deepseek_metadata(f: dict[str, Any], cfg: dict[str, Any], model_type:
         "attention.key_length_mla": cfg["qk_nope_head_dim"] + r,
         "attention.value_length_mla": cfg["v_head_dim"],
         "rope.dimension_count": r,
-        "leading_dense_block_count": cfg["first_k_dense_replace"],
+        "leading_dense_block_count": cfg.get("first_k_dense_replace")
+        if "mlp_layer_types" not in cfg
+        else cfg["mlp_layer_types"].count("dense"),
         "expert_count": cfg["n_routed_experts"],
         "expert_used_count": cfg["num_experts_per_tok"],
         "expert_shared_count": cfg["n_shared_experts"],
         "expert_gating_func": 2 if v3 else 1,
         "expert_weights_norm": bool(cfg.get("norm_topk_prob")) if v3 else False,
     }
-    if v3 or cfg.get("topk_method") == "group_limited_greedy":
+    if (v3 and cfg.get("n_group", 1) > 1) or cfg.get("topk_method") == "group_limited_greedy":
         want["expert_group_count"] = cfg["n_group"]
         want["expert_group_used_count"] = cfg["topk_group"]
     for key, value in want.items():

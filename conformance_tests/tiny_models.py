@@ -512,6 +512,36 @@ SPECS += [
         "tied",
     ),
 ]
+SPECS += [
+    TinySpec(
+        "glm4_moe_lite",
+        "glm4_moe_lite",
+        dict(
+            _DEEPSEEK,
+            q_lora_rank=32,
+            kv_lora_rank=48,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=24,
+            v_head_dim=32,
+            n_routed_experts=8,
+            num_experts_per_tok=3,
+            n_shared_experts=1,
+            num_hidden_layers=4,  # so that a quarter of the streaming variant holds its working set
+            mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+            n_group=1,
+            topk_group=1,
+            routed_scaling_factor=1.8,
+            norm_topk_prob=True,
+            vocab_size=1000,
+            tie_word_embeddings=False,
+        ),
+        seed=28,
+        # llama.cpp's converter reads GLM's own special tokens ([gMASK], ...), which the tiny tokenizer lacks
+        llama_cpp_converts=False,
+        notes="GLM-4.7-Flash-like (glm4_moe_lite = deepseek2): MLA with q-LoRA, sigmoid router with "
+        "correction bias, 8 experts top-3, routed scale 1.8, layer pattern dense/sparse/sparse/sparse",
+    ),
+]
 SPEC_BY_NAME = {s.name: s for s in SPECS}
 
 
@@ -651,6 +681,7 @@ _ARCH_CLASS = {
     "deepseek_v2": "DeepseekV2ForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "glm4_moe": "Glm4MoeForCausalLM",
+    "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
 }
 
 
@@ -695,7 +726,7 @@ def make_weights(spec: TinySpec) -> dict[str, np.ndarray]:
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"] = norm(hidden)
         w[p + "post_attention_layernorm.weight"] = norm(hidden)
-        if mt in ("deepseek_v2", "deepseek_v3"):
+        if mt in ("deepseek_v2", "deepseek_v3", "glm4_moe_lite"):
             _deepseek_layer_weights(w, p, i, c, mt, lin, norm)
             continue
         a = p + "self_attn."
@@ -807,7 +838,8 @@ def _grouped_ffn_weights(
     correction bias of the sigmoid routers), per-expert projections and the shared experts."""
     hidden = c["hidden_size"]
     m = p + "mlp."
-    if i < c.get("first_k_dense_replace", 0):
+    types = c.get("mlp_layer_types")  # glm4_moe_lite spells its dense layers out
+    if (types[i] == "dense") if types else i < c.get("first_k_dense_replace", 0):
         ff = c["intermediate_size"]
         w[m + "gate_proj.weight"] = lin(ff, hidden)
         w[m + "up_proj.weight"] = lin(ff, hidden)
@@ -815,7 +847,11 @@ def _grouped_ffn_weights(
         return
     n_exp, ff = c["n_routed_experts"], c["moe_intermediate_size"]
     w[m + "gate.weight"] = lin(n_exp, hidden, ROUTER_GAIN)
-    if mt in ("deepseek_v3", "glm4_moe"):  # large enough to change some choices, as a trained bias does
+    if mt in (
+        "deepseek_v3",
+        "glm4_moe",
+        "glm4_moe_lite",
+    ):  # large enough to change some choices, as a trained bias does
         w[m + "gate.e_score_correction_bias"] = (0.1 * np.arange(n_exp)[::-1] / n_exp).astype(np.float32)
     for e in range(n_exp):
         w[f"{m}experts.{e}.gate_proj.weight"] = lin(ff, hidden)

@@ -979,13 +979,14 @@ def _pre_tokenizer_name(pre: dict[str, Any] | None) -> str:
         if regex == PRE_TOKENIZER_REGEXES["gpt-4o"][0]:  # o200k, as gpt-oss's tokenizer.json writes it
             return "gpt-4o"
     if len(kinds) > 2 and set(kinds[:-1]) == {"Split"} and not last.get("use_regex", True):
-        # several regex splits in sequence (DeepSeek-V3's three), each as its tokenizer.json spells it
+        # several regex splits in sequence (DeepSeek-V3's three, DeepSeek-LLM / V2's six), as tokenizer.json
+        # spells them
         from colibri_backend.adapters.tokenizer import PRE_TOKENIZER_REGEXES
 
         regexes = [st.get("pattern", {}).get("Regex") for st in steps[:-1]]
         behaviours = {str(st.get("behavior", "")).lower() for st in steps[:-1]}
         if behaviours == {"isolated"} and not any(st.get("invert") for st in steps[:-1]):
-            for name in ("deepseek-v3",):
+            for name in ("deepseek-v3", "deepseek-llm"):
                 if regexes == PRE_TOKENIZER_REGEXES[name]:
                     return name
     raise ConversionError(

@@ -249,7 +249,7 @@ def _write_gguf(hf: object, pre: str, path: Path) -> None:
     w.close()
 
 
-@pytest.mark.parametrize("pre", ["gpt-2", "smollm", "llama-bpe", "gpt-4o", "deepseek-v3"])
+@pytest.mark.parametrize("pre", ["gpt-2", "smollm", "llama-bpe", "gpt-4o", "deepseek-v3", "deepseek-llm"])
 def test_trained_bpe_via_gguf_matches_hf(pre: str, tmp_path: Path) -> None:
     hf = _train(pre)
     path = tmp_path / f"bpe-{pre}.gguf"
@@ -267,7 +267,7 @@ def test_trained_bpe_via_gguf_matches_hf(pre: str, tmp_path: Path) -> None:
         assert ours.decode(ours.encode(s, add_special_tokens=False)) == s
 
 
-@pytest.mark.parametrize("pre", ["gpt-4o", "deepseek-v3"])
+@pytest.mark.parametrize("pre", ["gpt-4o", "deepseek-v3", "deepseek-llm"])
 def test_o200k_bpe_via_gguf_matches_llama_cpp(pre: str, tmp_path: Path) -> None:
     """gpt-oss's pre-tokenizer ("gpt-4o", o200k) and DeepSeek-V3's ("deepseek-v3"): Colibri's GGUF-built
     tokenizer against llama.cpp's own implementation of it on the same file (a BPE trained here with that

@@ -575,7 +575,7 @@ LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-PRE_TOKENIZERS = ("gpt-2", "qwen2", "llama-bpe", "smollm", "deepseek-v3")
+PRE_TOKENIZERS = ("gpt-2", "qwen2", "llama-bpe", "smollm", "deepseek-v3", "deepseek-llm")
 
 
 def _pre_tokenizer(kind: str) -> Any:
@@ -587,7 +587,7 @@ def _pre_tokenizer(kind: str) -> Any:
         return pre_tokenizers.Sequence(
             [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
         )
-    if kind == "deepseek-v3":  # DeepSeek-V3's three splits, as its tokenizer.json has them
+    if kind in ("deepseek-v3", "deepseek-llm"):  # DeepSeek's splits, as its tokenizer.json has them
         from colibri_backend.adapters.tokenizer import PRE_TOKENIZER_REGEXES
 
         return pre_tokenizers.Sequence(

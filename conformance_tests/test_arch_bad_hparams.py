@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import tiny_models as tm
 from gguf import GGUFValueType as V
@@ -71,3 +72,27 @@ def test_unmodified_copy_loads(tiny_zoo: Any, colibri: Any, tmp_path: Path, name
     good = dequantized_copy(tiny_zoo.gguf(name, "f32"), tmp_path / "good.gguf")
     with colibri.load(good, threads=1, context_length=64) as model:
         assert model.logits([5, 6, 7]).shape[0] == 3
+
+
+@pytest.mark.parametrize("name", ["deepseek_v2", "glm4_moe_lite"])
+def test_latent_cache_refuses_int8_and_runs_f16(tiny_zoo: Any, colibri: Any, name: str) -> None:
+    """The MLA latent cache is F32 or F16: an INT8 KV cache is refused with a message naming it, and an F16
+    cache of an F32 file stays within 1e-2 of max |logit| of the F32 one (only the cached rows are
+    rounded)."""
+    from colibri_backend.errors import EngineError
+
+    gguf = tiny_zoo.gguf(name, "f32")
+    with pytest.raises(EngineError) as err:
+        colibri.load(gguf, threads=1, context_length=64, kv_cache_type="int8")
+    assert "COLIBRI_KV_INT8 is not supported with the latent (MLA) cache" in str(err.value)
+    ids = tm.token_ids(tiny_zoo.checkpoint(name), 48)
+    logits = []
+    for kv in (None, "f16"):
+        with colibri.load(gguf, threads=1, context_length=64, kv_cache_type=kv) as model:
+            logits.append(model.logits(ids))
+            cfg = tm.config_of(tiny_zoo.checkpoint(name))
+            row = cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]  # latent + rope key, per layer and position
+            assert model.stats()["kv_bytes"] == (2 if kv else 4) * 64 * model.info.n_layer * row
+    rel = float(np.abs(logits[0] - logits[1]).max() / np.abs(logits[0]).max())
+    tm.report(f"{name}: F16 latent cache vs F32, max dlogit {rel:.2e} of max")
+    assert 0 < rel <= 1e-2

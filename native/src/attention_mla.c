@@ -35,7 +35,10 @@ typedef struct mla_task {
 } mla_task;
 
 /* y[rows] = head h's slice of a per-head stack (rows x cols) . x[cols]; x is quantized into xq
- * first when the weights want it (cols is then a multiple of 32: quantized rows are whole blocks). */
+ * first when the weights want it (cols is then a multiple of 32: quantized rows are whole blocks).
+ * Called inside the attention worker, per (token, head) item, rather than as job lists: the
+ * absorbed query and the latent sum then live in the worker's few floats instead of [B][H][C]
+ * scratch rows, and prefill needs no extra pool runs between the three steps. */
 static void head_matvec(const mat3 *w, int h, const float *x, block_q8a *xq, float *y) {
     const void *data = (const char *)w->data + (size_t)h * w->expert_bytes;
     if (kernel_wants_q8a(w->type)) quantize_row_q8a(x, xq, w->cols);

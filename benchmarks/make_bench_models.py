@@ -1,4 +1,5 @@
-"""Write the random-weight benchmark models (bench-A, bench-B, bench-gptoss, bench-qwen35) as GGUF files.
+"""Write the random-weight benchmark models (bench-A, bench-B, bench-gptoss, bench-qwen35, bench-deepseek2,
+bench-r) as GGUF files.
 
 bench-A is Mixtral-like (8 experts, top-2, expert FFN 2816); bench-B is Qwen3-MoE-like (64 experts, top-8,
 expert FFN 512, per-head q/k RMSNorm, normalised top-k). Both have 16 layers, hidden size 1024, 16 query heads
@@ -8,6 +9,9 @@ window on even layers, YaRN, biases, 32 experts top-4 with the clamped SwiGLU) a
 its MXFP4 form is made from the F16 file by a quantizer (Colibri's converter writes F32/F16/Q8_0/Q4_0).
 bench-qwen35 has Qwen3.5-35B-A3B's layer recipe (three Gated DeltaNet layers per gated full-attention layer,
 64 experts top-8 plus a gated shared expert) at bench-A's width and depth.
+
+bench-deepseek2 has DeepSeek-V2-Lite's recipe (multi-head latent attention, latent 512 + rope 64, no q-LoRA;
+one leading dense layer; 64 experts top-6 of width 512 plus 2 shared) at bench-A's width and depth.
 
 Each model is first written as a Hugging Face-style checkpoint (config.json, F16 safetensors shards with the
 tensor names transformers saves, tokenizer files) and then converted to GGUF by Colibri's own converter
@@ -54,7 +58,7 @@ class BenchSpec:
     """Shape of one benchmark model. Every field is part of the cache stamp."""
 
     name: str
-    arch: str  # "mixtral", "qwen3_moe", "gpt_oss" or "qwen3_5_moe_text" (transformers' model_type)
+    arch: str  # transformers' model_type: mixtral, qwen3_moe, gpt_oss, qwen3_5_moe_text or deepseek_v2
     n_layer: int
     hidden: int
     n_head: int
@@ -75,9 +79,15 @@ class BenchSpec:
     la_v_heads: int = 0
     head_dim_la: int = 128
     n_ff_shexp: int = 0
+    # deepseek_v2 only (None elsewhere, and then left out of the stamp so other models' caches stay valid):
+    # latent width, rope / nope / value head widths, shared experts, leading dense layers and their width
+    mla: tuple[int, int, int, int] | None = None  # (kv_lora_rank, qk_rope, qk_nope, v_head_dim)
+    n_shared: int | None = None
+    dense_lead: tuple[int, int] | None = None  # (first_k_dense_replace, intermediate_size)
 
     def stamp(self) -> str:
-        payload = json.dumps({"format": FORMAT_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
+        fields = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        payload = json.dumps({"format": FORMAT_VERSION, **fields}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -148,6 +158,27 @@ SPECS: dict[str, BenchSpec] = {
         la_k_heads=8,
         la_v_heads=16,
         n_ff_shexp=512,
+    ),
+    # DeepSeek-V2-Lite's layer recipe (latent attention without q-LoRA: latent 512 + rope 64, nope 128,
+    # value 128; one leading dense layer; 64 experts top-6 with 2 shared) at bench-A's width and depth
+    "bench-deepseek2": BenchSpec(
+        name="bench-deepseek2",
+        arch="deepseek_v2",
+        n_layer=16,
+        hidden=1024,
+        n_head=16,
+        n_head_kv=16,
+        head_dim=64,
+        n_expert=64,
+        n_expert_used=6,
+        n_ff_exp=512,
+        vocab=49152,
+        seed=1004,
+        rope_theta=10000.0,
+        rms_eps=1e-6,
+        mla=(512, 64, 128, 128),
+        n_shared=2,
+        dense_lead=(1, 2816),
     ),
 }
 
@@ -241,6 +272,8 @@ def layer_tensors(spec: BenchSpec, layer: int) -> list[TensorSpec]:
         return qwen35_layer_tensors(spec, layer)
     p = f"model.layers.{layer}"
     h, q_width, kv_width = spec.hidden, spec.n_head * spec.head_dim, spec.n_head_kv * spec.head_dim
+    if spec.arch == "deepseek_v2":
+        return deepseek_layer_tensors(spec, layer)
     out = [
         TensorSpec(f"{p}.input_layernorm.weight", (h,), "ones"),
         TensorSpec(f"{p}.post_attention_layernorm.weight", (h,), "ones"),
@@ -290,6 +323,43 @@ def layer_tensors(spec: BenchSpec, layer: int) -> list[TensorSpec]:
     else:
         raise ValueError(f"unknown benchmark architecture {spec.arch!r}")
     return out
+
+
+def deepseek_layer_tensors(spec: BenchSpec, layer: int) -> list[TensorSpec]:
+    """A DeepSeek-V2(-Lite) layer: latent attention, then a dense MLP, or router, experts, shared experts."""
+    assert spec.mla is not None and spec.dense_lead is not None and spec.n_shared is not None
+    p, h, nh = f"model.layers.{layer}", spec.hidden, spec.n_head
+    c, r, n, v = spec.mla
+    a, mlp = f"{p}.self_attn", f"{p}.mlp"
+    out = [
+        TensorSpec(f"{p}.input_layernorm.weight", (h,), "ones"),
+        TensorSpec(f"{p}.post_attention_layernorm.weight", (h,), "ones"),
+        TensorSpec(f"{a}.q_proj.weight", (nh * (n + r), h), "normal"),
+        TensorSpec(f"{a}.kv_a_proj_with_mqa.weight", (c + r, h), "normal"),
+        TensorSpec(f"{a}.kv_a_layernorm.weight", (c,), "ones"),
+        TensorSpec(f"{a}.kv_b_proj.weight", (nh * (n + v), c), "normal"),
+        TensorSpec(f"{a}.o_proj.weight", (h, nh * v), "normal"),
+    ]
+    lead, dense_ff = spec.dense_lead
+    if layer < lead:
+        return out + [
+            TensorSpec(f"{mlp}.gate_proj.weight", (dense_ff, h), "normal"),
+            TensorSpec(f"{mlp}.up_proj.weight", (dense_ff, h), "normal"),
+            TensorSpec(f"{mlp}.down_proj.weight", (h, dense_ff), "normal"),
+        ]
+    ff, sff = spec.n_ff_exp, spec.n_ff_exp * spec.n_shared
+    out.append(TensorSpec(f"{mlp}.gate.weight", (spec.n_expert, h), "normal"))
+    for e in range(spec.n_expert):
+        out += [
+            TensorSpec(f"{mlp}.experts.{e}.gate_proj.weight", (ff, h), "normal"),
+            TensorSpec(f"{mlp}.experts.{e}.up_proj.weight", (ff, h), "normal"),
+            TensorSpec(f"{mlp}.experts.{e}.down_proj.weight", (h, ff), "normal"),
+        ]
+    return out + [
+        TensorSpec(f"{mlp}.shared_experts.gate_proj.weight", (sff, h), "normal"),
+        TensorSpec(f"{mlp}.shared_experts.up_proj.weight", (sff, h), "normal"),
+        TensorSpec(f"{mlp}.shared_experts.down_proj.weight", (h, sff), "normal"),
+    ]
 
 
 def global_tensors(spec: BenchSpec) -> list[TensorSpec]:
@@ -375,6 +445,31 @@ def hf_config(spec: BenchSpec, bos_id: int, eos_id: int) -> dict:
                 "mrope_section": [11, 11, 10],
                 "mrope_interleaved": True,
             },
+        }
+    if spec.arch == "deepseek_v2":
+        assert spec.mla is not None and spec.dense_lead is not None
+        c, r, n, v = spec.mla
+        for k in ("head_dim", "num_local_experts", "sliding_window", "router_aux_loss_coef"):
+            common.pop(k)
+        return {
+            "architectures": ["DeepseekV2ForCausalLM"],
+            "model_type": "deepseek_v2",
+            **common,
+            "num_key_value_heads": spec.n_head,  # MLA: every head has its own key and value
+            "intermediate_size": spec.dense_lead[1],
+            "first_k_dense_replace": spec.dense_lead[0],
+            "moe_intermediate_size": spec.n_ff_exp,
+            "n_routed_experts": spec.n_expert,
+            "n_shared_experts": spec.n_shared,
+            "q_lora_rank": None,
+            "kv_lora_rank": c,
+            "qk_rope_head_dim": r,
+            "qk_nope_head_dim": n,
+            "v_head_dim": v,
+            "topk_method": "greedy",
+            "routed_scaling_factor": 1.0,
+            "norm_topk_prob": False,
+            "attention_bias": False,
         }
     if spec.arch == "gpt_oss":
         yarn = {"factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False}
@@ -725,7 +820,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--models",
         default="bench-a,bench-b",
-        help="comma-separated: bench-a, bench-b, bench-gptoss, bench-qwen35, bench-r",
+        help="comma-separated: bench-a, bench-b, bench-gptoss, bench-qwen35, bench-deepseek2, bench-r",
     )
     ap.add_argument(
         "--like-trace",

@@ -1,9 +1,10 @@
 """Convert a Hugging Face checkpoint directory into a llama.cpp-compatible GGUF file.
 
 Supported architectures (config.json `model_type`): llama (dense), mixtral, qwen2_moe, qwen3_moe, olmoe,
-granitemoe, granitemoeshared, gpt_oss, qwen3_5_moe_text and qwen3_5_moe (its text model). The output uses
-llama.cpp's tensor names and metadata keys, so the same file runs in llama.cpp and in Colibri; that is what
-the conformance suite and the benchmarks rely on.
+granitemoe, granitemoeshared, gpt_oss, qwen3_5_moe_text and qwen3_5_moe (its text model), gemma4_text and
+gemma4 (its text model), deepseek_v2, deepseek_v3, glm4_moe, glm4_moe_lite. The output uses llama.cpp's tensor
+names and metadata keys, so the same file runs in llama.cpp and in Colibri; that is what the conformance suite
+and the benchmarks rely on.
 
 Only numpy, the `gguf` package and the standard library are used: no torch. Safetensors files are read through
 their JSON header and a memory map, one tensor at a time, so converting a checkpoint larger than memory is
@@ -53,7 +54,14 @@ SUPPORTED_MODEL_TYPES = (
     "qwen3_5_moe",
     "gemma4_text",
     "gemma4",
+    "deepseek_v2",
+    "deepseek_v3",
+    "glm4_moe",
+    "glm4_moe_lite",
 )
+# DeepSeek-V2 / V3 and GLM-4.7-Flash (glm4_moe_lite: V3's recipe): one GGUF architecture, deepseek2
+# (multi-head latent attention).
+_DEEPSEEK = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
 # Qwen3.5 / 3.6 MoE: the text model alone, or the text half of the vision-language checkpoint.
 _QWEN35 = ("qwen3_5_moe_text", "qwen3_5_moe")
 # Gemma 4: the text model alone (gemma4_text) or inside the multimodal checkpoint (gemma4, whose text_config
@@ -427,6 +435,129 @@ def _gemma4_hparams(cfg: dict[str, Any]) -> _Hparams:
     return hp
 
 
+def _yarn_mscale(factor: float, m: float) -> float:
+    return 0.1 * m * math.log(factor) + 1.0 if factor > 1.0 else 1.0
+
+
+def _deepseek_hparams(cfg: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek-V2/V3: latent attention sizes, leading dense layers, the router (V2: softmax, greedy or
+    group-limited by the group's best score; V3: sigmoid + correction bias, groups scored by their best two),
+    YaRN as transformers computes it (attention factor and mscale_all_dim's softmax scale).
+
+    Published checkpoints carry `scoring_func` and `topk_method`, which transformers 5.24 neither writes nor
+    reads (its V2 router reads topk_method): they are checked against what transformers computes."""
+    mt = cfg["model_type"]
+    v3 = mt in ("deepseek_v3", "glm4_moe_lite")  # GLM-4.7-Flash routes and attends as V3 does
+    if cfg.get("attention_bias"):
+        raise ConversionError(f"attention_bias=True is not supported for {mt}")
+    if v3 and cfg.get("rope_interleave") is False:
+        raise ConversionError("deepseek_v3 with rope_interleave=false (rotate_half RoPE) is not supported")
+    scoring = cfg.get("scoring_func", "sigmoid" if v3 else "softmax")
+    if scoring != ("sigmoid" if v3 else "softmax"):
+        raise ConversionError(
+            f"{mt} scoring_func '{scoring}' differs from what transformers computes for {mt}"
+        )
+    method = cfg.get("topk_method", "noaux_tc" if v3 else "greedy")
+    if v3 and method != "noaux_tc":
+        raise ConversionError(f"deepseek_v3 topk_method '{method}' is not supported (transformers: noaux_tc)")
+    if not v3 and method not in ("greedy", "group_limited_greedy"):
+        raise ConversionError(
+            f"deepseek_v2 topk_method '{method}' is not supported (greedy, group_limited_greedy)"
+        )
+    n_expert = int(cfg["n_routed_experts"])
+    groups = v3 or method == "group_limited_greedy"
+    n_group = int(cfg.get("n_group") or 1) if groups else 1
+    topk_group = int(cfg.get("topk_group") or n_group) if groups else 1
+    if n_group < 1 or n_expert % n_group:
+        raise ConversionError(f"{mt} n_group={n_group} does not divide n_routed_experts={n_expert}")
+    if not 1 <= topk_group <= n_group:
+        raise ConversionError(f"{mt} topk_group={topk_group} is not in [1, n_group={n_group}]")
+    q_lora = cfg.get("q_lora_rank")
+    dense_lead = int(cfg.get("first_k_dense_replace", 3 if v3 else 0) or 0)
+    if mt == "glm4_moe_lite":  # its layer pattern: leading "dense" layers, then "sparse" ones
+        n_layer = int(cfg["num_hidden_layers"])
+        types = list(cfg.get("mlp_layer_types") or ["dense"] + ["sparse"] * (n_layer - 1))
+        dense_lead = next((i for i, t in enumerate(types) if t != "dense"), len(types))
+        if types != ["dense"] * dense_lead + ["sparse"] * (n_layer - dense_lead):
+            raise ConversionError(
+                f"glm4_moe_lite mlp_layer_types {types}: only leading dense layers are supported"
+            )
+    out: dict[str, Any] = {
+        "dense_lead": dense_lead,
+        "q_lora": int(q_lora) if q_lora else 0,
+        "kv_lora": int(cfg["kv_lora_rank"]),
+        "rope": int(cfg["qk_rope_head_dim"]),
+        "nope": int(cfg["qk_nope_head_dim"]),
+        "v": int(cfg["v_head_dim"]),
+        "n_shared": int(cfg.get("n_shared_experts") or 0),
+        "scale": float(
+            cfg.get("routed_scaling_factor", {"deepseek_v3": 2.5, "glm4_moe_lite": 1.8}.get(mt, 1.0))
+        ),
+        # transformers' V2 router never renormalises (it does not read norm_topk_prob)
+        "norm": bool(cfg.get("norm_topk_prob", True)) if v3 else False,
+        "sigmoid": v3,
+        "n_group": n_group,
+        "topk_group": topk_group,
+        "mtp_layers": int(cfg.get("num_nextn_predict_layers") or 0),
+    }
+    rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    if "rope_type" not in rope and "rope_theta" not in rope and len(rope) == 1:
+        rope = dict(next(iter(rope.values())))
+    out["rope_theta"] = float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type == "yarn":
+        if not rope.get("truncate", True):
+            raise ConversionError(f"{mt} with an untruncated YaRN ramp (truncate: false) is not supported")
+        orig = int(rope["original_max_position_embeddings"])
+        factor = rope.get("factor")
+        factor = float(factor) if factor is not None else int(cfg["max_position_embeddings"]) / orig
+        m, m_all = rope.get("mscale"), rope.get("mscale_all_dim")
+        attn = rope.get("attention_factor")
+        if attn is None:
+            attn = (
+                _yarn_mscale(factor, m) / _yarn_mscale(factor, m_all)
+                if m and m_all
+                else _yarn_mscale(factor, 1)
+            )
+        out["yarn"] = {
+            "factor": factor,
+            "original_context": orig,
+            "beta_fast": float(rope.get("beta_fast") or 32.0),
+            "beta_slow": float(rope.get("beta_slow") or 1.0),
+            "attn_factor": float(attn),
+            "log_mul": 0.1 * float(m_all or 0.0),
+        }
+    elif rope_type not in (None, "default"):
+        raise ConversionError(f"RoPE scaling '{rope_type}' is not supported for {mt}")
+    return out
+
+
+def _glm4moe_hparams(cfg: dict[str, Any]) -> dict[str, Any]:
+    """GLM-4.5: leading dense layers, the sigmoid router with correction bias and groups (scored by their best
+    two, as DeepSeek-V3), shared experts, optional per-head q/k norm, partial rotary embedding."""
+    n_expert = int(cfg["n_routed_experts"])
+    n_group = int(cfg.get("n_group") or 1)
+    topk_group = int(cfg.get("topk_group") or n_group)
+    if n_expert % n_group or not 1 <= topk_group <= n_group:
+        raise ConversionError(
+            f"glm4_moe n_group={n_group} / topk_group={topk_group} do not fit {n_expert} experts"
+        )
+    rope = dict(cfg.get("rope_parameters") or {})
+    prf = float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor") or 0.5))
+    head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // int(cfg["num_attention_heads"]))
+    return {
+        "dense_lead": int(cfg.get("first_k_dense_replace", 1) or 0),
+        "n_shared": int(cfg.get("n_shared_experts") or 0),
+        "scale": float(cfg.get("routed_scaling_factor", 1.0)),
+        "sigmoid": True,
+        "n_group": n_group,
+        "topk_group": topk_group,
+        "qk_norm": bool(cfg.get("use_qk_norm", False)),
+        "rope": int(head_dim * prf),
+        "mtp_layers": int(cfg.get("num_nextn_predict_layers") or 0),
+    }
+
+
 def _hparams(cfg: dict[str, Any]) -> _Hparams:
     mt = cfg.get("model_type")
     if mt == "qwen3_5_moe":  # the vision-language config: its text model
@@ -473,14 +604,25 @@ def _hparams(cfg: dict[str, Any]) -> _Hparams:
     if mt == "olmoe" and cfg.get("clip_qkv") is not None:
         raise ConversionError("OLMoE clip_qkv is not supported yet")
 
-    arch = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}.get(
-        mt, mt
-    )
+    arch = {
+        "mixtral": "llama",
+        "qwen2_moe": "qwen2moe",
+        "qwen3_moe": "qwen3moe",
+        "gpt_oss": "gpt-oss",
+        "deepseek_v2": "deepseek2",
+        "deepseek_v3": "deepseek2",
+        "glm4_moe_lite": "deepseek2",
+        "glm4_moe": "glm4moe",
+    }.get(mt, mt)
     if mt in _QWEN35:
         arch = "qwen35moe"
     if mt in _GRANITE:
         arch = "granitemoe"
     gptoss = _gptoss_hparams(cfg) if mt == "gpt_oss" else None
+    deepseek = _deepseek_hparams(cfg) if mt in _DEEPSEEK else None
+    if deepseek:  # latent attention: one KV "head" whose key is the latent plus the rope key
+        n_head_kv = 1
+        head_dim = deepseek["kv_lora"] + deepseek["rope"]
     hp = _Hparams(
         model_type=mt,
         arch=arch,
@@ -492,12 +634,12 @@ def _hparams(cfg: dict[str, Any]) -> _Hparams:
         n_ff=int(cfg.get("intermediate_size") or 0),
         n_ctx=n_ctx,
         rms_eps=float(_first(cfg, "rms_norm_eps", default=1e-6)),
-        rope_theta=gptoss["rope_theta"] if gptoss else _rope_theta_and_check(cfg),
+        rope_theta=(gptoss or deepseek or {}).get("rope_theta") or _rope_theta_and_check(cfg),
         vocab_size=int(cfg["vocab_size"]),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", mt in _GRANITE)),
     )
     if mt != "llama":
-        hp.n_expert = int(_first(cfg, "num_local_experts", "num_experts", default=0))
+        hp.n_expert = int(_first(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0))
         hp.n_expert_used = int(_first(cfg, "num_experts_per_tok", "top_k", default=0))
         if hp.n_expert <= 0 or not 0 < hp.n_expert_used <= hp.n_expert:
             raise ConversionError(f"invalid expert counts: {hp.n_expert} experts, {hp.n_expert_used} used")
@@ -516,6 +658,25 @@ def _hparams(cfg: dict[str, Any]) -> _Hparams:
         )
     if mt == "qwen2_moe":
         hp.n_ff_shexp = int(cfg.get("shared_expert_intermediate_size") or 0)
+    if mt == "glm4_moe":
+        glm = _glm4moe_hparams(cfg)
+        hp.n_ff_exp = int(cfg["moe_intermediate_size"])
+        hp.n_ff_shexp = hp.n_ff_exp * glm["n_shared"]
+        hp.norm_topk = bool(cfg.get("norm_topk_prob", True))
+        hp.extra = glm
+        if not 0 <= glm["dense_lead"] < hp.n_layer:
+            raise ConversionError(
+                f"first_k_dense_replace={glm['dense_lead']} leaves no MoE layer of {hp.n_layer}"
+            )
+    if deepseek:
+        hp.n_ff_exp = int(cfg["moe_intermediate_size"])
+        hp.n_ff_shexp = hp.n_ff_exp * deepseek["n_shared"]
+        hp.norm_topk = deepseek["norm"]
+        hp.extra = deepseek
+        if not 0 <= deepseek["dense_lead"] < hp.n_layer:
+            raise ConversionError(
+                f"first_k_dense_replace={deepseek['dense_lead']} leaves no MoE layer of {hp.n_layer}"
+            )
     if gptoss:
         hp.extra = gptoss
     if mt == "granitemoeshared":
@@ -543,6 +704,14 @@ class _OutTensor:
     qtype: int = 0  # GGMLQuantizationType, decided later
     nbytes: int = 0
     raw: bool = False  # chunks are already encoded bytes of type qtype (the checkpoint's own MXFP4 blocks)
+
+
+def _layer_index(name: str) -> int | None:
+    """N of a tensor named model.layers.N.*, else None."""
+    parts = name.split(".")
+    return (
+        int(parts[2]) if len(parts) > 2 and parts[:2] == ["model", "layers"] and parts[2].isdigit() else None
+    )
 
 
 def _permute_rope_rows(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -898,6 +1067,86 @@ def _plan_gemma4(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
     return p.out
 
 
+def _plan_deepseek_layer(p: _Planner, ck: _Checkpoint, hp: _Hparams, pre: str, blk: str, il: int) -> None:
+    """DeepSeek-V2/V3 latent attention and FFN. kv_b_proj [H*(N+V), C] is split as llama.cpp's converter
+    splits it, so the engine can absorb it: attn_k_b [H, C, N] (each head's W_UK transposed) and attn_v_b
+    [H, V, C]. Leading layers have a dense MLP; the others a router (+ V3's e_score_correction_bias as
+    exp_probs_b), stacked experts and the ungated shared experts."""
+    d = hp.extra
+    h, c, r, n, v = hp.n_head, d["kv_lora"], d["rope"], d["nope"], d["v"]
+    a = pre + "self_attn."
+    want = {a + "kv_a_proj_with_mqa.weight": (c + r, hp.n_embd), a + "kv_b_proj.weight": (h * (n + v), c)}
+    want[a + "o_proj.weight"] = (hp.n_embd, h * v)
+    if d["q_lora"]:
+        want[a + "q_a_proj.weight"] = (d["q_lora"], hp.n_embd)
+        want[a + "q_b_proj.weight"] = (h * (n + r), d["q_lora"])
+    else:
+        want[a + "q_proj.weight"] = (h * (n + r), hp.n_embd)
+    for src, shape in want.items():
+        if ck.shape(src) != shape:
+            raise ConversionError(f"{src} has shape {ck.shape(src)}, expected {shape}")
+    if d["q_lora"]:
+        p.add(blk + "attn_q_a.weight", a + "q_a_proj.weight")
+        p.add(blk + "attn_q_a_norm.weight", a + "q_a_layernorm.weight", keep_f32=True)
+        p.add(blk + "attn_q_b.weight", a + "q_b_proj.weight")
+    else:
+        p.add(blk + "attn_q.weight", a + "q_proj.weight")
+    p.add(blk + "attn_kv_a_mqa.weight", a + "kv_a_proj_with_mqa.weight")
+    p.add(blk + "attn_kv_a_norm.weight", a + "kv_a_layernorm.weight", keep_f32=True)
+    kvb = a + "kv_b_proj.weight"
+    p.add(
+        blk + "attn_k_b.weight",
+        kvb,
+        shape=(h, c, n),
+        transform=lambda w: np.ascontiguousarray(w.reshape(h, n + v, c)[:, :n, :].transpose(0, 2, 1)),
+    )
+    p.add(
+        blk + "attn_v_b.weight",
+        kvb,
+        shape=(h, v, c),
+        transform=lambda w: np.ascontiguousarray(w.reshape(h, n + v, c)[:, n:, :]),
+    )
+    p.add(blk + "attn_output.weight", a + "o_proj.weight")
+    _plan_grouped_ffn(p, ck, hp, pre, blk, il)
+
+
+def _plan_grouped_ffn(p: _Planner, ck: _Checkpoint, hp: _Hparams, pre: str, blk: str, il: int) -> None:
+    """DeepSeek's and GLM-4.5's FFN: a dense MLP in the first hp.extra["dense_lead"] layers, else router
+    (+ e_score_correction_bias as exp_probs_b), stacked experts and the ungated shared experts."""
+    m = pre + "mlp."
+    if il < hp.extra["dense_lead"]:
+        for proj, gname in (("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"), ("down_proj", "ffn_down")):
+            p.add(f"{blk}{gname}.weight", f"{m}{proj}.weight")
+        return
+    if ck.shape(m + "gate.weight") != (hp.n_expert, hp.n_embd):
+        raise ConversionError(f"{m}gate.weight has shape {ck.shape(m + 'gate.weight')}")
+    p.add(blk + "ffn_gate_inp.weight", m + "gate.weight", keep_f32=True)
+    if m + "gate.e_score_correction_bias" in ck:
+        p.add(blk + "exp_probs_b.bias", m + "gate.e_score_correction_bias", keep_f32=True)
+    fused = m + "experts.gate_up_proj"
+    if fused in ck:  # transformers' fused in-memory layout saved as is: [E, 2I, H] gate rows first, [E, H, I]
+        e, two_i, _ = ck.shape(fused)
+        p.add_split_stacked(blk + "ffn_gate_exps.weight", fused, slice(0, two_i // 2), two_i // 2)
+        p.add_split_stacked(blk + "ffn_up_exps.weight", fused, slice(two_i // 2, two_i), two_i // 2)
+        p.add_whole_stacked(blk + "ffn_down_exps.weight", m + "experts.down_proj")
+    else:
+        for gname, hname in (
+            ("ffn_gate_exps", "gate_proj"),
+            ("ffn_up_exps", "up_proj"),
+            ("ffn_down_exps", "down_proj"),
+        ):
+            p.add_stacked(
+                f"{blk}{gname}.weight", [f"{m}experts.{e}.{hname}.weight" for e in range(hp.n_expert)]
+            )
+    if hp.n_ff_shexp:
+        for proj, gname in (
+            ("gate_proj", "ffn_gate_shexp"),
+            ("up_proj", "ffn_up_shexp"),
+            ("down_proj", "ffn_down_shexp"),
+        ):
+            p.add(f"{blk}{gname}.weight", f"{m}shared_experts.{proj}.weight")
+
+
 def _plan(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
     if hp.model_type in _QWEN35:
         return _plan_qwen35moe(ck, hp)
@@ -916,8 +1165,11 @@ def _plan(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
         pre = f"model.layers.{i}."
         blk = f"blk.{i}."
         p.add(blk + "attn_norm.weight", pre + "input_layernorm.weight", keep_f32=True)
-        ffn_norm = "post_attention_norm.weight" if mt == "gpt_oss" else "ffn_norm.weight"
+        ffn_norm = "post_attention_norm.weight" if mt in ("gpt_oss", "glm4_moe") else "ffn_norm.weight"
         p.add(blk + ffn_norm, pre + "post_attention_layernorm.weight", keep_f32=True)
+        if mt in _DEEPSEEK:
+            _plan_deepseek_layer(p, ck, hp, pre, blk, i)
+            continue
         q_rows = hp.n_head * hp.head_dim
         kv_rows = hp.n_head_kv * hp.head_dim
         for proj, gname, rows, heads in (
@@ -941,9 +1193,12 @@ def _plan(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
         p.add(blk + "attn_output.weight", pre + "self_attn.o_proj.weight")
         if pre + "self_attn.o_proj.bias" in ck:
             p.add(blk + "attn_output.bias", pre + "self_attn.o_proj.bias")
-        if mt in ("qwen3_moe", "olmoe"):
+        if mt in ("qwen3_moe", "olmoe") or (mt == "glm4_moe" and hp.extra["qk_norm"]):
             p.add(blk + "attn_q_norm.weight", pre + "self_attn.q_norm.weight", keep_f32=True)
             p.add(blk + "attn_k_norm.weight", pre + "self_attn.k_norm.weight", keep_f32=True)
+        if mt == "glm4_moe":
+            _plan_grouped_ffn(p, ck, hp, pre, blk, i)
+            continue
 
         if mt == "llama":
             for proj, gname in (("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"), ("down_proj", "ffn_down")):
@@ -1044,6 +1299,9 @@ def _plan(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
     if hp.tie_embeddings and "lm_head.weight" in ck:
         ck.used.add("lm_head.weight")  # a tied copy saved anyway: the embedding is authoritative
 
+    # multi-token-prediction layers (model.layers.N and above) are left out, as llama.cpp's converter does
+    if mt in (*_DEEPSEEK, "glm4_moe"):
+        ck.used.update(n for n in ck.tensors if _layer_index(n) is not None and _layer_index(n) >= hp.n_layer)
     leftovers = sorted(n for n in ck.tensors if n not in ck.used and not n.endswith("rotary_emb.inv_freq"))
     if leftovers:
         shown = ", ".join(leftovers[:8]) + (" ..." if len(leftovers) > 8 else "")
@@ -1098,6 +1356,17 @@ def _pre_tokenizer_name(pre: dict[str, Any] | None) -> str:
 
         if regex == PRE_TOKENIZER_REGEXES["gpt-4o"][0]:  # o200k, as gpt-oss's tokenizer.json writes it
             return "gpt-4o"
+    if len(kinds) > 2 and set(kinds[:-1]) == {"Split"} and not last.get("use_regex", True):
+        # several regex splits in sequence (DeepSeek-V3's three, DeepSeek-LLM / V2's six), as tokenizer.json
+        # spells them
+        from colibri_backend.adapters.tokenizer import PRE_TOKENIZER_REGEXES
+
+        regexes = [st.get("pattern", {}).get("Regex") for st in steps[:-1]]
+        behaviours = {str(st.get("behavior", "")).lower() for st in steps[:-1]}
+        if behaviours == {"isolated"} and not any(st.get("invert") for st in steps[:-1]):
+            for name in ("deepseek-v3", "deepseek-llm"):
+                if regexes == PRE_TOKENIZER_REGEXES[name]:
+                    return name
     raise ConversionError(
         f"unrecognised byte-level pre-tokenizer {json.dumps(pre)[:300]}; "
         "llama.cpp would not tokenize it the same"
@@ -1340,6 +1609,47 @@ def _write_gemma4_metadata(w: Any, hp: _Hparams) -> None:
         w.add_final_logit_softcapping(x["softcap"])
 
 
+def _write_grouped_router_metadata(w: Any, d: dict[str, Any]) -> None:
+    """DeepSeek's and GLM-4.5's router and FFN layout keys (llama.cpp's names)."""
+    import gguf
+
+    w.add_leading_dense_block_count(d["dense_lead"])
+    w.add_expert_shared_count(d["n_shared"])
+    w.add_expert_weights_scale(d["scale"])
+    w.add_expert_gating_func(
+        gguf.ExpertGatingFuncType.SIGMOID if d["sigmoid"] else gguf.ExpertGatingFuncType.SOFTMAX
+    )
+    if d["n_group"] > 1:
+        w.add_expert_group_count(d["n_group"])
+        w.add_expert_group_used_count(d["topk_group"])
+
+
+def _write_deepseek_metadata(w: Any, hp: _Hparams) -> None:
+    """deepseek2's keys as llama.cpp writes them: key/value lengths of the cached latent (C+R, C), the heads'
+    own lengths as *_mla, the router (gating function, groups, scale) and YaRN (its attention factor written
+    out, since transformers derives it from mscale / mscale_all_dim, which GGUF has no key for)."""
+    import gguf
+
+    d = hp.extra
+    # written as 0 without a q-LoRA too: llama.cpp requires the key unless the layer count is V2-Lite's
+    w.add_q_lora_rank(d["q_lora"])
+    w.add_kv_lora_rank(d["kv_lora"])
+    w.add_key_length(d["kv_lora"] + d["rope"])
+    w.add_value_length(d["kv_lora"])
+    w.add_key_length_mla(d["nope"] + d["rope"])
+    w.add_value_length_mla(d["v"])
+    _write_grouped_router_metadata(w, d)
+    if "yarn" in d:
+        y = d["yarn"]
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(y["factor"])
+        w.add_rope_scaling_orig_ctx_len(y["original_context"])
+        w.add_rope_scaling_yarn_beta_fast(y["beta_fast"])
+        w.add_rope_scaling_yarn_beta_slow(y["beta_slow"])
+        w.add_rope_scaling_yarn_attn_factor(y["attn_factor"])
+        w.add_rope_scaling_yarn_log_mul(y["log_mul"])
+
+
 def _write_metadata(w: Any, hp: _Hparams, vocab: _Vocab, name: str, out_type: str) -> None:
     w.add_type("model")
     w.add_name(name)
@@ -1356,9 +1666,18 @@ def _write_metadata(w: Any, hp: _Hparams, vocab: _Vocab, name: str, out_type: st
         _write_gemma4_metadata(w, hp)
     else:
         w.add_head_count_kv(hp.n_head_kv)
-        w.add_rope_dimension_count(hp.extra.get("n_rot", hp.head_dim))
+        rope = (
+            hp.extra["rope"]
+            if hp.model_type in (*_DEEPSEEK, "glm4_moe")
+            else hp.extra.get("n_rot", hp.head_dim)
+        )
+        w.add_rope_dimension_count(rope)
         w.add_rope_freq_base(hp.rope_theta)
-        if hp.head_dim * hp.n_head != hp.n_embd or hp.model_type in ("qwen3_moe", *_QWEN35):
+        if hp.model_type == "glm4_moe":
+            _write_grouped_router_metadata(w, hp.extra)
+        if hp.model_type in _DEEPSEEK:
+            _write_deepseek_metadata(w, hp)
+        elif hp.head_dim * hp.n_head != hp.n_embd or hp.model_type in ("qwen3_moe", *_QWEN35):
             w.add_key_length(hp.head_dim)
             w.add_value_length(hp.head_dim)
     if hp.n_expert:
@@ -1374,9 +1693,12 @@ def _write_metadata(w: Any, hp: _Hparams, vocab: _Vocab, name: str, out_type: st
             *_GEMMA4,
             *_GRANITE,
             *_QWEN35,
+            *_DEEPSEEK,
+            "glm4_moe",
         ):
             w.add_expert_feed_forward_length(hp.n_ff_exp)
-    if hp.n_ff_shexp:
+    # deepseek2 / glm4moe: expert_shared_count shared experts of n_ff_exp instead
+    if hp.n_ff_shexp and hp.model_type not in (*_DEEPSEEK, "glm4_moe"):
         w.add_expert_shared_feed_forward_length(hp.n_ff_shexp)
     if hp.model_type == "gpt_oss":
         w.add_sliding_window(hp.extra["sliding_window"])

@@ -538,7 +538,7 @@ class Model(BaseModel):
             try:
                 self.prefix_cache.put(prompt, lambda: self._save_state(n))
             except UnsupportedModelError:
-                # A sliding-window ring keeps only its last rows (kv_io.c): this model's prefixes
+                # A sliding-window ring or a latent (MLA) cache is not saved (kv_io.c): this model's prefixes
                 # cannot be stored, so the cache keeps none (the live context is still reused).
                 self.prefix_cache.max_bytes = 0
 

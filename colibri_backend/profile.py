@@ -172,9 +172,14 @@ def profile_from_routing(
     _check_dims(n_layer, n_expert, k, n_buckets, n_cand)
     if n_tok == 0:
         raise ValueError("no tokens to profile: the corpus is empty")
-    if ids.min() < 0 or ids.max() >= n_expert:
+    # a layer without experts (DeepSeek's leading dense layers) records -1 for every choice (the largest
+    # value in route_chunks' unsigned ids)
+    none = -1 if np.issubdtype(ids.dtype, np.signedinteger) else np.iinfo(ids.dtype).max
+    dense = np.all(ids == none, axis=(0, 2))
+    routed = ids[:, ~dense, :]
+    if routed.size and (routed.min() < 0 or routed.max() >= n_expert):
         raise ValueError(f"routing has expert ids outside [0, {n_expert})")
-    srt = np.sort(ids, axis=2)
+    srt = np.sort(routed, axis=2)
     if k > 1 and np.any(srt[:, :, 1:] == srt[:, :, :-1]):
         # Shares count tokens per expert; a repeated id would count one token twice.
         raise ValueError("routing lists an expert twice for one token and layer")
@@ -184,6 +189,9 @@ def profile_from_routing(
     share = np.zeros((n_layer, n_expert), dtype=np.float32)
     cand = np.empty((n_buckets, n_layer, n_cand), dtype=np.uint16)
     for layer in range(n_layer):
+        if dense[layer]:  # never routed: share 0, candidates in id order (never asked for)
+            cand[:, layer, :] = np.arange(n_cand)
+            continue
         e = ids[:, layer, :].astype(np.int64)
         total = np.bincount(e.ravel(), minlength=n_expert)
         share[layer] = (total / n_tok).astype(np.float32)
@@ -441,7 +449,7 @@ def route_chunks(
         raise ValueError(f"{model.path} is a dense model (no experts): there is no routing to profile")
     total = int(sum(c.size for c in chunks))
     tokens = np.empty(total, dtype=np.int32)
-    ids = np.empty((total, info.n_layer, info.n_expert_used), dtype=np.uint16)
+    ids = np.empty((total, info.n_layer, info.n_expert_used), dtype=np.uint16)  # a dense layer's -1: 0xFFFF
     pos = 0
     for c in chunks:
         if c.size > model.context_length:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import tiny_models as tm
 from gguf import GGUFValueType as V
@@ -56,6 +57,29 @@ CASES = [
     ("gemma4", {"gemma4.final_logit_softcapping": (-1.0, F32)}, "gemma4.final_logit_softcapping must be"),
     ("gemma4", {"gemma4.attention.key_length_swa": (23, U32)}, "value_length_swa = 24 differs"),
     ("gpt_oss", {"gpt-oss.attention.head_count_kv": ([2, 2], V.ARRAY, V.INT32)}, "is a per-layer array"),
+    ("deepseek_v3", {"deepseek2.expert_group_count": (5, U32)}, "does not divide deepseek2.expert_count 12"),
+    ("deepseek_v3", {"deepseek2.expert_group_used_count": (5, U32)}, "expert_group_used_count = 5 is out of"),
+    ("deepseek_v3", {"deepseek2.expert_group_used_count": (1, U32)}, "expert_used_count 4 exceeds the 3"),
+    ("deepseek_v3", {"deepseek2.expert_weights_scale": (0.0, F32)}, "deepseek2.expert_weights_scale = 0"),
+    (
+        "deepseek_v3",
+        {"deepseek2.attention.kv_lora_rank": None},
+        "with deepseek2.attention.kv_lora_rank",
+    ),
+    ("deepseek_v3", {"deepseek2.attention.key_length": (99, U32)}, "deepseek2.attention.key_length = 99"),
+    (
+        "deepseek_v2",
+        {"deepseek2.attention.key_length_mla": (8, U32)},
+        "must be below deepseek2.attention.key",
+    ),
+    ("deepseek_v2", {"deepseek2.leading_dense_block_count": (3, U32)}, "leading_dense_block_count = 3"),
+    ("deepseek_v2", {"deepseek2.expert_shared_count": (3, U32)}, "expert_shared_count 3"),
+    ("deepseek_v2", {"deepseek2.attention.q_lora_rank": (16, U32)}, "blk.0.attn_q_a.weight is missing"),
+    ("glm4_moe", {"glm4moe.expert_group_count": (3, U32)}, "does not divide glm4moe.expert_count 8"),
+    ("glm4_moe", {"glm4moe.expert_gating_func": (1, U32)}, "glm4moe.expert_gating_func = 1"),
+    ("glm4_moe", {"glm4moe.leading_dense_block_count": (3, U32)}, "glm4moe.leading_dense_block_count = 3"),
+    ("glm4_moe", {"glm4moe.nextn_predict_layers": (3, U32)}, "glm4moe.nextn_predict_layers = 3"),
+    ("glm4_moe_air", {"glm4moe.expert_shared_count": (2, U32)}, "glm4moe.expert_shared_count 2"),
 ]
 
 
@@ -77,3 +101,27 @@ def test_unmodified_copy_loads(tiny_zoo: Any, colibri: Any, tmp_path: Path, name
     good = dequantized_copy(tiny_zoo.gguf(name, "f32"), tmp_path / "good.gguf")
     with colibri.load(good, threads=1, context_length=64) as model:
         assert model.logits([5, 6, 7]).shape[0] == 3
+
+
+@pytest.mark.parametrize("name", ["deepseek_v2", "glm4_moe_lite"])
+def test_latent_cache_refuses_int8_and_runs_f16(tiny_zoo: Any, colibri: Any, name: str) -> None:
+    """The MLA latent cache is F32 or F16: an INT8 KV cache is refused with a message naming it, and an F16
+    cache of an F32 file stays within 1e-2 of max |logit| of the F32 one (only the cached rows are
+    rounded)."""
+    from colibri_backend.errors import EngineError
+
+    gguf = tiny_zoo.gguf(name, "f32")
+    with pytest.raises(EngineError) as err:
+        colibri.load(gguf, threads=1, context_length=64, kv_cache_type="int8")
+    assert "COLIBRI_KV_INT8 is not supported with the latent (MLA) cache" in str(err.value)
+    ids = tm.token_ids(tiny_zoo.checkpoint(name), 48)
+    logits = []
+    for kv in (None, "f16"):
+        with colibri.load(gguf, threads=1, context_length=64, kv_cache_type=kv) as model:
+            logits.append(model.logits(ids))
+            cfg = tm.config_of(tiny_zoo.checkpoint(name))
+            row = cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]  # latent + rope key, per layer and position
+            assert model.stats()["kv_bytes"] == (2 if kv else 4) * 64 * model.info.n_layer * row
+    rel = float(np.abs(logits[0] - logits[1]).max() / np.abs(logits[0]).max())
+    tm.report(f"{name}: F16 latent cache vs F32, max dlogit {rel:.2e} of max")
+    assert 0 < rel <= 1e-2

@@ -26,7 +26,9 @@ MOE_SPECS = [s.name for s in tm.SPECS if s.model_type != "llama"]
 def _streaming_variant(spec: tm.TinySpec) -> tm.TinySpec:
     """The spec with 32 experts of width 384 (keys as the config spells them)."""
     cfg = dict(spec.config)
-    cfg["num_local_experts" if "num_local_experts" in cfg else "num_experts"] = 32
+    cfg[next((k for k in ("num_local_experts", "n_routed_experts") if k in cfg), "num_experts")] = 32
+    if cfg.get("n_shared_experts"):  # DeepSeek's shared experts are n_shared routed widths, all resident
+        cfg["n_shared_experts"] = 1
     cfg["moe_intermediate_size" if "moe_intermediate_size" in cfg else "intermediate_size"] = 384
     return dataclasses.replace(spec, name=spec.name + "_streaming", config=cfg)
 
@@ -114,3 +116,44 @@ def test_plan_kv_bytes_against_transformers_cache(tiny_zoo: Any, colibri: Any, n
         f"transformers {theirs / N_CTX:.0f}{note}"
     )
     assert ours == expected
+
+
+@pytest.mark.parametrize("name", ["deepseek_v2", "glm4_moe"])
+def test_routing_profile_with_leading_dense_layers(
+    tiny_zoo: Any, colibri: Any, tmp_path: Path, name: str
+) -> None:
+    """A model whose first layers are dense (DeepSeek, GLM): its routing records -1 for them, a routing
+    profile built from that routing gives those layers no share, and the engine streams with it (warm slots,
+    pinning, hashed prefetch) bit-identically."""
+    from colibri_backend.profile import build_profile, write_profile
+
+    gguf = tiny_zoo.gguf(name, "f32")
+    ids = tm.token_ids(tiny_zoo.checkpoint(name), N_POS)
+    with colibri.load(gguf, threads=tm.ENGINE_THREADS, context_length=N_CTX) as model:
+        ref = model.logits(ids)
+        route_ids, route_w = model.routing()
+        prof = build_profile(model, [tm.token_ids(tiny_zoo.checkpoint(name), 256, seed=5)], context=N_CTX)
+    lead = tm.SPEC_BY_NAME[name].config["first_k_dense_replace"]
+    assert (route_ids[:, :lead] == -1).all() and (route_w[:, :lead] == 0).all()
+    assert (route_ids[:, lead:] >= 0).all()
+    assert (prof.share[:lead] == 0).all() and np.allclose(
+        prof.share[lead:].sum(-1), prof.n_expert_used, atol=1e-3
+    )
+    path = write_profile(tmp_path / "p.profile", prof)
+    with colibri.load(
+        gguf,
+        threads=tm.ENGINE_THREADS,
+        context_length=N_CTX,
+        expert_slots=prof.n_expert_used + 1,
+        warmup_routing=path,
+        pin_experts=1,
+        prefetch="lookahead,temporal,hashed",
+    ) as model:
+        got = model.logits(ids)
+        s = model.stats()
+    tm.report(
+        f"{name} profile with {lead} dense layer(s): misses {s['expert_misses']}, bit-identical "
+        f"{np.array_equal(ref, got)}"
+    )
+    assert s["expert_misses"] > 0
+    assert np.array_equal(ref, got)

@@ -235,16 +235,29 @@ def test_metadata_tokenizer_and_alignment(tiny_zoo: Any, name: str) -> None:
     arch = {"granitemoeshared": "granitemoe", "gpt_oss": "gpt-oss", "qwen3_5_moe_text": "qwen35moe"}.get(
         arch, arch
     )
+    deepseek = spec.model_type in ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
+    if deepseek:
+        arch = "deepseek2"
+    glm = spec.model_type == "glm4_moe"
+    if glm:
+        arch = "glm4moe"
     assert f["general.architecture"] == arch
     assert "general.alignment" not in f  # GGUF's default (32): what llama.cpp's quantizer writes back
     assert f[f"{arch}.block_count"] == cfg["num_hidden_layers"]
     assert f[f"{arch}.embedding_length"] == cfg["hidden_size"]
     assert f[f"{arch}.attention.head_count"] == cfg["num_attention_heads"]
-    assert f[f"{arch}.attention.head_count_kv"] == cfg["num_key_value_heads"]
+    if deepseek:
+        _check_deepseek_metadata(f, cfg, spec.model_type)
+    else:
+        assert f[f"{arch}.attention.head_count_kv"] == cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    partial = (cfg.get("rope_parameters") or {}).get("partial_rotary_factor", 1.0)  # Qwen3.5's partial rotary
-    assert f[f"{arch}.rope.dimension_count"] == int(head_dim * partial)
-    if head_dim * cfg["num_attention_heads"] != cfg["hidden_size"]:
+    partial = (cfg.get("rope_parameters") or {}).get("partial_rotary_factor", 1.0)  # partial rotary
+    if glm:
+        assert f[f"{arch}.rope.dimension_count"] == int(head_dim * partial)
+        _check_glm4moe_metadata(f, cfg)
+    elif not deepseek:
+        assert f[f"{arch}.rope.dimension_count"] == int(head_dim * partial)
+    if head_dim * cfg["num_attention_heads"] != cfg["hidden_size"] and not deepseek:
         assert f[f"{arch}.attention.key_length"] == head_dim
         assert f[f"{arch}.attention.value_length"] == head_dim
     theta = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta"))
@@ -306,6 +319,54 @@ def test_metadata_tokenizer_and_alignment(tiny_zoo: Any, name: str) -> None:
     tied = cfg["tie_word_embeddings"]
     # llama.cpp requires output.weight for qwen2moe, olmoe and gpt-oss, tied or not.
     assert has_output == (not tied or spec.model_type in ("qwen2_moe", "olmoe", "gpt_oss"))
+
+
+def _check_deepseek_metadata(f: dict[str, Any], cfg: dict[str, Any], model_type: str) -> None:
+    """deepseek2's latent-attention and router keys, as llama.cpp's converter writes them."""
+    c, r = cfg["kv_lora_rank"], cfg["qk_rope_head_dim"]
+    v3 = model_type in ("deepseek_v3", "glm4_moe_lite")
+    want = {
+        "attention.head_count_kv": 1,
+        "attention.kv_lora_rank": c,
+        "attention.q_lora_rank": cfg.get("q_lora_rank") or 0,
+        "attention.key_length": c + r,
+        "attention.value_length": c,
+        "attention.key_length_mla": cfg["qk_nope_head_dim"] + r,
+        "attention.value_length_mla": cfg["v_head_dim"],
+        "rope.dimension_count": r,
+        "leading_dense_block_count": cfg.get("first_k_dense_replace")
+        if "mlp_layer_types" not in cfg
+        else cfg["mlp_layer_types"].count("dense"),
+        "expert_count": cfg["n_routed_experts"],
+        "expert_used_count": cfg["num_experts_per_tok"],
+        "expert_shared_count": cfg["n_shared_experts"],
+        "expert_gating_func": 2 if v3 else 1,
+        "expert_weights_norm": bool(cfg.get("norm_topk_prob")) if v3 else False,
+    }
+    if (v3 and cfg.get("n_group", 1) > 1) or cfg.get("topk_method") == "group_limited_greedy":
+        want["expert_group_count"] = cfg["n_group"]
+        want["expert_group_used_count"] = cfg["topk_group"]
+    for key, value in want.items():
+        assert f[f"deepseek2.{key}"] == value, f"deepseek2.{key} = {f[f'deepseek2.{key}']}, expected {value}"
+    assert math.isclose(f["deepseek2.expert_weights_scale"], cfg["routed_scaling_factor"], rel_tol=1e-6)
+
+
+def _check_glm4moe_metadata(f: dict[str, Any], cfg: dict[str, Any]) -> None:
+    """glm4moe's router keys, as llama.cpp's converter writes them."""
+    want = {
+        "leading_dense_block_count": cfg["first_k_dense_replace"],
+        "expert_count": cfg["n_routed_experts"],
+        "expert_used_count": cfg["num_experts_per_tok"],
+        "expert_shared_count": cfg["n_shared_experts"],
+        "expert_gating_func": 2,
+        "expert_weights_norm": cfg["norm_topk_prob"],
+    }
+    if cfg["n_group"] > 1:
+        want["expert_group_count"] = cfg["n_group"]
+        want["expert_group_used_count"] = cfg["topk_group"]
+    for key, value in want.items():
+        assert f[f"glm4moe.{key}"] == value, f"glm4moe.{key} = {f[f'glm4moe.{key}']}, expected {value}"
+    assert math.isclose(f["glm4moe.expert_weights_scale"], cfg["routed_scaling_factor"], rel_tol=1e-6)
 
 
 def _rope_half(x: np.ndarray, pos: np.ndarray, theta: float) -> np.ndarray:

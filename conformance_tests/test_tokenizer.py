@@ -202,12 +202,10 @@ def _train(pre: str) -> object:
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
             ]
         )
-    else:  # the llama-3 style split, written out as its tokenizer.json does
+    else:  # the llama-3 style split(s) (DeepSeek-V3: three), written out as its tokenizer.json does
         tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(PRE_TOKENIZER_REGEXES[pre][0]), behavior="isolated"),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
+            [pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in PRE_TOKENIZER_REGEXES[pre]]
+            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
         )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
@@ -251,7 +249,7 @@ def _write_gguf(hf: object, pre: str, path: Path) -> None:
     w.close()
 
 
-@pytest.mark.parametrize("pre", ["gpt-2", "smollm", "llama-bpe", "gpt-4o"])
+@pytest.mark.parametrize("pre", ["gpt-2", "smollm", "llama-bpe", "gpt-4o", "deepseek-v3", "deepseek-llm"])
 def test_trained_bpe_via_gguf_matches_hf(pre: str, tmp_path: Path) -> None:
     hf = _train(pre)
     path = tmp_path / f"bpe-{pre}.gguf"
@@ -269,15 +267,17 @@ def test_trained_bpe_via_gguf_matches_hf(pre: str, tmp_path: Path) -> None:
         assert ours.decode(ours.encode(s, add_special_tokens=False)) == s
 
 
-def test_o200k_bpe_via_gguf_matches_llama_cpp(tmp_path: Path) -> None:
-    """gpt-oss's pre-tokenizer ("gpt-4o", o200k): Colibri's GGUF-built tokenizer against llama.cpp's own
-    implementation of it on the same file (a BPE trained here with that split, >= 200 strings)."""
+@pytest.mark.parametrize("pre", ["gpt-4o", "deepseek-v3", "deepseek-llm"])
+def test_o200k_bpe_via_gguf_matches_llama_cpp(pre: str, tmp_path: Path) -> None:
+    """gpt-oss's pre-tokenizer ("gpt-4o", o200k) and DeepSeek-V3's ("deepseek-v3"): Colibri's GGUF-built
+    tokenizer against llama.cpp's own implementation of it on the same file (a BPE trained here with that
+    split, >= 200 strings)."""
     import tiny_models as tm
 
     if tm.reference_engine("llama_cpp") is None:  # a failure instead under CI=true
         pytest.skip("llama-cpp-python is not installed")
-    path = tmp_path / "bpe-o200k.gguf"
-    _write_gguf(_train("gpt-4o"), "gpt-4o", path)
+    path = tmp_path / f"bpe-{pre}.gguf"
+    _write_gguf(_train(pre), pre, path)
     ours = Tokenizer.from_gguf_metadata(read_metadata(path), source=str(path))
     theirs = tm.llama_cpp_tokenize(path, list(CORPUS))
     mismatches = [
@@ -286,7 +286,7 @@ def test_o200k_bpe_via_gguf_matches_llama_cpp(tmp_path: Path) -> None:
         if ours.encode(s, add_special_tokens=False) != t
     ]
     tm.report(
-        f"o200k BPE: {len(CORPUS) - len(mismatches)} of {len(CORPUS)} strings tokenized as llama.cpp does"
+        f"{pre} BPE: {len(CORPUS) - len(mismatches)} of {len(CORPUS)} strings tokenized as llama.cpp does"
     )
     assert not mismatches, f"{len(mismatches)} of {len(CORPUS)} differ; first: {mismatches[0]!r}"
 

@@ -45,6 +45,9 @@ def tiny(name: str) -> mbm.BenchSpec:
         n_ff_exp=32,
         n_expert=max(base.n_expert // 2, 4),
         n_expert_used=min(base.n_expert_used, 4),
+        # DeepSeek's latent attention and leading dense layer, shrunk alike (None for the others)
+        mla=(32, 8, 16, 16) if base.mla else None,
+        dense_lead=(1, 48) if base.dense_lead else None,
     )
 
 
@@ -57,7 +60,7 @@ def test_full_size_parameter_counts() -> None:
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
     root = tmp_path_factory.mktemp("bench_models")
     out = {}
-    for name in ("bench-a", "bench-b", "bench-gptoss"):
+    for name in ("bench-a", "bench-b", "bench-gptoss", "bench-deepseek2"):
         spec = tiny(name)
         ckpt = root / spec.name / "hf"
         mbm.write_checkpoint(spec, ckpt, smollm2(), log=lambda *a: None)
@@ -66,7 +69,7 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Pat
     return out
 
 
-@pytest.mark.parametrize("name", ["bench-a", "bench-b", "bench-gptoss"])
+@pytest.mark.parametrize("name", ["bench-a", "bench-b", "bench-gptoss", "bench-deepseek2"])
 def test_checkpoint_loads_in_transformers_and_matches_colibri(tiny_models, name: str) -> None:
     torch = pytest.importorskip("torch")
     from transformers import AutoModelForCausalLM
@@ -78,6 +81,7 @@ def test_checkpoint_loads_in_transformers_and_matches_colibri(tiny_models, name:
         "bench-a": "MixtralForCausalLM",
         "bench-b": "Qwen3MoeForCausalLM",
         "bench-gptoss": "GptOssForCausalLM",
+        "bench-deepseek2": "DeepseekV2ForCausalLM",
     }
     assert type(model).__name__ == classes[name]
     ids = bench.prompt_ids(gguf, 24)

@@ -54,6 +54,30 @@ _O200K = (
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
+# DeepSeek-V3 (and R1, V3.x): digits in threes, runs of CJK ideographs and kana, then words with a leading
+# ASCII punctuation mark, letters with marks, punctuation and symbol runs, newlines and spaces.
+_DEEPSEEK_V3 = [
+    r"\p{N}{1,3}",
+    r"[一-龥぀-ゟ゠-ヿ]+",
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+"  # as DeepSeek's tokenizer.json spells it
+    r"|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+]
+
+# DeepSeek-LLM / DeepSeek-V2: newlines alone, Latin/Greek/Cyrillic/... letter runs with an optional leading
+# space, ASCII and full-width punctuation runs, trailing whitespace, CJK and Hangul runs, digit runs.
+_DEEPSEEK_LLM = [
+    "[\r\n]",
+    (
+        "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ"
+        "-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ"
+        "-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+"
+    ),
+    "\\s?[!-/:-~！-／：-～‘-‟　-。]+",
+    "\\s+$",
+    "[一-龥ࠀ-一가-퟿]+",
+    "\\p{N}+",
+]
+
 # tokenizer.ggml.pre -> the regexes applied in sequence (each splits the pieces of the one before),
 # as llama.cpp's vocabulary loader chooses them.
 PRE_TOKENIZER_REGEXES: dict[str, list[str]] = {
@@ -74,6 +98,8 @@ PRE_TOKENIZER_REGEXES: dict[str, list[str]] = {
     "stablelm2": [_QWEN2],
     "deepseek-r1-qwen": [_QWEN2],
     "gpt-4o": [_O200K],
+    "deepseek-v3": _DEEPSEEK_V3,
+    "deepseek-llm": _DEEPSEEK_LLM,
 }
 
 # Token texts that end a turn in the chat formats we know; a token with one of these texts that

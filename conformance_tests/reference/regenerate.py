@@ -3,6 +3,7 @@
     python conformance_tests/reference/regenerate.py [tiny] [smollm2]   # needs torch, transformers,
                                                                         # llama-cpp-python
     python conformance_tests/reference/regenerate.py tiny:NAME[,NAME]   # those tiny specs only
+    python conformance_tests/reference/regenerate.py SPEC [SPEC ...]    # the same, by spec names
 
 Writes, next to this script:
   tiny_layout.json   tensor names/shapes transformers' save_pretrained writes for each tiny spec
@@ -107,11 +108,13 @@ def smollm2() -> None:
 def main(argv: list[str]) -> int:
     import tempfile
 
-    parts = set(argv) or {"tiny", "smollm2"}
-    some = {n for p in parts if p.startswith("tiny:") for n in p[len("tiny:") :].split(",")}
+    # spec names (tiny_models.SPECS), or tiny:NAME,NAME, regenerate those tiny records only
+    named = {a for a in argv if a in tm.SPEC_BY_NAME}
+    parts = set(argv) - named or ({"tiny"} if named else {"tiny", "smollm2"})
+    some = named | {n for p in parts if p.startswith("tiny:") for n in p[len("tiny:") :].split(",")}
     if "tiny" in parts or some:
         with tempfile.TemporaryDirectory(prefix="colibri-ref-") as tmp:
-            tiny(Path(tmp), None if "tiny" in parts else some)
+            tiny(Path(tmp), some or None)
     if "smollm2" in parts:
         smollm2()
     return 0

@@ -5,7 +5,7 @@
 #include <string.h>
 
 extern const arch_desc arch_llama, arch_qwen2moe, arch_qwen3moe, arch_olmoe, arch_granitemoe,
-    arch_gptoss, arch_qwen35moe, arch_gemma4;
+    arch_gptoss, arch_qwen35moe, arch_gemma4, arch_deepseek2, arch_glm4moe;
 
 static const arch_desc *const table[] = {
     &arch_llama,
@@ -16,6 +16,8 @@ static const arch_desc *const table[] = {
     &arch_gptoss,
     &arch_qwen35moe,
     &arch_gemma4,
+    &arch_deepseek2,
+    &arch_glm4moe,
 };
 
 const arch_desc *arch_find(const char *name) {

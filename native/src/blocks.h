@@ -21,10 +21,14 @@ void block_attention(struct colibri_context *c, int il, int n, int p0);
 /* Gated DeltaNet linear attention of layer il from s.xn into s.tmp, advancing the layer's
  * conv and recurrent states (c->rs[il]) through the chunk's n tokens (linear_attention.c). */
 void block_linear_attention(struct colibri_context *c, int il, int n);
+/* Multi-head latent attention of layer il from s.xn into s.tmp, writing the chunk's latent
+ * cache rows at positions p0.. (attention_mla.c). */
+void block_attention_mla(struct colibri_context *c, int il, int n, int p0);
 
 /* FFN of layer il from s.xn into s.tmp: the dense SwiGLU, or the routed experts (plus the
- * shared expert). block_ffn picks by the model (forward.c); the MoE form fails only when an
- * expert cannot be read (ffn.c). */
+ * shared expert). block_ffn picks by the model (forward.c: dense without experts and in an MoE's
+ * leading dense layers, hp.n_dense_lead); the MoE form fails only when an expert cannot be read
+ * (ffn.c). */
 colibri_status block_ffn(struct colibri_context *c, int il, int n);
 void block_ffn_dense(struct colibri_context *c, int il, int n);
 colibri_status block_ffn_moe(struct colibri_context *c, int il, int n);

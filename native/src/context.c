@@ -57,9 +57,12 @@ static void plan_scratch(struct colibri_context *c, planner *p) {
     s->x = take(p, B * E * f);
     s->xn = take(p, B * E * f);
     s->xnq = take(p, B * NB(E) * q);
-    s->qkv = take(p, B * qkv_w * f);
-    s->att = take(p, B * qd * f);
-    s->attq = take(p, B * NB(qd) * q);
+    /* MLA (attention_mla.c) has rows of its own below: no GQA q/k/v, attention output [B][H*V] */
+    const int mla = hp->mla_kv_lora > 0;
+    const size_t att_w = mla ? (size_t)hp->n_head * (size_t)hp->mla_v : qd;
+    s->qkv = mla ? NULL : take(p, B * qkv_w * f);
+    s->att = take(p, B * att_w * f);
+    s->attq = take(p, B * NB(att_w) * q);
     s->tmp = take(p, B * E * f);
     s->rope_cs = take(p, B * (size_t)hp->n_rot * f);
     s->seq = take(p, B * sizeof(int32_t));
@@ -83,6 +86,14 @@ static void plan_scratch(struct colibri_context *c, planner *p) {
     s->sh_down = S ? take(p, B * E * f) : NULL;
     s->sh_w = S ? take(p, B * f) : NULL;
     s->ffn2 = hp->moe_dense_branch ? take(p, B * E * f) : NULL;
+    if (mla) {
+        const size_t C = (size_t)hp->mla_kv_lora, R = (size_t)hp->n_rot, Q = (size_t)hp->mla_q_lora;
+        s->mla_q = take(p, B * (size_t)hp->n_head * ((size_t)hp->mla_nope + R) * f);
+        s->mla_qa = take(p, B * Q * f);
+        s->mla_qaq = take(p, B * NB(Q) * q);
+        s->mla_kv = take(p, B * (C + R) * f);
+        s->mla_thr = take(p, (size_t)c->n_threads * mla_thread_floats(hp) * f);
+    }
     s->jobs = take(p, (X + 4) * sizeof(mm_job));
     s->glu = take(p, (X + 2) * sizeof(glu_job));
     s->qg = hp->attn_out_gate ? take(p, B * 2 * qd * f) : NULL;
@@ -102,6 +113,7 @@ static void plan_scratch(struct colibri_context *c, planner *p) {
 void context_destroy(struct colibri_context *c) {
     if (!c) return;
     if (c->pool) pool_destroy(c->pool);
+    cb_free(c->mla_cache);
     cb_free(c->k_cache);
     cb_free(c->v_cache);
     cb_free(c->k_scale);
@@ -222,6 +234,9 @@ colibri_status context_resolve_params(const struct colibri_model *m, const colib
                         (int)p.kv_type);
     colibri_status st = context_backend_resolve(&p);  /* backend hook */
     if (st) return st;
+    if (hp->mla_kv_lora > 0 && p.kv_type == COLIBRI_KV_INT8)
+        return cb_error(COLIBRI_E_INVALID_ARG, "kv_type COLIBRI_KV_INT8 is not supported with the latent (MLA) cache of %s",
+                        m->arch_name);
     *out = p;
     return COLIBRI_OK;
 }
@@ -231,7 +246,8 @@ int context_kv_kind(const struct colibri_model *m, const colibri_context_params 
     if (p->kv_type == COLIBRI_KV_F16) return KV_F16;
     int il = 0; /* the first layer with attention weights (recurrent layers have none) */
     while (il + 1 < m->hp.n_layer && m->layers[il].recurrent) il++;
-    return m->layers[il].wk.type == GGML_TYPE_F32 ? KV_F32 : KV_F16;
+    const mat *k = m->hp.mla_kv_lora > 0 ? &m->layers[il].wkv_a : &m->layers[il].wk;
+    return k->type == GGML_TYPE_F32 ? KV_F32 : KV_F16;
 }
 
 /* ---- recurrent state ---------------------------------------------------- */
@@ -314,7 +330,8 @@ void context_state_checkpoint(struct colibri_context *c) {
 }
 
 int32_t context_kv_positions(const struct colibri_model *m, int il, const colibri_context_params *p) {
-    if (m->layers[il].recurrent) return 0; /* no attention, no KV rows */
+    /* no attention, or latent attention (its own cache, mla_cache): no per-head KV rows */
+    if (m->layers[il].recurrent || m->hp.mla_kv_lora > 0) return 0;
     const int32_t w = m->layers[il].window;
     if (w <= 0) return p->n_ctx;
     const int64_t ring = (int64_t)w + (p->n_batch < w ? p->n_batch : w) - 1;
@@ -337,6 +354,11 @@ size_t context_kv_bytes(const struct colibri_model *m, const colibri_context_par
 }
 
 size_t context_kv_seq_bytes(const struct colibri_model *m, const colibri_context_params *p) {
+    const model_hparams *hp = &m->hp;
+    if (hp->mla_kv_lora > 0) { /* the latent cache: one row of C+R per layer and position */
+        const size_t elems = (size_t)hp->n_layer * (size_t)p->n_ctx * ((size_t)hp->mla_kv_lora + (size_t)hp->n_rot);
+        return elems * (context_kv_kind(m, p) == KV_F32 ? sizeof(float) : sizeof(uint16_t));
+    }
     size_t rows, elems;
     kv_totals(m, p, &rows, &elems);
     switch (context_kv_kind(m, p)) {
@@ -418,8 +440,17 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
     const size_t kv_elem_bytes = c->kv_kind == KV_F32 ? sizeof(float) : c->kv_kind == KV_I8 ? 1 : sizeof(uint16_t);
     c->kv_bytes = context_kv_bytes(m, &p);
     /* No memset: a position is always written before any attention reads it. */
-    c->k_cache = cb_aligned_alloc(64, kv_elems * kv_elem_bytes);
-    c->v_cache = cb_aligned_alloc(64, kv_elems * kv_elem_bytes);
+    if (hp->mla_kv_lora > 0) {
+        c->mla_cache = cb_aligned_alloc(64, c->kv_bytes);
+        if (!c->mla_cache) {
+            context_destroy(c);
+            return cb_error(COLIBRI_E_NOMEM, "cannot allocate a latent KV cache of %zu bytes for %d positions",
+                            c->kv_bytes, (int)c->n_ctx);
+        }
+    } else {
+        c->k_cache = cb_aligned_alloc(64, kv_elems * kv_elem_bytes);
+        c->v_cache = cb_aligned_alloc(64, kv_elems * kv_elem_bytes);
+    }
     if (c->kv_kind == KV_I8) {
         c->k_scale = cb_malloc(kv_rows * sizeof(float));
         c->v_scale = cb_malloc(kv_rows * sizeof(float));
@@ -433,7 +464,8 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
     c->route_ids = cb_malloc(route_elems * sizeof(int32_t));
     c->route_w = cb_malloc(route_elems * sizeof(float));
     c->seq_past = cb_calloc((size_t)c->n_seq_max * 3, sizeof(int32_t));
-    if (!c->k_cache || !c->v_cache || !c->inv_freq || !c->route_ids || !c->route_w || !c->seq_past) {
+    if ((!c->mla_cache && (!c->k_cache || !c->v_cache)) || !c->inv_freq || !c->route_ids || !c->route_w ||
+        !c->seq_past) {
         context_destroy(c);
         return cb_error(COLIBRI_E_NOMEM, "cannot allocate a KV cache of %zu bytes for %d sequences of %d positions",
                         c->kv_bytes, (int)c->n_seq_max, (int)c->n_ctx);

@@ -47,6 +47,13 @@ typedef struct scratch {
     float *sh_down;      /* [B][n_embd] */
     float *sh_w;         /* [B] sigmoid gate of the shared expert */
     float *ffn2;         /* [B][n_embd] the dense MLP's output beside the experts (moe_dense_branch), else NULL */
+    /* multi-head latent attention only (attention_mla.c; H heads, C latent, R rope, N nope,
+     * Q q-LoRA rank, as in model.h); qkv is not laid out then, and att is [B][H*V] */
+    float *mla_q;        /* [B][H*(N+R)] queries */
+    float *mla_qa;       /* [B][Q] q-LoRA down projection, normed */
+    block_q8a *mla_qaq;  /* [B][Q/32] */
+    float *mla_kv;       /* [B][C+R] latent c_kv and k_pe of the chunk */
+    float *mla_thr;      /* [n_threads][MLA_THR_FLOATS]: a worker's absorbed query, latent sum, q8a rows */
     mm_job *jobs;        /* [n_expert + 4] */
     glu_job *glu;        /* [n_expert + 2] */
     /* gated attention (hp.attn_out_gate): the q projection's rows, q and gate per head */
@@ -106,6 +113,10 @@ struct colibri_context {
     size_t kv_bytes;      /* all sequences */
     kv_layer *kv_layers;  /* [n_layer] */
     int32_t kv_reach;     /* how far back colibri_truncate can go and keep every ring's rows (n_ctx: no ring) */
+    /* MLA models (hp.mla_kv_lora > 0) cache no per-head K/V (k_cache, v_cache stay NULL): per
+     * sequence, layer and position one row of the normed latent c_kv [C] then the rope'd k_pe [R],
+     * [n_seq_max][n_layer][n_ctx][C+R], F32 or F16 by kv_kind (never KV_I8). */
+    void *mla_cache;
     float *inv_freq;     /* [n_rot/2] */
     arena arena;
     scratch s;
@@ -161,6 +172,8 @@ size_t context_scratch_bytes(const struct colibri_model *m, const colibri_contex
  * n_seq_max sequences (K and V, scales included): the one formula the ledger and context_create
  * share. context_kv_seq_bytes is one sequence's part (n_seq_max = 1: the same number). */
 enum { KV_F16 = 0, KV_F32 = 1, KV_I8 = 2 };
+/* Floats of one worker's MLA scratch for model hp (attention_mla.c). */
+size_t mla_thread_floats(const model_hparams *hp);
 int context_kv_kind(const struct colibri_model *m, const colibri_context_params *p);
 size_t context_kv_seq_bytes(const struct colibri_model *m, const colibri_context_params *p);
 /* The rows per KV head layer il keeps (kv_layer.positions) for resolved params p. */

@@ -65,6 +65,7 @@ static void expert_wave(struct colibri_context *c, int il, int n, const int32_t 
 
 void ffn_prefetch_layer(struct colibri_context *c, int next, const float *xn) {
     const int X = c->model->hp.n_expert;
+    if (!c->model->layers[next].router.data) return; /* a dense layer (DeepSeek's leading ones) */
     const int n_ids = predictor_predict(c->pred, next, xn, c->chunk_tokens[0], c->pf_ids);
     for (int i = 0; i < n_ids; i++) store_prefetch(c->store, c->pf_ids[i] / X, c->pf_ids[i] % X);
 }

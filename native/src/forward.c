@@ -35,8 +35,19 @@ void block_norm_rows(struct colibri_context *c, const float *w, int n) {
 }
 
 colibri_status block_ffn(struct colibri_context *c, int il, int n) {
-    if (c->model->hp.n_expert > 0) return block_ffn_moe(c, il, n);
+    const model_hparams *hp = &c->model->hp;
+    if (hp->n_expert > 0 && il >= hp->n_dense_lead) return block_ffn_moe(c, il, n);
     block_ffn_dense(c, il, n);
+    if (hp->n_expert > 0) { /* a leading dense layer of an MoE: its routing record says none (-1, 0) */
+        const int k = hp->n_expert_used;
+        for (int t = 0; t < n; t++) {
+            const size_t at = (((size_t)c->route_base + t) * hp->n_layer + il) * k;
+            for (int j = 0; j < k; j++) {
+                c->route_ids[at + j] = -1;
+                c->route_w[at + j] = 0.0f;
+            }
+        }
+    }
     return COLIBRI_OK;
 }
 

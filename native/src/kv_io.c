@@ -89,6 +89,10 @@ static colibri_status check_n(const struct colibri_context *c, int32_t n, const 
     if (n < 0 || n > c->seq_past[0])
         return cb_error(COLIBRI_E_INVALID_ARG, "%s: n_tokens %d is outside [0, %d] (the tokens in the cache)", fn,
                         (int)n, (int)c->seq_past[0]);
+    if (n > 0 && c->mla_cache)
+        return cb_error(COLIBRI_E_UNSUPPORTED,
+                        "%s: this model's latent (MLA) cache is not saved in a state blob (state of 0 tokens only)",
+                        fn);
     if (n > 0 && c->kv_reach < c->n_ctx)
         return cb_error(COLIBRI_E_UNSUPPORTED,
                         "%s: this model's sliding-window layers keep a ring of their last rows, not the rows "
@@ -200,9 +204,11 @@ static colibri_status state_check(const struct colibri_context *c, const unsigne
         return cb_error(COLIBRI_E_INVALID_ARG, "%s: the state has %u layers, %u KV heads of %u, the model %d, %d of %d",
                         fn, rd32(b + 24), rd32(b + 28), rd32(b + 32), (int)hp->n_layer, (int)hp->n_head_kv,
                         (int)hp->head_dim);
-    if (rd32(b + 40) > 0 && (c->rs_bytes || c->kv_reach < c->n_ctx))
+    if (rd32(b + 40) > 0 && (c->rs_bytes || c->mla_cache || c->kv_reach < c->n_ctx))
         return cb_error(COLIBRI_E_UNSUPPORTED,
-                        "%s: this model's recurrent state or sliding-window ring is not restored from a blob", fn);
+                        "%s: this model's recurrent state, latent cache or sliding-window ring is not restored "
+                        "from a blob",
+                        fn);
     if (rd32(b + 36) != (uint32_t)c->kv_kind)
         return cb_error(COLIBRI_E_INVALID_ARG, "%s: the state's KV cache is %s, this context's is %s", fn,
                         kind_name(rd32(b + 36)), kind_name((uint32_t)c->kv_kind));

@@ -56,7 +56,7 @@ colibri_status ledger_plan(const struct colibri_model *m, const colibri_context_
         if (p->drop_cold_share > 0.0f) o->context_bytes += (uint64_t)hp->n_layer * hp->n_expert;
     }
 
-    o->n_expert_total = hp->n_layer * hp->n_expert;
+    o->n_expert_total = (hp->n_layer - hp->n_dense_lead) * hp->n_expert; /* leading dense layers have none */
     o->expert_slot_bytes = store_slot_bytes(m);
     o->min_expert_slots = hp->n_expert_used;
     const uint64_t fixed = o->metadata_bytes + o->resident_weight_bytes + o->model_table_bytes + o->kv_bytes +

@@ -303,3 +303,66 @@ colibri_status ld_require_experts(const loader *L) {
         return cb_error(COLIBRI_E_FORMAT, "architecture %s needs %s.expert_count > 0", L->arch, L->arch);
     return COLIBRI_OK;
 }
+
+colibri_status ld_grouped_router(loader *L, int norm_dflt) {
+    model_hparams *hp = &L->m->hp;
+    colibri_status st;
+    char key[160];
+    if ((st = ld_expert_weights_norm(L, norm_dflt))) return st;
+    if ((st = ld_f32(L, "expert_weights_scale", 0, 1.0f, &hp->expert_weights_scale))) return st;
+    if (!(hp->expert_weights_scale > 0.0f))
+        return cb_error(COLIBRI_E_FORMAT, "metadata %s = %g must be positive",
+                        ld_key(L, "expert_weights_scale", key, sizeof key), (double)hp->expert_weights_scale);
+    if ((st = ld_i32(L, "expert_group_count", 0, 1, 1, hp->n_expert, &hp->n_expert_groups))) return st;
+    if (hp->n_expert % hp->n_expert_groups != 0)
+        return cb_error(COLIBRI_E_FORMAT, "metadata %s = %d does not divide %s.expert_count %d",
+                        ld_key(L, "expert_group_count", key, sizeof key), hp->n_expert_groups, L->arch, hp->n_expert);
+    if ((st = ld_i32(L, "expert_group_used_count", 0, hp->n_expert_groups, 1, hp->n_expert_groups,
+                     &hp->n_group_used)))
+        return st;
+    const int32_t kept = hp->n_group_used * (hp->n_expert / hp->n_expert_groups);
+    if (hp->n_expert_used > kept)
+        return cb_error(COLIBRI_E_FORMAT, "%s.expert_used_count %d exceeds the %d experts of %s = %d groups", L->arch,
+                        hp->n_expert_used, kept, ld_key(L, "expert_group_used_count", key, sizeof key),
+                        hp->n_group_used);
+    return COLIBRI_OK;
+}
+
+colibri_status ld_shexp_count(loader *L) {
+    model_hparams *hp = &L->m->hp;
+    int32_t n_shared;
+    colibri_status st = ld_i32(L, "expert_shared_count", 0, 0, 0, MAX_EXPERTS, &n_shared);
+    if (st) return st;
+    char tn[96];
+    const gguf_tensor *sh = ld_find(L, ld_tname(tn, sizeof tn, hp->n_dense_lead, "ffn_gate_shexp.weight"));
+    const gguf_tensor *ex = ld_find(L, ld_tname(tn, sizeof tn, hp->n_dense_lead, "ffn_gate_exps.weight"));
+    hp->n_ff_shexp = 0;
+    if (n_shared == 0) {
+        if (sh)
+            return cb_error(COLIBRI_E_FORMAT, "%s has shared-expert tensors but %s.expert_shared_count is 0", L->arch,
+                            L->arch);
+        return COLIBRI_OK;
+    }
+    if (!sh || !ex)
+        return cb_error(COLIBRI_E_FORMAT, "%s.expert_shared_count %d but layer %d has no %s", L->arch, n_shared,
+                        hp->n_dense_lead, sh ? "ffn_gate_exps.weight" : "ffn_gate_shexp.weight");
+    if (sh->ne[1] != ex->ne[1] * (uint64_t)n_shared)
+        return cb_error(COLIBRI_E_FORMAT, "%s.expert_shared_count %d: ffn_gate_shexp has %llu rows, expected %llu",
+                        L->arch, n_shared, (unsigned long long)sh->ne[1],
+                        (unsigned long long)(ex->ne[1] * (uint64_t)n_shared));
+    if (sh->ne[1] > MAX_FF) return ld_shape_error(sh, "an FFN width in range");
+    hp->n_ff_shexp = (int32_t)sh->ne[1];
+    return COLIBRI_OK;
+}
+
+colibri_status ld_ffn_dense(loader *L, int il, const char *norm) {
+    const model_hparams *hp = &L->m->hp;
+    layer_weights *w = &L->m->layers[il];
+    const int64_t E = hp->n_embd, F = hp->n_ff;
+    char n[96];
+    colibri_status st;
+    if ((st = ld_vec(L, ld_tname(n, sizeof n, il, norm), E, 1, &w->ffn_norm))) return st;
+    if ((st = ld_mat(L, ld_tname(n, sizeof n, il, "ffn_gate.weight"), E, F, 1, &w->ffn_gate))) return st;
+    if ((st = ld_mat(L, ld_tname(n, sizeof n, il, "ffn_up.weight"), E, F, 1, &w->ffn_up))) return st;
+    return ld_mat(L, ld_tname(n, sizeof n, il, "ffn_down.weight"), F, E, 1, &w->ffn_down);
+}

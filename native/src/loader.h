@@ -82,6 +82,15 @@ colibri_status ld_ffn_named(loader *L, int il, const char *norm);
 colibri_status ld_shexp_width(loader *L, int required);
 /* Top-k renormalisation: the file's expert_weights_norm, else the architecture's default. */
 colibri_status ld_expert_weights_norm(loader *L, int dflt);
+/* ROUTER_GROUPED's keys (DeepSeek, GLM): expert_weights_norm (default norm_dflt),
+ * expert_weights_scale (> 0, default 1), expert_group_count dividing the experts and
+ * expert_group_used_count whose groups hold at least expert_used_count experts. */
+colibri_status ld_grouped_router(loader *L, int norm_dflt);
+/* Shared experts counted in routed widths (expert_shared_count, DeepSeek, GLM): n_ff_shexp from
+ * the first MoE layer's ffn_gate_shexp (layer n_dense_lead), checked against the count. */
+colibri_status ld_shexp_count(loader *L);
+/* A dense SwiGLU of width n_ff in layer il with its norm `norm` (an MoE's leading dense layers). */
+colibri_status ld_ffn_dense(loader *L, int il, const char *norm);
 /* The architecture is MoE-only: refuse expert_count == 0 naming the key. */
 colibri_status ld_require_experts(const loader *L);
 

@@ -83,8 +83,15 @@ static colibri_status read_common_hparams(loader *L) {
         return cb_error(COLIBRI_E_FORMAT, "head dimension %d is out of range", hp->head_dim);
     int32_t vlen;
     if ((st = ld_i32(L, "attention.value_length", 0, hp->head_dim, 1, MAX_HEAD_DIM, &vlen))) return st;
-    if (vlen != hp->head_dim)
-        return cb_error(COLIBRI_E_UNSUPPORTED, "value_length %d differs from key_length %d", vlen, hp->head_dim);
+    /* In a multi-head latent attention file (it has attention.kv_lora_rank) key_length and
+     * value_length describe the cached latent, C+R and C; the architecture reads its head sizes. */
+    char mla_key[160];
+    const int mla = gguf_find(L->f, ld_key(L, "attention.kv_lora_rank", mla_key, sizeof mla_key)) != NULL;
+    if (vlen != hp->head_dim && !mla)
+        return cb_error(COLIBRI_E_UNSUPPORTED,
+                        "metadata %s.attention.value_length %d differs from key_length %d (only a latent-attention "
+                        "file, with %s, may have different ones)",
+                        L->arch, vlen, hp->head_dim, mla_key);
     if ((st = ld_i32(L, "rope.dimension_count", 0, hp->head_dim, 2, hp->head_dim, &hp->n_rot))) return st;
     if (hp->n_rot % 2 != 0) return cb_error(COLIBRI_E_FORMAT, "rope.dimension_count %d is odd", hp->n_rot);
     if ((st = ld_f32(L, "rope.freq_base", 0, 10000.0f, &hp->rope_freq_base))) return st;
@@ -110,10 +117,15 @@ static colibri_status read_common_hparams(loader *L) {
     if (hp->n_expert == 0) hp->n_expert_used = 0;
     if (hp->n_expert == 1) return cb_error(COLIBRI_E_UNSUPPORTED, "an MoE with a single expert is not supported");
 
+    /* softmax (1) or sigmoid (2); sigmoid only for a router that has it (checked after the
+     * architecture's hyper-parameters, in model_load) */
     int32_t gating;
     if ((st = ld_i32(L, "expert_gating_func", 0, 1, 0, 1000, &gating))) return st;
-    if (gating != 1)
-        return cb_error(COLIBRI_E_UNSUPPORTED, "expert_gating_func %d is not supported (only softmax = 1)", gating);
+    if (gating != 1 && gating != 2)
+        return cb_error(COLIBRI_E_UNSUPPORTED, "expert_gating_func %d is not supported (softmax = 1, sigmoid = 2)",
+                        gating);
+    hp->expert_gating = gating;
+    hp->expert_weights_scale = 1.0f;
 
     int r = gguf_get_i32(L->f, "tokenizer.ggml.bos_token_id", &hp->bos_token_id);
     if (r <= 0) hp->bos_token_id = -1;
@@ -130,16 +142,34 @@ static colibri_status read_ffn_widths(loader *L) {
     model_hparams *hp = &L->m->hp;
     colibri_status st;
     int32_t meta;
-    const char *what = hp->n_expert > 0 ? "blk.0.ffn_gate_exps.weight" : "blk.0.ffn_gate.weight";
+    /* with leading dense layers (n_dense_lead, DeepSeek) the experts start at that layer and the
+     * dense width comes from layer 0 */
+    char what[96];
+    ld_tname(what, sizeof what, hp->n_expert > 0 ? hp->n_dense_lead : 0,
+             hp->n_expert > 0 ? "ffn_gate_exps.weight" : "ffn_gate.weight");
     const gguf_tensor *t = ld_find(L, what);
     int fused = 0; /* gate and up in one tensor: twice the width (the architecture splits it) */
-    if (!t && hp->n_expert > 0 && (t = ld_find(L, "blk.0.ffn_gate_up_exps.weight"))) {
-        what = "blk.0.ffn_gate_up_exps.weight";
+    if (!t && hp->n_expert > 0 &&
+        (t = ld_find(L, ld_tname(what, sizeof what, hp->n_dense_lead, "ffn_gate_up_exps.weight")))) {
         fused = 1;
         if (t->ne[1] % 2) return ld_shape_error(t, "an even gate+up width");
     }
-    if (!t) return cb_error(COLIBRI_E_FORMAT, "tensor %s is missing", what);
+    if (!t) {
+        ld_tname(what, sizeof what, hp->n_expert > 0 ? hp->n_dense_lead : 0,
+                 hp->n_expert > 0 ? "ffn_gate_exps.weight" : "ffn_gate.weight");
+        return cb_error(COLIBRI_E_FORMAT, "tensor %s is missing", what);
+    }
     if (t->ne[1] < 1 || t->ne[1] > MAX_FF) return ld_shape_error(t, "an FFN width in range");
+    if (hp->n_expert > 0 && hp->n_dense_lead > 0) {
+        const gguf_tensor *d = ld_find(L, "blk.0.ffn_gate.weight");
+        if (!d) return cb_error(COLIBRI_E_FORMAT, "tensor blk.0.ffn_gate.weight is missing");
+        if (d->ne[1] < 1 || d->ne[1] > MAX_FF) return ld_shape_error(d, "an FFN width in range");
+        hp->n_ff = (int32_t)d->ne[1];
+        if ((st = ld_i32(L, "feed_forward_length", 0, hp->n_ff, 1, MAX_FF, &meta))) return st;
+        if (meta != hp->n_ff)
+            return cb_error(COLIBRI_E_FORMAT, "%s.feed_forward_length %d disagrees with blk.0.ffn_gate.weight",
+                            L->arch, meta);
+    }
     if (hp->n_expert == 0) {
         hp->n_ff = (int32_t)t->ne[1];
         if ((st = ld_i32(L, "feed_forward_length", 0, hp->n_ff, 1, MAX_FF, &meta))) return st;
@@ -147,7 +177,7 @@ static colibri_status read_ffn_widths(loader *L) {
             return cb_error(COLIBRI_E_FORMAT, "feed_forward_length %d disagrees with %s", meta, what);
         return COLIBRI_OK;
     }
-    hp->n_ff = 0;
+    if (hp->n_dense_lead == 0) hp->n_ff = 0;
     hp->n_ff_exp = (int32_t)(fused ? t->ne[1] / 2 : t->ne[1]);
     if ((st = ld_i32(L, "expert_feed_forward_length", 0, hp->n_ff_exp, 1, MAX_FF, &meta))) return st;
     if (meta != hp->n_ff_exp)
@@ -261,6 +291,9 @@ void model_free(struct colibri_model *m) {
             cb_free(w->ffn_post_norm_2);
             cb_free(w->router_in_scale);
             cb_free(w->expert_scale);
+            cb_free(w->exp_probs_b);
+            cb_free(w->q_a_norm);
+            cb_free(w->kv_a_norm);
         }
         cb_free(m->layers);
     }
@@ -297,6 +330,9 @@ colibri_status model_load(const char *path, struct colibri_model **out) {
     st = find_arch(m, path, arch, sizeof arch);
     if (!st) st = read_common_hparams(&L);
     if (!st) st = m->arch->read_hparams(&L);
+    if (!st && m->hp.expert_gating == 2 && m->hp.router != ROUTER_GROUPED)
+        st = cb_error(COLIBRI_E_UNSUPPORTED, "metadata %s.expert_gating_func = 2 (sigmoid) is not supported by %s",
+                      arch, arch);
     if (!st) st = read_ffn_widths(&L);
     if (!st) st = read_global_weights(&L);
     if (!st) st = read_layers(&L);

@@ -22,7 +22,12 @@ struct arch_desc;
  *   ROUTER_SOFTMAX_TOPK: softmax over all experts, top-k of the probabilities (renormalised when
  *                        expert_weights_norm) — Mixtral, Qwen-MoE, OLMoE;
  *   ROUTER_TOPK_SOFTMAX: top-k of the logits, softmax over the k selected — GraniteMoE. */
-enum { ROUTER_SOFTMAX_TOPK = 0, ROUTER_TOPK_SOFTMAX = 1 };
+enum { ROUTER_SOFTMAX_TOPK = 0, ROUTER_TOPK_SOFTMAX = 1, ROUTER_GROUPED = 2 };
+/* ROUTER_GROUPED (DeepSeek-V2/V3, GLM-4.5): scores = softmax or sigmoid (router_sigmoid) of the
+ * logits; the experts are chosen on score + exp_probs_b (the selection bias, 0 when absent),
+ * among the n_group_used best of n_expert_groups equal groups only (a group's score: its best
+ * choice score, or the sum of its best two when group_score_top2); the weights are the chosen
+ * experts' unbiased scores, renormalised when expert_weights_norm, times expert_weights_scale. */
 
 /* The gated activation of the FFNs (jobs.c): silu(gate) * up, or gpt-oss's clamped variant
  * (op_swiglu_oai with swiglu_alpha and swiglu_limit). */
@@ -104,6 +109,16 @@ typedef struct layer_weights {
     float *la_dt;                    /* ssm_dt.bias [H] */
     float *la_a;                     /* ssm_a [H] = -exp(A_log) */
     float *la_norm;                  /* ssm_norm [dv], the gated RMSNorm's weight */
+    float *exp_probs_b;              /* [n_expert] selection bias of ROUTER_GROUPED, NULL if none */
+    /* multi-head latent attention (hp.mla_kv_lora > 0; attention_mla.c). H = n_head, R = n_rot,
+     * C = mla_kv_lora, N = mla_nope, V = mla_v, Q = mla_q_lora. The query is wq [H*(N+R)][E], or
+     * wq_b [H*(N+R)][Q] . RMSNorm(wq_a [Q][E] x) * q_a_norm [Q] */
+    mat wq_a, wq_b;
+    float *q_a_norm;
+    mat wkv_a;                       /* [C+R][E]: the latent c_kv, then the shared rope key k_pe */
+    float *kv_a_norm;                /* [C] */
+    mat3 wk_b;                       /* [H][C][N]: head h's W_UK transposed (absorbed into the query) */
+    mat3 wv_b;                       /* [H][V][C]: head h's W_UV (applied after attention) */
 } layer_weights;
 
 typedef struct model_hparams {
@@ -130,6 +145,15 @@ typedef struct model_hparams {
     float logit_scale;            /* logits are divided by this (1: plain) */
     float residual_scale;         /* each branch is multiplied by this before the residual add (recipes
                                    * that have one, e.g. GraniteMoE's) */
+    /* DeepSeek-style MoE and attention (0 elsewhere): leading dense layers, the grouped router
+     * (ROUTER_GROUPED) and multi-head latent attention (mla_kv_lora > 0: head_dim is then the
+     * file's latent key width C+R, n_head_kv 1) */
+    int32_t n_dense_lead;         /* layers 0..n_dense_lead-1 have a dense FFN of width n_ff */
+    int32_t expert_gating;        /* the file's expert_gating_func: 1 softmax, 2 sigmoid */
+    int32_t router_sigmoid;
+    int32_t n_expert_groups, n_group_used, group_score_top2;
+    float expert_weights_scale;   /* routed_scaling_factor (1: none) */
+    int32_t mla_kv_lora, mla_q_lora, mla_nope, mla_v;
     float rope_freq_base;
     float norm_eps;
     float final_softcap;          /* logits = cap * tanh(logits / cap) when > 0 (Gemma 4) */

@@ -15,6 +15,7 @@
 #include "predict.h"
 #include "profile.h"
 #include "route_override.h"
+#include "loader.h"
 
 /* Pre-filter for token row t at layer il: router logits for the profile's candidates of the
  * token only (skipping dropped experts; single rows through the same kernel as the full
@@ -43,7 +44,8 @@ static int prefilter_row(struct colibri_context *c, int il, int t, int32_t *sel,
         lg[nc] = c->model->layers[il].router_b ? row[e] + c->model->layers[il].router_b[e] : row[e];
         id[nc++] = e;
     }
-    if (nc <= k) return 0;
+    /* the grouped router's choice depends on every expert's score (groups, sigmoid): exact only */
+    if (nc <= k || hp->router == ROUTER_GROUPED) return 0;
     op_topk(lg, nc, k + 1, top);
     if (!(lg[top[k - 1]] - lg[top[k]] >= c->route_prefilter_margin)) return 0;
     if (hp->router == ROUTER_TOPK_SOFTMAX) {
@@ -94,6 +96,59 @@ static void select_row(const model_hparams *hp, float *p, const uint8_t *drop, i
     }
 }
 
+/* ROUTER_GROUPED (model.h): one token's top-k from its logits p[X] (overwritten with the
+ * scores), with the layer's selection bias (NULL: none). Dropped experts are never chosen; with
+ * softmax scores they also leave the normalisation, as in select_row. */
+static void select_grouped(const model_hparams *hp, float *p, const float *bias, const uint8_t *drop, int32_t *sel,
+                           float *sw) {
+    const int X = hp->n_expert, k = hp->n_expert_used;
+    if (drop)
+        for (int e = 0; e < X; e++)
+            if (drop[e]) p[e] = -INFINITY;
+    if (hp->router_sigmoid)
+        for (int e = 0; e < X; e++) p[e] = op_sigmoid(p[e]);
+    else
+        op_softmax(p, X);
+    float choice[MAX_EXPERTS]; /* score + bias, -inf where the expert may not be chosen */
+    for (int e = 0; e < X; e++) choice[e] = drop && drop[e] ? -INFINITY : bias ? p[e] + bias[e] : p[e];
+    const int G = hp->n_expert_groups;
+    if (G > 1) {
+        /* keep the n_group_used best groups; a group scores its best choice (DeepSeek-V2) or the
+         * sum of its best two (DeepSeek-V3, GLM) */
+        const int per = X / G;
+        float gscore[MAX_EXPERTS];
+        int32_t keep[MAX_EXPERTS], two[2];
+        for (int g = 0; g < G; g++) {
+            const float *cg = choice + (size_t)g * per;
+            if (hp->group_score_top2 && per >= 2) {
+                op_topk(cg, per, 2, two);
+                gscore[g] = cg[two[0]] + cg[two[1]];
+            } else {
+                op_topk(cg, per, 1, two);
+                gscore[g] = cg[two[0]];
+            }
+        }
+        op_topk(gscore, G, hp->n_group_used, keep);
+        for (int g = 0; g < G; g++) {
+            int kept = 0;
+            for (int j = 0; j < hp->n_group_used; j++) kept |= keep[j] == g;
+            if (!kept)
+                for (int e = g * per; e < (g + 1) * per; e++) choice[e] = -INFINITY;
+        }
+    }
+    op_topk(choice, X, k, sel);
+    float sum = 0.0f;
+    for (int j = 0; j < k; j++) {
+        sw[j] = p[sel[j]];
+        sum += sw[j];
+    }
+    /* as transformers: w / (sum + 1e-20), then the routed scaling */
+    for (int j = 0; j < k; j++) {
+        if (hp->expert_weights_norm) sw[j] /= sum + 1e-20f;
+        sw[j] *= hp->expert_weights_scale;
+    }
+}
+
 void router_select(struct colibri_context *c, int il, int n) {
     const struct colibri_model *m = c->model;
     const model_hparams *hp = &m->hp;
@@ -131,7 +186,8 @@ void router_select(struct colibri_context *c, int il, int n) {
     for (int t = 0; t < n; t++) {
         int32_t *sel = s->sel + (size_t)t * k;
         float *sw = s->selw + (size_t)t * k;
-        if (!prefilter || sel[0] < 0) select_row(hp, s->router + (size_t)t * X, drop, sel, sw);
+        if (hp->router == ROUTER_GROUPED) select_grouped(hp, s->router + (size_t)t * X, w->exp_probs_b, drop, sel, sw);
+        else if (!prefilter || sel[0] < 0) select_row(hp, s->router + (size_t)t * X, drop, sel, sw);
         /* benchmarks and tests only: a recorded routing replaces the router's choice */
         if (c->route_ov) route_override_row(c->route_ov, (int64_t)s->pos[t], il, sel, sw);
         const size_t rt = (size_t)c->route_base + t;

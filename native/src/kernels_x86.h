@@ -89,6 +89,19 @@ KX_INLINE __m256i kx_dot_us(__m256i u, __m256i s) {
 #endif
 }
 
+/* Decode streams each weight byte once, and a tile reads R short rows side by side, too short
+ * for the hardware prefetcher to ramp up on. So a decode tile asks for the next tile's bytes
+ * (the R rows that follow it, contiguous in memory, clipped at the caller's last row) in even
+ * slices while it computes: step k of n prefetches slice k. Prefetching changes no result. */
+KX_INLINE void kx_prefetch_next(const char *W, size_t row_bytes, int r_next, int r_end, int R, int k, int n) {
+    if (r_next >= r_end) return;
+    const int rows = r_end - r_next < R ? r_end - r_next : R;
+    const size_t span = (size_t)rows * row_bytes;
+    const size_t lo = span * (size_t)k / (size_t)n, hi = span * (size_t)(k + 1) / (size_t)n;
+    const char *base = W + (size_t)r_next * row_bytes;
+    for (size_t o = lo & ~(size_t)63; o < hi; o += 64) _mm_prefetch(base + o, _MM_HINT_T0);
+}
+
 /* ---- quantized tile ----------------------------------------------------------- */
 
 /* Per-row state of the current block, loaded once and used for every token of the tile. */
@@ -134,12 +147,13 @@ KX_INLINE __m256 kx_block_fma(uint32_t type, const kx_wblock *wb, const block_q8
 
 /* Y[t][r0 + i] for i < R, t in [t0, t0 + T). */
 KX_INLINE void kx_tile_q(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, float *Y,
-                         int ldy, int r0, int t0, const int R, const int T) {
+                         int ldy, int r0, int r_end, int t0, const int R, const int T) {
     __m256 acc[KX_PREFILL_ROWS > KX_DECODE_ROWS ? KX_PREFILL_ROWS : KX_DECODE_ROWS][KX_PREFILL_TOKS];
     for (int i = 0; i < R; i++)
         for (int j = 0; j < T; j++) acc[i][j] = _mm256_setzero_ps();
     const block_q8a *xt = Xq + (size_t)t0 * nb;
     for (int b = 0; b < nb; b++) {
+        if (T == 1) kx_prefetch_next(W, row_bytes, r0 + R, r_end, R, b, nb);
         for (int i = 0; i < R; i++) {
             const kx_wblock wb = kx_load_wblock(type, W + (size_t)(r0 + i) * row_bytes, b);
             for (int j = 0; j < T; j++) acc[i][j] = kx_block_fma(type, &wb, xt + (size_t)j * nb + b, acc[i][j]);
@@ -150,7 +164,7 @@ KX_INLINE void kx_tile_q(uint32_t type, const char *W, size_t row_bytes, int nb,
 }
 
 /* The tile shapes, instantiated with constant sizes so the accumulators live in registers. */
-#define KX_Q_TILE(TYPE, R, T) kx_tile_q(TYPE, W, row_bytes, nb, Xq, Y, ldy, r, t, R, T)
+#define KX_Q_TILE(TYPE, R, T) kx_tile_q(TYPE, W, row_bytes, nb, Xq, Y, ldy, r, r1, t, R, T)
 
 #define KX_Q_DRIVER(NAME, TYPE)                                                                             \
     static void NAME(const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok, float *Y,    \
@@ -245,7 +259,7 @@ KX_INLINE __m512i kz_load_xpair(uint32_t type, const block_q8a *x, int two) {
 }
 
 KX_INLINE void kz_tile_q(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, float *Y,
-                         int ldy, int r0, int t0, const int R, const int T) {
+                         int ldy, int r0, int r_end, int t0, const int R, const int T) {
     enum { MR = KX_PREFILL_ROWS > KX_DECODE_ROWS ? KX_PREFILL_ROWS : KX_DECODE_ROWS, MT = KX_PREFILL_TOKS };
     const int q41 = type == GGML_TYPE_Q4_1;
     const size_t bb = kz_block_bytes(type);
@@ -280,6 +294,7 @@ KX_INLINE void kz_tile_q(uint32_t type, const char *W, size_t row_bytes, int nb,
         }
         for (int p = 0; 2 * p < nc; p++) {
             const int b = c0 + 2 * p, two = 2 * p + 1 < nc;
+            if (T == 1) kx_prefetch_next(W, row_bytes, r0 + R, r_end, R, b / 2, (nb + 1) / 2);
             const __m512i perm = _mm512_loadu_si512(type == GGML_TYPE_Q8_0 ? kz_perm.q8[p] : kz_perm.q4[p]);
             __m512i X[MT], xc[MT];
             for (int j = 0; j < T; j++) {
@@ -315,7 +330,7 @@ KX_INLINE void kz_tile_q(uint32_t type, const char *W, size_t row_bytes, int nb,
 }
 
 #undef KX_Q_TILE
-#define KX_Q_TILE(TYPE, R, T) kz_tile_q(TYPE, W, row_bytes, nb, Xq, Y, ldy, r, t, R, T)
+#define KX_Q_TILE(TYPE, R, T) kz_tile_q(TYPE, W, row_bytes, nb, Xq, Y, ldy, r, r1, t, R, T)
 #endif
 
 KX_Q_DRIVER(kx_matmul_q8_0, GGML_TYPE_Q8_0)
@@ -340,13 +355,14 @@ KX_INLINE float kx_load_w1(uint32_t type, const char *row, int c) {
 }
 
 KX_INLINE void kx_tile_f(uint32_t type, const char *W, size_t row_bytes, int n_cols, const float *X, float *Y,
-                         int ldy, int r0, int t0, const int R, const int T) {
+                         int ldy, int r0, int r_end, int t0, const int R, const int T) {
     __m256 acc[KX_PREFILL_ROWS > KX_DECODE_ROWS ? KX_PREFILL_ROWS : KX_DECODE_ROWS][KX_PREFILL_TOKS];
     for (int i = 0; i < R; i++)
         for (int j = 0; j < T; j++) acc[i][j] = _mm256_setzero_ps();
     const float *xt = X + (size_t)t0 * n_cols;
     int c = 0;
     for (; c + 8 <= n_cols; c += 8) {
+        if (T == 1) kx_prefetch_next(W, row_bytes, r0 + R, r_end, R, c / 8, n_cols / 8);
         for (int i = 0; i < R; i++) {
             const __m256 w = kx_load_w8(type, W + (size_t)(r0 + i) * row_bytes, c);
             for (int j = 0; j < T; j++)
@@ -363,7 +379,7 @@ KX_INLINE void kx_tile_f(uint32_t type, const char *W, size_t row_bytes, int n_c
     }
 }
 
-#define KX_F_TILE(TYPE, R, T) kx_tile_f(TYPE, W, row_bytes, n_cols, X, Y, ldy, r, t, R, T)
+#define KX_F_TILE(TYPE, R, T) kx_tile_f(TYPE, W, row_bytes, n_cols, X, Y, ldy, r, r1, t, R, T)
 
 #define KX_F_DRIVER(NAME, TYPE)                                                                             \
     static void NAME(const char *W, size_t row_bytes, int n_cols, const float *X, int n_tok, float *Y,     \

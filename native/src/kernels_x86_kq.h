@@ -340,7 +340,7 @@ KX_INLINE __m256 kx_k256_fma(uint32_t type, const kx_ksub *s, const float *S, co
 
 /* Y[t][r0 + i] for i < R, t in [t0, t0 + T); nb = q8a blocks per row. */
 KX_INLINE void kx_tile_k(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, float *Y,
-                         int ldy, int r0, int t0, const int R, const int T) {
+                         int ldy, int r0, int r_end, int t0, const int R, const int T) {
     enum { MR = KX_PREFILL_ROWS > KX_DECODE_ROWS ? KX_PREFILL_ROWS : KX_DECODE_ROWS, MT = KX_PREFILL_TOKS };
     const int per = kx_k_per(type);
     const int off = kx_k_offset(type, T);
@@ -356,6 +356,7 @@ KX_INLINE void kx_tile_k(uint32_t type, const char *W, size_t row_bytes, int nb,
     for (int b = 0; b < nb / per; b++) {
         for (int i = 0; i < R; i++) kx_khdr_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, &hdr[i]);
         if (per == 1) {
+            if (T == 1) kx_prefetch_next(W, row_bytes, r0 + R, r_end, R, b, nb);
             __m256i xv[MT], xc[MT];
             for (int t = 0; t < T; t++) {
                 xv[t] = kx_k_xload(xt + (size_t)t * nb + b, off);
@@ -381,6 +382,7 @@ KX_INLINE void kx_tile_k(uint32_t type, const char *W, size_t row_bytes, int nb,
             }
         }
         for (int j = 0; j < 8; j++) {
+            if (T == 1) kx_prefetch_next(W, row_bytes, r0 + R, r_end, R, b * 8 + j, nb);
             __m256i xv[MT], xc[MT];
             for (int t = 0; t < T; t++) {
                 xv[t] = kx_k_xload(xt + (size_t)t * nb + b * 8 + j, off);
@@ -403,7 +405,7 @@ KX_INLINE void kx_tile_k(uint32_t type, const char *W, size_t row_bytes, int nb,
         for (int t = 0; t < T; t++) Y[(size_t)(t0 + t) * ldy + r0 + i] = kx_hsum(acc[i][t]);
 }
 
-#define KX_K_TILE(TYPE, R, T) kx_tile_k(TYPE, W, row_bytes, nb, Xq, Y, ldy, r, t, R, T)
+#define KX_K_TILE(TYPE, R, T) kx_tile_k(TYPE, W, row_bytes, nb, Xq, Y, ldy, r, r1, t, R, T)
 
 #define KX_K_DRIVER(NAME, TYPE)                                                                             \
     static void NAME(const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok, float *Y,    \

@@ -220,6 +220,21 @@ KX_INLINE __m256i kx_bits(const uint8_t *p, int shift, int mask) {
     return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8((char)mask));
 }
 
+/* Low (hi = 0) or high nibbles of 32 bytes; no shift for the low ones. */
+KX_INLINE __m256i kx_nibbles(const uint8_t *p, int hi) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    return _mm256_and_si256(hi ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0f));
+}
+
+/* The same bits moved straight to bit `to` of each byte: ((v >> from) & mask) << to in one
+ * shift and one mask (the bits a 16-bit shift carries across bytes fall outside the mask). */
+KX_INLINE __m256i kx_bits_to(const uint8_t *p, int from, int to, int mask) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    if (to > from) v = _mm256_sll_epi16(v, _mm_cvtsi32_si128(to - from));
+    if (from > to) v = _mm256_srl_epi16(v, _mm_cvtsi32_si128(from - to));
+    return _mm256_and_si256(v, _mm256_set1_epi8((char)(mask << to)));
+}
+
 KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr *h, const int off, kx_ksub *s) {
     __m256i w;
     switch (type) {
@@ -241,13 +256,12 @@ KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr
     case GGML_TYPE_Q3_K: {
         const block_q3_K *b = (const block_q3_K *)blk;
         const __m256i lo = kx_bits(b->qs + 32 * (j >> 2), 2 * (j & 3), 3);
-        const __m256i hb = kx_bits(b->hmask, j, 1);
-        /* a clear hmask bit subtracts 4 */
-        w = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 2)); /* q + 4: a clear hmask bit subtracts 4 */
+        /* q + 4: a clear hmask bit subtracts 4 */
+        w = _mm256_or_si256(lo, kx_bits_to(b->hmask, j, 2, 1));
         if (!kx_k_ushift(type, off)) w = _mm256_sub_epi8(w, _mm256_set1_epi8(4));
         break;
     }
-    case GGML_TYPE_Q4_K: w = kx_bits(((const block_q4_K *)blk)->qs + 32 * (j >> 1), 4 * (j & 1), 0x0f); break;
+    case GGML_TYPE_Q4_K: w = kx_nibbles(((const block_q4_K *)blk)->qs + 32 * (j >> 1), j & 1); break;
     case GGML_TYPE_Q5_K: {
         const block_q5_K *b = (const block_q5_K *)blk;
         w = _mm256_or_si256(kx_bits(b->qs + 32 * (j >> 1), 4 * (j & 1), 0x0f),
@@ -257,9 +271,8 @@ KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr
     case GGML_TYPE_Q6_K: {
         const block_q6_K *b = (const block_q6_K *)blk;
         const int p = j >> 2, r = j & 3;
-        const __m256i lo = kx_bits(b->ql + 64 * p + 32 * (r & 1), 4 * (r >> 1), 0x0f);
-        const __m256i hi = kx_bits(b->qh + 32 * p, 2 * r, 3);
-        w = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)); /* q + 32 */
+        const __m256i lo = kx_nibbles(b->ql + 64 * p + 32 * (r & 1), r >> 1);
+        w = _mm256_or_si256(lo, kx_bits_to(b->qh + 32 * p, 2 * r, 4, 3)); /* q + 32 */
         if (!kx_k_ushift(type, off)) w = _mm256_sub_epi8(w, _mm256_set1_epi8(32));
         break;
     }
@@ -286,7 +299,13 @@ KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr
     if (kx_k_halves(type) && off) {
         s->sc32 = _mm256_setr_m128i(_mm_set1_epi32(h->sc[2 * j]), _mm_set1_epi32(h->sc[2 * j + 1]));
     } else if (kx_k_halves(type)) {
+#if X86_VNNI /* one word permute of the 16 scales (AVX-512 BW/VL) instead of two broadcasts and an insert */
+        const __m256i pick = _mm256_add_epi16(_mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                              _mm256_set1_epi16((short)(2 * j)));
+        s->sc16 = _mm256_permutexvar_epi16(pick, _mm256_loadu_si256((const __m256i *)h->sc));
+#else
         s->sc16 = _mm256_setr_m128i(_mm_set1_epi16(h->sc[2 * j]), _mm_set1_epi16(h->sc[2 * j + 1]));
+#endif
         if (type == GGML_TYPE_Q2_K)
             s->mn16 = _mm256_setr_m128i(_mm_set1_epi16(h->mn[2 * j]), _mm_set1_epi16(h->mn[2 * j + 1]));
     }

@@ -72,11 +72,17 @@ KX_INLINE __m256 kx_half_bcast(uint16_t h) { return _mm256_cvtph_ps(_mm_set1_epi
 
 /* Unpack 16 bytes of nibbles into 32 bytes 0..15: low nibbles first, then high. */
 KX_INLINE __m256i kx_unpack_nibbles(const uint8_t *qs) {
+#if X86_VNNI /* one broadcast load and one per-half word shift (AVX-512 BW/VL) */
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    const __m256i sh = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
+    return _mm256_and_si256(_mm256_srlv_epi16(v, sh), _mm256_set1_epi8(0x0f));
+#else
     const __m128i b = _mm_loadu_si128((const __m128i *)qs);
     const __m128i m = _mm_set1_epi8(0x0f);
     const __m128i lo = _mm_and_si128(b, m);
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
     return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+#endif
 }
 
 /* int32 lanes of sum(u * s) over groups of 4 bytes; u unsigned (<= 128), s signed

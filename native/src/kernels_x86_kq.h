@@ -197,9 +197,12 @@ KX_INLINE void kx_khdr_load(uint32_t type, const char *blk, kx_khdr *h) {
 }
 
 /* 16 bytes of nibbles through a 16-entry signed table: 32 bytes in element order. */
-KX_INLINE __m256i kx_nibble_table(const uint8_t *qs, const int8_t *levels) {
-    const __m128i t = _mm_loadu_si128((const __m128i *)levels);
-    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(t), kx_unpack_nibbles(qs));
+KX_INLINE __m256i kx_nibble_table(const uint8_t *qs, const int8_t *levels, int bias) {
+    __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)levels));
+    /* the + 128 of the unsigned-offset path (kx_k_coff) folded into the table: every entry
+     * is looked up (indices < 16), so xor-ing the table is xor-ing the result */
+    if (bias) t = _mm256_xor_si256(t, _mm256_set1_epi8((char)0x80));
+    return _mm256_shuffle_epi8(t, kx_unpack_nibbles(qs));
 }
 
 /* Q5_0 / Q5_1: bit k of the 32-bit qh as 0x10 in byte k. */
@@ -236,6 +239,7 @@ KX_INLINE __m256i kx_bits_to(const uint8_t *p, int from, int to, int mask) {
 }
 
 KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr *h, const int off, kx_ksub *s) {
+    const int bias = kx_k_coff(type, off) == 128 && type != GGML_TYPE_Q8_K; /* the level tables */
     __m256i w;
     switch (type) {
     case GGML_TYPE_Q5_0: {
@@ -249,9 +253,9 @@ KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr
         w = _mm256_or_si256(kx_unpack_nibbles(b->qs), kx_q5_high(b->qh));
         break;
     }
-    case GGML_TYPE_IQ4_NL: w = kx_nibble_table(((const block_iq4_nl *)blk)->qs, IQ4_NL_VALUES); break;
-    case GGML_TYPE_MXFP4: w = kx_nibble_table(((const block_mxfp4 *)blk)->qs, MXFP4_VALUES); break;
-    case GGML_TYPE_IQ4_XS: w = kx_nibble_table(((const block_iq4_xs *)blk)->qs + 16 * j, IQ4_NL_VALUES); break;
+    case GGML_TYPE_IQ4_NL: w = kx_nibble_table(((const block_iq4_nl *)blk)->qs, IQ4_NL_VALUES, bias); break;
+    case GGML_TYPE_MXFP4: w = kx_nibble_table(((const block_mxfp4 *)blk)->qs, MXFP4_VALUES, bias); break;
+    case GGML_TYPE_IQ4_XS: w = kx_nibble_table(((const block_iq4_xs *)blk)->qs + 16 * j, IQ4_NL_VALUES, bias); break;
     case GGML_TYPE_Q2_K: w = kx_bits(((const block_q2_K *)blk)->qs + 32 * (j >> 2), 2 * (j & 3), 3); break;
     case GGML_TYPE_Q3_K: {
         const block_q3_K *b = (const block_q3_K *)blk;
@@ -288,7 +292,7 @@ KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr
         s->u = s->sgn = w;
     } else if (kx_k_coff(type, off)) {
         /* Q5_0 is unsigned already; the others are signed bytes: + 128 */
-        s->u = s->sgn = type == GGML_TYPE_Q5_0 ? w : _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
+        s->u = s->sgn = type == GGML_TYPE_Q5_0 || bias ? w : _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
     } else if (kx_k_signed(type)) {
         s->sgn = w;
         s->u = _mm256_sign_epi8(w, w);

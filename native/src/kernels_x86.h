@@ -97,15 +97,26 @@ KX_INLINE __m256i kx_dot_us(__m256i u, __m256i s) {
 
 /* Decode streams each weight byte once, and a tile reads R short rows side by side, too short
  * for the hardware prefetcher to ramp up on. So a decode tile asks for the next tile's bytes
- * (the R rows that follow it, contiguous in memory, clipped at the caller's last row) in even
- * slices while it computes: step k of n prefetches slice k. Prefetching changes no result. */
-KX_INLINE void kx_prefetch_next(const char *W, size_t row_bytes, int r_next, int r_end, int R, int k, int n) {
-    if (r_next >= r_end) return;
-    const int rows = r_end - r_next < R ? r_end - r_next : R;
-    const size_t span = (size_t)rows * row_bytes;
-    const size_t lo = span * (size_t)k / (size_t)n, hi = span * (size_t)(k + 1) / (size_t)n;
-    const char *base = W + (size_t)r_next * row_bytes;
-    for (size_t o = lo & ~(size_t)63; o < hi; o += 64) _mm_prefetch(base + o, _MM_HINT_T0);
+ * (the R rows that follow it, contiguous in memory, clipped at the caller's last row) a few
+ * cache lines per step while it computes: kx_pf_init once per tile (the one division), then
+ * kx_pf_step(k) for steps k = 0..n-1. Prefetching changes no result. */
+typedef struct kx_pf {
+    const char *base; /* first byte of the next tile */
+    size_t span;      /* its bytes (0: no next tile in this row range) */
+    size_t lines;     /* cache lines per step */
+} kx_pf;
+
+KX_INLINE kx_pf kx_pf_init(const char *W, size_t row_bytes, int r_next, int r_end, int R, int n) {
+    kx_pf pf = {W + (size_t)r_next * row_bytes, 0, 0};
+    if (r_next >= r_end || n <= 0) return pf;
+    pf.span = (size_t)(r_end - r_next < R ? r_end - r_next : R) * row_bytes;
+    pf.lines = (pf.span + 64 * (size_t)n - 1) / (64 * (size_t)n);
+    return pf;
+}
+
+KX_INLINE void kx_pf_step(const kx_pf *pf, int k) {
+    for (size_t q = 0, o = (size_t)k * pf->lines * 64; q < pf->lines && o < pf->span; q++, o += 64)
+        _mm_prefetch(pf->base + o, _MM_HINT_T0);
 }
 
 /* ---- quantized tile ----------------------------------------------------------- */
@@ -158,8 +169,9 @@ KX_INLINE void kx_tile_q(uint32_t type, const char *W, size_t row_bytes, int nb,
     for (int i = 0; i < R; i++)
         for (int j = 0; j < T; j++) acc[i][j] = _mm256_setzero_ps();
     const block_q8a *xt = Xq + (size_t)t0 * nb;
+    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, T == 1 ? r_end : 0, R, nb);
     for (int b = 0; b < nb; b++) {
-        if (T == 1) kx_prefetch_next(W, row_bytes, r0 + R, r_end, R, b, nb);
+        kx_pf_step(&pf, b);
         for (int i = 0; i < R; i++) {
             const kx_wblock wb = kx_load_wblock(type, W + (size_t)(r0 + i) * row_bytes, b);
             for (int j = 0; j < T; j++) acc[i][j] = kx_block_fma(type, &wb, xt + (size_t)j * nb + b, acc[i][j]);
@@ -277,6 +289,7 @@ KX_INLINE void kz_tile_q(uint32_t type, const char *W, size_t row_bytes, int nb,
     const __m512i idx_x = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)sizeof(block_q8a)));
     const block_q8a *xt = Xq + (size_t)t0 * nb;
 
+    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, T == 1 ? r_end : 0, R, (nb + 1) / 2);
     for (int c0 = 0; c0 < nb; c0 += 16) {
         const int nc = nb - c0 < 16 ? nb - c0 : 16;
         const __mmask16 m = (__mmask16)((1u << nc) - 1);
@@ -300,7 +313,7 @@ KX_INLINE void kz_tile_q(uint32_t type, const char *W, size_t row_bytes, int nb,
         }
         for (int p = 0; 2 * p < nc; p++) {
             const int b = c0 + 2 * p, two = 2 * p + 1 < nc;
-            if (T == 1) kx_prefetch_next(W, row_bytes, r0 + R, r_end, R, b / 2, (nb + 1) / 2);
+            kx_pf_step(&pf, b / 2);
             const __m512i perm = _mm512_loadu_si512(type == GGML_TYPE_Q8_0 ? kz_perm.q8[p] : kz_perm.q4[p]);
             __m512i X[MT], xc[MT];
             for (int j = 0; j < T; j++) {
@@ -367,8 +380,9 @@ KX_INLINE void kx_tile_f(uint32_t type, const char *W, size_t row_bytes, int n_c
         for (int j = 0; j < T; j++) acc[i][j] = _mm256_setzero_ps();
     const float *xt = X + (size_t)t0 * n_cols;
     int c = 0;
+    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, T == 1 ? r_end : 0, R, n_cols / 8);
     for (; c + 8 <= n_cols; c += 8) {
-        if (T == 1) kx_prefetch_next(W, row_bytes, r0 + R, r_end, R, c / 8, n_cols / 8);
+        kx_pf_step(&pf, c / 8);
         for (int i = 0; i < R; i++) {
             const __m256 w = kx_load_w8(type, W + (size_t)(r0 + i) * row_bytes, c);
             for (int j = 0; j < T; j++)

@@ -376,10 +376,11 @@ KX_INLINE void kx_tile_k(uint32_t type, const char *W, size_t row_bytes, int nb,
     /* activation fields of 8 consecutive blocks: byte offsets for the gathers */
     const __m256i xidx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                                             _mm256_set1_epi32((int)sizeof(block_q8a)));
+    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, T == 1 ? r_end : 0, R, nb);
     for (int b = 0; b < nb / per; b++) {
         for (int i = 0; i < R; i++) kx_khdr_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, &hdr[i]);
         if (per == 1) {
-            if (T == 1) kx_prefetch_next(W, row_bytes, r0 + R, r_end, R, b, nb);
+            kx_pf_step(&pf, b);
             __m256i xv[MT], xc[MT];
             for (int t = 0; t < T; t++) {
                 xv[t] = kx_k_xload(xt + (size_t)t * nb + b, off);
@@ -405,7 +406,7 @@ KX_INLINE void kx_tile_k(uint32_t type, const char *W, size_t row_bytes, int nb,
             }
         }
         for (int j = 0; j < 8; j++) {
-            if (T == 1) kx_prefetch_next(W, row_bytes, r0 + R, r_end, R, b * 8 + j, nb);
+            kx_pf_step(&pf, b * 8 + j);
             __m256i xv[MT], xc[MT];
             for (int t = 0; t < T; t++) {
                 xv[t] = kx_k_xload(xt + (size_t)t * nb + b * 8 + j, off);

@@ -71,8 +71,7 @@ def run_tool(
         "--seconds",
         str(seconds),
     ]
-    if backend:
-        cmd += ["--backend", backend]
+    cmd += ["--backend", backend or "best"]  # bench-kernels alone runs every kernel set
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     rows = []
     for line in out.splitlines():

@@ -72,11 +72,17 @@ KX_INLINE __m256 kx_half_bcast(uint16_t h) { return _mm256_cvtph_ps(_mm_set1_epi
 
 /* Unpack 16 bytes of nibbles into 32 bytes 0..15: low nibbles first, then high. */
 KX_INLINE __m256i kx_unpack_nibbles(const uint8_t *qs) {
+#if X86_VNNI /* one broadcast load and one per-half word shift (AVX-512 BW/VL) */
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    const __m256i sh = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
+    return _mm256_and_si256(_mm256_srlv_epi16(v, sh), _mm256_set1_epi8(0x0f));
+#else
     const __m128i b = _mm_loadu_si128((const __m128i *)qs);
     const __m128i m = _mm_set1_epi8(0x0f);
     const __m128i lo = _mm_and_si128(b, m);
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
     return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+#endif
 }
 
 /* int32 lanes of sum(u * s) over groups of 4 bytes; u unsigned (<= 128), s signed
@@ -87,6 +93,30 @@ KX_INLINE __m256i kx_dot_us(__m256i u, __m256i s) {
 #else
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 #endif
+}
+
+/* Decode streams each weight byte once, and a tile reads R short rows side by side, too short
+ * for the hardware prefetcher to ramp up on. So a decode tile asks for the next tile's bytes
+ * (the R rows that follow it, contiguous in memory, clipped at the caller's last row) a few
+ * cache lines per step while it computes: kx_pf_init once per tile (the one division), then
+ * kx_pf_step(k) for steps k = 0..n-1. Prefetching changes no result. */
+typedef struct kx_pf {
+    const char *base; /* first byte of the next tile */
+    size_t span;      /* its bytes (0: no next tile in this row range) */
+    size_t lines;     /* cache lines per step */
+} kx_pf;
+
+KX_INLINE kx_pf kx_pf_init(const char *W, size_t row_bytes, int r_next, int r_end, int R, int n) {
+    kx_pf pf = {W + (size_t)r_next * row_bytes, 0, 0};
+    if (r_next >= r_end || n <= 0) return pf;
+    pf.span = (size_t)(r_end - r_next < R ? r_end - r_next : R) * row_bytes;
+    pf.lines = (pf.span + 64 * (size_t)n - 1) / (64 * (size_t)n);
+    return pf;
+}
+
+KX_INLINE void kx_pf_step(const kx_pf *pf, int k) {
+    for (size_t q = 0, o = (size_t)k * pf->lines * 64; q < pf->lines && o < pf->span; q++, o += 64)
+        _mm_prefetch(pf->base + o, _MM_HINT_T0);
 }
 
 /* ---- quantized tile ----------------------------------------------------------- */
@@ -134,12 +164,14 @@ KX_INLINE __m256 kx_block_fma(uint32_t type, const kx_wblock *wb, const block_q8
 
 /* Y[t][r0 + i] for i < R, t in [t0, t0 + T). */
 KX_INLINE void kx_tile_q(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, float *Y,
-                         int ldy, int r0, int t0, const int R, const int T) {
+                         int ldy, int r0, int r_end, int t0, const int R, const int T) {
     __m256 acc[KX_PREFILL_ROWS > KX_DECODE_ROWS ? KX_PREFILL_ROWS : KX_DECODE_ROWS][KX_PREFILL_TOKS];
     for (int i = 0; i < R; i++)
         for (int j = 0; j < T; j++) acc[i][j] = _mm256_setzero_ps();
     const block_q8a *xt = Xq + (size_t)t0 * nb;
+    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, T == 1 ? r_end : 0, R, nb);
     for (int b = 0; b < nb; b++) {
+        kx_pf_step(&pf, b);
         for (int i = 0; i < R; i++) {
             const kx_wblock wb = kx_load_wblock(type, W + (size_t)(r0 + i) * row_bytes, b);
             for (int j = 0; j < T; j++) acc[i][j] = kx_block_fma(type, &wb, xt + (size_t)j * nb + b, acc[i][j]);
@@ -150,7 +182,7 @@ KX_INLINE void kx_tile_q(uint32_t type, const char *W, size_t row_bytes, int nb,
 }
 
 /* The tile shapes, instantiated with constant sizes so the accumulators live in registers. */
-#define KX_Q_TILE(TYPE, R, T) kx_tile_q(TYPE, W, row_bytes, nb, Xq, Y, ldy, r, t, R, T)
+#define KX_Q_TILE(TYPE, R, T) kx_tile_q(TYPE, W, row_bytes, nb, Xq, Y, ldy, r, r1, t, R, T)
 
 #define KX_Q_DRIVER(NAME, TYPE)                                                                             \
     static void NAME(const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok, float *Y,    \
@@ -245,7 +277,7 @@ KX_INLINE __m512i kz_load_xpair(uint32_t type, const block_q8a *x, int two) {
 }
 
 KX_INLINE void kz_tile_q(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, float *Y,
-                         int ldy, int r0, int t0, const int R, const int T) {
+                         int ldy, int r0, int r_end, int t0, const int R, const int T) {
     enum { MR = KX_PREFILL_ROWS > KX_DECODE_ROWS ? KX_PREFILL_ROWS : KX_DECODE_ROWS, MT = KX_PREFILL_TOKS };
     const int q41 = type == GGML_TYPE_Q4_1;
     const size_t bb = kz_block_bytes(type);
@@ -257,6 +289,7 @@ KX_INLINE void kz_tile_q(uint32_t type, const char *W, size_t row_bytes, int nb,
     const __m512i idx_x = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)sizeof(block_q8a)));
     const block_q8a *xt = Xq + (size_t)t0 * nb;
 
+    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, T == 1 ? r_end : 0, R, (nb + 1) / 2);
     for (int c0 = 0; c0 < nb; c0 += 16) {
         const int nc = nb - c0 < 16 ? nb - c0 : 16;
         const __mmask16 m = (__mmask16)((1u << nc) - 1);
@@ -280,6 +313,7 @@ KX_INLINE void kz_tile_q(uint32_t type, const char *W, size_t row_bytes, int nb,
         }
         for (int p = 0; 2 * p < nc; p++) {
             const int b = c0 + 2 * p, two = 2 * p + 1 < nc;
+            kx_pf_step(&pf, b / 2);
             const __m512i perm = _mm512_loadu_si512(type == GGML_TYPE_Q8_0 ? kz_perm.q8[p] : kz_perm.q4[p]);
             __m512i X[MT], xc[MT];
             for (int j = 0; j < T; j++) {
@@ -315,7 +349,7 @@ KX_INLINE void kz_tile_q(uint32_t type, const char *W, size_t row_bytes, int nb,
 }
 
 #undef KX_Q_TILE
-#define KX_Q_TILE(TYPE, R, T) kz_tile_q(TYPE, W, row_bytes, nb, Xq, Y, ldy, r, t, R, T)
+#define KX_Q_TILE(TYPE, R, T) kz_tile_q(TYPE, W, row_bytes, nb, Xq, Y, ldy, r, r1, t, R, T)
 #endif
 
 KX_Q_DRIVER(kx_matmul_q8_0, GGML_TYPE_Q8_0)
@@ -340,13 +374,15 @@ KX_INLINE float kx_load_w1(uint32_t type, const char *row, int c) {
 }
 
 KX_INLINE void kx_tile_f(uint32_t type, const char *W, size_t row_bytes, int n_cols, const float *X, float *Y,
-                         int ldy, int r0, int t0, const int R, const int T) {
+                         int ldy, int r0, int r_end, int t0, const int R, const int T) {
     __m256 acc[KX_PREFILL_ROWS > KX_DECODE_ROWS ? KX_PREFILL_ROWS : KX_DECODE_ROWS][KX_PREFILL_TOKS];
     for (int i = 0; i < R; i++)
         for (int j = 0; j < T; j++) acc[i][j] = _mm256_setzero_ps();
     const float *xt = X + (size_t)t0 * n_cols;
     int c = 0;
+    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, T == 1 ? r_end : 0, R, n_cols / 8);
     for (; c + 8 <= n_cols; c += 8) {
+        kx_pf_step(&pf, c / 8);
         for (int i = 0; i < R; i++) {
             const __m256 w = kx_load_w8(type, W + (size_t)(r0 + i) * row_bytes, c);
             for (int j = 0; j < T; j++)
@@ -363,7 +399,7 @@ KX_INLINE void kx_tile_f(uint32_t type, const char *W, size_t row_bytes, int n_c
     }
 }
 
-#define KX_F_TILE(TYPE, R, T) kx_tile_f(TYPE, W, row_bytes, n_cols, X, Y, ldy, r, t, R, T)
+#define KX_F_TILE(TYPE, R, T) kx_tile_f(TYPE, W, row_bytes, n_cols, X, Y, ldy, r, r1, t, R, T)
 
 #define KX_F_DRIVER(NAME, TYPE)                                                                             \
     static void NAME(const char *W, size_t row_bytes, int n_cols, const float *X, int n_tok, float *Y,     \

@@ -197,9 +197,12 @@ KX_INLINE void kx_khdr_load(uint32_t type, const char *blk, kx_khdr *h) {
 }
 
 /* 16 bytes of nibbles through a 16-entry signed table: 32 bytes in element order. */
-KX_INLINE __m256i kx_nibble_table(const uint8_t *qs, const int8_t *levels) {
-    const __m128i t = _mm_loadu_si128((const __m128i *)levels);
-    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(t), kx_unpack_nibbles(qs));
+KX_INLINE __m256i kx_nibble_table(const uint8_t *qs, const int8_t *levels, int bias) {
+    __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)levels));
+    /* the + 128 of the unsigned-offset path (kx_k_coff) folded into the table: every entry
+     * is looked up (indices < 16), so xor-ing the table is xor-ing the result */
+    if (bias) t = _mm256_xor_si256(t, _mm256_set1_epi8((char)0x80));
+    return _mm256_shuffle_epi8(t, kx_unpack_nibbles(qs));
 }
 
 /* Q5_0 / Q5_1: bit k of the 32-bit qh as 0x10 in byte k. */
@@ -220,7 +223,23 @@ KX_INLINE __m256i kx_bits(const uint8_t *p, int shift, int mask) {
     return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8((char)mask));
 }
 
+/* Low (hi = 0) or high nibbles of 32 bytes; no shift for the low ones. */
+KX_INLINE __m256i kx_nibbles(const uint8_t *p, int hi) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    return _mm256_and_si256(hi ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(0x0f));
+}
+
+/* The same bits moved straight to bit `to` of each byte: ((v >> from) & mask) << to in one
+ * shift and one mask (the bits a 16-bit shift carries across bytes fall outside the mask). */
+KX_INLINE __m256i kx_bits_to(const uint8_t *p, int from, int to, int mask) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    if (to > from) v = _mm256_sll_epi16(v, _mm_cvtsi32_si128(to - from));
+    if (from > to) v = _mm256_srl_epi16(v, _mm_cvtsi32_si128(from - to));
+    return _mm256_and_si256(v, _mm256_set1_epi8((char)(mask << to)));
+}
+
 KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr *h, const int off, kx_ksub *s) {
+    const int bias = kx_k_coff(type, off) == 128 && type != GGML_TYPE_Q8_K; /* the level tables */
     __m256i w;
     switch (type) {
     case GGML_TYPE_Q5_0: {
@@ -234,20 +253,19 @@ KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr
         w = _mm256_or_si256(kx_unpack_nibbles(b->qs), kx_q5_high(b->qh));
         break;
     }
-    case GGML_TYPE_IQ4_NL: w = kx_nibble_table(((const block_iq4_nl *)blk)->qs, IQ4_NL_VALUES); break;
-    case GGML_TYPE_MXFP4: w = kx_nibble_table(((const block_mxfp4 *)blk)->qs, MXFP4_VALUES); break;
-    case GGML_TYPE_IQ4_XS: w = kx_nibble_table(((const block_iq4_xs *)blk)->qs + 16 * j, IQ4_NL_VALUES); break;
+    case GGML_TYPE_IQ4_NL: w = kx_nibble_table(((const block_iq4_nl *)blk)->qs, IQ4_NL_VALUES, bias); break;
+    case GGML_TYPE_MXFP4: w = kx_nibble_table(((const block_mxfp4 *)blk)->qs, MXFP4_VALUES, bias); break;
+    case GGML_TYPE_IQ4_XS: w = kx_nibble_table(((const block_iq4_xs *)blk)->qs + 16 * j, IQ4_NL_VALUES, bias); break;
     case GGML_TYPE_Q2_K: w = kx_bits(((const block_q2_K *)blk)->qs + 32 * (j >> 2), 2 * (j & 3), 3); break;
     case GGML_TYPE_Q3_K: {
         const block_q3_K *b = (const block_q3_K *)blk;
         const __m256i lo = kx_bits(b->qs + 32 * (j >> 2), 2 * (j & 3), 3);
-        const __m256i hb = kx_bits(b->hmask, j, 1);
-        /* a clear hmask bit subtracts 4 */
-        w = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 2)); /* q + 4: a clear hmask bit subtracts 4 */
+        /* q + 4: a clear hmask bit subtracts 4 */
+        w = _mm256_or_si256(lo, kx_bits_to(b->hmask, j, 2, 1));
         if (!kx_k_ushift(type, off)) w = _mm256_sub_epi8(w, _mm256_set1_epi8(4));
         break;
     }
-    case GGML_TYPE_Q4_K: w = kx_bits(((const block_q4_K *)blk)->qs + 32 * (j >> 1), 4 * (j & 1), 0x0f); break;
+    case GGML_TYPE_Q4_K: w = kx_nibbles(((const block_q4_K *)blk)->qs + 32 * (j >> 1), j & 1); break;
     case GGML_TYPE_Q5_K: {
         const block_q5_K *b = (const block_q5_K *)blk;
         w = _mm256_or_si256(kx_bits(b->qs + 32 * (j >> 1), 4 * (j & 1), 0x0f),
@@ -257,9 +275,8 @@ KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr
     case GGML_TYPE_Q6_K: {
         const block_q6_K *b = (const block_q6_K *)blk;
         const int p = j >> 2, r = j & 3;
-        const __m256i lo = kx_bits(b->ql + 64 * p + 32 * (r & 1), 4 * (r >> 1), 0x0f);
-        const __m256i hi = kx_bits(b->qh + 32 * p, 2 * r, 3);
-        w = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)); /* q + 32 */
+        const __m256i lo = kx_nibbles(b->ql + 64 * p + 32 * (r & 1), r >> 1);
+        w = _mm256_or_si256(lo, kx_bits_to(b->qh + 32 * p, 2 * r, 4, 3)); /* q + 32 */
         if (!kx_k_ushift(type, off)) w = _mm256_sub_epi8(w, _mm256_set1_epi8(32));
         break;
     }
@@ -275,7 +292,7 @@ KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr
         s->u = s->sgn = w;
     } else if (kx_k_coff(type, off)) {
         /* Q5_0 is unsigned already; the others are signed bytes: + 128 */
-        s->u = s->sgn = type == GGML_TYPE_Q5_0 ? w : _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
+        s->u = s->sgn = type == GGML_TYPE_Q5_0 || bias ? w : _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
     } else if (kx_k_signed(type)) {
         s->sgn = w;
         s->u = _mm256_sign_epi8(w, w);
@@ -286,7 +303,13 @@ KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr
     if (kx_k_halves(type) && off) {
         s->sc32 = _mm256_setr_m128i(_mm_set1_epi32(h->sc[2 * j]), _mm_set1_epi32(h->sc[2 * j + 1]));
     } else if (kx_k_halves(type)) {
+#if X86_VNNI /* one word permute of the 16 scales (AVX-512 BW/VL) instead of two broadcasts and an insert */
+        const __m256i pick = _mm256_add_epi16(_mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                              _mm256_set1_epi16((short)(2 * j)));
+        s->sc16 = _mm256_permutexvar_epi16(pick, _mm256_loadu_si256((const __m256i *)h->sc));
+#else
         s->sc16 = _mm256_setr_m128i(_mm_set1_epi16(h->sc[2 * j]), _mm_set1_epi16(h->sc[2 * j + 1]));
+#endif
         if (type == GGML_TYPE_Q2_K)
             s->mn16 = _mm256_setr_m128i(_mm_set1_epi16(h->mn[2 * j]), _mm_set1_epi16(h->mn[2 * j + 1]));
     }
@@ -340,7 +363,7 @@ KX_INLINE __m256 kx_k256_fma(uint32_t type, const kx_ksub *s, const float *S, co
 
 /* Y[t][r0 + i] for i < R, t in [t0, t0 + T); nb = q8a blocks per row. */
 KX_INLINE void kx_tile_k(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, float *Y,
-                         int ldy, int r0, int t0, const int R, const int T) {
+                         int ldy, int r0, int r_end, int t0, const int R, const int T) {
     enum { MR = KX_PREFILL_ROWS > KX_DECODE_ROWS ? KX_PREFILL_ROWS : KX_DECODE_ROWS, MT = KX_PREFILL_TOKS };
     const int per = kx_k_per(type);
     const int off = kx_k_offset(type, T);
@@ -353,9 +376,11 @@ KX_INLINE void kx_tile_k(uint32_t type, const char *W, size_t row_bytes, int nb,
     /* activation fields of 8 consecutive blocks: byte offsets for the gathers */
     const __m256i xidx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                                             _mm256_set1_epi32((int)sizeof(block_q8a)));
+    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, T == 1 ? r_end : 0, R, nb);
     for (int b = 0; b < nb / per; b++) {
         for (int i = 0; i < R; i++) kx_khdr_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, &hdr[i]);
         if (per == 1) {
+            kx_pf_step(&pf, b);
             __m256i xv[MT], xc[MT];
             for (int t = 0; t < T; t++) {
                 xv[t] = kx_k_xload(xt + (size_t)t * nb + b, off);
@@ -381,6 +406,7 @@ KX_INLINE void kx_tile_k(uint32_t type, const char *W, size_t row_bytes, int nb,
             }
         }
         for (int j = 0; j < 8; j++) {
+            kx_pf_step(&pf, b * 8 + j);
             __m256i xv[MT], xc[MT];
             for (int t = 0; t < T; t++) {
                 xv[t] = kx_k_xload(xt + (size_t)t * nb + b * 8 + j, off);
@@ -403,7 +429,7 @@ KX_INLINE void kx_tile_k(uint32_t type, const char *W, size_t row_bytes, int nb,
         for (int t = 0; t < T; t++) Y[(size_t)(t0 + t) * ldy + r0 + i] = kx_hsum(acc[i][t]);
 }
 
-#define KX_K_TILE(TYPE, R, T) kx_tile_k(TYPE, W, row_bytes, nb, Xq, Y, ldy, r, t, R, T)
+#define KX_K_TILE(TYPE, R, T) kx_tile_k(TYPE, W, row_bytes, nb, Xq, Y, ldy, r, r1, t, R, T)
 
 #define KX_K_DRIVER(NAME, TYPE)                                                                             \
     static void NAME(const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok, float *Y,    \

@@ -1661,8 +1661,8 @@ def _write_metadata(w: Any, hp: _Hparams, vocab: _Vocab, name: str, out_type: st
     w.add_block_count(hp.n_layer)
     w.add_feed_forward_length(hp.n_ff if hp.n_ff else hp.n_ff_exp)
     w.add_head_count(hp.n_head)
-    w.add_layer_norm_rms_eps(hp.rms_eps)
     if hp.arch == "gemma4":
+        w.add_layer_norm_rms_eps(hp.rms_eps)
         _write_gemma4_metadata(w, hp)
     else:
         w.add_head_count_kv(hp.n_head_kv)
@@ -1673,6 +1673,7 @@ def _write_metadata(w: Any, hp: _Hparams, vocab: _Vocab, name: str, out_type: st
         )
         w.add_rope_dimension_count(rope)
         w.add_rope_freq_base(hp.rope_theta)
+        w.add_layer_norm_rms_eps(hp.rms_eps)
         if hp.model_type == "glm4_moe":
             _write_grouped_router_metadata(w, hp.extra)
         if hp.model_type in _DEEPSEEK:

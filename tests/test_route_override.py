@@ -123,14 +123,18 @@ def test_streamed_decode_under_an_override_is_bit_identical(
 def test_colibri_memory_budget_is_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     """COLIBRI_MEMORY_BUDGET (what benchmarks/capped_sweep.py sets to cap - overhead) is a budget given: the
     context gets exactly it, not it plus the resident copy the measured default gives back (which made the
-    capped sweep's children outgrow their cgroup)."""
+    capped sweep's children outgrow their cgroup). The prefix cache's share comes out of it: engine and
+    cache together get exactly the budget."""
     with colibri_backend.load("colibri-moe", memory_budget=0) as m:
         full = m.memory_plan()["total_bytes"]
     budget = full * 3 // 4
     monkeypatch.setenv("COLIBRI_MEMORY_BUDGET", str(budget))
     with colibri_backend.load("colibri-moe", threads=2) as m:
+        cache = m.prefix_cache.max_bytes
+        assert m.stats()["memory_budget"] + cache == budget
+        assert m.memory_plan()["total_bytes"] + cache <= budget
+    with colibri_backend.load("colibri-moe", threads=2, prefix_cache_size=0) as m:
         assert m.stats()["memory_budget"] == budget
-        assert m.memory_plan()["total_bytes"] <= budget
 
 
 def test_bench_r_has_the_trace_models_counts(tmp_path: Path) -> None:

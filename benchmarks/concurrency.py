@@ -23,11 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,9 +32,9 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _serve import ServeProcess  # noqa: E402
 from bench import MemoryCgroup, parse_size  # noqa: E402  (the cgroup and size parsing bench.py uses)
 
-READY = re.compile(r"colibri serve: http://127\.0\.0\.1:(\d+)/v1")
 TOPICS = [
     "the history of the printing press",
     "how bees make honey",
@@ -93,47 +90,12 @@ class Server:
         self.cgroup = MemoryCgroup(cap, f"colibri-concurrency-{os.getpid()}") if cap else None
         if self.cgroup is not None:
             self.cgroup.__enter__()
-        self.proc = subprocess.Popen(
-            cmd,
-            stderr=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            text=True,
-            preexec_fn=self.cgroup.join if self.cgroup is not None else None,
-        )
-        port: list[int] = []
-        ready = threading.Event()
-
-        def pump() -> None:
-            assert self.proc.stderr is not None
-            for line in self.proc.stderr:
-                m = READY.search(line)
-                if m and not port:
-                    port.append(int(m.group(1)))
-                    ready.set()
-            ready.set()
-
-        threading.Thread(target=pump, daemon=True).start()
-        if not ready.wait(300) or not port:
-            self.stop()
-            raise SystemExit("the server did not start")
-        self.base = f"http://127.0.0.1:{port[0]}"
-        with httpx.Client(base_url=self.base, timeout=30) as http:
-            deadline = time.time() + 600
-            while time.time() < deadline:
-                models = http.get("/health").json()["models"]
-                if all(s["state"] != "loading" for s in models.values()):
-                    break
-                time.sleep(0.5)
-            self.alias = next(iter(models))
+        self.serve = ServeProcess(cmd, self.cgroup.join if self.cgroup is not None else None)
+        self.proc, self.base = self.serve.proc, self.serve.base
+        self.alias = next(iter(self.serve.models))
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        self.serve.stop()
         if self.cgroup is not None:
             self.cgroup.__exit__(None, None, None)
 

@@ -10,20 +10,18 @@ worst time to the answer, the worst /health time, and the server's RSS growth. (
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
 
-READY = re.compile(r"colibri serve: http://127\.0\.0\.1:(\d+)/v1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _serve import ServeProcess  # noqa: E402
 
 
-def start(model: str) -> tuple[subprocess.Popen, str]:
+def start(model: str) -> ServeProcess:
     cmd = [
         sys.executable,
         "-m",
@@ -36,24 +34,7 @@ def start(model: str) -> tuple[subprocess.Popen, str]:
         "--threads",
         "1",
     ]
-    proc = subprocess.Popen([*cmd, "--log-level", "warning"], stderr=subprocess.PIPE, text=True)
-    port: list[int] = []
-    ready = threading.Event()
-
-    def pump() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            m = READY.search(line)
-            if m and not port:
-                port.append(int(m.group(1)))
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    if not ready.wait(180) or not port:
-        proc.kill()
-        raise SystemExit("the server did not start")
-    return proc, f"http://127.0.0.1:{port[0]}"
+    return ServeProcess([*cmd, "--log-level", "warning"], timeout=180)
 
 
 def rss_mib(pid: int) -> float:
@@ -68,7 +49,8 @@ def main() -> int:
     ap.add_argument("--model", default="colibri-moe")
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
-    proc, base = start(args.model)
+    serve = start(args.model)
+    proc, base = serve.proc, serve.base
     model = args.model.encode()
     json_ct = {"Content-Type": "application/json"}
     cases = {
@@ -103,8 +85,7 @@ def main() -> int:
             after = rss_mib(proc.pid)
             print(f"server RSS: {rss0:.1f} MiB after warm-up, {after:.1f} MiB after the hostile requests")
     finally:
-        proc.terminate()
-        proc.wait(30)
+        serve.stop()
     return 0
 
 

@@ -19,18 +19,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import httpx
 
-READY = re.compile(r"colibri serve: http://127\.0\.0\.1:(\d+)/v1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _serve import ServeProcess  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ("cold", "warm-live", "warm-stored", "restart")
 
@@ -39,35 +38,8 @@ class Server:
     def __init__(self, model: str, cache_dir: Path, threads: int, context: int) -> None:
         cmd = [sys.executable, "-m", "colibri_backend", "serve", "--model", model, "--port", "0"]
         cmd += ["--threads", str(threads), "--context-length", str(context), "--kv-cache-dir", str(cache_dir)]
-        self.proc = subprocess.Popen([*cmd, "--log-level", "warning"], stderr=subprocess.PIPE, text=True)
-        self.log: list[str] = []
-        port: list[int] = []
-        ready = threading.Event()
-
-        def pump() -> None:
-            assert self.proc.stderr is not None
-            for line in self.proc.stderr:
-                self.log.append(line)
-                m = READY.search(line)
-                if m and not port:
-                    port.append(int(m.group(1)))
-                    ready.set()
-            ready.set()
-
-        threading.Thread(target=pump, daemon=True).start()
-        if not ready.wait(300) or not port:
-            self.stop()
-            raise SystemExit("the server did not start:\n" + "".join(self.log))
-        self.http = httpx.Client(base_url=f"http://127.0.0.1:{port[0]}", timeout=600)
-        deadline = time.time() + 600
-        while time.time() < deadline:
-            states = self.http.get("/health").json()["models"]
-            if all(s["state"] != "loading" for s in states.values()):
-                break
-            time.sleep(0.2)
-        if any(s["state"] != "ready" for s in states.values()):
-            self.stop()
-            raise SystemExit(f"the model did not load: {states}\n" + "".join(self.log))
+        self.serve = ServeProcess([*cmd, "--log-level", "warning"])
+        self.http = httpx.Client(base_url=self.serve.base, timeout=600)
         self.model = self.http.get("/v1/models").json()["data"][0]["id"]
 
     def ttft(self, prompt: str) -> tuple[float, int]:
@@ -97,11 +69,7 @@ class Server:
         return first, cached
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        self.serve.stop()
 
 
 def prefixes(model: str, n_tokens: int, count: int) -> list[str]:

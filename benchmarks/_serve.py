@@ -1,0 +1,72 @@
+"""A `colibri serve` process on loopback for the benchmark scripts: started on a free port, its
+stderr read in the background (the log stays available for error messages), ready once every model
+it serves has loaded."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import httpx
+
+READY = re.compile(r"colibri serve: http://127\.0\.0\.1:(\d+)/v1")
+
+
+class ServeProcess:
+    """`cmd` is the whole `colibri serve ... --port 0` command line; `preexec_fn` runs in the child
+    before exec (a cgroup join). Raises SystemExit with the server's log when it does not start or a
+    model does not load within `timeout` seconds each."""
+
+    def __init__(
+        self, cmd: Sequence[str], preexec_fn: Callable[[], Any] | None = None, timeout: float = 600
+    ) -> None:
+        self.proc = subprocess.Popen(
+            list(cmd), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, preexec_fn=preexec_fn
+        )
+        self.log: list[str] = []
+        port: list[int] = []
+        ready = threading.Event()
+
+        def pump() -> None:
+            assert self.proc.stderr is not None
+            for line in self.proc.stderr:
+                self.log.append(line)
+                m = READY.search(line)
+                if m and not port:
+                    port.append(int(m.group(1)))
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        if not ready.wait(timeout) or not port:
+            self.stop()
+            raise SystemExit("the server did not start:\n" + "".join(self.log))
+        self.base = f"http://127.0.0.1:{port[0]}"
+        self.models = self._wait_loaded(timeout)
+
+    def _wait_loaded(self, timeout: float) -> dict[str, Any]:
+        """The /health models once none is loading; SystemExit if one failed."""
+        deadline = time.time() + timeout
+        with httpx.Client(base_url=self.base, timeout=30) as http:
+            while True:
+                models = http.get("/health").json()["models"]
+                if all(s["state"] != "loading" for s in models.values()) or time.time() > deadline:
+                    break
+                time.sleep(0.2)
+        if any(s["state"] != "ready" for s in models.values()):
+            self.stop()
+            raise SystemExit(f"the model did not load: {models}\n" + "".join(self.log))
+        return models
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

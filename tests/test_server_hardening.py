@@ -6,10 +6,7 @@ JSON-only content types, a Host allow-list, 429 with Retry-After, tokenizing off
 from __future__ import annotations
 
 import asyncio
-import re
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +19,9 @@ from colibri_backend.backends import Capabilities
 from colibri_backend.config import Config, ModelConfig
 from colibri_backend.generation import GenerationEvent
 from colibri_backend.server import Limits, ServerState, create_app
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from _serve import ServeProcess  # noqa: E402  (the one `colibri serve` starter)
 
 ERROR_KEYS = {"message", "type", "param", "code"}
 schemathesis = pytest.importorskip("schemathesis")  # in the test extra; CI treats a skip as a failure
@@ -259,36 +259,19 @@ def test_schemathesis_finds_no_server_error(case) -> None:
 
 # ---- a real server process on loopback ---------------------------------------------------------------
 
-READY = re.compile(r"colibri serve: http://127\.0\.0\.1:(\d+)/v1")
-
 
 @pytest.fixture(scope="module")
 def live() -> Iterator[tuple[str, int]]:
     """`colibri serve` on the bundled colibri-moe model; (base url, pid)."""
-    proc = subprocess.Popen(
+    srv = ServeProcess(
         [sys.executable, "-m", "colibri_backend", "serve", "--model", "colibri-moe", "--port", "0",
          "--threads", "1", "--context-length", "256", "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        timeout=120,
     )  # fmt: skip
-    port: list[int] = []
-    ready = threading.Event()
-
-    def pump() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            m = READY.search(line)
-            if m and not port:
-                port.append(int(m.group(1)))
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
     try:
-        assert ready.wait(120) and port, "server did not start"
-        yield f"http://127.0.0.1:{port[0]}", proc.pid
+        yield srv.base, srv.proc.pid
     finally:
-        proc.terminate()
-        proc.wait(30)
+        srv.stop(30)
 
 
 def _rss_kib(pid: int) -> int:

@@ -65,6 +65,17 @@ def _arg_type(check: Callable[[Any], Any], keep_text: bool = False) -> Callable[
     return parse
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
+    return n
+
+
 def _lookahead(text: str) -> int:
     try:
         n = int(text)

@@ -17,17 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from colibri_backend.commands._load_options import add_load_arguments, load_options
-
-
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
-    return n
+from colibri_backend.commands._load_options import add_load_arguments, load_options, positive_int
 
 
 def run(args: argparse.Namespace) -> int:
@@ -106,10 +96,10 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "-o", "--output", required=True, help="the imatrix file to write (e.g. model.imatrix.gguf)"
     )
-    p.add_argument("--ctx", type=_positive, default=None, help="tokens per chunk (default 512)")
-    p.add_argument("--chunks", type=_positive, default=None, help="use at most N chunks (default: all)")
+    p.add_argument("--ctx", type=positive_int, default=None, help="tokens per chunk (default 512)")
+    p.add_argument("--chunks", type=positive_int, default=None, help="use at most N chunks (default: all)")
     p.add_argument(
-        "--batch", type=_positive, default=None, help="prefill chunk of the engine in tokens (512)"
+        "--batch", type=positive_int, default=None, help="prefill chunk of the engine in tokens (512)"
     )
     p.add_argument("--threads", type=int, default=None, help="worker threads (default: all CPUs)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -156,7 +156,9 @@ class _NativeSampler(_NativeHandle):
 def lowbit_sidecar_path(model_path: Path, n_expert: int) -> Path:
     """MODEL.lowbit, the low-bit expert copies lowbit_experts reads (which must exist)."""
     if n_expert <= 0:
-        raise ValueError(f"lowbit_experts: {model_path} is a dense model; low-bit copies are of routed experts")
+        raise ValueError(
+            f"lowbit_experts: {model_path} is a dense model; low-bit copies are of routed experts"
+        )
     side = Path(f"{model_path}.lowbit")
     if not side.is_file():
         raise FileNotFoundError(

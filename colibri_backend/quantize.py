@@ -2,7 +2,8 @@
 
 `quantize()` hands the work to `colibri_quantize` in the C engine (type mixes, threads, the temporary
 file and its rename live there). `write_lowbit_sidecar()` writes MODEL.lowbit, low-bit copies of a
-model's routed experts for the lossy `lowbit_experts` load option (native/src/expert_lowbit.h). `read_imatrix()` reads both imatrix formats llama.cpp writes:
+model's routed experts for the lossy `lowbit_experts` load option (native/src/expert_lowbit.h).
+`read_imatrix()` reads both imatrix formats llama.cpp writes:
 
 * GGUF (llama.cpp's current format): per weight tensor `NAME.in_sum2` (F32, ne0 x n_mat: sums of
   squared activations per input column, per expert) and `NAME.counts` (F32, n_mat: how many
@@ -203,4 +204,11 @@ def write_lowbit_sidecar(
     return out
 
 
-__all__ = ["LOWBIT_TYPES", "ImatrixError", "quantize", "quantize_types", "read_imatrix", "write_lowbit_sidecar"]
+__all__ = [
+    "LOWBIT_TYPES",
+    "ImatrixError",
+    "quantize",
+    "quantize_types",
+    "read_imatrix",
+    "write_lowbit_sidecar",
+]

@@ -24,8 +24,8 @@ from colibri_backend.load_options import (
     LoadOptions,
     check_expert_mass,
     check_expert_slots,
-    check_lowbit_experts,
     check_lookahead_depth,
+    check_lowbit_experts,
     check_pin_experts,
     check_prefix_cache_size,
 )

@@ -163,6 +163,18 @@ def test_lowbit_sidecar_round_trip(models: dict[str, Path], tmp_path: Path) -> N
     # prefill chunks never take copies: exact at any threshold
     pre, _, _, st, _ = _run(path, slots=4, n_batch=64, lowbit=side, weight=1.0)
     assert st.lowbit_computed == 0
+    assert np.array_equal(pre, _run(path, slots=4, n_batch=64)[0])
+    # a decode step that takes copies allocates nothing
+    e = _Ctx(path, slots=4, lowbit=side, weight=1.0)
+    try:
+        e.eval(TOKS[:8])
+        before = e.stats().lowbit_computed
+        for t in TOKS[8:16]:
+            e.eval([t], all_logits=False)
+            assert e.stats().allocs_last_eval == 0
+        assert e.stats().lowbit_computed > before
+    finally:
+        e.close()
 
 
 @pytest.mark.parametrize(("qtype", "entry", "bound"), [("q2_k", ENTRY, 0.4), ("iq4_xs", 3 * 256 * 136, 0.12)])

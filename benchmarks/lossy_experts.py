@@ -130,6 +130,39 @@ def compare(exact: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def decode_speed(path: Path, args: argparse.Namespace, **opts: Any) -> dict[str, Any]:
+    """Greedy decode on a large file at --speed-budget of its size: tok/s and what the decode steps
+    (after the first token, which carries the prefill) read, per token."""
+    budget = int(path.stat().st_size * args.speed_budget)
+    model = colibri_backend.load(path, memory_budget=budget, context_length=128, threads=args.threads, **opts)
+    try:
+        prompt = list(range(100, 132))
+        times: list[float] = []
+        first: dict[str, Any] = {}
+        for _ in model.generate_tokens(prompt, max_tokens=args.decode_tokens):
+            times.append(time.perf_counter())
+            if len(times) == 1:
+                first = model.stats()
+        last = model.stats()
+    finally:
+        model.close()
+    n = max(len(times) - 1, 1)
+
+    def per_token(key: str) -> float:
+        return (last[key] - first[key]) / n
+
+    return {
+        "setting_options": opts,
+        "budget": budget,
+        "expert_slots": last["expert_slots"],
+        "decode_tok_s": n / (times[-1] - times[0]) if len(times) > 1 else 0.0,
+        "experts_per_token": per_token("experts_computed"),
+        "full_MiB_per_token": per_token("expert_bytes_read") / 2**20,
+        "lowbit_MiB_per_token": per_token("lowbit_bytes_read") / 2**20,
+        "lowbit_per_token": per_token("lowbit_computed"),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=V2 / "colibri-moe-v2-q8_0.gguf")
@@ -144,6 +177,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--speed-runs", type=int, default=3, help="greedy generations per setting (median)")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/colibri-lossy-experts"))
+    ap.add_argument(
+        "--speed-model",
+        type=Path,
+        default=None,
+        help="also time greedy decode on this file (e.g. bench-A Q8_0) under a memory budget of "
+        "--speed-budget of its size, exact and with --speed-masses / --speed-weights",
+    )
+    ap.add_argument("--speed-budget", type=float, default=0.25)
+    ap.add_argument("--speed-masses", default="0.5")
+    ap.add_argument("--speed-weights", default="0.5")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     if not args.model.is_file():
@@ -200,11 +243,38 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['decode_tok_s']:.0f}",
         ]
         print("| " + " | ".join(cells) + " |")
+    speed: list[dict[str, Any]] = []
+    if args.speed_model:
+        big = linked_model(args.speed_model, args.workdir, "q2_k")
+        runs = [("exact", {})] + [
+            (f"expert_mass {p:g}", {"expert_mass": float(p)}) for p in args.speed_masses.split(",")
+        ]
+        runs += [
+            (f"lowbit q2_k, W {w:g}", {"lowbit_experts": float(w)}) for w in args.speed_weights.split(",")
+        ]
+        print(
+            f"\n{args.speed_model.name} at {args.speed_budget:.0%} of the file, greedy, "
+            f"{args.decode_tokens} tokens"
+        )
+        print("\n| setting | decode tok/s | experts / token | full MiB / token | low-bit MiB / token |")
+        print("|---|---|---|---|---|")
+        for label, opts in runs:
+            r = {"setting": label, **decode_speed(big, args, **opts)}
+            speed.append(r)
+            print(
+                f"| {label} | {r['decode_tok_s']:.2f} | {r['experts_per_token']:.1f} | "
+                f"{r['full_MiB_per_token']:.1f} | {r['lowbit_MiB_per_token']:.1f} |"
+            )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         meta = {"model": str(args.model), "heldout": str(args.heldout), "ctx": args.ctx}
         meta |= {"chunks": int(chunks.shape[0]), "slots": args.slots, "threads": args.threads}
-        args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
+        meta |= {
+            "speed_model": str(args.speed_model) if args.speed_model else None,
+            "speed_budget": args.speed_budget,
+        }
+        doc = {"meta": meta, "results": results, "speed": speed}
+        args.json.write_text(json.dumps(doc, indent=1) + "\n")
         print(f"\nwrote {args.json}")
     return 0
 

@@ -246,12 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     speed: list[dict[str, Any]] = []
     if args.speed_model:
         big = linked_model(args.speed_model, args.workdir, "q2_k")
-        runs = [("exact", {})] + [
-            (f"expert_mass {p:g}", {"expert_mass": float(p)}) for p in args.speed_masses.split(",")
-        ]
-        runs += [
-            (f"lowbit q2_k, W {w:g}", {"lowbit_experts": float(w)}) for w in args.speed_weights.split(",")
-        ]
+        masses = [float(x) for x in args.speed_masses.split(",")]
+        lows = [float(x) for x in args.speed_weights.split(",")]
+        runs = [("exact", {})] + [(f"expert_mass {p:g}", {"expert_mass": p}) for p in masses]
+        runs += [(f"lowbit q2_k, W {w:g}", {"lowbit_experts": w}) for w in lows]
         print(
             f"\n{args.speed_model.name} at {args.speed_budget:.0%} of the file, greedy, "
             f"{args.decode_tokens} tokens"

@@ -89,6 +89,17 @@ def time_generation(tokens: Iterator[int], max_tokens: int) -> tuple[list[int], 
 # the RSS after loading, the engine's own counters and the banned token ids
 
 
+def load_option(text: str) -> tuple[str, object]:
+    """KEY=VALUE (--load-option): the value as JSON where it parses (0.8, true), else as text."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"--load-option {text!r}: expected KEY=VALUE")
+    try:
+        return key.strip(), json.loads(value)
+    except json.JSONDecodeError:
+        return key.strip(), value
+
+
 def run_colibri(args: argparse.Namespace, prompt: list[int]) -> dict:
     import colibri_backend
     from colibri_backend import _native
@@ -98,6 +109,7 @@ def run_colibri(args: argparse.Namespace, prompt: list[int]) -> dict:
     faults_before_load = major_faults()
     t_load = time.perf_counter()
     options = {"prefetch": args.prefetch} if args.prefetch else {}
+    options.update(load_option(text) for text in args.load_option)
     model = colibri_backend.load(
         args.model,
         threads=args.threads,
@@ -318,6 +330,13 @@ def main(argv: list[str] | None = None) -> int:
         "--routing-trace", default=None, help="Colibri: follow this routing trace (benchmark-only override)"
     )
     ap.add_argument("--prefetch", default=None, help="Colibri: expert predictors (load option prefetch)")
+    ap.add_argument(
+        "--load-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Colibri: a further load option",
+    )
     ap.add_argument(
         "--llama-extra-bufts",
         choices=["auto", "on", "off"],

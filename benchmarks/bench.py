@@ -307,6 +307,9 @@ def run_worker(
         cmd += ["--routing-trace", str(args.routing_trace)]
     if req.engine == "colibri" and args.prefetch:
         cmd += ["--prefetch", args.prefetch]
+    if req.engine == "colibri":
+        for option in args.colibri_option:
+            cmd += ["--load-option", option]
     env = dict(os.environ)
     if args.omp_wait_policy:
         env["OMP_WAIT_POLICY"] = args.omp_wait_policy
@@ -620,6 +623,14 @@ def main(argv: list[str] | None = None) -> int:
         "which has the trace model's layer and expert counts; llama.cpp cannot follow one",
     )
     ap.add_argument("--prefetch", default=None, help="Colibri's expert predictors (default: the engine's)")
+    ap.add_argument(
+        "--colibri-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Colibri: a further load option (LoadOptions field), e.g. expert_mass=0.8 or lowbit_experts=0.2 "
+        "(the lossy options, docs/memory.md); repeatable",
+    )
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds before a run is killed")
     ap.add_argument("--json", type=Path, default=None, help="write every run and the summary here")
     ap.add_argument("--markdown", action="store_true", help="print the summary as Markdown tables")

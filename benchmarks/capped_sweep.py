@@ -258,6 +258,8 @@ def capped_sweep(args: argparse.Namespace) -> int:
             cmd += ["--prefetch", mode]
         if args.routing_trace:
             cmd += ["--routing-trace", str(args.routing_trace)]
+        for option in args.colibri_option:
+            cmd += ["--colibri-option", option]
         print(
             f"== cap {f:.0%} of {size / 2**20:.0f} MiB = {cap / 2**20:.0f} MiB, Colibri budget "
             f"{(cap - overhead) / 2**20:.0f} MiB" + (f", prefetch {mode}" if mode else ""),
@@ -396,6 +398,14 @@ def main(argv: list[str] | None = None) -> int:
             )
             p.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "colibri" / "bench")
             p.add_argument("--out-dir", default=".")
+            p.add_argument(
+                "--colibri-option",
+                action="append",
+                default=[],
+                metavar="KEY=VALUE",
+                help="a further Colibri load option for every cell (bench.py --colibri-option), e.g. "
+                "the lossy expert_mass=0.8 or lowbit_experts=0.45",
+            )
     args = ap.parse_args(argv)
     if args.mode == "child":
         return child(args)

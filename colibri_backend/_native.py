@@ -115,6 +115,9 @@ class ContextParamsC(Structure):
         ("drop_cold_share", c_float),
         ("n_seq_max", c_int32),
         ("backend", c_int32),
+        ("expert_mass", c_float),
+        ("lowbit_experts", c_char_p),
+        ("lowbit_weight", c_float),
     ]
 
 
@@ -236,6 +239,9 @@ class StatsC(Structure):
         ("prefetch_dropped", c_uint64),
         ("major_faults_prefill", c_uint64),
         ("major_faults_decode", c_uint64),
+        ("experts_computed", c_uint64),
+        ("lowbit_computed", c_uint64),
+        ("lowbit_bytes_read", c_uint64),
     ]
 
 
@@ -340,6 +346,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
         [c_void_p, c_int32, POINTER(ImatrixInfoC), POINTER(ctypes.c_double), POINTER(ctypes.c_uint64)],
     ),
     "colibri_write_digests": (c_int, [c_char_p]),
+    "colibri_lowbit_write": (c_int, [c_char_p, c_char_p, c_char_p, c_int32]),
     "colibri_verify_file": (c_int, [c_char_p, c_char_p, c_size_t, _i32p]),
     "colibri_model_verify": (c_int, [c_void_p, c_char_p, c_size_t, _i32p]),
 }

@@ -153,6 +153,21 @@ class _NativeSampler(_NativeHandle):
         self.lib.check(self.lib.colibri_sampler_set_allowed(self.handle, ptr, words), "allowed tokens")
 
 
+def lowbit_sidecar_path(model_path: Path, n_expert: int) -> Path:
+    """MODEL.lowbit, the low-bit expert copies lowbit_experts reads (which must exist)."""
+    if n_expert <= 0:
+        raise ValueError(
+            f"lowbit_experts: {model_path} is a dense model; low-bit copies are of routed experts"
+        )
+    side = Path(f"{model_path}.lowbit")
+    if not side.is_file():
+        raise FileNotFoundError(
+            f"lowbit_experts: there are no low-bit expert copies next to the model ({side}); write them with "
+            f"`colibri quantize SOURCE {model_path} --lowbit-sidecar q2_k`"
+        )
+    return side
+
+
 def resolve_warmup_routing(value: bool | str | os.PathLike[str] | None, model_path: Path) -> Path | None:
     """The routing profile a warmup_routing option names: False/None -> none, True -> the sidecar
     next to the model (MODEL.routing, which must exist), a path -> that file."""
@@ -220,6 +235,12 @@ def store_params(
             raise ValueError(f"{name} needs a routing profile: pass warmup_routing (--warmup-routing) too")
     params.route_prefilter_margin = margin
     params.drop_cold_share = cold
+    if o.expert_mass is not None and info.n_expert <= 0:
+        raise ValueError(f"expert_mass: {path} is a dense model; it applies to MoE models")
+    params.expert_mass = o.expert_mass if o.expert_mass is not None and o.expert_mass < 1 else 0.0
+    if o.lowbit_experts is not None:
+        params.lowbit_experts = os.fsencode(lowbit_sidecar_path(path, info.n_expert))
+        params.lowbit_weight = o.lowbit_experts
     params.n_seq_max = int(o.max_concurrency or 1)
     if o.device is not None:
         params.backend = _native.BACKEND_OPENCL if o.device == "opencl" else _native.BACKEND_CPU

@@ -79,6 +79,32 @@ def check_lookahead_depth(value: Any) -> int:
     return n
 
 
+def check_expert_mass(value: Any) -> float | None:
+    """Fewer active experts (lossy): a routing-probability mass P with 0 < P <= 1 (1: every top-k expert)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"expert_mass must be a number in (0, 1], got {value!r}")
+    try:
+        p = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"expert_mass must be a number in (0, 1], got {value!r}") from None
+    if not 0 < p <= 1:
+        raise ValueError(f"expert_mass must be in (0, 1] (1 = every top-k expert), got {value!r}")
+    return p
+
+
+def check_lowbit_experts(value: Any) -> float | None:
+    """Low-bit copies on a miss (lossy): the routing weight W > 0 below which a missing expert is
+    computed from MODEL.lowbit."""
+    if value is None:
+        return None
+    w = parse_share(value, "lowbit_experts")
+    if w <= 0:
+        raise ValueError(f"lowbit_experts must be a routing weight > 0, got {value!r}")
+    return w
+
+
 def check_prefix_cache_size(value: Any) -> int | str:
     """Bytes (an int or a size string; 0: no stored entries) or a share of the memory budget ("10%")."""
     if isinstance(value, str) and value.strip().endswith("%"):
@@ -118,6 +144,12 @@ class LoadOptions:
     warmup_routing: a routing profile: True = MODEL.routing next to the model, or a path; False: none.
     pin_experts: keep this many of the profile's hottest experts in slots for good, or "auto".
     route_prefilter_margin, drop_cold_share (lossy, opt-in, need a profile): 0 or None = off.
+    expert_mass (lossy, opt-in): 0 < P <= 1; each token keeps the fewest of its top-k experts whose
+      share of the top-k routing weights reaches P (at least one), weights normalised again as the
+      model's router does. None or 1: every top-k expert.
+    lowbit_experts (lossy, opt-in): a routing weight W > 0; in a decode step an expert missing from
+      the store whose weight is below W is computed from its low-bit copy in MODEL.lowbit (written by
+      `colibri quantize --lowbit-sidecar TYPE`) instead of its full-precision read. None: off.
     max_concurrency: sequences the context holds at once, each with its own KV cache of
       context_length tokens (None: 1); the server decodes that many requests together.
     verify: check every resident tensor against the file's digests (MODEL.digests, `colibri verify`)
@@ -144,6 +176,8 @@ class LoadOptions:
     pin_experts: int | str | None = None
     route_prefilter_margin: float | None = None
     drop_cold_share: float | None = None
+    expert_mass: float | None = None
+    lowbit_experts: float | None = None
     verify: bool = False
     prefix_cache_size: int | str | None = None
     kv_cache_dir: str | os.PathLike[str] | None = None
@@ -192,6 +226,8 @@ class LoadOptions:
             raise ValueError(f"warmup_routing must be True, False or a path, got {routing!r}")
         parse_share(self.route_prefilter_margin, "route_prefilter_margin")
         parse_share(self.drop_cold_share, "drop_cold_share", upper=1.0)
+        put("expert_mass", check_expert_mass(self.expert_mass))
+        put("lowbit_experts", check_lowbit_experts(self.lowbit_experts))
         if not isinstance(self.verify, bool):
             raise ValueError(f"verify must be True or False, got {self.verify!r}")
         if self.prefix_cache_size is not None:

@@ -1,7 +1,9 @@
 """Quantize a GGUF with the engine's quantizer, and read llama.cpp importance matrices.
 
 `quantize()` hands the work to `colibri_quantize` in the C engine (type mixes, threads, the temporary
-file and its rename live there). `read_imatrix()` reads both imatrix formats llama.cpp writes:
+file and its rename live there). `write_lowbit_sidecar()` writes MODEL.lowbit, low-bit copies of a
+model's routed experts for the lossy `lowbit_experts` load option (native/src/expert_lowbit.h).
+`read_imatrix()` reads both imatrix formats llama.cpp writes:
 
 * GGUF (llama.cpp's current format): per weight tensor `NAME.in_sum2` (F32, ne0 x n_mat: sums of
   squared activations per input column, per expert) and `NAME.counts` (F32, n_mat: how many
@@ -177,4 +179,36 @@ def quantize(
     return dst_p
 
 
-__all__ = ["ImatrixError", "quantize", "quantize_types", "read_imatrix"]
+LOWBIT_TYPES = ("q2_k", "iq4_xs")  # colibri_lowbit_write
+
+
+def write_lowbit_sidecar(
+    model: str | os.PathLike[str], qtype: str = "q2_k", threads: int | None = None
+) -> Path:
+    """Write ``MODEL.lowbit``: every routed expert of the GGUF `model` requantized to `qtype` (q2_k or
+    iq4_xs; rows that 256 does not divide take Q4_0 / IQ4_NL), with a header naming the model's size
+    and digests so that it is refused beside any other file. Returns its path; nothing is left there
+    on failure."""
+    from colibri_backend._native import load_library
+
+    src = Path(model)
+    if not src.is_file():
+        raise FileNotFoundError(f"model {src} does not exist")
+    if qtype.lower() not in LOWBIT_TYPES:
+        raise ValueError(f"low-bit sidecar type {qtype!r}: choose one of {', '.join(LOWBIT_TYPES)}")
+    out = Path(f"{src}.lowbit")
+    lib = load_library()
+    n = int(threads) if threads else (os.cpu_count() or 1)
+    status = lib.colibri_lowbit_write(os.fsencode(src), qtype.lower().encode(), os.fsencode(out), n)
+    lib.check(status, f"low-bit sidecar of {src}")
+    return out
+
+
+__all__ = [
+    "LOWBIT_TYPES",
+    "ImatrixError",
+    "quantize",
+    "quantize_types",
+    "read_imatrix",
+    "write_lowbit_sidecar",
+]

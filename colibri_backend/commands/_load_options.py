@@ -22,8 +22,10 @@ from colibri_backend.budget import parse_prefetch, parse_share, parse_size
 from colibri_backend.load_options import (
     DEVICES,
     LoadOptions,
+    check_expert_mass,
     check_expert_slots,
     check_lookahead_depth,
+    check_lowbit_experts,
     check_pin_experts,
     check_prefix_cache_size,
 )
@@ -43,6 +45,8 @@ LOAD_KEYS = (
     "pin_experts",
     "route_prefilter_margin",
     "drop_cold_share",
+    "expert_mass",
+    "lowbit_experts",
     "verify",
     "prefix_cache_size",
     "kv_cache_dir",
@@ -185,6 +189,25 @@ def add_load_arguments(p: argparse.ArgumentParser, budget_aliases: tuple[str, ..
         metavar="SHARE",
         help="lossy: never route to experts whose share of tokens in the profile is below SHARE "
         "(needs --warmup-routing; 0 = off)",
+    )
+    g.add_argument(
+        "--expert-mass",
+        dest="expert_mass",
+        type=_arg_type(check_expert_mass),
+        default=None,
+        metavar="P",
+        help="fewer active experts (lossy): each token keeps the fewest of its top-k experts whose share "
+        "of the routing weight reaches P, 0 < P <= 1 (1 = off, every top-k expert)",
+    )
+    g.add_argument(
+        "--lowbit-experts",
+        dest="lowbit_experts",
+        type=_arg_type(check_lowbit_experts),
+        default=None,
+        metavar="W",
+        help="low-bit experts on a miss (lossy): a missing expert whose routing weight is below W is "
+        "computed from its low-bit copy in MODEL.lowbit (colibri quantize --lowbit-sidecar) instead of "
+        "waiting for its full read",
     )
     g.add_argument(
         "--max-concurrency",

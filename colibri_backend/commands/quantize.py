@@ -1,4 +1,5 @@
-"""`colibri quantize IN.gguf OUT.gguf --type TYPE [--imatrix FILE] [--threads N] [--allow-requantize]`."""
+"""`colibri quantize IN.gguf OUT.gguf --type TYPE [--imatrix FILE] [--threads N] [--allow-requantize]
+[--lowbit-sidecar q2_k|iq4_xs]`."""
 
 from __future__ import annotations
 
@@ -37,6 +38,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--allow-requantize",
         action="store_true",
         help="accept an input whose weights are already quantized (the errors of both quantizations add up)",
+    )
+    p.add_argument(
+        "--lowbit-sidecar",
+        choices=("q2_k", "iq4_xs"),
+        type=str.lower,
+        default=None,
+        metavar="TYPE",
+        help="also write OUT.gguf.lowbit: every routed expert at q2_k or iq4_xs, for the lossy "
+        "--lowbit-experts W load option (docs/memory.md)",
     )
     p.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
     p.set_defaults(func=run)
@@ -87,4 +97,9 @@ def run(args: argparse.Namespace) -> int:
             bar.close()
     size = dst.stat().st_size
     print(f"wrote {dst} ({size / 2**20:.1f} MiB, {args.qtype.lower()})", file=sys.stderr)
+    if args.lowbit_sidecar:
+        from colibri_backend.quantize import write_lowbit_sidecar
+
+        side = write_lowbit_sidecar(dst, args.lowbit_sidecar, threads=args.threads)
+        print(f"wrote {side} ({side.stat().st_size / 2**20:.1f} MiB, {args.lowbit_sidecar})", file=sys.stderr)
     return 0

@@ -123,6 +123,18 @@ typedef struct colibri_context_params {
      * ("cpu" or "opencl"; unset: the CPU). OpenCL without a usable platform and device is
      * refused with COLIBRI_E_UNSUPPORTED and the reason. */
     int32_t backend;
+    /* Fewer active experts (opt-in, lossy): in (0, 1), each token keeps at each layer the fewest of
+     * its top-k experts, heaviest first, whose share of the top-k weights reaches this (at least
+     * one), their weights normalised again the way the model's router normalises them; the others
+     * are neither read nor computed (routing record: -1, 0). 0 or 1: off, every top-k expert. */
+    float expert_mass;
+    /* Low-bit copies of the experts (opt-in, lossy): a sidecar written by colibri_lowbit_write
+     * (format: native/src/expert_lowbit.h), or NULL. In a decode step, a routed expert that is not
+     * in the store and whose routing weight is below lowbit_weight is computed from its low-bit
+     * copy, read into a scratch area of top-k copies, instead of waiting for its full read. A
+     * sidecar made for another model, or a damaged one, gives COLIBRI_E_FORMAT. */
+    const char *lowbit_experts;
+    float lowbit_weight;           /* > 0 with lowbit_experts; 0 without */
 } colibri_context_params;
 
 #define COLIBRI_BACKEND_DEFAULT 0
@@ -304,6 +316,9 @@ typedef struct colibri_stats {
                                               routed elsewhere, or the step had passed it */
     uint64_t major_faults_prefill;         /* major page faults of the process during prefill calls */
     uint64_t major_faults_decode;          /* ... during decode steps (getrusage; every thread counts) */
+    uint64_t experts_computed;             /* (token, layer, routed expert) products run */
+    uint64_t lowbit_computed;              /* ... of them from a low-bit copy (lowbit_experts) */
+    uint64_t lowbit_bytes_read;            /* bytes read from the low-bit sidecar */
 } colibri_stats;
 
 /* Counters of one expert of one layer. */
@@ -460,6 +475,15 @@ COLIBRI_API const char *colibri_quantize_types(void);
  * rules), quantize on n_threads threads and write `out` (through a temporary file in the same
  * directory, renamed at the end: on any error no output file is left). */
 COLIBRI_API colibri_status colibri_quantize(const char *in, const char *out, const colibri_quantize_params *params);
+
+/* Low-bit copies of a model's routed experts for lowbit_experts (lossy): write the sidecar out_path
+ * (conventionally model_path + ".lowbit") holding every routed expert of model_path at `type`
+ * ("q2_k" or "iq4_xs"; a matrix whose rows are not a multiple of 256 takes the 32-block sibling
+ * the quantizer falls back to: Q4_0, IQ4_NL), requantized from the model's own weights, with a
+ * header naming the model's size and digests (native/src/expert_lowbit.h). Written to a temporary
+ * file and renamed; nothing is left at out_path on failure. n_threads <= 0: 1. */
+COLIBRI_API colibri_status colibri_lowbit_write(const char *model_path, const char *type, const char *out_path,
+                                                int32_t n_threads);
 
 #ifdef __cplusplus
 }

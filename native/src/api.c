@@ -68,6 +68,9 @@ void colibri_context_default_params(colibri_context_params *out) {
     out->drop_cold_share = 0.0f;
     out->n_seq_max = 1;
     out->backend = COLIBRI_BACKEND_DEFAULT;
+    out->expert_mass = 0.0f;     /* every top-k expert */
+    out->lowbit_experts = NULL;  /* no low-bit copies */
+    out->lowbit_weight = 0.0f;
 }
 
 colibri_status colibri_plan_model(const colibri_model *model, const colibri_context_params *params,

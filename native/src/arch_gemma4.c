@@ -294,7 +294,8 @@ static colibri_status gemma4_layer(struct colibri_context *c, int il, int n, int
         block_norm_rows(c, w->router_in_scale, n);
         if (mat_wants_q8a(&w->router)) quantize_activations(c, s->xn, s->xnq, n, E);
         router_select(c, il, n);
-        for (int i = 0; i < n * k; i++) s->selw[i] *= w->expert_scale[s->sel[i]];
+        for (int i = 0; i < n * k; i++)
+            if (s->sel[i] >= 0) s->selw[i] *= w->expert_scale[s->sel[i]]; /* -1: left out (expert_mass) */
         block_norm_rows(c, w->ffn_pre_norm_2, n);
         if (kernel_wants_q8a(w->gate_exps.type) || kernel_wants_q8a(w->up_exps.type))
             quantize_activations(c, s->xn, s->xnq, n, E);

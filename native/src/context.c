@@ -9,6 +9,7 @@
 #include "blocks.h"
 #include "context.h"
 #include "error.h"
+#include "expert_lowbit.h"
 #include "experts.h"
 #include "ledger.h"
 #include "ops.h"
@@ -139,6 +140,7 @@ void context_destroy(struct colibri_context *c) {
     cb_free(c->pf_wait);
     cb_free(c->pf_ids);
     profile_free(c->profile);
+    lowbit_close(c->lowbit);
     cb_free(c->dropped);
     route_override_free(c->route_ov);
     arena_free(&c->arena);
@@ -208,6 +210,18 @@ colibri_status context_resolve_params(const struct colibri_model *m, const colib
                         (double)p.route_prefilter_margin);
     if (!(p.drop_cold_share >= 0.0f && p.drop_cold_share < 1.0f))
         return cb_error(COLIBRI_E_INVALID_ARG, "drop_cold_share %g is not in [0, 1)", (double)p.drop_cold_share);
+    if (!(p.expert_mass >= 0.0f && p.expert_mass <= 1.0f))
+        return cb_error(COLIBRI_E_INVALID_ARG, "expert_mass %g is not in (0, 1] (0: off)", (double)p.expert_mass);
+    if (!(isfinite(p.lowbit_weight) && p.lowbit_weight >= 0.0f))
+        return cb_error(COLIBRI_E_INVALID_ARG, "lowbit_weight %g is not a finite number >= 0", (double)p.lowbit_weight);
+    if (p.lowbit_experts && !(p.lowbit_weight > 0.0f))
+        return cb_error(COLIBRI_E_INVALID_ARG, "lowbit_experts %s needs lowbit_weight > 0", p.lowbit_experts);
+    if (!p.lowbit_experts && p.lowbit_weight > 0.0f)
+        return cb_error(COLIBRI_E_INVALID_ARG, "lowbit_weight %g needs a lowbit_experts sidecar",
+                        (double)p.lowbit_weight);
+    if (p.lowbit_experts && hp->n_expert == 0)
+        return cb_error(COLIBRI_E_INVALID_ARG, "lowbit_experts %s given, but the model has no experts",
+                        p.lowbit_experts);
     if (p.routing_profile && hp->n_expert == 0)
         return cb_error(COLIBRI_E_INVALID_ARG, "routing profile %s given, but the model has no experts",
                         p.routing_profile);
@@ -401,6 +415,14 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
     c->n_seq_max = p.n_seq_max;
     c->plan = plan;
     c->prefetch = p.prefetch;
+    c->expert_mass = p.expert_mass < 1.0f ? p.expert_mass : 0.0f;
+    if (p.lowbit_experts) {
+        if ((st = lowbit_open(p.lowbit_experts, m, &c->lowbit))) {
+            context_destroy(c);
+            return st;
+        }
+        c->lowbit_weight = p.lowbit_weight;
+    }
     if (p.routing_profile) {
         if ((st = profile_load(p.routing_profile, m, &c->profile))) {
             context_destroy(c);

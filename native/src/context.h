@@ -144,6 +144,9 @@ struct colibri_context {
     struct routing_profile *profile;
     uint8_t *dropped;              /* [n_layer][n_expert] 1: never routed to (drop_cold_share); NULL: off */
     float route_prefilter_margin;  /* 0: exact routing */
+    float expert_mass;             /* (0, 1): fewer active experts (router.c); 0: every top-k expert */
+    struct expert_lowbit *lowbit;  /* low-bit copies of the experts (expert_lowbit.h), or NULL */
+    float lowbit_weight;           /* a missing expert below this weight is computed from its copy */
     const int32_t *chunk_tokens;   /* token ids of the chunk being run (hashed predictor, pre-filter) */
     struct imatrix *imatrix;       /* activation statistics being collected (imatrix.h), or NULL */
     /* Recurrent states (context.c; NULL / 0 when the model has no recurrent layer). Like the KV

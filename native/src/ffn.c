@@ -10,7 +10,9 @@
 #include "blocks.h"
 #include "context.h"
 #include "error.h"
+#include "expert_lowbit.h"
 #include "experts.h"
+#include "loader.h"
 #include "ops.h"
 #include "predict.h"
 #include "types.h"
@@ -77,6 +79,12 @@ static void issue_prefetch(struct colibri_context *c, int il) {
     if (il + 1 < c->model->hp.n_layer) ffn_prefetch_layer(c, il + 1, c->s.xn);
 }
 
+static int names_expert(const int32_t *ids, int n, int e) {
+    for (int i = 0; i < n; i++)
+        if (ids[i] == e) return 1;
+    return 0;
+}
+
 /* A decode step's experts in the order their bytes arrive: every missing expert's read starts
  * (store_hold, the demand reads ahead of any queued prefetch), stale prefetches are dropped, the next
  * layer's predictions are queued behind the demand reads, then the resident experts (and the shared
@@ -88,14 +96,17 @@ static colibri_status decode_experts(struct colibri_context *c, int il, int has_
     const int32_t *cnt = c->s.cnt;
     int32_t *pending = c->pf_wait;
     int n_pending = 0;
+    /* lossy, opt-in: missing experts of small weight come from their low-bit copies instead */
+    int32_t low[MAX_EXPERTS];
+    const int n_low = c->lowbit ? lowbit_pick(c, il, low) : 0;
     store_wave_begin(c->store);
     for (int h = 0; h < X; h++)
-        if (cnt[h] != (h ? cnt[h - 1] : 0)) store_hold(c->store, il, h);
+        if (cnt[h] != (h ? cnt[h - 1] : 0) && !names_expert(low, n_low, h)) store_hold(c->store, il, h);
     store_drop_stale(c->store, il, c->s.sel, c->model->hp.n_expert_used);
     if (c->pred) issue_prefetch(c, il);
     int nw = 0;
     for (int h = 0; h < X; h++) {
-        if (cnt[h] == (h ? cnt[h - 1] : 0)) continue;
+        if (cnt[h] == (h ? cnt[h - 1] : 0) || names_expert(low, n_low, h)) continue;
         if (store_overlap(c->store) && store_ready(c->store, il, h) != 1) {
             pending[n_pending++] = h;
             continue;
@@ -107,6 +118,13 @@ static colibri_status decode_experts(struct colibri_context *c, int il, int has_
         c->wave_ids[nw++] = h;
     }
     if (nw || has_sh) expert_wave(c, il, 1, c->wave_ids, c->views, nw, has_sh, q_down, sh_actq);
+    for (int i = 0; i < n_low; i++) {
+        colibri_status st = lowbit_read(c->lowbit, il, low[i], i, &c->views[i]);
+        if (st) return st;
+        c->stats.lowbit_computed++;
+        c->stats.lowbit_bytes_read += lowbit_expert_bytes(c->lowbit);
+    }
+    if (n_low) expert_wave(c, il, 1, low, c->views, n_low, 0, q_down, sh_actq);
     while (n_pending) {
         /* one that has arrived (or has no slot: read now, while the others keep loading), then every
          * other that is there by now */
@@ -194,14 +212,18 @@ colibri_status block_moe_experts(struct colibri_context *c, int il, int n) {
     const int q_exp = kernel_wants_q8a(w->gate_exps.type) || kernel_wants_q8a(w->up_exps.type);
 
     /* 3. group the (token, expert) pairs by expert: cnt[e] becomes the end offset of
-     *    expert e's pairs (start = end of e-1), pairs keep token order within an expert */
+     *    expert e's pairs (start = end of e-1), pairs keep token order within an expert; a pair
+     *    expert_mass left out (-1) has none */
     int32_t *cnt = s->cnt;
     memset(cnt, 0, (size_t)(X + 1) * sizeof *cnt);
-    for (int i = 0; i < n * k; i++) cnt[s->sel[i] + 1]++;
+    for (int i = 0; i < n * k; i++)
+        if (s->sel[i] >= 0) cnt[s->sel[i] + 1]++;
     for (int e = 0; e < X; e++) cnt[e + 1] += cnt[e];
+    c->stats.experts_computed += (uint64_t)cnt[X];
     for (int t = 0; t < n; t++) {
         for (int j = 0; j < k; j++) {
             const int e = s->sel[t * k + j];
+            if (e < 0) continue;
             const int p = cnt[e]++;
             s->tok_pair[t * k + j] = p;
             memcpy(s->xg + (size_t)p * E, s->xn + (size_t)t * E, (size_t)E * sizeof(float));
@@ -232,6 +254,7 @@ colibri_status block_moe_experts(struct colibri_context *c, int il, int n) {
         float *y = s->tmp + (size_t)t * E;
         memset(y, 0, (size_t)E * sizeof(float));
         for (int j = 0; j < k; j++) {
+            if (s->sel[t * k + j] < 0) continue;
             float *d = s->down + (size_t)s->tok_pair[t * k + j] * E;
             if (w->down_exps_b) op_add(d, w->down_exps_b + (size_t)s->sel[t * k + j] * E, E);
             op_axpy(y, s->selw[t * k + j], d, E);

@@ -8,6 +8,7 @@
 
 #include "context.h"
 #include "error.h"
+#include "expert_lowbit.h"
 #include "experts.h"
 #include "predict.h"
 #include "profile.h"
@@ -54,6 +55,13 @@ colibri_status ledger_plan(const struct colibri_model *m, const colibri_context_
         if (st) return st;
         o->context_bytes += pb;
         if (p->drop_cold_share > 0.0f) o->context_bytes += (uint64_t)hp->n_layer * hp->n_expert;
+    }
+
+    if (p->lowbit_experts) { /* the scratch of top-k low-bit copies (expert_lowbit.h) */
+        uint64_t lb;
+        colibri_status st = lowbit_scratch_bytes(p->lowbit_experts, m, &lb);
+        if (st) return st;
+        o->context_bytes += lb;
     }
 
     o->n_expert_total = (hp->n_layer - hp->n_dense_lead) * hp->n_expert; /* leading dense layers have none */

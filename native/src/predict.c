@@ -85,7 +85,8 @@ void predictor_score(predictor *p, int layer, const int32_t *chosen) {
 void predictor_observe(predictor *p, int layer, const int32_t *chosen) {
     float *t = p->temporal + (size_t)layer * p->n_expert;
     for (int e = 0; e < p->n_expert; e++) t[e] *= p->temporal_decay;
-    for (int j = 0; j < p->k; j++) t[chosen[j]] += 1.0f;
+    for (int j = 0; j < p->k; j++)
+        if (chosen[j] >= 0) t[chosen[j]] += 1.0f; /* -1: left out by expert_mass */
 }
 
 static int contains(const int32_t *a, int n, int32_t v) {

@@ -23,6 +23,11 @@ int quantize_supported(uint32_t type);
 size_t quantize_rows(uint32_t type, const float *src, void *dst, int64_t n_rows, int64_t n_per_row,
                      const float *imp);
 
+/* The type a row of ncols elements gets when `t`'s blocks do not divide it (llama.cpp's fallbacks:
+ * IQ4_XS to IQ4_NL, Q2_K/Q3_K to Q4_0, Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, then F16); t when
+ * they do (quantize_model.c). */
+uint32_t quantize_fallback_type(uint32_t t, uint64_t ncols);
+
 uint16_t fp32_to_bf16(float f);   /* round to nearest even, NaN kept NaN */
 
 #endif

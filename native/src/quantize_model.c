@@ -156,7 +156,7 @@ static int layer_of(const char *name, int counter) {
     return counter;
 }
 
-static uint32_t fallback_type(uint32_t t, uint64_t ncols) {
+uint32_t quantize_fallback_type(uint32_t t, uint64_t ncols) {
     const type_info_t *ti = type_info(t);
     if (ncols % ti->block_size == 0) return t;
     uint32_t r = t;
@@ -235,7 +235,7 @@ static int is_float_type(uint32_t t) {
 static uint32_t choose_type(mix_state *s, const target *tg, const gguf_tensor *t) {
     if (!may_quantize(t)) return t->type;
     if (is_float_type(tg->base)) return tg->base;
-    return fallback_type(mix_adjust(s, t, tg->base), t->ne[0]);
+    return quantize_fallback_type(mix_adjust(s, t, tg->base), t->ne[0]);
 }
 
 /* ---- GGUF writing ------------------------------------------------------------------ */

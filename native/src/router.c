@@ -5,7 +5,8 @@
  * the probabilities, renormalised when the model says (expert_weights_norm); or top-k of the
  * logits then a softmax over the k; see reference/moe_router_spec.md. A routing profile can
  * pre-filter the router to a token's likely candidates (route_prefilter_margin) and drop cold
- * experts (drop_cold_share). */
+ * experts (drop_cold_share). The expert-mass option (expert_mass) then keeps only the heaviest of
+ * each token's top-k (reduce_by_mass). */
 #include <math.h>
 #include <string.h>
 
@@ -149,6 +150,37 @@ static void select_grouped(const model_hparams *hp, float *p, const float *bias,
     }
 }
 
+/* Expert mass P in (0, 1): keep the fewest of the k chosen experts, heaviest first, whose share of
+ * the k weights reaches P (at least one); the others become (-1, 0). A router that normalises its
+ * weights over the chosen ones (softmax over the k, or expert_weights_norm) normalises again over
+ * the kept ones, with the same routed scale; one that does not keeps the kept weights as they are. */
+static void reduce_by_mass(const model_hparams *hp, float P, int32_t *sel, float *sw) {
+    const int k = hp->n_expert_used;
+    int order[MAX_EXPERTS];
+    float total = 0.0f;
+    for (int j = 0; j < k; j++) {
+        total += sw[j];
+        int i = j; /* insertion sort by weight, heaviest first; ties keep slot order */
+        while (i > 0 && sw[order[i - 1]] < sw[j]) {
+            order[i] = order[i - 1];
+            i--;
+        }
+        order[i] = j;
+    }
+    if (!(total > 0.0f)) return;
+    float kept = 0.0f;
+    int m = 0;
+    while (m < k && (m == 0 || kept < P * total)) kept += sw[order[m++]];
+    if (m == k) return;
+    const int renorm = hp->router == ROUTER_TOPK_SOFTMAX || hp->expert_weights_norm;
+    const float scale = renorm ? total / kept : 1.0f;
+    for (int i = 0; i < m; i++) sw[order[i]] *= scale;
+    for (int i = m; i < k; i++) {
+        sel[order[i]] = -1;
+        sw[order[i]] = 0.0f;
+    }
+}
+
 void router_select(struct colibri_context *c, int il, int n) {
     const struct colibri_model *m = c->model;
     const model_hparams *hp = &m->hp;
@@ -190,6 +222,7 @@ void router_select(struct colibri_context *c, int il, int n) {
         else if (!prefilter || sel[0] < 0) select_row(hp, s->router + (size_t)t * X, drop, sel, sw);
         /* benchmarks and tests only: a recorded routing replaces the router's choice */
         if (c->route_ov) route_override_row(c->route_ov, (int64_t)s->pos[t], il, sel, sw);
+        if (c->expert_mass > 0.0f && c->expert_mass < 1.0f) reduce_by_mass(hp, c->expert_mass, sel, sw);
         const size_t rt = (size_t)c->route_base + t;
         int32_t *rid = c->route_ids + (rt * hp->n_layer + il) * k;
         float *rw = c->route_w + (rt * hp->n_layer + il) * k;

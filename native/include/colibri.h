@@ -169,6 +169,11 @@ typedef struct colibri_memory_plan {
     int32_t fits;                    /* 1 if the budget holds the minimum working set */
     uint64_t state_bytes;            /* recurrent states of the layers that have one (live copy and
                                         checkpoint; 0 without such layers), part of total_bytes */
+    /* The OpenCL backend's buffers (0 on the CPU), part of total_bytes: host memory on the
+     * devices that share it (integrated GPUs, PoCL), counted on a discrete GPU too. */
+    uint64_t device_buffer_bytes;    /* activations and results of one job */
+    uint64_t device_staging_bytes;   /* experts streamed: three staging buffers, each an expert's
+                                        gate + up or its down */
 } colibri_memory_plan;
 
 /* The plan for opening `path` with `params` (NULL: defaults), without allocating the context.

@@ -957,8 +957,49 @@ static void calibrate_stage(ocl_backend *b, int stage) {
 
 static size_t max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
-colibri_status backend_opencl_create(const struct colibri_model *m, int max_tok, const cb_backend *cpu, timeline *tl,
-                                     cb_backend *out) {
+/* The device buffers' shapes for model m, jobs of up to max_tok tokens: one place for
+ * backend_opencl_create and the memory plan (backend_opencl_buffer_bytes). */
+typedef struct ocl_sizes {
+    size_t max_ff, max_cols, max_rows;  /* widest expert/FFN hidden size, matrix input, matrix output */
+    size_t xf, xq, y, g, u, gq;         /* activation and result buffers, bytes: T_MAX tokens at most */
+    size_t stage;                       /* one staging buffer: an expert's gate + up, or its down */
+} ocl_sizes;
+
+static void ocl_sizes_of(const struct colibri_model *m, int max_tok, ocl_sizes *s) {
+    const model_hparams *hp = &m->hp;
+    const size_t E = (size_t)hp->n_embd, qd = (size_t)hp->n_head * hp->head_dim,
+                 kvd = (size_t)hp->n_head_kv * hp->head_dim;
+    s->max_ff = max3((size_t)hp->n_ff, (size_t)hp->n_ff_exp, (size_t)hp->n_ff_shexp);
+    s->max_cols = max3(E, qd, s->max_ff);
+    s->max_rows = max3(max3((size_t)hp->n_vocab, qd, kvd), max3(E, s->max_ff, (size_t)hp->n_expert), qd + 2 * kvd);
+    const size_t T = (size_t)(max_tok < 1 ? 1 : max_tok < T_MAX ? max_tok : T_MAX);
+    s->xf = T * s->max_cols * sizeof(float);
+    s->xq = T * (s->max_cols / QK8A + 1) * sizeof(block_q8a);
+    s->y = T * s->max_rows * sizeof(float);
+    s->g = T * s->max_ff * sizeof(float);
+    s->u = s->g;
+    s->gq = T * (s->max_ff / QK8A + 1) * sizeof(block_q8a);
+    /* each matrix 256-byte aligned in the buffer (stage_mats) */
+    s->stage = 0;
+    for (int l = 0; l < hp->n_layer && hp->n_expert > 0; l++) {
+        const layer_weights *w = &m->layers[l];
+        const size_t gu = ((w->gate_exps.expert_bytes + 255) & ~(size_t)255) + ((w->up_exps.expert_bytes + 255) & ~(size_t)255);
+        const size_t d = (w->down_exps.expert_bytes + 255) & ~(size_t)255;
+        if (gu > s->stage) s->stage = gu;
+        if (d > s->stage) s->stage = d;
+    }
+}
+
+void backend_opencl_buffer_bytes(const struct colibri_model *m, int max_tok, int streamed, uint64_t *buffers,
+                                 uint64_t *staging) {
+    ocl_sizes s;
+    ocl_sizes_of(m, max_tok, &s);
+    *buffers = (uint64_t)s.xf + s.xq + s.y + s.g + s.u + s.gq;
+    *staging = streamed ? (uint64_t)N_STAGE * s.stage : 0;
+}
+
+colibri_status backend_opencl_create(const struct colibri_model *m, int max_tok, int streamed, const cb_backend *cpu,
+                                     timeline *tl, cb_backend *out) {
     pthread_once(&g_cl_once, cl_load);
     if (!g_cl.GetPlatformIDs) return cb_error(COLIBRI_E_UNSUPPORTED, "OpenCL: %s", g_cl_error);
     ocl_backend *b = cb_calloc(1, sizeof *b);
@@ -1002,29 +1043,20 @@ colibri_status backend_opencl_create(const struct colibri_model *m, int max_tok,
         return st;
     }
     const model_hparams *hp = &m->hp;
-    const size_t E = (size_t)hp->n_embd, qd = (size_t)hp->n_head * hp->head_dim,
-                 kvd = (size_t)hp->n_head_kv * hp->head_dim;
-    b->max_ff = max3((size_t)hp->n_ff, (size_t)hp->n_ff_exp, (size_t)hp->n_ff_shexp);
-    b->max_cols = max3(E, qd, b->max_ff);
-    b->max_rows = max3(max3((size_t)hp->n_vocab, qd, kvd), max3(E, b->max_ff, (size_t)hp->n_expert), qd + 2 * kvd);
-    const size_t T = (size_t)(max_tok < T_MAX ? max_tok : T_MAX);
-    b->xf = new_buf(b, T * b->max_cols * sizeof(float), &st);
-    b->xq = new_buf(b, T * (b->max_cols / QK8A + 1) * sizeof(block_q8a), &st);
-    b->y = new_buf(b, T * b->max_rows * sizeof(float), &st);
-    b->g = new_buf(b, T * b->max_ff * sizeof(float), &st);
-    b->u = new_buf(b, T * b->max_ff * sizeof(float), &st);
-    b->gq = new_buf(b, T * (b->max_ff / QK8A + 1) * sizeof(block_q8a), &st);
-    /* a staging buffer holds one expert's gate and up (or its down), each 256-byte aligned */
-    size_t sb = 0;
-    for (int l = 0; l < hp->n_layer && hp->n_expert > 0; l++) {
-        const layer_weights *w = &m->layers[l];
-        const size_t gu = ((w->gate_exps.expert_bytes + 255) & ~(size_t)255) + ((w->up_exps.expert_bytes + 255) & ~(size_t)255);
-        const size_t d = (w->down_exps.expert_bytes + 255) & ~(size_t)255;
-        if (gu > sb) sb = gu;
-        if (d > sb) sb = d;
-    }
-    b->stage_bytes = sb;
-    for (int i = 0; i < N_STAGE && sb; i++) b->stage[i].mem = new_buf(b, sb, &st);
+    ocl_sizes sz;
+    ocl_sizes_of(m, max_tok, &sz);
+    b->max_ff = sz.max_ff;
+    b->max_cols = sz.max_cols;
+    b->max_rows = sz.max_rows;
+    b->xf = new_buf(b, sz.xf, &st);
+    b->xq = new_buf(b, sz.xq, &st);
+    b->y = new_buf(b, sz.y, &st);
+    b->g = new_buf(b, sz.g, &st);
+    b->u = new_buf(b, sz.u, &st);
+    b->gq = new_buf(b, sz.gq, &st);
+    /* staging only where experts stream: resident experts were uploaded with the weights */
+    b->stage_bytes = streamed ? sz.stage : 0;
+    for (int i = 0; i < N_STAGE && b->stage_bytes; i++) b->stage[i].mem = new_buf(b, b->stage_bytes, &st);
     b->max_jobs = hp->n_expert + 8;
     b->cpu_jobs = cb_malloc((size_t)b->max_jobs * sizeof(mm_job));
     b->cpu_glu = cb_malloc((size_t)b->max_jobs * sizeof(glu_job));

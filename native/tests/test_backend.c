@@ -178,7 +178,7 @@ static void test_opencl(const cb_backend *cpu) {
     m.layers = &lw;
 
     cb_backend cl = {0};
-    colibri_status st = backend_opencl_create(&m, MAXT, cpu, NULL, &cl);
+    colibri_status st = backend_opencl_create(&m, MAXT, 1, cpu, NULL, &cl);
     const char *want = getenv("COLIBRI_TEST_OPENCL");
     if (st) {
         if (want && strcmp(want, "1") == 0) {
@@ -190,6 +190,18 @@ static void test_opencl(const cb_backend *cpu) {
         return;
     }
     printf("test_backend: %s\n", cl.ops->device_name(cl.ctx));
+    {
+        /* what the memory plan counts is what the backend allocated */
+        uint64_t buffers, staging;
+        backend_opencl_buffer_bytes(&m, MAXT, 1, &buffers, &staging);
+        colibri_stats s0;
+        memset(&s0, 0, sizeof s0);
+        cl.ops->fill_stats(cl.ctx, &s0);
+        CHECK(staging > 0 && s0.device_buffer_bytes == buffers + staging);
+        uint64_t b2, s2;
+        backend_opencl_buffer_bytes(&m, MAXT, 0, &b2, &s2);
+        CHECK(b2 == buffers && s2 == 0);
+    }
     float *x = malloc((size_t)MAXT * COLS * sizeof(float));
     block_q8a *xq = malloc((size_t)MAXT * COLS / QK8A * sizeof(block_q8a));
     if (!x || !xq) abort();

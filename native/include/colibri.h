@@ -303,8 +303,8 @@ typedef struct colibri_stats {
     uint64_t device_jobs;                  /* matrix products the device ran */
     uint64_t device_cpu_jobs;              /* ... it gave the CPU (a type without a device kernel) */
     uint64_t device_errors;                /* device failures; the work was redone on the CPU */
-    uint64_t device_buffer_bytes;          /* the backend's staging and activation buffers (not in the
-                                              memory plan; host memory on PoCL and integrated GPUs) */
+    uint64_t device_buffer_bytes;          /* the backend's staging and activation buffers (the memory
+                                              plan's device_buffer_bytes + device_staging_bytes) */
     uint64_t prefetch_dropped;             /* prefetches cancelled before any byte was read: their layer
                                               routed elsewhere, or the step had passed it */
     uint64_t major_faults_prefill;         /* major page faults of the process during prefill calls */

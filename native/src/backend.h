@@ -74,6 +74,9 @@ void backend_opencl_buffer_bytes(const struct colibri_model *m, int max_tok, int
                                  uint64_t *staging);
 /* Fault injection for tests: the OpenCL backend's next n kernel enqueues fail. */
 void backend_opencl_fail_next(const cb_backend *b, int n);
+/* For tests: activation bytes the OpenCL backend's products read from the SwiGLU outputs it kept on
+ * the device instead of uploading them (0 for another backend). */
+uint64_t backend_opencl_reused_bytes(const cb_backend *b);
 /* Upload the model's resident matrices (and its stacked experts when with_experts); context_backend.c. */
 colibri_status backend_add_model(const cb_backend *b, const struct colibri_model *m, int with_experts);
 

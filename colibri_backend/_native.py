@@ -159,6 +159,8 @@ class MemoryPlanC(Structure):
         ("all_resident", c_int32),
         ("fits", c_int32),
         ("state_bytes", c_uint64),
+        ("device_buffer_bytes", c_uint64),
+        ("device_staging_bytes", c_uint64),
     ]
 
 

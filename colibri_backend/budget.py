@@ -285,13 +285,19 @@ PLAN_ROWS = (
     ("context_bytes", "context (routing record, thread stacks, small tables)"),
     ("store_table_bytes", "expert store bookkeeping and predictors"),
     ("expert_bytes", "experts (slots, or all experts when resident)"),
+    ("device_buffer_bytes", "OpenCL device buffers (activations and results of one job)"),
+    ("device_staging_bytes", "OpenCL staging buffers (streamed experts: 3 x an expert's gate+up or down)"),
 )
+# the backend's rows are left out of a CPU plan, where they are 0
+DEVICE_ROWS = ("device_buffer_bytes", "device_staging_bytes")
 
 
 def format_plan(plan: dict[str, int]) -> str:
     """The plan as a table, with the verdict on the last line."""
     lines = []
     for key, label in PLAN_ROWS:
+        if key in DEVICE_ROWS and not plan.get(key):
+            continue
         lines.append(f"  {label:<82} {format_size(plan[key]):>12}")
     lines.append(f"  {'total':<82} {format_size(plan['total_bytes']):>12}")
     budget = plan["budget"]

@@ -8,7 +8,9 @@
   same greedy tokens through the aarch64 and the x86 colibri-run, with logits within LOGIT_TOL of x86's
   (relative to the largest logit), and the scalar kernels agree across the two architectures to
   SCALAR_TOL;
-* colibri-run links static for both architectures, at most 2 MB each.
+* colibri-run links static for both architectures, at most 2 MB each;
+* the NEON kernels execute fewer instructions than the scalar ones (benchmarks/neon_insn_ratio.py, a qemu
+  instruction-counting plugin): an instruction-count ratio, the only ARM figure an emulator gives.
 
 Needs aarch64-linux-gnu-gcc and qemu-aarch64 (apt-get install gcc-aarch64-linux-gnu qemu-user); CI installs
 them (.ci/run), elsewhere the tests skip with that reason. docs/portability.md has the figures.
@@ -16,6 +18,7 @@ them (.ci/run), elsewhere the tests skip with that reason. docs/portability.md h
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
@@ -40,7 +43,12 @@ LOGIT_TOL = 5e-3
 SCALAR_TOL = 1e-5
 TINY_ARCHS = ("llama", "mixtral", "qwen2moe", "qwen3moe", "olmoe")
 TINY_TYPES = ("f16", "q8_0", "q4_0")
-KERNEL_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+# every weight type the engine computes with; each has NEON code of its own (test_kernels_neon checks that
+# none reaches the scalar fallback)
+KERNEL_TYPES = (
+    *("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"),
+    *("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ4_NL", "IQ4_XS", "MXFP4"),
+)
 PROMPT = "def main(args):\n    return"
 N_PREDICT = 8
 
@@ -258,3 +266,20 @@ def test_conformance_aarch64_against_x86(
         worst_scalar = max(worst_scalar, ds)
         assert _rel_diff(a_log, as_log) <= LOGIT_TOL, name
     print(f"aarch64 vs x86: worst logit difference {worst:.2e}, scalar {worst_scalar:.2e}", file=sys.stderr)
+
+
+def test_neon_runs_fewer_instructions_than_scalar(builds: dict[str, Path], tmp_path: Path) -> None:
+    """benchmarks/neon_insn_ratio.py (the docs' command) on the super-block formats last given NEON code:
+    every NEON table runs a decode product in clearly fewer guest instructions than the scalar kernels (a type
+    left to the scalar fallback would come out at 1.0)."""
+    out = tmp_path / "insn.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "neon_insn_ratio.py"), "--build", str(builds["aarch64"])]
+    cmd += ["--types", "Q2_K,Q3_K,Q8_K", "--ntok", "1", "--repeat", "1", "--json", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = json.loads(out.read_text())["results"]
+    assert {g["type"] for g in got} == {"Q2_K", "Q3_K", "Q8_K"}
+    for g in got:
+        assert all(v > 0 for v in g["insns"].values()), g
+        for table, ratio in g["ratio"].items():
+            assert ratio > 1.5, (g["type"], table, ratio)

@@ -10,6 +10,9 @@ pocl-opencl-icd), where a skip counts as a failure. Checked here:
 * a streamed run under a memory budget: every stage of the pipeline timeline (I/O reads, staging
   copies, device compute) busy, the overlap figures consistent, no allocation in a decode step, and
   logits within the same bound as the resident run;
+* the memory plan counts the backend's buffers and its staging buffers (what the backend allocates),
+  `colibri plan --device opencl` shows them, and a budget that holds the CPU's minimum but not the
+  staging buffers is refused;
 * the errors: an unknown device name, a missing OpenCL library, a loader with no platform.
 """
 
@@ -126,7 +129,9 @@ def test_smollm2_matches_cpu(opencl: None) -> None:
 
 def test_streamed_under_budget_timeline(opencl: None, cpu_noise: Noise) -> None:
     ids, cpu, noise_abs, _, _ = cpu_noise
-    plan = colibri_backend.plan_memory(default_model_path(), LoadOptions(memory_budget=1, context_length=128))
+    plan = colibri_backend.plan_memory(
+        default_model_path(), LoadOptions(memory_budget=1, context_length=128, device="opencl")
+    )
     budget = int(plan["min_budget"] * 1.15)  # streams: far below what holds every expert
     with colibri_backend.load(
         default_model_path(), threads=2, device="opencl", context_length=128, memory_budget=budget
@@ -154,6 +159,52 @@ def test_streamed_under_budget_timeline(opencl: None, cpu_noise: Noise) -> None:
     }.items():
         assert 0 <= pipe["overlap_seconds"][pair] <= min(busy[a], busy[b]) + 1e-9, (pair, pipe)
     assert max(busy.values()) <= pipe["any_busy_seconds"] + 1e-9 <= sum(busy.values()) + 2e-9
+
+
+def _plan(device: str, budget: int | None = 1) -> dict:
+    opts = LoadOptions(memory_budget=budget, context_length=128, device=device)
+    return colibri_backend.plan_memory(default_model_path(), opts)
+
+
+def test_plan_counts_device_and_staging_buffers(opencl: None) -> None:
+    cpu, dev = _plan("cpu"), _plan("opencl")
+    assert cpu["device_buffer_bytes"] == cpu["device_staging_bytes"] == 0
+    assert dev["device_buffer_bytes"] > 0
+    # three staging buffers, each an expert's gate + up (a slot holds gate + up + down, page padded)
+    assert dev["expert_slot_bytes"] < dev["device_staging_bytes"] < 3 * dev["expert_slot_bytes"]
+    extra = dev["device_buffer_bytes"] + dev["device_staging_bytes"]
+    assert dev["min_budget"] == cpu["min_budget"] + extra
+    # every expert resident: no staging buffers, none planned
+    resident = _plan("opencl", None)
+    assert resident["all_resident"] == 1 and resident["device_staging_bytes"] == 0
+    assert resident["total_bytes"] == _plan("cpu", None)["total_bytes"] + resident["device_buffer_bytes"]
+    # the plan is what the backend allocates, streamed and resident
+    budget = int(dev["min_budget"] * 1.15)
+    for b, want in ((budget, extra), (None, resident["device_buffer_bytes"])):
+        with colibri_backend.load(
+            default_model_path(), threads=2, device="opencl", context_length=128, memory_budget=b
+        ) as m:
+            assert m.stats()["device_buffer_bytes"] == want
+            assert m.memory_plan()["total_bytes"] == _plan("opencl", b)["total_bytes"]
+    # a budget that holds the CPU's minimum working set but not the device's buffers is refused
+    between = cpu["min_budget"] + extra // 2
+    assert _plan("cpu", between)["fits"] == 1 and _plan("opencl", between)["fits"] == 0
+    with pytest.raises(ColibriError, match="cannot hold the minimum working set"):
+        colibri_backend.load(
+            default_model_path(), threads=2, device="opencl", context_length=128, memory_budget=between
+        )
+    cmd = [sys.executable, "-m", "colibri_backend", "plan", str(default_model_path()), "--context", "128"]
+    r = subprocess.run(
+        [*cmd, "-b", str(budget), "--device", "opencl"], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "OpenCL staging buffers" in r.stdout and "OpenCL device buffers" in r.stdout, r.stdout
+    r = subprocess.run(
+        [*cmd, "-b", str(between), "--device", "opencl"], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 2 and f"--memory-budget {dev['min_budget']}" in r.stderr, r.stdout + r.stderr
+    r = subprocess.run([*cmd, "-b", str(budget)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "OpenCL" not in r.stdout, r.stdout
 
 
 # One tiny model per FFN shape the device meets: routed experts (mixtral; a dense FFN runs the same job
@@ -226,7 +277,9 @@ def test_no_platform_is_a_clear_error(opencl: None, tmp_path: Path) -> None:
 
 def test_device_pipeline_script(opencl: None, tmp_path: Path) -> None:
     """benchmarks/device_pipeline.py (the docs' timeline command) on the bundled model, streamed."""
-    plan = colibri_backend.plan_memory(default_model_path(), LoadOptions(memory_budget=1, context_length=512))
+    plan = colibri_backend.plan_memory(
+        default_model_path(), LoadOptions(memory_budget=1, context_length=512, device="opencl")
+    )
     out = tmp_path / "pipe.json"
     cmd = [
         sys.executable,

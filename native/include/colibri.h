@@ -181,6 +181,11 @@ typedef struct colibri_memory_plan {
     int32_t fits;                    /* 1 if the budget holds the minimum working set */
     uint64_t state_bytes;            /* recurrent states of the layers that have one (live copy and
                                         checkpoint; 0 without such layers), part of total_bytes */
+    /* The OpenCL backend's buffers (0 on the CPU), part of total_bytes: host memory on the
+     * devices that share it (integrated GPUs, PoCL), counted on a discrete GPU too. */
+    uint64_t device_buffer_bytes;    /* activations and results of one job */
+    uint64_t device_staging_bytes;   /* experts streamed: three staging buffers, each an expert's
+                                        gate + up or its down */
 } colibri_memory_plan;
 
 /* The plan for opening `path` with `params` (NULL: defaults), without allocating the context.
@@ -310,8 +315,8 @@ typedef struct colibri_stats {
     uint64_t device_jobs;                  /* matrix products the device ran */
     uint64_t device_cpu_jobs;              /* ... it gave the CPU (a type without a device kernel) */
     uint64_t device_errors;                /* device failures; the work was redone on the CPU */
-    uint64_t device_buffer_bytes;          /* the backend's staging and activation buffers (not in the
-                                              memory plan; host memory on PoCL and integrated GPUs) */
+    uint64_t device_buffer_bytes;          /* the backend's staging and activation buffers (the memory
+                                              plan's device_buffer_bytes + device_staging_bytes) */
     uint64_t prefetch_dropped;             /* prefetches cancelled before any byte was read: their layer
                                               routed elsewhere, or the step had passed it */
     uint64_t major_faults_prefill;         /* major page faults of the process during prefill calls */

@@ -64,11 +64,19 @@ typedef struct cb_backend {
 /* The CPU backend on pool; tl (or NULL) receives the compute stage's busy intervals. */
 colibri_status backend_cpu_create(cb_pool *pool, struct timeline *tl, cb_backend *out);
 /* The OpenCL backend for model m; jobs it cannot take go to cpu (which must outlive it).
- * max_tok: most tokens one job carries (the context's n_batch times top-k). */
-colibri_status backend_opencl_create(const struct colibri_model *m, int max_tok, const cb_backend *cpu,
+ * max_tok: most tokens one job carries (the context's n_batch times top-k); streamed: experts
+ * stream through the store, so the staging buffers are made. */
+colibri_status backend_opencl_create(const struct colibri_model *m, int max_tok, int streamed, const cb_backend *cpu,
                                      struct timeline *tl, cb_backend *out);
+/* What that backend allocates, computed without OpenCL (the memory plan counts it): its
+ * activation and result buffers, and with streamed experts its staging buffers. */
+void backend_opencl_buffer_bytes(const struct colibri_model *m, int max_tok, int streamed, uint64_t *buffers,
+                                 uint64_t *staging);
 /* Fault injection for tests: the OpenCL backend's next n kernel enqueues fail. */
 void backend_opencl_fail_next(const cb_backend *b, int n);
+/* For tests: activation bytes the OpenCL backend's products read from the SwiGLU outputs it kept on
+ * the device instead of uploading them (0 for another backend). */
+uint64_t backend_opencl_reused_bytes(const cb_backend *b);
 /* Upload the model's resident matrices (and its stacked experts when with_experts); context_backend.c. */
 colibri_status backend_add_model(const cb_backend *b, const struct colibri_model *m, int with_experts);
 

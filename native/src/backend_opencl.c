@@ -21,7 +21,14 @@
  * staging buffers on the transfer queue, the compute queue waiting for that copy by event, so
  * expert i+1's copy overlaps expert i's kernels and a buffer is reused only after the kernels
  * that read it completed. A device error marks the backend failed: that call and every later
- * one run on the CPU, counted in device_errors. */
+ * one run on the CPU, counted in device_errors.
+ *
+ * The SwiGLU result stays on the device for the down projection: the expert FFN's q8a output
+ * of a glu call is kept in the device buffer gq (up to KEEP_ROWS token rows per call), and a
+ * matmul call right after it whose activations are that output reads them there instead of
+ * uploading the host's copy. The host copy is still read back (asynchronously, within the glu
+ * call): the activation statistics observer, a down projection handed to the CPU and the CPU
+ * redo after a device error read it. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -154,6 +161,8 @@ static void cl_load(void) {
 #define T_MAX 32        /* tokens per dispatch; longer jobs are split */
 #define N_STAGE 3       /* staging buffers: one computing, one being copied, one free to fill */
 #define MAX_EVENTS 512  /* events kept for the timeline between two collections */
+#define KEEP_ROWS 64    /* token rows of SwiGLU output kept on the device per glu call (decode: top-k) */
+#define KEEP_MAX 64     /* kept outputs (one per glu job and T_MAX-token chunk) per call */
 
 static const char *KERNEL_SRC =
     "#pragma OPENCL FP_CONTRACT OFF\n"
@@ -183,8 +192,9 @@ static const char *KERNEL_SRC =
     "  if (l == 0) for (int k = 0; k < nt; k++) Y[(size_t)(t0 + k) * ldy + r] = red[k * LWS];\n"
     "}\n"
     "#define HEAD(name) kernel void name(global const uchar *W, ulong w_off, ulong row_bytes, int n_cols, \\\n"
-    "    global const float *X, global const q8a *XQ, global float *Y, int ldy, int n_tok) { \\\n"
+    "    global const float *X, global const q8a *XQ, global float *Y, int ldy, int n_tok, ulong xq_off) { \\\n"
     "  const int r = get_group_id(0), t0 = get_group_id(1) * TB, l = get_local_id(0), nb = n_cols / 32; \\\n"
+    "  XQ += xq_off; \\\n"
     "  const int nt = min(TB, n_tok - t0); \\\n"
     "  global const uchar *row = W + w_off + (ulong)r * row_bytes; \\\n"
     "  local float red[TB * LWS]; float acc[TB]; for (int k = 0; k < TB; k++) acc[k] = 0.0f;\n"
@@ -273,9 +283,10 @@ static const char *KERNEL_SRC =
     "  if (i < n) { const float v = G[i]; G[i] = v / (1.0f + exp(-v)) * U[i]; }\n"
     "}\n"
     /* block_q8a of 32 floats, as quantize_row_q8a: d = max|x| / 127, q = round(x / d) */
-    "kernel void quant_q8a(global const float *G, global q8a *Q, int n_blocks) {\n"
+    "kernel void quant_q8a(global const float *G, global q8a *Q, int n_blocks, ulong q_off) {\n"
     "  const int b = get_global_id(0);\n"
     "  if (b >= n_blocks) return;\n"
+    "  Q += q_off;\n"
     "  global const float *x = G + (size_t)b * 32;\n"
     "  float amax = 0.0f; for (int i = 0; i < 32; i++) amax = fmax(amax, fabs(x[i]));\n"
     "  const float d = amax / 127.0f; int sum = 0;\n"
@@ -362,6 +373,15 @@ typedef struct ocl_backend {
     cl_mem xf, xq, y, g, u, gq;
     last_x lx[2];            /* [0] xf, [1] xq */
     size_t max_cols, max_rows, max_ff;
+    /* the last glu call's q8a outputs kept in gq, blocks [0, keep_blocks); the rows after them
+     * take the outputs that do not fit */
+    struct {
+        const void *host;    /* the host copy (the down projection's activations) */
+        size_t bytes, off;   /* its size, and its offset in gq in blocks */
+    } kept[KEEP_MAX];
+    int n_kept;
+    size_t keep_blocks, keep_used;
+    uint64_t keep_gen;       /* that call's generation: the kept outputs serve the call right after it */
     /* jobs handed to the CPU in the current call */
     mm_job *cpu_jobs;
     glu_job *cpu_glu;
@@ -372,6 +392,7 @@ typedef struct ocl_backend {
     double clock_offset[TL_STAGES]; /* host seconds = device ns * 1e-9 + clock_offset[stage] */
     /* counters */
     uint64_t uploaded, staged, dev_jobs, cpu_jobs_n, errors;
+    uint64_t reused;         /* activation bytes read from kept outputs instead of uploaded */
     uint64_t buffer_bytes;   /* staging and activation buffers */
     int failed;
     char first_error[160];
@@ -585,8 +606,8 @@ static void note_event(ocl_backend *b, cl_event ev, int stage) {
     b->evs[b->n_evs++] = (timed_event){ev, stage};
 }
 
-static cl_int set_mm_args(ocl_backend *b, cl_kernel k, cl_mem w, cl_ulong w_off, const mat *m, cl_mem y, int ldy,
-                          int nt) {
+static cl_int set_mm_args(ocl_backend *b, cl_kernel k, cl_mem w, cl_ulong w_off, const mat *m, cl_mem xq,
+                          cl_ulong xq_off, cl_mem y, int ldy, int nt) {
     const cl_ulong rb = m->row_bytes;
     const int cols = m->cols;
     cl_int e = g_cl.SetKernelArg(k, 0, sizeof w, &w);
@@ -594,19 +615,33 @@ static cl_int set_mm_args(ocl_backend *b, cl_kernel k, cl_mem w, cl_ulong w_off,
     e |= g_cl.SetKernelArg(k, 2, sizeof rb, &rb);
     e |= g_cl.SetKernelArg(k, 3, sizeof cols, &cols);
     e |= g_cl.SetKernelArg(k, 4, sizeof b->xf, &b->xf);
-    e |= g_cl.SetKernelArg(k, 5, sizeof b->xq, &b->xq);
+    e |= g_cl.SetKernelArg(k, 5, sizeof xq, &xq);
     e |= g_cl.SetKernelArg(k, 6, sizeof y, &y);
     e |= g_cl.SetKernelArg(k, 7, sizeof ldy, &ldy);
     e |= g_cl.SetKernelArg(k, 8, sizeof nt, &nt);
+    e |= g_cl.SetKernelArg(k, 9, sizeof xq_off, &xq_off);
     return e;
 }
 
-/* Upload tokens [t0, t0 + nt) of a job's activations unless the buffer holds them already. */
-static cl_int upload_x(ocl_backend *b, const mat *w, const float *x, const block_q8a *xq, int t0, int nt) {
+/* Tokens [t0, t0 + nt) of a job's activations on the device: *xqb at block *xqo holds the q8a
+ * ones (a SwiGLU output the last glu call kept, or xq), xf the float ones. Uploaded unless
+ * there already. */
+static cl_int upload_x(ocl_backend *b, const mat *w, const float *x, const block_q8a *xq, int t0, int nt,
+                       cl_mem *xqb, cl_ulong *xqo) {
     const int q = kernel_wants_q8a(w->type);
     const size_t nb = (size_t)w->cols / QK8A;
     const void *src = q ? (const void *)(xq + (size_t)t0 * nb) : (const void *)(x + (size_t)t0 * w->cols);
     const size_t bytes = q ? (size_t)nt * nb * sizeof(block_q8a) : (size_t)nt * w->cols * sizeof(float);
+    *xqb = b->xq;
+    *xqo = 0;
+    if (q && b->keep_gen + 1 == b->gen)
+        for (int i = 0; i < b->n_kept; i++)
+            if (b->kept[i].host == src && b->kept[i].bytes == bytes) {
+                *xqb = b->gq;
+                *xqo = b->kept[i].off;
+                b->reused += bytes;
+                return CL_SUCCESS;
+            }
     last_x *l = &b->lx[q];
     if (l->host == src && l->bytes == bytes) return CL_SUCCESS;
     l->host = src;
@@ -615,14 +650,14 @@ static cl_int upload_x(ocl_backend *b, const mat *w, const float *x, const block
 }
 
 /* y = W x on the device for tokens [t0, t0 + nt), into device buffer y (row stride ldy). */
-static cl_int enqueue_mm(ocl_backend *b, const mat *w, cl_mem wm, size_t w_off, cl_event wait, cl_mem y, int ldy,
-                         int nt, cl_event *done) {
+static cl_int enqueue_mm(ocl_backend *b, const mat *w, cl_mem wm, size_t w_off, cl_mem xq, cl_ulong xq_off,
+                         cl_event wait, cl_mem y, int ldy, int nt, cl_event *done) {
     if (b->fail_next > 0) {
         b->fail_next--;
         return -5; /* CL_OUT_OF_RESOURCES */
     }
     cl_kernel k = b->k[kernel_of(w->type)];
-    cl_int err = set_mm_args(b, k, wm, (cl_ulong)w_off, w, y, ldy, nt);
+    cl_int err = set_mm_args(b, k, wm, (cl_ulong)w_off, w, xq, xq_off, y, ldy, nt);
     if (err != CL_SUCCESS) return err;
     const size_t gws[2] = {(size_t)w->rows * LWS, (size_t)(nt + TB - 1) / TB}, lws[2] = {LWS, 1};
     cl_event ev = NULL;
@@ -682,9 +717,12 @@ static cl_int device_matmul(ocl_backend *b, const mm_job *jb) {
     const int rows = jb->w.rows;
     for (int t0 = 0; t0 < jb->n_tok; t0 += T_MAX) {
         const int nt = jb->n_tok - t0 < T_MAX ? jb->n_tok - t0 : T_MAX;
-        cl_int err = upload_x(b, &jb->w, jb->x, jb->xq, t0, nt);
+        cl_mem xqb;
+        cl_ulong xqo;
+        cl_int err = upload_x(b, &jb->w, jb->x, jb->xq, t0, nt, &xqb, &xqo);
         cl_event done = NULL;
-        if (err == CL_SUCCESS) err = enqueue_mm(b, &jb->w, wm, off, wait, b->y, rows, nt, stage >= 0 ? &done : NULL);
+        if (err == CL_SUCCESS)
+            err = enqueue_mm(b, &jb->w, wm, off, xqb, xqo, wait, b->y, rows, nt, stage >= 0 ? &done : NULL);
         if (err != CL_SUCCESS) return err;
         if (stage >= 0) {
             release_event(&b->stage[stage].last_use);
@@ -751,11 +789,15 @@ static cl_int device_glu(ocl_backend *b, const glu_job *jb) {
     const int F = jb->gate.rows;
     for (int t0 = 0; t0 < jb->n_tok; t0 += T_MAX) {
         const int nt = jb->n_tok - t0 < T_MAX ? jb->n_tok - t0 : T_MAX;
-        cl_int err = upload_x(b, &jb->gate, jb->x, jb->xq, t0, nt);
-        if (err == CL_SUCCESS) err = upload_x(b, &jb->up, jb->x, jb->xq, t0, nt);
+        cl_mem xqb;
+        cl_ulong xqo;
+        cl_int err = upload_x(b, &jb->gate, jb->x, jb->xq, t0, nt, &xqb, &xqo);
+        if (err == CL_SUCCESS) err = upload_x(b, &jb->up, jb->x, jb->xq, t0, nt, &xqb, &xqo);
         cl_event dg = NULL, du = NULL;
-        if (err == CL_SUCCESS) err = enqueue_mm(b, &jb->gate, mg, og, wg, b->g, F, nt, sg >= 0 ? &dg : NULL);
-        if (err == CL_SUCCESS) err = enqueue_mm(b, &jb->up, mu, ou, wu, b->u, F, nt, su >= 0 ? &du : NULL);
+        if (err == CL_SUCCESS)
+            err = enqueue_mm(b, &jb->gate, mg, og, xqb, xqo, wg, b->g, F, nt, sg >= 0 ? &dg : NULL);
+        if (err == CL_SUCCESS)
+            err = enqueue_mm(b, &jb->up, mu, ou, xqb, xqo, wu, b->u, F, nt, su >= 0 ? &du : NULL);
         /* a staging buffer is free again after the last kernel that reads it: up's, when it
          * holds both (the queue runs in order) */
         if (dg) {
@@ -777,17 +819,29 @@ static cl_int device_glu(ocl_backend *b, const glu_job *jb) {
         if (err != CL_SUCCESS) return err;
         note_event(b, ev, TL_COMPUTE);
         if (jb->actq) {
+            /* kept for the down projection where there is room, else in the rows after the kept ones */
+            cl_ulong qoff = b->keep_blocks;
+            if (b->n_kept < KEEP_MAX && b->keep_used + (size_t)nblk <= b->keep_blocks) {
+                qoff = b->keep_used;
+                b->kept[b->n_kept].host = jb->actq + (size_t)t0 * F / QK8A;
+                b->kept[b->n_kept].bytes = (size_t)nblk * sizeof(block_q8a);
+                b->kept[b->n_kept].off = b->keep_used;
+                b->n_kept++;
+                b->keep_used += (size_t)nblk;
+            }
             err = g_cl.SetKernelArg(b->k[K_QUANT], 0, sizeof b->g, &b->g);
             err |= g_cl.SetKernelArg(b->k[K_QUANT], 1, sizeof b->gq, &b->gq);
             err |= g_cl.SetKernelArg(b->k[K_QUANT], 2, sizeof nblk, &nblk);
+            err |= g_cl.SetKernelArg(b->k[K_QUANT], 3, sizeof qoff, &qoff);
             const size_t gq = ((size_t)nblk + LWS - 1) / LWS * LWS;
             ev = NULL;
             if (err == CL_SUCCESS)
                 err = g_cl.EnqueueNDRangeKernel(b->q, b->k[K_QUANT], 1, NULL, &gq, &lws, 0, NULL, b->tl ? &ev : NULL);
             if (err != CL_SUCCESS) return err;
             note_event(b, ev, TL_COMPUTE);
-            err = g_cl.EnqueueReadBuffer(b->q, b->gq, CL_FALSE, 0, (size_t)nblk * sizeof(block_q8a),
-                                         jb->actq + (size_t)t0 * F / QK8A, 0, NULL, NULL);
+            err = g_cl.EnqueueReadBuffer(b->q, b->gq, CL_FALSE, (size_t)qoff * sizeof(block_q8a),
+                                         (size_t)nblk * sizeof(block_q8a), jb->actq + (size_t)t0 * F / QK8A, 0, NULL,
+                                         NULL);
             if (err != CL_SUCCESS) return err;
         }
         err = g_cl.EnqueueReadBuffer(b->q, b->g, CL_FALSE, 0, (size_t)n * sizeof(float), jb->g + (size_t)t0 * F, 0,
@@ -802,6 +856,9 @@ static void ocl_glu(void *vctx, const glu_job *jobs, int n_jobs) {
     ocl_backend *b = vctx;
     b->gen++;
     memset(b->lx, 0, sizeof b->lx);
+    b->n_kept = 0;
+    b->keep_used = 0;
+    b->keep_gen = b->gen;
     int n_cpu = 0;
     cl_int err = CL_SUCCESS;
     for (int j = 0; j < n_jobs; j++) {
@@ -821,6 +878,7 @@ static void ocl_glu(void *vctx, const glu_job *jobs, int n_jobs) {
     if (err == CL_SUCCESS) err = fe;
     if (err != CL_SUCCESS) {
         cl_fail(b, "an expert FFN", err);
+        b->n_kept = 0;  /* the device's outputs are not to be trusted: the CPU's host copy is */
         b->cpu->ops->glu(b->cpu->ctx, jobs, n_jobs);
     }
 }
@@ -843,6 +901,7 @@ static void ocl_fill_stats(void *vctx, colibri_stats *out) {
     out->device_errors = b->errors;
     out->device_buffer_bytes = b->buffer_bytes;
 }
+
 
 static const char *ocl_device_name(void *vctx) { return ((const ocl_backend *)vctx)->name; }
 
@@ -957,8 +1016,52 @@ static void calibrate_stage(ocl_backend *b, int stage) {
 
 static size_t max3(size_t a, size_t b, size_t c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
-colibri_status backend_opencl_create(const struct colibri_model *m, int max_tok, const cb_backend *cpu, timeline *tl,
-                                     cb_backend *out) {
+/* The device buffers' shapes for model m, jobs of up to max_tok tokens: one place for
+ * backend_opencl_create and the memory plan (backend_opencl_buffer_bytes). */
+typedef struct ocl_sizes {
+    size_t max_ff, max_cols, max_rows;  /* widest expert/FFN hidden size, matrix input, matrix output */
+    size_t xf, xq, y, g, u, gq;         /* activation and result buffers, bytes: T_MAX tokens at most
+                                         * (gq: KEEP_ROWS kept rows, then T_MAX more) */
+    size_t keep_blocks;                 /* gq's kept rows, in blocks */
+    size_t stage;                       /* one staging buffer: an expert's gate + up, or its down */
+} ocl_sizes;
+
+static void ocl_sizes_of(const struct colibri_model *m, int max_tok, ocl_sizes *s) {
+    const model_hparams *hp = &m->hp;
+    const size_t E = (size_t)hp->n_embd, qd = (size_t)hp->n_head * hp->head_dim,
+                 kvd = (size_t)hp->n_head_kv * hp->head_dim;
+    s->max_ff = max3((size_t)hp->n_ff, (size_t)hp->n_ff_exp, (size_t)hp->n_ff_shexp);
+    s->max_cols = max3(E, qd, s->max_ff);
+    s->max_rows = max3(max3((size_t)hp->n_vocab, qd, kvd), max3(E, s->max_ff, (size_t)hp->n_expert), qd + 2 * kvd);
+    const size_t T = (size_t)(max_tok < 1 ? 1 : max_tok < T_MAX ? max_tok : T_MAX);
+    s->xf = T * s->max_cols * sizeof(float);
+    s->xq = T * (s->max_cols / QK8A + 1) * sizeof(block_q8a);
+    s->y = T * s->max_rows * sizeof(float);
+    s->g = T * s->max_ff * sizeof(float);
+    s->u = s->g;
+    s->keep_blocks = (size_t)KEEP_ROWS * (s->max_ff / QK8A + 1);
+    s->gq = s->keep_blocks * sizeof(block_q8a) + T * (s->max_ff / QK8A + 1) * sizeof(block_q8a);
+    /* each matrix 256-byte aligned in the buffer (stage_mats) */
+    s->stage = 0;
+    for (int l = 0; l < hp->n_layer && hp->n_expert > 0; l++) {
+        const layer_weights *w = &m->layers[l];
+        const size_t gu = ((w->gate_exps.expert_bytes + 255) & ~(size_t)255) + ((w->up_exps.expert_bytes + 255) & ~(size_t)255);
+        const size_t d = (w->down_exps.expert_bytes + 255) & ~(size_t)255;
+        if (gu > s->stage) s->stage = gu;
+        if (d > s->stage) s->stage = d;
+    }
+}
+
+void backend_opencl_buffer_bytes(const struct colibri_model *m, int max_tok, int streamed, uint64_t *buffers,
+                                 uint64_t *staging) {
+    ocl_sizes s;
+    ocl_sizes_of(m, max_tok, &s);
+    *buffers = (uint64_t)s.xf + s.xq + s.y + s.g + s.u + s.gq;
+    *staging = streamed ? (uint64_t)N_STAGE * s.stage : 0;
+}
+
+colibri_status backend_opencl_create(const struct colibri_model *m, int max_tok, int streamed, const cb_backend *cpu,
+                                     timeline *tl, cb_backend *out) {
     pthread_once(&g_cl_once, cl_load);
     if (!g_cl.GetPlatformIDs) return cb_error(COLIBRI_E_UNSUPPORTED, "OpenCL: %s", g_cl_error);
     ocl_backend *b = cb_calloc(1, sizeof *b);
@@ -1002,29 +1105,21 @@ colibri_status backend_opencl_create(const struct colibri_model *m, int max_tok,
         return st;
     }
     const model_hparams *hp = &m->hp;
-    const size_t E = (size_t)hp->n_embd, qd = (size_t)hp->n_head * hp->head_dim,
-                 kvd = (size_t)hp->n_head_kv * hp->head_dim;
-    b->max_ff = max3((size_t)hp->n_ff, (size_t)hp->n_ff_exp, (size_t)hp->n_ff_shexp);
-    b->max_cols = max3(E, qd, b->max_ff);
-    b->max_rows = max3(max3((size_t)hp->n_vocab, qd, kvd), max3(E, b->max_ff, (size_t)hp->n_expert), qd + 2 * kvd);
-    const size_t T = (size_t)(max_tok < T_MAX ? max_tok : T_MAX);
-    b->xf = new_buf(b, T * b->max_cols * sizeof(float), &st);
-    b->xq = new_buf(b, T * (b->max_cols / QK8A + 1) * sizeof(block_q8a), &st);
-    b->y = new_buf(b, T * b->max_rows * sizeof(float), &st);
-    b->g = new_buf(b, T * b->max_ff * sizeof(float), &st);
-    b->u = new_buf(b, T * b->max_ff * sizeof(float), &st);
-    b->gq = new_buf(b, T * (b->max_ff / QK8A + 1) * sizeof(block_q8a), &st);
-    /* a staging buffer holds one expert's gate and up (or its down), each 256-byte aligned */
-    size_t sb = 0;
-    for (int l = 0; l < hp->n_layer && hp->n_expert > 0; l++) {
-        const layer_weights *w = &m->layers[l];
-        const size_t gu = ((w->gate_exps.expert_bytes + 255) & ~(size_t)255) + ((w->up_exps.expert_bytes + 255) & ~(size_t)255);
-        const size_t d = (w->down_exps.expert_bytes + 255) & ~(size_t)255;
-        if (gu > sb) sb = gu;
-        if (d > sb) sb = d;
-    }
-    b->stage_bytes = sb;
-    for (int i = 0; i < N_STAGE && sb; i++) b->stage[i].mem = new_buf(b, sb, &st);
+    ocl_sizes sz;
+    ocl_sizes_of(m, max_tok, &sz);
+    b->max_ff = sz.max_ff;
+    b->max_cols = sz.max_cols;
+    b->max_rows = sz.max_rows;
+    b->keep_blocks = sz.keep_blocks;
+    b->xf = new_buf(b, sz.xf, &st);
+    b->xq = new_buf(b, sz.xq, &st);
+    b->y = new_buf(b, sz.y, &st);
+    b->g = new_buf(b, sz.g, &st);
+    b->u = new_buf(b, sz.u, &st);
+    b->gq = new_buf(b, sz.gq, &st);
+    /* staging only where experts stream: resident experts were uploaded with the weights */
+    b->stage_bytes = streamed ? sz.stage : 0;
+    for (int i = 0; i < N_STAGE && b->stage_bytes; i++) b->stage[i].mem = new_buf(b, b->stage_bytes, &st);
     b->max_jobs = hp->n_expert + 8;
     b->cpu_jobs = cb_malloc((size_t)b->max_jobs * sizeof(mm_job));
     b->cpu_glu = cb_malloc((size_t)b->max_jobs * sizeof(glu_job));
@@ -1044,4 +1139,8 @@ colibri_status backend_opencl_create(const struct colibri_model *m, int max_tok,
 
 void backend_opencl_fail_next(const cb_backend *b, int n) {
     if (b->ops == &OCL_OPS) ((ocl_backend *)b->ctx)->fail_next = n;
+}
+
+uint64_t backend_opencl_reused_bytes(const cb_backend *b) {
+    return b->ops == &OCL_OPS ? ((const ocl_backend *)b->ctx)->reused : 0;
 }

@@ -210,6 +210,10 @@ void context_destroy(struct colibri_context *c);
  * the backend created after the store and resident experts, its counters, its teardown. */
 colibri_status context_backend_resolve(colibri_context_params *p);
 colibri_status context_backend_init(struct colibri_context *c, const colibri_context_params *p);
+/* The backend's memory for the plan (resolved params): its device buffers, and the staging
+ * buffers it makes when experts stream; both 0 on the CPU backend. */
+void context_backend_plan(const struct colibri_model *m, const colibri_context_params *p, uint64_t *buffers,
+                          uint64_t *staging);
 void context_backend_free(struct colibri_context *c);
 void context_fill_backend_stats(const struct colibri_context *c, colibri_stats *out);
 void context_reset_backend_stats(struct colibri_context *c);

@@ -63,6 +63,18 @@ colibri_status backend_add_model(const cb_backend *b, const struct colibri_model
     return COLIBRI_OK;
 }
 
+/* Most tokens one backend job carries: a prefill chunk times top-k (grouped expert jobs). */
+static int backend_max_tok(const struct colibri_model *m, int n_batch) {
+    return n_batch * (m->hp.n_expert_used > 0 ? m->hp.n_expert_used : 1);
+}
+
+void context_backend_plan(const struct colibri_model *m, const colibri_context_params *p, uint64_t *buffers,
+                          uint64_t *staging) {
+    *buffers = *staging = 0;
+    if (p->backend == COLIBRI_BACKEND_OPENCL)
+        backend_opencl_buffer_bytes(m, backend_max_tok(m, p->n_batch), 1, buffers, staging);
+}
+
 colibri_status context_backend_init(struct colibri_context *c, const colibri_context_params *p) {
     colibri_status st;
     if (c->store) {
@@ -78,10 +90,10 @@ colibri_status context_backend_init(struct colibri_context *c, const colibri_con
     if ((st = backend_cpu_create(c->pool, c->timeline, &c->cpu_backend))) return st;
     c->backend = c->cpu_backend;
     if (p->backend != COLIBRI_BACKEND_OPENCL) return COLIBRI_OK;
-    const model_hparams *hp = &c->model->hp;
-    const int k = hp->n_expert_used > 0 ? hp->n_expert_used : 1;
     cb_backend dev;
-    if ((st = backend_opencl_create(c->model, c->n_batch * k, &c->cpu_backend, c->timeline, &dev))) return st;
+    if ((st = backend_opencl_create(c->model, backend_max_tok(c->model, c->n_batch), c->store != NULL,
+                                    &c->cpu_backend, c->timeline, &dev)))
+        return st;
     c->backend = dev;
     return backend_add_model(&c->backend, c->model, c->plan.all_resident);
 }

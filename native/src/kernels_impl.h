@@ -50,6 +50,8 @@ extern const kernel_table kernels_avx512;
 extern const kernel_table kernels_neon;
 extern const kernel_table kernels_neon_dotprod;
 extern const kernel_table kernels_neon_i8mm;
+/* 1 when the NEON tables have code of their own for this weight type (not the scalar fallback). */
+int kernels_neon_has_code(uint32_t type);
 #endif
 
 /* The table in use (cpu.c); never NULL. */

@@ -15,3 +15,6 @@ const kernel_table kernels_neon = {
     .fp32_to_fp16_row = neon_fp32_to_fp16_row,
     .dot_f32 = neon_dot_f32,
 };
+
+/* The three NEON tables share kernels_neon.h's type list, so this one answers for all. */
+int kernels_neon_has_code(uint32_t type) { return kn_has_code(type); }

@@ -25,14 +25,19 @@
  * columns (fused multiply-add), lanes summed in a fixed order, then the tail in scalar. The
  * arithmetic of a pair does not depend on the tile it is computed in.
  *
- * The super-block formats Q4_K, Q5_K, Q6_K and IQ4_XS meet the activations one 32-element
+ * The super-block formats (Q2_K .. Q6_K, IQ4_XS, Q8_K) meet the activations one 32-element
  * sub-block at a time, as the scalar reference does: their integer sub-block scales multiply
- * the exact dot products in int32 (per 16-element half for Q6_K), then
- *     acc = acc + ((d * dq) * float(sumi))           Q6_K, IQ4_XS
+ * the exact dot products in int32 (per 16-element half for Q3_K and Q6_K), then
+ *     acc = acc + ((d * dq) * float(sumi))           Q3_K, Q6_K, IQ4_XS, Q8_K
  *     acc = (acc + (d * dq) * float(sumi)) - (dmin * m) * s   Q4_K, Q5_K
+ *     acc = (acc + (d * dq) * float(sumi)) - (dmin * dq) * float(imin)   Q2_K
+ * Q2_K's 4-bit scales times its 2-bit quants fit int8 (at most 45), so its quants are scaled
+ * before the dot product (the same exact sumi); imin = m0 * sum(qx, 0..15) + m1 * sum(qx, 16..31)
+ * is exact int32 from the activation block's two half sums. Q3_K's products can reach 128
+ * (-4 x -32) and so keep their scales outside, per half, as Q6_K does.
  *
- * Types without NEON code here (Q2_K, Q3_K, Q8_K, and any type added later) go to the scalar
- * kernels: one fallback, the default case of neon_matmul_rows. */
+ * A type without NEON code here (any type added later) goes to the scalar kernels: one
+ * fallback, the default case of neon_matmul_rows. */
 #ifndef COLIBRI_KERNELS_NEON_H
 #define COLIBRI_KERNELS_NEON_H
 
@@ -76,8 +81,11 @@ typedef struct kn_q32 {
 typedef struct kn_wblock {
     kn_q32 q;
     float dw;       /* scale (the super-block's d for the 256-element formats) */
-    float dm;       /* Q4_1 / Q5_1: block minimum; Q4_K / Q5_K: dmin * the sub-block's minimum; else 0 */
-    int32_t sc[2];  /* integer scales of the two 16-element halves (the super-block formats), else 1 */
+    float dm;       /* Q4_1 / Q5_1: block minimum; Q4_K / Q5_K: dmin * the sub-block's minimum;
+                     * Q2_K: dmin; else 0 */
+    int32_t sc[2];  /* integer scales of the two 16-element halves (Q3_K, Q6_K) or of the sub-block
+                     * (Q4_K, Q5_K, IQ4_XS), applied after the dot product; else 1 */
+    int32_t mn[2];  /* Q2_K: integer minimums of the two 16-element halves; else 0 */
 } kn_wblock;
 
 /* The 16 bits of qh (little-endian) at `bits` as 16 bytes of 0x10 (set) or 0 (clear):
@@ -93,13 +101,14 @@ enum {
     KN_MIN_NONE,   /* acc + d dx sumi */
     KN_MIN_SUM,    /* Q4_1: acc + (d dx sumi + m s) */
     KN_MIN_AFTER,  /* Q5_1: (acc + d dx sumi) + m s */
-    KN_MIN_SUB,    /* Q4_K, Q5_K: (acc + d dx sumi) - (dmin mn) s */
+    KN_MIN_SUB,    /* Q4_K, Q5_K: (acc + d dx sumi) - (dmin mn) s;  Q2_K: ... - (dmin dx) imin */
 };
 
 KN_INLINE int kn_min_mode(uint32_t type) {
     switch (type) {
     case GGML_TYPE_Q4_1: return KN_MIN_SUM;
     case GGML_TYPE_Q5_1: return KN_MIN_AFTER;
+    case GGML_TYPE_Q2_K:
     case GGML_TYPE_Q4_K:
     case GGML_TYPE_Q5_K: return KN_MIN_SUB;
     default: return KN_MIN_NONE;
@@ -108,9 +117,9 @@ KN_INLINE int kn_min_mode(uint32_t type) {
 
 /* How the integer sub-block scales enter sumi (exact in int32 either way). */
 enum {
-    KN_SC_NONE,     /* 32-element formats: sumi = dot */
+    KN_SC_NONE,     /* 32-element formats, Q8_K, and Q2_K (scales folded into the quants): sumi = dot */
     KN_SC_UNIFORM,  /* Q4_K, Q5_K, IQ4_XS: one scale per 32: sumi = sc * dot */
-    KN_SC_HALVES,   /* Q6_K: one per 16: sumi = sc0 * dot(0..15) + sc1 * dot(16..31) */
+    KN_SC_HALVES,   /* Q3_K, Q6_K: one per 16: sumi = sc0 * dot(0..15) + sc1 * dot(16..31) */
 };
 
 KN_INLINE int kn_sc_mode(uint32_t type) {
@@ -118,9 +127,33 @@ KN_INLINE int kn_sc_mode(uint32_t type) {
     case GGML_TYPE_Q4_K:
     case GGML_TYPE_Q5_K:
     case GGML_TYPE_IQ4_XS: return KN_SC_UNIFORM;
+    case GGML_TYPE_Q3_K:
     case GGML_TYPE_Q6_K: return KN_SC_HALVES;
     default: return KN_SC_NONE;
     }
+}
+
+/* Formats with 256-element super-blocks (sub-block b & 7 of super-block b >> 3). */
+KN_INLINE int kn_is_super(uint32_t type) {
+    switch (type) {
+    case GGML_TYPE_Q2_K:
+    case GGML_TYPE_Q3_K:
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q5_K:
+    case GGML_TYPE_Q6_K:
+    case GGML_TYPE_Q8_K:
+    case GGML_TYPE_IQ4_XS: return 1;
+    default: return 0;
+    }
+}
+
+/* Q2_K / Q3_K: the 2 low bits of sub-block j's 32 quants, elements 0..15 and 16..31: bits
+ * 2 (j % 4) of qs[32 (j / 4) + l] */
+KN_INLINE void kn_q2_bits(const uint8_t *qs, int j, uint8x16_t *lo, uint8x16_t *hi) {
+    const int8x16_t shift = vdupq_n_s8((int8_t)(-2 * (j & 3)));
+    const uint8_t *q = qs + 32 * (j >> 2);
+    *lo = vandq_u8(vshlq_u8(vld1q_u8(q), shift), vdupq_n_u8(3));
+    *hi = vandq_u8(vshlq_u8(vld1q_u8(q + 16), shift), vdupq_n_u8(3));
 }
 
 /* Sub-block j (0..7, 32 elements, the activation block it meets) of a 256-element super-block. */
@@ -128,7 +161,39 @@ KN_INLINE kn_wblock kn_load_superblock(uint32_t type, const char *row, int b) {
     kn_wblock wb;
     const int j = b & 7;
     wb.dm = 0.0f;
-    if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K) {
+    wb.sc[0] = wb.sc[1] = 1;
+    wb.mn[0] = wb.mn[1] = 0;
+    if (type == GGML_TYPE_Q2_K) {
+        const block_q2_K *b2 = (const block_q2_K *)row + (b >> 3);
+        uint8x16_t lo, hi;
+        kn_q2_bits(b2->qs, j, &lo, &hi);
+        /* half h: scale = low nibble, minimum = high nibble of scales[2 j + h] */
+        const uint8_t s0 = b2->scales[2 * j], s1 = b2->scales[2 * j + 1];
+        wb.q.lo = vreinterpretq_s8_u8(vmulq_u8(lo, vdupq_n_u8(s0 & 0x0f)));
+        wb.q.hi = vreinterpretq_s8_u8(vmulq_u8(hi, vdupq_n_u8(s1 & 0x0f)));
+        wb.mn[0] = s0 >> 4;
+        wb.mn[1] = s1 >> 4;
+        wb.dw = kn_half(b2->d);
+        wb.dm = kn_half(b2->dmin);
+    } else if (type == GGML_TYPE_Q3_K) {
+        const block_q3_K *b3 = (const block_q3_K *)row + (b >> 3);
+        uint8x16_t lo, hi;
+        kn_q2_bits(b3->qs, j, &lo, &hi);
+        /* q = low bits - 4 where bit j of hmask[l] is clear */
+        const uint8x16_t bit = vdupq_n_u8((uint8_t)(1u << j)), four = vdupq_n_u8(4);
+        lo = vsubq_u8(lo, vbicq_u8(four, vtstq_u8(vld1q_u8(b3->hmask), bit)));
+        hi = vsubq_u8(hi, vbicq_u8(four, vtstq_u8(vld1q_u8(b3->hmask + 16), bit)));
+        wb.q.lo = vreinterpretq_s8_u8(lo);
+        wb.q.hi = vreinterpretq_s8_u8(hi);
+        wb.sc[0] = k3_scale(b3->scales, 2 * j);
+        wb.sc[1] = k3_scale(b3->scales, 2 * j + 1);
+        wb.dw = kn_half(b3->d);
+    } else if (type == GGML_TYPE_Q8_K) {
+        const block_q8_K *b8 = (const block_q8_K *)row + (b >> 3);
+        wb.q.lo = vld1q_s8(b8->qs + 32 * j);
+        wb.q.hi = vld1q_s8(b8->qs + 32 * j + 16);
+        memcpy(&wb.dw, &b8->d, sizeof wb.dw);
+    } else if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K) {
         const int five = type == GGML_TYPE_Q5_K;
         const block_q4_K *b4 = (const block_q4_K *)row + (b >> 3);
         const block_q5_K *b5 = (const block_q5_K *)row + (b >> 3);
@@ -177,10 +242,11 @@ KN_INLINE kn_wblock kn_load_superblock(uint32_t type, const char *row, int b) {
 }
 
 KN_INLINE kn_wblock kn_load_wblock(uint32_t type, const char *row, int b) {
-    if (kn_sc_mode(type) != KN_SC_NONE) return kn_load_superblock(type, row, b);
+    if (kn_is_super(type)) return kn_load_superblock(type, row, b);
     kn_wblock wb;
     wb.dm = 0.0f;
     wb.sc[0] = wb.sc[1] = 1;
+    wb.mn[0] = wb.mn[1] = 0;
     if (type == GGML_TYPE_Q8_0) {
         const block_q8_0 *blk = (const block_q8_0 *)row + b;
         wb.q.lo = vld1q_s8(blk->qs);
@@ -249,6 +315,12 @@ KN_INLINE kn_wblock kn_load_wblock(uint32_t type, const char *row, int b) {
 KN_INLINE kn_q32 kn_load_xq(const block_q8a *x) {
     kn_q32 q = {vld1q_s8(x->qs), vld1q_s8(x->qs + 16)};
     return q;
+}
+
+/* Q2_K's minimum term, exact int32: m0 * sum(qx, 0..15) + m1 * sum(qx, 16..31) for 4 lanes,
+ * given each lane's two weight minimums and activation half sums. */
+KN_INLINE int32x4_t kn_q2_imin(const int32_t m0[4], const int32_t m1[4], const int32_t s0[4], const int32_t s1[4]) {
+    return vmlaq_s32(vmulq_s32(vld1q_s32(m0), vld1q_s32(s0)), vld1q_s32(m1), vld1q_s32(s1));
 }
 
 /* int32 lanes whose sum is the block's dot product sum_i w_i x_i. */
@@ -344,8 +416,17 @@ KN_INLINE void kn_quad_decode(uint32_t type, const char *W, size_t row_bytes, in
             sumi = vmulq_s32(sumi, vld1q_s32(sc));
         }
         const float32x4_t scale = vmulq_f32(kn_f4(wb[0].dw, wb[1].dw, wb[2].dw, wb[3].dw), vdupq_n_f32(x[b].d));
+        const float32x4_t dm = kn_f4(wb[0].dm, wb[1].dm, wb[2].dm, wb[3].dm);
         float32x4_t mterm = vdupq_n_f32(0.0f);
-        if (mm != KN_MIN_NONE) mterm = vmulq_f32(kn_f4(wb[0].dm, wb[1].dm, wb[2].dm, wb[3].dm), vdupq_n_f32(x[b].s));
+        if (type == GGML_TYPE_Q2_K) {
+            const int32_t sx0 = vaddlvq_s8(xq.lo), sx1 = vaddlvq_s8(xq.hi);
+            const int32_t m0[4] = {wb[0].mn[0], wb[1].mn[0], wb[2].mn[0], wb[3].mn[0]};
+            const int32_t m1[4] = {wb[0].mn[1], wb[1].mn[1], wb[2].mn[1], wb[3].mn[1]};
+            const int32_t s0[4] = {sx0, sx0, sx0, sx0}, s1[4] = {sx1, sx1, sx1, sx1};
+            mterm = vmulq_f32(vmulq_f32(dm, vdupq_n_f32(x[b].d)), vcvtq_f32_s32(kn_q2_imin(m0, m1, s0, s1)));
+        } else if (mm != KN_MIN_NONE) {
+            mterm = vmulq_f32(dm, vdupq_n_f32(x[b].s));
+        }
         acc = kn_block_acc(acc, sumi, scale, mterm, mm);
     }
     float out[4];
@@ -368,10 +449,21 @@ KN_INLINE void kn_tile_prefill(uint32_t type, const char *W, size_t row_bytes, i
         const float32x4_t dm = kn_f4(A.dm, A.dm, B.dm, B.dm);
         for (int h = 0; h < 2; h++) {
             const block_q8a *xa = x[2 * h] + b, *xb = x[2 * h + 1] + b;
-            const int32x4_t sumi = kn_sums_2x2(type, &A, &B, kn_load_xq(xa), kn_load_xq(xb));
-            const float32x4_t scale = vmulq_f32(dw, kn_f4(xa->d, xb->d, xa->d, xb->d));
+            const kn_q32 qa = kn_load_xq(xa), qb = kn_load_xq(xb);
+            const int32x4_t sumi = kn_sums_2x2(type, &A, &B, qa, qb);
+            const float32x4_t dx = kn_f4(xa->d, xb->d, xa->d, xb->d);
+            const float32x4_t scale = vmulq_f32(dw, dx);
             float32x4_t mterm = vdupq_n_f32(0.0f);
-            if (mm != KN_MIN_NONE) mterm = vmulq_f32(dm, kn_f4(xa->s, xb->s, xa->s, xb->s));
+            if (type == GGML_TYPE_Q2_K) {
+                const int32_t sa0 = vaddlvq_s8(qa.lo), sa1 = vaddlvq_s8(qa.hi);
+                const int32_t sb0 = vaddlvq_s8(qb.lo), sb1 = vaddlvq_s8(qb.hi);
+                const int32_t m0[4] = {A.mn[0], A.mn[0], B.mn[0], B.mn[0]};
+                const int32_t m1[4] = {A.mn[1], A.mn[1], B.mn[1], B.mn[1]};
+                const int32_t s0[4] = {sa0, sb0, sa0, sb0}, s1[4] = {sa1, sb1, sa1, sb1};
+                mterm = vmulq_f32(vmulq_f32(dm, dx), vcvtq_f32_s32(kn_q2_imin(m0, m1, s0, s1)));
+            } else if (mm != KN_MIN_NONE) {
+                mterm = vmulq_f32(dm, kn_f4(xa->s, xb->s, xa->s, xb->s));
+            }
             if (h == 0) acc0 = kn_block_acc(acc0, sumi, scale, mterm, mm);
             else acc1 = kn_block_acc(acc1, sumi, scale, mterm, mm);
         }
@@ -481,27 +573,41 @@ KN_INLINE void kn_matmul_f(uint32_t type, const char *W, size_t row_bytes, int n
 #undef KN_F_TILE
 }
 
+/* The types with NEON code, one list for the dispatch below and for kernels_neon_has_code:
+ * float weights (kn_matmul_f) and quantized ones (kn_matmul_q, activations in block_q8a). */
+#define KN_FLOAT_TYPES(X) X(F32) X(F16) X(BF16)
+#define KN_QUANT_TYPES(X)                                                                      \
+    X(Q8_0) X(Q4_0) X(Q4_1) X(Q5_0) X(Q5_1) X(IQ4_NL) X(MXFP4) X(Q2_K) X(Q3_K) X(Q4_K) X(Q5_K) \
+    X(Q6_K) X(Q8_K) X(IQ4_XS)
+
+KN_INLINE int kn_has_code(uint32_t type) {
+    switch (type) {
+#define KN_CASE(T) case GGML_TYPE_##T:
+        KN_FLOAT_TYPES(KN_CASE)
+        KN_QUANT_TYPES(KN_CASE)
+#undef KN_CASE
+        return 1;
+    default: return 0;
+    }
+}
+
 static void neon_matmul_rows(uint32_t type, const void *W, size_t row_bytes, int n_cols, const float *X,
                              const block_q8a *Xq, int n_tok, float *Y, int ldy, int r0, int r1) {
     const char *w = (const char *)W;
     const int nb = n_cols / QK8A;
+    /* each case passes its type as a constant, so every format gets its own inlined loop */
     switch (type) {
-    case GGML_TYPE_F32: kn_matmul_f(GGML_TYPE_F32, w, row_bytes, n_cols, X, n_tok, Y, ldy, r0, r1); break;
-    case GGML_TYPE_F16: kn_matmul_f(GGML_TYPE_F16, w, row_bytes, n_cols, X, n_tok, Y, ldy, r0, r1); break;
-    case GGML_TYPE_BF16: kn_matmul_f(GGML_TYPE_BF16, w, row_bytes, n_cols, X, n_tok, Y, ldy, r0, r1); break;
-    case GGML_TYPE_Q8_0: kn_matmul_q(GGML_TYPE_Q8_0, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
-    case GGML_TYPE_Q4_0: kn_matmul_q(GGML_TYPE_Q4_0, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
-    case GGML_TYPE_Q4_1: kn_matmul_q(GGML_TYPE_Q4_1, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
-    case GGML_TYPE_Q5_0: kn_matmul_q(GGML_TYPE_Q5_0, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
-    case GGML_TYPE_Q5_1: kn_matmul_q(GGML_TYPE_Q5_1, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
-    case GGML_TYPE_IQ4_NL: kn_matmul_q(GGML_TYPE_IQ4_NL, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
-    case GGML_TYPE_MXFP4: kn_matmul_q(GGML_TYPE_MXFP4, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
-    case GGML_TYPE_Q4_K: kn_matmul_q(GGML_TYPE_Q4_K, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
-    case GGML_TYPE_Q5_K: kn_matmul_q(GGML_TYPE_Q5_K, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
-    case GGML_TYPE_Q6_K: kn_matmul_q(GGML_TYPE_Q6_K, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
-    case GGML_TYPE_IQ4_XS: kn_matmul_q(GGML_TYPE_IQ4_XS, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+#define KN_CASE_F(T) \
+    case GGML_TYPE_##T: kn_matmul_f(GGML_TYPE_##T, w, row_bytes, n_cols, X, n_tok, Y, ldy, r0, r1); break;
+#define KN_CASE_Q(T) \
+    case GGML_TYPE_##T: kn_matmul_q(GGML_TYPE_##T, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+        KN_FLOAT_TYPES(KN_CASE_F)
+        KN_QUANT_TYPES(KN_CASE_Q)
+#undef KN_CASE_F
+#undef KN_CASE_Q
     default:
-        /* the one fallback: a type this file has no NEON code for runs the reference kernels */
+        /* the one fallback: a type this file has no NEON code for runs the reference kernels
+         * (test_kernels_neon fails while any type the scalar kernels compute lands here) */
         kernels_scalar.matmul_rows(type, W, row_bytes, n_cols, X, Xq, n_tok, Y, ldy, r0, r1);
         break;
     }

@@ -67,10 +67,13 @@ colibri_status ledger_plan(const struct colibri_model *m, const colibri_context_
     o->n_expert_total = (hp->n_layer - hp->n_dense_lead) * hp->n_expert; /* leading dense layers have none */
     o->expert_slot_bytes = store_slot_bytes(m);
     o->min_expert_slots = hp->n_expert_used;
+    /* the device backend's buffers; its staging buffers exist only where experts stream */
+    uint64_t staging;
+    context_backend_plan(m, p, &o->device_buffer_bytes, &staging);
     const uint64_t fixed = o->metadata_bytes + o->resident_weight_bytes + o->model_table_bytes + o->kv_bytes +
-                           o->state_bytes + o->scratch_bytes + o->context_bytes;
+                           o->state_bytes + o->scratch_bytes + o->context_bytes + o->device_buffer_bytes;
 
-    const uint64_t min_budget = fixed + store_table_bytes(m, o->min_expert_slots) + predictor_bytes(m) +
+    const uint64_t min_budget = fixed + staging + store_table_bytes(m, o->min_expert_slots) + predictor_bytes(m) +
                                 (uint64_t)o->min_expert_slots * o->expert_slot_bytes;
     if (hp->n_expert > 0 && p->expert_slots > 0) {
         /* slots counted in experts: exactly this many (a store even when that is all of them,
@@ -80,7 +83,8 @@ colibri_status ledger_plan(const struct colibri_model *m, const colibri_context_
         o->n_expert_slots = n;
         o->store_table_bytes = store_table_bytes(m, (int)n) + predictor_bytes(m);
         o->expert_bytes = (uint64_t)n * o->expert_slot_bytes;
-        o->total_bytes = fixed + o->store_table_bytes + o->expert_bytes;
+        o->device_staging_bytes = staging;
+        o->total_bytes = fixed + o->device_staging_bytes + o->store_table_bytes + o->expert_bytes;
         o->min_budget = o->total_bytes;
         o->fits = n >= o->min_expert_slots && (o->budget == 0 || o->budget >= o->total_bytes);
         return COLIBRI_OK;
@@ -102,12 +106,13 @@ colibri_status ledger_plan(const struct colibri_model *m, const colibri_context_
     const uint64_t tables0 = store_table_bytes(m, 0) + predictor_bytes(m);
     const uint64_t per_slot = o->expert_slot_bytes + (store_table_bytes(m, 1) - store_table_bytes(m, 0));
     uint64_t n = 0;
-    if (o->budget > fixed + tables0) n = (o->budget - fixed - tables0) / per_slot;
+    o->device_staging_bytes = staging;
+    if (o->budget > fixed + staging + tables0) n = (o->budget - fixed - staging - tables0) / per_slot;
     if (n > (uint64_t)o->n_expert_total) n = (uint64_t)o->n_expert_total;
     o->n_expert_slots = (int32_t)n;
     o->store_table_bytes = store_table_bytes(m, (int)n) + predictor_bytes(m);
     o->expert_bytes = n * o->expert_slot_bytes;
-    o->total_bytes = fixed + o->store_table_bytes + o->expert_bytes;
+    o->total_bytes = fixed + o->device_staging_bytes + o->store_table_bytes + o->expert_bytes;
     o->min_budget = min_budget;
     o->fits = o->n_expert_slots >= o->min_expert_slots;
     return COLIBRI_OK;

@@ -153,6 +153,29 @@ static void check_glu(const cb_backend *cl, const cb_backend *cpu, const float *
         for (int i = 0; i < 32; i++) bad += abs(qa[b].qs[i] - qb[b].qs[i]) > 1;
     }
     CHECK(bad == 0);
+    /* the down projection right after reads the SwiGLU output the device kept (no upload), and
+     * computes what it computes from the host copy of the same blocks */
+    enum { D = 64 };
+    weights d = make_weights(GGML_TYPE_Q8_0, D, F);
+    const mat md = {d.data, d.type, D, F, d.row_bytes};
+    static float da[5 * D], db[5 * D], dc[5 * D];
+    static block_q8a qc[5 * 256 / 32];
+    memcpy(qc, qb, sizeof qc);
+    const uint64_t r0 = backend_opencl_reused_bytes(cl);
+    const mm_job down_cpu = job(&md, gb, qb, T, da, D), down_kept = job(&md, gb, qb, T, db, D);
+    cpu->ops->matmul(cpu->ctx, &down_cpu, 1);
+    cl->ops->matmul(cl->ctx, &down_kept, 1);
+    CHECK(backend_opencl_reused_bytes(cl) - r0 == sizeof qb);
+    CHECK(close_rows(da, db, (size_t)T * D, 2e-5f));
+    cl->ops->glu(cl->ctx, &jb, 1);
+    const mm_job down_copy = job(&md, gb, qc, T, dc, D);  /* another host buffer: uploaded */
+    cl->ops->matmul(cl->ctx, &down_copy, 1);
+    CHECK(backend_opencl_reused_bytes(cl) - r0 == sizeof qb);
+    CHECK(memcmp(db, dc, sizeof db) == 0);
+    cl->ops->matmul(cl->ctx, &down_kept, 1);  /* a second call after the glu: uploaded too */
+    CHECK(backend_opencl_reused_bytes(cl) - r0 == sizeof qb);
+    CHECK(memcmp(db, dc, sizeof db) == 0);
+    free(d.data);
     free(g.data);
     free(u.data);
 }
@@ -178,7 +201,7 @@ static void test_opencl(const cb_backend *cpu) {
     m.layers = &lw;
 
     cb_backend cl = {0};
-    colibri_status st = backend_opencl_create(&m, MAXT, cpu, NULL, &cl);
+    colibri_status st = backend_opencl_create(&m, MAXT, 1, cpu, NULL, &cl);
     const char *want = getenv("COLIBRI_TEST_OPENCL");
     if (st) {
         if (want && strcmp(want, "1") == 0) {
@@ -190,6 +213,18 @@ static void test_opencl(const cb_backend *cpu) {
         return;
     }
     printf("test_backend: %s\n", cl.ops->device_name(cl.ctx));
+    {
+        /* what the memory plan counts is what the backend allocated */
+        uint64_t buffers, staging;
+        backend_opencl_buffer_bytes(&m, MAXT, 1, &buffers, &staging);
+        colibri_stats s0;
+        memset(&s0, 0, sizeof s0);
+        cl.ops->fill_stats(cl.ctx, &s0);
+        CHECK(staging > 0 && s0.device_buffer_bytes == buffers + staging);
+        uint64_t b2, s2;
+        backend_opencl_buffer_bytes(&m, MAXT, 0, &b2, &s2);
+        CHECK(b2 == buffers && s2 == 0);
+    }
     float *x = malloc((size_t)MAXT * COLS * sizeof(float));
     block_q8a *xq = malloc((size_t)MAXT * COLS / QK8A * sizeof(block_q8a));
     if (!x || !xq) abort();

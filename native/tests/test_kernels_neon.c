@@ -1,8 +1,12 @@
-/* test_kernels_neon.c — the NEON tables' contract on the formats they have code for: results
- * equal to the scalar kernels' bit for bit (docs/portability.md), on random full-range data,
- * for every n_tok from 1 to 9 and uneven row ranges. test_kernels checks every table against a
- * double-precision reference; this adds the stronger claim the NEON code makes. On other
- * architectures it checks that the NEON tables are refused as not built here. */
+/* test_kernels_neon.c — the NEON tables' contract (docs/portability.md):
+ *   - every weight type the scalar kernels compute has NEON code of its own (none reaches the
+ *     scalar fallback);
+ *   - on every quantized format, results equal to the scalar kernels' bit for bit, on random
+ *     full-range data, for every n_tok from 1 to 9 and uneven row ranges.
+ * test_kernels checks every table against a double-precision reference (the float types
+ * too); this adds the stronger claims the NEON code makes. On other architectures it checks
+ * that the NEON tables are refused as not built here. */
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +14,7 @@
 
 #include "error.h"
 #include "kernels.h"
+#include "kernels_impl.h"
 #include "types.h"
 
 static int failures;
@@ -40,7 +45,7 @@ typedef struct fmt {
     int block_elems; /* 32, or 256 for the super-block formats */
     size_t d_offset; /* where the fp16 scale d sits in the block */
     int has_min;     /* a second fp16 (the minimum) right after d */
-    int e8m0;        /* MXFP4: one exponent byte instead of an fp16 scale */
+    int scale_kind;  /* 0: fp16 d; 1 (MXFP4): one E8M0 exponent byte; 2 (Q8_K): a float d */
 } fmt;
 
 static const fmt FORMATS[] = {
@@ -51,20 +56,29 @@ static const fmt FORMATS[] = {
     {GGML_TYPE_Q5_1, "Q5_1", sizeof(block_q5_1), 32, 0, 1, 0},
     {GGML_TYPE_IQ4_NL, "IQ4_NL", sizeof(block_iq4_nl), 32, 0, 0, 0},
     {GGML_TYPE_MXFP4, "MXFP4", sizeof(block_mxfp4), 32, 0, 0, 1},
+    {GGML_TYPE_Q2_K, "Q2_K", sizeof(block_q2_K), 256, offsetof(block_q2_K, d), 1, 0},
+    {GGML_TYPE_Q3_K, "Q3_K", sizeof(block_q3_K), 256, offsetof(block_q3_K, d), 0, 0},
     {GGML_TYPE_Q4_K, "Q4_K", sizeof(block_q4_K), 256, offsetof(block_q4_K, d), 1, 0},
     {GGML_TYPE_Q5_K, "Q5_K", sizeof(block_q5_K), 256, offsetof(block_q5_K, d), 1, 0},
     {GGML_TYPE_Q6_K, "Q6_K", sizeof(block_q6_K), 256, offsetof(block_q6_K, d), 0, 0},
     {GGML_TYPE_IQ4_XS, "IQ4_XS", sizeof(block_iq4_xs), 256, offsetof(block_iq4_xs, d), 0, 0},
+    {GGML_TYPE_Q8_K, "Q8_K", sizeof(block_q8_K), 256, offsetof(block_q8_K, d), 0, 2},
 };
 
-/* random quants everywhere, then sane scales: a normal half in [2^-8, 2^-4) with a random
- * sign (the minimum too), or an E8M0 exponent near 2^0 */
+/* random quants (and integer sub-block scales) everywhere, then sane scales: a normal half in
+ * [2^-8, 2^-4) with a random sign (the minimum too), an E8M0 exponent near 2^0, or a float of
+ * the same range */
 static void fill_row(const fmt *f, unsigned char *row, int nb) {
     for (size_t i = 0; i < f->block_bytes * (size_t)nb; i++) row[i] = (unsigned char)rnd();
     for (int b = 0; b < nb; b++) {
         unsigned char *blk = row + (size_t)b * f->block_bytes;
-        if (f->e8m0) {
+        if (f->scale_kind == 1) {
             blk[0] = (unsigned char)(118 + rnd() % 12);
+            continue;
+        }
+        if (f->scale_kind == 2) {
+            const float d = (float)(1 + rnd() % 15) / 256.0f * (rnd() & 1 ? -1.0f : 1.0f);
+            memcpy(blk + f->d_offset, &d, sizeof d);
             continue;
         }
         for (int k = 0; k <= f->has_min; k++) {
@@ -90,6 +104,22 @@ int main(void) {
     }
 #if defined(__aarch64__)
     CHECK(available >= 1, "the base neon table must be available on every AArch64 CPU");
+    /* every type the scalar kernels compute (a zero row gives 0, an unknown type NaN) has NEON code */
+    int n_types = 0;
+    for (uint32_t t = 0; t < 64; t++) {
+        if (!type_info(t)) continue;
+        static unsigned char zero[4096];
+        static float xz[256];
+        static block_q8a xzq[8];
+        float y = NAN;
+        kernels_select("scalar");
+        quantize_row_q8a(xz, xzq, 256);
+        matmul_rows(t, zero, type_row_bytes(t, 256), 256, xz, xzq, 1, &y, 1, 0, 1);
+        if (y != 0.0f) continue; /* not a weight type the engine computes with */
+        n_types++;
+        CHECK(kernels_neon_has_code(t), "type %s has no NEON code (it runs the scalar fallback)", type_info(t)->name);
+    }
+    CHECK(n_types >= 17, "only %d weight types found", n_types);
     enum { ROWS = 11, MAX_TOK = 9 };
     static const int col_list[] = {32, 96, 544, 2048};
     static const int kcol_list[] = {256, 512, 2304, 2048};

@@ -1,0 +1,273 @@
+/* kernels_x86_gemm.h — AVX-512 VNNI tiles for Q4_K, Q5_K and Q6_K with one result lane per
+ * output: eight rows per vector in decode, eight tokens per vector in prefill. Included by
+ * kernels_avx512.c only, after kernels_x86.h (it needs that file's flags and helpers).
+ *
+ * Why: the tiles of kernels_x86_kq.h keep, per (row, token), eight int32 lanes of partial
+ * sums and convert and scale them per 32 weights, so every (row, token, sub-block) costs a
+ * dot product, a conversion, a broadcast and a multiply-add. Here a sub-block's integer dot
+ * product is finished first (exact), and one conversion and one multiply-add serve eight
+ * outputs at once:
+ *   decode   lanes = 8 rows: each row's 8 int32 partial vectors are summed across lanes
+ *            together (one reduction for 8 rows), then scaled by the 8 rows' scales;
+ *   prefill  lanes = 8 tokens: the activations of 8 tokens are interleaved (4 bytes per
+ *            token per group of 4 columns) into a stack buffer once per column chunk, and
+ *            each 4-byte group of a weight row is broadcast against them with vpdpbusd:
+ *            the weight quants are the unsigned operand (0..15, 0..31, 0..63), the
+ *            activations the signed one, so no correction per row is needed.
+ *
+ * The arithmetic of one output (row r, token t), the same in both tiles (so a result never
+ * depends on n_tok, on the tile it lands in or on the row range):
+ *   for each super-block, for each 32-element sub-block j:
+ *     isum  = exact int32 dot product of the quants with the activation quants
+ *             (Q6_K: sc_lo * dot(lo half) + sc_hi * dot(hi half), with w = q - 32)
+ *     acc   = fma(float(isum), dsc_r[j] * dx_t[j], acc)     (dsc = d * sc_j; Q6_K: d)
+ *     Q4_K, Q5_K: acc = fma(-dmin_r * m_r[j], s_t[j], acc)  (s = dx * sum(qx), block_q8a)
+ * which is the scalar reference's sum in another rounding order (the tests bound both). */
+#ifndef COLIBRI_KERNELS_X86_GEMM_H
+#define COLIBRI_KERNELS_X86_GEMM_H
+
+#if !X86_VNNI
+#error "kernels_x86_gemm.h is for the AVX-512 VNNI table"
+#endif
+
+/* Rows per decode tile (one per lane), tokens per prefill group (one per lane), rows per
+ * prefill tile (they share the group's activation vectors) and q8a blocks per prefill
+ * column chunk (the interleaved activations of one chunk: 64 * sizeof(kg_xblk) = 24 KiB,
+ * inside L1 next to the weights streaming through). */
+#define KG_ROWS 8
+#define KG_TOKS 8
+#define KG_PREFILL_ROWS 4
+#define KG_CHUNK 64
+
+KX_INLINE int kg_handles(uint32_t type) {
+    return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K;
+}
+
+/* 8 x 8 transpose of 32-bit elements: out[k] lane i = in[i] lane k. */
+KX_INLINE void kg_transpose8(__m256 v[8]) {
+    const __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(v[4], v[5]), t5 = _mm256_unpackhi_ps(v[4], v[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(v[6], v[7]), t7 = _mm256_unpackhi_ps(v[6], v[7]);
+    const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xee);
+    const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xee);
+    const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xee);
+    const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xee);
+    v[0] = _mm256_permute2f128_ps(s0, s4, 0x20), v[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+    v[1] = _mm256_permute2f128_ps(s1, s5, 0x20), v[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    v[2] = _mm256_permute2f128_ps(s2, s6, 0x20), v[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+    v[3] = _mm256_permute2f128_ps(s3, s7, 0x20), v[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+/* Lane i = the sum of v[i]'s 8 int32 lanes (exact: integer adds). */
+KX_INLINE __m256i kg_reduce8(const __m256i v[8]) {
+    const __m256i a0 = _mm256_hadd_epi32(v[0], v[1]), a1 = _mm256_hadd_epi32(v[2], v[3]);
+    const __m256i a2 = _mm256_hadd_epi32(v[4], v[5]), a3 = _mm256_hadd_epi32(v[6], v[7]);
+    const __m256i b0 = _mm256_hadd_epi32(a0, a1), b1 = _mm256_hadd_epi32(a2, a3);
+    /* b0: 128-bit lane 0 holds rows 0..3 over columns 0..15 of the group sums, lane 1 over 16..31 */
+    return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20), _mm256_permute2x128_si256(b0, b1, 0x31));
+}
+
+/* ---- decode: 8 rows, one token ------------------------------------------------ */
+
+/* y[i] for rows r0 + i, i < n (n <= 8; lanes of missing rows are computed on zeros, not stored). */
+KX_INLINE void kg_decode_tile(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *x, float *y,
+                              int r0, int r_end, const int n) {
+    const size_t bb = kx_k_bytes(type);
+    const int min8 = kx_k_min8(type);
+    __m256 acc = _mm256_setzero_ps();
+    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + KG_ROWS, r_end, KG_ROWS, nb);
+    for (int b = 0; b < nb / 8; b++) {
+        kx_khdr hdr[KG_ROWS];
+        __m256 dsc[KG_ROWS], dm8[KG_ROWS];
+        for (int i = 0; i < KG_ROWS; i++) {
+            if (i < n) {
+                kx_khdr_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, &hdr[i]);
+                dsc[i] = _mm256_loadu_ps(hdr[i].dsc);
+                dm8[i] = min8 ? _mm256_loadu_ps(hdr[i].dm8) : _mm256_setzero_ps();
+            } else {
+                dsc[i] = dm8[i] = _mm256_setzero_ps();
+            }
+        }
+        kg_transpose8(dsc); /* dsc[j] lane i: row i's scale of sub-block j */
+        if (min8) kg_transpose8(dm8);
+        for (int j = 0; j < 8; j++) {
+            kx_pf_step(&pf, b * 8 + j);
+            const block_q8a *xb = x + (size_t)b * 8 + j;
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)xb->qs);
+            const __m256i xc = type == GGML_TYPE_Q6_K ? _mm256_slli_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), xv), 5)
+                                                      : xv;
+            __m256i L[KG_ROWS];
+            for (int i = 0; i < KG_ROWS; i++) {
+                if (i < n) {
+                    kx_ksub sub;
+                    kx_ksub_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, j, &hdr[i], 0, &sub);
+                    L[i] = kx_k_lanes(type, &sub, xv, xc, 0);
+                } else {
+                    L[i] = _mm256_setzero_si256();
+                }
+            }
+            const __m256 isum = _mm256_cvtepi32_ps(kg_reduce8(L));
+            acc = _mm256_fmadd_ps(isum, _mm256_mul_ps(dsc[j], _mm256_set1_ps(xb->d)), acc);
+            if (min8) acc = _mm256_fmadd_ps(dm8[j], _mm256_set1_ps(xb->s), acc);
+        }
+    }
+    if (n == KG_ROWS) _mm256_storeu_ps(y + r0, acc);
+    else _mm256_mask_storeu_ps(y + r0, (__mmask8)((1u << n) - 1), acc);
+}
+
+/* ---- prefill: rows x 8 tokens ------------------------------------------------- */
+
+/* One q8a block of 8 tokens, interleaved: q[k] holds columns 4k..4k+3 of tokens 0..7 (4 bytes
+ * each, in token order), so one vector load gives a 4-column group of all 8 tokens. */
+typedef struct kg_xblk {
+    int8_t q[8][32];  /* [column group k][token * 4 + column in group] */
+    float d[8];       /* per token: the block's scale */
+    float s[8];       /* per token: d * sum(qs) */
+    int32_t hs[2][8]; /* Q6_K, per half and token: -32 * sum of the half's quants (w = q - 32) */
+} kg_xblk;            /* 384 bytes */
+
+/* Interleave blocks [c0, c0 + cn) of tokens t0 .. t0 + nt - 1 (nt <= 8; missing tokens are zeros). */
+KX_INLINE void kg_pack_x(uint32_t type, const block_q8a *Xq, int nb, int t0, int nt, int c0, int cn, kg_xblk *out) {
+    for (int c = 0; c < cn; c++) {
+        kg_xblk *o = &out[c];
+        __m256 v[8];
+        for (int t = 0; t < 8; t++) {
+            if (t < nt) {
+                const block_q8a *xb = Xq + (size_t)(t0 + t) * nb + c0 + c;
+                v[t] = _mm256_loadu_ps((const float *)xb->qs);
+                o->d[t] = xb->d;
+                o->s[t] = xb->s;
+            } else {
+                v[t] = _mm256_setzero_ps();
+                o->d[t] = o->s[t] = 0.0f;
+            }
+        }
+        if (type == GGML_TYPE_Q6_K) {
+            __m256 g[8]; /* lane k: sum of columns 4k..4k+3 */
+            for (int t = 0; t < 8; t++)
+                g[t] = _mm256_castsi256_ps(
+                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), _mm256_castps_si256(v[t])));
+            kg_transpose8(g);
+            for (int h = 0; h < 2; h++) {
+                __m256i s = _mm256_setzero_si256();
+                for (int k = 4 * h; k < 4 * h + 4; k++) s = _mm256_add_epi32(s, _mm256_castps_si256(g[k]));
+                _mm256_storeu_si256((__m256i *)o->hs[h], _mm256_mullo_epi32(s, _mm256_set1_epi32(-32)));
+            }
+        }
+        kg_transpose8(v);
+        for (int k = 0; k < 8; k++) _mm256_storeu_ps((float *)o->q[k], v[k]);
+    }
+}
+
+/* Rows r0 .. r0 + R - 1 against the 8 tokens of xp (blocks [c0, c0 + cn) of the rows).
+ * acc[i] lane t carries row r0 + i, token t across chunks. */
+KX_INLINE void kg_prefill_tile(uint32_t type, const char *W, size_t row_bytes, const kg_xblk *xp, int c0, int cn,
+                               int r0, __m256 *acc, const int R) {
+    const size_t bb = kx_k_bytes(type);
+    const int min8 = kx_k_min8(type);
+    for (int b = c0 / 8; b < (c0 + cn) / 8; b++) {
+        kx_khdr hdr[KG_PREFILL_ROWS];
+        for (int i = 0; i < R; i++) kx_khdr_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, &hdr[i]);
+        for (int j = 0; j < 8; j++) {
+            const kg_xblk *xb = &xp[b * 8 + j - c0];
+            __m256i X[8];
+            for (int k = 0; k < 8; k++) X[k] = _mm256_loadu_si256((const __m256i *)xb->q[k]);
+            const __m256 dx = _mm256_loadu_ps(xb->d);
+            for (int i = 0; i < R; i++) {
+                kx_ksub sub;
+                kx_ksub_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, j, &hdr[i], 0, &sub);
+                int32_t wq[8] __attribute__((aligned(32)));
+                _mm256_store_si256((__m256i *)wq, sub.u); /* the unsigned quants, 4 per word */
+                __m256i isum;
+                if (type == GGML_TYPE_Q6_K) {
+                    __m256i h0 = _mm256_loadu_si256((const __m256i *)xb->hs[0]);
+                    __m256i h1 = _mm256_loadu_si256((const __m256i *)xb->hs[1]);
+                    for (int k = 0; k < 4; k++) h0 = _mm256_dpbusd_epi32(h0, _mm256_set1_epi32(wq[k]), X[k]);
+                    for (int k = 4; k < 8; k++) h1 = _mm256_dpbusd_epi32(h1, _mm256_set1_epi32(wq[k]), X[k]);
+                    isum = _mm256_add_epi32(_mm256_mullo_epi32(h0, _mm256_set1_epi32(hdr[i].sc[2 * j])),
+                                            _mm256_mullo_epi32(h1, _mm256_set1_epi32(hdr[i].sc[2 * j + 1])));
+                } else {
+                    isum = _mm256_setzero_si256();
+                    for (int k = 0; k < 8; k++) isum = _mm256_dpbusd_epi32(isum, _mm256_set1_epi32(wq[k]), X[k]);
+                }
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(_mm256_set1_ps(hdr[i].dsc[j]), dx),
+                                         acc[i]);
+                if (min8)
+                    acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(hdr[i].dm8[j]), _mm256_loadu_ps(xb->s), acc[i]);
+            }
+        }
+    }
+}
+
+/* Lane t of v to Y[(t0 + t) * ldy + r] for t < nt. */
+KX_INLINE void kg_store_col(float *Y, int ldy, int t0, int nt, int r, __m256 v) {
+    float tmp[8];
+    _mm256_storeu_ps(tmp, v);
+    for (int t = 0; t < nt; t++) Y[(size_t)(t0 + t) * ldy + r] = tmp[t];
+}
+
+KX_INLINE __m256 kg_load_col(const float *Y, int ldy, int t0, int nt, int r) {
+    float tmp[8] = {0};
+    for (int t = 0; t < nt; t++) tmp[t] = Y[(size_t)(t0 + t) * ldy + r];
+    return _mm256_loadu_ps(tmp);
+}
+
+/* Below this many tokens prefill runs the decode tile once per token (same results): the
+ * interleaved group pays for itself only with several tokens in its lanes. */
+#define KG_MIN_PREFILL_TOKS 3
+
+#define KG_DRIVER(NAME, TYPE)                                                                                    \
+    static void NAME(const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok, float *Y, int ldy, \
+                     int r0, int r1) {                                                                           \
+        if (n_tok < KG_MIN_PREFILL_TOKS) {                                                                       \
+            for (int t = 0; t < n_tok; t++) {                                                                    \
+                int r = r0;                                                                                      \
+                for (; r + KG_ROWS <= r1; r += KG_ROWS)                                                          \
+                    kg_decode_tile(TYPE, W, row_bytes, nb, Xq + (size_t)t * nb, Y + (size_t)t * ldy, r, r1, KG_ROWS); \
+                if (r < r1)                                                                                      \
+                    kg_decode_tile(TYPE, W, row_bytes, nb, Xq + (size_t)t * nb, Y + (size_t)t * ldy, r, r1, r1 - r); \
+            }                                                                                                    \
+            return;                                                                                              \
+        }                                                                                                        \
+        kg_xblk xp[KG_CHUNK];                                                                                    \
+        for (int t0 = 0; t0 < n_tok; t0 += KG_TOKS) {                                                            \
+            const int nt = n_tok - t0 < KG_TOKS ? n_tok - t0 : KG_TOKS;                                          \
+            for (int c0 = 0; c0 < nb; c0 += KG_CHUNK) {                                                          \
+                const int cn = nb - c0 < KG_CHUNK ? nb - c0 : KG_CHUNK;                                          \
+                kg_pack_x(TYPE, Xq, nb, t0, nt, c0, cn, xp);                                                     \
+                int r = r0;                                                                                      \
+                for (; r + KG_PREFILL_ROWS <= r1; r += KG_PREFILL_ROWS) {                                        \
+                    __m256 acc[KG_PREFILL_ROWS];                                                                 \
+                    for (int i = 0; i < KG_PREFILL_ROWS; i++)                                                    \
+                        acc[i] = c0 ? kg_load_col(Y, ldy, t0, nt, r + i) : _mm256_setzero_ps();                  \
+                    kg_prefill_tile(TYPE, W, row_bytes, xp, c0, cn, r, acc, KG_PREFILL_ROWS);                    \
+                    for (int i = 0; i < KG_PREFILL_ROWS; i++) kg_store_col(Y, ldy, t0, nt, r + i, acc[i]);       \
+                }                                                                                                \
+                for (; r < r1; r++) {                                                                            \
+                    __m256 acc[1] = {c0 ? kg_load_col(Y, ldy, t0, nt, r) : _mm256_setzero_ps()};                 \
+                    kg_prefill_tile(TYPE, W, row_bytes, xp, c0, cn, r, acc, 1);                                  \
+                    kg_store_col(Y, ldy, t0, nt, r, acc[0]);                                                     \
+                }                                                                                                \
+            }                                                                                                    \
+        }                                                                                                        \
+    }
+
+KG_DRIVER(kg_matmul_q4_k, GGML_TYPE_Q4_K)
+KG_DRIVER(kg_matmul_q5_k, GGML_TYPE_Q5_K)
+KG_DRIVER(kg_matmul_q6_k, GGML_TYPE_Q6_K)
+
+/* The AVX-512 table's entry: these tiles for their types, kernels_x86.h's for the rest. */
+static void kg_matmul_rows(uint32_t type, const void *W, size_t row_bytes, int n_cols, const float *X,
+                           const block_q8a *Xq, int n_tok, float *Y, int ldy, int r0, int r1) {
+    const char *w = (const char *)W;
+    const int nb = n_cols / QK8A;
+    switch (type) {
+    case GGML_TYPE_Q4_K: kg_matmul_q4_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_Q5_K: kg_matmul_q5_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_Q6_K: kg_matmul_q6_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    default: kx_matmul_rows(type, W, row_bytes, n_cols, X, Xq, n_tok, Y, ldy, r0, r1); break;
+    }
+}
+
+#endif

@@ -32,12 +32,12 @@
 
 /* Rows per decode tile (one per lane), tokens per prefill group (one per lane), rows per
  * prefill tile (they share the group's activation vectors) and q8a blocks per prefill
- * column chunk (the interleaved activations of one chunk: 64 * sizeof(kg_xblk) = 24 KiB,
- * inside L1 next to the weights streaming through). */
+ * column chunk (the interleaved activations of one chunk: 96 * sizeof(kg_xblk) = 36 KiB, in
+ * L2 next to the weights streaming through; 96 blocks hold a 2816-column row in one chunk). */
 #define KG_ROWS 8
 #define KG_TOKS 8
-#define KG_PREFILL_ROWS 4
-#define KG_CHUNK 64
+#define KG_PREFILL_ROWS 2
+#define KG_CHUNK 96
 
 KX_INLINE int kg_handles(uint32_t type) {
     return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K;
@@ -68,52 +68,46 @@ KX_INLINE __m256i kg_reduce8(const __m256i v[8]) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20), _mm256_permute2x128_si256(b0, b1, 0x31));
 }
 
-/* ---- decode: 8 rows, one token ------------------------------------------------ */
+/* ---- decode: up to 8 rows, one token ------------------------------------------ */
 
-/* y[i] for rows r0 + i, i < n (n <= 8; lanes of missing rows are computed on zeros, not stored). */
+/* y[r0 + i] for i < n (n <= 8). Per row and super-block the 8 sub-blocks' int32 partial
+ * vectors are reduced together, so lane j of a row's accumulator is sub-block j's. */
 KX_INLINE void kg_decode_tile(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *x, float *y,
                               int r0, int r_end, const int n) {
     const size_t bb = kx_k_bytes(type);
     const int min8 = kx_k_min8(type);
-    __m256 acc = _mm256_setzero_ps();
-    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + KG_ROWS, r_end, KG_ROWS, nb);
+    const __m256i xidx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                            _mm256_set1_epi32((int)sizeof(block_q8a)));
+    __m256 acc[KG_ROWS];
+    for (int i = 0; i < n; i++) acc[i] = _mm256_setzero_ps();
+    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + KG_ROWS, r_end, KG_ROWS, nb / 8);
     for (int b = 0; b < nb / 8; b++) {
-        kx_khdr hdr[KG_ROWS];
-        __m256 dsc[KG_ROWS], dm8[KG_ROWS];
-        for (int i = 0; i < KG_ROWS; i++) {
-            if (i < n) {
-                kx_khdr_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, &hdr[i]);
-                dsc[i] = _mm256_loadu_ps(hdr[i].dsc);
-                dm8[i] = min8 ? _mm256_loadu_ps(hdr[i].dm8) : _mm256_setzero_ps();
-            } else {
-                dsc[i] = dm8[i] = _mm256_setzero_ps();
-            }
-        }
-        kg_transpose8(dsc); /* dsc[j] lane i: row i's scale of sub-block j */
-        if (min8) kg_transpose8(dm8);
-        for (int j = 0; j < 8; j++) {
-            kx_pf_step(&pf, b * 8 + j);
-            const block_q8a *xb = x + (size_t)b * 8 + j;
-            const __m256i xv = _mm256_loadu_si256((const __m256i *)xb->qs);
-            const __m256i xc = type == GGML_TYPE_Q6_K ? _mm256_slli_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), xv), 5)
-                                                      : xv;
-            __m256i L[KG_ROWS];
-            for (int i = 0; i < KG_ROWS; i++) {
-                if (i < n) {
-                    kx_ksub sub;
-                    kx_ksub_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, j, &hdr[i], 0, &sub);
-                    L[i] = kx_k_lanes(type, &sub, xv, xc, 0);
-                } else {
-                    L[i] = _mm256_setzero_si256();
-                }
+        kx_pf_step(&pf, b);
+        const block_q8a *x8 = x + (size_t)b * 8;
+        const __m256 dx = _mm256_i32gather_ps(&x8->d, xidx, 1);
+        const __m256 sx = min8 ? _mm256_i32gather_ps(&x8->s, xidx, 1) : _mm256_setzero_ps();
+        __m256i xc[8]; /* Q6_K: 32 * (pair sums of x), per sub-block, shared by the rows */
+        if (type == GGML_TYPE_Q6_K)
+            for (int j = 0; j < 8; j++)
+                xc[j] = _mm256_slli_epi16(
+                    _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_loadu_si256((const __m256i *)x8[j].qs)), 5);
+        for (int i = 0; i < n; i++) {
+            const char *blk = W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb;
+            kx_khdr hdr;
+            kx_khdr_load(type, blk, &hdr);
+            __m256i L[8];
+            for (int j = 0; j < 8; j++) {
+                kx_ksub sub;
+                kx_ksub_load(type, blk, j, &hdr, 0, &sub);
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)x8[j].qs);
+                L[j] = kx_k_lanes(type, &sub, xv, type == GGML_TYPE_Q6_K ? xc[j] : xv, 0);
             }
             const __m256 isum = _mm256_cvtepi32_ps(kg_reduce8(L));
-            acc = _mm256_fmadd_ps(isum, _mm256_mul_ps(dsc[j], _mm256_set1_ps(xb->d)), acc);
-            if (min8) acc = _mm256_fmadd_ps(dm8[j], _mm256_set1_ps(xb->s), acc);
+            acc[i] = _mm256_fmadd_ps(isum, _mm256_mul_ps(_mm256_loadu_ps(hdr.dsc), dx), acc[i]);
+            if (min8) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(hdr.dm8), sx, acc[i]);
         }
     }
-    if (n == KG_ROWS) _mm256_storeu_ps(y + r0, acc);
-    else _mm256_mask_storeu_ps(y + r0, (__mmask8)((1u << n) - 1), acc);
+    for (int i = 0; i < n; i++) y[r0 + i] = kx_hsum(acc[i]);
 }
 
 /* ---- prefill: rows x 8 tokens ------------------------------------------------- */
@@ -161,9 +155,9 @@ KX_INLINE void kg_pack_x(uint32_t type, const block_q8a *Xq, int nb, int t0, int
 }
 
 /* Rows r0 .. r0 + R - 1 against the 8 tokens of xp (blocks [c0, c0 + cn) of the rows).
- * acc[i] lane t carries row r0 + i, token t across chunks. */
+ * acc[i][j] lane t carries sub-block j's share of (row r0 + i, token t) across chunks. */
 KX_INLINE void kg_prefill_tile(uint32_t type, const char *W, size_t row_bytes, const kg_xblk *xp, int c0, int cn,
-                               int r0, __m256 *acc, const int R) {
+                               int r0, __m256 (*acc)[8], const int R) {
     const size_t bb = kx_k_bytes(type);
     const int min8 = kx_k_min8(type);
     for (int b = c0 / 8; b < (c0 + cn) / 8; b++) {
@@ -191,66 +185,73 @@ KX_INLINE void kg_prefill_tile(uint32_t type, const char *W, size_t row_bytes, c
                     isum = _mm256_setzero_si256();
                     for (int k = 0; k < 8; k++) isum = _mm256_dpbusd_epi32(isum, _mm256_set1_epi32(wq[k]), X[k]);
                 }
-                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(_mm256_set1_ps(hdr[i].dsc[j]), dx),
-                                         acc[i]);
+                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum),
+                                            _mm256_mul_ps(_mm256_set1_ps(hdr[i].dsc[j]), dx), acc[i][j]);
                 if (min8)
-                    acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(hdr[i].dm8[j]), _mm256_loadu_ps(xb->s), acc[i]);
+                    acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(hdr[i].dm8[j]), _mm256_loadu_ps(xb->s), acc[i][j]);
             }
         }
     }
 }
 
-/* Lane t of v to Y[(t0 + t) * ldy + r] for t < nt. */
-KX_INLINE void kg_store_col(float *Y, int ldy, int t0, int nt, int r, __m256 v) {
+/* The sub-block shares of 8 tokens summed in kx_hsum's order (the decode tile's), lane t to
+ * Y[(t0 + t) * ldy + r] for t < nt. */
+KX_INLINE void kg_store_col(float *Y, int ldy, int t0, int nt, int r, const __m256 a[8]) {
+    const __m256 v = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
+                                   _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])));
     float tmp[8];
     _mm256_storeu_ps(tmp, v);
     for (int t = 0; t < nt; t++) Y[(size_t)(t0 + t) * ldy + r] = tmp[t];
-}
-
-KX_INLINE __m256 kg_load_col(const float *Y, int ldy, int t0, int nt, int r) {
-    float tmp[8] = {0};
-    for (int t = 0; t < nt; t++) tmp[t] = Y[(size_t)(t0 + t) * ldy + r];
-    return _mm256_loadu_ps(tmp);
 }
 
 /* Below this many tokens prefill runs the decode tile once per token (same results): the
  * interleaved group pays for itself only with several tokens in its lanes. */
 #define KG_MIN_PREFILL_TOKS 3
 
+/* Prefill walks 8-token groups; per group, blocks of KG_RB rows, and per row block the
+ * columns in chunks of KG_CHUNK q8a blocks (interleaved once per chunk; when the row fits
+ * in one chunk, once per group). The per-sub-block accumulators of a row block live in
+ * accs between chunks (KG_RB * 8 vectors = 8 KiB). */
+#define KG_RB 32
+
+KX_INLINE void kg_matmul(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok,
+                         float *Y, int ldy, int r0, int r1) {
+    if (n_tok < KG_MIN_PREFILL_TOKS) {
+        for (int t = 0; t < n_tok; t++) {
+            int r = r0;
+            for (; r + KG_ROWS <= r1; r += KG_ROWS)
+                kg_decode_tile(type, W, row_bytes, nb, Xq + (size_t)t * nb, Y + (size_t)t * ldy, r, r1, KG_ROWS);
+            if (r < r1) kg_decode_tile(type, W, row_bytes, nb, Xq + (size_t)t * nb, Y + (size_t)t * ldy, r, r1, r1 - r);
+        }
+        return;
+    }
+    kg_xblk xp[KG_CHUNK];
+    __m256 accs[KG_RB][8];
+    const int one_chunk = nb <= KG_CHUNK;
+    for (int t0 = 0; t0 < n_tok; t0 += KG_TOKS) {
+        const int nt = n_tok - t0 < KG_TOKS ? n_tok - t0 : KG_TOKS;
+        if (one_chunk) kg_pack_x(type, Xq, nb, t0, nt, 0, nb, xp);
+        for (int rb = r0; rb < r1; rb += KG_RB) {
+            const int re = r1 - rb < KG_RB ? r1 : rb + KG_RB;
+            for (int r = rb; r < re; r++)
+                for (int j = 0; j < 8; j++) accs[r - rb][j] = _mm256_setzero_ps();
+            for (int c0 = 0; c0 < nb; c0 += KG_CHUNK) {
+                const int cn = nb - c0 < KG_CHUNK ? nb - c0 : KG_CHUNK;
+                if (!one_chunk) kg_pack_x(type, Xq, nb, t0, nt, c0, cn, xp);
+                int r = rb;
+                for (; r + KG_PREFILL_ROWS <= re; r += KG_PREFILL_ROWS)
+                    kg_prefill_tile(type, W, row_bytes, xp, c0, cn, r, &accs[r - rb], KG_PREFILL_ROWS);
+                for (; r < re; r++) kg_prefill_tile(type, W, row_bytes, xp, c0, cn, r, &accs[r - rb], 1);
+            }
+            for (int r = rb; r < re; r++) kg_store_col(Y, ldy, t0, nt, r, accs[r - rb]);
+        }
+    }
+}
+
 #define KG_DRIVER(NAME, TYPE)                                                                                    \
     static void NAME(const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok, float *Y, int ldy, \
                      int r0, int r1) {                                                                           \
-        if (n_tok < KG_MIN_PREFILL_TOKS) {                                                                       \
-            for (int t = 0; t < n_tok; t++) {                                                                    \
-                int r = r0;                                                                                      \
-                for (; r + KG_ROWS <= r1; r += KG_ROWS)                                                          \
-                    kg_decode_tile(TYPE, W, row_bytes, nb, Xq + (size_t)t * nb, Y + (size_t)t * ldy, r, r1, KG_ROWS); \
-                if (r < r1)                                                                                      \
-                    kg_decode_tile(TYPE, W, row_bytes, nb, Xq + (size_t)t * nb, Y + (size_t)t * ldy, r, r1, r1 - r); \
-            }                                                                                                    \
-            return;                                                                                              \
-        }                                                                                                        \
-        kg_xblk xp[KG_CHUNK];                                                                                    \
-        for (int t0 = 0; t0 < n_tok; t0 += KG_TOKS) {                                                            \
-            const int nt = n_tok - t0 < KG_TOKS ? n_tok - t0 : KG_TOKS;                                          \
-            for (int c0 = 0; c0 < nb; c0 += KG_CHUNK) {                                                          \
-                const int cn = nb - c0 < KG_CHUNK ? nb - c0 : KG_CHUNK;                                          \
-                kg_pack_x(TYPE, Xq, nb, t0, nt, c0, cn, xp);                                                     \
-                int r = r0;                                                                                      \
-                for (; r + KG_PREFILL_ROWS <= r1; r += KG_PREFILL_ROWS) {                                        \
-                    __m256 acc[KG_PREFILL_ROWS];                                                                 \
-                    for (int i = 0; i < KG_PREFILL_ROWS; i++)                                                    \
-                        acc[i] = c0 ? kg_load_col(Y, ldy, t0, nt, r + i) : _mm256_setzero_ps();                  \
-                    kg_prefill_tile(TYPE, W, row_bytes, xp, c0, cn, r, acc, KG_PREFILL_ROWS);                    \
-                    for (int i = 0; i < KG_PREFILL_ROWS; i++) kg_store_col(Y, ldy, t0, nt, r + i, acc[i]);       \
-                }                                                                                                \
-                for (; r < r1; r++) {                                                                            \
-                    __m256 acc[1] = {c0 ? kg_load_col(Y, ldy, t0, nt, r) : _mm256_setzero_ps()};                 \
-                    kg_prefill_tile(TYPE, W, row_bytes, xp, c0, cn, r, acc, 1);                                  \
-                    kg_store_col(Y, ldy, t0, nt, r, acc[0]);                                                     \
-                }                                                                                                \
-            }                                                                                                    \
-        }                                                                                                        \
+        kg_matmul(TYPE, W, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1);                                            \
     }
 
 KG_DRIVER(kg_matmul_q4_k, GGML_TYPE_Q4_K)

@@ -112,50 +112,60 @@ KX_INLINE void kg_decode_tile(uint32_t type, const char *W, size_t row_bytes, in
 
 /* ---- prefill: rows x 8 tokens ------------------------------------------------- */
 
-/* One q8a block of 8 tokens, interleaved: q[k] holds columns 4k..4k+3 of tokens 0..7 (4 bytes
- * each, in token order), so one vector load gives a 4-column group of all 8 tokens. */
+/* One q8a block of 8 tokens, interleaved for qword broadcasts: q[p][h] holds columns
+ * 8p..8p+7 of tokens 4h..4h+3 (8 bytes each, in token order), so a weight row's 8 columns
+ * broadcast to all four qwords meet four tokens in one vpdpbusd. Each token then has two
+ * int32 lanes (columns 8p..8p+3, 8p+4..8p+7); vphaddd of the h = 0 and h = 1 sums adds them
+ * in pairs and leaves the tokens in lane order KG_LANES, the order of d, s and hs here. */
+static const int kg_lane_tok[8] = {0, 1, 4, 5, 2, 3, 6, 7}; /* token of lane l after the vphaddd */
+
 typedef struct kg_xblk {
-    int8_t q[8][32];  /* [column group k][token * 4 + column in group] */
-    float d[8];       /* per token: the block's scale */
-    float s[8];       /* per token: d * sum(qs) */
-    int32_t hs[2][8]; /* Q6_K, per half and token: -32 * sum of the half's quants (w = q - 32) */
-} kg_xblk;            /* 384 bytes */
+    int8_t q[4][2][32]; /* [column octet p][token half h][token * 8 + column in octet] */
+    float d[8];         /* per lane (kg_lane_tok): the block's scale */
+    float s[8];         /* per lane: d * sum(qs) */
+    int32_t hs[2][8];   /* Q6_K, per half and lane: -32 * sum of the half's quants (w = q - 32) */
+} kg_xblk;              /* 384 bytes */
 
 /* Interleave blocks [c0, c0 + cn) of tokens t0 .. t0 + nt - 1 (nt <= 8; missing tokens are zeros). */
 KX_INLINE void kg_pack_x(uint32_t type, const block_q8a *Xq, int nb, int t0, int nt, int c0, int cn, kg_xblk *out) {
     for (int c = 0; c < cn; c++) {
         kg_xblk *o = &out[c];
-        __m256 v[8];
-        for (int t = 0; t < 8; t++) {
-            if (t < nt) {
-                const block_q8a *xb = Xq + (size_t)(t0 + t) * nb + c0 + c;
-                v[t] = _mm256_loadu_ps((const float *)xb->qs);
-                o->d[t] = xb->d;
-                o->s[t] = xb->s;
-            } else {
-                v[t] = _mm256_setzero_ps();
-                o->d[t] = o->s[t] = 0.0f;
-            }
+        __m256i v[8];
+        for (int t = 0; t < 8; t++)
+            v[t] = t < nt ? _mm256_loadu_si256((const __m256i *)Xq[(size_t)(t0 + t) * nb + c0 + c].qs)
+                          : _mm256_setzero_si256();
+        for (int l = 0; l < 8; l++) {
+            const int t = kg_lane_tok[l];
+            const block_q8a *xb = Xq + (size_t)(t0 + t) * nb + c0 + c;
+            o->d[l] = t < nt ? xb->d : 0.0f;
+            o->s[l] = t < nt ? xb->s : 0.0f;
         }
         if (type == GGML_TYPE_Q6_K) {
-            __m256 g[8]; /* lane k: sum of columns 4k..4k+3 */
-            for (int t = 0; t < 8; t++)
-                g[t] = _mm256_castsi256_ps(
-                    _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), _mm256_castps_si256(v[t])));
-            kg_transpose8(g);
-            for (int h = 0; h < 2; h++) {
-                __m256i s = _mm256_setzero_si256();
-                for (int k = 4 * h; k < 4 * h + 4; k++) s = _mm256_add_epi32(s, _mm256_castps_si256(g[k]));
-                _mm256_storeu_si256((__m256i *)o->hs[h], _mm256_mullo_epi32(s, _mm256_set1_epi32(-32)));
+            for (int l = 0; l < 8; l++) {
+                /* the two 16-column halves' sums: vpsadbw of x + 128 against 128 is not signed, so plain
+                 * dot products with ones */
+                const __m256i g = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), v[kg_lane_tok[l]]);
+                int32_t gs[8];
+                _mm256_storeu_si256((__m256i *)gs, g);
+                o->hs[0][l] = -32 * (gs[0] + gs[1] + gs[2] + gs[3]);
+                o->hs[1][l] = -32 * (gs[4] + gs[5] + gs[6] + gs[7]);
             }
         }
-        kg_transpose8(v);
-        for (int k = 0; k < 8; k++) _mm256_storeu_ps((float *)o->q[k], v[k]);
+        for (int h = 0; h < 2; h++) { /* 4 x 4 transpose of qwords: tokens 4h..4h+3 by octets */
+            const __m256i a0 = _mm256_unpacklo_epi64(v[4 * h], v[4 * h + 1]); /* t0 p0, t1 p0 | t0 p2, t1 p2 */
+            const __m256i a1 = _mm256_unpackhi_epi64(v[4 * h], v[4 * h + 1]); /* t0 p1, t1 p1 | t0 p3, t1 p3 */
+            const __m256i a2 = _mm256_unpacklo_epi64(v[4 * h + 2], v[4 * h + 3]);
+            const __m256i a3 = _mm256_unpackhi_epi64(v[4 * h + 2], v[4 * h + 3]);
+            _mm256_storeu_si256((__m256i *)o->q[0][h], _mm256_permute2x128_si256(a0, a2, 0x20));
+            _mm256_storeu_si256((__m256i *)o->q[1][h], _mm256_permute2x128_si256(a1, a3, 0x20));
+            _mm256_storeu_si256((__m256i *)o->q[2][h], _mm256_permute2x128_si256(a0, a2, 0x31));
+            _mm256_storeu_si256((__m256i *)o->q[3][h], _mm256_permute2x128_si256(a1, a3, 0x31));
+        }
     }
 }
 
 /* Rows r0 .. r0 + R - 1 against the 8 tokens of xp (blocks [c0, c0 + cn) of the rows).
- * acc[i][j] lane t carries sub-block j's share of (row r0 + i, token t) across chunks. */
+ * acc[i][j] lane l carries sub-block j's share of (row r0 + i, token kg_lane_tok[l]). */
 KX_INLINE void kg_prefill_tile(uint32_t type, const char *W, size_t row_bytes, const kg_xblk *xp, int c0, int cn,
                                int r0, __m256 (*acc)[8], const int R) {
     const size_t bb = kx_k_bytes(type);
@@ -165,25 +175,39 @@ KX_INLINE void kg_prefill_tile(uint32_t type, const char *W, size_t row_bytes, c
         for (int i = 0; i < R; i++) kx_khdr_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, &hdr[i]);
         for (int j = 0; j < 8; j++) {
             const kg_xblk *xb = &xp[b * 8 + j - c0];
-            __m256i X[8];
-            for (int k = 0; k < 8; k++) X[k] = _mm256_loadu_si256((const __m256i *)xb->q[k]);
+            __m256i X[4][2];
+            for (int p = 0; p < 4; p++)
+                for (int h = 0; h < 2; h++) X[p][h] = _mm256_loadu_si256((const __m256i *)xb->q[p][h]);
             const __m256 dx = _mm256_loadu_ps(xb->d);
             for (int i = 0; i < R; i++) {
                 kx_ksub sub;
                 kx_ksub_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, j, &hdr[i], 0, &sub);
-                int32_t wq[8] __attribute__((aligned(32)));
-                _mm256_store_si256((__m256i *)wq, sub.u); /* the unsigned quants, 4 per word */
+                int64_t wq[4] __attribute__((aligned(32)));
+                _mm256_store_si256((__m256i *)wq, sub.u); /* the unsigned quants, 8 per qword */
                 __m256i isum;
-                if (type == GGML_TYPE_Q6_K) {
-                    __m256i h0 = _mm256_loadu_si256((const __m256i *)xb->hs[0]);
-                    __m256i h1 = _mm256_loadu_si256((const __m256i *)xb->hs[1]);
-                    for (int k = 0; k < 4; k++) h0 = _mm256_dpbusd_epi32(h0, _mm256_set1_epi32(wq[k]), X[k]);
-                    for (int k = 4; k < 8; k++) h1 = _mm256_dpbusd_epi32(h1, _mm256_set1_epi32(wq[k]), X[k]);
-                    isum = _mm256_add_epi32(_mm256_mullo_epi32(h0, _mm256_set1_epi32(hdr[i].sc[2 * j])),
-                                            _mm256_mullo_epi32(h1, _mm256_set1_epi32(hdr[i].sc[2 * j + 1])));
+                if (type == GGML_TYPE_Q6_K) { /* octets 0, 1: the low half; 2, 3: the high half */
+                    __m256i s[2][2];
+                    for (int hf = 0; hf < 2; hf++)
+                        for (int h = 0; h < 2; h++) {
+                            s[hf][h] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi64x(wq[2 * hf]),
+                                                           X[2 * hf][h]);
+                            s[hf][h] = _mm256_dpbusd_epi32(s[hf][h], _mm256_set1_epi64x(wq[2 * hf + 1]),
+                                                           X[2 * hf + 1][h]);
+                        }
+                    const __m256i lo = _mm256_add_epi32(_mm256_hadd_epi32(s[0][0], s[0][1]),
+                                                        _mm256_loadu_si256((const __m256i *)xb->hs[0]));
+                    const __m256i hi = _mm256_add_epi32(_mm256_hadd_epi32(s[1][0], s[1][1]),
+                                                        _mm256_loadu_si256((const __m256i *)xb->hs[1]));
+                    isum = _mm256_add_epi32(_mm256_mullo_epi32(lo, _mm256_set1_epi32(hdr[i].sc[2 * j])),
+                                            _mm256_mullo_epi32(hi, _mm256_set1_epi32(hdr[i].sc[2 * j + 1])));
                 } else {
-                    isum = _mm256_setzero_si256();
-                    for (int k = 0; k < 8; k++) isum = _mm256_dpbusd_epi32(isum, _mm256_set1_epi32(wq[k]), X[k]);
+                    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+                    for (int p = 0; p < 4; p++) {
+                        const __m256i w = _mm256_set1_epi64x(wq[p]);
+                        s0 = _mm256_dpbusd_epi32(s0, w, X[p][0]);
+                        s1 = _mm256_dpbusd_epi32(s1, w, X[p][1]);
+                    }
+                    isum = _mm256_hadd_epi32(s0, s1);
                 }
                 acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum),
                                             _mm256_mul_ps(_mm256_set1_ps(hdr[i].dsc[j]), dx), acc[i][j]);
@@ -194,14 +218,15 @@ KX_INLINE void kg_prefill_tile(uint32_t type, const char *W, size_t row_bytes, c
     }
 }
 
-/* The sub-block shares of 8 tokens summed in kx_hsum's order (the decode tile's), lane t to
- * Y[(t0 + t) * ldy + r] for t < nt. */
+/* The sub-block shares of 8 tokens summed in kx_hsum's order (the decode tile's), lane l to
+ * Y[(t0 + kg_lane_tok[l]) * ldy + r] for the tokens < nt. */
 KX_INLINE void kg_store_col(float *Y, int ldy, int t0, int nt, int r, const __m256 a[8]) {
     const __m256 v = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
                                    _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])));
     float tmp[8];
     _mm256_storeu_ps(tmp, v);
-    for (int t = 0; t < nt; t++) Y[(size_t)(t0 + t) * ldy + r] = tmp[t];
+    for (int l = 0; l < 8; l++)
+        if (kg_lane_tok[l] < nt) Y[(size_t)(t0 + kg_lane_tok[l]) * ldy + r] = tmp[l];
 }
 
 /* Below this many tokens prefill runs the decode tile once per token (same results): the

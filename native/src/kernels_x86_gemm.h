@@ -36,7 +36,7 @@
  * L2 next to the weights streaming through; 96 blocks hold a 2816-column row in one chunk). */
 #define KG_ROWS 8
 #define KG_TOKS 8
-#define KG_PREFILL_ROWS 2
+#define KG_PREFILL_ROWS 4
 #define KG_CHUNK 96
 
 KX_INLINE int kg_handles(uint32_t type) {
@@ -231,7 +231,7 @@ KX_INLINE void kg_store_col(float *Y, int ldy, int t0, int nt, int r, const __m2
 
 /* Below this many tokens prefill runs the decode tile once per token (same results): the
  * interleaved group pays for itself only with several tokens in its lanes. */
-#define KG_MIN_PREFILL_TOKS 3
+#define KG_MIN_PREFILL_TOKS 4
 
 /* Prefill walks 8-token groups; per group, blocks of KG_RB rows, and per row block the
  * columns in chunks of KG_CHUNK q8a blocks (interleaved once per chunk; when the row fits

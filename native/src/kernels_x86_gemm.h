@@ -1,4 +1,4 @@
-/* kernels_x86_gemm.h — AVX-512 VNNI tiles for Q4_K, Q5_K and Q6_K with one result lane per
+/* kernels_x86_gemm.h — AVX-512 VNNI tiles for Q4_K, Q5_K, Q6_K and IQ4_XS with one result lane per
  * output: eight rows per vector in decode, eight tokens per vector in prefill. Included by
  * kernels_avx512.c only, after kernels_x86.h (it needs that file's flags and helpers).
  *
@@ -12,8 +12,9 @@
  *   prefill  lanes = 8 tokens: the activations of 8 tokens are interleaved (4 bytes per
  *            token per group of 4 columns) into a stack buffer once per column chunk, and
  *            each 4-byte group of a weight row is broadcast against them with vpdpbusd:
- *            the weight quants are the unsigned operand (0..15, 0..31, 0..63), the
- *            activations the signed one, so no correction per row is needed.
+ *            the weight quants are the unsigned operand (0..15, 0..31, 0..63; IQ4_XS its
+ *            levels + 128), the activations the signed one, so the only correction (Q6_K's
+ *            q - 32, IQ4_XS's - 128) is per token, computed once in the interleave.
  *
  * The arithmetic of one output (row r, token t), the same in both tiles (so a result never
  * depends on n_tok, on the tile it lands in or on the row range):
@@ -21,6 +22,7 @@
  *     isum  = exact int32 dot product of the quants with the activation quants
  *             (Q6_K: sc_lo * dot(lo half) + sc_hi * dot(hi half), with w = q - 32)
  *     acc   = fma(float(isum), dsc_r[j] * dx_t[j], acc)     (dsc = d * sc_j; Q6_K: d)
+ *             (IQ4_XS: isum of the levels, dsc = d * (ls_j - 32))
  *     Q4_K, Q5_K: acc = fma(-dmin_r * m_r[j], s_t[j], acc)  (s = dx * sum(qx), block_q8a)
  * which is the scalar reference's sum in another rounding order (the tests bound both). */
 #ifndef COLIBRI_KERNELS_X86_GEMM_H
@@ -38,26 +40,6 @@
 #define KG_TOKS 8
 #define KG_PREFILL_ROWS 4
 #define KG_CHUNK 96
-
-KX_INLINE int kg_handles(uint32_t type) {
-    return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K;
-}
-
-/* 8 x 8 transpose of 32-bit elements: out[k] lane i = in[i] lane k. */
-KX_INLINE void kg_transpose8(__m256 v[8]) {
-    const __m256 t0 = _mm256_unpacklo_ps(v[0], v[1]), t1 = _mm256_unpackhi_ps(v[0], v[1]);
-    const __m256 t2 = _mm256_unpacklo_ps(v[2], v[3]), t3 = _mm256_unpackhi_ps(v[2], v[3]);
-    const __m256 t4 = _mm256_unpacklo_ps(v[4], v[5]), t5 = _mm256_unpackhi_ps(v[4], v[5]);
-    const __m256 t6 = _mm256_unpacklo_ps(v[6], v[7]), t7 = _mm256_unpackhi_ps(v[6], v[7]);
-    const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xee);
-    const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xee);
-    const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xee);
-    const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xee);
-    v[0] = _mm256_permute2f128_ps(s0, s4, 0x20), v[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
-    v[1] = _mm256_permute2f128_ps(s1, s5, 0x20), v[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
-    v[2] = _mm256_permute2f128_ps(s2, s6, 0x20), v[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
-    v[3] = _mm256_permute2f128_ps(s3, s7, 0x20), v[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
-}
 
 /* Lane i = the sum of v[i]'s 8 int32 lanes (exact: integer adds). */
 KX_INLINE __m256i kg_reduce8(const __m256i v[8]) {
@@ -86,11 +68,14 @@ KX_INLINE void kg_decode_tile(uint32_t type, const char *W, size_t row_bytes, in
         const block_q8a *x8 = x + (size_t)b * 8;
         const __m256 dx = _mm256_i32gather_ps(&x8->d, xidx, 1);
         const __m256 sx = min8 ? _mm256_i32gather_ps(&x8->s, xidx, 1) : _mm256_setzero_ps();
-        __m256i xc[8]; /* Q6_K: 32 * (pair sums of x), per sub-block, shared by the rows */
-        if (type == GGML_TYPE_Q6_K)
-            for (int j = 0; j < 8; j++)
-                xc[j] = _mm256_slli_epi16(
-                    _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_loadu_si256((const __m256i *)x8[j].qs)), 5);
+        /* the offsets' share, per sub-block, shared by the rows: Q6_K 32 * (pair sums of x),
+         * IQ4_XS 128 * (sums of x over groups of 4) (kernels_x86_kq.h, kx_k_ushift / kx_k_coff) */
+        __m256i xc[8];
+        for (int j = 0; j < 8; j++) {
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)x8[j].qs);
+            if (type == GGML_TYPE_Q6_K) xc[j] = _mm256_slli_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), xv), 5);
+            else if (type == GGML_TYPE_IQ4_XS) xc[j] = kx_k_xcorr(type, 0, xv);
+        }
         for (int i = 0; i < n; i++) {
             const char *blk = W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb;
             kx_khdr hdr;
@@ -100,7 +85,7 @@ KX_INLINE void kg_decode_tile(uint32_t type, const char *W, size_t row_bytes, in
                 kx_ksub sub;
                 kx_ksub_load(type, blk, j, &hdr, 0, &sub);
                 const __m256i xv = _mm256_loadu_si256((const __m256i *)x8[j].qs);
-                L[j] = kx_k_lanes(type, &sub, xv, type == GGML_TYPE_Q6_K ? xc[j] : xv, 0);
+                L[j] = kx_k_lanes(type, &sub, xv, type == GGML_TYPE_Q6_K || type == GGML_TYPE_IQ4_XS ? xc[j] : xv, 0);
             }
             const __m256 isum = _mm256_cvtepi32_ps(kg_reduce8(L));
             acc[i] = _mm256_fmadd_ps(isum, _mm256_mul_ps(_mm256_loadu_ps(hdr.dsc), dx), acc[i]);
@@ -123,7 +108,8 @@ typedef struct kg_xblk {
     int8_t q[4][2][32]; /* [column octet p][token half h][token * 8 + column in octet] */
     float d[8];         /* per lane (kg_lane_tok): the block's scale */
     float s[8];         /* per lane: d * sum(qs) */
-    int32_t hs[2][8];   /* Q6_K, per half and lane: -32 * sum of the half's quants (w = q - 32) */
+    int32_t hs[2][8];   /* per half and lane: Q6_K -32 * sum of the half's quants (w = q - 32);
+                         * IQ4_XS hs[0] = -128 * sum of all 32 (the levels are offset by 128) */
 } kg_xblk;              /* 384 bytes */
 
 /* Interleave blocks [c0, c0 + cn) of tokens t0 .. t0 + nt - 1 (nt <= 8; missing tokens are zeros). */
@@ -136,19 +122,18 @@ KX_INLINE void kg_pack_x(uint32_t type, const block_q8a *Xq, int nb, int t0, int
                           : _mm256_setzero_si256();
         for (int l = 0; l < 8; l++) {
             const int t = kg_lane_tok[l];
-            const block_q8a *xb = Xq + (size_t)(t0 + t) * nb + c0 + c;
-            o->d[l] = t < nt ? xb->d : 0.0f;
-            o->s[l] = t < nt ? xb->s : 0.0f;
+            o->d[l] = t < nt ? Xq[(size_t)(t0 + t) * nb + c0 + c].d : 0.0f;
+            o->s[l] = t < nt ? Xq[(size_t)(t0 + t) * nb + c0 + c].s : 0.0f;
         }
-        if (type == GGML_TYPE_Q6_K) {
+        if (type == GGML_TYPE_Q6_K || type == GGML_TYPE_IQ4_XS) {
             for (int l = 0; l < 8; l++) {
-                /* the two 16-column halves' sums: vpsadbw of x + 128 against 128 is not signed, so plain
-                 * dot products with ones */
+                /* the two 16-column halves' sums of the signed quants: dot products with ones */
                 const __m256i g = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), v[kg_lane_tok[l]]);
                 int32_t gs[8];
                 _mm256_storeu_si256((__m256i *)gs, g);
-                o->hs[0][l] = -32 * (gs[0] + gs[1] + gs[2] + gs[3]);
-                o->hs[1][l] = -32 * (gs[4] + gs[5] + gs[6] + gs[7]);
+                const int lo = gs[0] + gs[1] + gs[2] + gs[3], hi = gs[4] + gs[5] + gs[6] + gs[7];
+                o->hs[0][l] = type == GGML_TYPE_Q6_K ? -32 * lo : -128 * (lo + hi);
+                o->hs[1][l] = type == GGML_TYPE_Q6_K ? -32 * hi : 0;
             }
         }
         for (int h = 0; h < 2; h++) { /* 4 x 4 transpose of qwords: tokens 4h..4h+3 by octets */
@@ -183,7 +168,7 @@ KX_INLINE void kg_prefill_tile(uint32_t type, const char *W, size_t row_bytes, c
                 kx_ksub sub;
                 kx_ksub_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, j, &hdr[i], 0, &sub);
                 int64_t wq[4] __attribute__((aligned(32)));
-                _mm256_store_si256((__m256i *)wq, sub.u); /* the unsigned quants, 8 per qword */
+                _mm256_store_si256((__m256i *)wq, sub.u); /* the unsigned quants (IQ4_XS: level + 128) */
                 __m256i isum;
                 if (type == GGML_TYPE_Q6_K) { /* octets 0, 1: the low half; 2, 3: the high half */
                     __m256i s[2][2];
@@ -208,6 +193,8 @@ KX_INLINE void kg_prefill_tile(uint32_t type, const char *W, size_t row_bytes, c
                         s1 = _mm256_dpbusd_epi32(s1, w, X[p][1]);
                     }
                     isum = _mm256_hadd_epi32(s0, s1);
+                    if (type == GGML_TYPE_IQ4_XS) /* levels + 128 (unsigned): minus 128 * sum(x) */
+                        isum = _mm256_add_epi32(isum, _mm256_loadu_si256((const __m256i *)xb->hs[0]));
                 }
                 acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum),
                                             _mm256_mul_ps(_mm256_set1_ps(hdr[i].dsc[j]), dx), acc[i][j]);
@@ -282,6 +269,7 @@ KX_INLINE void kg_matmul(uint32_t type, const char *W, size_t row_bytes, int nb,
 KG_DRIVER(kg_matmul_q4_k, GGML_TYPE_Q4_K)
 KG_DRIVER(kg_matmul_q5_k, GGML_TYPE_Q5_K)
 KG_DRIVER(kg_matmul_q6_k, GGML_TYPE_Q6_K)
+KG_DRIVER(kg_matmul_iq4_xs, GGML_TYPE_IQ4_XS)
 
 /* The AVX-512 table's entry: these tiles for their types, kernels_x86.h's for the rest. */
 static void kg_matmul_rows(uint32_t type, const void *W, size_t row_bytes, int n_cols, const float *X,
@@ -292,6 +280,7 @@ static void kg_matmul_rows(uint32_t type, const void *W, size_t row_bytes, int n
     case GGML_TYPE_Q4_K: kg_matmul_q4_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     case GGML_TYPE_Q5_K: kg_matmul_q5_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     case GGML_TYPE_Q6_K: kg_matmul_q6_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_IQ4_XS: kg_matmul_iq4_xs(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     default: kx_matmul_rows(type, W, row_bytes, n_cols, X, Xq, n_tok, Y, ldy, r0, r1); break;
     }
 }

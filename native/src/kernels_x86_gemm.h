@@ -1,29 +1,31 @@
-/* kernels_x86_gemm.h — AVX-512 VNNI tiles for Q4_K, Q5_K, Q6_K and IQ4_XS with one result lane per
- * output: eight rows per vector in decode, eight tokens per vector in prefill. Included by
+/* kernels_x86_gemm.h — AVX-512 VNNI tiles for Q4_K, Q5_K, Q6_K and IQ4_XS with one finished
+ * sub-block sum per lane: a row's 8 sub-blocks in decode, 8 tokens in prefill. Included by
  * kernels_avx512.c only, after kernels_x86.h (it needs that file's flags and helpers).
  *
  * Why: the tiles of kernels_x86_kq.h keep, per (row, token), eight int32 lanes of partial
  * sums and convert and scale them per 32 weights, so every (row, token, sub-block) costs a
  * dot product, a conversion, a broadcast and a multiply-add. Here a sub-block's integer dot
  * product is finished first (exact), and one conversion and one multiply-add serve eight
- * outputs at once:
- *   decode   lanes = 8 rows: each row's 8 int32 partial vectors are summed across lanes
- *            together (one reduction for 8 rows), then scaled by the 8 rows' scales;
- *   prefill  lanes = 8 tokens: the activations of 8 tokens are interleaved (4 bytes per
- *            token per group of 4 columns) into a stack buffer once per column chunk, and
- *            each 4-byte group of a weight row is broadcast against them with vpdpbusd:
- *            the weight quants are the unsigned operand (0..15, 0..31, 0..63; IQ4_XS its
- *            levels + 128), the activations the signed one, so the only correction (Q6_K's
- *            q - 32, IQ4_XS's - 128) is per token, computed once in the interleave.
+ * sub-block results at once:
+ *   decode   per row and super-block, the 8 sub-blocks' int32 partial vectors are summed
+ *            across lanes together (kg_reduce8), so lane j holds sub-block j; the row's 8
+ *            scale products and minimum terms are then one multiply and two multiply-adds;
+ *   prefill  lanes = 8 tokens: the activations of 8 tokens are interleaved (8 columns per
+ *            token per qword) into a stack buffer once per column chunk, and each 8-column
+ *            octet of a weight row is broadcast against 4 tokens per vpdpbusd: the weight
+ *            quants are the unsigned operand (0..15, 0..31, 0..63; IQ4_XS its levels + 128),
+ *            the activations the signed one, so the only correction (Q6_K's q - 32, IQ4_XS's
+ *            - 128) is per token, computed once in the interleave.
  *
  * The arithmetic of one output (row r, token t), the same in both tiles (so a result never
  * depends on n_tok, on the tile it lands in or on the row range):
- *   for each super-block, for each 32-element sub-block j:
+ *   for each super-block, for each 32-element sub-block j, into an accumulator a_j:
  *     isum  = exact int32 dot product of the quants with the activation quants
  *             (Q6_K: sc_lo * dot(lo half) + sc_hi * dot(hi half), with w = q - 32)
- *     acc   = fma(float(isum), dsc_r[j] * dx_t[j], acc)     (dsc = d * sc_j; Q6_K: d)
- *             (IQ4_XS: isum of the levels, dsc = d * (ls_j - 32))
- *     Q4_K, Q5_K: acc = fma(-dmin_r * m_r[j], s_t[j], acc)  (s = dx * sum(qx), block_q8a)
+ *     a_j   = fma(float(isum), dsc_r[j] * dx_t[j], a_j)     (dsc = d * sc_j; Q6_K: d;
+ *                                                           IQ4_XS: d * (ls_j - 32))
+ *     Q4_K, Q5_K: a_j = fma(-dmin_r * m_r[j], s_t[j], a_j)  (s = dx * sum(qx), block_q8a)
+ *   result = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))   (kx_hsum's order)
  * which is the scalar reference's sum in another rounding order (the tests bound both). */
 #ifndef COLIBRI_KERNELS_X86_GEMM_H
 #define COLIBRI_KERNELS_X86_GEMM_H
@@ -32,7 +34,8 @@
 #error "kernels_x86_gemm.h is for the AVX-512 VNNI table"
 #endif
 
-/* Rows per decode tile (one per lane), tokens per prefill group (one per lane), rows per
+/* Rows per decode tile (they share the activation loads and the prefetch), tokens per prefill
+ * group (one per lane), rows per
  * prefill tile (they share the group's activation vectors) and q8a blocks per prefill
  * column chunk (the interleaved activations of one chunk: 96 * sizeof(kg_xblk) = 36 KiB, in
  * L2 next to the weights streaming through; 96 blocks hold a 2816-column row in one chunk). */
@@ -46,7 +49,7 @@ KX_INLINE __m256i kg_reduce8(const __m256i v[8]) {
     const __m256i a0 = _mm256_hadd_epi32(v[0], v[1]), a1 = _mm256_hadd_epi32(v[2], v[3]);
     const __m256i a2 = _mm256_hadd_epi32(v[4], v[5]), a3 = _mm256_hadd_epi32(v[6], v[7]);
     const __m256i b0 = _mm256_hadd_epi32(a0, a1), b1 = _mm256_hadd_epi32(a2, a3);
-    /* b0: 128-bit lane 0 holds rows 0..3 over columns 0..15 of the group sums, lane 1 over 16..31 */
+    /* b0: 128-bit lane 0 holds v[0..3]'s sums over their lanes 0..3, lane 1 over lanes 4..7 */
     return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20), _mm256_permute2x128_si256(b0, b1, 0x31));
 }
 
@@ -101,7 +104,7 @@ KX_INLINE void kg_decode_tile(uint32_t type, const char *W, size_t row_bytes, in
  * 8p..8p+7 of tokens 4h..4h+3 (8 bytes each, in token order), so a weight row's 8 columns
  * broadcast to all four qwords meet four tokens in one vpdpbusd. Each token then has two
  * int32 lanes (columns 8p..8p+3, 8p+4..8p+7); vphaddd of the h = 0 and h = 1 sums adds them
- * in pairs and leaves the tokens in lane order KG_LANES, the order of d, s and hs here. */
+ * in pairs and leaves the tokens in lane order kg_lane_tok, the order of d, s and hs here. */
 static const int kg_lane_tok[8] = {0, 1, 4, 5, 2, 3, 6, 7}; /* token of lane l after the vphaddd */
 
 typedef struct kg_xblk {

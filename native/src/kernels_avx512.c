@@ -4,11 +4,12 @@
  * only selects this table after CPUID and XGETBV (ZMM and opmask state) confirm support. */
 #define X86_VNNI 1
 #include "kernels_x86.h"
+#include "kernels_x86_gemm.h" /* Q4_K / Q5_K / Q6_K: finished sub-block sums per lane */
 
 const kernel_table kernels_avx512 = {
     .name = "avx512",
     .isa = KERNEL_ISA_AVX512,
-    .matmul_rows = kx_matmul_rows,
+    .matmul_rows = kg_matmul_rows,
     .quantize_row_q8a = kx_quantize_row_q8a,
     .dot_f16_f32 = kx_dot_f16_f32,
     .axpy_f16 = kx_axpy_f16,

@@ -1,0 +1,281 @@
+/* kernels_x86_gemm.h — AVX-512 VNNI tiles for Q4_K, Q5_K and Q6_K with one finished
+ * sub-block sum per lane: a row's 8 sub-blocks in decode, 8 tokens in prefill. Included by
+ * kernels_avx512.c only, after kernels_x86.h (it needs that file's flags and helpers).
+ *
+ * Why: the tiles of kernels_x86_kq.h keep, per (row, token), eight int32 lanes of partial
+ * sums and convert and scale them per 32 weights, so every (row, token, sub-block) costs a
+ * dot product, a conversion, a broadcast and a multiply-add. Here a sub-block's integer dot
+ * product is finished first (exact), and one conversion and one multiply-add serve eight
+ * sub-block results at once:
+ *   decode   per row and super-block, the 8 sub-blocks' int32 partial vectors are summed
+ *            across lanes together (kg_reduce8), so lane j holds sub-block j; the row's 8
+ *            scale products and minimum terms are then one multiply and two multiply-adds;
+ *   prefill  lanes = 8 tokens: the activations of 8 tokens are interleaved (8 columns per
+ *            token per qword) into a stack buffer once per column chunk, and each 8-column
+ *            octet of a weight row is broadcast against 4 tokens per vpdpbusd: the weight
+ *            quants are the unsigned operand (0..15, 0..31, 0..63), the activations the
+ *            signed one, so the only correction (Q6_K's q - 32) is per token, computed once
+ *            in the interleave.
+ *
+ * The arithmetic of one output (row r, token t), the same in both tiles (so a result never
+ * depends on n_tok, on the tile it lands in or on the row range):
+ *   for each super-block, for each 32-element sub-block j, into an accumulator a_j:
+ *     isum  = exact int32 dot product of the quants with the activation quants
+ *             (Q6_K: sc_lo * dot(lo half) + sc_hi * dot(hi half), with w = q - 32)
+ *     a_j   = fma(float(isum), dsc_r[j] * dx_t[j], a_j)     (dsc = d * sc_j; Q6_K: d)
+ *     Q4_K, Q5_K: a_j = fma(-dmin_r * m_r[j], s_t[j], a_j)  (s = dx * sum(qx), block_q8a)
+ *   result = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))   (kx_hsum's order)
+ * which is the scalar reference's sum in another rounding order (the tests bound both). */
+#ifndef COLIBRI_KERNELS_X86_GEMM_H
+#define COLIBRI_KERNELS_X86_GEMM_H
+
+#if !X86_VNNI
+#error "kernels_x86_gemm.h is for the AVX-512 VNNI table"
+#endif
+
+/* Rows per decode tile (they share the activation loads and the prefetch), tokens per prefill
+ * group (one per lane), rows per
+ * prefill tile (they share the group's activation vectors) and q8a blocks per prefill
+ * column chunk (the interleaved activations of one chunk: 96 * sizeof(kg_xblk) = 36 KiB, in
+ * L2 next to the weights streaming through; 96 blocks hold a 2816-column row in one chunk). */
+#define KG_ROWS 8
+#define KG_TOKS 8
+#define KG_PREFILL_ROWS 4
+#define KG_CHUNK 96
+
+/* Lane i = the sum of v[i]'s 8 int32 lanes (exact: integer adds). */
+KX_INLINE __m256i kg_reduce8(const __m256i v[8]) {
+    const __m256i a0 = _mm256_hadd_epi32(v[0], v[1]), a1 = _mm256_hadd_epi32(v[2], v[3]);
+    const __m256i a2 = _mm256_hadd_epi32(v[4], v[5]), a3 = _mm256_hadd_epi32(v[6], v[7]);
+    const __m256i b0 = _mm256_hadd_epi32(a0, a1), b1 = _mm256_hadd_epi32(a2, a3);
+    /* b0: 128-bit lane 0 holds v[0..3]'s sums over their lanes 0..3, lane 1 over lanes 4..7 */
+    return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20), _mm256_permute2x128_si256(b0, b1, 0x31));
+}
+
+/* ---- decode: up to 8 rows, one token ------------------------------------------ */
+
+/* y[r0 + i] for i < n (n <= 8). Per row and super-block the 8 sub-blocks' int32 partial
+ * vectors are reduced together, so lane j of a row's accumulator is sub-block j's. */
+KX_INLINE void kg_decode_tile(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *x, float *y,
+                              int r0, int r_end, const int n) {
+    const size_t bb = kx_k_bytes(type);
+    const int min8 = kx_k_min8(type);
+    const __m256i xidx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                            _mm256_set1_epi32((int)sizeof(block_q8a)));
+    __m256 acc[KG_ROWS];
+    for (int i = 0; i < n; i++) acc[i] = _mm256_setzero_ps();
+    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + KG_ROWS, r_end, KG_ROWS, nb / 8);
+    for (int b = 0; b < nb / 8; b++) {
+        kx_pf_step(&pf, b);
+        const block_q8a *x8 = x + (size_t)b * 8;
+        const __m256 dx = _mm256_i32gather_ps(&x8->d, xidx, 1);
+        const __m256 sx = min8 ? _mm256_i32gather_ps(&x8->s, xidx, 1) : _mm256_setzero_ps();
+        __m256i xc[8]; /* Q6_K: 32 * (pair sums of x), per sub-block, shared by the rows (kx_k_ushift) */
+        if (type == GGML_TYPE_Q6_K)
+            for (int j = 0; j < 8; j++)
+                xc[j] = _mm256_slli_epi16(
+                    _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_loadu_si256((const __m256i *)x8[j].qs)), 5);
+        for (int i = 0; i < n; i++) {
+            const char *blk = W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb;
+            kx_khdr hdr;
+            kx_khdr_load(type, blk, &hdr);
+            __m256i L[8];
+            for (int j = 0; j < 8; j++) {
+                kx_ksub sub;
+                kx_ksub_load(type, blk, j, &hdr, 0, &sub);
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)x8[j].qs);
+                L[j] = kx_k_lanes(type, &sub, xv, type == GGML_TYPE_Q6_K ? xc[j] : xv, 0);
+            }
+            const __m256 isum = _mm256_cvtepi32_ps(kg_reduce8(L));
+            acc[i] = _mm256_fmadd_ps(isum, _mm256_mul_ps(_mm256_loadu_ps(hdr.dsc), dx), acc[i]);
+            if (min8) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(hdr.dm8), sx, acc[i]);
+        }
+    }
+    for (int i = 0; i < n; i++) y[r0 + i] = kx_hsum(acc[i]);
+}
+
+/* ---- prefill: rows x 8 tokens ------------------------------------------------- */
+
+/* One q8a block of 8 tokens, interleaved for qword broadcasts: q[p][h] holds columns
+ * 8p..8p+7 of tokens 4h..4h+3 (8 bytes each, in token order), so a weight row's 8 columns
+ * broadcast to all four qwords meet four tokens in one vpdpbusd. Each token then has two
+ * int32 lanes (columns 8p..8p+3, 8p+4..8p+7); vphaddd of the h = 0 and h = 1 sums adds them
+ * in pairs and leaves the tokens in lane order kg_lane_tok, the order of d, s and hs here. */
+static const int kg_lane_tok[8] = {0, 1, 4, 5, 2, 3, 6, 7}; /* token of lane l after the vphaddd */
+
+typedef struct kg_xblk {
+    int8_t q[4][2][32]; /* [column octet p][token half h][token * 8 + column in octet] */
+    float d[8];         /* per lane (kg_lane_tok): the block's scale */
+    float s[8];         /* per lane: d * sum(qs) */
+    int32_t hs[2][8];   /* Q6_K, per half and lane: -32 * sum of the half's quants (w = q - 32) */
+} kg_xblk;              /* 384 bytes */
+
+/* Interleave blocks [c0, c0 + cn) of tokens t0 .. t0 + nt - 1 (nt <= 8; missing tokens are zeros). */
+KX_INLINE void kg_pack_x(uint32_t type, const block_q8a *Xq, int nb, int t0, int nt, int c0, int cn, kg_xblk *out) {
+    for (int c = 0; c < cn; c++) {
+        kg_xblk *o = &out[c];
+        __m256i v[8];
+        for (int t = 0; t < 8; t++)
+            v[t] = t < nt ? _mm256_loadu_si256((const __m256i *)Xq[(size_t)(t0 + t) * nb + c0 + c].qs)
+                          : _mm256_setzero_si256();
+        for (int l = 0; l < 8; l++) {
+            const int t = kg_lane_tok[l];
+            o->d[l] = t < nt ? Xq[(size_t)(t0 + t) * nb + c0 + c].d : 0.0f;
+            o->s[l] = t < nt ? Xq[(size_t)(t0 + t) * nb + c0 + c].s : 0.0f;
+        }
+        if (type == GGML_TYPE_Q6_K) {
+            for (int l = 0; l < 8; l++) {
+                /* the two 16-column halves' sums of the signed quants: dot products with ones */
+                const __m256i g = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), v[kg_lane_tok[l]]);
+                int32_t gs[8];
+                _mm256_storeu_si256((__m256i *)gs, g);
+                o->hs[0][l] = -32 * (gs[0] + gs[1] + gs[2] + gs[3]);
+                o->hs[1][l] = -32 * (gs[4] + gs[5] + gs[6] + gs[7]);
+            }
+        }
+        for (int h = 0; h < 2; h++) { /* 4 x 4 transpose of qwords: tokens 4h..4h+3 by octets */
+            const __m256i a0 = _mm256_unpacklo_epi64(v[4 * h], v[4 * h + 1]); /* t0 p0, t1 p0 | t0 p2, t1 p2 */
+            const __m256i a1 = _mm256_unpackhi_epi64(v[4 * h], v[4 * h + 1]); /* t0 p1, t1 p1 | t0 p3, t1 p3 */
+            const __m256i a2 = _mm256_unpacklo_epi64(v[4 * h + 2], v[4 * h + 3]);
+            const __m256i a3 = _mm256_unpackhi_epi64(v[4 * h + 2], v[4 * h + 3]);
+            _mm256_storeu_si256((__m256i *)o->q[0][h], _mm256_permute2x128_si256(a0, a2, 0x20));
+            _mm256_storeu_si256((__m256i *)o->q[1][h], _mm256_permute2x128_si256(a1, a3, 0x20));
+            _mm256_storeu_si256((__m256i *)o->q[2][h], _mm256_permute2x128_si256(a0, a2, 0x31));
+            _mm256_storeu_si256((__m256i *)o->q[3][h], _mm256_permute2x128_si256(a1, a3, 0x31));
+        }
+    }
+}
+
+/* Rows r0 .. r0 + R - 1 against the 8 tokens of xp (blocks [c0, c0 + cn) of the rows).
+ * acc[i][j] lane l carries sub-block j's share of (row r0 + i, token kg_lane_tok[l]). */
+KX_INLINE void kg_prefill_tile(uint32_t type, const char *W, size_t row_bytes, const kg_xblk *xp, int c0, int cn,
+                               int r0, __m256 (*acc)[8], const int R) {
+    const size_t bb = kx_k_bytes(type);
+    const int min8 = kx_k_min8(type);
+    for (int b = c0 / 8; b < (c0 + cn) / 8; b++) {
+        kx_khdr hdr[KG_PREFILL_ROWS];
+        for (int i = 0; i < R; i++) kx_khdr_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, &hdr[i]);
+        for (int j = 0; j < 8; j++) {
+            const kg_xblk *xb = &xp[b * 8 + j - c0];
+            __m256i X[4][2];
+            for (int p = 0; p < 4; p++)
+                for (int h = 0; h < 2; h++) X[p][h] = _mm256_loadu_si256((const __m256i *)xb->q[p][h]);
+            const __m256 dx = _mm256_loadu_ps(xb->d);
+            for (int i = 0; i < R; i++) {
+                kx_ksub sub;
+                kx_ksub_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, j, &hdr[i], 0, &sub);
+                int64_t wq[4] __attribute__((aligned(32)));
+                _mm256_store_si256((__m256i *)wq, sub.u); /* the unsigned quants, 8 per qword */
+                __m256i isum;
+                if (type == GGML_TYPE_Q6_K) { /* octets 0, 1: the low half; 2, 3: the high half */
+                    __m256i s[2][2];
+                    for (int hf = 0; hf < 2; hf++)
+                        for (int h = 0; h < 2; h++) {
+                            s[hf][h] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi64x(wq[2 * hf]),
+                                                           X[2 * hf][h]);
+                            s[hf][h] = _mm256_dpbusd_epi32(s[hf][h], _mm256_set1_epi64x(wq[2 * hf + 1]),
+                                                           X[2 * hf + 1][h]);
+                        }
+                    const __m256i lo = _mm256_add_epi32(_mm256_hadd_epi32(s[0][0], s[0][1]),
+                                                        _mm256_loadu_si256((const __m256i *)xb->hs[0]));
+                    const __m256i hi = _mm256_add_epi32(_mm256_hadd_epi32(s[1][0], s[1][1]),
+                                                        _mm256_loadu_si256((const __m256i *)xb->hs[1]));
+                    isum = _mm256_add_epi32(_mm256_mullo_epi32(lo, _mm256_set1_epi32(hdr[i].sc[2 * j])),
+                                            _mm256_mullo_epi32(hi, _mm256_set1_epi32(hdr[i].sc[2 * j + 1])));
+                } else {
+                    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+                    for (int p = 0; p < 4; p++) {
+                        const __m256i w = _mm256_set1_epi64x(wq[p]);
+                        s0 = _mm256_dpbusd_epi32(s0, w, X[p][0]);
+                        s1 = _mm256_dpbusd_epi32(s1, w, X[p][1]);
+                    }
+                    isum = _mm256_hadd_epi32(s0, s1);
+                }
+                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum),
+                                            _mm256_mul_ps(_mm256_set1_ps(hdr[i].dsc[j]), dx), acc[i][j]);
+                if (min8)
+                    acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(hdr[i].dm8[j]), _mm256_loadu_ps(xb->s), acc[i][j]);
+            }
+        }
+    }
+}
+
+/* The sub-block shares of 8 tokens summed in kx_hsum's order (the decode tile's), lane l to
+ * Y[(t0 + kg_lane_tok[l]) * ldy + r] for the tokens < nt. */
+KX_INLINE void kg_store_col(float *Y, int ldy, int t0, int nt, int r, const __m256 a[8]) {
+    const __m256 v = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
+                                   _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])));
+    float tmp[8];
+    _mm256_storeu_ps(tmp, v);
+    for (int l = 0; l < 8; l++)
+        if (kg_lane_tok[l] < nt) Y[(size_t)(t0 + kg_lane_tok[l]) * ldy + r] = tmp[l];
+}
+
+/* Below this many tokens prefill runs the decode tile once per token (same results): the
+ * interleaved group pays for itself only with several tokens in its lanes. */
+#define KG_MIN_PREFILL_TOKS 4
+
+/* Prefill walks 8-token groups; per group, blocks of KG_RB rows, and per row block the
+ * columns in chunks of KG_CHUNK q8a blocks (interleaved once per chunk; when the row fits
+ * in one chunk, once per group). The per-sub-block accumulators of a row block live in
+ * accs between chunks (KG_RB * 8 vectors = 8 KiB). */
+#define KG_RB 32
+
+KX_INLINE void kg_matmul(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok,
+                         float *Y, int ldy, int r0, int r1) {
+    if (n_tok < KG_MIN_PREFILL_TOKS) {
+        for (int t = 0; t < n_tok; t++) {
+            int r = r0;
+            for (; r + KG_ROWS <= r1; r += KG_ROWS)
+                kg_decode_tile(type, W, row_bytes, nb, Xq + (size_t)t * nb, Y + (size_t)t * ldy, r, r1, KG_ROWS);
+            if (r < r1) kg_decode_tile(type, W, row_bytes, nb, Xq + (size_t)t * nb, Y + (size_t)t * ldy, r, r1, r1 - r);
+        }
+        return;
+    }
+    kg_xblk xp[KG_CHUNK];
+    __m256 accs[KG_RB][8];
+    const int one_chunk = nb <= KG_CHUNK;
+    for (int t0 = 0; t0 < n_tok; t0 += KG_TOKS) {
+        const int nt = n_tok - t0 < KG_TOKS ? n_tok - t0 : KG_TOKS;
+        if (one_chunk) kg_pack_x(type, Xq, nb, t0, nt, 0, nb, xp);
+        for (int rb = r0; rb < r1; rb += KG_RB) {
+            const int re = r1 - rb < KG_RB ? r1 : rb + KG_RB;
+            for (int r = rb; r < re; r++)
+                for (int j = 0; j < 8; j++) accs[r - rb][j] = _mm256_setzero_ps();
+            for (int c0 = 0; c0 < nb; c0 += KG_CHUNK) {
+                const int cn = nb - c0 < KG_CHUNK ? nb - c0 : KG_CHUNK;
+                if (!one_chunk) kg_pack_x(type, Xq, nb, t0, nt, c0, cn, xp);
+                int r = rb;
+                for (; r + KG_PREFILL_ROWS <= re; r += KG_PREFILL_ROWS)
+                    kg_prefill_tile(type, W, row_bytes, xp, c0, cn, r, &accs[r - rb], KG_PREFILL_ROWS);
+                for (; r < re; r++) kg_prefill_tile(type, W, row_bytes, xp, c0, cn, r, &accs[r - rb], 1);
+            }
+            for (int r = rb; r < re; r++) kg_store_col(Y, ldy, t0, nt, r, accs[r - rb]);
+        }
+    }
+}
+
+#define KG_DRIVER(NAME, TYPE)                                                                                    \
+    static void NAME(const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok, float *Y, int ldy, \
+                     int r0, int r1) {                                                                           \
+        kg_matmul(TYPE, W, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1);                                            \
+    }
+
+KG_DRIVER(kg_matmul_q4_k, GGML_TYPE_Q4_K)
+KG_DRIVER(kg_matmul_q5_k, GGML_TYPE_Q5_K)
+KG_DRIVER(kg_matmul_q6_k, GGML_TYPE_Q6_K)
+
+/* The AVX-512 table's entry: these tiles for their types, kernels_x86.h's for the rest. */
+static void kg_matmul_rows(uint32_t type, const void *W, size_t row_bytes, int n_cols, const float *X,
+                           const block_q8a *Xq, int n_tok, float *Y, int ldy, int r0, int r1) {
+    const char *w = (const char *)W;
+    const int nb = n_cols / QK8A;
+    switch (type) {
+    case GGML_TYPE_Q4_K: kg_matmul_q4_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_Q5_K: kg_matmul_q5_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_Q6_K: kg_matmul_q6_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    default: kx_matmul_rows(type, W, row_bytes, n_cols, X, Xq, n_tok, Y, ldy, r0, r1); break;
+    }
+}
+
+#endif

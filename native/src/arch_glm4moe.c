@@ -55,5 +55,4 @@ const arch_desc arch_glm4moe = {
     .name = "glm4moe",
     .read_hparams = glm4moe_hparams,
     .read_layer = glm4moe_layer_tensors,
-    .layer = layer_pre_norm,
 };

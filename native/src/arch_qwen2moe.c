@@ -22,9 +22,4 @@ static colibri_status qwen2moe_layer_tensors(loader *L, int il) {
     return st ? st : ld_ffn(L, il);
 }
 
-const arch_desc arch_qwen2moe = {
-    .name = "qwen2moe",
-    .read_hparams = qwen2moe_hparams,
-    .read_layer = qwen2moe_layer_tensors,
-    .layer = layer_pre_norm,
-};
+const arch_desc arch_qwen2moe = {.name = "qwen2moe", .read_hparams = qwen2moe_hparams, .read_layer = qwen2moe_layer_tensors};

@@ -95,8 +95,7 @@ static float quantize_row_i8(const float *x, int8_t *q, int n) {
     return d;
 }
 
-void block_attention(struct colibri_context *c, int il, int n, int p0) {
-    (void)p0; /* the chunk's first position; each token's own is s.pos[t] */
+void block_attention(struct colibri_context *c, int il, int n) {
     const struct colibri_model *m = c->model;
     const model_hparams *hp = &m->hp;
     const layer_weights *w = &m->layers[il];

@@ -42,15 +42,7 @@ static colibri_status lfm2moe_hparams(loader *L) {
     if ((st = ld_require_experts(L))) return st;
     hp->rope_neox = 1;
     hp->qk_norm = QK_NORM_HEAD;
-    hp->router = ROUTER_GROUPED;
-    /* transformers' LFM2-MoE router is sigmoid only; llama.cpp's converter always says so */
-    if (gguf_find(L->f, ld_key(L, "expert_gating_func", key, sizeof key)) && hp->expert_gating != 2)
-        return cb_error(COLIBRI_E_UNSUPPORTED, "metadata %s = %d: LFM2-MoE routes with sigmoid scores (2)", key,
-                        hp->expert_gating);
-    hp->expert_gating = 2;
-    hp->router_sigmoid = 1;
-    if ((st = ld_i32(L, "leading_dense_block_count", 0, 0, 0, hp->n_layer - 1, &hp->n_dense_lead))) return st;
-    if ((st = ld_grouped_router(L, 1))) return st;
+    if ((st = ld_sigmoid_router(L, "LFM2-MoE"))) return st;
     hp->expert_weights_norm_eps = 1e-6f;
     if ((st = ld_i32(L, "shortconv.l_cache", 1, 0, 2, MAX_CONV_KERNEL, &hp->ssm_conv_kernel))) return st;
     hp->ssm_d_inner = hp->n_embd; /* the conv state's channels; no matrix state (model.h) */

@@ -6,11 +6,6 @@
 #include "arch.h"
 #include "blocks.h"
 
-static colibri_status olmoe_hparams(loader *L) {
-    L->m->hp.rope_neox = 1;
-    L->m->hp.qk_norm = QK_NORM_FULL;
-    colibri_status st = ld_require_experts(L);
-    return st ? st : ld_expert_weights_norm(L, 0);
-}
+static colibri_status olmoe_hparams(loader *L) { return ld_rotate_half_moe(L, QK_NORM_FULL, 0); }
 
 const arch_desc arch_olmoe = {.name = "olmoe", .read_hparams = olmoe_hparams, .read_layer = ld_decoder_layer};

@@ -6,11 +6,6 @@
 #include "arch.h"
 #include "blocks.h"
 
-static colibri_status qwen3moe_hparams(loader *L) {
-    L->m->hp.rope_neox = 1;
-    L->m->hp.qk_norm = QK_NORM_HEAD;
-    colibri_status st = ld_require_experts(L);
-    return st ? st : ld_expert_weights_norm(L, 1);
-}
+static colibri_status qwen3moe_hparams(loader *L) { return ld_rotate_half_moe(L, QK_NORM_HEAD, 1); }
 
 const arch_desc arch_qwen3moe = {.name = "qwen3moe", .read_hparams = qwen3moe_hparams, .read_layer = ld_decoder_layer};

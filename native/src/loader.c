@@ -335,6 +335,27 @@ colibri_status ld_grouped_router(loader *L, int norm_dflt) {
     return COLIBRI_OK;
 }
 
+colibri_status ld_rotate_half_moe(loader *L, int qk_norm, int norm_dflt) {
+    L->m->hp.rope_neox = 1;
+    L->m->hp.qk_norm = qk_norm;
+    colibri_status st = ld_require_experts(L);
+    return st ? st : ld_expert_weights_norm(L, norm_dflt);
+}
+
+colibri_status ld_sigmoid_router(loader *L, const char *what) {
+    model_hparams *hp = &L->m->hp;
+    char key[160];
+    /* transformers' router is sigmoid only; llama.cpp's converter always says so */
+    if (gguf_find(L->f, ld_key(L, "expert_gating_func", key, sizeof key)) && hp->expert_gating != 2)
+        return cb_error(COLIBRI_E_UNSUPPORTED, "metadata %s = %d: %s routes with sigmoid scores (2)", key,
+                        hp->expert_gating, what);
+    hp->router = ROUTER_GROUPED;
+    hp->expert_gating = 2;
+    hp->router_sigmoid = 1;
+    colibri_status st = ld_i32(L, "leading_dense_block_count", 0, 0, 0, hp->n_layer - 1, &hp->n_dense_lead);
+    return st ? st : ld_grouped_router(L, 1);
+}
+
 colibri_status ld_shexp_count(loader *L) {
     model_hparams *hp = &L->m->hp;
     int32_t n_shared;

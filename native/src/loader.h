@@ -100,5 +100,12 @@ colibri_status ld_shexp_count(loader *L);
 colibri_status ld_ffn_dense(loader *L, int il, const char *norm);
 /* The architecture is MoE-only: refuse expert_count == 0 naming the key. */
 colibri_status ld_require_experts(const loader *L);
+/* An MoE-only architecture with rotate_half RoPE (Qwen-MoE, OLMoE): ld_require_experts, q/k norms
+ * of kind qk_norm, the top-k renormalisation (ld_expert_weights_norm, default norm_dflt). */
+colibri_status ld_rotate_half_moe(loader *L, int qk_norm, int norm_dflt);
+/* ROUTER_GROUPED with sigmoid scores only (GLM-4.5, LFM2-MoE; `what` names the architecture in
+ * the error): a file's expert_gating_func other than 2 is refused; then leading_dense_block_count
+ * and the grouped router's keys (ld_grouped_router, renormalised by default). */
+colibri_status ld_sigmoid_router(loader *L, const char *what);
 
 #endif

@@ -2,9 +2,9 @@
 
 Supported architectures (config.json `model_type`): llama (dense), mixtral, qwen2_moe, qwen3_moe, olmoe,
 granitemoe, granitemoeshared, gpt_oss, qwen3_5_moe_text and qwen3_5_moe (its text model), gemma4_text and
-gemma4 (its text model), deepseek_v2, deepseek_v3, glm4_moe, glm4_moe_lite, lfm2_moe. The output uses llama.cpp's tensor
-names and metadata keys, so the same file runs in llama.cpp and in Colibri; that is what the conformance suite
-and the benchmarks rely on.
+gemma4 (its text model), deepseek_v2, deepseek_v3, glm4_moe, glm4_moe_lite, lfm2_moe. The output uses
+llama.cpp's tensor names and metadata keys, so the same file runs in llama.cpp and in Colibri; that is what
+the conformance suite and the benchmarks rely on.
 
 Only numpy, the `gguf` package and the standard library are used: no torch. Safetensors files are read through
 their JSON header and a memory map, one tensor at a time, so converting a checkpoint larger than memory is
@@ -564,7 +564,8 @@ def _lfm2moe_hparams(cfg: dict[str, Any]) -> dict[str, Any]:
     router (its expert bias, renormalisation and scaling)."""
     n_layer = int(cfg["num_hidden_layers"])
     types = cfg.get("layer_types")
-    if not isinstance(types, list) or len(types) != n_layer or any(t not in ("conv", "full_attention") for t in types):
+    kinds = ("conv", "full_attention")
+    if not isinstance(types, list) or len(types) != n_layer or any(t not in kinds for t in types):
         raise ConversionError(f"layer_types {types} are not {n_layer} of conv / full_attention")
     if "full_attention" not in types:
         raise ConversionError("LFM2-MoE without any full_attention layer is not supported")
@@ -1225,7 +1226,7 @@ def _plan_lfm2moe(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
         if ff + "expert_bias" in ck:
             p.add(blk + "exp_probs_b.bias", ff + "expert_bias", keep_f32=True)
         fused = ff + "experts.gate_up_proj"
-        if fused in ck:  # transformers' in-memory layout: gate_up [E, 2I, H] (gate rows first), down [E, H, I]
+        if fused in ck:  # transformers' in-memory layout: gate_up [E, 2I, H] (gate first), down [E, H, I]
             e, two_i, _ = ck.shape(fused)
             half = two_i // 2
             p.add_split_stacked(blk + "ffn_gate_exps.weight", fused, slice(0, half), half)
@@ -1233,7 +1234,8 @@ def _plan_lfm2moe(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
             p.add_whole_stacked(blk + "ffn_down_exps.weight", ff + "experts.down_proj")
         else:  # as the Hub writes them: one tensor per expert and projection
             for gname, proj in (("ffn_gate_exps", "w1"), ("ffn_up_exps", "w3"), ("ffn_down_exps", "w2")):
-                p.add_stacked(f"{blk}{gname}.weight", [f"{ff}experts.{e}.{proj}.weight" for e in range(hp.n_expert)])
+                srcs = [f"{ff}experts.{e}.{proj}.weight" for e in range(hp.n_expert)]
+                p.add_stacked(f"{blk}{gname}.weight", srcs)
     p.add("token_embd_norm.weight", "model.embedding_norm.weight", keep_f32=True)
     if hp.tie_embeddings:
         ck.used.add("lm_head.weight")  # a tied copy saved anyway is not converted

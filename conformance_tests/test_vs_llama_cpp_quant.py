@@ -70,8 +70,22 @@ WIDE_SPECS = {
         config={**tm.SPEC_BY_NAME["mixtral"].config, "hidden_size": 256, "intermediate_size": 256},
         seed=21,
     ),
+    # LFM2-MoE with rows of 256 (short convolutions, attention, dense lead and experts): one K-quant mix and
+    # Q6_K, so that its blocks run llama.cpp's K-quants too
+    "lfm2moe256": dataclasses.replace(
+        tm.SPEC_BY_NAME["lfm2moe"],
+        name="lfm2moe256",
+        config={
+            **tm.SPEC_BY_NAME["lfm2moe"].config,
+            "hidden_size": 256,
+            "intermediate_size": 256,
+            "moe_intermediate_size": 256,
+        },
+        seed=31,
+    ),
 }
-MODELS = ("trained_moe", *WIDE_SPECS)
+MODELS = ("trained_moe", "mixtral256")
+EXTRA_CASES = (("Q4_K_M", "lfm2moe256"), ("Q6_K", "lfm2moe256"))
 
 
 def _llama_cpp() -> Any:
@@ -167,8 +181,7 @@ def _cases() -> list[Any]:
             else [],
             id=f"{f}-{m}",
         )
-        for f in TYPES
-        for m in MODELS
+        for f, m in [(f, m) for f in TYPES for m in MODELS] + list(EXTRA_CASES)
     ]
 
 

@@ -737,12 +737,12 @@ SPECS += [
             norm_topk_prob=True,
             routed_scaling_factor=1.0,
             vocab_size=1013,
-            tie_word_embeddings=False,
+            tie_word_embeddings=True,
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         ),
         seed=29,
         notes="LFM2-MoE: 3 short-conv layers (kernel 3) and 2 attention layers, GQA 2, one dense lead layer, "
-        "6 experts top-2 with expert bias, untied, vocab 1013",
+        "6 experts top-2 with expert bias, tied (llama.cpp's lfm2moe has no own output head), vocab 1013",
     ),
     TinySpec(
         "lfm2moe_scaled",
@@ -761,16 +761,16 @@ SPECS += [
             norm_topk_prob=False,
             routed_scaling_factor=1.7,
             vocab_size=1000,
-            tie_word_embeddings=True,
+            tie_word_embeddings=False,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         ),
         seed=30,
-        # llama.cpp's lfm2moe always renormalises the top-k, ignores the routed scaling and requires the
-        # expert bias; its attention output must be n_embd wide (head_dim 24 x 4 heads is 96)
+        # llama.cpp's lfm2moe always renormalises the top-k, ignores the routed scaling, requires the expert
+        # bias and tied embeddings; its attention output must be n_embd wide (head_dim 24 x 4 heads is 96)
         llama_cpp_compatible=False,
         llama_cpp_converts=False,
         notes="LFM2-MoE: conv kernel 4, no dense lead, no expert bias, top-k not renormalised, routed scale "
-        "1.7, head_dim 24 != hidden/heads, GQA 4, 8 experts top-3, tied",
+        "1.7, head_dim 24 != hidden/heads, GQA 4, 8 experts top-3, untied",
     ),
 ]
 SPEC_BY_NAME = {s.name: s for s in SPECS}
@@ -1182,7 +1182,8 @@ def _lfm2moe_weights(
         w[p + "ffn_norm.weight"] = norm(hidden)
         if kind == "conv":
             w[p + "conv.in_proj.weight"] = lin(3 * hidden, hidden)  # rows B, C, x
-            w[p + "conv.conv.weight"] = (rng.standard_normal((hidden, 1, kern)) / math.sqrt(kern)).astype(np.float32)
+            taps = rng.standard_normal((hidden, 1, kern)) / math.sqrt(kern)
+            w[p + "conv.conv.weight"] = taps.astype(np.float32)
             w[p + "conv.out_proj.weight"] = lin(hidden, hidden, BRANCH_GAIN)
         else:
             a = p + "self_attn."

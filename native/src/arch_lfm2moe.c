@@ -22,11 +22,12 @@ static colibri_status layer_kv_heads(const loader *L, int32_t *kvh) {
     const model_hparams *hp = &L->m->hp;
     char key[160];
     colibri_status st;
+    ld_key(L, "attention.head_count_kv", key, sizeof key);
     const int r = ld_i32_layers(L, "attention.head_count_kv", hp->n_layer, kvh, &st);
     if (r == 1) return st;
     if (r != 0)
         return cb_error(COLIBRI_E_FORMAT, "metadata %s must list the KV heads of each layer (0 for a convolution layer)",
-                        ld_key(L, "attention.head_count_kv", key, sizeof key));
+                        key);
     for (int il = 0; il < hp->n_layer; il++)
         if (kvh[il] < 0 || kvh[il] > MAX_HEADS || (kvh[il] > 0 && hp->n_head % kvh[il] != 0))
             return cb_error(COLIBRI_E_FORMAT, "metadata %s[%d] = %d must be 0 or divide head_count %d", key, il, kvh[il],

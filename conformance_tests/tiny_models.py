@@ -1199,7 +1199,9 @@ def _lfm2moe_weights(
             w[f + "w3.weight"] = lin(c["intermediate_size"], hidden)
             w[f + "w2.weight"] = lin(hidden, c["intermediate_size"], BRANCH_GAIN)
             continue
-        w[f + "gate.weight"] = lin(n_exp, hidden, ROUTER_GAIN)
+        # unit gain, not ROUTER_GAIN: the choice is made on sigmoid scores, which saturate near 1 for sharper
+        # logits, so several experts would tie at ~1 and 8-bit activation rounding would flip between them
+        w[f + "gate.weight"] = lin(n_exp, hidden)
         if c["use_expert_bias"]:
             w[f + "expert_bias"] = (0.3 * rng.standard_normal(n_exp)).astype(np.float32)
         for e in range(n_exp):

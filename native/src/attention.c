@@ -171,13 +171,7 @@ void block_attention(struct colibri_context *c, int il, int n) {
                 for (int i = 0; i < hd; i++) o[i] *= op_sigmoid(g[i]);
             }
 
-    const block_q8a *attq = NULL;
-    if (mat_wants_q8a(&w->wo)) {
-        quantize_activations(c, s->att, s->attq, n, qd);
-        attq = s->attq;
-    }
-    mm_job o = job(&w->wo, s->att, attq, n, s->tmp, E);
-    run_jobs(c, &o, 1);
+    run_projection(c, &w->wo, s->att, s->attq, n, s->tmp);
     if (w->bo)
         for (int t = 0; t < n; t++) op_add(s->tmp + (size_t)t * E, w->bo, E);
 }

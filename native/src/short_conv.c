@@ -19,9 +19,7 @@ void block_short_conv(struct colibri_context *c, int il, int n) {
     scratch *s = &c->s;
     const int E = hp->n_embd, K = hp->ssm_conv_kernel;
 
-    if (mat_wants_q8a(&w->sc_in)) quantize_activations(c, s->xn, s->xnq, n, E);
-    mm_job in = job(&w->sc_in, s->xn, s->xnq, n, s->sc_bcx, 3 * E);
-    run_jobs(c, &in, 1);
+    run_projection(c, &w->sc_in, s->xn, s->xnq, n, s->sc_bcx);
 
     float *conv = c->rs[il].conv;
     for (int t = 0; t < n; t++) {
@@ -43,11 +41,5 @@ void block_short_conv(struct colibri_context *c, int il, int n) {
         }
     }
 
-    const block_q8a *yq = NULL;
-    if (mat_wants_q8a(&w->sc_out)) {
-        quantize_activations(c, s->sc_y, s->sc_yq, n, E);
-        yq = s->sc_yq;
-    }
-    mm_job out = job(&w->sc_out, s->sc_y, yq, n, s->tmp, E);
-    run_jobs(c, &out, 1);
+    run_projection(c, &w->sc_out, s->sc_y, s->sc_yq, n, s->tmp);
 }

@@ -3,7 +3,8 @@
 For each type mix (Q2_K, Q3_K_M, Q4_K_M, Q4_K_S, Q5_K_M, Q6_K, Q5_0, Q5_1, IQ4_NL, IQ4_XS, MXFP4) and two
 models — the trained MoE (tools/train_moe/release: realistic routing; rows of 128 and 512, so a mix of
 K-quants and llama.cpp's Q5_0/Q5_1 fallbacks) and a tiny random Mixtral whose rows are all 256 long (so the
-K-quants and IQ4_XS are used for every matrix) — the F32 conversion is quantized by llama.cpp, then run
+K-quants and IQ4_XS are used for every matrix) — plus Q4_K_M and Q6_K of a tiny LFM2-MoE with rows of 256,
+the F32 conversion is quantized by llama.cpp, then run
 teacher-forced over N_TOKENS tokens by llama.cpp (one batched pass, and token by token) and by Colibri, and
 the file's exact math is computed (every tensor dequantized by the gguf package to F32, run by Colibri's F32
 path). Asserted, per file:

@@ -24,7 +24,7 @@ void block_linear_attention(struct colibri_context *c, int il, int n);
  * cache row at its position (attention_mla.c). */
 void block_attention_mla(struct colibri_context *c, int il, int n);
 /* LFM2's gated short convolution of layer il from s.xn into s.tmp: (B * x) through a causal
- * depthwise convolution whose last K-1 inputs are the layer's conv state (c->rs[il].conv),
+ * depthwise convolution whose last K-1 inputs are the layer's conv state (rs_layer),
  * times C, then the output projection (short_conv.c). */
 void block_short_conv(struct colibri_context *c, int il, int n);
 

@@ -197,6 +197,10 @@ static inline size_t kv_elem(const struct colibri_context *c, int seq, const kv_
 /* Bytes of one copy of the recurrent states of every layer (0 when the model has none); the
  * ledger plans two (live and checkpoint). */
 size_t context_state_bytes(const struct colibri_model *m);
+/* Sequence seq's live state of layer il (rstate_layer members NULL for a layer without one). */
+static inline rstate_layer *rs_layer(const struct colibri_context *c, int seq, int il) {
+    return &c->rs[(size_t)seq * (size_t)c->model->hp.n_layer + (size_t)il];
+}
 /* Drop sequence seq's history after position n (0 <= n <= its n_past): returns the position the context can
  * really resume from, n itself without recurrent state, else the checkpoint's position when it
  * lies in [.., n] or 0 (states zeroed). The caller re-evaluates the tokens from there. */

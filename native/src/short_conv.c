@@ -4,9 +4,9 @@
  *   y = C * causal_conv1d(B * x)                   (depthwise, K taps per channel, no activation)
  *   out = y W_out
  *
- * The convolution's state is the last K-1 values of B * x per channel (c->rs[il].conv, oldest
- * first), so a chunk's tokens go through it one after another and a prefill chunk computes what
- * token-by-token decode does. */
+ * The convolution's state is the last K-1 values of B * x per channel (the layer's conv state of
+ * the token's sequence, context.h rs_layer; oldest first), so a chunk's tokens go through it one
+ * after another and a prefill chunk computes what token-by-token decode does. */
 #include <string.h>
 
 #include "blocks.h"
@@ -21,8 +21,8 @@ void block_short_conv(struct colibri_context *c, int il, int n) {
 
     run_projection(c, &w->sc_in, s->xn, s->xnq, n, s->sc_bcx);
 
-    float *conv = c->rs[il].conv;
     for (int t = 0; t < n; t++) {
+        float *conv = rs_layer(c, s->seq[t], il)->conv; /* each token moves its own sequence's state */
         const float *b = s->sc_bcx + (size_t)t * 3 * E, *gate = b + E, *x = b + 2 * E;
         float *y = s->sc_y + (size_t)t * E;
         for (int ch = 0; ch < E; ch++) {

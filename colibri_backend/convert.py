@@ -2,9 +2,9 @@
 
 Supported architectures (config.json `model_type`): llama (dense), mixtral, qwen2_moe, qwen3_moe, olmoe,
 granitemoe, granitemoeshared, gpt_oss, qwen3_5_moe_text and qwen3_5_moe (its text model), gemma4_text and
-gemma4 (its text model), deepseek_v2, deepseek_v3, glm4_moe, glm4_moe_lite. The output uses llama.cpp's tensor
-names and metadata keys, so the same file runs in llama.cpp and in Colibri; that is what the conformance suite
-and the benchmarks rely on.
+gemma4 (its text model), deepseek_v2, deepseek_v3, glm4_moe, glm4_moe_lite, lfm2_moe. The output uses
+llama.cpp's tensor names and metadata keys, so the same file runs in llama.cpp and in Colibri; that is what
+the conformance suite and the benchmarks rely on.
 
 Only numpy, the `gguf` package and the standard library are used: no torch. Safetensors files are read through
 their JSON header and a memory map, one tensor at a time, so converting a checkpoint larger than memory is
@@ -58,6 +58,7 @@ SUPPORTED_MODEL_TYPES = (
     "deepseek_v3",
     "glm4_moe",
     "glm4_moe_lite",
+    "lfm2_moe",
 )
 # DeepSeek-V2 / V3 and GLM-4.7-Flash (glm4_moe_lite: V3's recipe): one GGUF architecture, deepseek2
 # (multi-head latent attention).
@@ -558,6 +559,33 @@ def _glm4moe_hparams(cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _lfm2moe_hparams(cfg: dict[str, Any]) -> dict[str, Any]:
+    """LFM2-MoE: which layers are short convolutions, their kernel, leading dense layers and the sigmoid
+    router (its expert bias, renormalisation and scaling)."""
+    n_layer = int(cfg["num_hidden_layers"])
+    types = cfg.get("layer_types")
+    kinds = ("conv", "full_attention")
+    if not isinstance(types, list) or len(types) != n_layer or any(t not in kinds for t in types):
+        raise ConversionError(f"layer_types {types} are not {n_layer} of conv / full_attention")
+    if "full_attention" not in types:
+        raise ConversionError("LFM2-MoE without any full_attention layer is not supported")
+    if cfg.get("conv_bias"):
+        raise ConversionError("conv_bias=True (biases in the short convolutions) is not supported")
+    dense_lead = int(cfg.get("num_dense_layers", 2))
+    if not 0 <= dense_lead < n_layer:
+        raise ConversionError(f"num_dense_layers={dense_lead} leaves no MoE layer of {n_layer}")
+    return {
+        "recurrent": [t == "conv" for t in types],
+        "conv_kernel": int(cfg.get("conv_L_cache", 3)),
+        "dense_lead": dense_lead,
+        "n_shared": 0,
+        "scale": float(cfg.get("routed_scaling_factor", 1.0)),
+        "sigmoid": True,
+        "n_group": 1,
+        "expert_bias": bool(cfg.get("use_expert_bias", True)),
+    }
+
+
 def _hparams(cfg: dict[str, Any]) -> _Hparams:
     mt = cfg.get("model_type")
     if mt == "qwen3_5_moe":  # the vision-language config: its text model
@@ -613,6 +641,7 @@ def _hparams(cfg: dict[str, Any]) -> _Hparams:
         "deepseek_v3": "deepseek2",
         "glm4_moe_lite": "deepseek2",
         "glm4_moe": "glm4moe",
+        "lfm2_moe": "lfm2moe",
     }.get(mt, mt)
     if mt in _QWEN35:
         arch = "qwen35moe"
@@ -679,6 +708,14 @@ def _hparams(cfg: dict[str, Any]) -> _Hparams:
             )
     if gptoss:
         hp.extra = gptoss
+    if mt == "lfm2_moe":
+        hp.extra = _lfm2moe_hparams(cfg)
+        hp.n_ff_exp = int(cfg["moe_intermediate_size"])
+        hp.norm_topk = bool(cfg.get("norm_topk_prob", True))
+        hp.rms_eps = float(cfg.get("norm_eps", 1e-5))
+        hp.tie_embeddings = bool(_first(cfg, "tie_word_embeddings", "tie_embedding", default=True))
+        if not _first(cfg, "rope_parameters", "rope_theta"):
+            hp.rope_theta = 1000000.0  # transformers' default_theta for LFM2-MoE
     if mt == "granitemoeshared":
         hp.n_ff_shexp = int(cfg.get("shared_intermediate_size") or 0)
     if mt in _GRANITE:
@@ -1147,9 +1184,75 @@ def _plan_grouped_ffn(p: _Planner, ck: _Checkpoint, hp: _Hparams, pre: str, blk:
             p.add(f"{blk}{gname}.weight", f"{m}shared_experts.{proj}.weight")
 
 
+def _plan_lfm2moe(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
+    """LFM2-MoE under llama.cpp's tensor names: shortconv.* for the convolution layers (the conv kernel as
+    [C, K]), the final embedding_norm as token_embd_norm, the router's expert_bias as exp_probs_b."""
+    p = _Planner(ck, hp)
+    x = hp.extra
+    p.add("token_embd.weight", "model.embed_tokens.weight")
+    for i in range(hp.n_layer):
+        pre, blk = f"model.layers.{i}.", f"blk.{i}."
+        p.add(blk + "attn_norm.weight", pre + "operator_norm.weight", keep_f32=True)
+        p.add(blk + "ffn_norm.weight", pre + "ffn_norm.weight", keep_f32=True)
+        if x["recurrent"][i]:
+            cv = pre + "conv."
+            p.add(blk + "shortconv.in_proj.weight", cv + "in_proj.weight")
+            p.add(blk + "shortconv.out_proj.weight", cv + "out_proj.weight")
+            c, _, k = ck.shape(cv + "conv.weight")
+            p.add(
+                blk + "shortconv.conv.weight",
+                cv + "conv.weight",
+                keep_f32=True,
+                shape=(c, k),
+                transform=lambda w: w.reshape(w.shape[0], -1),
+            )
+        else:
+            at = pre + "self_attn."
+            for proj, gname in (
+                ("q_proj", "attn_q"),
+                ("k_proj", "attn_k"),
+                ("v_proj", "attn_v"),
+                ("out_proj", "attn_output"),
+            ):
+                p.add(f"{blk}{gname}.weight", f"{at}{proj}.weight")
+            p.add(blk + "attn_q_norm.weight", at + "q_layernorm.weight", keep_f32=True)
+            p.add(blk + "attn_k_norm.weight", at + "k_layernorm.weight", keep_f32=True)
+        ff = pre + "feed_forward."
+        if i < x["dense_lead"]:
+            for proj, gname in (("w1", "ffn_gate"), ("w3", "ffn_up"), ("w2", "ffn_down")):
+                p.add(f"{blk}{gname}.weight", f"{ff}{proj}.weight")
+            continue
+        p.add(blk + "ffn_gate_inp.weight", ff + "gate.weight", keep_f32=True)
+        if ff + "expert_bias" in ck:
+            p.add(blk + "exp_probs_b.bias", ff + "expert_bias", keep_f32=True)
+        fused = ff + "experts.gate_up_proj"
+        if fused in ck:  # transformers' in-memory layout: gate_up [E, 2I, H] (gate first), down [E, H, I]
+            e, two_i, _ = ck.shape(fused)
+            half = two_i // 2
+            p.add_split_stacked(blk + "ffn_gate_exps.weight", fused, slice(0, half), half)
+            p.add_split_stacked(blk + "ffn_up_exps.weight", fused, slice(half, two_i), half)
+            p.add_whole_stacked(blk + "ffn_down_exps.weight", ff + "experts.down_proj")
+        else:  # as the Hub writes them: one tensor per expert and projection
+            for gname, proj in (("ffn_gate_exps", "w1"), ("ffn_up_exps", "w3"), ("ffn_down_exps", "w2")):
+                srcs = [f"{ff}experts.{e}.{proj}.weight" for e in range(hp.n_expert)]
+                p.add_stacked(f"{blk}{gname}.weight", srcs)
+    p.add("token_embd_norm.weight", "model.embedding_norm.weight", keep_f32=True)
+    if hp.tie_embeddings:
+        ck.used.add("lm_head.weight")  # a tied copy saved anyway is not converted
+    else:
+        p.add("output.weight", "lm_head.weight")
+    leftovers = sorted(n for n in ck.tensors if n not in ck.used)
+    if leftovers:
+        shown = ", ".join(leftovers[:8]) + (" ..." if len(leftovers) > 8 else "")
+        raise ConversionError(f"{len(leftovers)} checkpoint tensors have no GGUF mapping: {shown}")
+    return p.out
+
+
 def _plan(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
     if hp.model_type in _QWEN35:
         return _plan_qwen35moe(ck, hp)
+    if hp.model_type == "lfm2_moe":
+        return _plan_lfm2moe(ck, hp)
     if hp.arch == "gemma4":
         return _plan_gemma4(ck, hp)
     p = _Planner(ck, hp)
@@ -1665,7 +1768,10 @@ def _write_metadata(w: Any, hp: _Hparams, vocab: _Vocab, name: str, out_type: st
         w.add_layer_norm_rms_eps(hp.rms_eps)
         _write_gemma4_metadata(w, hp)
     else:
-        w.add_head_count_kv(hp.n_head_kv)
+        if hp.model_type == "lfm2_moe":  # per layer, 0 for a convolution layer (which layers are which)
+            w.add_head_count_kv([0 if r else hp.n_head_kv for r in hp.extra["recurrent"]])
+        else:
+            w.add_head_count_kv(hp.n_head_kv)
         rope = (
             hp.extra["rope"]
             if hp.model_type in (*_DEEPSEEK, "glm4_moe")
@@ -1674,7 +1780,7 @@ def _write_metadata(w: Any, hp: _Hparams, vocab: _Vocab, name: str, out_type: st
         w.add_rope_dimension_count(rope)
         w.add_rope_freq_base(hp.rope_theta)
         w.add_layer_norm_rms_eps(hp.rms_eps)
-        if hp.model_type == "glm4_moe":
+        if hp.model_type in ("glm4_moe", "lfm2_moe"):
             _write_grouped_router_metadata(w, hp.extra)
         if hp.model_type in _DEEPSEEK:
             _write_deepseek_metadata(w, hp)
@@ -1696,6 +1802,7 @@ def _write_metadata(w: Any, hp: _Hparams, vocab: _Vocab, name: str, out_type: st
             *_QWEN35,
             *_DEEPSEEK,
             "glm4_moe",
+            "lfm2_moe",
         ):
             w.add_expert_feed_forward_length(hp.n_ff_exp)
     # deepseek2 / glm4moe: expert_shared_count shared experts of n_ff_exp instead
@@ -1722,6 +1829,8 @@ def _write_metadata(w: Any, hp: _Hparams, vocab: _Vocab, name: str, out_type: st
         # the installed gguf package predates these two keys' helpers: written by name
         w.add_array(f"{hp.arch}.attention.recurrent_layers", [bool(r) for r in x["recurrent"]])
         w.add_array(f"{hp.arch}.rope.dimension_sections", [int(v) for v in x["sections"]])
+    if hp.model_type == "lfm2_moe":
+        w.add_shortconv_l_cache(hp.extra["conv_kernel"])
     if hp.model_type in _GRANITE:
         w.add_attention_scale(hp.extra["attention_scale"])
         w.add_embedding_scale(hp.extra["embedding_scale"])

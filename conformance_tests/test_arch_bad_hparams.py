@@ -80,6 +80,19 @@ CASES = [
     ("glm4_moe", {"glm4moe.leading_dense_block_count": (3, U32)}, "glm4moe.leading_dense_block_count = 3"),
     ("glm4_moe", {"glm4moe.nextn_predict_layers": (3, U32)}, "glm4moe.nextn_predict_layers = 3"),
     ("glm4_moe_air", {"glm4moe.expert_shared_count": (2, U32)}, "glm4moe.expert_shared_count 2"),
+    ("lfm2moe", {"lfm2moe.shortconv.l_cache": None}, "lfm2moe.shortconv.l_cache is missing"),
+    ("lfm2moe", {"lfm2moe.shortconv.l_cache": (1, U32)}, "lfm2moe.shortconv.l_cache = 1"),
+    ("lfm2moe", {"lfm2moe.shortconv.l_cache": (4, U32)}, "blk.0.shortconv.conv.weight has shape"),
+    ("lfm2moe", {"lfm2moe.attention.head_count_kv": (2, U32)}, "lfm2moe.attention.head_count_kv must list"),
+    ("lfm2moe", {"lfm2moe.attention.head_count_kv": ([0, 0, 2, 0], V.ARRAY, U32)}, "has 4 values"),
+    ("lfm2moe", {"lfm2moe.attention.head_count_kv": ([0, 0, 3, 0, 2], V.ARRAY, U32)}, "head_count_kv[2] = 3"),
+    ("lfm2moe", {"lfm2moe.attention.head_count_kv": ([0, 0, 2, 0, 1], V.ARRAY, U32)}, "head_count_kv[4] = 1"),
+    ("lfm2moe", {"lfm2moe.attention.head_count_kv": ([0] * 5, V.ARRAY, U32)}, "marks every layer a conv"),
+    ("lfm2moe", {"lfm2moe.attention.head_count_kv": ([2, 0, 2, 0, 2], V.ARRAY, U32)}, "blk.0.attn_q.weight"),
+    ("lfm2moe", {"lfm2moe.expert_gating_func": (1, U32)}, "lfm2moe.expert_gating_func = 1"),
+    ("lfm2moe", {"lfm2moe.leading_dense_block_count": (5, U32)}, "lfm2moe.leading_dense_block_count = 5"),
+    ("lfm2moe", {"lfm2moe.expert_group_count": (4, U32)}, "does not divide lfm2moe.expert_count 6"),
+    ("lfm2moe", {"lfm2moe.expert_weights_scale": (0.0, F32)}, "lfm2moe.expert_weights_scale = 0"),
 ]
 
 

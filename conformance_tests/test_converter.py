@@ -232,9 +232,12 @@ def test_metadata_tokenizer_and_alignment(tiny_zoo: Any, name: str) -> None:
     arch = {"mixtral": "llama", "qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}.get(
         spec.model_type, spec.model_type
     )
-    arch = {"granitemoeshared": "granitemoe", "gpt_oss": "gpt-oss", "qwen3_5_moe_text": "qwen35moe"}.get(
-        arch, arch
-    )
+    arch = {
+        "granitemoeshared": "granitemoe",
+        "gpt_oss": "gpt-oss",
+        "qwen3_5_moe_text": "qwen35moe",
+        "lfm2_moe": "lfm2moe",
+    }.get(arch, arch)
     deepseek = spec.model_type in ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
     if deepseek:
         arch = "deepseek2"
@@ -248,6 +251,8 @@ def test_metadata_tokenizer_and_alignment(tiny_zoo: Any, name: str) -> None:
     assert f[f"{arch}.attention.head_count"] == cfg["num_attention_heads"]
     if deepseek:
         _check_deepseek_metadata(f, cfg, spec.model_type)
+    elif arch == "lfm2moe":
+        _check_lfm2moe_metadata(f, cfg)
     else:
         assert f[f"{arch}.attention.head_count_kv"] == cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -262,7 +267,8 @@ def test_metadata_tokenizer_and_alignment(tiny_zoo: Any, name: str) -> None:
         assert f[f"{arch}.attention.value_length"] == head_dim
     theta = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta"))
     assert math.isclose(f[f"{arch}.rope.freq_base"], theta)
-    assert math.isclose(f[f"{arch}.attention.layer_norm_rms_epsilon"], cfg["rms_norm_eps"], rel_tol=1e-6)
+    eps = cfg["norm_eps"] if arch == "lfm2moe" else cfg["rms_norm_eps"]
+    assert math.isclose(f[f"{arch}.attention.layer_norm_rms_epsilon"], eps, rel_tol=1e-6)
     n_expert = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
     if n_expert:
         assert f[f"{arch}.expert_count"] == n_expert
@@ -300,7 +306,7 @@ def test_metadata_tokenizer_and_alignment(tiny_zoo: Any, name: str) -> None:
         assert t.data_offset % ALIGNMENT == 0, f"{t.name} at {t.data_offset} is not {ALIGNMENT}-aligned"
     for tname, t in tensors.items():
         # biases (gpt-oss's expert ones are 2-D), routers, Qwen3.5's short convolution kernel
-        small = tname.endswith((".bias", "ffn_gate_inp.weight", "ssm_conv1d.weight"))
+        small = tname.endswith((".bias", "ffn_gate_inp.weight", "ssm_conv1d.weight", "shortconv.conv.weight"))
         if len(t.shape) == 1 or "norm" in tname or small:
             assert t.tensor_type == Q.F32, f"{tname} should stay F32, is {t.tensor_type.name}"
         elif int(t.shape[0]) % 32:  # rows shorter than whole Q8_0 blocks
@@ -311,10 +317,10 @@ def test_metadata_tokenizer_and_alignment(tiny_zoo: Any, name: str) -> None:
             assert t.tensor_type == Q.Q8_0, f"{tname} should be Q8_0, is {t.tensor_type.name}"
     if n_expert:
         ff = cfg.get("moe_intermediate_size") or cfg["intermediate_size"]
-        h = cfg["hidden_size"]
-        assert [int(d) for d in tensors["blk.0.ffn_gate_exps.weight"].shape] == [h, ff, n_expert]
-        assert [int(d) for d in tensors["blk.0.ffn_down_exps.weight"].shape] == [ff, h, n_expert]
-        assert [int(d) for d in tensors["blk.1.ffn_gate_inp.weight"].shape] == [h, n_expert]
+        h, moe = cfg["hidden_size"], cfg.get("num_dense_layers", 0)  # the first layer with experts
+        assert [int(d) for d in tensors[f"blk.{moe}.ffn_gate_exps.weight"].shape] == [h, ff, n_expert]
+        assert [int(d) for d in tensors[f"blk.{moe}.ffn_down_exps.weight"].shape] == [ff, h, n_expert]
+        assert [int(d) for d in tensors[f"blk.{moe + 1}.ffn_gate_inp.weight"].shape] == [h, n_expert]
     has_output = "output.weight" in tensors
     tied = cfg["tie_word_embeddings"]
     # llama.cpp requires output.weight for qwen2moe, olmoe and gpt-oss, tied or not.
@@ -349,6 +355,23 @@ def _check_deepseek_metadata(f: dict[str, Any], cfg: dict[str, Any], model_type:
     for key, value in want.items():
         assert f[f"deepseek2.{key}"] == value, f"deepseek2.{key} = {f[f'deepseek2.{key}']}, expected {value}"
     assert math.isclose(f["deepseek2.expert_weights_scale"], cfg["routed_scaling_factor"], rel_tol=1e-6)
+
+
+def _check_lfm2moe_metadata(f: dict[str, Any], cfg: dict[str, Any]) -> None:
+    """lfm2moe's keys, as llama.cpp's converter writes them: KV heads per layer (0 for a convolution layer),
+    the convolution's kernel, leading dense layers and the sigmoid router."""
+    kv = [0 if t == "conv" else cfg["num_key_value_heads"] for t in cfg["layer_types"]]
+    assert list(f["lfm2moe.attention.head_count_kv"]) == kv
+    want = {
+        "shortconv.l_cache": cfg["conv_L_cache"],
+        "leading_dense_block_count": cfg["num_dense_layers"],
+        "expert_feed_forward_length": cfg["moe_intermediate_size"],
+        "feed_forward_length": cfg["intermediate_size"],
+        "expert_gating_func": 2,
+    }
+    for key, value in want.items():
+        assert f[f"lfm2moe.{key}"] == value, f"lfm2moe.{key} = {f[f'lfm2moe.{key}']}, expected {value}"
+    assert math.isclose(f["lfm2moe.expert_weights_scale"], cfg["routed_scaling_factor"], rel_tol=1e-6)
 
 
 def _check_glm4moe_metadata(f: dict[str, Any], cfg: dict[str, Any]) -> None:

@@ -1,4 +1,5 @@
-"""The recurrent state of Qwen3.5-MoE's linear-attention layers (Gated DeltaNet) as part of the context.
+"""The recurrent state of Qwen3.5-MoE's linear-attention layers (Gated DeltaNet) and of LFM2-MoE's short
+convolutions as part of the context.
 
 * Prefill of a chunk equals token-by-token decode: the same logits with the whole prompt in one chunk, in
   chunks of 7 and one token at a time (batch_size 1), bit for bit; and with 1 thread as with 2.
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 import tiny_models as tm
 
-SPECS = [s.name for s in tm.SPECS if s.model_type == "qwen3_5_moe_text"]
+SPECS = [s.name for s in tm.SPECS if s.model_type in ("qwen3_5_moe_text", "lfm2_moe")]
 N_POS = 48
 
 
@@ -103,8 +104,8 @@ def test_plan_state_bytes_against_transformers_cache(tiny_zoo: Any, colibri: Any
     for layer in cache.layers:
         if hasattr(layer, "keys"):
             continue
-        conv, rec = layer.conv_states[0], layer.recurrent_states[0]
-        theirs += (conv.numel() + rec.numel()) * conv.element_size()
+        conv, rec = layer.conv_states[0], layer.recurrent_states[0]  # no matrix state (None): a short conv
+        theirs += (conv.numel() + (rec.numel() if rec is not None else 0)) * conv.element_size()
         conv_rows += conv.shape[-2]  # transformers keeps K inputs per channel, Colibri the K-1 it needs
     ours_one = plan["state_bytes"] // 2  # the live state and its checkpoint
     tm.report(

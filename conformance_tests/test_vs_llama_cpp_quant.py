@@ -3,7 +3,8 @@
 For each type mix (Q2_K, Q3_K_M, Q4_K_M, Q4_K_S, Q5_K_M, Q6_K, Q5_0, Q5_1, IQ4_NL, IQ4_XS, MXFP4) and two
 models — the trained MoE (tools/train_moe/release: realistic routing; rows of 128 and 512, so a mix of
 K-quants and llama.cpp's Q5_0/Q5_1 fallbacks) and a tiny random Mixtral whose rows are all 256 long (so the
-K-quants and IQ4_XS are used for every matrix) — the F32 conversion is quantized by llama.cpp, then run
+K-quants and IQ4_XS are used for every matrix) — plus Q4_K_M and Q6_K of a tiny LFM2-MoE with rows of 256,
+the F32 conversion is quantized by llama.cpp, then run
 teacher-forced over N_TOKENS tokens by llama.cpp (one batched pass, and token by token) and by Colibri, and
 the file's exact math is computed (every tensor dequantized by the gguf package to F32, run by Colibri's F32
 path). Asserted, per file:
@@ -70,8 +71,22 @@ WIDE_SPECS = {
         config={**tm.SPEC_BY_NAME["mixtral"].config, "hidden_size": 256, "intermediate_size": 256},
         seed=21,
     ),
+    # LFM2-MoE with rows of 256 (short convolutions, attention, dense lead and experts): one K-quant mix and
+    # Q6_K, so that its blocks run llama.cpp's K-quants too
+    "lfm2moe256": dataclasses.replace(
+        tm.SPEC_BY_NAME["lfm2moe"],
+        name="lfm2moe256",
+        config={
+            **tm.SPEC_BY_NAME["lfm2moe"].config,
+            "hidden_size": 256,
+            "intermediate_size": 256,
+            "moe_intermediate_size": 256,
+        },
+        seed=31,
+    ),
 }
-MODELS = ("trained_moe", *WIDE_SPECS)
+MODELS = ("trained_moe", "mixtral256")
+EXTRA_CASES = (("Q4_K_M", "lfm2moe256"), ("Q6_K", "lfm2moe256"))
 
 
 def _llama_cpp() -> Any:
@@ -167,8 +182,7 @@ def _cases() -> list[Any]:
             else [],
             id=f"{f}-{m}",
         )
-        for f in TYPES
-        for m in MODELS
+        for f, m in [(f, m) for f in TYPES for m in MODELS] + list(EXTRA_CASES)
     ]
 
 

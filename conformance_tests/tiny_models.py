@@ -705,6 +705,74 @@ SPECS += [
         "correction bias, 8 experts top-3, routed scale 1.8, layer pattern dense/sparse/sparse/sparse",
     ),
 ]
+# LFM2-MoE (lfm2_moe): gated short-convolution layers around attention layers (per-head q/k RMSNorm), leading
+# dense layers, a sigmoid router whose expert bias steers the choice only. The expert bias is drawn large
+# enough to change which experts win.
+_LFM2MOE = dict(
+    max_position_embeddings=512,
+    norm_eps=1e-5,
+    bos_token_id=0,
+    eos_token_id=2,
+    pad_token_id=0,
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_attention_heads=4,
+    conv_bias=False,
+)
+SPECS += [
+    TinySpec(
+        "lfm2moe",
+        "lfm2_moe",
+        dict(
+            _LFM2MOE,
+            num_hidden_layers=5,
+            layer_types=["conv", "conv", "full_attention", "conv", "full_attention"],
+            num_key_value_heads=2,
+            num_dense_layers=1,
+            num_experts=6,
+            num_experts_per_tok=2,
+            conv_L_cache=3,
+            use_expert_bias=True,
+            norm_topk_prob=True,
+            routed_scaling_factor=1.0,
+            vocab_size=1013,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        ),
+        seed=29,
+        notes="LFM2-MoE: 3 short-conv layers (kernel 3) and 2 attention layers, GQA 2, one dense lead layer, "
+        "6 experts top-2 with expert bias, tied (llama.cpp's lfm2moe has no own output head), vocab 1013",
+    ),
+    TinySpec(
+        "lfm2moe_scaled",
+        "lfm2_moe",
+        dict(
+            _LFM2MOE,
+            num_hidden_layers=4,
+            layer_types=["conv", "full_attention", "conv", "conv"],
+            num_key_value_heads=1,
+            head_dim=24,
+            num_dense_layers=0,
+            num_experts=8,
+            num_experts_per_tok=3,
+            conv_L_cache=4,
+            use_expert_bias=False,
+            norm_topk_prob=False,
+            routed_scaling_factor=1.7,
+            vocab_size=1000,
+            tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+        seed=30,
+        # llama.cpp's lfm2moe always renormalises the top-k, ignores the routed scaling, requires the expert
+        # bias and tied embeddings; its attention output must be n_embd wide (head_dim 24 x 4 heads is 96)
+        llama_cpp_compatible=False,
+        llama_cpp_converts=False,
+        notes="LFM2-MoE: conv kernel 4, no dense lead, no expert bias, top-k not renormalised, routed scale "
+        "1.7, head_dim 24 != hidden/heads, GQA 4, 8 experts top-3, untied",
+    ),
+]
 SPEC_BY_NAME = {s.name: s for s in SPECS}
 
 
@@ -888,6 +956,7 @@ _ARCH_CLASS = {
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "glm4_moe": "Glm4MoeForCausalLM",
     "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
+    "lfm2_moe": "Lfm2MoeForCausalLM",
 }
 
 
@@ -932,6 +1001,8 @@ def make_weights(spec: TinySpec) -> dict[str, np.ndarray]:
         return _qwen35_weights(spec, w, rng, lin)
     if mt == "gemma4_text":
         return _gemma4_weights(spec, w, lin, norm)
+    if mt == "lfm2_moe":
+        return _lfm2moe_weights(spec, w, rng, lin, norm)
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"] = norm(hidden)
@@ -1088,6 +1159,57 @@ def _qwen35_weights(
             w[f"mtp.{n}.weight"] = zc(hidden)
     w["model.norm.weight"] = zc(hidden)
     if not c.get("tie_word_embeddings"):
+        w["lm_head.weight"] = lin(spec.config["vocab_size"], hidden, 4.0)
+    return w
+
+
+def _lfm2moe_weights(
+    spec: TinySpec,
+    w: dict[str, np.ndarray],
+    rng: np.random.Generator,
+    lin: Callable[..., np.ndarray],
+    norm: Callable[[int], np.ndarray],
+) -> dict[str, np.ndarray]:
+    """LFM2-MoE as its Hub checkpoints store it (one tensor per expert: w1 gate, w3 up, w2 down); the short
+    convolutions' B, C and x rows at unit variance, so B * x and C * conv keep unit scale too."""
+    c = spec.config
+    hidden, n_head = c["hidden_size"], c["num_attention_heads"]
+    n_kv, hd = c["num_key_value_heads"], c.get("head_dim") or hidden // n_head
+    kern, n_exp, ff = c["conv_L_cache"], c["num_experts"], c["moe_intermediate_size"]
+    for i, kind in enumerate(c["layer_types"]):
+        p = f"model.layers.{i}."
+        w[p + "operator_norm.weight"] = norm(hidden)
+        w[p + "ffn_norm.weight"] = norm(hidden)
+        if kind == "conv":
+            w[p + "conv.in_proj.weight"] = lin(3 * hidden, hidden)  # rows B, C, x
+            taps = rng.standard_normal((hidden, 1, kern)) / math.sqrt(kern)
+            w[p + "conv.conv.weight"] = taps.astype(np.float32)
+            w[p + "conv.out_proj.weight"] = lin(hidden, hidden, BRANCH_GAIN)
+        else:
+            a = p + "self_attn."
+            w[a + "q_proj.weight"] = lin(n_head * hd, hidden)
+            w[a + "k_proj.weight"] = lin(n_kv * hd, hidden)
+            w[a + "v_proj.weight"] = lin(n_kv * hd, hidden)
+            w[a + "out_proj.weight"] = lin(hidden, n_head * hd, BRANCH_GAIN)
+            w[a + "q_layernorm.weight"] = norm(hd)
+            w[a + "k_layernorm.weight"] = norm(hd)
+        f = p + "feed_forward."
+        if i < c["num_dense_layers"]:
+            w[f + "w1.weight"] = lin(c["intermediate_size"], hidden)
+            w[f + "w3.weight"] = lin(c["intermediate_size"], hidden)
+            w[f + "w2.weight"] = lin(hidden, c["intermediate_size"], BRANCH_GAIN)
+            continue
+        # unit gain, not ROUTER_GAIN: the choice is made on sigmoid scores, which saturate near 1 for sharper
+        # logits, so several experts would tie at ~1 and 8-bit activation rounding would flip between them
+        w[f + "gate.weight"] = lin(n_exp, hidden)
+        if c["use_expert_bias"]:
+            w[f + "expert_bias"] = (0.3 * rng.standard_normal(n_exp)).astype(np.float32)
+        for e in range(n_exp):
+            w[f"{f}experts.{e}.w1.weight"] = lin(ff, hidden)
+            w[f"{f}experts.{e}.w3.weight"] = lin(ff, hidden)
+            w[f"{f}experts.{e}.w2.weight"] = lin(hidden, ff, BRANCH_GAIN)
+    w["model.embedding_norm.weight"] = norm(hidden)
+    if not c["tie_word_embeddings"]:
         w["lm_head.weight"] = lin(spec.config["vocab_size"], hidden, 4.0)
     return w
 

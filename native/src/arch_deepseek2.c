@@ -110,23 +110,10 @@ static colibri_status deepseek2_layer_tensors(loader *L, int il) {
     return ld_ffn_dense(L, il, "ffn_norm.weight");
 }
 
-/* x += MLA(norm1(x)); x += FFN(norm2(x)), the FFN dense in the leading layers (block_ffn). */
-static colibri_status deepseek2_layer(struct colibri_context *c, int il, int n, int p0) {
-    const layer_weights *w = &c->model->layers[il];
-    const int E = c->model->hp.n_embd;
-    block_norm_rows(c, w->attn_norm, n);
-    block_attention_mla(c, il, n, p0);
-    op_add(c->s.x, c->s.tmp, n * E);
-    block_norm_rows(c, w->ffn_norm, n);
-    colibri_status st = block_ffn(c, il, n);
-    if (st) return st;
-    op_add(c->s.x, c->s.tmp, n * E);
-    return COLIBRI_OK;
-}
-
+/* The pre-norm layer with MLA as its mixer; the FFN is dense in the leading layers (block_ffn). */
 const arch_desc arch_deepseek2 = {
     .name = "deepseek2",
     .read_hparams = deepseek2_hparams,
     .read_layer = deepseek2_layer_tensors,
-    .layer = deepseek2_layer,
+    .mixer = block_attention_mla,
 };

@@ -36,48 +36,6 @@
 #include "error.h"
 #include "ops.h"
 
-/* Integer array "<arch>.<suffix>" of exactly n elements into out[n] (any integer or bool element
- * type whose values fit an int32). 0: read; -1: absent; 2: a scalar (the caller reads it as
- * one); 1 with *st an error naming the key otherwise. */
-static int read_layer_array(const loader *L, const char *suffix, int n, int32_t *out, colibri_status *st) {
-    char key[160];
-    ld_key(L, suffix, key, sizeof key);
-    const gguf_kv *kv = gguf_find(L->f, key);
-    *st = COLIBRI_OK;
-    if (!kv) return -1;
-    if (kv->type != GGUF_VT_ARRAY) return 2;
-    size_t esz;
-    switch (kv->arr_type) {
-    case GGUF_VT_UINT8: case GGUF_VT_INT8: case GGUF_VT_BOOL: esz = 1; break;
-    case GGUF_VT_UINT16: case GGUF_VT_INT16: esz = 2; break;
-    case GGUF_VT_UINT32: case GGUF_VT_INT32: esz = 4; break;
-    case GGUF_VT_UINT64: case GGUF_VT_INT64: esz = 8; break;
-    default:
-        *st = cb_error(COLIBRI_E_FORMAT, "metadata %s must hold integers", key);
-        return 1;
-    }
-    if (kv->arr_len != (uint64_t)n) {
-        *st = cb_error(COLIBRI_E_FORMAT, "metadata %s has %llu values, the model has %d layers", key,
-                       (unsigned long long)kv->arr_len, n);
-        return 1;
-    }
-    const int is_signed = kv->arr_type == GGUF_VT_INT8 || kv->arr_type == GGUF_VT_INT16 ||
-                          kv->arr_type == GGUF_VT_INT32 || kv->arr_type == GGUF_VT_INT64;
-    for (int i = 0; i < n; i++) {
-        const uint8_t *p = kv->arr_data + (size_t)i * esz;
-        uint64_t u = 0;
-        memcpy(&u, p, esz); /* little-endian, as GGUF is */
-        int64_t v = (int64_t)u;
-        if (is_signed && esz < 8 && (u >> (8 * esz - 1)) & 1) v = (int64_t)(u | ~((UINT64_C(1) << (8 * esz)) - 1));
-        if (v < INT32_MIN || v > INT32_MAX) {
-            *st = cb_error(COLIBRI_E_FORMAT, "metadata %s[%d] is out of range", key, i);
-            return 1;
-        }
-        out[i] = (int32_t)v;
-    }
-    return 0;
-}
-
 static colibri_status gemma4_hparams(loader *L) {
     model_hparams *hp = &L->m->hp;
     colibri_status st;
@@ -136,12 +94,12 @@ static colibri_status gemma4_hparams(loader *L) {
     int32_t *arr = cb_malloc((size_t)hp->n_layer * sizeof *arr);
     if (!arr) return cb_error(COLIBRI_E_NOMEM, "out of memory");
     int n_local = 0;
-    int r = read_layer_array(L, "attention.sliding_window_pattern", hp->n_layer, arr, &st);
+    int r = ld_i32_layers(L, "attention.sliding_window_pattern", hp->n_layer, arr, &st);
     if (r < 0 || r == 2)
         st = cb_error(COLIBRI_E_FORMAT, "metadata %s (the local/global layer pattern, one bool per layer) is %s",
                       ld_key(L, "attention.sliding_window_pattern", key, sizeof key), r < 0 ? "missing" : "not an array");
     for (int il = 0; !st && il < hp->n_layer; il++) n_local += arr[il] != 0;
-    if (!st) r = read_layer_array(L, "attention.head_count_kv", hp->n_layer, arr, &st);
+    if (!st) r = ld_i32_layers(L, "attention.head_count_kv", hp->n_layer, arr, &st);
     for (int il = 0; !st && r == 0 && il < hp->n_layer; il++)
         if (arr[il] < 1 || arr[il] > MAX_HEADS || hp->n_head % arr[il] != 0)
             st = cb_error(COLIBRI_E_FORMAT, "metadata %s[%d] = %d must divide head_count %d",
@@ -192,10 +150,10 @@ static colibri_status gemma4_layer_tensors(loader *L, int il) {
     char n[96];
     colibri_status st;
     int32_t pat[MAX_LAYERS], kvh[MAX_LAYERS]; /* both checked by gemma4_hparams */
-    if (read_layer_array(L, "attention.sliding_window_pattern", hp->n_layer, pat, &st) != 0)
+    if (ld_i32_layers(L, "attention.sliding_window_pattern", hp->n_layer, pat, &st) != 0)
         return st ? st : cb_error(COLIBRI_E_FORMAT, "metadata %s.attention.sliding_window_pattern is unreadable", L->arch);
     const int local = pat[il] != 0;
-    const int r = read_layer_array(L, "attention.head_count_kv", hp->n_layer, kvh, &st);
+    const int r = ld_i32_layers(L, "attention.head_count_kv", hp->n_layer, kvh, &st);
     if (st) return st;
     w->n_head_kv = r == 0 ? kvh[il] : hp->n_head_kv;
     w->head_dim = local ? hp->head_dim_swa : hp->head_dim;
@@ -269,7 +227,7 @@ static void norm_rows_inplace(float *y, const float *w, int n, int E, float eps)
     for (int t = 0; t < n; t++) op_rmsnorm(y + (size_t)t * E, w, y + (size_t)t * E, E, eps);
 }
 
-static colibri_status gemma4_layer(struct colibri_context *c, int il, int n, int p0) {
+static colibri_status gemma4_layer(struct colibri_context *c, int il, int n) {
     const struct colibri_model *m = c->model;
     const model_hparams *hp = &m->hp;
     const layer_weights *w = &m->layers[il];
@@ -280,7 +238,7 @@ static colibri_status gemma4_layer(struct colibri_context *c, int il, int n, int
     /* attention, with this layer's own RoPE angles (every gemma4 layer has its frequencies) */
     block_norm_rows(c, w->attn_norm, n);
     for (int t = 0; t < n; t++) op_rope_angles(s->rope_cs + (size_t)t * w->n_rot, w->rope_freqs, w->n_rot, s->pos[t]);
-    block_attention(c, il, n, p0);
+    block_attention(c, il, n);
     norm_rows_inplace(s->tmp, w->attn_post_norm, n, E, eps);
     op_add(s->x, s->tmp, n * E);
 

@@ -16,23 +16,14 @@
 static colibri_status glm4moe_hparams(loader *L) {
     model_hparams *hp = &L->m->hp;
     colibri_status st;
-    char key[160];
     if ((st = ld_require_experts(L))) return st;
     int32_t nextn;
     if ((st = ld_i32(L, "nextn_predict_layers", 0, 0, 0, hp->n_layer - 1, &nextn))) return st;
     hp->n_layer -= nextn;
     hp->rope_neox = 1;
     hp->qk_norm = ld_find(L, "blk.0.attn_q_norm.weight") ? QK_NORM_HEAD : QK_NORM_NONE;
-    hp->router = ROUTER_GROUPED;
-    /* transformers' GLM router is sigmoid only; llama.cpp's converter always says so */
-    if (gguf_find(L->f, ld_key(L, "expert_gating_func", key, sizeof key)) && hp->expert_gating != 2)
-        return cb_error(COLIBRI_E_UNSUPPORTED, "metadata %s = %d: GLM-4.5 routes with sigmoid scores (2)", key,
-                        hp->expert_gating);
-    hp->expert_gating = 2;
-    hp->router_sigmoid = 1;
     hp->group_score_top2 = 1;
-    if ((st = ld_i32(L, "leading_dense_block_count", 0, 0, 0, hp->n_layer - 1, &hp->n_dense_lead))) return st;
-    if ((st = ld_grouped_router(L, 1))) return st;
+    if ((st = ld_sigmoid_router(L, "GLM-4.5"))) return st;
     return ld_shexp_count(L);
 }
 
@@ -55,5 +46,4 @@ const arch_desc arch_glm4moe = {
     .name = "glm4moe",
     .read_hparams = glm4moe_hparams,
     .read_layer = glm4moe_layer_tensors,
-    .layer = layer_pre_norm,
 };

@@ -56,5 +56,4 @@ const arch_desc arch_gptoss = {
     .name = "gpt-oss",
     .read_hparams = gptoss_hparams,
     .read_layer = gptoss_layer_tensors,
-    .layer = layer_pre_norm,
 };

@@ -42,29 +42,5 @@ static colibri_status granitemoe_hparams(loader *L) {
     return ld_expert_weights_norm(L, 1);
 }
 
-static colibri_status granitemoe_layer_tensors(loader *L, int il) {
-    colibri_status st = ld_attention(L, il, 0);
-    return st ? st : ld_ffn(L, il);
-}
-
-/* x += r * Attn(norm1(x)); x += r * FFN(norm2(x)), r = residual_scale. */
-static colibri_status granitemoe_layer(struct colibri_context *c, int il, int n, int p0) {
-    const layer_weights *w = &c->model->layers[il];
-    const int E = c->model->hp.n_embd;
-    const float r = c->model->hp.residual_scale;
-    block_norm_rows(c, w->attn_norm, n);
-    block_attention(c, il, n, p0);
-    op_axpy(c->s.x, r, c->s.tmp, n * E);
-    block_norm_rows(c, w->ffn_norm, n);
-    colibri_status st = block_ffn(c, il, n);
-    if (st) return st;
-    op_axpy(c->s.x, r, c->s.tmp, n * E);
-    return COLIBRI_OK;
-}
-
-const arch_desc arch_granitemoe = {
-    .name = "granitemoe",
-    .read_hparams = granitemoe_hparams,
-    .read_layer = granitemoe_layer_tensors,
-    .layer = granitemoe_layer,
-};
+/* The layer is the pre-norm recipe, whose residual adds apply residual_scale. */
+const arch_desc arch_granitemoe = {.name = "granitemoe", .read_hparams = granitemoe_hparams, .read_layer = ld_decoder_layer};

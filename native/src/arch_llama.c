@@ -17,14 +17,4 @@ static colibri_status llama_hparams(loader *L) {
     return ld_expert_weights_norm(L, 1);
 }
 
-static colibri_status llama_layer_tensors(loader *L, int il) {
-    colibri_status st = ld_attention(L, il, 0);
-    return st ? st : ld_ffn(L, il);
-}
-
-const arch_desc arch_llama = {
-    .name = "llama",
-    .read_hparams = llama_hparams,
-    .read_layer = llama_layer_tensors,
-    .layer = layer_pre_norm,
-};
+const arch_desc arch_llama = {.name = "llama", .read_hparams = llama_hparams, .read_layer = ld_decoder_layer};

@@ -7,14 +7,9 @@
 #include "blocks.h"
 
 static colibri_status qwen2moe_hparams(loader *L) {
-    model_hparams *hp = &L->m->hp;
-    colibri_status st;
-    if ((st = ld_require_experts(L))) return st;
-    hp->rope_neox = 1;
-    hp->qk_norm = QK_NORM_NONE;
-    hp->shexp_gated = 1;
-    if ((st = ld_shexp_width(L, 1))) return st;
-    return ld_expert_weights_norm(L, 0);
+    L->m->hp.shexp_gated = 1;
+    colibri_status st = ld_rotate_half_moe(L, QK_NORM_NONE, 0);
+    return st ? st : ld_shexp_width(L, 1);
 }
 
 static colibri_status qwen2moe_layer_tensors(loader *L, int il) {
@@ -22,9 +17,4 @@ static colibri_status qwen2moe_layer_tensors(loader *L, int il) {
     return st ? st : ld_ffn(L, il);
 }
 
-const arch_desc arch_qwen2moe = {
-    .name = "qwen2moe",
-    .read_hparams = qwen2moe_hparams,
-    .read_layer = qwen2moe_layer_tensors,
-    .layer = layer_pre_norm,
-};
+const arch_desc arch_qwen2moe = {.name = "qwen2moe", .read_hparams = qwen2moe_hparams, .read_layer = qwen2moe_layer_tensors};

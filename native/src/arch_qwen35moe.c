@@ -114,24 +114,10 @@ static colibri_status qwen35moe_layer_tensors(loader *L, int il) {
     return ld_ffn_named(L, il, "post_attention_norm.weight");
 }
 
-/* x += Mixer(norm1(x)); x += MoE(norm2(x)), the mixer being linear or gated full attention. */
-static colibri_status qwen35moe_layer(struct colibri_context *c, int il, int n, int p0) {
-    const layer_weights *w = &c->model->layers[il];
-    const int E = c->model->hp.n_embd;
-    block_norm_rows(c, w->attn_norm, n);
-    if (w->recurrent) block_linear_attention(c, il, n);
-    else block_attention(c, il, n, p0);
-    op_add(c->s.x, c->s.tmp, n * E);
-    block_norm_rows(c, w->ffn_norm, n);
-    colibri_status st = block_ffn(c, il, n);
-    if (st) return st;
-    op_add(c->s.x, c->s.tmp, n * E);
-    return COLIBRI_OK;
-}
-
+/* The pre-norm layer; its mixer is linear attention or gated full attention (block_attention). */
 const arch_desc arch_qwen35moe = {
     .name = "qwen35moe",
     .read_hparams = qwen35moe_hparams,
     .read_layer = qwen35moe_layer_tensors,
-    .layer = qwen35moe_layer,
+    .recurrent_mixer = block_linear_attention,
 };

@@ -6,24 +6,6 @@
 #include "arch.h"
 #include "blocks.h"
 
-static colibri_status qwen3moe_hparams(loader *L) {
-    model_hparams *hp = &L->m->hp;
-    colibri_status st;
-    if ((st = ld_require_experts(L))) return st;
-    hp->rope_neox = 1;
-    hp->qk_norm = QK_NORM_HEAD;
-    return ld_expert_weights_norm(L, 1);
-}
+static colibri_status qwen3moe_hparams(loader *L) { return ld_rotate_half_moe(L, QK_NORM_HEAD, 1); }
 
-static colibri_status qwen3moe_layer_tensors(loader *L, int il) {
-    colibri_status st = ld_attention(L, il, 0);
-    if (!st) st = ld_qk_norm(L, il);
-    return st ? st : ld_ffn(L, il);
-}
-
-const arch_desc arch_qwen3moe = {
-    .name = "qwen3moe",
-    .read_hparams = qwen3moe_hparams,
-    .read_layer = qwen3moe_layer_tensors,
-    .layer = layer_pre_norm,
-};
+const arch_desc arch_qwen3moe = {.name = "qwen3moe", .read_hparams = qwen3moe_hparams, .read_layer = ld_decoder_layer};

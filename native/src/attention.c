@@ -95,8 +95,7 @@ static float quantize_row_i8(const float *x, int8_t *q, int n) {
     return d;
 }
 
-void block_attention(struct colibri_context *c, int il, int n, int p0) {
-    (void)p0; /* the chunk's first position; each token's own is s.pos[t] */
+void block_attention(struct colibri_context *c, int il, int n) {
     const struct colibri_model *m = c->model;
     const model_hparams *hp = &m->hp;
     const layer_weights *w = &m->layers[il];
@@ -172,13 +171,7 @@ void block_attention(struct colibri_context *c, int il, int n, int p0) {
                 for (int i = 0; i < hd; i++) o[i] *= op_sigmoid(g[i]);
             }
 
-    const block_q8a *attq = NULL;
-    if (mat_wants_q8a(&w->wo)) {
-        quantize_activations(c, s->att, s->attq, n, qd);
-        attq = s->attq;
-    }
-    mm_job o = job(&w->wo, s->att, attq, n, s->tmp, E);
-    run_jobs(c, &o, 1);
+    run_projection(c, &w->wo, s->att, s->attq, n, s->tmp);
     if (w->bo)
         for (int t = 0; t < n; t++) op_add(s->tmp + (size_t)t * E, w->bo, E);
 }

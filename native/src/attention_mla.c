@@ -85,8 +85,7 @@ static void mla_worker(void *arg, int ith, int nth) {
     }
 }
 
-void block_attention_mla(struct colibri_context *c, int il, int n, int p0) {
-    (void)p0; /* the chunk's first position; each token's own is s.pos[t] */
+void block_attention_mla(struct colibri_context *c, int il, int n) {
     const struct colibri_model *m = c->model;
     const model_hparams *hp = &m->hp;
     const layer_weights *w = &m->layers[il];

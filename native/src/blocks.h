@@ -14,16 +14,19 @@ struct colibri_context;
 void block_norm_rows(struct colibri_context *c, const float *w, int n);
 
 /* Attention of layer il from s.xn into s.tmp, writing each token's K/V into its sequence's
- * cache at its position (s.seq[t], s.pos[t]; p0 = s.pos[0], kept for the recipes' signature)
- * (attention.c). */
-void block_attention(struct colibri_context *c, int il, int n, int p0);
+ * cache at its position (s.seq[t], s.pos[t]) (attention.c). */
+void block_attention(struct colibri_context *c, int il, int n);
 
 /* Gated DeltaNet linear attention of layer il from s.xn into s.tmp, advancing the layer's
  * conv and recurrent states (c->rs[il]) through the chunk's n tokens (linear_attention.c). */
 void block_linear_attention(struct colibri_context *c, int il, int n);
-/* Multi-head latent attention of layer il from s.xn into s.tmp, writing the chunk's latent
- * cache rows at positions p0.. (attention_mla.c). */
-void block_attention_mla(struct colibri_context *c, int il, int n, int p0);
+/* Multi-head latent attention of layer il from s.xn into s.tmp, writing each token's latent
+ * cache row at its position (attention_mla.c). */
+void block_attention_mla(struct colibri_context *c, int il, int n);
+/* LFM2's gated short convolution of layer il from s.xn into s.tmp: (B * x) through a causal
+ * depthwise convolution whose last K-1 inputs are the layer's conv state (rs_layer),
+ * times C, then the output projection (short_conv.c). */
+void block_short_conv(struct colibri_context *c, int il, int n);
 
 /* FFN of layer il from s.xn into s.tmp: the dense SwiGLU, or the routed experts (plus the
  * shared expert). block_ffn picks by the model (forward.c: dense without experts and in an MoE's
@@ -48,7 +51,8 @@ void ffn_prefetch_layer(struct colibri_context *c, int next, const float *xn);
 /* inv_freq[n_rot/2] of the model's RoPE (rope.c). */
 void rope_init_freqs(const model_hparams *hp, float *inv_freq);
 
-/* The pre-norm decoder layer: x += Attn(norm1(x)); x += FFN(norm2(x)) (forward.c). */
-colibri_status layer_pre_norm(struct colibri_context *c, int il, int n, int p0);
+/* The pre-norm decoder layer: x += r * Mixer(norm1(x)); x += r * FFN(norm2(x)), the mixer the
+ * architecture's row names for the layer (arch.h), r = hp.residual_scale (forward.c). */
+colibri_status layer_pre_norm(struct colibri_context *c, int il, int n);
 
 #endif

@@ -98,7 +98,11 @@ static void plan_scratch(struct colibri_context *c, planner *p) {
     s->jobs = take(p, (X + 4) * sizeof(mm_job));
     s->glu = take(p, (X + 2) * sizeof(glu_job));
     s->qg = hp->attn_out_gate ? take(p, B * 2 * qd * f) : NULL;
-    if (hp->n_layer_rec > 0) {
+    if (hp->n_layer_rec > 0 && hp->ssm_dt_rank == 0) { /* LFM2's short convolution (short_conv.c) */
+        s->sc_bcx = take(p, B * 3 * E * f);
+        s->sc_y = take(p, B * E * f);
+        s->sc_yq = take(p, B * NB(E) * q);
+    } else if (hp->n_layer_rec > 0) {
         const size_t H = (size_t)hp->ssm_dt_rank, Di = (size_t)hp->ssm_d_inner;
         const size_t C = 2 * (size_t)hp->ssm_n_group * hp->ssm_d_state + Di;
         s->la_qkv = take(p, B * C * f);
@@ -273,7 +277,7 @@ static void state_floats(const struct colibri_model *m, int il, size_t *conv, si
     if (!m->layers[il].recurrent) return;
     const size_t H = (size_t)hp->ssm_dt_rank, Di = (size_t)hp->ssm_d_inner, dk = (size_t)hp->ssm_d_state;
     *conv = (2 * (size_t)hp->ssm_n_group * dk + Di) * (size_t)(hp->ssm_conv_kernel - 1);
-    *ssm = H * dk * (Di / H);
+    *ssm = H > 0 ? H * dk * (Di / H) : 0; /* a short convolution (H = 0) has no matrix state */
 }
 
 size_t context_state_bytes(const struct colibri_model *m) {

@@ -65,11 +65,15 @@ typedef struct scratch {
     float *la_o;         /* [B][d_inner] delta-rule output, normed and gated */
     block_q8a *la_oq;    /* [B][d_inner/32] */
     float *la_tmp;       /* [n_threads][dv] per-thread row of the state update */
+    /* short convolution (short_conv.c, lfm2moe) */
+    float *sc_bcx;       /* [B][3 * n_embd] B, C, x of the in projection; x becomes B * x */
+    float *sc_y;         /* [B][n_embd] C * conv(B * x) */
+    block_q8a *sc_yq;    /* [B][n_embd/32] */
 } scratch;
 
 /* The recurrent state of one layer (NULL members for layers without one). Linear attention
  * (qwen35moe's Gated DeltaNet) has both: the short convolution's last K-1 inputs per channel
- * and the delta rule's matrix per v head. One clearly separated block per layer, so a
+ * and the delta rule's matrix per v head; LFM2's short convolution only the first. One clearly separated block per layer, so a
  * per-sequence copy (batching) or a save/restore section (prefix cache) is a loop over layers. */
 typedef struct rstate_layer {
     float *conv;  /* [C][K-1], oldest input first */
@@ -196,6 +200,10 @@ static inline size_t kv_elem(const struct colibri_context *c, int seq, const kv_
 /* Bytes of one copy of the recurrent states of every layer (0 when the model has none); the
  * ledger plans two (live and checkpoint). */
 size_t context_state_bytes(const struct colibri_model *m);
+/* Sequence seq's live state of layer il (rstate_layer members NULL for a layer without one). */
+static inline rstate_layer *rs_layer(const struct colibri_context *c, int seq, int il) {
+    return &c->rs[(size_t)seq * (size_t)c->model->hp.n_layer + (size_t)il];
+}
 /* Drop sequence seq's history after position n (0 <= n <= its n_past): returns the position the context can
  * really resume from, n itself without recurrent state, else the checkpoint's position when it
  * lies in [.., n] or 0 (states zeroed). The caller re-evaluates the tokens from there. */

@@ -1,6 +1,6 @@
 /* forward.c — the forward pass over a chunk of tokens: embeddings, the architecture's layer
- * recipe for each layer (arch.h), the output head; and the pre-norm decoder layer most
- * architectures share.
+ * recipe for each layer (arch.h), the output head; and the pre-norm decoder layer every
+ * architecture but Gemma 4 shares, with its token mixer as a parameter.
  *
  * One code path serves prefill and decode, of one sequence or several: a chunk of n tokens
  * (1 <= n <= n_batch), each at its own sequence and position, goes through each layer together. Matrix products are issued as job lists (jobs.h), one pool_run
@@ -51,16 +51,25 @@ colibri_status block_ffn(struct colibri_context *c, int il, int n) {
     return COLIBRI_OK;
 }
 
-colibri_status layer_pre_norm(struct colibri_context *c, int il, int n, int p0) {
-    const layer_weights *w = &c->model->layers[il];
+/* x += r * branch (s.tmp); r is 1 but for GraniteMoE's residual multiplier. */
+static void residual_add(struct colibri_context *c, int n) {
     const int E = c->model->hp.n_embd;
+    const float r = c->model->hp.residual_scale;
+    if (r == 1.0f) op_add(c->s.x, c->s.tmp, n * E);
+    else op_axpy(c->s.x, r, c->s.tmp, n * E);
+}
+
+colibri_status layer_pre_norm(struct colibri_context *c, int il, int n) {
+    const struct colibri_model *m = c->model;
+    const layer_weights *w = &m->layers[il];
+    const block_mixer mix = w->recurrent ? m->arch->recurrent_mixer : m->arch->mixer ? m->arch->mixer : block_attention;
     block_norm_rows(c, w->attn_norm, n);
-    block_attention(c, il, n, p0);
-    op_add(c->s.x, c->s.tmp, n * E);
+    mix(c, il, n);
+    residual_add(c, n);
     block_norm_rows(c, w->ffn_norm, n);
     colibri_status st = block_ffn(c, il, n);
     if (st) return st;
-    op_add(c->s.x, c->s.tmp, n * E);
+    residual_add(c, n);
     return COLIBRI_OK;
 }
 
@@ -89,7 +98,7 @@ static colibri_status eval_chunk(struct colibri_context *c, const int32_t *tok, 
     if (c->pred && n == 1) ffn_prefetch_layer(c, 0, NULL); /* decode step start: temporal and hashed */
 
     for (int il = 0; il < hp->n_layer; il++) {
-        colibri_status st = m->arch->layer(c, il, n, s->pos[0]);
+        colibri_status st = m->arch->layer ? m->arch->layer(c, il, n) : layer_pre_norm(c, il, n);
         if (st) return st;
     }
 

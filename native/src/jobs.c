@@ -99,3 +99,10 @@ void quantize_activations(struct colibri_context *c, const float *x, block_q8a *
     else pool_run(c->pool, quant_worker, &t);
 }
 
+void run_projection(struct colibri_context *c, const mat *w, const float *x, block_q8a *xq, int n, float *y) {
+    const int wants = mat_wants_q8a(w);
+    if (wants) quantize_activations(c, x, xq, n, w->cols);
+    mm_job j = job(w, x, wants ? xq : NULL, n, y, w->rows);
+    run_jobs(c, &j, 1);
+}
+

@@ -73,5 +73,8 @@ void cpu_run_jobs(cb_pool *pool, const mm_job *jobs, int n_jobs);
 void cpu_run_glu(cb_pool *pool, const glu_job *jobs, int n_jobs);
 /* Quantize n_rows rows of n_cols floats (n_cols % 32 == 0) to block_q8a rows. */
 void quantize_activations(struct colibri_context *c, const float *x, block_q8a *y, int n_rows, int n_cols);
+/* One product y[n][w.rows] = x[n][w.cols] W^T as a single job, x first quantized into xq when W's
+ * kernel takes q8a activations (an output projection: the rows were not quantized before). */
+void run_projection(struct colibri_context *c, const mat *w, const float *x, block_q8a *xq, int n, float *y);
 
 #endif

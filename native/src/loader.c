@@ -248,6 +248,12 @@ colibri_status ld_qk_norm(loader *L, int il) {
 
 colibri_status ld_ffn(loader *L, int il) { return ld_ffn_named(L, il, "ffn_norm.weight"); }
 
+colibri_status ld_decoder_layer(loader *L, int il) {
+    colibri_status st = ld_attention(L, il, 0);
+    if (!st) st = ld_qk_norm(L, il);
+    return st ? st : ld_ffn(L, il);
+}
+
 colibri_status ld_ffn_named(loader *L, int il, const char *norm) {
     const model_hparams *hp = &L->m->hp;
     layer_weights *w = &L->m->layers[il];
@@ -310,6 +316,7 @@ colibri_status ld_grouped_router(loader *L, int norm_dflt) {
     char key[160];
     if ((st = ld_expert_weights_norm(L, norm_dflt))) return st;
     if ((st = ld_f32(L, "expert_weights_scale", 0, 1.0f, &hp->expert_weights_scale))) return st;
+    hp->expert_weights_norm_eps = 1e-20f;
     if (!(hp->expert_weights_scale > 0.0f))
         return cb_error(COLIBRI_E_FORMAT, "metadata %s = %g must be positive",
                         ld_key(L, "expert_weights_scale", key, sizeof key), (double)hp->expert_weights_scale);
@@ -326,6 +333,27 @@ colibri_status ld_grouped_router(loader *L, int norm_dflt) {
                         hp->n_expert_used, kept, ld_key(L, "expert_group_used_count", key, sizeof key),
                         hp->n_group_used);
     return COLIBRI_OK;
+}
+
+colibri_status ld_rotate_half_moe(loader *L, int qk_norm, int norm_dflt) {
+    L->m->hp.rope_neox = 1;
+    L->m->hp.qk_norm = qk_norm;
+    colibri_status st = ld_require_experts(L);
+    return st ? st : ld_expert_weights_norm(L, norm_dflt);
+}
+
+colibri_status ld_sigmoid_router(loader *L, const char *what) {
+    model_hparams *hp = &L->m->hp;
+    char key[160];
+    /* transformers' router is sigmoid only; llama.cpp's converter always says so */
+    if (gguf_find(L->f, ld_key(L, "expert_gating_func", key, sizeof key)) && hp->expert_gating != 2)
+        return cb_error(COLIBRI_E_UNSUPPORTED, "metadata %s = %d: %s routes with sigmoid scores (2)", key,
+                        hp->expert_gating, what);
+    hp->router = ROUTER_GROUPED;
+    hp->expert_gating = 2;
+    hp->router_sigmoid = 1;
+    colibri_status st = ld_i32(L, "leading_dense_block_count", 0, 0, 0, hp->n_layer - 1, &hp->n_dense_lead);
+    return st ? st : ld_grouped_router(L, 1);
 }
 
 colibri_status ld_shexp_count(loader *L) {
@@ -365,4 +393,46 @@ colibri_status ld_ffn_dense(loader *L, int il, const char *norm) {
     if ((st = ld_mat(L, ld_tname(n, sizeof n, il, "ffn_gate.weight"), E, F, 1, &w->ffn_gate))) return st;
     if ((st = ld_mat(L, ld_tname(n, sizeof n, il, "ffn_up.weight"), E, F, 1, &w->ffn_up))) return st;
     return ld_mat(L, ld_tname(n, sizeof n, il, "ffn_down.weight"), F, E, 1, &w->ffn_down);
+}
+
+/* Integer array "<arch>.<suffix>" of exactly n elements into out[n] (any integer or bool element
+ * type whose values fit an int32). 0: read; -1: absent; 2: a scalar (the caller reads it as
+ * one); 1 with *st an error naming the key otherwise. */
+int ld_i32_layers(const loader *L, const char *suffix, int n, int32_t *out, colibri_status *st) {
+    char key[160];
+    ld_key(L, suffix, key, sizeof key);
+    const gguf_kv *kv = gguf_find(L->f, key);
+    *st = COLIBRI_OK;
+    if (!kv) return -1;
+    if (kv->type != GGUF_VT_ARRAY) return 2;
+    size_t esz;
+    switch (kv->arr_type) {
+    case GGUF_VT_UINT8: case GGUF_VT_INT8: case GGUF_VT_BOOL: esz = 1; break;
+    case GGUF_VT_UINT16: case GGUF_VT_INT16: esz = 2; break;
+    case GGUF_VT_UINT32: case GGUF_VT_INT32: esz = 4; break;
+    case GGUF_VT_UINT64: case GGUF_VT_INT64: esz = 8; break;
+    default:
+        *st = cb_error(COLIBRI_E_FORMAT, "metadata %s must hold integers", key);
+        return 1;
+    }
+    if (kv->arr_len != (uint64_t)n) {
+        *st = cb_error(COLIBRI_E_FORMAT, "metadata %s has %llu values, the model has %d layers", key,
+                       (unsigned long long)kv->arr_len, n);
+        return 1;
+    }
+    const int is_signed = kv->arr_type == GGUF_VT_INT8 || kv->arr_type == GGUF_VT_INT16 ||
+                          kv->arr_type == GGUF_VT_INT32 || kv->arr_type == GGUF_VT_INT64;
+    for (int i = 0; i < n; i++) {
+        const uint8_t *p = kv->arr_data + (size_t)i * esz;
+        uint64_t u = 0;
+        memcpy(&u, p, esz); /* little-endian, as GGUF is */
+        int64_t v = (int64_t)u;
+        if (is_signed && esz < 8 && (u >> (8 * esz - 1)) & 1) v = (int64_t)(u | ~((UINT64_C(1) << (8 * esz)) - 1));
+        if (v < INT32_MIN || v > INT32_MAX) {
+            *st = cb_error(COLIBRI_E_FORMAT, "metadata %s[%d] is out of range", key, i);
+            return 1;
+        }
+        out[i] = (int32_t)v;
+    }
+    return 0;
 }

@@ -44,6 +44,11 @@ colibri_status ld_bool(const loader *L, const char *suffix, int dflt, int32_t *o
  * flag list); a missing key, another type or length is an error naming the key. */
 colibri_status ld_bool_at(const loader *L, const char *suffix, int64_t len, int64_t i, int32_t *out);
 
+/* Integer array "<arch>.<suffix>" of exactly n elements (one per layer) into out[n] (any integer
+ * or bool element type whose values fit an int32). 0: read; -1: absent; 2: a scalar (the caller
+ * reads it as one); 1 with *st an error naming the key otherwise. */
+int ld_i32_layers(const loader *L, const char *suffix, int n, int32_t *out, colibri_status *st);
+
 /* "blk.<layer>.<what>" into buf. */
 const char *ld_tname(char *buf, size_t cap, int layer, const char *what);
 const gguf_tensor *ld_find(const loader *L, const char *name);
@@ -74,6 +79,8 @@ colibri_status ld_qk_norm(loader *L, int il);
 /* ffn_norm, then the dense FFN (n_expert == 0) or router + stacked experts, and the shared
  * expert when hp->n_ff_shexp > 0. */
 colibri_status ld_ffn(loader *L, int il);
+/* The plain decoder layer: ld_attention (biases optional), ld_qk_norm, ld_ffn. */
+colibri_status ld_decoder_layer(loader *L, int il);
 /* The same with the FFN's norm under another name (gpt-oss: post_attention_norm.weight). */
 colibri_status ld_ffn_named(loader *L, int il, const char *norm);
 
@@ -93,5 +100,12 @@ colibri_status ld_shexp_count(loader *L);
 colibri_status ld_ffn_dense(loader *L, int il, const char *norm);
 /* The architecture is MoE-only: refuse expert_count == 0 naming the key. */
 colibri_status ld_require_experts(const loader *L);
+/* An MoE-only architecture with rotate_half RoPE (Qwen-MoE, OLMoE): ld_require_experts, q/k norms
+ * of kind qk_norm, the top-k renormalisation (ld_expert_weights_norm, default norm_dflt). */
+colibri_status ld_rotate_half_moe(loader *L, int qk_norm, int norm_dflt);
+/* ROUTER_GROUPED with sigmoid scores only (GLM-4.5, LFM2-MoE; `what` names the architecture in
+ * the error): a file's expert_gating_func other than 2 is refused; then leading_dense_block_count
+ * and the grouped router's keys (ld_grouped_router, renormalised by default). */
+colibri_status ld_sigmoid_router(loader *L, const char *what);
 
 #endif

@@ -197,7 +197,8 @@ static colibri_status read_global_weights(loader *L) {
     if (te->ne[1] < 1 || te->ne[1] > MAX_VOCAB) return ld_shape_error(te, "a vocabulary size in range");
     hp->n_vocab = (int32_t)te->ne[1];
     if ((st = ld_mat(L, "token_embd.weight", hp->n_embd, hp->n_vocab, 1, &m->tok_embd))) return st;
-    if ((st = ld_vec(L, "output_norm.weight", hp->n_embd, 1, &m->output_norm))) return st;
+    /* an architecture may have read its final norm under another name (lfm2moe: token_embd_norm) */
+    if (!m->output_norm && (st = ld_vec(L, "output_norm.weight", hp->n_embd, 1, &m->output_norm))) return st;
     if ((st = ld_mat(L, "output.weight", hp->n_embd, hp->n_vocab, 0, &m->output))) return st;
     if (!m->output.data) m->output = m->tok_embd;  /* tied embeddings */
     if (hp->bos_token_id >= hp->n_vocab) hp->bos_token_id = -1;
@@ -282,6 +283,7 @@ void model_free(struct colibri_model *m) {
             cb_free(w->la_dt);
             cb_free(w->la_a);
             cb_free(w->la_norm);
+            cb_free(w->sc_conv);
             cb_free(w->v_norm);
             cb_free(w->rope_freqs);
             cb_free(w->attn_post_norm);

@@ -109,6 +109,10 @@ typedef struct layer_weights {
     float *la_dt;                    /* ssm_dt.bias [H] */
     float *la_a;                     /* ssm_a [H] = -exp(A_log) */
     float *la_norm;                  /* ssm_norm [dv], the gated RMSNorm's weight */
+    /* LFM2's short convolution (lfm2moe; recurrent != 0, the layer has no KV; short_conv.c) */
+    mat sc_in;                       /* shortconv.in_proj [3 * n_embd][n_embd]: rows B, then C, then x */
+    mat sc_out;                      /* shortconv.out_proj [n_embd][n_embd] */
+    float *sc_conv;                  /* shortconv.conv [n_embd][K] taps, the last one for the current token */
     float *exp_probs_b;              /* [n_expert] selection bias of ROUTER_GROUPED, NULL if none */
     /* multi-head latent attention (hp.mla_kv_lora > 0; attention_mla.c). H = n_head, R = n_rot,
      * C = mla_kv_lora, N = mla_nope, V = mla_v, Q = mla_q_lora. The query is wq [H*(N+R)][E], or
@@ -153,6 +157,8 @@ typedef struct model_hparams {
     int32_t router_sigmoid;
     int32_t n_expert_groups, n_group_used, group_score_top2;
     float expert_weights_scale;   /* routed_scaling_factor (1: none) */
+    float expert_weights_norm_eps; /* ROUTER_GROUPED renormalises w / (sum + this): transformers' 1e-20
+                                    * (DeepSeek, GLM) or 1e-6 (LFM2) */
     int32_t mla_kv_lora, mla_q_lora, mla_nope, mla_v;
     float rope_freq_base;
     float norm_eps;
@@ -170,7 +176,9 @@ typedef struct model_hparams {
     int32_t attn_out_gate;        /* attention q projection also yields a per-head output gate:
                                    * wq rows [n_head][2*head_dim] = (q, gate); out *= sigmoid(gate) */
     /* Gated DeltaNet layers (qwen35moe; 0 when the model has none): conv kernel K, k-head width
-     * d_state, k heads n_group, v heads dt_rank, v width d_inner = dt_rank * dv */
+     * d_state, k heads n_group, v heads dt_rank, v width d_inner = dt_rank * dv. The conv state
+     * has 2*n_group*d_state + d_inner channels; LFM2's short convolution (lfm2moe) is the case
+     * n_group = d_state = dt_rank = 0, d_inner = n_embd: a conv state and no matrix state. */
     int32_t ssm_conv_kernel, ssm_d_state, ssm_n_group, ssm_dt_rank, ssm_d_inner;
     int32_t n_layer_rec;          /* layers with a recurrent state */
     int32_t n_nextn;              /* multi-token-prediction blocks the file has after the n_layer (not run) */

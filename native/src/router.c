@@ -143,9 +143,9 @@ static void select_grouped(const model_hparams *hp, float *p, const float *bias,
         sw[j] = p[sel[j]];
         sum += sw[j];
     }
-    /* as transformers: w / (sum + 1e-20), then the routed scaling */
+    /* as transformers: w / (sum + eps), then the routed scaling */
     for (int j = 0; j < k; j++) {
-        if (hp->expert_weights_norm) sw[j] /= sum + 1e-20f;
+        if (hp->expert_weights_norm) sw[j] /= sum + hp->expert_weights_norm_eps;
         sw[j] *= hp->expert_weights_scale;
     }
 }

@@ -139,6 +139,7 @@ typedef struct colibri_context_params {
 /* Expert cache policies (which slot a miss evicts, after prefetched-but-unused slots). */
 #define COLIBRI_POLICY_LFU 0  /* frequency with exponential decay (half-life 32 tokens) */
 #define COLIBRI_POLICY_LRU 1  /* least recently used */
+#define COLIBRI_POLICY_REUSE 2  /* predicted reuse: gap statistics, the token's routing so far (docs/memory.md) */
 /* Expert predictors feeding the loader thread. */
 #define COLIBRI_PREFETCH_NONE 0
 #define COLIBRI_PREFETCH_LOOKAHEAD 1  /* layer l+1's router applied to layer l's FFN input */

@@ -472,8 +472,9 @@ void store_destroy(expert_store *s) {
  *     "used one token ago");
  *   - for the next layer, the current token's choices at the layer being routed: the share of past decode
  *     tokens that chose expert c here and e there, from the most telling c chosen now;
- * and the expert's own decayed use count against its layer's average, so that the hot experts of skewed
- * routing outrank cold ones of the same age (what LFU knows). The statistics are updated when a decode
+ * and the expert's own decayed use count (half-life STORE_LFU_HALF_LIFE) against its layer's average, so
+ * that hot experts outrank cold ones of the same age (what LFU knows: it matters on skewed routing, and
+ * on balanced routing too, whose load drifts with the text). The statistics are updated when a decode
  * token names an expert (store_hold, or its acquire) and read as of the step start (surv), so the
  * decisions do not depend on the order a step's reads arrive in. */
 
@@ -534,8 +535,9 @@ static double reuse_window(const expert_store *s, int l, uint64_t g0, int h) {
     return sv[g0 - 1] > 0.0 ? (sv[g0 - 1] - sv[end - 1]) / sv[g0 - 1] : 0.0;
 }
 
-/* The chance that slot sl's expert is used within its next STORE_REUSE_HORIZON chances, weighted by its
- * own use rate against its layer's average; the lowest is evicted. for_layer: the layer being acquired. */
+/* The chance that slot sl's expert is used within its next STORE_REUSE_HORIZON chances, weighted by the
+ * square of its own use rate against its layer's average (w = 1 for an average expert, 1/2 for one never
+ * used lately); the lowest is evicted. for_layer: the layer being acquired. */
 static double reuse_score(const expert_store *s, const slot *sl, int for_layer) {
     const int l = sl->layer, X = s->n_expert;
     const size_t id = (size_t)l * X + (size_t)sl->expert;
@@ -559,7 +561,8 @@ static double reuse_score(const expert_store *s, const slot *sl, int for_layer) 
     /* decayed uses of an expert used k / X of the time, in steady state */
     const double avg = (double)s->m->hp.n_expert_used / (double)X / (1.0 - s->decay);
     const double r = seen ? s->rate[id] * pow(s->decay, (double)(now - seen)) : 0.0;
-    return p * (r + avg) / (2.0 * avg);
+    const double w = (r + avg) / (2.0 * avg);
+    return p * w * w; /* squared: on both traces a little better than w alone (docs/memory.md) */
 }
 
 void store_tick(expert_store *s, int n_tokens) {

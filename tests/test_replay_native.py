@@ -20,8 +20,8 @@ import pytest
 from engine_reference import make_tiny_model
 
 from colibri_backend import _native as N
-from colibri_backend.optimum import belady
 from colibri_backend.errors import EngineError
+from colibri_backend.optimum import belady
 
 LIB = N.load_library()
 N_CTX, N_BATCH, THREADS = 64, 16, 2
@@ -235,9 +235,8 @@ def test_reuse_policy_learns_a_period_lfu_and_lru_cannot_use(model: Model) -> No
     slots = 3 + (L - 1) * k
     last12 = {}
     for policy in (N.POLICY_LRU, N.POLICY_LFU, N.POLICY_REUSE):
-        a, b = (
-            model.replay(model.params(slots, policy), periodic_trace(L, n)).expert_misses for n in (40, 52)
-        )
+        p = model.params(slots, policy)
+        a, b = (model.replay(p, periodic_trace(L, n)).expert_misses for n in (40, 52))
         last12[policy] = b - a
     assert last12 == {N.POLICY_LRU: 12, N.POLICY_LFU: 12, N.POLICY_REUSE: 8}
     optimum = belady(periodic_trace(L, 52), model.info.n_expert, slots).misses

@@ -110,7 +110,7 @@ class LoadOptions:
     memory_budget: bytes or a size string ("512M", "1.5G") for everything the engine holds; None: a
       share of the available memory or cgroup limit (colibri_backend.budget); 0: no limit. Experts
       that do not fit are streamed from the file; output is identical at any budget.
-    expert_policy: "lfu" (with decay), "lru" or "reuse" (predicted reuse, docs/memory.md).
+    expert_policy: "reuse" (predicted reuse, the default; docs/memory.md), "lfu" (with decay) or "lru".
     prefetch: expert predictors, "lookahead", "temporal", "hashed", comma lists, "all" or "none".
     kv_cache_type: None (F16, or F32 for an F32 model), "f16" or "int8".
     expert_slots: slots counted in experts: an int, or "40%" of the routed experts; None: from the budget.
@@ -135,7 +135,7 @@ class LoadOptions:
     context_length: int | None = None
     batch_size: int | None = None
     memory_budget: int | str | None = None
-    expert_policy: str = "lfu"
+    expert_policy: str = "reuse"
     prefetch: str | None = None
     kv_cache_type: str | None = None
     expert_slots: int | str | None = None

@@ -121,7 +121,7 @@ def add_load_arguments(p: argparse.ArgumentParser, budget_aliases: tuple[str, ..
         "--expert-policy",
         choices=("lfu", "lru", "reuse"),
         default=None,
-        help="expert cache policy (default lfu, with decay)",
+        help="expert cache policy (default reuse: predicted reuse; lfu with decay; lru)",
     )
     g.add_argument(
         "--prefetch",

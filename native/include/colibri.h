@@ -92,7 +92,7 @@ typedef struct colibri_context_params {
      * cache, scratch, expert slots; see colibri_memory_plan). 0: no limit, every weight
      * resident (mapped). A budget too small for the minimum working set gives COLIBRI_E_BUDGET. */
     uint64_t memory_budget;
-    int32_t expert_policy;  /* COLIBRI_POLICY_LFU (default) or COLIBRI_POLICY_LRU */
+    int32_t expert_policy;  /* COLIBRI_POLICY_REUSE (default), COLIBRI_POLICY_LFU or COLIBRI_POLICY_LRU */
     int32_t prefetch;       /* bit set of COLIBRI_PREFETCH_*; default NONE (see docs/memory.md) */
     int32_t kv_type;        /* COLIBRI_KV_* */
     /* Expert slots counted in experts instead of bytes: > 0 gives the store exactly this many

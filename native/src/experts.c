@@ -914,6 +914,9 @@ colibri_status store_warm(expert_store *s, const routing_profile *p, int n_pin) 
              * LFU sees a share (below one use), LRU sees the colder ones as older */
             sl->freq = order[i].share;
             sl->last_use = s->use_clock + (uint64_t)(n - i);
+            /* the reuse policy sees it as used now, at the steady-state rate of its share */
+            s->seen[id] = s->tick + 1;
+            s->rate[id] = order[i].share / (1.0 - s->decay);
         }
         slot *sl = &s->slots[j];
         if (pin && !sl->pinned) {

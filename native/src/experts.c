@@ -98,10 +98,10 @@ struct expert_store {
     /* COLIBRI_POLICY_REUSE's statistics (learned online, every policy keeps them: see reuse_observe) */
     uint64_t *seen;         /* [n_layer][n_expert] token step of the last use + 1 (0: never used) */
     double *rate;           /* [n_layer][n_expert] decayed use count at seen - 1 (half-life STORE_LFU_HALF_LIFE) */
-    double *gap;            /* [n_layer][STORE_REUSE_GAPS + 1] decayed count of reuse gaps 1 .. GAPS (tokens between
-                               two uses of one expert of that layer); the last cell holds every longer gap */
-    double *surv;           /* [n_layer][STORE_REUSE_GAPS + 2] surv[g] = gaps of g tokens or more (g >= 1), summed from
-                               `gap` once per token step so that a step's decisions do not depend on its use order */
+    double *gap;            /* [n_layer][STORE_REUSE_GAPS + 1] count of reuse gaps 1 .. GAPS (tokens between two uses
+                               of one expert of that layer), after a uniform prior; the last cell: every longer gap */
+    double *surv;           /* [n_layer][STORE_REUSE_GAPS + 2] surv[g - 1] = gaps of g tokens or more, summed from `gap`
+                               once per token step so that a step's decisions do not depend on its use order */
     float *follow;          /* [n_layer - 1][n_expert][n_expert] decode tokens that chose c at layer l, then e at l+1 */
     float *follow_n;        /* [n_layer - 1][n_expert] decode tokens that chose c at layer l */
 };
@@ -146,7 +146,7 @@ static int store_io_threads(void);
 static size_t reuse_table_bytes(const struct colibri_model *m) {
     const size_t L = (size_t)m->hp.n_layer, X = (size_t)m->hp.n_expert;
     return L * X * (sizeof(uint64_t) + sizeof(double)) + L * (2 * STORE_REUSE_GAPS + 3) * sizeof(double) +
-           (L - 1) * X * (X + 1) * sizeof(float);
+           ((L - 1) * X * (X + 1) + 2) * sizeof(float);
 }
 
 size_t store_table_bytes(const struct colibri_model *m, int n_slots) {

@@ -3,9 +3,10 @@ against Belady's optimum (docs/memory.md, "The reuse policy"; docs/benchmarks.md
 
     python benchmarks/replay_policies.py \
         --trace v1=colibri-moe:benchmarks/traces/colibri-moe-v1-heldout.npz \
-        --trace v2=$HOME/.cache/colibri/train-v2/colibri-moe-v2-q8_0.gguf:benchmarks/traces/colibri-moe-v2-heldout.npz \
+        --trace v2=$V2:benchmarks/traces/colibri-moe-v2-heldout.npz \
         --json benchmarks/results/replay_policies.json
 
+($V2: colibri-moe v2's Q8_0 file, ~/.cache/colibri/train-v2/colibri-moe-v2-q8_0.gguf, docs/benchmarks.md.)
 Each cell is one `colibri_replay_routing` run (the same C store the engine decodes with, reading the
 experts' bytes from the model file, computing nothing else) at --sizes of the model's routed experts; it
 prints the hit rate, the hit rate as a share of Belady's optimum for the same slot count (from an empty
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME=MODEL:TRACE",
         help="a routing trace and the model file (or known name) it was recorded with; repeat for more",
     )
-    ap.add_argument("--sizes", default="25%,40%,60%", help="expert slots, comma-separated (default 25%%,40%%,60%%)")
+    ap.add_argument("--sizes", default="25%,40%,60%", help="expert slots, comma-separated (%(default)s)")
     ap.add_argument("--json", type=Path, help="also write every cell here")
     args = ap.parse_args(argv)
     sizes = [x.strip() for x in args.sizes.split(",") if x.strip()]
@@ -82,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
                         text += f", {r['prefetch_wasted_bytes'] / (1 << 20):.0f} MiB wasted"
                     row.append(text)
             assert first is not None
-            print(f"| {size} ({first['slots']}) | {100 * first['optimal_hit_rate']:.1f}% | " + " | ".join(row) + " |")
+            head = f"| {size} ({first['slots']}) | {100 * first['optimal_hit_rate']:.1f}% | "
+            print(head + " | ".join(row) + " |")
             sys.stdout.flush()
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")

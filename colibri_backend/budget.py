@@ -142,8 +142,8 @@ DEFAULT_PREFETCH = "none"
 
 
 def parse_policy(name: str) -> int:
-    """colibri.h COLIBRI_POLICY_* value of "reuse" (predicted reuse, the default), "lfu" (frequency with decay) or
-    "lru"."""
+    """colibri.h COLIBRI_POLICY_* value of "reuse" (predicted reuse, the default), "lfu" (frequency with
+    decay) or "lru"."""
     key = name.strip().lower()
     if key not in POLICIES:
         raise ValueError(f"unknown expert cache policy {name!r} (choose from {', '.join(POLICIES)})")

@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         if name != "capped":
             p.add_argument("--prompt-tokens", type=int, default=32)
             p.add_argument("--seed", type=int, default=1234)
-            p.add_argument("--policy", default="lfu")
+            p.add_argument("--policy", default="reuse")
             p.add_argument("--prefetch", default="lookahead,temporal")
         if name == "budget":
             p.add_argument("--fractions", default="1,0.5,0.25")

@@ -124,6 +124,7 @@ class ContextParamsC(Structure):
 # expert cache policies and prefetch flags (colibri.h)
 POLICY_LFU = 0
 POLICY_LRU = 1
+POLICY_REUSE = 2
 PREFETCH_NONE = 0
 PREFETCH_LOOKAHEAD = 1
 PREFETCH_TEMPORAL = 2

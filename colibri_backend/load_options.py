@@ -136,7 +136,7 @@ class LoadOptions:
     memory_budget: bytes or a size string ("512M", "1.5G") for everything the engine holds; None: a
       share of the available memory or cgroup limit (colibri_backend.budget); 0: no limit. Experts
       that do not fit are streamed from the file; output is identical at any budget.
-    expert_policy: "lfu" (with decay) or "lru".
+    expert_policy: "reuse" (predicted reuse, the default; docs/memory.md), "lfu" (with decay) or "lru".
     prefetch: expert predictors, "lookahead", "temporal", "hashed", comma lists, "all" or "none".
     kv_cache_type: None (F16, or F32 for an F32 model), "f16" or "int8".
     expert_slots: slots counted in experts: an int, or "40%" of the routed experts; None: from the budget.
@@ -167,7 +167,7 @@ class LoadOptions:
     context_length: int | None = None
     batch_size: int | None = None
     memory_budget: int | str | None = None
-    expert_policy: str = "lfu"
+    expert_policy: str = "reuse"
     prefetch: str | None = None
     kv_cache_type: str | None = None
     expert_slots: int | str | None = None
@@ -205,7 +205,7 @@ class LoadOptions:
             except ValueError as exc:
                 raise ValueError(f"memory_budget: {exc}") from None
         if not isinstance(self.expert_policy, str):
-            raise ValueError(f"expert_policy must be 'lfu' or 'lru', got {self.expert_policy!r}")
+            raise ValueError(f"expert_policy must be 'lfu', 'lru' or 'reuse', got {self.expert_policy!r}")
         parse_policy(self.expert_policy)
         if self.prefetch is not None:
             if not isinstance(self.prefetch, str):

@@ -73,7 +73,7 @@ def test_bad_arguments_are_refused() -> None:
 
 
 def test_no_replayed_policy_beats_the_optimum(tmp_path: Path) -> None:
-    """The real store's replays (LFU and LRU, several slot counts) never miss less than Belady, and the
+    """The real store's replays (LFU, LRU and reuse, several slot counts) never miss less than Belady, and the
     optimum is what `colibri replay` reports beside each hit rate."""
     path = tmp_path / "mixtral.gguf"
     make_tiny_model(
@@ -97,7 +97,7 @@ def test_no_replayed_policy_beats_the_optimum(tmp_path: Path) -> None:
     for slots in (3, 6, 12):
         best = belady(ids, 8, slots)
         optimal.append(best.misses)
-        for policy in ("lfu", "lru"):
+        for policy in ("lfu", "lru", "reuse"):
             s = colibri_backend.replay_routing(path, tokens, ids, expert_slots=slots, expert_policy=policy)
             assert s["expert_slots"] == slots
             assert s["optimal_misses"] == best.misses

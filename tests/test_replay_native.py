@@ -9,6 +9,7 @@ are deterministic, which is what lets these tests state exact numbers.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import struct
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from engine_reference import make_tiny_model
 
 from colibri_backend import _native as N
 from colibri_backend.errors import EngineError
+from colibri_backend.optimum import belady
 
 LIB = N.load_library()
 N_CTX, N_BATCH, THREADS = 64, 16, 2
@@ -173,7 +175,7 @@ def test_store_holding_every_used_expert_misses_only_on_first_touch(model: Model
     ids = np.stack([np.stack([rng.permutation(4)[:k] for _ in range(L)]) for _ in range(40)])
     distinct = {(layer, int(e)) for t in ids for layer in range(L) for e in t[layer]}
     assert len(distinct) == 4 * L
-    for policy in (N.POLICY_LFU, N.POLICY_LRU):
+    for policy in (N.POLICY_LFU, N.POLICY_LRU, N.POLICY_REUSE):
         s = model.replay(model.params(4 * L, policy), ids)
         assert s.expert_calls == 40 * L * k
         assert s.expert_misses == len(distinct)
@@ -204,6 +206,65 @@ def test_lfu_and_lru_differ_where_the_policy_matters(model: Model) -> None:
     assert lru.expert_misses == k * L + 6 * n_cycles
     assert lfu.expert_misses < lru.expert_misses
     assert lfu.expert_calls == lru.expert_calls == len(ids) * L * k
+
+
+def test_reuse_keeps_the_hot_pair_as_lfu_does(model: Model) -> None:
+    """On LFU's trace above the reuse policy keeps the hot pair too (its use rate outranks the cold
+    pairs'), so it misses no more than LFU where LRU misses every access of layer 0."""
+    L, k = model.info.n_layer, model.info.n_expert_used
+    ids = lfu_vs_lru_trace(L, 5)
+    slots = 4 + (L - 1) * k
+    lfu = model.replay(model.params(slots, N.POLICY_LFU), ids)
+    reuse = model.replay(model.params(slots, N.POLICY_REUSE), ids)
+    assert reuse.expert_misses <= lfu.expert_misses < k * L + 6 * 5
+
+
+def periodic_trace(L: int, n_tokens: int) -> np.ndarray:
+    """Layer 0: expert 0 and expert 1 + t % 4 (four experts taking turns, each back after 4 tokens);
+    every other layer always experts {0, 1}."""
+    return np.array([[[0, 1 + t % 4]] + [[0, 1]] * (L - 1) for t in range(n_tokens)], dtype=np.int32)
+
+
+def test_reuse_policy_learns_a_period_lfu_and_lru_cannot_use(model: Model) -> None:
+    """Three slots for layer 0 (expert 0 and two for the four that take turns): LRU and LFU keep the two
+    used last and always need the third, 12 misses in 12 tokens; Belady drops the one due last and hits
+    every third token, 8 misses; the reuse policy, once it has seen the period, knows which of the two is
+    due within its next two chances and makes Belady's choice (counted by hand, as in test_experts.c).
+    Replays of 40 and 52 tokens: their difference leaves the warm-up out."""
+    L, k = model.info.n_layer, model.info.n_expert_used
+    slots = 3 + (L - 1) * k
+    last12 = {}
+    for policy in (N.POLICY_LRU, N.POLICY_LFU, N.POLICY_REUSE):
+        p = model.params(slots, policy)
+        a, b = (model.replay(p, periodic_trace(L, n)).expert_misses for n in (40, 52))
+        last12[policy] = b - a
+    assert last12 == {N.POLICY_LRU: 12, N.POLICY_LFU: 12, N.POLICY_REUSE: 8}
+    optimum = belady(periodic_trace(L, 52), model.info.n_expert, slots).misses
+    optimum_40 = belady(periodic_trace(L, 40), model.info.n_expert, slots).misses
+    assert optimum - optimum_40 == 8
+
+
+def test_colibri_replay_accepts_the_reuse_policy(
+    moe: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from colibri_backend.cli import main
+    from colibri_backend.trace import RoutingTrace, write_trace
+
+    L = SPEC["n_layer"]
+    ids = periodic_trace(L, 52)
+    trace = RoutingTrace(ids, np.full(ids.shape, 0.5, dtype=np.float32), np.zeros(52, dtype=np.int32), {})
+    path = write_trace(tmp_path / "periodic.npz", trace)
+    slots = 3 + (L - 1) * SPEC["n_expert_used"]
+    args = ["replay", str(moe), str(path), "--expert-slots", str(slots), "--prefetch", "none", "--json"]
+    got = {}
+    for policy in ("lru", "reuse"):
+        assert main([*args, "--expert-policy", policy]) == 0
+        got[policy] = json.loads(capsys.readouterr().out)
+    # options lists what differs from the defaults, and reuse is the default
+    assert got["lru"]["options"]["expert_policy"] == "lru" and "expert_policy" not in got["reuse"]["options"]
+    assert got["reuse"]["misses"] < got["lru"]["misses"]
+    assert got["reuse"]["optimal_misses"] == belady(ids, SPEC["n_expert"], slots).misses
+    assert got["reuse"]["share_of_optimum"] > got["lru"]["share_of_optimum"]
 
 
 def test_bad_traces_and_arguments_are_rejected(model: Model) -> None:

@@ -134,9 +134,9 @@ def add_load_arguments(p: argparse.ArgumentParser, budget_aliases: tuple[str, ..
     )
     g.add_argument(
         "--expert-policy",
-        choices=("lfu", "lru"),
+        choices=("lfu", "lru", "reuse"),
         default=None,
-        help="expert cache policy (default lfu, with decay)",
+        help="expert cache policy (default reuse: predicted reuse; lfu with decay; lru)",
     )
     g.add_argument(
         "--prefetch",

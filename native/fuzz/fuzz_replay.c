@@ -33,7 +33,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     p.n_batch = 4;
     p.n_threads = 1;
     p.expert_slots = (int8_t)data[0];   /* negative values must be refused too */
-    p.expert_policy = data[1] % 4;      /* 2, 3: not a policy */
+    p.expert_policy = data[1] % 5;      /* 3, 4: not a policy */
     p.prefetch = data[2];
     p.pin_experts = (int8_t)data[3];
     uint32_t kib;

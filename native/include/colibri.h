@@ -92,7 +92,7 @@ typedef struct colibri_context_params {
      * cache, scratch, expert slots; see colibri_memory_plan). 0: no limit, every weight
      * resident (mapped). A budget too small for the minimum working set gives COLIBRI_E_BUDGET. */
     uint64_t memory_budget;
-    int32_t expert_policy;  /* COLIBRI_POLICY_LFU (default) or COLIBRI_POLICY_LRU */
+    int32_t expert_policy;  /* COLIBRI_POLICY_REUSE (default), COLIBRI_POLICY_LFU or COLIBRI_POLICY_LRU */
     int32_t prefetch;       /* bit set of COLIBRI_PREFETCH_*; default NONE (see docs/memory.md) */
     int32_t kv_type;        /* COLIBRI_KV_* */
     /* Expert slots counted in experts instead of bytes: > 0 gives the store exactly this many
@@ -151,6 +151,7 @@ typedef struct colibri_context_params {
 /* Expert cache policies (which slot a miss evicts, after prefetched-but-unused slots). */
 #define COLIBRI_POLICY_LFU 0  /* frequency with exponential decay (half-life 32 tokens) */
 #define COLIBRI_POLICY_LRU 1  /* least recently used */
+#define COLIBRI_POLICY_REUSE 2  /* predicted reuse: gap statistics, the token's routing so far (docs/memory.md) */
 /* Expert predictors feeding the loader thread. */
 #define COLIBRI_PREFETCH_NONE 0
 #define COLIBRI_PREFETCH_LOOKAHEAD 1  /* layer l+1's router applied to layer l's FFN input */

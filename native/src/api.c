@@ -57,7 +57,7 @@ void colibri_context_default_params(colibri_context_params *out) {
     out->n_ctx = 0;
     out->n_batch = 512;
     out->memory_budget = 0;
-    out->expert_policy = COLIBRI_POLICY_LFU;
+    out->expert_policy = COLIBRI_POLICY_REUSE; /* above LFU and LRU on every replayed trace (docs/memory.md) */
     out->prefetch = COLIBRI_PREFETCH_NONE;  /* measured faster on every capped run (docs/benchmarks.md) */
     out->kv_type = COLIBRI_KV_DEFAULT;
     out->expert_slots = 0;

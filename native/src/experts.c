@@ -95,6 +95,15 @@ struct expert_store {
     int n_io, n_io_started, sem_ready, mutex_ready;
     struct timeline *tl;    /* backend hook: each piece's read is an I/O-stage interval (timeline.h) */
     int overlap;            /* decode steps compute experts as they arrive (COLIBRI_DECODE_OVERLAP=0: off) */
+    /* COLIBRI_POLICY_REUSE's statistics (learned online, every policy keeps them: see reuse_observe) */
+    uint64_t *seen;         /* [n_layer][n_expert] token step of the last use + 1 (0: never used) */
+    double *rate;           /* [n_layer][n_expert] decayed use count at seen - 1 (half-life STORE_LFU_HALF_LIFE) */
+    double *gap;            /* [n_layer][STORE_REUSE_GAPS + 1] count of reuse gaps 1 .. GAPS (tokens between two uses
+                               of one expert of that layer), after a uniform prior; the last cell: every longer gap */
+    double *surv;           /* [n_layer][STORE_REUSE_GAPS + 2] surv[g - 1] = gaps of g tokens or more, summed from `gap`
+                               once per token step so that a step's decisions do not depend on its use order */
+    float *follow;          /* [n_layer - 1][n_expert][n_expert] decode tokens that chose c at layer l, then e at l+1 */
+    float *follow_n;        /* [n_layer - 1][n_expert] decode tokens that chose c at layer l */
 };
 
 static double now_s(void) {
@@ -133,10 +142,18 @@ size_t store_slot_bytes(const struct colibri_model *m) {
 
 static int store_io_threads(void);
 
+/* The reuse policy's statistics (struct expert_store: seen, rate, gap, surv, follow, follow_n). */
+static size_t reuse_table_bytes(const struct colibri_model *m) {
+    const size_t L = (size_t)m->hp.n_layer, X = (size_t)m->hp.n_expert;
+    return L * X * (sizeof(uint64_t) + sizeof(double)) + L * (2 * STORE_REUSE_GAPS + 3) * sizeof(double) +
+           ((L - 1) * X * (X + 1) + 2) * sizeof(float);
+}
+
 size_t store_table_bytes(const struct colibri_model *m, int n_slots) {
     const size_t n = (size_t)m->hp.n_layer * (size_t)m->hp.n_expert;
     return sizeof(struct expert_store) + (size_t)n_slots * sizeof(slot) + n * (sizeof(int32_t) + sizeof(counters)) +
-           (size_t)m->hp.n_layer * sizeof(int32_t) + (size_t)store_io_threads() * 16 * 1024 /* I/O thread stacks in use: pread and a few calls deep */;
+           (size_t)m->hp.n_layer * sizeof(int32_t) + reuse_table_bytes(m) +
+           (size_t)store_io_threads() * 16 * 1024 /* I/O thread stacks in use: pread and a few calls deep */;
 }
 
 /* I/O threads a store starts: STORE_IO_THREADS, or COLIBRI_IO_THREADS (1..16). */
@@ -330,6 +347,8 @@ static int load_now(expert_store *s, int i) {
 
 /* ---- lifetime --------------------------------------------------------- */
 
+static void reuse_init(expert_store *s);
+
 colibri_status store_create(const struct colibri_model *m, int n_slots, int policy, expert_store **out) {
     *out = NULL;
     if (n_slots < 1) return cb_error(COLIBRI_E_INTERNAL, "expert store needs at least one slot");
@@ -364,11 +383,20 @@ colibri_status store_create(const struct colibri_model *m, int n_slots, int poli
     s->layer_count = cb_calloc((size_t)s->n_layer, sizeof(int32_t));
     s->cnt = cb_calloc(n, sizeof(counters));
     s->mem = cb_aligned_alloc(STORE_IO_ALIGN, (size_t)n_slots * s->slot_bytes);
-    if (!s->slots || !s->where || !s->layer_count || !s->cnt || !s->mem) {
+    const size_t L = (size_t)s->n_layer, X = (size_t)s->n_expert;
+    s->seen = cb_calloc(n, sizeof *s->seen);
+    s->rate = cb_calloc(n, sizeof *s->rate);
+    s->gap = cb_calloc(L * (STORE_REUSE_GAPS + 1), sizeof *s->gap);
+    s->surv = cb_calloc(L * (STORE_REUSE_GAPS + 2), sizeof *s->surv);
+    s->follow = cb_calloc((L - 1) * X * X + 1, sizeof *s->follow);
+    s->follow_n = cb_calloc((L - 1) * X + 1, sizeof *s->follow_n);
+    if (!s->slots || !s->where || !s->layer_count || !s->cnt || !s->mem || !s->seen || !s->rate || !s->gap ||
+        !s->surv || !s->follow || !s->follow_n) {
         store_destroy(s);
         return cb_error(COLIBRI_E_NOMEM, "cannot allocate %d expert slots of %zu bytes", n_slots, s->slot_bytes);
     }
     for (size_t i = 0; i < n; i++) s->where[i] = -1;
+    reuse_init(s);
     for (int i = 0; i < n_slots; i++) {
         s->slots[i].mem = s->mem + (size_t)i * s->slot_bytes;
         s->slots[i].layer = s->slots[i].expert = -1;
@@ -419,14 +447,128 @@ void store_destroy(expert_store *s) {
     cb_free(s->where);
     cb_free(s->layer_count);
     cb_free(s->cnt);
+    cb_free(s->seen);
+    cb_free(s->rate);
+    cb_free(s->gap);
+    cb_free(s->surv);
+    cb_free(s->follow);
+    cb_free(s->follow_n);
     cb_free(s);
 }
 
 /* ---- policy ----------------------------------------------------------- */
 
+/* ---- the reuse policy (COLIBRI_POLICY_REUSE) ----------------------------
+ *
+ * Belady's MIN evicts the expert whose next use lies furthest ahead. The reuse policy estimates, for each
+ * resident expert, the probability that it is used within its next STORE_REUSE_HORIZON chances (a chance is
+ * one token's pass through the expert's layer) and evicts the least likely. Three things the store sees
+ * feed the estimate, all learned online from the routing it serves:
+ *   - how long ago the expert was last used, read against its layer's histogram of reuse gaps (a balanced
+ *     router reuses an expert of the previous token about twice as often as an average one, and the odds
+ *     fall with the gap);
+ *   - where the current token is: an expert of a layer the token has not reached yet still has this
+ *     token's chance ahead, one of a layer already passed waits for the next token (LRU sees both as
+ *     "used one token ago");
+ *   - for the next layer, the current token's choices at the layer being routed: the share of past decode
+ *     tokens that chose expert c here and e there, from the most telling c chosen now;
+ * and the expert's own decayed use count (half-life STORE_LFU_HALF_LIFE) against its layer's average, so
+ * that hot experts outrank cold ones of the same age (what LFU knows: it matters on skewed routing, and
+ * on balanced routing too, whose load drifts with the text). The statistics are updated when a decode
+ * token names an expert (store_hold, or its acquire) and read as of the step start (surv), so the
+ * decisions do not depend on the order a step's reads arrive in. */
+
+/* surv[g - 1] = a layer's gaps of g tokens or more, g = 1 .. GAPS + 1 (the last: beyond the histogram);
+ * surv[GAPS + 1] = 0. */
+static void reuse_refresh(expert_store *s) {
+    for (int l = 0; l < s->n_layer; l++) {
+        const double *g = s->gap + (size_t)l * (STORE_REUSE_GAPS + 1);
+        double *sv = s->surv + (size_t)l * (STORE_REUSE_GAPS + 2), acc = 0.0;
+        for (int j = STORE_REUSE_GAPS; j >= 0; j--) sv[j] = acc += g[j]; /* sv[j]: gaps of j + 1 tokens or more */
+        sv[STORE_REUSE_GAPS + 1] = 0.0;
+    }
+}
+
+/* Start from what a router choosing k of X uniformly would give: gaps geometric with p = k / X, worth
+ * STORE_REUSE_PRIOR observations per layer, so the first decisions are LRU's and the data takes over. */
+static void reuse_init(expert_store *s) {
+    const double q = (double)s->m->hp.n_expert_used / (double)s->n_expert;
+    for (int l = 0; l < s->n_layer; l++) {
+        double *g = s->gap + (size_t)l * (STORE_REUSE_GAPS + 1), left = 1.0;
+        for (int j = 0; j < STORE_REUSE_GAPS; j++) {
+            g[j] = STORE_REUSE_PRIOR * left * q;
+            left *= 1.0 - q;
+        }
+        g[STORE_REUSE_GAPS] = STORE_REUSE_PRIOR * left;
+    }
+    reuse_refresh(s);
+}
+
+/* Expert e of layer l is used by the current step (once per step, however many waves name it). */
+static void reuse_observe(expert_store *s, int l, int e) {
+    const size_t X = (size_t)s->n_expert, id = (size_t)l * X + (size_t)e;
+    const uint64_t now = s->tick + 1;
+    if (s->seen[id] == now) return;
+    if (s->seen[id]) {
+        const uint64_t g = now - s->seen[id];
+        s->gap[(size_t)l * (STORE_REUSE_GAPS + 1) + (g > STORE_REUSE_GAPS ? STORE_REUSE_GAPS : g - 1)] += 1.0;
+        s->rate[id] = s->rate[id] * pow(s->decay, (double)g) + 1.0;
+    } else
+        s->rate[id] = 1.0;
+    s->seen[id] = now;
+    if (!s->decode_step) return; /* a prefill wave holds many tokens: no order between its layers */
+    if (l + 1 < s->n_layer) s->follow_n[id] += 1.0f;
+    if (l > 0) {
+        const uint64_t *prev = s->seen + (size_t)(l - 1) * X;
+        float *f = s->follow + (size_t)(l - 1) * X * X;
+        for (size_t c = 0; c < X; c++)
+            if (prev[c] == now) f[c * X + (size_t)e] += 1.0f;
+    }
+}
+
+/* P(the next gap lies in [g0, g0 + h) | it is at least g0) from layer l's histogram, g0 >= 1. */
+static double reuse_window(const expert_store *s, int l, uint64_t g0, int h) {
+    const double *sv = s->surv + (size_t)l * (STORE_REUSE_GAPS + 2);
+    if (h <= 0) return 0.0;
+    if (g0 > STORE_REUSE_GAPS) g0 = STORE_REUSE_GAPS; /* beyond the histogram: as at its end */
+    const uint64_t end = g0 + (uint64_t)h > STORE_REUSE_GAPS + 1 ? STORE_REUSE_GAPS + 1 : g0 + (uint64_t)h;
+    return sv[g0 - 1] > 0.0 ? (sv[g0 - 1] - sv[end - 1]) / sv[g0 - 1] : 0.0;
+}
+
+/* The chance that slot sl's expert is used within its next STORE_REUSE_HORIZON chances, weighted by the
+ * square of its own use rate against its layer's average (w = 1 for an average expert, 1/2 for one never
+ * used lately); the lowest is evicted. for_layer: the layer being acquired. */
+static double reuse_score(const expert_store *s, const slot *sl, int for_layer) {
+    const int l = sl->layer, X = s->n_expert;
+    const size_t id = (size_t)l * X + (size_t)sl->expert;
+    const uint64_t now = s->tick + 1, seen = s->seen[id];
+    const uint64_t age = seen ? now - seen : STORE_REUSE_GAPS + 1; /* tokens since the last use; 0: this one */
+    /* this token's chance is still ahead for a layer it has not reached */
+    const int ahead = s->decode_step && l > for_layer && age > 0;
+    const uint64_t g0 = ahead ? age : age + 1;
+    double p = reuse_window(s, l, g0, STORE_REUSE_HORIZON);
+    if (ahead && l == for_layer + 1) {
+        const uint64_t *cur = s->seen + (size_t)for_layer * X;
+        const float *f = s->follow + (size_t)for_layer * X * X, *fn = s->follow_n + (size_t)for_layer * X;
+        double best = -1.0;
+        for (int c = 0; c < X; c++)
+            if (cur[c] == now && fn[c] > 0.0f) {
+                const double q = (double)f[(size_t)c * X + (size_t)sl->expert] / (double)fn[c];
+                if (q > best) best = q;
+            }
+        if (best >= 0.0) p = best + (1.0 - best) * reuse_window(s, l, g0 + 1, STORE_REUSE_HORIZON - 1);
+    }
+    /* decayed uses of an expert used k / X of the time, in steady state */
+    const double avg = (double)s->m->hp.n_expert_used / (double)X / (1.0 - s->decay);
+    const double r = seen ? s->rate[id] * pow(s->decay, (double)(now - seen)) : 0.0;
+    const double w = (r + avg) / (2.0 * avg);
+    return p * w * w; /* squared: on both traces a little better than w alone (docs/memory.md) */
+}
+
 void store_tick(expert_store *s, int n_tokens) {
     s->tick += (uint64_t)(n_tokens > 0 ? n_tokens : 1);
     s->decode_step = n_tokens == 1;
+    reuse_refresh(s);
 }
 
 /* Stall time of expert id: per expert, and in the decode total when this step is one token. */
@@ -449,6 +591,7 @@ static double lfu_score(const expert_store *s, const slot *sl) {
 }
 
 static void touch(expert_store *s, slot *sl) {
+    reuse_observe(s, sl->layer, sl->expert);
     sl->freq = lfu_score(s, sl) + 1.0;
     sl->last_tick = s->tick;
     sl->last_use = s->use_base + (uint64_t)sl->expert + 1;
@@ -492,7 +635,9 @@ static int pick_victim(expert_store *s, int for_layer) {
             if (pass == 0 && sl->wanted && s->wave + 1 - sl->wanted <= 1) continue;
             const int cls = sl->prefetched ? 0 : 1;
             if (pass == 0 && cls == 1 && sl->layer != for_layer && s->layer_count[sl->layer] <= s->floor) continue;
-            const double score = s->policy == COLIBRI_POLICY_LRU ? (double)sl->last_use : lfu_score(s, sl);
+            const double score = s->policy == COLIBRI_POLICY_LRU     ? (double)sl->last_use
+                                 : s->policy == COLIBRI_POLICY_REUSE ? reuse_score(s, sl, for_layer)
+                                                                     : lfu_score(s, sl);
             if (best < 0 || cls < best_class || (cls == best_class && score < best_score)) {
                 best = i;
                 best_class = cls;
@@ -612,6 +757,7 @@ static int queue_full(const expert_store *s) {
 
 void store_hold(expert_store *s, int layer, int e) {
     const size_t id = (size_t)layer * s->n_expert + e;
+    reuse_observe(s, layer, e); /* the step names it now: later victims of this wave know it */
     const int i = s->where[id];
     if (i >= 0) {
         s->slots[i].pinned_wave = s->wave;
@@ -768,6 +914,9 @@ colibri_status store_warm(expert_store *s, const routing_profile *p, int n_pin) 
              * LFU sees a share (below one use), LRU sees the colder ones as older */
             sl->freq = order[i].share;
             sl->last_use = s->use_clock + (uint64_t)(n - i);
+            /* the reuse policy sees it as used now, at the steady-state rate of its share */
+            s->seen[id] = s->tick + 1;
+            s->rate[id] = order[i].share / (1.0 - s->decay);
         }
         slot *sl = &s->slots[j];
         if (pin && !sl->pinned) {

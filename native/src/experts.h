@@ -26,6 +26,9 @@
                                  several requests in flight faster than one (measured in docs/memory.md) */
 #define STORE_IO_THREADS_MAX 16
 #define STORE_LFU_HALF_LIFE 32.0  /* tokens after which an expert's frequency counts half */
+#define STORE_REUSE_GAPS 32       /* reuse policy: reuse gaps (tokens) told apart per layer; longer ones pooled */
+#define STORE_REUSE_HORIZON 2     /* reuse policy: an expert is kept for its use within this many chances */
+#define STORE_REUSE_PRIOR 8.0     /* reuse policy: weight, in observed gaps per layer, of the uniform prior */
 
 typedef struct expert_store expert_store;
 

@@ -2,9 +2,11 @@
  * fault injection, on a tiny F32 mixtral written here:
  *   - the plan adds up, refuses a budget one byte below its minimum and accepts the minimum;
  *   - logits are bit-identical at the minimum budget, at half the experts, and unbudgeted,
- *     for LFU and LRU, with and without prefetch;
+ *     for LFU, LRU and reuse, with and without prefetch;
  *   - a read error while streaming returns COLIBRI_E_IO, leaves n_past untouched, and the
- *     next call succeeds with the same logits as an undisturbed run. */
+ *     next call succeeds with the same logits as an undisturbed run;
+ *   - the reuse policy on a replayed periodic trace: Belady's choices once it has learned the period,
+ *     where LFU and LRU miss every time (test_reuse_policy). */
 #define _GNU_SOURCE /* O_DIRECT */
 #include <fcntl.h>
 #include <math.h>
@@ -49,6 +51,50 @@ static void run_greedy(colibri_context *c, const int32_t *prompt, float *out) {
         CHECK_OK(colibri_eval(c, &best, 1, dst, 0));
         last = dst;
     }
+}
+
+/* Misses of a replay of the first n tokens of this trace through `slots` slots: layer 0 chooses expert 0
+ * and expert 1 + t % 4, layers 1 and 2 always experts 0 and 1. */
+static uint64_t periodic_misses(colibri_model *m, int policy, int slots, int n) {
+    static int32_t ids[64][L][K];
+    for (int t = 0; t < n; t++)
+        for (int l = 0; l < L; l++) {
+            ids[t][l][0] = 0;
+            ids[t][l][1] = l == 0 ? 1 + t % 4 : 1;
+        }
+    colibri_context_params p;
+    colibri_context_default_params(&p);
+    p.expert_slots = slots;
+    p.expert_policy = policy;
+    colibri_stats s;
+    CHECK_OK(colibri_replay_routing(m, &p, NULL, &ids[0][0][0], n, &s));
+    CHECK(s.expert_calls == (uint64_t)n * L * K);
+    return s.expert_misses;
+}
+
+/* 7 slots: layers 1 and 2 keep their two experts (the per-layer floor is 2), layer 0 keeps expert 0 and
+ * has two slots for the four experts it cycles through. Counted by hand over 12 tokens (3 periods) once
+ * every policy is past its first period:
+ *   - LRU keeps the two it used last, and the one it needs is the one it dropped: 12 misses;
+ *   - LFU with decay ranks equal users by recency too: 12 misses;
+ *   - Belady's MIN drops the one needed last of the two and hits every third token: 8 misses (the cycle
+ *     1 2 3 4 through two slots is: miss, miss, hit, ...);
+ *   - the reuse policy has learned that layer 0's experts come back after exactly 4 tokens: an expert used
+ *     a tokens ago is due within its next two chances when a + 1 or a + 2 is 4, so of the two resident it
+ *     keeps the one due soonest, which is MIN's choice: 8 misses.
+ * The difference of two replays (52 and 40 tokens) leaves out the warm-up. */
+static void test_reuse_policy(colibri_model *m) {
+    const int policies[3] = {COLIBRI_POLICY_LRU, COLIBRI_POLICY_LFU, COLIBRI_POLICY_REUSE};
+    const uint64_t want[3] = {12, 12, 8};
+    for (int i = 0; i < 3; i++) {
+        const uint64_t a = periodic_misses(m, policies[i], 7, 40), b = periodic_misses(m, policies[i], 7, 52);
+        CHECK(b - a == want[i]);
+        if (b - a != want[i]) fprintf(stderr, "policy %d: %llu misses in the last 12 tokens, want %llu\n", policies[i],
+                                      (unsigned long long)(b - a), (unsigned long long)want[i]);
+    }
+    /* and from the first token on, fewer misses than either */
+    const uint64_t reuse = periodic_misses(m, COLIBRI_POLICY_REUSE, 7, 52);
+    CHECK(reuse < periodic_misses(m, COLIBRI_POLICY_LRU, 7, 52) && reuse < periodic_misses(m, COLIBRI_POLICY_LFU, 7, 52));
 }
 
 int main(void) {
@@ -99,7 +145,7 @@ int main(void) {
     /* each slot also costs a little bookkeeping (well under 256 bytes) */
     const uint64_t budgets[2] = {min_budget, min_budget + (uint64_t)(L * X / 2 - K) * (store_slot_bytes(m) + 256)};
     for (int b = 0; b < 2; b++)
-        for (int policy = 0; policy < 2; policy++)
+        for (int policy = 0; policy < 3; policy++) /* LFU, LRU, reuse */
             for (int pf = 0; pf <= 3; pf += 3) {
                 c = ctx_with(m, budgets[b], policy, pf);
                 if (!c) continue;
@@ -164,6 +210,8 @@ int main(void) {
         }
         colibri_context_free(c);
     }
+
+    test_reuse_policy(m);
 
     colibri_model_close(m);
     unlink(path);

@@ -1,0 +1,95 @@
+"""Every expert cache policy, with and without temporal prefetch, replayed on recorded routing traces
+against Belady's optimum (docs/memory.md, "The reuse policy"; docs/benchmarks.md, storage section).
+
+    python benchmarks/replay_policies.py \
+        --trace v1=colibri-moe:benchmarks/traces/colibri-moe-v1-heldout.npz \
+        --trace v2=$V2:benchmarks/traces/colibri-moe-v2-heldout.npz \
+        --json benchmarks/results/replay_policies.json
+
+($V2: colibri-moe v2's Q8_0 file, ~/.cache/colibri/train-v2/colibri-moe-v2-q8_0.gguf, docs/benchmarks.md.)
+Each cell is one `colibri_replay_routing` run (the same C store the engine decodes with, reading the
+experts' bytes from the model file, computing nothing else) at --sizes of the model's routed experts; it
+prints the hit rate, the hit rate as a share of Belady's optimum for the same slot count (from an empty
+cache) and, where a predictor prefetches, the bytes of prefetches evicted unused. Without prefetch a
+replay is deterministic, so these figures do not depend on the machine; a trace takes seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import colibri_backend
+from colibri_backend.models import resolve_model
+from colibri_backend.trace import load_trace
+
+POLICIES = ("lfu", "lru", "reuse")
+PREFETCH = ("none", "temporal")
+
+
+def cell(model: Path, trace: Any, size: str, policy: str, prefetch: str) -> dict[str, Any]:
+    s = colibri_backend.replay_routing(
+        model, trace.tokens, trace.ids, expert_slots=size, expert_policy=policy, prefetch=prefetch
+    )
+    return {
+        "slots": s["expert_slots"],
+        "hit_rate": s["expert_hit_rate"],
+        "optimal_hit_rate": s["optimal_hit_rate"],
+        "share_of_optimum": s["expert_hit_rate"] / s["optimal_hit_rate"] if s["optimal_hit_rate"] else 0.0,
+        "prefetch_issued": s["prefetch_issued"],
+        "prefetch_wasted_bytes": s["prefetch_wasted_bytes"],
+        "bytes_read": s["expert_bytes_read"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--trace",
+        action="append",
+        required=True,
+        metavar="NAME=MODEL:TRACE",
+        help="a routing trace and the model file (or known name) it was recorded with; repeat for more",
+    )
+    ap.add_argument("--sizes", default="25%,40%,60%", help="expert slots, comma-separated (%(default)s)")
+    ap.add_argument("--json", type=Path, help="also write every cell here")
+    args = ap.parse_args(argv)
+    sizes = [x.strip() for x in args.sizes.split(",") if x.strip()]
+    results: list[dict[str, Any]] = []
+    for spec in args.trace:
+        name, sep, rest = spec.partition("=")
+        model_name, sep2, trace_path = rest.rpartition(":")
+        if not (sep and sep2 and name and model_name and trace_path):
+            ap.error(f"--trace wants NAME=MODEL:TRACE, got {spec!r}")
+        model = resolve_model(model_name).gguf
+        trace = load_trace(trace_path)
+        print(f"\n{name}: {trace_path} ({trace.n_tokens} tokens) on {model}")
+        cols = [f"{p}{'' if f == 'none' else ' + ' + f}" for p in POLICIES for f in PREFETCH]
+        print("| slots | Belady | " + " | ".join(cols) + " |")
+        print("|---" * (len(cols) + 2) + "|")
+        for size in sizes:
+            row: list[str] = []
+            first: dict[str, Any] | None = None
+            for policy in POLICIES:
+                for prefetch in PREFETCH:
+                    r = cell(model, trace, size, policy, prefetch)
+                    first = first or r
+                    results.append({"trace": name, "size": size, "policy": policy, "prefetch": prefetch, **r})
+                    text = f"{100 * r['hit_rate']:.1f}% ({100 * r['share_of_optimum']:.1f}%)"
+                    if prefetch != "none":
+                        text += f", {r['prefetch_wasted_bytes'] / (1 << 20):.0f} MiB wasted"
+                    row.append(text)
+            assert first is not None
+            head = f"| {size} ({first['slots']}) | {100 * first['optimal_hit_rate']:.1f}% | "
+            print(head + " | ".join(row) + " |")
+            sys.stdout.flush()
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -216,6 +216,22 @@ COLIBRI_API colibri_status colibri_state_size(const colibri_context *ctx, int32_
 COLIBRI_API colibri_status colibri_state_save(colibri_context *ctx, int32_t n_tokens, void *buf, size_t cap,
                                               size_t *written);
 COLIBRI_API colibri_status colibri_state_load(colibri_context *ctx, const void *buf, size_t size);
+/* The same for sequence seq of a context with several (the calls above are sequence 0's).
+ * colibri_seq_state_load restores a blob into sequence seq only; its n_past becomes n_tokens.
+ * What a blob can be saved at and serve depends on the context's caches (src/kv_io.c): KV and
+ * latent (MLA) rows any n_tokens <= n_past, and the blob then serves any shorter prefix too
+ * (colibri_seq_truncate after the load); a recurrent state only at the sequence's n_past (or its
+ * checkpoint, or 0) and a sliding-window ring only while it holds the rows, and such a blob is
+ * restored at exactly its n_tokens. */
+COLIBRI_API colibri_status colibri_seq_state_size(const colibri_context *ctx, int32_t seq, int32_t n_tokens,
+                                                  size_t *out);
+COLIBRI_API colibri_status colibri_seq_state_save(colibri_context *ctx, int32_t seq, int32_t n_tokens, void *buf,
+                                                  size_t cap, size_t *written);
+COLIBRI_API colibri_status colibri_seq_state_load(colibri_context *ctx, int32_t seq, const void *buf, size_t size);
+/* 1 when this context's state blobs hold a recurrent state or a sliding-window ring: save them as
+ * the sequence reaches n_tokens and use them at exactly n_tokens; 0 (KV and latent caches only):
+ * save any prefix at any time, use any prefix of it. */
+COLIBRI_API int32_t colibri_state_exact(const colibri_context *ctx);
 /* ---- several sequences (continuous batching) --------------------------------
  *
  * A context made with n_seq_max = S holds sequences 0 .. S-1, each with its own KV cache and

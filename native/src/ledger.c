@@ -37,7 +37,8 @@ colibri_status ledger_plan(const struct colibri_model *m, const colibri_context_
     o->model_table_bytes += m->file.n_tensors * sizeof(gguf_tensor) + m->file.n_kv * sizeof(gguf_kv);
 
     o->kv_bytes = context_kv_bytes(m, p);
-    o->state_bytes = 2 * (uint64_t)context_state_bytes(m);
+    /* live copy and checkpoint per sequence (context.h rs_buf) */
+    o->state_bytes = 2 * (uint64_t)(p->n_seq_max > 0 ? p->n_seq_max : 1) * context_state_bytes(m);
     o->scratch_bytes = context_scratch_bytes(m, p);
     const uint64_t route = hp->n_expert ? (uint64_t)p->n_ctx * hp->n_layer * hp->n_expert_used * 8 : 8;
     o->context_bytes = route + sizeof(struct colibri_context) + (uint64_t)hp->n_rot * 4 +

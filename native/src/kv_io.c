@@ -358,28 +358,39 @@ static colibri_status state_check(const struct colibri_context *c, const unsigne
                         fn, tag_name(sp.tag[1]));
     if (rd32(b + 12) != (uint32_t)sp.n || rd32(b + 44) != 0)
         return cb_error(COLIBRI_E_FORMAT, "%s: %u sections, this context's states have %d", fn, rd32(b + 12), sp.n);
-    if (size != state_bytes(&sp))
-        return cb_error(COLIBRI_E_FORMAT, "%s: %zu bytes, a state of %u tokens has %zu", fn, size, n,
-                        state_bytes(&sp));
-    const unsigned char *sec = b + KV_HEADER_BYTES;
+    /* the sections as the blob states them, each bounded by what is left before the checksum */
+    const unsigned char *sec = b + KV_HEADER_BYTES, *end = b + size - 8;
     for (int i = 0; i < sp.n; i++) {
-        if (rd32(sec) != sp.tag[i] || rd32(sec + 4) != 0 || rd64(sec + 8) != sp.bytes[i])
-            return cb_error(COLIBRI_E_FORMAT, "%s: section %d is not a %s section of %u tokens", fn, i,
-                            tag_name(sp.tag[i]), n);
+        if ((size_t)(end - sec) < KV_SECTION_HEAD)
+            return cb_error(COLIBRI_E_FORMAT, "%s: section %d is cut short", fn, i);
+        if (rd32(sec) != sp.tag[i] || rd32(sec + 4) != 0)
+            return cb_error(COLIBRI_E_FORMAT, "%s: section %d is not a %s section", fn, i, tag_name(sp.tag[i]));
+        const uint64_t bytes = rd64(sec + 8);
+        if (bytes > (uint64_t)(end - sec) - KV_SECTION_HEAD)
+            return cb_error(COLIBRI_E_FORMAT, "%s: section %d (%s) of %llu bytes runs past the blob", fn, i,
+                            tag_name(sp.tag[i]), (unsigned long long)bytes);
         if (sp.tag[i] == KV_TAG_RNG) {
             const unsigned char *t = sec + KV_SECTION_HEAD;
+            if (bytes < 4 * (uint64_t)n_ring_layers(c))
+                return cb_error(COLIBRI_E_FORMAT, "%s: the ring section is shorter than its table", fn);
             for (int il = 0; il < hp->n_layer; il++) {
                 if (!layer_in(c, il, ROWS_RING)) continue;
                 if (rd32(t) != (uint32_t)c->kv_layers[il].positions)
                     return cb_error(COLIBRI_E_INVALID_ARG,
                                     "%s: layer %d's ring was saved with %u rows, this context keeps %d (another "
-                                    "n_batch: rows min(n_batch, window) - 1 past the window)",
+                                    "n_batch: a ring keeps min(n_batch, window) - 1 rows past the window)",
                                     fn, il, rd32(t), (int)c->kv_layers[il].positions);
                 t += 4;
             }
         }
-        sec += KV_SECTION_HEAD + sp.bytes[i];
+        if (bytes != sp.bytes[i])
+            return cb_error(COLIBRI_E_FORMAT, "%s: section %d (%s) has %llu bytes, a state of %u tokens has %zu", fn,
+                            i, tag_name(sp.tag[i]), (unsigned long long)bytes, n, sp.bytes[i]);
+        sec += KV_SECTION_HEAD + bytes;
     }
+    if (sec != end)
+        return cb_error(COLIBRI_E_FORMAT, "%s: %zu bytes, a state of %u tokens has %zu", fn, size, n,
+                        state_bytes(&sp));
     return COLIBRI_OK;
 }
 

@@ -116,8 +116,8 @@ typedef struct colibri_context_params {
      * the profile is below this (a layer always keeps its top-k hottest). 0: off. */
     float drop_cold_share;
     /* Sequences the context holds at once (continuous batching, colibri_eval_batch), each with
-     * its own KV cache of n_ctx positions: the KV memory is n_seq_max times one sequence's.
-     * <= 0: 1. At most 256. */
+     * its own KV cache of n_ctx positions (and its own recurrent state, for a model with one):
+     * the KV and state memory is n_seq_max times one sequence's. <= 0: 1. At most 256. */
     int32_t n_seq_max;
     /* Where the matrix products run (backend.h): COLIBRI_BACKEND_DEFAULT takes $COLIBRI_DEVICE
      * ("cpu" or "opencl"; unset: the CPU). OpenCL without a usable platform and device is
@@ -168,7 +168,7 @@ typedef struct colibri_memory_plan {
     int32_t all_resident;            /* 1: no streaming, experts read from the mapped file */
     int32_t fits;                    /* 1 if the budget holds the minimum working set */
     uint64_t state_bytes;            /* recurrent states of the layers that have one (live copy and
-                                        checkpoint; 0 without such layers), part of total_bytes */
+                                        checkpoint per sequence; 0 without such layers), part of total_bytes */
 } colibri_memory_plan;
 
 /* The plan for opening `path` with `params` (NULL: defaults), without allocating the context.
@@ -191,7 +191,7 @@ COLIBRI_API colibri_status colibri_get_memory_plan(const colibri_context *ctx, c
 COLIBRI_API int32_t colibri_n_past(const colibri_context *ctx);
 /* Drop the KV cache after position n_past (0 clears it); the prefix is kept for reuse. A model
  * with recurrent layers (qwen35moe) cannot cut its state back to any position: it resumes from its
- * checkpoint (taken before the last token of the latest multi-token eval) when that lies at or
+ * checkpoint (taken before the last token of the latest multi-token colibri_eval) when that lies at or
  * before n_past, else from 0; colibri_n_past then says where, and the caller evaluates the tokens
  * from there. A model with sliding-window layers keeps only their last rows (a ring): a rollback
  * that reaches past them clears the cache instead; colibri_n_past gives what was kept. */

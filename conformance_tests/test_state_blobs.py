@@ -9,7 +9,8 @@ recurrent state per sequence (several sequences in one context, batched bit-iden
   cut); for a ring only while it still holds the rows (the whole length, or a prefix the ring never
   wrapped past); for a recurrent state its position, its checkpoint or 0. Refusals name the reason.
 * Bad blobs (truncated, a flipped byte, an unknown version, a ring of another size, another sequence id)
-  are refused and the context is left as it was.
+  are refused and the context is left as it was; so are blobs whose fields were changed and whose
+  checksum was then made valid again (the test's own colibri-mx64), each by the engine's length checks.
 * The engine's prefix cache on these models: a prompt that extends an earlier one (an agent's next
   turn) restores the earlier prompt's stored state, and its tokens and log-probabilities equal a cold run.
 * Qwen3.5-MoE with 3 sequences: every sequence's logits in mixed batched steps equal that prompt alone.
@@ -142,6 +143,101 @@ def test_bad_blobs_leave_the_context_as_it_was(tiny_zoo: Any, colibri: Any, cold
     if name in RING:  # a context of another batch size keeps rings of another size
         with _load(colibri, gguf, batch_size=4) as m:
             assert _load_blob(m, blob) != 0 and "ring was saved with 23 rows" in m._lib.last_error()
+
+
+_M64 = (1 << 64) - 1
+_P1, _P2, _P3 = 0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9
+
+
+def _rotl(x: int, r: int) -> int:
+    return ((x << r) | (x >> (64 - r))) & _M64
+
+
+def _digest(data: bytes) -> int:
+    """colibri-mx64 (native/src/digest.h: word k to lane k % 4, v = rotl((v ^ w) * P1, 29), then the
+    length and an avalanche), so a test can re-seal a blob whose fields it changed."""
+    padded = data + b"\0" * (-len(data) % 8)
+    words = np.frombuffer(padded, dtype="<u8").tolist()
+    v = [_P3 * (i + 1) & _M64 for i in range(4)]
+    for k, w in enumerate(words):
+        v[k % 4] = _rotl(((v[k % 4] ^ w) * _P1) & _M64, 29)
+    h = len(data) * _P2 & _M64
+    for lane in v:
+        h = _rotl(((h ^ lane) * _P2) & _M64, 31)
+    h ^= h >> 33
+    h = h * _P2 & _M64
+    h ^= h >> 29
+    h = h * _P3 & _M64
+    return h ^ (h >> 32)
+
+
+def _sealed(body: bytes) -> bytes:
+    return body + _digest(body).to_bytes(8, "little")
+
+
+def _sections(blob: bytes) -> list[tuple[int, bytes, int]]:
+    """(offset, tag, bytes) of each section."""
+    out, off = [], 48
+    for _ in range(int.from_bytes(blob[12:16], "little")):
+        n = int.from_bytes(blob[off + 8 : off + 16], "little")
+        out.append((off, blob[off : off + 4], n))
+        off += 16 + n
+    return out
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_resealed_blobs_with_wrong_fields_are_refused(
+    tiny_zoo: Any, colibri: Any, cold: dict, name: str
+) -> None:
+    """Fields changed and the checksum made valid again, so the engine's own length and layout checks
+    must catch each one (and random changes anywhere either load or are refused, never crash)."""
+    ids, want = cold[name]
+    gguf = tiny_zoo.gguf(name, "f32")
+    with _load(colibri, gguf) as m:
+        m.next_logits(ids[:N_PREFIX])
+        blob = m._save_state(N_PREFIX)
+    assert _sealed(blob[:-8]) == blob, "the test's digest is not the engine's"
+    secs = _sections(blob)
+    tags = [t for _, t, _ in secs]
+    assert tags[0] == b"KVC1" and len(tags) == 2
+    assert tags[1] == {"qwen35moe": b"REC1", "deepseek_v2": b"MLA1"}.get(name, b"RNG1")
+
+    def field(off: int, value: int, width: int = 4) -> bytes:
+        b = bytearray(blob[:-8])
+        b[off : off + width] = value.to_bytes(width, "little")
+        return _sealed(bytes(b))
+
+    last_off, _, last_n = secs[-1]
+    cases = {
+        "version 1": (field(8, 1), "version 1 state holds the KV cache alone"),
+        "one token more": (field(40, N_PREFIX + 1), "bytes"),
+        "one section fewer": (field(12, 1), "sections"),
+        "a swapped tag": (field(last_off, int.from_bytes(b"KVC1", "little")), "is not a"),
+        "a section past the end": (field(last_off + 8, 1 << 62, 8), "runs past the blob"),
+        "a shorter section": (field(last_off + 8, last_n - 4, 8), "bytes"),
+        "too many tokens": (field(40, N_CTX + 1), "tokens"),
+        "another KV type": (field(36, 2), "int8"),
+    }
+    if name in RING:
+        cases["another ring"] = (field(last_off + 16, 24), "ring was saved with 24 rows")
+    rng = np.random.default_rng(3)
+    with _load(colibri, gguf) as m:
+        m.next_logits(ids[:N_PREFIX])
+        for what, (b, message) in cases.items():
+            assert _load_blob(m, b) != 0, what
+            assert message in m._lib.last_error(), (what, m._lib.last_error())
+        assert m.seq_n_past(0) == N_PREFIX
+        assert np.array_equal(_eval_all(m, ids[N_PREFIX:]), want[N_PREFIX:])
+        for _ in range(40):  # any byte of the header and section heads, re-sealed
+            b = bytearray(blob[:-8])
+            off = int(
+                rng.choice([int(rng.integers(8, 48)), *(o + int(rng.integers(0, 16)) for o, _, _ in secs)])
+            )
+            b[off] ^= 1 << int(rng.integers(0, 8))
+            status = _load_blob(m, _sealed(bytes(b)))
+            assert status != 0 or m.seq_n_past(0) == int.from_bytes(b[40:44], "little")
+            m._lib.check(_load_blob(m, blob), "reload")  # back to the saved state either way
+        assert np.array_equal(_eval_all(m, ids[N_PREFIX:]), want[N_PREFIX:])
 
 
 @pytest.mark.parametrize("name", SPECS)

@@ -12,7 +12,8 @@ recurrent state per sequence (several sequences in one context, batched bit-iden
   are refused and the context is left as it was; so are blobs whose fields were changed and whose
   checksum was then made valid again (the test's own colibri-mx64), each by the engine's length checks.
 * The engine's prefix cache on these models: a prompt that extends an earlier one (an agent's next
-  turn) restores the earlier prompt's stored state, and its tokens and log-probabilities equal a cold run.
+  turn) restores the earlier prompt's stored state, and its tokens and log-probabilities equal a cold run;
+  the same through the batch scheduler, the next turn restored into a sequence of its own.
 * Qwen3.5-MoE with 3 sequences: every sequence's logits in mixed batched steps equal that prompt alone.
 """
 
@@ -265,6 +266,45 @@ def test_prefix_cache_serves_the_next_turn(tiny_zoo: Any, colibri: Any, name: st
     assert got == want
     assert cached == save_point(len(turn1), exact), cached
     tm.report(f"{name}: the next turn restored {cached} of {len(turn2)} tokens (exact entries: {exact})")
+
+
+@pytest.mark.parametrize("name", SPECS)
+def test_batched_requests_restore_stored_prefixes(tiny_zoo: Any, colibri: Any, name: str) -> None:
+    """The scheduler's path (server/scheduler.py, 2 sequences, prefill chunks of 8): the first request stores
+    its prompt as its prefill passes the save point, a next turn on the other sequence restores it into its
+    own sequence, and both outputs equal cold runs."""
+    from colibri_backend.adapters.sampling import SamplingParams
+    from colibri_backend.prefix_cache import save_point
+    from colibri_backend.server.scheduler import BatchScheduler
+
+    ckpt = tiny_zoo.checkpoint(name)
+    turn1 = tm.token_ids(ckpt, 70, seed=8)
+    turn2 = turn1 + tm.token_ids(ckpt, 20, seed=9)
+    sampling = SamplingParams(temperature=0.8, seed=5)
+    gguf = tiny_zoo.gguf(name, "f32")
+
+    def run(m: Any, prompt: list[int], steps: Any = None) -> list[tuple[int, float]]:
+        extra = {"steps": steps} if steps is not None else {}
+        evs = m.generate_tokens(prompt, max_tokens=6, sampling=sampling, logprobs=0, **extra)
+        return [(e.token_id, e.logprob) for e in evs]
+
+    with _load(colibri, gguf) as m:
+        want = [run(m, turn1), run(m, turn2)]
+    with colibri.load(gguf, threads=tm.ENGINE_THREADS, context_length=N_CTX, max_concurrency=2) as m:
+        sched = BatchScheduler(m, prefill_chunk=8)
+        try:
+            with sched.sequence() as first:
+                got1 = run(m, turn1, first)
+                assert first.cached_tokens == 0
+                with sched.sequence() as second:  # joins while the first still holds its sequence
+                    got2 = run(m, turn2, second)
+                    assert second.seq != first.seq
+                    cached = second.cached_tokens
+        finally:
+            sched.close()
+        exact = m.prefix_cache.exact
+    assert [got1, got2] == want
+    assert cached == save_point(len(turn1), exact)
 
 
 def test_recurrent_sequences_batched_equal_alone(tiny_zoo: Any, colibri: Any) -> None:

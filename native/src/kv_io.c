@@ -243,13 +243,13 @@ static void sections_io(struct colibri_context *c, int seq, int32_t n, const sec
         switch (sp->tag[i]) {
         case KV_TAG_KV: rows_io(c, seq, ROWS_FULL, n, d, to_blob); break;
         case KV_TAG_MLA: {
-            const size_t run = (size_t)n * mla_row_elems(c) * kv_elem_bytes(c->kv_kind);
+            const size_t row_bytes = mla_row_elems(c) * kv_elem_bytes(c->kv_kind), run = (size_t)n * row_bytes;
             for (int il = 0; il < c->model->hp.n_layer; il++) {
                 /* [n_seq][n_layer][n_ctx][C+R] (attention_mla.c): positions 0..n-1 are contiguous */
                 const size_t row0 = ((size_t)seq * (size_t)c->model->hp.n_layer + (size_t)il) * (size_t)c->n_ctx;
-                unsigned char *src = (unsigned char *)c->mla_cache + row0 * mla_row_elems(c) * kv_elem_bytes(c->kv_kind);
-                if (to_blob) memcpy(d + (size_t)il * run, src, run);
-                else memcpy(src, d + (size_t)il * run, run);
+                unsigned char *rows = (unsigned char *)c->mla_cache + row0 * row_bytes;
+                if (to_blob) memcpy(d + (size_t)il * run, rows, run);
+                else memcpy(rows, d + (size_t)il * run, run);
             }
             break;
         }

@@ -361,12 +361,13 @@ class Model(BaseModel):
             prefix_bytes = carve_prefix_cache(lib, self._model, params, options)
             lib.check(lib.colibri_context_new(self._model, byref(params), byref(self._ctx)), "context")
             self.context_length: int = int(lib.colibri_context_n_ctx(self._ctx))
+            state_reach = int(lib.colibri_state_reach(self._ctx))
             self.prefix_cache = PrefixCache(
                 prefix_bytes,
                 self._state_namespace(),
                 options.kv_cache_dir,
                 self.context_length,
-                exact=bool(lib.colibri_state_exact(self._ctx)),
+                reach=state_reach if state_reach < self.context_length else None,
             )
             # Sequences the context holds (LoadOptions.max_concurrency): eval_batch's sequence ids.
             self.max_concurrency: int = int(lib.colibri_n_seq_max(self._ctx))
@@ -505,8 +506,8 @@ class Model(BaseModel):
                 break
         self.prefix_cache.used(reuse.entry, reuse.n)
         n = reused = self._truncate(reuse.n)  # fewer than asked for a model with recurrent state
-        mark = save_point(int(prompt.size), self.prefix_cache.exact)
-        if n < mark < prompt.size:  # an exact entry: stored as the prefill passes its position
+        mark = save_point(int(prompt.size), self.prefix_cache.reach)
+        if n < mark < prompt.size:  # a recurrent state: stored as the prefill passes its position
             self._eval(prompt[n:mark], None, all_logits=False)
             self._remember(prompt[:mark])
             n = mark
@@ -621,7 +622,7 @@ class Model(BaseModel):
 
     def prefix_save_point(self, n_prompt: int) -> int:
         """Where the state of a prompt of ``n_prompt`` tokens is stored (prefix_cache.save_point)."""
-        return save_point(n_prompt, self.prefix_cache.exact)
+        return save_point(n_prompt, self.prefix_cache.reach)
 
     def seq_remember(self, seq: int, tokens: Sequence[int]) -> None:
         """Offer sequence ``seq``'s state of ``tokens`` (the first tokens it holds) to the prefix cache."""

@@ -12,7 +12,8 @@ recurrent state per sequence (several sequences in one context, batched bit-iden
   are refused and the context is left as it was; so are blobs whose fields were changed and whose
   checksum was then made valid again (the test's own colibri-mx64), each by the engine's length checks.
 * The engine's prefix cache on these models: a prompt that extends an earlier one (an agent's next
-  turn) restores the earlier prompt's stored state, and its tokens and log-probabilities equal a cold run;
+  turn) restores the earlier prompt's stored state (a ring's entry also serves a prompt differing in its
+  last tokens, within the ring's reach), and its tokens and log-probabilities equal a cold run;
   the same through the batch scheduler, the next turn restored into a sequence of its own.
 * Qwen3.5-MoE with 3 sequences: every sequence's logits in mixed batched steps equal that prompt alone.
 """
@@ -28,6 +29,7 @@ import tiny_models as tm
 SPECS = ["qwen35moe", "deepseek_v2", "gemma4", "gpt_oss"]
 RING = {"gemma4", "gpt_oss"}
 N_PREFIX, N_ALL, N_CTX = 64, 96, 160  # the tiny rings keep 2 * window - 1 = 23 rows: 64 wraps them
+RING_REACH = 12  # 23 rows - window 12 + 1: how far a restored ring can be cut back
 
 
 def _load(colibri: Any, gguf: Any, **kw: Any) -> Any:
@@ -68,7 +70,9 @@ def test_restored_prefix_continues_as_a_cold_run(tiny_zoo: Any, colibri: Any, co
     with _load(colibri, gguf) as m:
         m.next_logits(ids[:N_PREFIX])
         blob = m._save_state(N_PREFIX)
-        assert bool(m._lib.colibri_state_exact(m._ctx)) == (name != "deepseek_v2")
+        # how far a restored blob can be cut back: any prefix, a ring's 12 rows past its window, or 0
+        reach = {"deepseek_v2": N_CTX, "qwen35moe": 0}.get(name, RING_REACH)
+        assert m._lib.colibri_state_reach(m._ctx) == reach
     with _load(colibri, gguf, max_concurrency=2) as m:
         assert _load_blob(m, blob) == 0 and m.seq_n_past(0) == N_PREFIX
         got = _eval_all(m, ids[N_PREFIX:])
@@ -262,10 +266,45 @@ def test_prefix_cache_serves_the_next_turn(tiny_zoo: Any, colibri: Any, name: st
         run(m, turn1)
         m._reset_cache()  # so the reuse comes from the stored state, not the live context
         got, cached = run(m, turn2)
-        exact = m.prefix_cache.exact
+        reach = m.prefix_cache.reach
     assert got == want
-    assert cached == save_point(len(turn1), exact), cached
-    tm.report(f"{name}: the next turn restored {cached} of {len(turn2)} tokens (exact entries: {exact})")
+    assert cached == save_point(len(turn1), reach), cached
+    tm.report(f"{name}: the next turn restored {cached} of {len(turn2)} tokens (reach {reach})")
+
+
+@pytest.mark.parametrize("name", sorted(RING))
+def test_ring_entry_serves_prompts_within_its_reach(tiny_zoo: Any, colibri: Any, name: str) -> None:
+    """A ring's entry serves a prompt that differs in its last tokens when the ring still holds the rows
+    the cut needs (at most the reach, 12 here); a prompt that differs earlier is evaluated from 0.
+    Both answers equal cold runs."""
+    from colibri_backend.adapters.sampling import SamplingParams
+
+    ckpt = tiny_zoo.checkpoint(name)
+    shared = tm.token_ids(ckpt, 64, seed=8)
+    first = shared + tm.token_ids(ckpt, RING_REACH - 2, seed=9)
+    near = shared + tm.token_ids(ckpt, 7, seed=10)  # the entry is cut back by RING_REACH - 2
+    far = shared[:40] + tm.token_ids(ckpt, 30, seed=11)  # it would be cut back by 34 > the reach
+    sampling = SamplingParams(temperature=0.0)
+    gguf = tiny_zoo.gguf(name, "f32")
+
+    def run(m: Any, prompt: list[int]) -> tuple[list[int], int | None]:
+        evs = list(m.generate_tokens(prompt, max_tokens=5, sampling=sampling))
+        return [e.token_id for e in evs], evs[0].cached_tokens
+
+    with _load(colibri, gguf) as m:
+        want = {}
+        for k, p in (("near", near), ("far", far)):
+            m._reset_cache()
+            want[k] = run(m, p)[0]
+    with colibri.load(gguf, threads=tm.ENGINE_THREADS, context_length=N_CTX) as m:
+        assert m.prefix_cache.reach == RING_REACH
+        run(m, first)
+        out = {}
+        for k, p in (("near", near), ("far", far)):
+            m._reset_cache()
+            out[k] = run(m, p)
+    assert out["near"] == (want["near"], len(shared))
+    assert out["far"] == (want["far"], 0)
 
 
 @pytest.mark.parametrize("name", SPECS)
@@ -302,9 +341,9 @@ def test_batched_requests_restore_stored_prefixes(tiny_zoo: Any, colibri: Any, n
                     cached = second.cached_tokens
         finally:
             sched.close()
-        exact = m.prefix_cache.exact
+        reach = m.prefix_cache.reach
     assert [got1, got2] == want
-    assert cached == save_point(len(turn1), exact)
+    assert cached == save_point(len(turn1), reach)
 
 
 def test_recurrent_sequences_batched_equal_alone(tiny_zoo: Any, colibri: Any) -> None:

@@ -20,8 +20,8 @@ batch invariance, native/tests/test_batch.c), so batching never changes an outpu
 
 A joining request first restores the prefix cache's longest state for its prompt into its own sequence
 (colibri_seq_state_load) and prefills only the rest; its own prompt's state is stored as its prefill
-passes the save point (the whole prompt, or for exact entries its last whole block: prefix_cache), so a
-request arriving while it still decodes finds it. ``Sequence.cached_tokens`` is what it reused.
+passes the save point (the whole prompt, or for a recurrent state its last whole block: prefix_cache), so
+a request arriving while it still decodes finds it. ``Sequence.cached_tokens`` is what it reused.
 """
 
 from __future__ import annotations
@@ -239,7 +239,7 @@ class Sequence:
         prompt = list(prompt)
         n = self.cached_tokens = model.seq_restore_prefix(self.seq, prompt)
         mark = model.prefix_save_point(len(prompt))
-        if n < mark < len(prompt):  # an exact entry: stored as the prefill passes its position
+        if n < mark < len(prompt):  # a recurrent state: stored as the prefill passes its position
             sched._submit(self.seq, prompt[n:mark], self.cancel)
             model.seq_remember(self.seq, prompt[:mark])
             n = mark

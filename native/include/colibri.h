@@ -228,10 +228,12 @@ COLIBRI_API colibri_status colibri_seq_state_size(const colibri_context *ctx, in
 COLIBRI_API colibri_status colibri_seq_state_save(colibri_context *ctx, int32_t seq, int32_t n_tokens, void *buf,
                                                   size_t cap, size_t *written);
 COLIBRI_API colibri_status colibri_seq_state_load(colibri_context *ctx, int32_t seq, const void *buf, size_t size);
-/* 1 when this context's state blobs hold a recurrent state or a sliding-window ring: save them as
- * the sequence reaches n_tokens and use them at exactly n_tokens; 0 (KV and latent caches only):
- * save any prefix at any time, use any prefix of it. */
-COLIBRI_API int32_t colibri_state_exact(const colibri_context *ctx);
+/* How many tokens a restored blob of this context can be cut back (colibri_seq_truncate after the
+ * load) and still resume exactly: n_ctx for KV and latent caches (any prefix of it), the rings'
+ * reach for sliding-window layers (window + min(n_batch, window) - 1 rows keep window - 1 + reach),
+ * 0 with a recurrent state (its own n_tokens only). Below n_ctx, save a blob as the sequence
+ * reaches n_tokens. 0 for a NULL ctx. */
+COLIBRI_API int32_t colibri_state_reach(const colibri_context *ctx);
 /* ---- several sequences (continuous batching) --------------------------------
  *
  * A context made with n_seq_max = S holds sequences 0 .. S-1, each with its own KV cache and

@@ -31,7 +31,7 @@
  *     rows: n_tokens == its n_past, or no position overwritten yet;
  *   - a recurrent state: exactly n_tokens (it cannot be cut back); saved at the sequence's n_past,
  *     at its checkpoint's position or at 0.
- * colibri_state_exact tells a prefix cache which of these a context's blobs are. */
+ * colibri_state_reach tells a prefix cache how far a context's blobs can be cut back. */
 #include <string.h>
 
 #include "context.h"
@@ -409,7 +409,11 @@ colibri_status colibri_seq_state_load(colibri_context *ctx, int32_t seq, const v
     return COLIBRI_OK;
 }
 
-int32_t colibri_state_exact(const colibri_context *ctx) { return ctx && (ctx->rs_bytes || has_ring(ctx)); }
+int32_t colibri_state_reach(const colibri_context *ctx) {
+    if (!ctx) return 0;
+    if (ctx->rs_bytes) return 0; /* a recurrent state exists at its own position only */
+    return ctx->kv_reach;        /* n_ctx without a ring: any prefix */
+}
 
 colibri_status colibri_state_size(const colibri_context *ctx, int32_t n_tokens, size_t *out) {
     return colibri_seq_state_size(ctx, 0, n_tokens, out);

@@ -9,11 +9,19 @@ counted token by token (a hash never decides alone). The context's own KV cache 
 now) is one more candidate, the one that costs nothing to restore: reusing the previous prompt is the
 case of this cache where the best entry is the live one.
 
-Bounded in bytes, least recently used first out. An entry that is a prefix of a newer one is dropped:
-the newer covers every prompt it covers. ``directory`` (``--kv-cache-dir``): each entry is also a file
-there, written atomically (a temporary file, then rename), so a restart keeps the cache; files are
-indexed at start from their headers and read when a prompt hits them. A file that fails a check (its
-header, its tokens' digest, or the engine's own checks of the blob) is ignored with a warning and removed.
+Entries of limited reach (``reach``: ``colibri_state_reach``, native/src/kv_io.c): a restored state can
+be cut back by at most ``reach`` tokens, so an entry serves a prompt only when the prompt shares all its
+tokens but at most ``reach``. A sliding-window ring keeps that many rows past its window (a prompt that
+differs in its last ``reach`` tokens is served); a recurrent state exists only at the position it was
+saved at (``reach`` 0: only a prompt that extends it, an agent's next turn), so the engine saves it
+while prefilling, at the prompt's last whole block before its last token (:func:`save_point`).
+
+Bounded in bytes, least recently used first out. An entry that is a prefix of a newer one is dropped
+(unless the reach is limited): the newer covers every prompt it covers. ``directory`` (``--kv-cache-dir``):
+each entry is also a file there, written atomically (a temporary file, then rename), so a restart keeps
+the cache; files are indexed at start from their headers and read when a prompt hits them. A file that
+fails a check (its header, its tokens' digest, or the engine's own checks of the blob) is ignored with a
+warning and removed.
 
 File layout (little-endian): ``CLBRPC01``, uint32 n_tokens, uint32 zero, uint64 blob bytes, 32-byte
 BLAKE2b of the header's first 24 bytes and the tokens, int32 tokens[n_tokens], the blob.
@@ -39,6 +47,13 @@ FILE_MAGIC = b"CLBRPC01"
 _HEAD = struct.Struct("<8sIIQ")  # magic, n_tokens, zero, blob bytes
 _DIGEST = 32
 SUFFIX = ".kvc"
+
+
+def save_point(n_prompt: int, reach: int | None) -> int:
+    """Where a prompt of ``n_prompt`` tokens is stored: after all of it, or for entries that cannot be
+    cut back (``reach`` 0: they serve only a prompt sharing all their tokens, and a prompt's last token
+    is always evaluated again) its last whole block before the last token."""
+    return (n_prompt - 1) // BLOCK * BLOCK if reach == 0 else n_prompt
 
 
 def chain_hashes(tokens: np.ndarray, n_blocks: int) -> list[bytes]:
@@ -81,7 +96,8 @@ class Reuse:
 class PrefixCache:
     """Token sequences -> state blobs (see the module). Thread-safe; the engine calls it under its lock.
 
-    ``max_bytes`` 0 keeps no entries: only the live context is reused. ``namespace`` names the model and
+    ``max_bytes`` 0 keeps no entries: only the live context is reused. ``reach``: how many of its
+    tokens an entry may lack to serve a prompt (None: any; see the module). ``namespace`` names the model and
     KV type the blobs are for (a digest of the engine's empty state); entries on disk live under
     ``directory/namespace``, so models sharing a directory never meet each other's files. Entries
     longer than ``max_tokens`` (a context of that length could not hold them: a directory written with a
@@ -94,10 +110,14 @@ class PrefixCache:
         namespace: str = "",
         directory: str | os.PathLike[str] | None = None,
         max_tokens: int | None = None,
+        reach: int | None = None,
     ) -> None:
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        if reach is not None and reach < 0:
+            raise ValueError(f"reach must be >= 0 or None, got {reach}")
         self.max_bytes = max_bytes
+        self.reach = reach
         self.max_tokens = max_tokens
         self._entries: OrderedDict[str, Entry] = OrderedDict()  # least recently used first
         self._index: dict[bytes, dict[str, None]] = {}  # chain hash -> keys of entries holding it
@@ -124,14 +144,21 @@ class PrefixCache:
                 keys = self._index.get(h)
                 if not keys:
                     continue
+                found = False
                 for key in reversed(keys):  # most recently stored first
                     e = self._entries[key]
                     if self.max_tokens is not None and e.tokens.size > self.max_tokens:
                         continue
                     n = common_length(e.tokens[:limit], prompt[:limit])
+                    if self.reach is not None and e.tokens.size - n > self.reach:
+                        continue  # it cannot be cut back that far
+                    found = True
                     if n > reuse.n:
                         reuse = Reuse(n, e)
-                break  # a shallower hash can only give shorter prefixes
+                # A shallower hash can only give shorter prefixes; entries of limited reach that do not
+                # serve the prompt are held under shallower hashes too, so those go on until one serves.
+                if found or self.reach is None:
+                    break
             return reuse
 
     def blob(self, entry: Entry) -> bytes | None:
@@ -180,10 +207,11 @@ class PrefixCache:
         key = hashlib.blake2b(tokens.tobytes(), digest_size=16).hexdigest()
         entry = Entry(key, tokens, len(blob), blob, hashes=hashes)
         with self._lock:
-            # Entries this one extends are redundant now.
-            for old in [e for e in self._entries.values() if e.tokens.size <= tokens.size]:
-                if common_length(old.tokens, tokens) == old.tokens.size:
-                    self._remove(old)
+            # Entries this one extends are redundant now (of limited reach, they still serve their own).
+            if self.reach is None:
+                for old in [e for e in self._entries.values() if e.tokens.size <= tokens.size]:
+                    if common_length(old.tokens, tokens) == old.tokens.size:
+                        self._remove(old)
             if self.directory is not None:
                 try:
                     entry.path = self._write(entry)

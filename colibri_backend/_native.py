@@ -42,7 +42,7 @@ from colibri_backend.errors import (
     UnsupportedModelError,
 )
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 LIB_NAME = "libcolibri.so"
 
 # colibri_status values

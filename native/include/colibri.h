@@ -18,7 +18,7 @@
 extern "C" {
 #endif
 
-#define COLIBRI_ABI_VERSION 4
+#define COLIBRI_ABI_VERSION 5
 
 #if defined(_WIN32)
 #define COLIBRI_API __declspec(dllexport)

@@ -346,11 +346,13 @@ def test_batched_requests_restore_stored_prefixes(tiny_zoo: Any, colibri: Any, n
     assert cached == save_point(len(turn1), reach)
 
 
-def test_recurrent_sequences_batched_equal_alone(tiny_zoo: Any, colibri: Any) -> None:
-    """Three Qwen3.5-MoE prompts joining at different steps, prefilled in chunks of 5 beside the others'
-    decode tokens: every logits row equals that prompt's alone, bit for bit."""
-    gguf = tiny_zoo.gguf("qwen35moe", "f32")
-    ckpt = tiny_zoo.checkpoint("qwen35moe")
+@pytest.mark.parametrize("spec", ["qwen35moe", "lfm2moe"])
+def test_recurrent_sequences_batched_equal_alone(tiny_zoo: Any, colibri: Any, spec: str) -> None:
+    """Three prompts of a model with recurrent state (Qwen3.5-MoE's Gated DeltaNet, LFM2's short
+    convolutions) joining at different steps, prefilled in chunks of 5 beside the others' decode tokens:
+    every logits row equals that prompt's alone, bit for bit."""
+    gguf = tiny_zoo.gguf(spec, "f32")
+    ckpt = tiny_zoo.checkpoint(spec)
     prompts = [tm.token_ids(ckpt, n, seed=s) for n, s in ((23, 1), (17, 2), (30, 3))]
     joins = [0, 2, 5]
     with _load(colibri, gguf) as m:
@@ -377,4 +379,4 @@ def test_recurrent_sequences_batched_equal_alone(tiny_zoo: Any, colibri: Any) ->
                 got[q].append(r)
     for q in range(3):
         assert np.array_equal(np.stack(got[q]), alone[q]), f"sequence {q} differs from its prompt alone"
-    tm.report("qwen35moe: 3 sequences in mixed batched steps bit-identical to each alone")
+    tm.report(f"{spec}: 3 sequences in mixed batched steps bit-identical to each alone")

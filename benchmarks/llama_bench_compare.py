@@ -188,9 +188,12 @@ def table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
-        "--model", action="append", required=True, help="bench-a, bench-b, smollm2 or a GGUF path"
+        "--model",
+        action="append",
+        required=True,
+        help="a bench model (bench-a, bench-gptoss, bench-qwen35, bench-deepseek2, ...), smollm2 or a GGUF",
     )
-    ap.add_argument("--bench-type", default="q8_0", help="type of the bench-a/bench-b files (default q8_0)")
+    ap.add_argument("--bench-type", default="q8_0", help="type of the bench model files (default q8_0)")
     ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR)
     ap.add_argument("--runs", type=int, default=3, help="runs per engine, mode and model (default 3)")
     ap.add_argument("--modes", default="warm,cold", help="warm, cold or warm,cold (cold needs root)")

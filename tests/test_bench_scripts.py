@@ -234,3 +234,32 @@ def test_parse_size() -> None:
     for bad in ("lots", "12XB", "-1G", ""):
         with pytest.raises(Exception, match="cannot parse"):
             bench.parse_size(bad)
+
+
+def test_ab_lib_prefill_on_a_tiny_model(tiny_models, capsys: pytest.CaptureFixture[str]) -> None:
+    """The same library on both sides: equal logits (exit 0) and one timing line per round and side."""
+    import ab_lib_prefill
+
+    from colibri_backend._native import find_library
+
+    _, gguf = tiny_models["bench-deepseek2"]
+    lib = str(find_library())
+    argv = [
+        "--old",
+        lib,
+        "--new",
+        lib,
+        "--model",
+        str(gguf),
+        "--tokens",
+        "20",
+        "--reps",
+        "2",
+        "--rounds",
+        "2",
+    ]
+    assert ab_lib_prefill.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.count("fastest") == 5 and "logits bit-identical: True" in out
+    with pytest.raises(SystemExit):
+        ab_lib_prefill.main([*argv[:3], "/nonexistent/libcolibri.so", *argv[4:]])

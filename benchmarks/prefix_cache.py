@@ -1,6 +1,7 @@
 """Time to first token of requests sharing a long prefix with an earlier one: cold, warm, after a restart.
 
     python benchmarks/prefix_cache.py [--model colibri-moe --model PATH ...] [--prefix 1500] [--repeat 3]
+                                      [--max-concurrency N]
 
 For each model, a real `colibri serve --kv-cache-dir DIR` process on loopback (a fresh DIR), and for each
 repeat a different 1,500-token prefix (consecutive slices of this repository's docs, as tokens of the
@@ -12,6 +13,8 @@ TTFT = request sent to the first streamed text chunk:
 then the server is stopped, started again on the same DIR, and
   restart      one more request per prefix (the entry read from DIR).
 Every request also reports usage.prompt_tokens_details.cached_tokens, printed beside its median.
+--max-concurrency N (N > 1) serves on the batched path (server/scheduler.py: every request on a sequence
+of its own, restored from the stored prefixes only, so warm-live is one more stored case there).
 Prints one table per model: median and worst TTFT of each case, the cold/case ratio. (docs/server.md)
 """
 
@@ -35,9 +38,10 @@ CASES = ("cold", "warm-live", "warm-stored", "restart")
 
 
 class Server:
-    def __init__(self, model: str, cache_dir: Path, threads: int, context: int) -> None:
+    def __init__(self, model: str, cache_dir: Path, args: argparse.Namespace) -> None:
         cmd = [sys.executable, "-m", "colibri_backend", "serve", "--model", model, "--port", "0"]
-        cmd += ["--threads", str(threads), "--context-length", str(context), "--kv-cache-dir", str(cache_dir)]
+        cmd += ["--threads", str(args.threads), "--context-length", str(args.context)]
+        cmd += ["--kv-cache-dir", str(cache_dir), "--max-concurrency", str(args.concurrency)]
         self.serve = ServeProcess([*cmd, "--log-level", "warning"])
         self.http = httpx.Client(base_url=self.serve.base, timeout=600)
         self.model = self.http.get("/v1/models").json()["data"][0]["id"]
@@ -91,7 +95,7 @@ def bench(model: str, args: argparse.Namespace) -> dict[str, list[tuple[float, i
     texts = prefixes(model, args.prefix, args.repeat)
     out: dict[str, list[tuple[float, int]]] = {c: [] for c in CASES}
     with tempfile.TemporaryDirectory(prefix="colibri-kv-") as cache_dir:
-        s = Server(model, Path(cache_dir), args.threads, args.context)
+        s = Server(model, Path(cache_dir), args)
         try:
             s.ttft("Hello.")  # loads the kernels' first pages, so cold measures the prompt only
             for i, text in enumerate(texts):
@@ -101,7 +105,7 @@ def bench(model: str, args: argparse.Namespace) -> dict[str, list[tuple[float, i
                 out["warm-stored"].append(s.ttft(f"{text}\nQuestion {i}c: why?"))
         finally:
             s.stop()
-        s = Server(model, Path(cache_dir), args.threads, args.context)
+        s = Server(model, Path(cache_dir), args)
         try:
             s.ttft("Hello.")
             for i, text in enumerate(texts):
@@ -118,11 +122,15 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="prefixes per model")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--context-length", dest="context", type=int, default=2048)
+    ap.add_argument("--max-concurrency", dest="concurrency", type=int, default=1, help=">1: batched path")
     args = ap.parse_args()
     for model in args.model or ["colibri-moe"]:
         res = bench(model, args)
         cold = statistics.median(t for t, _ in res["cold"])
-        print(f"\n{model}: {args.prefix}-token prefix, {args.repeat} prefixes, {args.threads} threads")
+        print(
+            f"\n{model}: {args.prefix}-token prefix, {args.repeat} prefixes, {args.threads} threads, "
+            f"max concurrency {args.concurrency}"
+        )
         print(f"{'case':<12} {'median ms':>10} {'worst ms':>9} {'cold/case':>10} {'cached_tokens':>14}")
         for case in CASES:
             times = [t for t, _ in res[case]]

@@ -303,6 +303,10 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "colibri_state_size": (c_int, [c_void_p, c_int32, POINTER(c_size_t)]),
     "colibri_state_save": (c_int, [c_void_p, c_int32, c_void_p, c_size_t, POINTER(c_size_t)]),
     "colibri_state_load": (c_int, [c_void_p, c_void_p, c_size_t]),
+    "colibri_seq_state_size": (c_int, [c_void_p, c_int32, c_int32, POINTER(c_size_t)]),
+    "colibri_seq_state_save": (c_int, [c_void_p, c_int32, c_int32, c_void_p, c_size_t, POINTER(c_size_t)]),
+    "colibri_seq_state_load": (c_int, [c_void_p, c_int32, c_void_p, c_size_t]),
+    "colibri_state_exact": (c_int32, [c_void_p]),
     "colibri_eval": (c_int, [c_void_p, _i32p, c_int32, _f32p, c_int32]),
     # (ctx, seq_ids, tokens, n_tokens, want_logits uint8[n_tokens] or NULL, logits)
     "colibri_eval_batch": (c_int, [c_void_p, _i32p, _i32p, c_int32, c_void_p, _f32p]),

@@ -45,6 +45,9 @@ class SequenceSteps(Protocol):
     (a sequence of colibri_backend.server.scheduler's batches): each call blocks until the batched
     step that carries it has run, and returns that sequence's next-token logits [n_vocab]."""
 
+    # Prompt tokens the last prefill restored from a cache instead of evaluating them.
+    cached_tokens: int
+
     def prefill(self, prompt: list[int]) -> np.ndarray: ...
 
     def decode(self, token: int) -> np.ndarray: ...

@@ -57,7 +57,7 @@ from colibri_backend.generation import (
 from colibri_backend.load_options import LoadOptions
 from colibri_backend.models import resolve_model
 from colibri_backend.optimum import belady
-from colibri_backend.prefix_cache import Entry, PrefixCache
+from colibri_backend.prefix_cache import Entry, PrefixCache, save_point
 from colibri_backend.profile import profile_path
 
 
@@ -248,14 +248,9 @@ def carve_prefix_cache(
     """Bytes the prefix cache may hold (LoadOptions.prefix_cache_size), taken out of the budget the
     engine plans with (params.memory_budget, lowered in place), so the ledger's plan and the cache
     together stay within the memory budget. The default share is dropped when the rest of the budget
-    would no longer hold the engine's minimum working set; an explicit size is the user's to size.
-    0 for a model with a recurrent state, whose prefixes the engine cannot store (only the live
-    context's is reused)."""
+    would no longer hold the engine's minimum working set; an explicit size is the user's to size."""
     size, budget = options.prefix_cache_size, int(params.memory_budget)
     plan = _native.MemoryPlanC()
-    lib.check(lib.colibri_plan_model(model, byref(params), byref(plan)), "plan")
-    if plan.state_bytes:  # a recurrent state cannot be saved for a prefix (kv_io.c): only the live one
-        return 0
     if isinstance(size, str):  # a share of the budget, checked by LoadOptions
         want = int(budget * float(size[:-1]) / 100)
     elif size is not None:
@@ -367,7 +362,11 @@ class Model(BaseModel):
             lib.check(lib.colibri_context_new(self._model, byref(params), byref(self._ctx)), "context")
             self.context_length: int = int(lib.colibri_context_n_ctx(self._ctx))
             self.prefix_cache = PrefixCache(
-                prefix_bytes, self._state_namespace(), options.kv_cache_dir, self.context_length
+                prefix_bytes,
+                self._state_namespace(),
+                options.kv_cache_dir,
+                self.context_length,
+                exact=bool(lib.colibri_state_exact(self._ctx)),
             )
             # Sequences the context holds (LoadOptions.max_concurrency): eval_batch's sequence ids.
             self.max_concurrency: int = int(lib.colibri_n_seq_max(self._ctx))
@@ -491,8 +490,9 @@ class Model(BaseModel):
     def _prefill(self, prompt: np.ndarray) -> int:
         """Bring the cache to `prompt`, evaluating only what is not cached already; the last
         token's logits land in self._logits. The prefix cache chooses what to reuse: what the
-        context holds now, or a stored state sharing more of the prompt (restored first). Returns
-        how many prompt tokens were reused."""
+        context holds now, or a stored state sharing more of the prompt (restored first); the
+        prompt's own state is offered to it on the way (at its save point). Returns how many prompt
+        tokens were reused."""
         if prompt.size > self.context_length:
             raise ContextFullError(
                 "COLIBRI_E_CONTEXT_FULL",
@@ -504,43 +504,47 @@ class Model(BaseModel):
             if reuse.entry is None or self._restore(reuse.entry):
                 break
         self.prefix_cache.used(reuse.entry, reuse.n)
-        n = self._truncate(reuse.n)  # fewer than asked for a model with recurrent state
+        n = reused = self._truncate(reuse.n)  # fewer than asked for a model with recurrent state
+        mark = save_point(int(prompt.size), self.prefix_cache.exact)
+        if n < mark < prompt.size:  # an exact entry: stored as the prefill passes its position
+            self._eval(prompt[n:mark], None, all_logits=False)
+            self._remember(prompt[:mark])
+            n = mark
         self._eval(prompt[n:], self._logits, all_logits=False)
-        return n
+        if mark == prompt.size:
+            self._remember(prompt)
+        return reused
 
-    def _restore(self, entry: Entry) -> bool:
-        """Load a stored state into the context; False (the entry dropped, the context unchanged)
+    def _restore(self, entry: Entry, seq: int = 0) -> bool:
+        """Load a stored state into sequence ``seq``; False (the entry dropped, the sequence unchanged)
         if its blob cannot be read or the engine refuses it."""
         blob = self.prefix_cache.blob(entry)
         if blob is None:
             return False
-        status = self._lib.colibri_state_load(self._ctx, blob, len(blob))
+        status = self._lib.colibri_seq_state_load(self._ctx, int(seq), blob, len(blob))
         if status != _native.OK:
             self.prefix_cache.discard(entry, self._lib.last_error())
             return False
-        self._cached = entry.tokens.tolist()
+        if seq == 0:
+            self._cached = entry.tokens.tolist()
         return True
 
-    def _save_state(self, n: int) -> bytes:
-        """The engine's state blob of the context's first n tokens (colibri_state_save)."""
+    def _save_state(self, n: int, seq: int = 0) -> bytes:
+        """The engine's state blob of sequence ``seq``'s first n tokens (colibri_seq_state_save)."""
         lib = self._lib
         size = c_size_t(0)
-        lib.check(lib.colibri_state_size(self._ctx, int(n), byref(size)), "state size")
+        lib.check(lib.colibri_seq_state_size(self._ctx, int(seq), int(n), byref(size)), "state size")
         buf = (c_char * size.value)()
         written = c_size_t(0)
-        lib.check(lib.colibri_state_save(self._ctx, int(n), buf, size.value, byref(written)), "state save")
+        status = lib.colibri_seq_state_save(self._ctx, int(seq), int(n), buf, size.value, byref(written))
+        lib.check(status, "state save")
         return bytes(memoryview(buf)[: written.value])
 
-    def _remember(self, prompt: np.ndarray) -> None:
-        """Offer the prompt's state to the prefix cache (kept unless an entry covers it already)."""
-        n = int(prompt.size)
-        if len(self._cached) >= n and self._cached[:n] == prompt.tolist():
-            try:
-                self.prefix_cache.put(prompt, lambda: self._save_state(n))
-            except UnsupportedModelError:
-                # A sliding-window ring or a latent (MLA) cache is not saved (kv_io.c): this model's prefixes
-                # cannot be stored, so the cache keeps none (the live context is still reused).
-                self.prefix_cache.max_bytes = 0
+    def _remember(self, tokens: np.ndarray) -> None:
+        """Offer sequence 0's state of ``tokens`` (which it holds now) to the prefix cache."""
+        n = int(tokens.size)
+        if len(self._cached) >= n and self._cached[:n] == tokens.tolist():
+            self.prefix_cache.put(tokens, lambda: self._save_state(n))
 
     def _state_namespace(self) -> str:
         """What the prefix cache's entries are for: the digest of this context's empty state, which
@@ -595,6 +599,36 @@ class Model(BaseModel):
             self._lib.check(self._lib.colibri_seq_truncate(self._ctx, int(seq), int(n_past)), "seq_truncate")
             if seq == 0:
                 del self._cached[n_past:]
+
+    def seq_restore_prefix(self, seq: int, prompt: Sequence[int]) -> int:
+        """Restore into the empty sequence ``seq`` the prefix cache's longest state for ``prompt``
+        (never its last token, which is evaluated for logits); returns how many tokens it holds now."""
+        ids = np.ascontiguousarray(prompt, dtype=np.int32)
+        with self._lock:
+            self._check_open()
+            while True:
+                reuse = self.prefix_cache.best(ids, np.empty(0, np.int32), int(ids.size) - 1)
+                if reuse.entry is None or self._restore(reuse.entry, seq):
+                    break
+            n = 0
+            if reuse.entry is not None:
+                self._lib.check(self._lib.colibri_seq_truncate(self._ctx, int(seq), reuse.n), "seq_truncate")
+                n = int(self._lib.colibri_seq_n_past(self._ctx, int(seq)))
+                if seq == 0:
+                    self._cached = [-1] * n  # as after eval_batch: matches no single-sequence prompt
+            self.prefix_cache.used(reuse.entry, n)
+            return n
+
+    def prefix_save_point(self, n_prompt: int) -> int:
+        """Where the state of a prompt of ``n_prompt`` tokens is stored (prefix_cache.save_point)."""
+        return save_point(n_prompt, self.prefix_cache.exact)
+
+    def seq_remember(self, seq: int, tokens: Sequence[int]) -> None:
+        """Offer sequence ``seq``'s state of ``tokens`` (the first tokens it holds) to the prefix cache."""
+        ids = np.ascontiguousarray(tokens, dtype=np.int32)
+        with self._lock:
+            self._check_open()
+            self.prefix_cache.put(ids, lambda: self._save_state(int(ids.size), seq))
 
     def _check_fits(self, n: int) -> None:
         if n > self.context_length:
@@ -704,7 +738,8 @@ class Model(BaseModel):
         constraint: a grammar's TokenConstraint (colibri_backend.grammar); only the tokens it allows
         are sampled, and generation stops when its grammar is complete.
         steps: run the forward steps there (a batch scheduler's sequence, which shares the context
-        with other generations) instead of on sequence 0 under the model's lock; no prefix reuse.
+        with other generations) instead of on sequence 0 under the model's lock; the prefix cache's
+        entries are reused there too (seq_restore_prefix), the live context's are not.
         """
         sp = as_sampling(sampling)
         if max_tokens is None:
@@ -772,6 +807,7 @@ class Model(BaseModel):
                     logits = self._logits
                 else:
                     logits = steps.prefill(ids)
+                    last["cached_prompt_tokens"] = steps.cached_tokens
                 last["prefill_seconds"] = time.perf_counter() - t_start
                 return logits
 
@@ -801,20 +837,16 @@ class Model(BaseModel):
                     constraint,
                     lambda: last["cached_prompt_tokens"],
                 )
-                try:
-                    for ev in generation_events(
-                        step,
-                        ids,
-                        max_tokens=max_tokens,
-                        context_length=self.context_length,
-                        stop=stops,
-                        logprobs=logprobs,
-                    ):
-                        last["generated_tokens"] += 1
-                        yield ev
-                finally:
-                    # After the answer (stopped early or not), so storing never delays a first token.
-                    self._remember(prompt)
+                for ev in generation_events(
+                    step,
+                    ids,
+                    max_tokens=max_tokens,
+                    context_length=self.context_length,
+                    stop=stops,
+                    logprobs=logprobs,
+                ):
+                    last["generated_tokens"] += 1
+                    yield ev
 
     @property
     def last_request(self) -> dict[str, Any]:

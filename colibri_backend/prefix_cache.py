@@ -9,11 +9,18 @@ counted token by token (a hash never decides alone). The context's own KV cache 
 now) is one more candidate, the one that costs nothing to restore: reusing the previous prompt is the
 case of this cache where the best entry is the live one.
 
-Bounded in bytes, least recently used first out. An entry that is a prefix of a newer one is dropped:
-the newer covers every prompt it covers. ``directory`` (``--kv-cache-dir``): each entry is also a file
-there, written atomically (a temporary file, then rename), so a restart keeps the cache; files are
-indexed at start from their headers and read when a prompt hits them. A file that fails a check (its
-header, its tokens' digest, or the engine's own checks of the blob) is ignored with a warning and removed.
+Exact entries (``exact``, engine contexts whose blobs hold a recurrent state or a sliding-window ring:
+``colibri_state_exact``, native/src/kv_io.c): such a state exists only for the very position it was
+saved at, so an entry serves only prompts that share all of its tokens, and the engine saves it while
+prefilling, at the prompt's last whole block before its last token (:func:`save_point`); a later
+prompt that extends the earlier one (an agent's next turn) restores it.
+
+Bounded in bytes, least recently used first out. An entry that is a prefix of a newer one is dropped
+(except exact entries): the newer covers every prompt it covers. ``directory`` (``--kv-cache-dir``):
+each entry is also a file there, written atomically (a temporary file, then rename), so a restart keeps
+the cache; files are indexed at start from their headers and read when a prompt hits them. A file that
+fails a check (its header, its tokens' digest, or the engine's own checks of the blob) is ignored with a
+warning and removed.
 
 File layout (little-endian): ``CLBRPC01``, uint32 n_tokens, uint32 zero, uint64 blob bytes, 32-byte
 BLAKE2b of the header's first 24 bytes and the tokens, int32 tokens[n_tokens], the blob.
@@ -39,6 +46,13 @@ FILE_MAGIC = b"CLBRPC01"
 _HEAD = struct.Struct("<8sIIQ")  # magic, n_tokens, zero, blob bytes
 _DIGEST = 32
 SUFFIX = ".kvc"
+
+
+def save_point(n_prompt: int, exact: bool) -> int:
+    """Where a prompt of ``n_prompt`` tokens is stored: after all of it, or for exact entries (which
+    serve only a prompt sharing all their tokens, and never the prompt's last token, which is always
+    evaluated again) its last whole block before the last token."""
+    return (n_prompt - 1) // BLOCK * BLOCK if exact else n_prompt
 
 
 def chain_hashes(tokens: np.ndarray, n_blocks: int) -> list[bytes]:
@@ -81,7 +95,8 @@ class Reuse:
 class PrefixCache:
     """Token sequences -> state blobs (see the module). Thread-safe; the engine calls it under its lock.
 
-    ``max_bytes`` 0 keeps no entries: only the live context is reused. ``namespace`` names the model and
+    ``max_bytes`` 0 keeps no entries: only the live context is reused. ``exact``: entries serve only
+    prompts sharing all their tokens (see the module). ``namespace`` names the model and
     KV type the blobs are for (a digest of the engine's empty state); entries on disk live under
     ``directory/namespace``, so models sharing a directory never meet each other's files. Entries
     longer than ``max_tokens`` (a context of that length could not hold them: a directory written with a
@@ -94,10 +109,12 @@ class PrefixCache:
         namespace: str = "",
         directory: str | os.PathLike[str] | None = None,
         max_tokens: int | None = None,
+        exact: bool = False,
     ) -> None:
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self.max_bytes = max_bytes
+        self.exact = exact
         self.max_tokens = max_tokens
         self._entries: OrderedDict[str, Entry] = OrderedDict()  # least recently used first
         self._index: dict[bytes, dict[str, None]] = {}  # chain hash -> keys of entries holding it
@@ -124,14 +141,21 @@ class PrefixCache:
                 keys = self._index.get(h)
                 if not keys:
                     continue
+                found = False
                 for key in reversed(keys):  # most recently stored first
                     e = self._entries[key]
                     if self.max_tokens is not None and e.tokens.size > self.max_tokens:
                         continue
                     n = common_length(e.tokens[:limit], prompt[:limit])
+                    if self.exact and n < e.tokens.size:
+                        continue  # an exact entry serves its whole length only
+                    found = True
                     if n > reuse.n:
                         reuse = Reuse(n, e)
-                break  # a shallower hash can only give shorter prefixes
+                # A shallower hash can only give shorter prefixes; exact entries that the prompt does
+                # not cover are held under shallower hashes too, so those go on until one serves.
+                if found or not self.exact:
+                    break
             return reuse
 
     def blob(self, entry: Entry) -> bytes | None:
@@ -180,8 +204,8 @@ class PrefixCache:
         key = hashlib.blake2b(tokens.tobytes(), digest_size=16).hexdigest()
         entry = Entry(key, tokens, len(blob), blob, hashes=hashes)
         with self._lock:
-            # Entries this one extends are redundant now.
-            for old in [e for e in self._entries.values() if e.tokens.size <= tokens.size]:
+            # Entries this one extends are redundant now (an exact one still serves its own prompts).
+            for old in [e for e in self._entries.values() if e.tokens.size <= tokens.size and not self.exact]:
                 if common_length(old.tokens, tokens) == old.tokens.size:
                     self._remove(old)
             if self.directory is not None:

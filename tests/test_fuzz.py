@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-C_TARGETS = ["fuzz_gguf", "fuzz_tokenizer", "fuzz_profile", "fuzz_replay", "fuzz_sampler"]
+C_TARGETS = ["fuzz_gguf", "fuzz_tokenizer", "fuzz_profile", "fuzz_replay", "fuzz_sampler", "fuzz_state"]
 PY_TARGETS = ["chat_template", "gguf_metadata", "profile", "trace"]
 C_SECONDS = int(os.environ.get("COLIBRI_FUZZ_SECONDS", "20"))
 PY_SECONDS = int(os.environ.get("COLIBRI_PYFUZZ_SECONDS", "8"))

@@ -297,3 +297,37 @@ def test_server_reports_cached_tokens_and_keeps_them_over_a_restart(tiny: Path, 
         assert u["cache_read_input_tokens"] >= n_system and 0 < u["input_tokens"] < 100
     finally:
         s.stop()
+
+
+def test_batched_requests_share_a_prefix(tiny: Path, tmp_path: Path) -> None:
+    """Two concurrent requests on the batched path (--max-concurrency 2): the second joins while the first
+    still streams, restores the first prompt's stored prefix into its own sequence, reports it as
+    cached_tokens, and both outputs equal cold runs."""
+    with colibri_backend.load(tiny, threads=2, prefix_cache_size=0) as m:
+        system = m.detokenize(np.random.default_rng(4).integers(100, 40000, PREFIX).tolist())
+        n_system = len(m.tokenize(system))
+        prompts = {k: f"{system} {k}" for k in ("first", "second")}
+        want = {}
+        for k, n in (("first", 200), ("second", 8)):
+            m._reset_cache()
+            want[k] = m.generate(prompts[k], max_tokens=n, temperature=0.0)
+    config = tmp_path / "colibri.toml"
+    config.write_text(
+        f'backend = "colibri"\nmodel = "tiny"\n\n[models.tiny]\npath = "{tiny}"\nthreads = 2\n'
+        "context_length = 4096\n",
+        encoding="utf-8",
+    )
+    s = Server(config, "--max-concurrency", "2")
+    try:
+        first = s.client.completions.create(
+            model="tiny", prompt=prompts["first"], max_tokens=200, temperature=0.0, stream=True
+        )
+        chunks = iter(first)
+        text = next(chunks).choices[0].text  # the first prompt is prefilled (and stored) by now
+        r = s.client.completions.create(model="tiny", prompt=prompts["second"], max_tokens=8, temperature=0.0)
+        text += "".join(c.choices[0].text for c in chunks if c.choices)
+        assert r.choices[0].text == want["second"]
+        assert r.usage.prompt_tokens_details.cached_tokens >= n_system - BLOCK
+        assert text == want["first"]
+    finally:
+        s.stop()

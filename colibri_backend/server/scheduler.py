@@ -17,6 +17,11 @@ once per step for all the sequences that route to it. Requests join and leave at
 request whose ``cancel`` event is set (its client went away) leaves at the next step, in the middle
 of its prompt included. Logits are bit-identical to the same request served alone (the engine's
 batch invariance, native/tests/test_batch.c), so batching never changes an output.
+
+A joining request first restores the prefix cache's longest state for its prompt into its own sequence
+(colibri_seq_state_load) and prefills only the rest; its own prompt's state is stored as its prefill
+passes the save point (the whole prompt, or for exact entries its last whole block: prefix_cache), so a
+request arriving while it still decodes finds it. ``Sequence.cached_tokens`` is what it reused.
 """
 
 from __future__ import annotations
@@ -68,7 +73,8 @@ class BatchScheduler:
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         gather_s: float = DEFAULT_GATHER_S,
     ) -> None:
-        """``model``: a colibri engine Model (eval_batch, seq_truncate, seq_n_past, max_concurrency)."""
+        """``model``: a colibri engine Model (eval_batch, seq_truncate, seq_n_past, max_concurrency, and
+        the prefix cache's seq_restore_prefix, prefix_save_point, seq_remember)."""
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
         self.model = model
@@ -218,15 +224,29 @@ class Sequence:
         self.scheduler = scheduler
         self.cancel = cancel
         self.seq: int | None = None
+        self.cached_tokens = 0
 
     def prefill(self, prompt: list[int]) -> np.ndarray:
+        """Restore the prefix cache's longest state for ``prompt`` into the sequence, prefill the rest in
+        the batched steps, and offer the prompt's state to the cache at its save point."""
         if not prompt:
             raise ValueError("the prompt is empty")
+        sched, model = self.scheduler, self.scheduler.model
         if self.seq is None:
-            self.seq = self.scheduler._acquire(self.cancel)
-        if self.scheduler.model.seq_n_past(self.seq):  # sequence 0 may hold a single-sequence call's tokens
-            self.scheduler.model.seq_truncate(self.seq, 0)
-        return self.scheduler._submit(self.seq, list(prompt), self.cancel)
+            self.seq = sched._acquire(self.cancel)
+        if model.seq_n_past(self.seq):  # sequence 0 may hold a single-sequence call's tokens
+            model.seq_truncate(self.seq, 0)
+        prompt = list(prompt)
+        n = self.cached_tokens = model.seq_restore_prefix(self.seq, prompt)
+        mark = model.prefix_save_point(len(prompt))
+        if n < mark < len(prompt):  # an exact entry: stored as the prefill passes its position
+            sched._submit(self.seq, prompt[n:mark], self.cancel)
+            model.seq_remember(self.seq, prompt[:mark])
+            n = mark
+        logits = sched._submit(self.seq, prompt[n:], self.cancel)
+        if mark == len(prompt):
+            model.seq_remember(self.seq, prompt)
+        return logits
 
     def decode(self, token: int) -> np.ndarray:
         if self.seq is None:

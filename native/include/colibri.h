@@ -116,8 +116,8 @@ typedef struct colibri_context_params {
      * the profile is below this (a layer always keeps its top-k hottest). 0: off. */
     float drop_cold_share;
     /* Sequences the context holds at once (continuous batching, colibri_eval_batch), each with
-     * its own KV cache of n_ctx positions: the KV memory is n_seq_max times one sequence's.
-     * <= 0: 1. At most 256. */
+     * its own KV cache of n_ctx positions (and its own recurrent state, for a model with one):
+     * the KV and state memory is n_seq_max times one sequence's. <= 0: 1. At most 256. */
     int32_t n_seq_max;
     /* Where the matrix products run (backend.h): COLIBRI_BACKEND_DEFAULT takes $COLIBRI_DEVICE
      * ("cpu" or "opencl"; unset: the CPU). OpenCL without a usable platform and device is
@@ -168,7 +168,7 @@ typedef struct colibri_memory_plan {
     int32_t all_resident;            /* 1: no streaming, experts read from the mapped file */
     int32_t fits;                    /* 1 if the budget holds the minimum working set */
     uint64_t state_bytes;            /* recurrent states of the layers that have one (live copy and
-                                        checkpoint; 0 without such layers), part of total_bytes */
+                                        checkpoint per sequence; 0 without such layers), part of total_bytes */
 } colibri_memory_plan;
 
 /* The plan for opening `path` with `params` (NULL: defaults), without allocating the context.
@@ -191,7 +191,7 @@ COLIBRI_API colibri_status colibri_get_memory_plan(const colibri_context *ctx, c
 COLIBRI_API int32_t colibri_n_past(const colibri_context *ctx);
 /* Drop the KV cache after position n_past (0 clears it); the prefix is kept for reuse. A model
  * with recurrent layers (qwen35moe) cannot cut its state back to any position: it resumes from its
- * checkpoint (taken before the last token of the latest multi-token eval) when that lies at or
+ * checkpoint (taken before the last token of the latest multi-token colibri_eval) when that lies at or
  * before n_past, else from 0; colibri_n_past then says where, and the caller evaluates the tokens
  * from there. A model with sliding-window layers keeps only their last rows (a ring): a rollback
  * that reaches past them clears the cache instead; colibri_n_past gives what was kept. */
@@ -216,6 +216,22 @@ COLIBRI_API colibri_status colibri_state_size(const colibri_context *ctx, int32_
 COLIBRI_API colibri_status colibri_state_save(colibri_context *ctx, int32_t n_tokens, void *buf, size_t cap,
                                               size_t *written);
 COLIBRI_API colibri_status colibri_state_load(colibri_context *ctx, const void *buf, size_t size);
+/* The same for sequence seq of a context with several (the calls above are sequence 0's).
+ * colibri_seq_state_load restores a blob into sequence seq only; its n_past becomes n_tokens.
+ * What a blob can be saved at and serve depends on the context's caches (src/kv_io.c): KV and
+ * latent (MLA) rows any n_tokens <= n_past, and the blob then serves any shorter prefix too
+ * (colibri_seq_truncate after the load); a recurrent state only at the sequence's n_past (or its
+ * checkpoint, or 0) and a sliding-window ring only while it holds the rows, and such a blob is
+ * restored at exactly its n_tokens. */
+COLIBRI_API colibri_status colibri_seq_state_size(const colibri_context *ctx, int32_t seq, int32_t n_tokens,
+                                                  size_t *out);
+COLIBRI_API colibri_status colibri_seq_state_save(colibri_context *ctx, int32_t seq, int32_t n_tokens, void *buf,
+                                                  size_t cap, size_t *written);
+COLIBRI_API colibri_status colibri_seq_state_load(colibri_context *ctx, int32_t seq, const void *buf, size_t size);
+/* 1 when this context's state blobs hold a recurrent state or a sliding-window ring: save them as
+ * the sequence reaches n_tokens and use them at exactly n_tokens; 0 (KV and latent caches only):
+ * save any prefix at any time, use any prefix of it. */
+COLIBRI_API int32_t colibri_state_exact(const colibri_context *ctx);
 /* ---- several sequences (continuous batching) --------------------------------
  *
  * A context made with n_seq_max = S holds sequences 0 .. S-1, each with its own KV cache and

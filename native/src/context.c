@@ -122,6 +122,7 @@ void context_destroy(struct colibri_context *c) {
     cb_free(c->rs);
     cb_free(c->rs_ckpt);
     cb_free(c->rs_buf);
+    cb_free(c->rs_ckpt_pos);
     cb_free(c->inv_freq);
     cb_free(c->kv_layers);
     cb_free(c->route_ids);
@@ -223,12 +224,6 @@ colibri_status context_resolve_params(const struct colibri_model *m, const colib
     if (p.n_seq_max <= 0) p.n_seq_max = 1;
     if (p.n_seq_max > MAX_SEQ)
         return cb_error(COLIBRI_E_INVALID_ARG, "n_seq_max %d is above %d", (int)p.n_seq_max, MAX_SEQ);
-    /* one recurrent state (and its checkpoint) per context: such a model decodes one sequence */
-    if (p.n_seq_max > 1 && m->hp.n_layer_rec > 0)
-        return cb_error(COLIBRI_E_UNSUPPORTED,
-                        "n_seq_max %d: this %s model has %d layers with a recurrent state, which hold one "
-                        "sequence per context (use n_seq_max 1)",
-                        (int)p.n_seq_max, m->arch_name, (int)m->hp.n_layer_rec);
     if (p.kv_type != COLIBRI_KV_DEFAULT && p.kv_type != COLIBRI_KV_F16 && p.kv_type != COLIBRI_KV_INT8)
         return cb_error(COLIBRI_E_INVALID_ARG, "kv_type %d is not COLIBRI_KV_DEFAULT, _F16 or _INT8",
                         (int)p.kv_type);
@@ -250,10 +245,9 @@ int context_kv_kind(const struct colibri_model *m, const colibri_context_params 
     return k->type == GGML_TYPE_F32 ? KV_F32 : KV_F16;
 }
 
-/* ---- recurrent state ---------------------------------------------------- */
+/* ---- recurrent state (layout: context.h, rs_buf) -------------------------- */
 
-/* Floats of layer il's conv and matrix states (0, 0 for a layer without). */
-static void state_floats(const struct colibri_model *m, int il, size_t *conv, size_t *ssm) {
+void context_state_floats(const struct colibri_model *m, int il, size_t *conv, size_t *ssm) {
     const model_hparams *hp = &m->hp;
     *conv = *ssm = 0;
     if (!m->layers[il].recurrent) return;
@@ -266,37 +260,60 @@ size_t context_state_bytes(const struct colibri_model *m) {
     size_t total = 0;
     for (int il = 0; il < m->hp.n_layer; il++) {
         size_t a, b;
-        state_floats(m, il, &a, &b);
+        context_state_floats(m, il, &a, &b);
         total += (a + b) * sizeof(float);
     }
     return total;
 }
 
-/* Points rs and rs_ckpt's layers into rs_buf (live copy, then the checkpoint). */
+/* Sequence seq's live copy and its checkpoint in rs_buf. */
+static float *state_live(const struct colibri_context *c, int seq) {
+    return c->rs_buf + (size_t)seq * 2 * (c->rs_bytes / sizeof(float));
+}
+static float *state_ckpt(const struct colibri_context *c, int seq) {
+    return state_live(c, seq) + c->rs_bytes / sizeof(float);
+}
+
+/* Points every sequence's rs and rs_ckpt layers into rs_buf. */
 static colibri_status state_create(struct colibri_context *c) {
     const struct colibri_model *m = c->model;
-    c->rs_ckpt_pos = -1;
     c->rs_bytes = context_state_bytes(m);
     if (c->rs_bytes == 0) return COLIBRI_OK;
-    const int L = m->hp.n_layer;
-    c->rs = cb_calloc((size_t)L, sizeof *c->rs);
-    c->rs_ckpt = cb_calloc((size_t)L, sizeof *c->rs_ckpt);
-    c->rs_buf = cb_calloc(2 * c->rs_bytes / sizeof(float), sizeof(float));
-    if (!c->rs || !c->rs_ckpt || !c->rs_buf)
-        return cb_error(COLIBRI_E_NOMEM, "cannot allocate recurrent states of %zu bytes", 2 * c->rs_bytes);
-    float *live = c->rs_buf, *ckpt = c->rs_buf + c->rs_bytes / sizeof(float);
-    for (int il = 0; il < L; il++) {
-        size_t a, b;
-        state_floats(m, il, &a, &b);
-        if (a + b == 0) continue;
-        c->rs[il].conv = live;
-        c->rs[il].ssm = live + a;
-        c->rs_ckpt[il].conv = ckpt;
-        c->rs_ckpt[il].ssm = ckpt + a;
-        live += a + b;
-        ckpt += a + b;
+    const size_t L = (size_t)m->hp.n_layer, S = (size_t)c->n_seq_max;
+    c->rs = cb_calloc(S * L, sizeof *c->rs);
+    c->rs_ckpt = cb_calloc(S * L, sizeof *c->rs_ckpt);
+    c->rs_ckpt_pos = cb_malloc(S * sizeof *c->rs_ckpt_pos);
+    c->rs_buf = cb_calloc(S * 2 * c->rs_bytes / sizeof(float), sizeof(float));
+    if (!c->rs || !c->rs_ckpt || !c->rs_ckpt_pos || !c->rs_buf)
+        return cb_error(COLIBRI_E_NOMEM, "cannot allocate recurrent states of %zu bytes", S * 2 * c->rs_bytes);
+    for (size_t q = 0; q < S; q++) {
+        c->rs_ckpt_pos[q] = -1;
+        float *live = state_live(c, (int)q), *ckpt = state_ckpt(c, (int)q);
+        for (size_t il = 0; il < L; il++) {
+            size_t a, b;
+            context_state_floats(m, (int)il, &a, &b);
+            if (a + b == 0) continue;
+            c->rs[q * L + il] = (rstate_layer){live, live + a};
+            c->rs_ckpt[q * L + il] = (rstate_layer){ckpt, ckpt + a};
+            live += a + b;
+            ckpt += a + b;
+        }
     }
     return COLIBRI_OK;
+}
+
+int context_ring_holds(const struct colibri_context *c, int32_t past, int32_t n) {
+    if (c->kv_reach >= c->n_ctx) return 1;
+    /* position p sits in row p % P, so the rows of [past - P, past) are held; resuming at n reads
+     * [n - window + 1, n) (what the next token attends to), or everything below n when the ring
+     * never wrapped */
+    for (int il = 0; il < c->model->hp.n_layer; il++) {
+        const int32_t P = c->kv_layers[il].positions, w = c->model->layers[il].window;
+        if (P == 0 || P >= c->n_ctx) continue;
+        const int32_t lo = n - w + 1 > 0 ? n - w + 1 : 0;
+        if ((int64_t)past - P > lo) return 0;
+    }
+    return 1;
 }
 
 int32_t context_rewind(struct colibri_context *c, int seq, int32_t n) {
@@ -304,29 +321,28 @@ int32_t context_rewind(struct colibri_context *c, int seq, int32_t n) {
     if (n >= *past) return *past;
     if (c->rs_bytes == 0) {
         /* KV rows past n are simply overwritten by the next eval. A sliding-window layer's ring
-         * holds only its last rows: rolling back further than kv_reach positions lost rows the
-         * next token reads, so the cache is cleared instead (colibri_n_past tells). */
-        *past = *past - n > c->kv_reach ? 0 : n;
+         * holds only its last rows: when rolling back to n lost rows the next token reads, the
+         * cache is cleared instead (colibri_n_past tells). */
+        *past = context_ring_holds(c, *past, n) ? n : 0;
         return *past;
     }
-    /* a model with recurrent state holds one sequence (context_create), so seq is 0 here */
-    float *live = c->rs_buf, *ckpt = c->rs_buf + c->rs_bytes / sizeof(float);
-    if (c->rs_ckpt_pos >= 0 && c->rs_ckpt_pos <= n) {
-        memcpy(live, ckpt, c->rs_bytes);
-        *past = c->rs_ckpt_pos;
+    float *live = state_live(c, seq);
+    if (c->rs_ckpt_pos[seq] >= 0 && c->rs_ckpt_pos[seq] <= n) {
+        memcpy(live, state_ckpt(c, seq), c->rs_bytes);
+        *past = c->rs_ckpt_pos[seq];
     } else {
         /* below the checkpoint (or none): the history restarts; the checkpoint described
          * tokens that will now be overwritten */
         memset(live, 0, c->rs_bytes);
-        c->rs_ckpt_pos = -1;
+        c->rs_ckpt_pos[seq] = -1;
         *past = 0;
     }
     return *past;
 }
 
-void context_state_checkpoint(struct colibri_context *c) {
-    memcpy(c->rs_buf + c->rs_bytes / sizeof(float), c->rs_buf, c->rs_bytes);
-    c->rs_ckpt_pos = c->seq_past[0];
+void context_state_checkpoint(struct colibri_context *c, int seq) {
+    memcpy(state_ckpt(c, seq), state_live(c, seq), c->rs_bytes);
+    c->rs_ckpt_pos[seq] = c->seq_past[seq];
 }
 
 int32_t context_kv_positions(const struct colibri_model *m, int il, const colibri_context_params *p) {

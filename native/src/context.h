@@ -146,15 +146,22 @@ struct colibri_context {
     float route_prefilter_margin;  /* 0: exact routing */
     const int32_t *chunk_tokens;   /* token ids of the chunk being run (hashed predictor, pre-filter) */
     struct imatrix *imatrix;       /* activation statistics being collected (imatrix.h), or NULL */
-    /* Recurrent states (context.c; NULL / 0 when the model has no recurrent layer). Like the KV
-     * cache they describe the first n_past tokens, but they cannot be cut back to an earlier
-     * position: rs_ckpt is a copy taken at position rs_ckpt_pos (before the last token of the
-     * latest multi-token eval), which context_rewind restores; below it the history restarts at 0. */
-    rstate_layer *rs;        /* [n_layer] the live state */
-    rstate_layer *rs_ckpt;   /* [n_layer] the checkpoint */
-    float *rs_buf;           /* both copies, one allocation (live first) */
-    size_t rs_bytes;         /* bytes of one copy */
-    int32_t rs_ckpt_pos;     /* -1: no checkpoint */
+    /* Recurrent states (context.c; NULL / 0 when the model has no recurrent layer), one per
+     * sequence. Like the KV cache they describe a sequence's first seq_past tokens, but they
+     * cannot be cut back to an earlier position: each sequence's checkpoint is a copy taken at
+     * rs_ckpt_pos[seq] (before the last token of its latest single-sequence multi-token eval),
+     * which context_rewind restores; below it the history restarts at 0.
+     * Layout, the one place every recurrent block (linear attention, short convolutions) reads:
+     *   rs_buf = [n_seq_max][2][rs_bytes / 4 floats]: per sequence its live copy, then its
+     *   checkpoint; within a copy the layers in order, each layer's conv floats then its matrix
+     *   floats (context_state_floats), layers without a state taking none.
+     * rs and rs_ckpt are [n_seq_max][n_layer] views into it (rs_layer() below); a block adds a
+     * kind of state by giving context_state_floats its sizes, nothing else. */
+    rstate_layer *rs;        /* [n_seq_max][n_layer] live states */
+    rstate_layer *rs_ckpt;   /* [n_seq_max][n_layer] checkpoints */
+    float *rs_buf;           /* every copy, one allocation */
+    size_t rs_bytes;         /* bytes of one copy (one sequence, every layer) */
+    int32_t *rs_ckpt_pos;    /* [n_seq_max] -1: no checkpoint */
     /* compute backend (backend.h; context_backend.c): run_jobs/run_glu call `backend`, which
      * is cpu_backend or a device backend that gives cpu_backend what it cannot run; the
      * pipeline timeline (timeline.h) exists when a store streams experts */
@@ -190,15 +197,24 @@ static inline size_t kv_elem(const struct colibri_context *c, int seq, const kv_
     return (size_t)seq * c->kv_seq_elems + kl->elem0 +
            ((size_t)h * (size_t)kl->positions + (size_t)slot) * (size_t)kl->head_dim;
 }
-/* Bytes of one copy of the recurrent states of every layer (0 when the model has none); the
- * ledger plans two (live and checkpoint). */
+/* Floats of layer il's conv and matrix states in one copy (0, 0 for a layer without). */
+void context_state_floats(const struct colibri_model *m, int il, size_t *conv, size_t *ssm);
+/* Bytes of one copy of the recurrent states of every layer for one sequence (0 when the model
+ * has none); the ledger plans two (live and checkpoint) per sequence. */
 size_t context_state_bytes(const struct colibri_model *m);
+/* Sequence seq's live state of layer il (rstate_layer members NULL for a layer without one). */
+static inline rstate_layer *rs_layer(const struct colibri_context *c, int seq, int il) {
+    return &c->rs[(size_t)seq * (size_t)c->model->hp.n_layer + (size_t)il];
+}
 /* Drop sequence seq's history after position n (0 <= n <= its n_past): returns the position the context can
  * really resume from, n itself without recurrent state, else the checkpoint's position when it
  * lies in [.., n] or 0 (states zeroed). The caller re-evaluates the tokens from there. */
 int32_t context_rewind(struct colibri_context *c, int seq, int32_t n);
-/* Copy the live recurrent state into the checkpoint, at sequence 0's position (a recurrent model holds one sequence). */
-void context_state_checkpoint(struct colibri_context *c);
+/* Copy sequence seq's live recurrent state into its checkpoint, at its position. */
+void context_state_checkpoint(struct colibri_context *c, int seq);
+/* Whether sequence seq, now holding `past` tokens, still has every KV ring row that resuming
+ * at position n (n <= past) reads: always without a sliding-window ring. */
+int context_ring_holds(const struct colibri_context *c, int32_t past, int32_t n);
 colibri_status context_create(struct colibri_model *m, const colibri_context_params *p,
                               struct colibri_context **out);
 void context_destroy(struct colibri_context *c);

@@ -163,10 +163,11 @@ static colibri_status eval_tokens(struct colibri_context *c, const int32_t *seq_
     memcpy(c->seq_saved, c->seq_past, (size_t)c->n_seq_max * sizeof *c->seq_past);
     scratch *s = &c->s;
     size_t rows = 0;
-    /* With recurrent state (one sequence, context_create), a multi-token eval stops before its
-     * last token to checkpoint the state there: a next prompt that re-runs that last token (or
-     * shares less, down to here) resumes from the checkpoint (context_rewind). */
-    const int32_t ckpt_at = c->rs_bytes && n_tokens > 1 ? n_tokens - 1 : -1;
+    /* With recurrent state, a single-sequence multi-token eval stops before its last token to
+     * checkpoint the state there: a next prompt that re-runs that last token (or shares less,
+     * down to here) resumes from the checkpoint (context_rewind). A batched eval takes none: its
+     * sequences keep the checkpoints they had, which still describe their first tokens. */
+    const int32_t ckpt_at = c->rs_bytes && !seq_ids && n_tokens > 1 ? n_tokens - 1 : -1;
     for (int32_t i = 0; i < n_tokens;) {
         const int32_t end = i < ckpt_at ? ckpt_at : n_tokens;
         const int n = end - i < c->n_batch ? end - i : c->n_batch;
@@ -183,7 +184,7 @@ static colibri_status eval_tokens(struct colibri_context *c, const int32_t *seq_
             /* an expert could not be read: the call did nothing, the context stays usable (a
              * recurrent state was advanced, so it goes back as far as it can: context_rewind) */
             if (c->rs_bytes)
-                context_rewind(c, 0, c->seq_saved[0]);
+                for (int q = 0; q < c->n_seq_max; q++) context_rewind(c, q, c->seq_saved[q]);
             else
                 memcpy(c->seq_past, c->seq_saved, (size_t)c->n_seq_max * sizeof *c->seq_past);
             c->route_n = 0;
@@ -191,7 +192,7 @@ static colibri_status eval_tokens(struct colibri_context *c, const int32_t *seq_
         }
         rows += (size_t)nr;
         i += n;
-        if (i == ckpt_at) context_state_checkpoint(c);
+        if (i == ckpt_at) context_state_checkpoint(c, 0);
     }
     c->route_n = hp->n_expert > 0 ? n_tokens : 0;
     const double dt = now_seconds() - t0;

@@ -37,12 +37,17 @@ colibri_status ledger_plan(const struct colibri_model *m, const colibri_context_
     o->model_table_bytes += m->file.n_tensors * sizeof(gguf_tensor) + m->file.n_kv * sizeof(gguf_kv);
 
     o->kv_bytes = context_kv_bytes(m, p);
-    o->state_bytes = 2 * (uint64_t)context_state_bytes(m);
+    /* live copy and checkpoint per sequence (context.h rs_buf) */
+    o->state_bytes = 2 * (uint64_t)(p->n_seq_max > 0 ? p->n_seq_max : 1) * context_state_bytes(m);
     o->scratch_bytes = context_scratch_bytes(m, p);
     const uint64_t route = hp->n_expert ? (uint64_t)p->n_ctx * hp->n_layer * hp->n_expert_used * 8 : 8;
     o->context_bytes = route + sizeof(struct colibri_context) + (uint64_t)hp->n_rot * 4 +
                        (uint64_t)p->n_threads * THREAD_STACK_BYTES +
                        (uint64_t)(p->n_seq_max > 0 ? p->n_seq_max : 1) * 3 * sizeof(int32_t) +
+                       /* per sequence: the recurrent states' layer views and checkpoint position */
+                       (context_state_bytes(m) ? (uint64_t)(p->n_seq_max > 0 ? p->n_seq_max : 1) *
+                                                     (2 * (uint64_t)hp->n_layer * sizeof(rstate_layer) + 4)
+                                               : 0) +
                        (uint64_t)hp->n_expert * (sizeof(expert_view) + 2 * sizeof(int32_t)) +
                        (hp->n_expert ? (uint64_t)predictor_max_ids(m, p->lookahead_depth) : 0) * sizeof(int32_t);
     /* A routing profile belongs to the context category, not the store's bookkeeping: the

@@ -10,7 +10,9 @@
  *   o = RMSNorm(o) * w_norm * silu(z),  z = x W_z;  out = o W_out
  *
  * The chunk's tokens go through the state one after another, so a prefill chunk computes exactly
- * what token-by-token decode does. Threads split the v heads (each owns its head's state). */
+ * what token-by-token decode does, and a batch row of another sequence reads and moves that
+ * sequence's state (context.h rs_layer), so a row is the same alone or batched. Threads split the
+ * v heads (each owns its head's state in every sequence). */
 #include <math.h>
 #include <string.h>
 
@@ -85,9 +87,10 @@ static void delta_rule_worker(void *arg, int ith, int nth) {
     const int dv = Di / H, C = 2 * G * dk + Di;
     float *mem = c->s.la_tmp + (size_t)ith * dv;
     for (int h = ith; h < H; h += nth) {
-        float *S = c->rs[t->layer].ssm + (size_t)h * dk * dv;
         const int g = h % G;
         for (int tok = 0; tok < t->n_tok; tok++) {
+            /* each token moves its own sequence's state (batch rows of several sequences) */
+            float *S = rs_layer(c, c->s.seq[tok], t->layer)->ssm + (size_t)h * dk * dv;
             const float *row = c->s.la_qkv + (size_t)tok * C;
             const float *q = row + (size_t)g * dk, *k = row + (size_t)(G + g) * dk, *v = row + 2 * G * dk + h * dv;
             const float decay = c->s.la_ab[(size_t)tok * 2 * H + h], beta = c->s.la_ab[(size_t)tok * 2 * H + H + h];
@@ -120,9 +123,9 @@ void block_linear_attention(struct colibri_context *c, int il, int n) {
     };
     run_jobs(c, jobs, 4);
 
-    float *conv = c->rs[il].conv;
     const float qscale = 1.0f / sqrtf((float)dk);
     for (int t = 0; t < n; t++) {
+        float *conv = rs_layer(c, s->seq[t], il)->conv;
         /* the causal convolution through the conv state: taps 0..K-2 on the previous inputs,
          * tap K-1 on this token's; then the state shifts by one */
         float *x = s->la_qkv + (size_t)t * C;

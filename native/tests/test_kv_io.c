@@ -5,7 +5,11 @@
  *   - saving fewer tokens than the cache holds gives the bytes a save at that point gave;
  *   - a blob of another model (same shapes, other weights), of another KV type, longer than the
  *     context, truncated, corrupt, or too small a buffer is an error that leaves the context as it
- *     was (its n_past and its next logits). */
+ *     was (its n_past and its next logits);
+ *   - one sequence's state (colibri_seq_state_*): saved from sequence 1 of a context of 3, whose
+ *     sequence 0 holds another prompt, it is the blob sequence 0 of a one-sequence context gives;
+ *     loaded into sequence 2 it continues as that context does and leaves the other sequences as
+ *     they were; its version is 1 (the KV section alone, as before the other sections). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,6 +129,66 @@ static void round_trip(colibri_model *m, colibri_model *other, const int32_t *pr
     colibri_context_free(c);
 }
 
+static colibri_context *ctx_seqs(colibri_model *m, int kv_type, int n_seq) {
+    colibri_context_params p;
+    colibri_context_default_params(&p);
+    p.n_threads = 2;
+    p.n_ctx = NCTX;
+    p.n_batch = NB;
+    p.kv_type = kv_type;
+    p.n_seq_max = n_seq;
+    colibri_context *c = NULL;
+    CHECK_OK(colibri_context_new(m, &p, &c));
+    return c;
+}
+
+static void sequences(colibri_model *m, const int32_t *prompt, int kv_type) {
+    static float ref[V], got[V], other_ref[V], other_got[V];
+    colibri_context *one = ctx_of(m, NCTX, kv_type);
+    CHECK_OK(colibri_eval(one, prompt, CUT, NULL, 0));
+    size_t size = 0;
+    unsigned char *blob = save(one, CUT, &size);
+    uint32_t version;
+    memcpy(&version, blob + 8, 4);
+    CHECK(version == 1);
+    rest(one, prompt, CUT, ref);
+
+    colibri_context *c = ctx_seqs(m, kv_type, 3);
+    int32_t seqs[PROMPT + 4], toks[PROMPT + 4];
+    for (int i = 0; i < 4; i++) seqs[i] = 0, toks[i] = prompt[PROMPT - 1 - i]; /* another prompt on 0 */
+    for (int i = 0; i < CUT; i++) seqs[4 + i] = 1, toks[4 + i] = prompt[i];
+    CHECK_OK(colibri_eval_batch(c, seqs, toks, 4 + CUT, NULL, NULL));
+    size_t s1 = 0, w = 0;
+    CHECK_OK(colibri_seq_state_size(c, 1, CUT, &s1));
+    CHECK(s1 == size);
+    unsigned char *b1 = malloc(s1);
+    CHECK_OK(colibri_seq_state_save(c, 1, CUT, b1, s1, &w));
+    CHECK(w == size && memcmp(b1, blob, size) == 0);
+    CHECK(colibri_seq_state_save(c, 3, CUT, b1, s1, &w) == COLIBRI_E_INVALID_ARG);
+    CHECK(colibri_seq_state_size(c, 0, 5, &s1) == COLIBRI_E_INVALID_ARG); /* sequence 0 holds 4 */
+    CHECK(colibri_seq_state_load(c, -1, blob, size) == COLIBRI_E_INVALID_ARG);
+    CHECK(colibri_state_exact(c) == 0);
+
+    CHECK_OK(colibri_seq_state_load(c, 2, blob, size));
+    CHECK(colibri_seq_n_past(c, 2) == CUT && colibri_seq_n_past(c, 0) == 4 && colibri_seq_n_past(c, 1) == CUT);
+    int32_t s2[PROMPT];
+    for (int i = 0; i < PROMPT - CUT; i++) s2[i] = 2;
+    CHECK_OK(colibri_eval_batch(c, s2, prompt + CUT, PROMPT - CUT, NULL, got));
+    CHECK(memcmp(ref, got, sizeof ref) == 0);
+    /* sequence 0 was not touched: its next token gives what a context of that prompt alone gives */
+    const int32_t zero = 0, next = prompt[0];
+    CHECK_OK(colibri_eval_batch(c, &zero, &next, 1, NULL, other_got));
+    colibri_context *alone = ctx_of(m, NCTX, kv_type);
+    CHECK_OK(colibri_eval(alone, toks, 4, NULL, 0));
+    CHECK_OK(colibri_eval(alone, &next, 1, other_ref, 0));
+    CHECK(memcmp(other_ref, other_got, sizeof other_ref) == 0);
+    colibri_context_free(alone);
+    free(b1);
+    free(blob);
+    colibri_context_free(c);
+    colibri_context_free(one);
+}
+
 int main(void) {
     char dir[] = "/tmp/colibri_test_kv_io_XXXXXX";
     if (!mkdtemp(dir)) return 1;
@@ -142,6 +206,7 @@ int main(void) {
         if (!m || !other) return 1;
         const int kinds[] = {COLIBRI_KV_DEFAULT, COLIBRI_KV_F16, COLIBRI_KV_INT8};
         for (int k = 0; k < 3; k++) round_trip(m, other, prompt, kinds[k]);
+        for (int k = 0; k < 3; k++) sequences(m, prompt, kinds[k]);
         colibri_model_close(m);
         colibri_model_close(other);
         unlink(p1);

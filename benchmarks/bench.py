@@ -60,8 +60,9 @@ SAMPLING_MODES = {"greedy": 0.0, "sampled": 0.8}
 
 
 def resolve_model(spec: str, cache_dir: Path, bench_type: str) -> tuple[str, Path]:
-    """(label, path) for a --model value: smollm2, default (Colibri's default model), bench-a, bench-b or a
-    GGUF path."""
+    """(label, path) for a --model value: smollm2, default (Colibri's default model), a bench model's name
+    (make_bench_models.SPECS: bench-a, bench-b, bench-gptoss, bench-qwen35, bench-deepseek2, ...) or a GGUF
+    path."""
     key = spec.lower()
     if key == "smollm2":
         path = None
@@ -87,7 +88,8 @@ def resolve_model(spec: str, cache_dir: Path, bench_type: str) -> tuple[str, Pat
                 f"{path} does not exist; run: nice python benchmarks/make_bench_models.py "
                 f"--models {key} --out-type {bench_type} --cache-dir {cache_dir}"
             )
-        return f"bench-{key[-1].upper()} {bench_type.upper()}", path
+        suffix = key.removeprefix("bench-")  # bench-A, bench-B, bench-R; bench-gptoss, bench-qwen35, ...
+        return f"bench-{suffix.upper() if len(suffix) == 1 else suffix} {bench_type.upper()}", path
     path = Path(spec).expanduser()
     if not path.is_file():
         raise SystemExit(f"model {spec!r} is neither smollm2, bench-a, bench-b nor an existing file")

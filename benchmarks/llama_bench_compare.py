@@ -3,6 +3,11 @@
     benchmarks/build_llama_bench.sh                      # once: llama-bench from the llama-cpp-python sdist
     python benchmarks/llama_bench_compare.py --model bench-a --runs 3 --json out.json
     python benchmarks/llama_bench_compare.py --model /path/file.q4_k_m.gguf --modes warm
+    # issue 10's architecture files (make_bench_models.py --models bench-gptoss,bench-qwen35,bench-deepseek2),
+    # one command per file:
+    python benchmarks/llama_bench_compare.py --model bench-gptoss --runs 3 --modes warm --json gptoss.json
+    python benchmarks/llama_bench_compare.py --model bench-qwen35 --runs 3 --modes warm --json qwen35.json
+    python benchmarks/llama_bench_compare.py --model bench-deepseek2 --runs 3 --modes warm --json ds2.json
 
 Per model and mode (warm: the file in the page cache, read once before the first run; cold: the page
 cache dropped with `echo 3 > /proc/sys/vm/drop_caches` before every run, which needs root), runs alternate
@@ -188,9 +193,12 @@ def table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
-        "--model", action="append", required=True, help="bench-a, bench-b, smollm2 or a GGUF path"
+        "--model",
+        action="append",
+        required=True,
+        help="a bench model (bench-a, bench-gptoss, bench-qwen35, bench-deepseek2, ...), smollm2 or a GGUF",
     )
-    ap.add_argument("--bench-type", default="q8_0", help="type of the bench-a/bench-b files (default q8_0)")
+    ap.add_argument("--bench-type", default="q8_0", help="type of the bench model files (default q8_0)")
     ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR)
     ap.add_argument("--runs", type=int, default=3, help="runs per engine, mode and model (default 3)")
     ap.add_argument("--modes", default="warm,cold", help="warm, cold or warm,cold (cold needs root)")

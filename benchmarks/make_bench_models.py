@@ -6,7 +6,9 @@ expert FFN 512, per-head q/k RMSNorm, normalised top-k). Both have 16 layers, hi
 and 4 KV heads of width 64, and SmolLM2's 49152-token vocabulary, so a fixed English prompt tokenizes into
 ordinary words rather than bytes. bench-gptoss has gpt-oss-20b's layer recipe (attention sinks, a 128-token
 window on even layers, YaRN, biases, 32 experts top-4 with the clamped SwiGLU) at bench-A's width and depth;
-its MXFP4 form is made from the F16 file by a quantizer (Colibri's converter writes F32/F16/Q8_0/Q4_0).
+its experts are written as openai/gpt-oss-20b ships them (MXFP4 blocks and scales, random 4-bit codes), which
+Colibri's converter repacks bit for bit; at --out-type q8_0 the other weights are Q8_0, as llama.cpp's
+MXFP4_MOE mix has them.
 bench-qwen35 has Qwen3.5-35B-A3B's layer recipe (three Gated DeltaNet layers per gated full-attention layer,
 64 experts top-8 plus a gated shared expert) at bench-A's width and depth.
 
@@ -84,6 +86,8 @@ class BenchSpec:
     mla: tuple[int, int, int, int] | None = None  # (kv_lora_rank, qk_rope, qk_nope, v_head_dim)
     n_shared: int | None = None
     dense_lead: tuple[int, int] | None = None  # (first_k_dense_replace, intermediate_size)
+    # gpt_oss only: experts written as the Hub's MXFP4 blocks and scales (converted bit for bit), not F16
+    experts_mxfp4: bool | None = None
 
     def stamp(self) -> str:
         fields = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
@@ -137,6 +141,7 @@ SPECS: dict[str, BenchSpec] = {
         vocab=49152,
         seed=1003,
         rope_theta=150000.0,
+        experts_mxfp4=True,
     ),
     # Qwen3.5-35B-A3B's layer recipe (3 Gated DeltaNet layers of 8 k / 16 v heads of 128 per gated attention
     # layer with 2 KV heads of 128 and 32 rotary dims, 64 experts top-8 plus a gated shared expert) at
@@ -173,7 +178,7 @@ SPECS: dict[str, BenchSpec] = {
         n_expert_used=6,
         n_ff_exp=512,
         vocab=49152,
-        seed=1004,
+        seed=1005,
         rope_theta=10000.0,
         rms_eps=1e-6,
         mla=(512, 64, 128, 128),
@@ -210,7 +215,7 @@ def spec_like_trace(path: Path) -> BenchSpec:
 class TensorSpec:
     name: str
     shape: tuple[int, ...]
-    init: str  # "normal", "ones" or "zeros"
+    init: str  # "normal", "ones", "zeros", or "mxfp4_blocks" / "mxfp4_scales" (uint8, the Hub's MXFP4 form)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -314,12 +319,24 @@ def layer_tensors(spec: BenchSpec, layer: int) -> list[TensorSpec]:
             TensorSpec(f"{a}.sinks", (spec.n_head,), "normal"),
             TensorSpec(f"{mlp}.router.weight", (spec.n_expert, h), "normal"),
             TensorSpec(f"{mlp}.router.bias", (spec.n_expert,), "normal"),
-            # transformers' layout: transposed, gate and up interleaved in the last dimension
-            TensorSpec(f"{mlp}.experts.gate_up_proj", (spec.n_expert, h, 2 * ff), "normal"),
             TensorSpec(f"{mlp}.experts.gate_up_proj_bias", (spec.n_expert, 2 * ff), "normal"),
-            TensorSpec(f"{mlp}.experts.down_proj", (spec.n_expert, ff, h), "normal"),
             TensorSpec(f"{mlp}.experts.down_proj_bias", (spec.n_expert, h), "normal"),
         ]
+        gu, dn = f"{mlp}.experts.gate_up_proj", f"{mlp}.experts.down_proj"
+        if spec.experts_mxfp4:
+            # as openai/gpt-oss-20b ships: not transposed, gate and up interleaved by row, 32-wide MXFP4
+            # blocks of 16 bytes and one E8M0 scale byte each
+            out += [
+                TensorSpec(gu + "_blocks", (spec.n_expert, 2 * ff, h // 32, 16), "mxfp4_blocks"),
+                TensorSpec(gu + "_scales", (spec.n_expert, 2 * ff, h // 32), "mxfp4_scales"),
+                TensorSpec(dn + "_blocks", (spec.n_expert, h, ff // 32, 16), "mxfp4_blocks"),
+                TensorSpec(dn + "_scales", (spec.n_expert, h, ff // 32), "mxfp4_scales"),
+            ]
+        else:  # transformers' layout: transposed, gate and up interleaved in the last dimension
+            out += [
+                TensorSpec(gu, (spec.n_expert, h, 2 * ff), "normal"),
+                TensorSpec(dn, (spec.n_expert, ff, h), "normal"),
+            ]
     else:
         raise ValueError(f"unknown benchmark architecture {spec.arch!r}")
     return out
@@ -378,7 +395,13 @@ def shards(spec: BenchSpec) -> list[list[TensorSpec]]:
 
 
 def param_count(spec: BenchSpec) -> int:
-    return sum(int(np.prod(t.shape)) for shard in shards(spec) for t in shard)
+    """Weights, not bytes: an MXFP4 block byte holds two; scales are not weights."""
+    per_element = {"mxfp4_blocks": 2, "mxfp4_scales": 0}
+    return sum(int(np.prod(t.shape)) * per_element.get(t.init, 1) for shard in shards(spec) for t in shard)
+
+
+# what openai/gpt-oss-20b's quantization_config leaves in BF16 (everything but the experts)
+_GPTOSS_NOT_MXFP4 = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]
 
 
 def hf_config(spec: BenchSpec, bos_id: int, eos_id: int) -> dict:
@@ -491,6 +514,16 @@ def hf_config(spec: BenchSpec, bos_id: int, eos_id: int) -> dict:
             },
             "swiglu_alpha": 1.702,
             "swiglu_limit": 7.0,
+            **(
+                {
+                    "quantization_config": {
+                        "quant_method": "mxfp4",
+                        "modules_to_not_convert": _GPTOSS_NOT_MXFP4,
+                    }
+                }
+                if spec.experts_mxfp4
+                else {}
+            ),
         }
     return {
         "architectures": ["Qwen3MoeForCausalLM"],
@@ -512,13 +545,23 @@ def hf_config(spec: BenchSpec, bos_id: int, eos_id: int) -> dict:
 # weights
 
 
+# E8M0 exponent of the MXFP4 scales: 2^-9 times E2M1 codes (|x| <= 6) gives |w| <= 0.012 and a standard
+# deviation near 0.006, of the order of INIT_STD
+MXFP4_SCALE_E8M0 = 127 - 9
+
+
 def tensor_values(spec: BenchSpec, t: TensorSpec) -> np.ndarray:
-    """F16 values of one tensor; the generator is seeded from (model seed, tensor name)."""
+    """Values of one tensor (F16, or uint8 for MXFP4 blocks and scales); the generator is seeded from
+    (model seed, tensor name)."""
     if t.init == "ones":
         return np.ones(t.shape, dtype=np.float16)
     if t.init == "zeros":
         return np.zeros(t.shape, dtype=np.float16)
     rng = np.random.default_rng([spec.seed, zlib.crc32(t.name.encode())])
+    if t.init == "mxfp4_blocks":  # two uniformly random 4-bit E2M1 codes per byte
+        return rng.integers(0, 256, size=t.shape, dtype=np.uint8)
+    if t.init == "mxfp4_scales":  # one exponent, jittered by one either way so blocks differ in scale
+        return (MXFP4_SCALE_E8M0 + rng.integers(-1, 2, size=t.shape)).astype(np.uint8)
     values = rng.standard_normal(t.shape, dtype=np.float32)
     values *= INIT_STD
     return values.astype(np.float16)

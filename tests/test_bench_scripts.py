@@ -54,6 +54,29 @@ def tiny(name: str) -> mbm.BenchSpec:
 def test_full_size_parameter_counts() -> None:
     assert round(mbm.param_count(mbm.SPECS["bench-a"]) / 1e9, 3) == 1.250
     assert round(mbm.param_count(mbm.SPECS["bench-b"]) / 1e9, 3) == 1.754
+    assert round(mbm.param_count(mbm.SPECS["bench-gptoss"]) / 1e9, 3) == 1.352
+    assert round(mbm.param_count(mbm.SPECS["bench-qwen35"]) / 1e9, 3) == 1.853
+    assert round(mbm.param_count(mbm.SPECS["bench-deepseek2"]) / 1e9, 3) == 1.794
+
+
+def test_gptoss_experts_are_written_as_mxfp4() -> None:
+    """bench-gptoss ships its experts as the Hub does: uint8 blocks of 16 bytes and E8M0 scales per 32."""
+    spec = tiny("bench-gptoss")
+    names = {t.name: t for t in mbm.layer_tensors(spec, 0)}
+    gu = names["model.layers.0.mlp.experts.gate_up_proj_blocks"]
+    assert gu.shape == (spec.n_expert, 2 * spec.n_ff_exp, spec.hidden // 32, 16)
+    assert "model.layers.0.mlp.experts.gate_up_proj" not in names
+    blocks, scales = (
+        mbm.tensor_values(spec, gu),
+        mbm.tensor_values(spec, names["model.layers.0.mlp.experts.down_proj_scales"]),
+    )
+    assert blocks.dtype == np.uint8 and len(np.unique(blocks)) > 200  # both nibbles spread over all codes
+    assert scales.dtype == np.uint8 and set(np.unique(scales)) <= {
+        mbm.MXFP4_SCALE_E8M0 - 1,
+        mbm.MXFP4_SCALE_E8M0,
+        mbm.MXFP4_SCALE_E8M0 + 1,
+    }
+    assert mbm.hf_config(spec, 1, 2)["quantization_config"]["quant_method"] == "mxfp4"
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +98,18 @@ def test_checkpoint_loads_in_transformers_and_matches_colibri(tiny_models, name:
     from transformers import AutoModelForCausalLM
 
     ckpt, gguf = tiny_models[name]
-    model, info = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32, output_loading_info=True)
+    extra = {}
+    if name == "bench-gptoss":  # experts in the Hub's MXFP4 form: transformers dequantizes them on CPU
+        from gguf import GGMLQuantizationType, GGUFReader
+        from transformers import Mxfp4Config
+
+        types = {t.name: t.tensor_type for t in GGUFReader(str(gguf)).tensors}
+        assert types["blk.0.ffn_gate_exps.weight"] == GGMLQuantizationType.MXFP4  # repacked, not requantized
+        assert types["blk.0.ffn_down_exps.weight"] == GGMLQuantizationType.MXFP4
+        extra["quantization_config"] = Mxfp4Config(dequantize=True)
+    model, info = AutoModelForCausalLM.from_pretrained(
+        ckpt, dtype=torch.float32, output_loading_info=True, **extra
+    )
     assert not any(info.values()), info
     classes = {
         "bench-a": "MixtralForCausalLM",
@@ -200,3 +234,32 @@ def test_parse_size() -> None:
     for bad in ("lots", "12XB", "-1G", ""):
         with pytest.raises(Exception, match="cannot parse"):
             bench.parse_size(bad)
+
+
+def test_ab_lib_prefill_on_a_tiny_model(tiny_models, capsys: pytest.CaptureFixture[str]) -> None:
+    """The same library on both sides: equal logits (exit 0) and one timing line per round and side."""
+    import ab_lib_prefill
+
+    from colibri_backend._native import find_library
+
+    _, gguf = tiny_models["bench-deepseek2"]
+    lib = str(find_library())
+    argv = [
+        "--old",
+        lib,
+        "--new",
+        lib,
+        "--model",
+        str(gguf),
+        "--tokens",
+        "20",
+        "--reps",
+        "2",
+        "--rounds",
+        "2",
+    ]
+    assert ab_lib_prefill.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.count("fastest") == 5 and "logits bit-identical: True" in out
+    with pytest.raises(SystemExit):
+        ab_lib_prefill.main([*argv[:3], "/nonexistent/libcolibri.so", *argv[4:]])

@@ -20,13 +20,22 @@
 #include "ops.h"
 #include "types.h"
 
-/* A worker's scratch: the absorbed query [C+R], the latent attention sum [C], and q8a rows
- * for the per-head products (max(N, C) / 32 blocks), padded to a cache line. */
+/* Tokens per (head, piece) work item: the two per-head products of a piece run as one matrix
+ * product over its tokens, so a head's up-projections are read once per piece, not per token
+ * (prefill), with tiles whose result per (row, token) does not depend on the token count: the
+ * same bits as token by token. */
+#define MLA_PIECE 16
+
+/* q8a blocks of one activation row of n floats. */
+static inline size_t mla_q8_blocks(size_t n) { return (n + QK8A - 1) / QK8A; }
+
+/* A worker's scratch, per token of a piece: its q_nope gathered [N], the absorbed query [C+R],
+ * the latent attention sum [C], and q8a rows for either product (max(N, C) / 32 blocks); padded
+ * to a cache line. */
 size_t mla_thread_floats(const model_hparams *hp) {
     const size_t C = (size_t)hp->mla_kv_lora, R = (size_t)hp->n_rot, N = (size_t)hp->mla_nope;
-    const size_t wide = N > C ? N : C;
-    const size_t q8 = (wide + QK8A - 1) / QK8A * (sizeof(block_q8a) / sizeof(float));
-    return (C + R + C + q8 + 15) / 16 * 16;
+    const size_t q8 = mla_q8_blocks(N > C ? N : C) * (sizeof(block_q8a) / sizeof(float));
+    return ((size_t)MLA_PIECE * (N + C + R + C + q8) + 15) / 16 * 16;
 }
 
 /* The latent cache row of position pos of layer il in sequence seq ([n_seq][n_layer][n_ctx][C+R]). */
@@ -39,19 +48,22 @@ typedef struct mla_task {
     int layer, n_tok;  /* the chunk's tokens, token t at position s.pos[t] of sequence s.seq[t] */
 } mla_task;
 
-/* y[rows] = head h's slice of a per-head stack (rows x cols) . x[cols]; x is quantized into xq
- * first when the weights want it (cols is then a multiple of 32: quantized rows are whole blocks).
- * Called inside the attention worker, per (token, head) item, rather than as job lists: the
- * absorbed query and the latent sum then live in the worker's few floats instead of [B][H][C]
- * scratch rows, and prefill needs no extra pool runs between the three steps. */
-static void head_matvec(const mat3 *w, int h, const float *x, block_q8a *xq, float *y) {
+/* Y[t * ldy + r] = head h's slice of a per-head stack (rows x cols) . X[t] for the nt rows of X
+ * ([nt][cols]), quantized into Xq first when the weights want it (cols is then a multiple of
+ * 32: quantized rows are whole blocks). Called inside the attention worker, per (head, piece)
+ * item, rather than as job lists: the piece's absorbed queries and latent sums then live in the
+ * worker's scratch instead of [B][H][C] rows, and prefill needs no extra pool runs between the
+ * three steps. */
+static void head_matmul(const mat3 *w, int h, const float *X, block_q8a *Xq, int nt, float *Y, int ldy) {
     const void *data = (const char *)w->data + (size_t)h * w->expert_bytes;
-    if (kernel_wants_q8a(w->type)) quantize_row_q8a(x, xq, w->cols);
-    matmul_rows(w->type, data, w->row_bytes, w->cols, x, xq, 1, y, w->rows, 0, w->rows);
+    if (kernel_wants_q8a(w->type))
+        for (int t = 0; t < nt; t++)
+            quantize_row_q8a(X + (size_t)t * w->cols, Xq + (size_t)t * mla_q8_blocks(w->cols), w->cols);
+    matmul_rows(w->type, data, w->row_bytes, w->cols, X, Xq, nt, Y, ldy, 0, w->rows);
 }
 
-/* One (token, head) item per turn, dealt round-robin (later tokens see more positions); each
- * token reads its own sequence's latent rows. */
+/* One (head, piece of up to MLA_PIECE consecutive tokens) item per turn, dealt round-robin
+ * (later pieces see more positions); each token reads its own sequence's latent rows. */
 static void mla_worker(void *arg, int ith, int nth) {
     const mla_task *t = arg;
     struct colibri_context *c = t->c;
@@ -60,28 +72,37 @@ static void mla_worker(void *arg, int ith, int nth) {
     const int H = hp->n_head, C = hp->mla_kv_lora, R = hp->n_rot, N = hp->mla_nope, V = hp->mla_v;
     const int QW = N + R, row = C + R;
     float *thr = c->s.mla_thr + (size_t)ith * mla_thread_floats(hp);
-    float *qf = thr, *lat = thr + row;
-    block_q8a *xq = (block_q8a *)(lat + C);
+    float *qn = thr, *qf = qn + (size_t)MLA_PIECE * N, *lat = qf + (size_t)MLA_PIECE * row;
+    block_q8a *xq = (block_q8a *)(lat + (size_t)MLA_PIECE * C);
     float *sc = c->s.scores + (size_t)ith * c->n_ctx;
-    for (int it = ith; it < t->n_tok * H; it += nth) {
-        const int tok = it / H, h = it % H, n = c->s.pos[tok] + 1; /* positions 0 .. pos */
-        const size_t layer_base = mla_row(c, c->s.seq[tok], t->layer, 0) * row;
-        const float *q = c->s.mla_q + (size_t)tok * H * QW + (size_t)h * QW;
-        head_matvec(&w->wk_b, h, q, xq, qf);        /* W_UK_h^T q_nope: [C] */
-        memcpy(qf + C, q + N, (size_t)R * sizeof(float)); /* q_pe, rope'd */
-        memset(lat, 0, (size_t)C * sizeof(float));
-        if (c->kv_kind == KV_F32) {
-            const float *K = (const float *)c->mla_cache + layer_base;
-            for (int j = 0; j < n; j++) sc[j] = dot_f32(K + (size_t)j * row, qf, row) * hp->attn_scale;
-            op_softmax(sc, n);
-            for (int j = 0; j < n; j++) op_axpy(lat, sc[j], K + (size_t)j * row, C);
-        } else {
-            const uint16_t *K = (const uint16_t *)c->mla_cache + layer_base;
-            for (int j = 0; j < n; j++) sc[j] = dot_f16_f32(K + (size_t)j * row, qf, row) * hp->attn_scale;
-            op_softmax(sc, n);
-            for (int j = 0; j < n; j++) axpy_f16(lat, sc[j], K + (size_t)j * row, C);
+    const int n_pieces = (t->n_tok + MLA_PIECE - 1) / MLA_PIECE;
+    for (int it = ith; it < n_pieces * H; it += nth) {
+        const int t0 = it / H * MLA_PIECE, h = it % H;
+        const int nt = t->n_tok - t0 < MLA_PIECE ? t->n_tok - t0 : MLA_PIECE;
+        const float *q_head = c->s.mla_q + (size_t)h * QW; /* token t's query of head h at t * H * QW */
+        for (int i = 0; i < nt; i++)
+            memcpy(qn + (size_t)i * N, q_head + (size_t)(t0 + i) * H * QW, (size_t)N * sizeof(float));
+        head_matmul(&w->wk_b, h, qn, xq, nt, qf, row); /* W_UK_h^T q_nope: [C] per token */
+        for (int i = 0; i < nt; i++) {
+            const int tok = t0 + i, n = c->s.pos[tok] + 1; /* positions 0 .. pos */
+            const size_t layer_base = mla_row(c, c->s.seq[tok], t->layer, 0) * row;
+            float *q = qf + (size_t)i * row, *l = lat + (size_t)i * C;
+            memcpy(q + C, q_head + (size_t)tok * H * QW + N, (size_t)R * sizeof(float)); /* q_pe, rope'd */
+            memset(l, 0, (size_t)C * sizeof(float));
+            if (c->kv_kind == KV_F32) {
+                const float *K = (const float *)c->mla_cache + layer_base;
+                for (int j = 0; j < n; j++) sc[j] = dot_f32(K + (size_t)j * row, q, row) * hp->attn_scale;
+                op_softmax(sc, n);
+                for (int j = 0; j < n; j++) op_axpy(l, sc[j], K + (size_t)j * row, C);
+            } else {
+                const uint16_t *K = (const uint16_t *)c->mla_cache + layer_base;
+                for (int j = 0; j < n; j++) sc[j] = dot_f16_f32(K + (size_t)j * row, q, row) * hp->attn_scale;
+                op_softmax(sc, n);
+                for (int j = 0; j < n; j++) axpy_f16(l, sc[j], K + (size_t)j * row, C);
+            }
         }
-        head_matvec(&w->wv_b, h, lat, xq, c->s.att + (size_t)tok * H * V + (size_t)h * V); /* W_UV_h lat: [V] */
+        /* W_UV_h lat: [V] per token, straight into the head's columns of the attention output */
+        head_matmul(&w->wv_b, h, lat, xq, nt, c->s.att + (size_t)t0 * H * V + (size_t)h * V, H * V);
     }
 }
 

@@ -21,6 +21,19 @@
 #include "ops.h"
 #include "types.h"
 
+/* The recurrence's loops are plain C that the compiler vectorizes once per clone (AVX-512,
+ * AVX2, baseline), the clone picked when the library loads: the loops run across a state row,
+ * element by element, so no sum is reordered, and ISO C (-std=c11) contracts no multiply-add:
+ * every clone computes the same bits. */
+#if defined(__x86_64__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define LA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+#endif
+#ifndef LA_CLONES
+#define LA_CLONES
+#endif
+
 typedef struct la_task {
     struct colibri_context *c;
     int layer, n_tok;
@@ -34,6 +47,35 @@ static void l2norm_scaled(float *x, int n, float scale) {
     for (int i = 0; i < n; i++) ss += (double)x[i] * (double)x[i];
     const float r = (float)(1.0 / sqrt(ss + 1e-6)) * scale;
     for (int i = 0; i < n; i++) x[i] *= r;
+}
+
+/* One token through one v head's state S [dk][dv]: decay it and read what it predicts for k
+ * (mem), correct it by beta (v - mem) along k, then read it out along q into o [dv]. The first
+ * pass must see every row before the second can start (mem is a sum over all of them). */
+LA_CLONES static void delta_step(float *restrict S, float *restrict mem, float *restrict o, const float *restrict q,
+                                 const float *restrict k, const float *restrict v, float decay, float beta, int dk,
+                                 int dv) {
+    for (int j = 0; j < dv; j++) mem[j] = 0.0f;
+    for (int i = 0; i < dk; i++) {
+        float *restrict Si = S + (size_t)i * dv;
+        const float ki = k[i];
+        for (int j = 0; j < dv; j++) {
+            Si[j] *= decay;
+            mem[j] += ki * Si[j];
+        }
+    }
+    for (int j = 0; j < dv; j++) {
+        mem[j] = (v[j] - mem[j]) * beta; /* the correction (delta) */
+        o[j] = 0.0f;
+    }
+    for (int i = 0; i < dk; i++) {
+        float *restrict Si = S + (size_t)i * dv;
+        const float ki = k[i], qi = q[i];
+        for (int j = 0; j < dv; j++) {
+            Si[j] += ki * mem[j];
+            o[j] += qi * Si[j];
+        }
+    }
 }
 
 static void delta_rule_worker(void *arg, int ith, int nth) {
@@ -52,21 +94,8 @@ static void delta_rule_worker(void *arg, int ith, int nth) {
             const float *row = c->s.la_qkv + (size_t)tok * C;
             const float *q = row + (size_t)g * dk, *k = row + (size_t)(G + g) * dk, *v = row + 2 * G * dk + h * dv;
             const float decay = c->s.la_ab[(size_t)tok * 2 * H + h], beta = c->s.la_ab[(size_t)tok * 2 * H + H + h];
-            /* decay the state and read what it predicts for k */
-            memset(mem, 0, (size_t)dv * sizeof(float));
-            for (int i = 0; i < dk; i++) {
-                float *Si = S + (size_t)i * dv;
-                for (int j = 0; j < dv; j++) Si[j] *= decay;
-                op_axpy(mem, k[i], Si, dv);
-            }
-            for (int j = 0; j < dv; j++) mem[j] = (v[j] - mem[j]) * beta; /* the correction (delta) */
             float *o = c->s.la_o + (size_t)tok * Di + (size_t)h * dv;
-            memset(o, 0, (size_t)dv * sizeof(float));
-            for (int i = 0; i < dk; i++) {
-                float *Si = S + (size_t)i * dv;
-                op_axpy(Si, k[i], mem, dv);
-                op_axpy(o, q[i], Si, dv);
-            }
+            delta_step(S, mem, o, q, k, v, decay, beta, dk, dv);
             /* gated RMSNorm of the head's output */
             const float *z = c->s.la_z + (size_t)tok * Di + (size_t)h * dv;
             op_rmsnorm(o, w->la_norm, o, dv, hp->norm_eps);
@@ -106,8 +135,8 @@ void block_linear_attention(struct colibri_context *c, int il, int n) {
             float acc = 0.0f;
             for (int j = 0; j < K - 1; j++) acc += wc[j] * st[j];
             acc += wc[K - 1] * x[ch];
-            if (K > 1) {
-                memmove(st, st + 1, (size_t)(K - 2) * sizeof(float));
+            if (K > 1) { /* a few floats: an inline shift, not a library call per channel */
+                for (int j = 0; j < K - 2; j++) st[j] = st[j + 1];
                 st[K - 2] = x[ch];
             }
             x[ch] = acc * op_sigmoid(acc);

@@ -2,8 +2,8 @@
 check, and the all-resident expert copy's check (docs/robustness.md).
 
 One byte is flipped in a resident tensor and in one expert that the prompt routes to; the
-digests were written from the intact file. The model is Colibri's bundled MoE (6 layers x 8
-experts, top-2, 12 MiB Q8_0)."""
+digests were written from the intact file. The model is Colibri's bundled MoE (6 layers x 32
+experts, top-4, 22 MiB Q8_0)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def model(tmp_path: Path) -> Path:
 
 def _flip_expert(path: Path, expert: int) -> None:
     off, nbytes = _tensor_range(path, EXPERTS)
-    per = nbytes // 8  # 8 experts stacked
+    per = nbytes // 32  # 32 experts stacked
     _flip(path, off + expert * per + per // 2)
 
 

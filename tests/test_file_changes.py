@@ -8,7 +8,7 @@ a streamed expert can no longer be read, that eval fails with a clear error. A s
 the same process keeps generating either way. Each case runs in a child process, so a SIGBUS
 (what mapping the file used to give) shows as a negative return code instead of killing pytest.
 
-The model is Colibri's bundled MoE (6 layers x 8 experts, top-2, 12 MiB Q8_0); "streamed" holds
+The model is Colibri's bundled MoE (6 layers x 32 experts, top-4, 22 MiB Q8_0); "streamed" holds
 3 expert slots, so nearly every token reads experts from the file.
 """
 

@@ -1,6 +1,6 @@
 """Load options of the expert store (colibri_backend.load, the shared CLI flags, `colibri serve`,
 `colibri replay`, colibri_backend.replay_routing): parsing, the errors users see, and their effect on
-the engine (slots, pinning, the routing profile) on Colibri's bundled MoE (6 layers x 8 experts, top-2).
+the engine (slots, pinning, the routing profile) on Colibri's bundled MoE (6 layers x 32 experts, top-4).
 """
 
 from __future__ import annotations

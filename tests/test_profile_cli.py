@@ -2,7 +2,7 @@
 native/src/profile.h byte for byte, checksum and model fingerprint checks, the candidate table
 against counts made by hand from the engine's routing, and the command's outputs and errors.
 
-The model is Colibri's bundled MoE (6 layers, 8 experts, top-2, 8192-token vocabulary): tiny, and it
+The model is Colibri's bundled MoE (6 layers, 32 experts, top-4, 8192-token vocabulary): tiny, and it
 has the tokenizer a text corpus needs.
 """
 

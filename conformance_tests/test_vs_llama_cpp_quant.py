@@ -1,7 +1,7 @@
 """Colibri against llama.cpp on files written by llama.cpp's own quantizer (llama_model_quantize).
 
 For each type mix (Q2_K, Q3_K_M, Q4_K_M, Q4_K_S, Q5_K_M, Q6_K, Q5_0, Q5_1, IQ4_NL, IQ4_XS, MXFP4) and two
-models — the trained MoE (tools/train_moe/release: realistic routing; rows of 128 and 512, so a mix of
+models — the trained MoE (tools/train_moe/release: realistic routing; rows of 128 and 256, so a mix of
 K-quants and llama.cpp's Q5_0/Q5_1 fallbacks) and a tiny random Mixtral whose rows are all 256 long (so the
 K-quants and IQ4_XS are used for every matrix) — the F32 conversion is quantized by llama.cpp, then run
 teacher-forced over N_TOKENS tokens by llama.cpp (one batched pass, and token by token) and by Colibri, and
@@ -223,7 +223,7 @@ def test_convert_then_llama_quantize_loads_in_both_engines(
     with colibri.load(qfile, threads=tm.ENGINE_THREADS, context_length=64) as m:
         ours = m.logits(ids)
         # the expert store streams the same file through page-aligned direct-I/O windows: same logits
-    with colibri.load(qfile, threads=tm.ENGINE_THREADS, context_length=64, expert_slots=2) as m:
+    with colibri.load(qfile, threads=tm.ENGINE_THREADS, context_length=64, expert_slots=4) as m:
         streamed = m.logits(ids)
     np.testing.assert_array_equal(ours, streamed)
     cmp = tm.compare(theirs, ours)

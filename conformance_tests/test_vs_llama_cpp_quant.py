@@ -154,7 +154,10 @@ def robust(ref: np.ndarray, test: np.ndarray, trim: int) -> tm.Comparison:
 # A shortfall measured, not hidden: on the random-router mixtral256, Colibri's Q5_1 run is further from the
 # file's exact math than llama.cpp's (KL 1.4e-2 against 5.3e-3, top-1 89.8% against 94.5%; the scalar kernels
 # give the same figures, so it is not a SIMD slip). strict: the day it passes, the marker must go.
-KNOWN_SHORTFALLS = {("Q5_1", "mixtral256")}
+# On colibri-moe v2 (the release since 2026-12-01) IQ4_XS misses the top-1 bar by one token: Colibri is closer
+# to the file's exact math in KL (3.8e-4 against llama.cpp's 6.3e-4) but misses the exact top token at 4 of
+# 128 positions against llama.cpp's 1 (the bar allows 2 points, i.e. 3 positions).
+KNOWN_SHORTFALLS = {("Q5_1", "mixtral256"), ("IQ4_XS", "trained_moe")}
 
 
 def _cases() -> list[Any]:

@@ -181,7 +181,7 @@ def test_colibri_run_is_static_and_small(builds: dict[str, Path]) -> None:
 def test_aarch64_colibri_run_chat_turn_on_bundled_model(builds: dict[str, Path], tmp_path: Path) -> None:
     """The static aarch64 binary under qemu: a chat turn rendered from the model's template, streamed text,
     the memory options and --stats, tokens as the x86 binary gives them."""
-    extra = ["--chat", "--system", "Be brief.", "--memory-budget", "8M", "--expert-slots", "40%", "--stats"]
+    extra = ["--chat", "--system", "Be brief.", "--memory-budget", "16M", "--expert-slots", "40%", "--stats"]
     a_out, a_log = _run(
         [*_qemu(), str(builds["aarch64"] / "colibri-run")], BUNDLED, tmp_path / "a.bin", *extra
     )

@@ -199,7 +199,8 @@ def routed_spec(n_layer: int, n_expert: int, k: int) -> BenchSpec:
     )
 
 
-# bench-r: the bundled colibri-moe's counts (6 layers, 8 experts, top-2), for its routing traces
+# bench-r: colibri-moe v1's counts (6 layers, 8 experts, top-2), for v1's routing traces; v2's (6, 32, 4) come
+# from --like-trace
 SPECS["bench-r"] = routed_spec(6, 8, 2)
 
 

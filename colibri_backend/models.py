@@ -40,7 +40,7 @@ KNOWN_MODELS: dict[str, PackagedModel] = {
 }
 
 # GGUF files inside the package (colibri_backend/models/NAME), by short name. colibri-moe is Colibri's own
-# Mixtral-architecture MoE (8 experts, top-2, ~12M parameters, Q8_0) trained on the Python standard
+# Mixtral-architecture MoE (v2: 32 experts, top-4, ~21M parameters, Q8_0) trained on the Python standard
 # library with tools/train_moe/ (docs/model_card.md).
 BUNDLED_DIR = Path(__file__).resolve().parent / "models"
 BUNDLED_MODELS: dict[str, str] = {

@@ -24,7 +24,7 @@ from test_vs_llama_cpp import _check_quantized, exact_logits
 
 ROOT = Path(__file__).resolve().parent.parent
 RELEASE = ROOT / "tools" / "train_moe" / "release"
-N_POSITIONS = 192  # teacher-forced positions (the trained context is 256)
+N_POSITIONS = 192  # teacher-forced positions (the trained context is 1024)
 REL_TOL = 1e-3
 GREEDY_N = 32
 GREEDY_PROMPTS = ("def fibonacci(n):", "import os\n\n\ndef ", "class Stack:\n    def __init__(self):")

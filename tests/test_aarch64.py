@@ -38,7 +38,8 @@ SYSROOT = "/usr/aarch64-linux-gnu"
 BUNDLED = ROOT / "colibri_backend" / "models" / "colibri-moe-q8_0.gguf"
 MAX_RUN_BYTES = 2_000_000
 # Measured (docs/portability.md): x86 AVX-512 against aarch64 NEON-i8mm, worst 1.9e-3 of the largest logit
-# (the bundled model); the scalar kernels agree bit for bit across the two architectures.
+# (the bundled model, then v1; with v2 the worst of all models is 1.1e-4); the scalar kernels agree bit for
+# bit across the two architectures.
 LOGIT_TOL = 5e-3
 SCALAR_TOL = 1e-5
 TINY_ARCHS = ("llama", "mixtral", "qwen2moe", "qwen3moe", "olmoe")
@@ -189,7 +190,7 @@ def test_colibri_run_is_static_and_small(builds: dict[str, Path]) -> None:
 def test_aarch64_colibri_run_chat_turn_on_bundled_model(builds: dict[str, Path], tmp_path: Path) -> None:
     """The static aarch64 binary under qemu: a chat turn rendered from the model's template, streamed text,
     the memory options and --stats, tokens as the x86 binary gives them."""
-    extra = ["--chat", "--system", "Be brief.", "--memory-budget", "8M", "--expert-slots", "40%", "--stats"]
+    extra = ["--chat", "--system", "Be brief.", "--memory-budget", "16M", "--expert-slots", "40%", "--stats"]
     a_out, a_log = _run(
         [*_qemu(), str(builds["aarch64"] / "colibri-run")], BUNDLED, tmp_path / "a.bin", *extra
     )

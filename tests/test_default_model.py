@@ -34,7 +34,7 @@ def test_default_is_the_bundled_moe() -> None:
         assert models.resolve_model(name).gguf == path
     with colibri_backend.load(path, threads=2) as model:
         info = model.info
-        assert (info.arch, info.n_expert, info.n_expert_used) == ("mixtral", 8, 2)
+        assert (info.arch, info.n_expert, info.n_expert_used) == ("mixtral", 32, 4)
         assert info.n_vocab == model.tokenizer.vocab_size
         ids = model.tokenize(PROMPT, add_special_tokens=False)
         assert model.detokenize(ids) == PROMPT
@@ -71,7 +71,7 @@ def test_trace_without_model_uses_default(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr.decode(errors="replace")
     trace = load_trace(out)
     assert trace.meta["model_sha256"] == file_sha256(colibri_backend.default_model_path())
-    assert (trace.n_layer, trace.k) == (trace.meta["n_layer"], 2)
+    assert (trace.n_layer, trace.k) == (trace.meta["n_layer"], 4)
     with colibri_backend.load(colibri_backend.default_model_path(), threads=2) as model:
         assert trace.tokens.tolist() == model.tokenize(PROMPT, add_special_tokens=False)
 

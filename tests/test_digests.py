@@ -2,8 +2,8 @@
 check, and the all-resident expert copy's check (docs/robustness.md).
 
 One byte is flipped in a resident tensor and in one expert that the prompt routes to; the
-digests were written from the intact file. The model is Colibri's bundled MoE (6 layers x 8
-experts, top-2, 12 MiB Q8_0)."""
+digests were written from the intact file. The model is Colibri's bundled MoE (6 layers x 32
+experts, top-4, 22 MiB Q8_0)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def model(tmp_path: Path) -> Path:
 
 def _flip_expert(path: Path, expert: int) -> None:
     off, nbytes = _tensor_range(path, EXPERTS)
-    per = nbytes // 8  # 8 experts stacked
+    per = nbytes // 32  # 32 experts stacked
     _flip(path, off + expert * per + per // 2)
 
 
@@ -84,14 +84,14 @@ def test_load_check_refuses_a_flipped_resident_tensor(model: Path) -> None:
     off, nbytes = _tensor_range(model, RESIDENT)
     _flip(model, off + 7)
     with pytest.raises(ModelFormatError, match=RESIDENT):
-        colibri_backend.load(model, threads=1, expert_slots=3, verify=True)
+        colibri_backend.load(model, threads=1, expert_slots=4, verify=True)
     # opt-in: without verify the file loads (and would compute with the flipped byte)
-    colibri_backend.load(model, threads=1, expert_slots=3).close()
+    colibri_backend.load(model, threads=1, expert_slots=4).close()
 
 
 def test_streamed_expert_check_fails_that_eval(model: Path, routed_expert: int) -> None:
     _flip_expert(model, routed_expert)
-    with colibri_backend.load(model, threads=1, expert_slots=3, verify=True) as m:  # resident part is intact
+    with colibri_backend.load(model, threads=1, expert_slots=4, verify=True) as m:  # resident part is intact
         with pytest.raises(ModelFormatError, match=rf"expert {routed_expert} of layer 1 .*digest"):
             m.generate(PROMPT, max_tokens=4)
 
@@ -120,7 +120,7 @@ def test_bad_or_foreign_sidecar_is_refused_at_load(model: Path, tmp_path: Path) 
     raw[60] ^= 1  # a digest value: the checksum no longer matches
     side.write_bytes(bytes(raw))
     with pytest.raises(ModelFormatError, match="checksum mismatch"):
-        colibri_backend.load(model, threads=1, expert_slots=3)
+        colibri_backend.load(model, threads=1, expert_slots=4)
     # a valid sidecar of another file (same size and tensors, one metadata byte changed) names the problem
     other = tmp_path / "other.gguf"
     raw_model = bytearray(model.read_bytes())
@@ -131,4 +131,4 @@ def test_bad_or_foreign_sidecar_is_refused_at_load(model: Path, tmp_path: Path) 
     write_digests(other)
     shutil.copyfile(sidecar_path(other), side)
     with pytest.raises(ModelFormatError, match="made from another file"):
-        colibri_backend.load(model, threads=1, expert_slots=3)
+        colibri_backend.load(model, threads=1, expert_slots=4)

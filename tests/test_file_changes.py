@@ -8,8 +8,8 @@ a streamed expert can no longer be read, that eval fails with a clear error. A s
 the same process keeps generating either way. Each case runs in a child process, so a SIGBUS
 (what mapping the file used to give) shows as a negative return code instead of killing pytest.
 
-The model is Colibri's bundled MoE (6 layers x 8 experts, top-2, 12 MiB Q8_0); "streamed" holds
-3 expert slots, so nearly every token reads experts from the file.
+The model is Colibri's bundled MoE (6 layers x 32 experts, top-4, 22 MiB Q8_0); "streamed" holds
+4 expert slots (the top-4 one token needs), so nearly every token reads experts from the file.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from colibri_backend.models import bundled_model_path
 PROMPT = "def fibonacci(n):"
 N_TOKENS = 24
 CHANGE_AFTER = 3  # tokens streamed before the file changes
-MODES = {"resident": {"memory_budget": 0}, "streamed": {"expert_slots": 3}}
+MODES = {"resident": {"memory_budget": 0}, "streamed": {"expert_slots": 4}}
 
 CHILD = r"""
 import json, os, sys

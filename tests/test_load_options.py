@@ -1,6 +1,6 @@
 """Load options of the expert store (colibri_backend.load, the shared CLI flags, `colibri serve`,
 `colibri replay`, colibri_backend.replay_routing): parsing, the errors users see, and their effect on
-the engine (slots, pinning, the routing profile) on Colibri's bundled MoE (6 layers x 8 experts, top-2).
+the engine (slots, pinning, the routing profile) on Colibri's bundled MoE (6 layers x 32 experts, top-4).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from colibri_backend.engine import replay_routing
 from colibri_backend.models import bundled_model_path
 from colibri_backend.trace import RoutingTrace
 
-N_LAYER, N_EXPERT, K = 6, 8, 2
+N_LAYER, N_EXPERT, K = 6, 32, 4  # the bundled model's
 LOADING_COMMANDS = {  # command -> the positional arguments it needs
     "run": ["prompt"],
     "chat": [],
@@ -64,9 +64,9 @@ def profile(model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_expert_slots_values() -> None:
-    assert B.parse_expert_slots("40%", N_LAYER, N_EXPERT, K) == 20  # ceil(0.4 * 48)
-    assert B.parse_expert_slots("50%", N_LAYER, N_EXPERT, K) == 24
-    assert B.parse_expert_slots(" 100% ", N_LAYER, N_EXPERT, K) == 48
+    assert B.parse_expert_slots("40%", N_LAYER, N_EXPERT, K) == 77  # ceil(0.4 * 192)
+    assert B.parse_expert_slots("50%", N_LAYER, N_EXPERT, K) == 96
+    assert B.parse_expert_slots(" 100% ", N_LAYER, N_EXPERT, K) == 192
     assert B.parse_expert_slots("1%", N_LAYER, N_EXPERT, K) == K  # never below top-k
     assert B.parse_expert_slots(17, N_LAYER, N_EXPERT, K) == 17
     assert B.parse_expert_slots("17", N_LAYER, N_EXPERT, K) == 17
@@ -79,7 +79,7 @@ def test_expert_slots_values() -> None:
         ("x%", "percentage"),
         ("0%", "percentage"),
         ("120%", "percentage"),
-        (49, "more than"),
+        (193, "more than"),
         (1, "fewer than"),
         (True, "whole number"),
     ):
@@ -90,11 +90,11 @@ def test_expert_slots_values() -> None:
 
 
 def test_pin_and_prefetch_values() -> None:
-    assert B.parse_pin_experts("auto", 20, K) == 9  # (20 - 2) // 2
+    assert B.parse_pin_experts("auto", 20, K) == 8  # (20 - 4) // 2
     assert B.parse_pin_experts("AUTO", 0, K) == 0  # no store: nothing to pin
-    assert B.parse_pin_experts(18, 20, K) == 18
-    with pytest.raises(ValueError, match="at most 18"):
-        B.parse_pin_experts(19, 20, K)
+    assert B.parse_pin_experts(16, 20, K) == 16
+    with pytest.raises(ValueError, match="at most 16"):
+        B.parse_pin_experts(17, 20, K)
     with pytest.raises(ValueError, match="negative"):
         B.parse_pin_experts(-1, 20, K)
     with pytest.raises(ValueError, match="whole number"):
@@ -217,7 +217,7 @@ def test_warmup_routing_without_sidecar(model_path: Path) -> None:
         ({"drop_cold_share": 0.05}, "needs a routing profile"),
         ({"lookahead_depth": 9}, "between 1 and 8"),
         ({"expert_slots": "abc"}, "whole number"),
-        ({"expert_slots": 100}, "more than the model's 48"),
+        ({"expert_slots": 200}, "more than the model's 192"),
     ],
 )
 def test_load_errors(model_path: Path, opts: dict, msg: str) -> None:
@@ -233,7 +233,7 @@ def test_all_prefetch_without_profile_loads(model_path: Path) -> None:
 def test_expert_slots_reach_the_engine(model_path: Path) -> None:
     with colibri_backend.load(model_path, threads=2, expert_slots="40%", memory_budget=0) as m:
         s = m.stats()
-        assert s["expert_slots"] == 20 and m.memory_plan()["n_expert_slots"] == 20
+        assert s["expert_slots"] == 77 and m.memory_plan()["n_expert_slots"] == 77
         assert s["experts_pinned"] == 0 and s["routing_profile"] is None
         for key in (
             "hashed_predicted",
@@ -249,7 +249,7 @@ def test_profile_pinning_and_hashed(model_path: Path, profile: Path, held_out: l
     with colibri_backend.load(model_path, **opts) as m:
         s = m.stats()
         assert s["routing_profile"] == str(profile)
-        assert s["experts_pinned"] == 9  # (20 - 2) // 2
+        assert s["experts_pinned"] == 36  # (77 - 4) // 2
         m.reset_stats()
         m.generate(held_out[:32], max_tokens=8)
         s = m.stats()
@@ -258,8 +258,8 @@ def test_profile_pinning_and_hashed(model_path: Path, profile: Path, held_out: l
         model_path, threads=2, expert_slots=20, warmup_routing=profile, pin_experts=5
     ) as m:
         assert m.stats()["experts_pinned"] == 5
-    with pytest.raises(ValueError, match="at most 18"):
-        colibri_backend.load(model_path, expert_slots=20, warmup_routing=profile, pin_experts=19)
+    with pytest.raises(ValueError, match="at most 16"):
+        colibri_backend.load(model_path, expert_slots=20, warmup_routing=profile, pin_experts=17)
 
 
 def test_replay_routing(model_path: Path, profile: Path, held_out: list[int]) -> None:
@@ -273,7 +273,7 @@ def test_replay_routing(model_path: Path, profile: Path, held_out: list[int]) ->
     s = replay_routing(model_path, held_out, ids, expert_slots="40%", prefetch="none")
     assert s["expert_calls"] == n * N_LAYER * K
     assert s["expert_hits"] + s["expert_misses"] == s["expert_calls"] and s["expert_misses"] > 0
-    assert s["expert_slots"] == 20 and s["prefetch_issued"] == 0
+    assert s["expert_slots"] == 77 and s["prefetch_issued"] == 0
     again = replay_routing(model_path, held_out, ids, expert_slots="40%", prefetch="none")
     assert again["expert_misses"] == s["expert_misses"]  # no prefetch: deterministic
     hashed = replay_routing(
@@ -300,7 +300,8 @@ def test_replay_command(
     assert cli.main(argv + ["--prefetch", "all", "--json"]) == 0
     out = capsys.readouterr()
     r = json.loads(out.out)
-    assert r["tokens"] == len(held_out) and r["expert_slots"] == 20 and r["calls"] == len(held_out) * 12
+    assert r["tokens"] == len(held_out) and r["expert_slots"] == 77
+    assert r["calls"] == len(held_out) * N_LAYER * K
     assert r["hashed_predicted"] > 0 and 0 <= r["hashed_precision"] <= 1 and 0 <= r["stall_share"] <= 1
     assert "another model file" in out.err  # the trace's sha256 is not this model's
     assert cli.main(argv[:3] + ["--expert-slots", "20", "--prefetch", "temporal"]) == 0
@@ -328,5 +329,5 @@ def test_serve_memory_budget_reaches_the_engine(model_path: Path, monkeypatch: p
     stats = slot.model.stats()
     # the engine plans with the budget less the prefix cache's share (LoadOptions.prefix_cache_size)
     assert stats["memory_budget"] + stats["prefix_cache_max_bytes"] == 64 << 20
-    assert stats["expert_slots"] == 20
+    assert stats["expert_slots"] == 77
     slot.model.close()

@@ -51,3 +51,22 @@ def test_the_server_is_in_the_default_install() -> None:
         timeout=120,
     )
     assert r.returncode == 0 and "--max-queue" in r.stdout
+
+
+def test_the_bundled_model_ships_in_the_wheel() -> None:
+    """scikit-build-core puts every file of the package that git does not ignore into the wheel, so the
+    bundled GGUF and its routing profile must be tracked, not ignored, and not excluded from either."""
+    from colibri_backend.models import BUNDLED_DIR, BUNDLED_MODELS
+
+    files = [BUNDLED_DIR / name for name in BUNDLED_MODELS.values()]
+    files += [f.with_name(f.name + ".routing") for f in files]
+    rel = [str(f.relative_to(ROOT)) for f in files]
+    for f in files:
+        assert f.is_file() and f.stat().st_size > 0, f
+    tracked = subprocess.run(["git", "ls-files", "--", *rel], cwd=ROOT, capture_output=True, text=True)
+    assert tracked.returncode == 0 and sorted(tracked.stdout.split()) == sorted(rel), tracked.stdout
+    ignored = subprocess.run(["git", "check-ignore", "--", *rel], cwd=ROOT, capture_output=True, text=True)
+    assert ignored.returncode == 1 and not ignored.stdout, ignored.stdout  # 1: none of them is ignored
+    skb = _pyproject()["tool"]["scikit-build"]
+    excluded = [*skb.get("sdist", {}).get("exclude", []), *skb.get("wheel", {}).get("exclude", [])]
+    assert not any(r.startswith(e.rstrip("/")) for r in rel for e in excluded), excluded

@@ -2,7 +2,7 @@
 native/src/profile.h byte for byte, checksum and model fingerprint checks, the candidate table
 against counts made by hand from the engine's routing, and the command's outputs and errors.
 
-The model is Colibri's bundled MoE (6 layers, 8 experts, top-2, 8192-token vocabulary): tiny, and it
+The model is Colibri's bundled MoE (6 layers, 32 experts, top-4, 8192-token vocabulary): tiny, and it
 has the tokenizer a text corpus needs.
 """
 
@@ -228,8 +228,8 @@ def test_profile_command_matches_hand_counts(
     captured = capsys.readouterr()
     prof = P.read_profile(out, model_path=model_path)  # fingerprint of this very file
     info = model.info
-    assert (prof.n_layer, prof.n_expert, prof.n_expert_used) == (info.n_layer, info.n_expert, 2)
-    assert prof.n_buckets == 8192 and prof.n_cand == 4  # defaults: vocabulary 8192, min(8, 2k)
+    assert (prof.n_layer, prof.n_expert, prof.n_expert_used) == (info.n_layer, info.n_expert, 4)
+    assert prof.n_buckets == 8192 and prof.n_cand == 8  # defaults: vocabulary 8192, min(32, 2k)
 
     files = [corpus / "a.py", corpus / "pkg" / "b.py"]  # what the directory scan must keep, in order
     tokens, routes = hand_routing(model, files)
@@ -238,7 +238,7 @@ def test_profile_command_matches_hand_counts(
     assert "1 of the 3 corpus files were skipped" in captured.out  # pkg/c.py has NUL bytes
     assert "routing the corpus" in captured.err  # progress on stderr
 
-    k, E = 2, info.n_expert
+    k, E = 4, info.n_expert
     glob = [Counter() for _ in range(info.n_layer)]
     per = {}
     for t, r in zip(tokens, routes, strict=True):
@@ -251,11 +251,11 @@ def test_profile_command_matches_hand_counts(
         assert prof.share[layer].tolist() == pytest.approx([glob[layer][e] / len(tokens) for e in range(E)])
         for bkt in (b for (b, lay) in per if lay == layer):
             c = per[(bkt, layer)]
-            want = sorted(range(E), key=lambda e: (-c[e], -glob[layer][e], e))[:4]
+            want = sorted(range(E), key=lambda e: (-c[e], -glob[layer][e], e))[: prof.n_cand]
             assert prof.cand[bkt, layer].tolist() == want, (bkt, layer)
     unseen = sorted(set(range(8192)) - {b for b, _ in per})
     for layer in range(info.n_layer):
-        hot = sorted(range(E), key=lambda e: (-glob[layer][e], e))[:4]
+        hot = sorted(range(E), key=lambda e: (-glob[layer][e], e))[: prof.n_cand]
         assert prof.cand[unseen[0], layer].tolist() == hot and prof.cand[unseen[-1], layer].tolist() == hot
     # The printed recall@k on the corpus is the table's recall on the hand routing.
     recall = P.table_recall(prof, np.array(tokens), routes, k).mean()
@@ -268,12 +268,12 @@ def test_sidecar_and_held_out(model_path: Path, corpus: Path, capsys: pytest.Cap
     side.unlink(missing_ok=True)
     held = STDLIB / "bisect.py"
     argv = ["profile", str(model_path), str(corpus / "a.py"), "--max-tokens", "300", "--buckets", "1024"]
-    rc = cli.main(argv + ["--candidates", "3", "--held-out", str(held), "--quiet"])
+    rc = cli.main(argv + ["--candidates", "5", "--held-out", str(held), "--quiet"])
     assert rc == 0
     out = capsys.readouterr()
     prof = P.read_profile(side, model_path=model_path)
-    assert prof.n_tokens == 300 and prof.n_buckets == 1024 and prof.n_cand == 3
-    assert "held-out (1 files)" in out.out and "recall@3" in out.out
+    assert prof.n_tokens == 300 and prof.n_buckets == 1024 and prof.n_cand == 5
+    assert "held-out (1 files)" in out.out and "recall@5" in out.out
     assert "routing the corpus" not in out.err  # --quiet
     side.unlink()
 
@@ -315,7 +315,7 @@ def test_bundled_profile() -> None:
     """The profile shipped next to the bundled model (docs/memory.md has the command that made it)."""
     gguf = bundled_model_path("colibri-moe")
     prof = P.read_profile(P.profile_path(gguf), model_path=gguf)
-    assert prof.n_tokens == 300_000 and prof.n_buckets == 8192 and prof.n_cand == 4
+    assert prof.n_tokens == 300_000 and prof.n_buckets == 8192 and prof.n_cand == 8
     with colibri_backend.load("colibri-moe", threads=2, expert_slots="40%", warmup_routing=True) as m:
         s = m.stats()
-        assert s["routing_profile"] == str(P.profile_path(gguf)) and s["expert_slots"] == 20
+        assert s["routing_profile"] == str(P.profile_path(gguf)) and s["expert_slots"] == 77

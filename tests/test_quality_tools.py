@@ -279,7 +279,7 @@ def test_imatrix_file_and_statistics(files: dict[str, Path], capsys: pytest.Capt
     assert weight_names == sorted(weight_names) and names[1::2] == [n + ".counts" for n in weight_names]
     model = gguf.GGUFReader(files["f32"])
     weights = {t.name: t for t in model.tensors}
-    n_layer, n_expert, k = 6, 8, 2
+    n_layer, n_expert, k = 6, 32, 4
     for layer in range(n_layer):
         for proj in PROJECTIONS:
             name = f"blk.{layer}.{proj}.weight"

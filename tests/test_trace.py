@@ -23,7 +23,7 @@ from colibri_backend.trace import RoutingTrace, file_sha256, load_trace, record_
 ROOT = Path(__file__).resolve().parent.parent
 RELEASE = ROOT / "tools" / "train_moe" / "release"
 CONFORMANCE = ROOT / "conformance_tests"
-N_TOKENS = 192  # within the trained context (256)
+N_TOKENS = 192  # within the trained context (1024)
 SET_AGREEMENT_MIN = 0.99
 WEIGHT_TOL = 1e-4
 

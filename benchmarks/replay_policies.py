@@ -2,11 +2,13 @@
 against Belady's optimum (docs/memory.md, "The reuse policy"; docs/benchmarks.md, storage section).
 
     python benchmarks/replay_policies.py \
-        --trace v1=colibri-moe:benchmarks/traces/colibri-moe-v1-heldout.npz \
+        --trace v1=v1.gguf:benchmarks/traces/colibri-moe-v1-heldout.npz \
         --trace v2=$V2:benchmarks/traces/colibri-moe-v2-heldout.npz \
         --json benchmarks/results/replay_policies.json
 
-($V2: colibri-moe v2's Q8_0 file, ~/.cache/colibri/train-v2/colibri-moe-v2-q8_0.gguf, docs/benchmarks.md.)
+($V2: colibri-moe v2's Q8_0 file, ~/.cache/colibri/train-v2/colibri-moe-v2-q8_0.gguf, docs/benchmarks.md;
+v1.gguf: the model bundled before v2,
+`git show 0c1345a:colibri_backend/models/colibri-moe-q8_0.gguf > v1.gguf`.)
 Each cell is one `colibri_replay_routing` run (the same C store the engine decodes with, reading the
 experts' bytes from the model file, computing nothing else) at --sizes of the model's routed experts; it
 prints the hit rate, the hit rate as a share of Belady's optimum for the same slot count (from an empty

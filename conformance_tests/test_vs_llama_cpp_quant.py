@@ -235,12 +235,12 @@ def test_convert_then_llama_quantize_loads_in_both_engines(
     fields = gguf.GGUFReader(qfile).fields
     align = int(fields["general.alignment"].contents()) if "general.alignment" in fields else 32
     assert align == 32
-    ids = _ids(colibri, qfile)[:32]
+    ids = _ids(colibri, qfile)  # N_TOKENS positions: at 32, one near-tie moved the agreement by 3 points
     theirs = llama_cpp_logits(qfile, ids, n_batch=len(ids))
-    with colibri.load(qfile, threads=tm.ENGINE_THREADS, context_length=64) as m:
+    with colibri.load(qfile, threads=tm.ENGINE_THREADS, context_length=256) as m:
         ours = m.logits(ids)
         # the expert store streams the same file through page-aligned direct-I/O windows: same logits
-    with colibri.load(qfile, threads=tm.ENGINE_THREADS, context_length=64, expert_slots=4) as m:
+    with colibri.load(qfile, threads=tm.ENGINE_THREADS, context_length=256, expert_slots=4) as m:
         streamed = m.logits(ids)
     np.testing.assert_array_equal(ours, streamed)
     cmp = tm.compare(theirs, ours)

@@ -1,4 +1,4 @@
-/* kernels_x86_gemm.h — AVX-512 VNNI tiles for Q4_K, Q5_K and Q6_K with one finished
+/* kernels_x86_gemm.h — AVX-512 VNNI tiles for Q4_K and Q5_K with one finished
  * sub-block sum per lane: a row's 8 sub-blocks in decode, 8 tokens in prefill. Included by
  * kernels_avx512.c only, after kernels_x86.h (it needs that file's flags and helpers).
  *
@@ -13,19 +13,19 @@
  *   prefill  lanes = 8 tokens: the activations of 8 tokens are interleaved (8 columns per
  *            token per qword) into a stack buffer once per column chunk, and each 8-column
  *            octet of a weight row is broadcast against 4 tokens per vpdpbusd: the weight
- *            quants are the unsigned operand (0..15, 0..31, 0..63), the activations the
- *            signed one, so the only correction (Q6_K's q - 32) is per token, computed once
- *            in the interleave.
+ *            quants are the unsigned operand (0..15, 0..31), the activations the signed
+ *            one, so no correction is needed.
  *
  * The arithmetic of one output (row r, token t), the same in both tiles (so a result never
  * depends on n_tok, on the tile it lands in or on the row range):
  *   for each super-block, for each 32-element sub-block j, into an accumulator a_j:
  *     isum  = exact int32 dot product of the quants with the activation quants
- *             (Q6_K: sc_lo * dot(lo half) + sc_hi * dot(hi half), with w = q - 32)
- *     a_j   = fma(float(isum), dsc_r[j] * dx_t[j], a_j)     (dsc = d * sc_j; Q6_K: d)
- *     Q4_K, Q5_K: a_j = fma(-dmin_r * m_r[j], s_t[j], a_j)  (s = dx * sum(qx), block_q8a)
+ *     a_j   = fma(float(isum), dsc_r[j] * dx_t[j], a_j)     (dsc = d * sc_j)
+ *     a_j   = fma(-dmin_r * m_r[j], s_t[j], a_j)            (s = dx * sum(qx), block_q8a)
  *   result = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))   (kx_hsum's order)
- * which is the scalar reference's sum in another rounding order (the tests bound both). */
+ * which is the scalar reference's sum in another rounding order (the tests bound both).
+ * Q6_K and IQ4_XS were measured on these tiles and not kept (docs/benchmarks.md): Q6_K's decode
+ * lost 10% and its new rounding order moved one near-tie past a conformance bar. */
 #ifndef COLIBRI_KERNELS_X86_GEMM_H
 #define COLIBRI_KERNELS_X86_GEMM_H
 
@@ -36,7 +36,7 @@
 /* Rows per decode tile (they share the activation loads and the prefetch), tokens per prefill
  * group (one per lane), rows per
  * prefill tile (they share the group's activation vectors) and q8a blocks per prefill
- * column chunk (the interleaved activations of one chunk: 96 * sizeof(kg_xblk) = 36 KiB, in
+ * column chunk (the interleaved activations of one chunk: 96 * sizeof(kg_xblk) = 30 KiB, in
  * L2 next to the weights streaming through; 96 blocks hold a 2816-column row in one chunk). */
 #define KG_ROWS 8
 #define KG_TOKS 8
@@ -70,11 +70,6 @@ KX_INLINE void kg_decode_tile(uint32_t type, const char *W, size_t row_bytes, in
         const block_q8a *x8 = x + (size_t)b * 8;
         const __m256 dx = _mm256_i32gather_ps(&x8->d, xidx, 1);
         const __m256 sx = min8 ? _mm256_i32gather_ps(&x8->s, xidx, 1) : _mm256_setzero_ps();
-        __m256i xc[8]; /* Q6_K: 32 * (pair sums of x), per sub-block, shared by the rows (kx_k_ushift) */
-        if (type == GGML_TYPE_Q6_K)
-            for (int j = 0; j < 8; j++)
-                xc[j] = _mm256_slli_epi16(
-                    _mm256_maddubs_epi16(_mm256_set1_epi8(1), _mm256_loadu_si256((const __m256i *)x8[j].qs)), 5);
         for (int i = 0; i < n; i++) {
             const char *blk = W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb;
             kx_khdr hdr;
@@ -84,7 +79,7 @@ KX_INLINE void kg_decode_tile(uint32_t type, const char *W, size_t row_bytes, in
                 kx_ksub sub;
                 kx_ksub_load(type, blk, j, &hdr, 0, &sub);
                 const __m256i xv = _mm256_loadu_si256((const __m256i *)x8[j].qs);
-                L[j] = kx_k_lanes(type, &sub, xv, type == GGML_TYPE_Q6_K ? xc[j] : xv, 0);
+                L[j] = kx_k_lanes(type, &sub, xv, xv, 0);
             }
             const __m256 isum = _mm256_cvtepi32_ps(kg_reduce8(L));
             acc[i] = _mm256_fmadd_ps(isum, _mm256_mul_ps(_mm256_loadu_ps(hdr.dsc), dx), acc[i]);
@@ -107,8 +102,7 @@ typedef struct kg_xblk {
     int8_t q[4][2][32]; /* [column octet p][token half h][token * 8 + column in octet] */
     float d[8];         /* per lane (kg_lane_tok): the block's scale */
     float s[8];         /* per lane: d * sum(qs) */
-    int32_t hs[2][8];   /* Q6_K, per half and lane: -32 * sum of the half's quants (w = q - 32) */
-} kg_xblk;              /* 384 bytes */
+} kg_xblk;              /* 320 bytes */
 
 /* Interleave blocks [c0, c0 + cn) of tokens t0 .. t0 + nt - 1 (nt <= 8; missing tokens are zeros). */
 KX_INLINE void kg_pack_x(uint32_t type, const block_q8a *Xq, int nb, int t0, int nt, int c0, int cn, kg_xblk *out) {
@@ -122,16 +116,6 @@ KX_INLINE void kg_pack_x(uint32_t type, const block_q8a *Xq, int nb, int t0, int
             const int t = kg_lane_tok[l];
             o->d[l] = t < nt ? Xq[(size_t)(t0 + t) * nb + c0 + c].d : 0.0f;
             o->s[l] = t < nt ? Xq[(size_t)(t0 + t) * nb + c0 + c].s : 0.0f;
-        }
-        if (type == GGML_TYPE_Q6_K) {
-            for (int l = 0; l < 8; l++) {
-                /* the two 16-column halves' sums of the signed quants: dot products with ones */
-                const __m256i g = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), v[kg_lane_tok[l]]);
-                int32_t gs[8];
-                _mm256_storeu_si256((__m256i *)gs, g);
-                o->hs[0][l] = -32 * (gs[0] + gs[1] + gs[2] + gs[3]);
-                o->hs[1][l] = -32 * (gs[4] + gs[5] + gs[6] + gs[7]);
-            }
         }
         for (int h = 0; h < 2; h++) { /* 4 x 4 transpose of qwords: tokens 4h..4h+3 by octets */
             const __m256i a0 = _mm256_unpacklo_epi64(v[4 * h], v[4 * h + 1]); /* t0 p0, t1 p0 | t0 p2, t1 p2 */
@@ -166,31 +150,13 @@ KX_INLINE void kg_prefill_tile(uint32_t type, const char *W, size_t row_bytes, c
                 kx_ksub_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, j, &hdr[i], 0, &sub);
                 int64_t wq[4] __attribute__((aligned(32)));
                 _mm256_store_si256((__m256i *)wq, sub.u); /* the unsigned quants, 8 per qword */
-                __m256i isum;
-                if (type == GGML_TYPE_Q6_K) { /* octets 0, 1: the low half; 2, 3: the high half */
-                    __m256i s[2][2];
-                    for (int hf = 0; hf < 2; hf++)
-                        for (int h = 0; h < 2; h++) {
-                            s[hf][h] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi64x(wq[2 * hf]),
-                                                           X[2 * hf][h]);
-                            s[hf][h] = _mm256_dpbusd_epi32(s[hf][h], _mm256_set1_epi64x(wq[2 * hf + 1]),
-                                                           X[2 * hf + 1][h]);
-                        }
-                    const __m256i lo = _mm256_add_epi32(_mm256_hadd_epi32(s[0][0], s[0][1]),
-                                                        _mm256_loadu_si256((const __m256i *)xb->hs[0]));
-                    const __m256i hi = _mm256_add_epi32(_mm256_hadd_epi32(s[1][0], s[1][1]),
-                                                        _mm256_loadu_si256((const __m256i *)xb->hs[1]));
-                    isum = _mm256_add_epi32(_mm256_mullo_epi32(lo, _mm256_set1_epi32(hdr[i].sc[2 * j])),
-                                            _mm256_mullo_epi32(hi, _mm256_set1_epi32(hdr[i].sc[2 * j + 1])));
-                } else {
-                    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-                    for (int p = 0; p < 4; p++) {
-                        const __m256i w = _mm256_set1_epi64x(wq[p]);
-                        s0 = _mm256_dpbusd_epi32(s0, w, X[p][0]);
-                        s1 = _mm256_dpbusd_epi32(s1, w, X[p][1]);
-                    }
-                    isum = _mm256_hadd_epi32(s0, s1);
+                __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+                for (int p = 0; p < 4; p++) {
+                    const __m256i w = _mm256_set1_epi64x(wq[p]);
+                    s0 = _mm256_dpbusd_epi32(s0, w, X[p][0]);
+                    s1 = _mm256_dpbusd_epi32(s1, w, X[p][1]);
                 }
+                const __m256i isum = _mm256_hadd_epi32(s0, s1);
                 acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum),
                                             _mm256_mul_ps(_mm256_set1_ps(hdr[i].dsc[j]), dx), acc[i][j]);
                 if (min8)
@@ -263,7 +229,6 @@ KX_INLINE void kg_matmul(uint32_t type, const char *W, size_t row_bytes, int nb,
 
 KG_DRIVER(kg_matmul_q4_k, GGML_TYPE_Q4_K)
 KG_DRIVER(kg_matmul_q5_k, GGML_TYPE_Q5_K)
-KG_DRIVER(kg_matmul_q6_k, GGML_TYPE_Q6_K)
 
 /* The AVX-512 table's entry: these tiles for their types, kernels_x86.h's for the rest. */
 static void kg_matmul_rows(uint32_t type, const void *W, size_t row_bytes, int n_cols, const float *X,
@@ -273,7 +238,6 @@ static void kg_matmul_rows(uint32_t type, const void *W, size_t row_bytes, int n
     switch (type) {
     case GGML_TYPE_Q4_K: kg_matmul_q4_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     case GGML_TYPE_Q5_K: kg_matmul_q5_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
-    case GGML_TYPE_Q6_K: kg_matmul_q6_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     default: kx_matmul_rows(type, W, row_bytes, n_cols, X, Xq, n_tok, Y, ldy, r0, r1); break;
     }
 }

@@ -281,7 +281,7 @@ PLAN_ROWS = (
     ("resident_weight_bytes", "resident weights (attention, norms, routers, shared experts, embd, head)"),
     ("model_table_bytes", "model tables (f32 norms and biases, layer structs)"),
     ("kv_bytes", "KV cache"),
-    ("state_bytes", "recurrent states (linear-attention and short-conv layers: live copy and checkpoint per sequence)"),
+    ("state_bytes", "recurrent states (linear attention, short conv: live copy and checkpoint per sequence)"),
     ("scratch_bytes", "scratch arena"),
     ("context_bytes", "context (routing record, thread stacks, small tables)"),
     ("store_table_bytes", "expert store bookkeeping and predictors"),

@@ -292,34 +292,53 @@ static int cmp_tensor_offset(const void *a, const void *b) {
     return (x->offset > y->offset) - (x->offset < y->offset);
 }
 
+/* The metadata and tensor tables: `count` entries of at least `min_bytes` each must fit in what is left of the
+ * file before `count` entries are allocated, so a forged count cannot ask for terabytes. */
+static colibri_status alloc_table(const cursor *c, uint64_t count, uint64_t min_bytes, size_t entry_size,
+                                  const char *what, void **out) {
+    *out = NULL;
+    if (count > left(c) / min_bytes)
+        return cb_error(COLIBRI_E_FORMAT, "header: %llu %s cannot fit in the %llu bytes left", (ull)count, what,
+                        (ull)left(c));
+    *out = cb_calloc((size_t)count, entry_size);
+    if (!*out) return cb_error(COLIBRI_E_NOMEM, "out of memory for %llu %s", (ull)count, what);
+    return COLIBRI_OK;
+}
+
+/* The u64 length and bytes that start a table entry (a metadata key, a tensor name): 1..max_len bytes inside
+ * the file. `entry` and `noun` name them in messages ("tensor 3 of 9: name length ..."). */
+static colibri_status rd_entry_name(cursor *c, const char *entry, const char *noun, uint64_t i, uint64_t count,
+                                    uint64_t max_len, const uint8_t **b, uint64_t *n) {
+    if (rd_u64(c, n))
+        return cb_error(COLIBRI_E_FORMAT, "%s %llu of %llu: %s length past end of file at offset %llu", entry,
+                        (ull)i, (ull)count, noun, (ull)c->pos);
+    if (*n == 0 || *n > max_len)
+        return cb_error(COLIBRI_E_FORMAT, "%s %llu of %llu: %s length %llu (valid: 1..%llu)", entry, (ull)i,
+                        (ull)count, noun, (ull)*n, (ull)max_len);
+    if (rd_bytes(c, *n, b))
+        return cb_error(COLIBRI_E_FORMAT, "%s %llu of %llu: %s length %llu exceeds the %llu bytes left in the file",
+                        entry, (ull)i, (ull)count, noun, (ull)*n, (ull)left(c));
+    return COLIBRI_OK;
+}
+
 static colibri_status parse_kvs(cursor *c, gguf_file *f) {
-    /* bound n_kv by the bytes left before allocating n_kv entries */
-    if (f->n_kv > left(c) / GGUF_MIN_KV_BYTES)
-        return cb_error(COLIBRI_E_FORMAT, "header: %llu metadata entries cannot fit in the %llu bytes left",
-                        (ull)f->n_kv, (ull)left(c));
-    f->kv = cb_calloc((size_t)f->n_kv, sizeof(gguf_kv));
-    if (!f->kv) return cb_error(COLIBRI_E_NOMEM, "out of memory for %llu metadata entries", (ull)f->n_kv);
+    void *table;
+    colibri_status st = alloc_table(c, f->n_kv, GGUF_MIN_KV_BYTES, sizeof(gguf_kv), "metadata entries", &table);
+    if (st != COLIBRI_OK) return st;
+    f->kv = table;
 
     for (uint64_t i = 0; i < f->n_kv; i++) {
         gguf_kv *kv = &f->kv[i];
         uint64_t n;
         const uint8_t *b;
-        if (rd_u64(c, &n))
-            return cb_error(COLIBRI_E_FORMAT, "metadata entry %llu of %llu: key length past end of file at offset %llu",
-                            (ull)i, (ull)f->n_kv, (ull)c->pos);
-        if (n == 0 || n > GGUF_MAX_KEY_LEN)
-            return cb_error(COLIBRI_E_FORMAT, "metadata entry %llu of %llu: key length %llu (valid: 1..%u)", (ull)i,
-                            (ull)f->n_kv, (ull)n, GGUF_MAX_KEY_LEN);
-        if (rd_bytes(c, n, &b))
-            return cb_error(COLIBRI_E_FORMAT,
-                            "metadata entry %llu of %llu: key length %llu exceeds the %llu bytes left in the file",
-                            (ull)i, (ull)f->n_kv, (ull)n, (ull)left(c));
+        st = rd_entry_name(c, "metadata entry", "key", i, f->n_kv, GGUF_MAX_KEY_LEN, &b, &n);
+        if (st != COLIBRI_OK) return st;
         if (!printable_ascii(b, n))
             return cb_error(COLIBRI_E_FORMAT, "metadata entry %llu of %llu: key is not printable ASCII", (ull)i,
                             (ull)f->n_kv);
         kv->key.ptr = (const char *)b;
         kv->key.len = n;
-        colibri_status st = parse_value(c, kv, i);
+        st = parse_value(c, kv, i);
         if (st != COLIBRI_OK) return st;
     }
 
@@ -369,25 +388,17 @@ static colibri_status read_alignment(gguf_file *f) {
 
 /* Parses the tensor table (shape and type checks that need no data offset). */
 static colibri_status parse_tensor_infos(cursor *c, gguf_file *f) {
-    if (f->n_tensors > left(c) / GGUF_MIN_TENSOR_BYTES)
-        return cb_error(COLIBRI_E_FORMAT, "header: %llu tensors cannot fit in the %llu bytes left",
-                        (ull)f->n_tensors, (ull)left(c));
-    f->tensors = cb_calloc((size_t)f->n_tensors, sizeof(gguf_tensor));
-    if (!f->tensors) return cb_error(COLIBRI_E_NOMEM, "out of memory for %llu tensors", (ull)f->n_tensors);
+    void *table;
+    colibri_status st = alloc_table(c, f->n_tensors, GGUF_MIN_TENSOR_BYTES, sizeof(gguf_tensor), "tensors", &table);
+    if (st != COLIBRI_OK) return st;
+    f->tensors = table;
 
     for (uint64_t i = 0; i < f->n_tensors; i++) {
         gguf_tensor *t = &f->tensors[i];
         uint64_t n;
         const uint8_t *b;
-        if (rd_u64(c, &n))
-            return cb_error(COLIBRI_E_FORMAT, "tensor %llu of %llu: name length past end of file at offset %llu",
-                            (ull)i, (ull)f->n_tensors, (ull)c->pos);
-        if (n == 0 || n >= sizeof t->name)
-            return cb_error(COLIBRI_E_FORMAT, "tensor %llu of %llu: name length %llu (valid: 1..%zu)", (ull)i,
-                            (ull)f->n_tensors, (ull)n, sizeof t->name - 1);
-        if (rd_bytes(c, n, &b))
-            return cb_error(COLIBRI_E_FORMAT, "tensor %llu of %llu: name length %llu exceeds the %llu bytes left",
-                            (ull)i, (ull)f->n_tensors, (ull)n, (ull)left(c));
+        st = rd_entry_name(c, "tensor", "name", i, f->n_tensors, sizeof t->name - 1, &b, &n);
+        if (st != COLIBRI_OK) return st;
         if (memchr(b, '\0', (size_t)n))
             return cb_error(COLIBRI_E_FORMAT, "tensor %llu of %llu: name contains a NUL byte", (ull)i,
                             (ull)f->n_tensors);

@@ -92,40 +92,54 @@ colibri_status ld_shape_error(const gguf_tensor *t, const char *want) {
 
 const gguf_tensor *ld_find(const loader *L, const char *name) { return gguf_find_tensor(L->f, name); }
 
-/* A 2D matrix with ne = {cols, rows}. */
-colibri_status ld_mat(const loader *L, const char *name, int64_t cols, int64_t rows, int required,
-                               mat *out) {
-    memset(out, 0, sizeof *out);
+/* The tensor `name` with shape ne[0..n_dims) (the dimensions after those 1) and a computable type; *out is NULL
+ * when it is absent and not required. The checks every typed accessor below starts with. */
+static colibri_status find_shaped(const loader *L, const char *name, int n_dims, const int64_t *ne, int required,
+                                  const gguf_tensor **out) {
+    *out = NULL;
     const gguf_tensor *t = ld_find(L, name);
     if (!t) return required ? cb_error(COLIBRI_E_FORMAT, "tensor %s is missing", name) : COLIBRI_OK;
-    if ((int64_t)t->ne[0] != cols || (int64_t)t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1) {
-        char want[64];
-        snprintf(want, sizeof want, "[%lld, %lld]", (long long)cols, (long long)rows);
+    int same = 1;
+    for (int d = 0; d < 4; d++) same &= (int64_t)t->ne[d] == (d < n_dims ? ne[d] : 1);
+    if (!same) {
+        char want[80];
+        int o = snprintf(want, sizeof want, "[");
+        for (int d = 0; d < n_dims; d++)
+            o += snprintf(want + o, sizeof want - (size_t)o, "%s%lld", d ? ", " : "", (long long)ne[d]);
+        snprintf(want + o, sizeof want - (size_t)o, "]");
         return ld_shape_error(t, want);
     }
     colibri_status st = check_type(t);
     if (st) return st;
+    *out = t;
+    return COLIBRI_OK;
+}
+
+static colibri_status size_mismatch(const char *name) {
+    return cb_error(COLIBRI_E_FORMAT, "tensor %s: byte size does not match its shape and type", name);
+}
+
+/* A 2D matrix with ne = {cols, rows}. */
+colibri_status ld_mat(const loader *L, const char *name, int64_t cols, int64_t rows, int required,
+                               mat *out) {
+    memset(out, 0, sizeof *out);
+    const gguf_tensor *t;
+    colibri_status st = find_shaped(L, name, 2, (const int64_t[]){cols, rows}, required, &t);
+    if (st || !t) return st;
     out->data = t->data;
     out->type = t->type;
     out->rows = (int32_t)rows;
     out->cols = (int32_t)cols;
     out->row_bytes = type_row_bytes(t->type, (uint64_t)cols);
-    if (out->row_bytes == 0 || out->row_bytes * (uint64_t)rows != t->nbytes)
-        return cb_error(COLIBRI_E_FORMAT, "tensor %s: byte size does not match its shape and type", name);
+    if (out->row_bytes == 0 || out->row_bytes * (uint64_t)rows != t->nbytes) return size_mismatch(name);
     return COLIBRI_OK;
 }
 
 colibri_status ld_mat3(const loader *L, const char *name, int64_t cols, int64_t rows, int64_t n_expert,
                                 mat3 *out) {
     memset(out, 0, sizeof *out);
-    const gguf_tensor *t = ld_find(L, name);
-    if (!t) return cb_error(COLIBRI_E_FORMAT, "tensor %s is missing", name);
-    if ((int64_t)t->ne[0] != cols || (int64_t)t->ne[1] != rows || (int64_t)t->ne[2] != n_expert || t->ne[3] != 1) {
-        char want[80];
-        snprintf(want, sizeof want, "[%lld, %lld, %lld]", (long long)cols, (long long)rows, (long long)n_expert);
-        return ld_shape_error(t, want);
-    }
-    colibri_status st = check_type(t);
+    const gguf_tensor *t;
+    colibri_status st = find_shaped(L, name, 3, (const int64_t[]){cols, rows, n_expert}, 1, &t);
     if (st) return st;
     out->data = t->data;
     out->type = t->type;
@@ -134,30 +148,30 @@ colibri_status ld_mat3(const loader *L, const char *name, int64_t cols, int64_t 
     out->row_bytes = type_row_bytes(t->type, (uint64_t)cols);
     out->expert_bytes = out->row_bytes * (size_t)rows;
     out->expert_stride = out->expert_bytes;
-    if (out->row_bytes == 0 || out->expert_bytes * (uint64_t)n_expert != t->nbytes)
-        return cb_error(COLIBRI_E_FORMAT, "tensor %s: byte size does not match its shape and type", name);
+    if (out->row_bytes == 0 || out->expert_bytes * (uint64_t)n_expert != t->nbytes) return size_mismatch(name);
+    return COLIBRI_OK;
+}
+
+/* n0 x n1 elements (ne = {n0, n1}) dequantized row by row to a fresh f32 array [n1][n0]. */
+static colibri_status dequantized(const loader *L, const char *name, int n_dims, int64_t n0, int64_t n1,
+                                  int required, float **out) {
+    *out = NULL;
+    const gguf_tensor *t;
+    colibri_status st = find_shaped(L, name, n_dims, (const int64_t[]){n0, n1}, required, &t);
+    if (st || !t) return st;
+    const size_t row = type_row_bytes(t->type, (uint64_t)n0);
+    if (row == 0 || row * (uint64_t)n1 != t->nbytes) return size_mismatch(name);
+    float *v = cb_malloc((size_t)(n0 * n1) * sizeof(float));
+    if (!v) return cb_error(COLIBRI_E_NOMEM, "out of memory loading tensor %s", name);
+    for (int64_t r = 0; r < n1; r++)
+        dequantize_row(t->type, (const char *)t->data + (size_t)r * row, v + (size_t)(r * n0), (uint64_t)n0);
+    *out = v;
     return COLIBRI_OK;
 }
 
 /* A vector of n elements (ne = {n} or {n, 1}), dequantized to a fresh f32 array. */
 colibri_status ld_vec(const loader *L, const char *name, int64_t n, int required, float **out) {
-    *out = NULL;
-    const gguf_tensor *t = ld_find(L, name);
-    if (!t) return required ? cb_error(COLIBRI_E_FORMAT, "tensor %s is missing", name) : COLIBRI_OK;
-    if ((int64_t)t->ne[0] != n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1) {
-        char want[48];
-        snprintf(want, sizeof want, "[%lld]", (long long)n);
-        return ld_shape_error(t, want);
-    }
-    colibri_status st = check_type(t);
-    if (st) return st;
-    if (type_row_bytes(t->type, (uint64_t)n) != t->nbytes)
-        return cb_error(COLIBRI_E_FORMAT, "tensor %s: byte size does not match its shape and type", name);
-    float *v = cb_malloc((size_t)n * sizeof(float));
-    if (!v) return cb_error(COLIBRI_E_NOMEM, "out of memory loading tensor %s", name);
-    dequantize_row(t->type, t->data, v, (uint64_t)n);
-    *out = v;
-    return COLIBRI_OK;
+    return dequantized(L, name, 1, n, 1, required, out);
 }
 
 const char *ld_tname(char *buf, size_t cap, int layer, const char *what) {
@@ -167,25 +181,7 @@ const char *ld_tname(char *buf, size_t cap, int layer, const char *what) {
 
 /* A matrix ne = {n0, n1} dequantized to a fresh f32 array [n1][n0] (small per-expert tables). */
 colibri_status ld_vec2(const loader *L, const char *name, int64_t n0, int64_t n1, int required, float **out) {
-    *out = NULL;
-    const gguf_tensor *t = ld_find(L, name);
-    if (!t) return required ? cb_error(COLIBRI_E_FORMAT, "tensor %s is missing", name) : COLIBRI_OK;
-    if ((int64_t)t->ne[0] != n0 || (int64_t)t->ne[1] != n1 || t->ne[2] != 1 || t->ne[3] != 1) {
-        char want[64];
-        snprintf(want, sizeof want, "[%lld, %lld]", (long long)n0, (long long)n1);
-        return ld_shape_error(t, want);
-    }
-    colibri_status st = check_type(t);
-    if (st) return st;
-    const size_t row = type_row_bytes(t->type, (uint64_t)n0);
-    if (row == 0 || row * (uint64_t)n1 != t->nbytes)
-        return cb_error(COLIBRI_E_FORMAT, "tensor %s: byte size does not match its shape and type", name);
-    float *v = cb_malloc((size_t)(n0 * n1) * sizeof(float));
-    if (!v) return cb_error(COLIBRI_E_NOMEM, "out of memory loading tensor %s", name);
-    for (int64_t r = 0; r < n1; r++)
-        dequantize_row(t->type, (const char *)t->data + (size_t)r * row, v + (size_t)(r * n0), (uint64_t)n0);
-    *out = v;
-    return COLIBRI_OK;
+    return dequantized(L, name, 2, n0, n1, required, out);
 }
 
 /* ---- strings ---------------------------------------------------------- */

@@ -375,58 +375,58 @@ static void block_asym32(const float *x, const float *w, int nmax, float step, u
     for (int i = 0; i < 32; i++) q[i] = (uint8_t)qround((x[i] - m) * id, 0, nmax);
 }
 
+/* How a 32-element block of the first formats is fitted and laid out: fp16 d at byte 0, fp16 m at 2 when
+ * asymmetric, the fifth bits at qh_at (4 bytes, 0: none) and the low nibbles at qs_at; Q8_0 (qs_at 0) stores
+ * each level as a signed byte from byte 2. */
+typedef struct {
+    int lo, hi;      /* levels: symmetric lo..hi, asymmetric 0..hi */
+    int ntry;        /* symmetric: scales tried */
+    float step;
+    int asym;
+    int bytes;       /* the block's size */
+    int qh_at, qs_at;
+} legacy32_fmt;
+
+static const legacy32_fmt FMT_Q8_0 = {-127, 127, 2, 0.5f, 0, sizeof(block_q8_0), 0, 0};
+static const legacy32_fmt FMT_Q4_0 = {-8, 7, 10, 0.1f, 0, sizeof(block_q4_0), 0, 2};
+static const legacy32_fmt FMT_Q5_0 = {-16, 15, 10, 0.15f, 0, sizeof(block_q5_0), 2, 6};
+static const legacy32_fmt FMT_Q4_1 = {0, 15, 0, 0.1f, 1, sizeof(block_q4_1), 0, 4};
+static const legacy32_fmt FMT_Q5_1 = {0, 31, 0, 0.15f, 1, sizeof(block_q5_1), 4, 8};
+
+static void row_legacy32(const float *x, const float *w, uint8_t *y, int64_t nb, const legacy32_fmt *f) {
+    for (int64_t b = 0; b < nb; b++, x += 32, w += 32, y += f->bytes) {
+        uint16_t d16, m16;
+        uint8_t q[32];
+        if (f->asym) {
+            block_asym32(x, w, f->hi, f->step, &d16, &m16, q);
+            put16(y + 2, m16);
+        } else {
+            block_sym32(x, w, f->lo, f->hi, f->ntry, f->step, &d16, q);
+        }
+        put16(y, d16);
+        if (f->qh_at) pack_qh32(q, y + f->qh_at);
+        if (f->qs_at)
+            pack_nibbles32(q, y + f->qs_at);
+        else
+            for (int i = 0; i < 32; i++) y[2 + i] = (uint8_t)(int8_t)((int)q[i] + f->lo);
+    }
+}
+
+/* the row_fn signature for each (g unused) */
 static void row_q8_0(const float *x, const float *w, uint8_t *y, int64_t nb, const nl_grid *g) {
-    for (int64_t b = 0; b < nb; b++, x += 32, w += 32, y += sizeof(block_q8_0)) {
-        uint16_t d16;
-        uint8_t q[32];
-        block_sym32(x, w, -127, 127, 2, 0.5f, &d16, q);
-        put16(y, d16);
-        for (int i = 0; i < 32; i++) y[2 + i] = (uint8_t)(int8_t)((int)q[i] - 127);
-    }
+    row_legacy32(x, w, y, nb, &FMT_Q8_0);
 }
-
 static void row_q4_0(const float *x, const float *w, uint8_t *y, int64_t nb, const nl_grid *g) {
-    for (int64_t b = 0; b < nb; b++, x += 32, w += 32, y += sizeof(block_q4_0)) {
-        uint16_t d16;
-        uint8_t q[32];
-        block_sym32(x, w, -8, 7, 10, 0.1f, &d16, q);
-        put16(y, d16);
-        pack_nibbles32(q, y + 2);
-    }
+    row_legacy32(x, w, y, nb, &FMT_Q4_0);
 }
-
 static void row_q5_0(const float *x, const float *w, uint8_t *y, int64_t nb, const nl_grid *g) {
-    for (int64_t b = 0; b < nb; b++, x += 32, w += 32, y += sizeof(block_q5_0)) {
-        uint16_t d16;
-        uint8_t q[32];
-        block_sym32(x, w, -16, 15, 10, 0.15f, &d16, q);
-        put16(y, d16);
-        pack_qh32(q, y + 2);
-        pack_nibbles32(q, y + 6);
-    }
+    row_legacy32(x, w, y, nb, &FMT_Q5_0);
 }
-
 static void row_q4_1(const float *x, const float *w, uint8_t *y, int64_t nb, const nl_grid *g) {
-    for (int64_t b = 0; b < nb; b++, x += 32, w += 32, y += sizeof(block_q4_1)) {
-        uint16_t d16, m16;
-        uint8_t q[32];
-        block_asym32(x, w, 15, 0.1f, &d16, &m16, q);
-        put16(y, d16);
-        put16(y + 2, m16);
-        pack_nibbles32(q, y + 4);
-    }
+    row_legacy32(x, w, y, nb, &FMT_Q4_1);
 }
-
 static void row_q5_1(const float *x, const float *w, uint8_t *y, int64_t nb, const nl_grid *g) {
-    for (int64_t b = 0; b < nb; b++, x += 32, w += 32, y += sizeof(block_q5_1)) {
-        uint16_t d16, m16;
-        uint8_t q[32];
-        block_asym32(x, w, 31, 0.15f, &d16, &m16, q);
-        put16(y, d16);
-        put16(y + 2, m16);
-        pack_qh32(q, y + 4);
-        pack_nibbles32(q, y + 8);
-    }
+    row_legacy32(x, w, y, nb, &FMT_Q5_1);
 }
 
 static void row_iq4_nl(const float *x, const float *w, uint8_t *y, int64_t nb, const nl_grid *g) {

@@ -24,16 +24,11 @@ typedef struct seq_case {
 
 static colibri_context *ctx_with(colibri_model *m, int n_seq, int kv_type, int slots) {
     colibri_context_params p;
-    colibri_context_default_params(&p);
-    p.n_threads = 2;
-    p.n_ctx = NCTX;
-    p.n_batch = NB;
+    base_params(&p, NCTX, NB);
     p.kv_type = kv_type;
     p.expert_slots = slots;
     p.n_seq_max = n_seq;
-    colibri_context *c = NULL;
-    CHECK_OK(colibri_context_new(m, &p, &c));
-    return c;
+    return open_context(m, &p);
 }
 
 static int32_t argmax(const float *l) {

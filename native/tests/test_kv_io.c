@@ -20,17 +20,15 @@
 
 enum { NCTX = 64, NB = 8, PROMPT = 19, CUT = 12 };
 
-static colibri_context *ctx_of(colibri_model *m, int n_ctx, int kv_type) {
+static colibri_context *ctx_seqs_of(colibri_model *m, int n_ctx, int kv_type, int n_seq) {
     colibri_context_params p;
-    colibri_context_default_params(&p);
-    p.n_threads = 2;
-    p.n_ctx = n_ctx;
-    p.n_batch = NB;
+    base_params(&p, n_ctx, NB);
     p.kv_type = kv_type;
-    colibri_context *c = NULL;
-    CHECK_OK(colibri_context_new(m, &p, &c));
-    return c;
+    p.n_seq_max = n_seq;
+    return open_context(m, &p);
 }
+
+static colibri_context *ctx_of(colibri_model *m, int n_ctx, int kv_type) { return ctx_seqs_of(m, n_ctx, kv_type, 1); }
 
 static unsigned char *save(colibri_context *c, int32_t n, size_t *size) {
     *size = 0;
@@ -129,18 +127,6 @@ static void round_trip(colibri_model *m, colibri_model *other, const int32_t *pr
     colibri_context_free(c);
 }
 
-static colibri_context *ctx_seqs(colibri_model *m, int kv_type, int n_seq) {
-    colibri_context_params p;
-    colibri_context_default_params(&p);
-    p.n_threads = 2;
-    p.n_ctx = NCTX;
-    p.n_batch = NB;
-    p.kv_type = kv_type;
-    p.n_seq_max = n_seq;
-    colibri_context *c = NULL;
-    CHECK_OK(colibri_context_new(m, &p, &c));
-    return c;
-}
 
 static void sequences(colibri_model *m, const int32_t *prompt, int kv_type) {
     static float ref[V], got[V], other_ref[V], other_got[V];
@@ -153,7 +139,7 @@ static void sequences(colibri_model *m, const int32_t *prompt, int kv_type) {
     CHECK(version == 1);
     rest(one, prompt, CUT, ref);
 
-    colibri_context *c = ctx_seqs(m, kv_type, 3);
+    colibri_context *c = ctx_seqs_of(m, NCTX, kv_type, 3);
     int32_t seqs[PROMPT + 4], toks[PROMPT + 4];
     for (int i = 0; i < 4; i++) seqs[i] = 0, toks[i] = prompt[PROMPT - 1 - i]; /* another prompt on 0 */
     for (int i = 0; i < CUT; i++) seqs[4 + i] = 1, toks[4 + i] = prompt[i];

@@ -97,12 +97,8 @@ static void make_profile(colibri_model *m, const char *model_path, const int32_t
     p->n_tokens = NTOK;
     CHECK_OK(profile_model_fingerprint(model_path, &p->fingerprint, &p->model_bytes));
     colibri_context_params cp;
-    colibri_context_default_params(&cp);
-    cp.n_threads = 2;
-    cp.n_ctx = NCTX;
-    cp.n_batch = NB;
-    colibri_context *c = NULL;
-    CHECK_OK(colibri_context_new(m, &cp, &c));
+    base_params(&cp, NCTX, NB);
+    colibri_context *c = open_context(m, &cp);
     static int32_t ids[NTOK * L * K];
     static float w[NTOK * L * K];
     int32_t got = 0;
@@ -156,12 +152,7 @@ static colibri_status load_status(const prof *p) {
 
 /* ---- contexts ------------------------------------------------------------------------------ */
 
-static void defaults(colibri_context_params *p) {
-    colibri_context_default_params(p);
-    p->n_threads = 2;
-    p->n_ctx = NCTX;
-    p->n_batch = NB;
-}
+static void defaults(colibri_context_params *p) { base_params(p, NCTX, NB); }
 
 /* Prompt logits (all rows) then GEN greedy steps' logits into out[(PROMPT + GEN) * V]. */
 static void run_greedy(colibri_context *c, const int32_t *prompt, float *out) {

@@ -1,5 +1,5 @@
-/* test_util.h — the few helpers every C unit test shares: failure counting and a growable byte
- * buffer for writing small GGUF files in memory. Header-only; each test is its own executable. */
+/* test_util.h — the few helpers every C unit test shares: failure counting, the tests' context set-up
+ * and a growable byte buffer for writing small GGUF files in memory. Header-only; each test is its own executable. */
 #ifndef COLIBRI_TEST_UTIL_H
 #define COLIBRI_TEST_UTIL_H
 
@@ -29,6 +29,22 @@ static int failures = 0;
             failures++;                                                                                  \
         }                                                                                                \
     } while (0)
+
+/* The context parameters the model tests start from: the defaults with 2 threads (the CI machines' cores),
+ * n_ctx and n_batch; a test sets what else it varies, then opens the context with open_context. */
+__attribute__((unused)) static void base_params(colibri_context_params *p, int n_ctx, int n_batch) {
+    colibri_context_default_params(p);
+    p->n_threads = 2;
+    p->n_ctx = n_ctx;
+    p->n_batch = n_batch;
+}
+
+/* A context of m with p; NULL (and a counted failure) when it cannot be made. */
+__attribute__((unused)) static colibri_context *open_context(colibri_model *m, const colibri_context_params *p) {
+    colibri_context *c = NULL;
+    CHECK_OK(colibri_context_new(m, p, &c));
+    return c;
+}
 
 typedef struct buf {
     unsigned char *p;

@@ -103,6 +103,5 @@ int main(void) {
     incremental();
     length_matters();
     sidecar_round_trip();
-    if (failures) fprintf(stderr, "%d failure(s)\n", failures);
-    return failures ? 1 : 0;
+    return test_summary("test_digest");
 }

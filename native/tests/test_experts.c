@@ -216,10 +216,5 @@ int main(void) {
     colibri_model_close(m);
     unlink(path);
     rmdir(dir);
-    if (failures) {
-        fprintf(stderr, "test_experts: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_experts: ok\n");
-    return 0;
+    return test_summary("test_experts");
 }

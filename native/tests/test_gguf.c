@@ -525,10 +525,5 @@ int main(void) {
     test_metadata();
     test_tensor_table();
     unlink(tmp_path);
-    if (failures) {
-        fprintf(stderr, "test_gguf: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_gguf: all passed\n");
-    return 0;
+    return test_summary("test_gguf");
 }

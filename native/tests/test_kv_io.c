@@ -199,7 +199,5 @@ int main(void) {
         unlink(p2);
     }
     rmdir(dir);
-    if (failures) fprintf(stderr, "%d failure(s)\n", failures);
-    else printf("test_kv_io: ok\n");
-    return failures ? 1 : 0;
+    return test_summary("test_kv_io");
 }

@@ -381,10 +381,5 @@ int main(void) {
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
-    if (failures) {
-        fprintf(stderr, "test_model: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_model: ok\n");
-    return 0;
+    return test_summary("test_model");
 }

@@ -607,10 +607,5 @@ int main(void) {
     unlink(dense_path);
     unlink(ppath);
     rmdir(dir);
-    if (failures) {
-        fprintf(stderr, "test_profile: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_profile: ok\n");
-    return 0;
+    return test_summary("test_profile");
 }

@@ -133,6 +133,5 @@ int main(void) {
     unlink(q4);
     unlink(cut);
     CHECK(rmdir(dir) == 0);
-    if (failures) fprintf(stderr, "test_quantize: %d failure(s)\n", failures);
-    return failures ? 1 : 0;
+    return test_summary("test_quantize");
 }

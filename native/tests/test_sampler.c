@@ -415,10 +415,5 @@ int main(void) {
     test_large_vocab_filters();
     test_determinism_and_alloc();
     test_allowed_mask();
-    if (failures) {
-        fprintf(stderr, "test_sampler: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_sampler: all passed\n");
-    return 0;
+    return test_summary("test_sampler");
 }

@@ -321,10 +321,5 @@ int main(void) {
     test_digits_and_unsupported();
     test_spm();
     unlink(tmp_path);
-    if (failures) {
-        fprintf(stderr, "test_tokenizer: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_tokenizer: all passed\n");
-    return 0;
+    return test_summary("test_tokenizer");
 }

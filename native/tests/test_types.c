@@ -181,10 +181,5 @@ int main(void) {
     test_fp16();
     test_bf16();
     test_dequant();
-    if (failures) {
-        fprintf(stderr, "test_types: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_types: all passed\n");
-    return 0;
+    return test_summary("test_types");
 }

@@ -30,6 +30,16 @@ static int failures = 0;
         }                                                                                                \
     } while (0)
 
+/* The end of every test's main: the failure count on stderr, or "NAME: ok"; main's exit status. */
+__attribute__((unused)) static int test_summary(const char *name) {
+    if (failures) {
+        fprintf(stderr, "%s: %d failure(s)\n", name, failures);
+        return 1;
+    }
+    printf("%s: ok\n", name);
+    return 0;
+}
+
 /* The context parameters the model tests start from: the defaults with 2 threads (the CI machines' cores),
  * n_ctx and n_batch; a test sets what else it varies, then opens the context with open_context. */
 __attribute__((unused)) static void base_params(colibri_context_params *p, int n_ctx, int n_batch) {

@@ -8,16 +8,8 @@
 #include "chat_template.h"
 #include "error.h"
 
-static int failures;
-#define CHECK(cond, ...)                                                                 \
-    do {                                                                                 \
-        if (!(cond)) {                                                                   \
-            failures++;                                                                  \
-            fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond);     \
-            fprintf(stderr, __VA_ARGS__);                                                \
-            fprintf(stderr, "\n");                                                       \
-        }                                                                                \
-    } while (0)
+#define TEST_UTIL_CHECK_MSG
+#include "test_util.h"
 
 static chat_format detect(const char *t) { return chat_format_detect(t, strlen(t)); }
 

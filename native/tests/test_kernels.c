@@ -21,17 +21,8 @@
 #include "kernels.h"
 #include "types.h"
 
-static int failures;
-#define CHECK(cond, ...)                                                               \
-    do {                                                                               \
-        if (!(cond)) {                                                                 \
-            if (failures++ < 30) {                                                     \
-                fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond); \
-                fprintf(stderr, __VA_ARGS__);                                          \
-                fprintf(stderr, "\n");                                                 \
-            }                                                                          \
-        }                                                                              \
-    } while (0)
+#define TEST_UTIL_CHECK_MSG
+#include "test_util.h"
 
 /* ---- random numbers ------------------------------------------------------ */
 

@@ -17,17 +17,8 @@
 #include "kernels_impl.h"
 #include "types.h"
 
-static int failures;
-#define CHECK(cond, ...)                                                                 \
-    do {                                                                                 \
-        if (!(cond)) {                                                                   \
-            if (failures++ < 20) {                                                       \
-                fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond); \
-                fprintf(stderr, __VA_ARGS__);                                            \
-                fprintf(stderr, "\n");                                                   \
-            }                                                                            \
-        }                                                                                \
-    } while (0)
+#define TEST_UTIL_CHECK_MSG
+#include "test_util.h"
 
 #if defined(__aarch64__)
 static uint64_t rng = 0x243f6a8885a308d3ull;

@@ -14,16 +14,8 @@
 #include "colibri.h"
 #include "threads.h"
 
-static int failures;
-#define CHECK(cond, ...)                                                   \
-    do {                                                                   \
-        if (!(cond)) {                                                     \
-            failures++;                                                    \
-            fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                  \
-            fprintf(stderr, "\n");                                         \
-        }                                                                  \
-    } while (0)
+#define TEST_UTIL_CHECK_MSG
+#include "test_util.h"
 
 static double now_s(void) {
     struct timespec ts;

@@ -12,6 +12,21 @@
 
 static int failures = 0;
 
+#ifdef TEST_UTIL_CHECK_MSG
+/* CHECK(cond, fmt, ...): with a printf-style message after the condition (define TEST_UTIL_CHECK_MSG before
+ * including this header); the first 30 failures are printed, the rest only counted (a broken kernel
+ * fails thousands of elements). */
+#define CHECK(cond, ...)                                                                     \
+    do {                                                                                     \
+        if (!(cond)) {                                                                       \
+            if (failures++ < 30) {                                                           \
+                fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond);     \
+                fprintf(stderr, __VA_ARGS__);                                                \
+                fprintf(stderr, "\n");                                                      \
+            }                                                                                \
+        }                                                                                    \
+    } while (0)
+#else
 #define CHECK(cond)                                                                  \
     do {                                                                             \
         if (!(cond)) {                                                               \
@@ -19,6 +34,7 @@ static int failures = 0;
             failures++;                                                              \
         }                                                                            \
     } while (0)
+#endif
 
 #define CHECK_OK(expr)                                                                                   \
     do {                                                                                                 \

@@ -834,6 +834,42 @@ def _pre_tokenizer(kind: str) -> Any:
     )
 
 
+def _train_and_save(
+    tok: Any, trainer: Any, out_dir: Path, tok_cfg: dict[str, Any], added: list[str] | None = None
+) -> Path:
+    """Train `tok` on the standard-library corpus and write tokenizer.json (with only the `added` tokens kept
+    as added tokens, when given) and tokenizer_config.json (`tok_cfg` and the chat template)."""
+    lines = corpus_text().splitlines()
+    tok.train_from_iterator([lines[i : i + 200] for i in range(0, len(lines), 200)], trainer=trainer)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out_dir / "tokenizer.json"))
+    if added is not None:
+        tj = json.loads((out_dir / "tokenizer.json").read_text(encoding="utf-8"))
+        tj["added_tokens"] = [t for t in tj["added_tokens"] if t["content"] in added]
+        (out_dir / "tokenizer.json").write_text(json.dumps(tj, ensure_ascii=False), encoding="utf-8")
+    (out_dir / "tokenizer_config.json").write_text(
+        json.dumps({**tok_cfg, "chat_template": CHAT_TEMPLATE}, indent=2)
+    )
+    return out_dir
+
+
+def _byte_fallback_bpe(specials: list[str], strip_space: bool, **trainer_args: Any) -> tuple[Any, Any]:
+    """A BPE with byte fallback over text whose spaces are U+2581 (SentencePiece's layout), its byte tokens
+    <0x00>..<0xFF> after `specials`; `strip_space` drops the space decoding puts before the first word."""
+    from tokenizers import Tokenizer, decoders, models, trainers
+
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    tok.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if strip_space else []))
+    trainer = trainers.BpeTrainer(
+        vocab_size=TOKENIZER_VOCAB,
+        special_tokens=specials + [f"<0x{i:02X}>" for i in range(256)],
+        show_progress=False,
+        **trainer_args,
+    )
+    return tok, trainer
+
+
 def build_tokenizer(out_dir: Path, pre: str = "gpt-2") -> Path:
     """Train a byte-level BPE on standard-library text; write tokenizer.json and tokenizer_config.json."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -847,10 +883,6 @@ def build_tokenizer(out_dir: Path, pre: str = "gpt-2") -> Path:
         show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    lines = corpus_text().splitlines()
-    tok.train_from_iterator([lines[i : i + 200] for i in range(0, len(lines), 200)], trainer=trainer)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tok.save(str(out_dir / "tokenizer.json"))
     tok_cfg = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": SPECIAL_TOKENS[0],
@@ -858,35 +890,17 @@ def build_tokenizer(out_dir: Path, pre: str = "gpt-2") -> Path:
         "pad_token": SPECIAL_TOKENS[0],
         "add_bos_token": False,
         "model_max_length": 512,
-        "chat_template": CHAT_TEMPLATE,
     }
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
-    return out_dir
+    return _train_and_save(tok, trainer, out_dir, tok_cfg)
 
 
 def build_spm_tokenizer(out_dir: Path) -> Path:
     """A SentencePiece-style BPE (byte fallback, U+2581 for spaces, Llama 2 / Mistral layout), 1000 tokens."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+    from tokenizers import normalizers
 
-    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
-    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
-    tok.decoder = decoders.Sequence(
-        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
-    )
     specials = ["<unk>", "<s>", "</s>"]
-    trainer = trainers.BpeTrainer(
-        vocab_size=TOKENIZER_VOCAB,
-        special_tokens=specials + [f"<0x{i:02X}>" for i in range(256)],
-        show_progress=False,
-    )
-    lines = corpus_text().splitlines()
-    tok.train_from_iterator([lines[i : i + 200] for i in range(0, len(lines), 200)], trainer=trainer)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tok.save(str(out_dir / "tokenizer.json"))
-    # as in Llama 2 / Mistral files: only <unk>, <s>, </s> are added tokens; the byte tokens are plain vocab
-    tj = json.loads((out_dir / "tokenizer.json").read_text(encoding="utf-8"))
-    tj["added_tokens"] = [t for t in tj["added_tokens"] if t["content"] in specials]
-    (out_dir / "tokenizer.json").write_text(json.dumps(tj, ensure_ascii=False), encoding="utf-8")
+    tok, trainer = _byte_fallback_bpe(specials, strip_space=True)
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
     tok_cfg = {
         "tokenizer_class": "LlamaTokenizerFast",
         "bos_token": "<s>",
@@ -894,10 +908,9 @@ def build_spm_tokenizer(out_dir: Path) -> Path:
         "unk_token": "<unk>",
         "add_bos_token": True,
         "add_eos_token": False,
-        "chat_template": CHAT_TEMPLATE,
     }
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
-    return out_dir
+    # as in Llama 2 / Mistral files: only <unk>, <s>, </s> are added tokens; the byte tokens are plain vocab
+    return _train_and_save(tok, trainer, out_dir, tok_cfg, added=specials)
 
 
 GEMMA4_SPECIALS = ["<pad>", "<eos>", "<bos>", "<unk>"]
@@ -907,26 +920,10 @@ def build_gemma4_tokenizer(out_dir: Path) -> Path:
     """A tokenizer of Gemma 4's kind, 1000 tokens: BPE with byte fallback over text whose spaces are U+2581,
     no space prefix, no pre-splitting (so pieces may span words), <pad> <eos> <bos> <unk> at ids 0-3 as in
     Gemma's vocabulary, BOS added. What could be checked offline: the real Gemma 4 tokenizer is not here."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+    from tokenizers import normalizers
 
-    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    tok, trainer = _byte_fallback_bpe(GEMMA4_SPECIALS, strip_space=False, max_token_length=12)
     tok.normalizer = normalizers.Replace(" ", "\u2581")
-    tok.decoder = decoders.Sequence(
-        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
-    )
-    trainer = trainers.BpeTrainer(
-        vocab_size=TOKENIZER_VOCAB,
-        special_tokens=GEMMA4_SPECIALS + [f"<0x{i:02X}>" for i in range(256)],
-        show_progress=False,
-        max_token_length=12,
-    )
-    lines = corpus_text().splitlines()
-    tok.train_from_iterator([lines[i : i + 200] for i in range(0, len(lines), 200)], trainer=trainer)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tok.save(str(out_dir / "tokenizer.json"))
-    tj = json.loads((out_dir / "tokenizer.json").read_text(encoding="utf-8"))
-    tj["added_tokens"] = [t for t in tj["added_tokens"] if t["content"] in GEMMA4_SPECIALS]
-    (out_dir / "tokenizer.json").write_text(json.dumps(tj, ensure_ascii=False), encoding="utf-8")
     tok_cfg = {
         "tokenizer_class": "GemmaTokenizerFast",
         "bos_token": "<bos>",
@@ -935,10 +932,8 @@ def build_gemma4_tokenizer(out_dir: Path) -> Path:
         "unk_token": "<unk>",
         "add_bos_token": True,
         "add_eos_token": False,
-        "chat_template": CHAT_TEMPLATE,
     }
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2))
-    return out_dir
+    return _train_and_save(tok, trainer, out_dir, tok_cfg, added=GEMMA4_SPECIALS)
 
 
 _ARCH_CLASS = {
@@ -968,6 +963,38 @@ _ARCH_CLASS = {
 BRANCH_GAIN = 3.0
 # Routers are sharper than the other projections, so that expert choices are clear-cut.
 ROUTER_GAIN = 2.0
+
+
+def _glu(
+    w: dict[str, np.ndarray],
+    prefix: str,
+    names: tuple[str, str, str],
+    ff: int,
+    hidden: int,
+    lin: Any,
+    gain: float = BRANCH_GAIN,
+) -> None:
+    """A gated FFN's gate, up and down projections (drawn in that order), prefix + name + ".weight"."""
+    w[f"{prefix}{names[0]}.weight"] = lin(ff, hidden)
+    w[f"{prefix}{names[1]}.weight"] = lin(ff, hidden)
+    w[f"{prefix}{names[2]}.weight"] = lin(hidden, ff, gain)
+
+
+_GLU_NAMES = ("gate_proj", "up_proj", "down_proj")
+
+
+def _experts(
+    w: dict[str, np.ndarray],
+    m: str,
+    n_exp: int,
+    ff: int,
+    hidden: int,
+    lin: Any,
+    names: tuple[str, str, str] = _GLU_NAMES,
+) -> None:
+    """One gated FFN per expert, each in its own tensors: m + "experts.{e}." + name + ".weight"."""
+    for e in range(n_exp):
+        _glu(w, f"{m}experts.{e}.", names, ff, hidden, lin)
 
 
 def make_weights(spec: TinySpec) -> dict[str, np.ndarray]:
@@ -1032,10 +1059,7 @@ def make_weights(spec: TinySpec) -> dict[str, np.ndarray]:
             w[a + "q_norm.weight"] = norm(n_head * hd)
             w[a + "k_norm.weight"] = norm(n_kv * hd)
         if mt == "llama":
-            ff = c["intermediate_size"]
-            w[p + "mlp.gate_proj.weight"] = lin(ff, hidden)
-            w[p + "mlp.up_proj.weight"] = lin(ff, hidden)
-            w[p + "mlp.down_proj.weight"] = lin(hidden, ff, BRANCH_GAIN)
+            _glu(w, p + "mlp.", _GLU_NAMES, c["intermediate_size"], hidden, lin)
             continue
         n_exp = c.get("num_local_experts") or c["num_experts"]
         ff = c.get("moe_intermediate_size") or c["intermediate_size"]
@@ -1071,17 +1095,11 @@ def make_weights(spec: TinySpec) -> dict[str, np.ndarray]:
             names = ("w1", "w3", "w2")
         else:
             m = p + "mlp."
-            names = ("gate_proj", "up_proj", "down_proj")
+            names = _GLU_NAMES
         w[m + "gate.weight"] = lin(n_exp, hidden, ROUTER_GAIN)
-        for e in range(n_exp):
-            w[f"{m}experts.{e}.{names[0]}.weight"] = lin(ff, hidden)
-            w[f"{m}experts.{e}.{names[1]}.weight"] = lin(ff, hidden)
-            w[f"{m}experts.{e}.{names[2]}.weight"] = lin(hidden, ff, BRANCH_GAIN)
+        _experts(w, m, n_exp, ff, hidden, lin, names)
         if mt == "qwen2_moe":
-            sff = c["shared_expert_intermediate_size"]
-            w[m + "shared_expert.gate_proj.weight"] = lin(sff, hidden)
-            w[m + "shared_expert.up_proj.weight"] = lin(sff, hidden)
-            w[m + "shared_expert.down_proj.weight"] = lin(hidden, sff, BRANCH_GAIN)
+            _glu(w, m + "shared_expert.", _GLU_NAMES, c["shared_expert_intermediate_size"], hidden, lin)
             w[m + "shared_expert_gate.weight"] = lin(1, hidden, ROUTER_GAIN)
     w["model.norm.weight"] = norm(hidden)
     if not c.get("tie_word_embeddings"):
@@ -1139,13 +1157,8 @@ def _qwen35_weights(
         m = p + "mlp."
         ff, sff, n_exp = c["moe_intermediate_size"], c["shared_expert_intermediate_size"], c["num_experts"]
         w[m + "gate.weight"] = lin(n_exp, hidden, ROUTER_GAIN)
-        for e in range(n_exp):
-            w[f"{m}experts.{e}.gate_proj.weight"] = lin(ff, hidden)
-            w[f"{m}experts.{e}.up_proj.weight"] = lin(ff, hidden)
-            w[f"{m}experts.{e}.down_proj.weight"] = lin(hidden, ff, BRANCH_GAIN)
-        w[m + "shared_expert.gate_proj.weight"] = lin(sff, hidden)
-        w[m + "shared_expert.up_proj.weight"] = lin(sff, hidden)
-        w[m + "shared_expert.down_proj.weight"] = lin(hidden, sff, BRANCH_GAIN)
+        _experts(w, m, n_exp, ff, hidden, lin)
+        _glu(w, m + "shared_expert.", _GLU_NAMES, sff, hidden, lin)
         w[m + "shared_expert_gate.weight"] = lin(1, hidden, ROUTER_GAIN)
 
     for i, kind in enumerate(types):
@@ -1246,9 +1259,7 @@ def _gemma4_weights(spec: TinySpec, w: dict[str, np.ndarray], lin: Any, norm: An
         for n in ("post_attention_layernorm", "post_feedforward_layernorm"):
             w[f"{p}{n}.weight"] = BRANCH_GAIN * norm(hidden)
         ff, fe, n_exp = c["intermediate_size"], c["moe_intermediate_size"], c["num_experts"]
-        w[p + "mlp.gate_proj.weight"] = lin(ff, hidden)
-        w[p + "mlp.up_proj.weight"] = lin(ff, hidden)
-        w[p + "mlp.down_proj.weight"] = lin(hidden, ff)
+        _glu(w, p + "mlp.", _GLU_NAMES, ff, hidden, lin, gain=1.0)
         w[p + "router.proj.weight"] = lin(n_exp, hidden, ROUTER_GAIN * math.sqrt(hidden))
         w[p + "router.scale"] = norm(hidden)
         w[p + "router.per_expert_scale"] = rng.uniform(0.5, 1.5, n_exp).astype(np.float32)
@@ -1293,10 +1304,7 @@ def _grouped_ffn_weights(
     m = p + "mlp."
     types = c.get("mlp_layer_types")  # glm4_moe_lite spells its dense layers out
     if (types[i] == "dense") if types else i < c.get("first_k_dense_replace", 0):
-        ff = c["intermediate_size"]
-        w[m + "gate_proj.weight"] = lin(ff, hidden)
-        w[m + "up_proj.weight"] = lin(ff, hidden)
-        w[m + "down_proj.weight"] = lin(hidden, ff, BRANCH_GAIN)
+        _glu(w, m, _GLU_NAMES, c["intermediate_size"], hidden, lin)
         return
     n_exp, ff = c["n_routed_experts"], c["moe_intermediate_size"]
     w[m + "gate.weight"] = lin(n_exp, hidden, ROUTER_GAIN)
@@ -1306,15 +1314,10 @@ def _grouped_ffn_weights(
         "glm4_moe_lite",
     ):  # large enough to change some choices, as a trained bias does
         w[m + "gate.e_score_correction_bias"] = (0.1 * np.arange(n_exp)[::-1] / n_exp).astype(np.float32)
-    for e in range(n_exp):
-        w[f"{m}experts.{e}.gate_proj.weight"] = lin(ff, hidden)
-        w[f"{m}experts.{e}.up_proj.weight"] = lin(ff, hidden)
-        w[f"{m}experts.{e}.down_proj.weight"] = lin(hidden, ff, BRANCH_GAIN)
+    _experts(w, m, n_exp, ff, hidden, lin)
     sff = ff * c.get("n_shared_experts", 0)
     if sff:
-        w[m + "shared_experts.gate_proj.weight"] = lin(sff, hidden)
-        w[m + "shared_experts.up_proj.weight"] = lin(sff, hidden)
-        w[m + "shared_experts.down_proj.weight"] = lin(hidden, sff, BRANCH_GAIN)
+        _glu(w, m + "shared_experts.", _GLU_NAMES, sff, hidden, lin)
 
 
 def build_checkpoint(spec: TinySpec, out_dir: Path, tokenizer_dir: Path) -> Path:

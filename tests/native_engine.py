@@ -4,6 +4,7 @@ exact context parameters, routing records, stats and the memory plan."""
 from __future__ import annotations
 
 import ctypes
+import os
 from pathlib import Path
 
 import numpy as np
@@ -19,22 +20,33 @@ class Engine:
     def __init__(
         self, path: str | Path, threads: int = 2, n_ctx: int = 256, n_batch: int = 64, kv_type: int = 0
     ) -> None:
+        params = N.ContextParamsC(threads, n_ctx, n_batch)
+        params.kv_type = kv_type
+        self._open(path, params)
+
+    def _open(self, path: str | Path, params: N.ContextParamsC) -> None:
+        """Opens the model and a context with exactly `params`; a test that varies other fields builds its
+        own params and calls this from its __init__."""
         self.model = ctypes.c_void_p()
         self.ctx = ctypes.c_void_p()
-        LIB.check(LIB.colibri_model_open(str(path).encode(), ctypes.byref(self.model)))
+        LIB.check(LIB.colibri_model_open(os.fsencode(path), ctypes.byref(self.model)))
         info = N.ModelInfoC()
         LIB.check(LIB.colibri_model_get_info(self.model, ctypes.byref(info)))
         self.info = info
-        params = N.ContextParamsC(threads, n_ctx, n_batch)
-        params.kv_type = kv_type
         status = LIB.colibri_context_new(self.model, ctypes.byref(params), ctypes.byref(self.ctx))
         if status:
             LIB.colibri_model_close(self.model)
-            LIB.check(status)
+            LIB.check(status, "context")
 
     def close(self) -> None:
         LIB.colibri_context_free(self.ctx)
         LIB.colibri_model_close(self.model)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def eval(self, tokens: list[int], all_logits: bool = True) -> np.ndarray:
         toks = np.asarray(tokens, dtype=np.int32)
@@ -67,3 +79,11 @@ class Engine:
         p = N.MemoryPlanC()
         LIB.check(LIB.colibri_get_memory_plan(self.ctx, ctypes.byref(p)))
         return p
+
+    def expert_stats(self) -> list[N.ExpertStatsC]:
+        """Every expert's record, layer-major."""
+        n_total = self.info.n_layer * self.info.n_expert
+        arr = (N.ExpertStatsC * n_total)()
+        n = ctypes.c_int32()
+        LIB.check(LIB.colibri_get_expert_stats(self.ctx, arr, n_total, ctypes.byref(n)))
+        return list(arr[: n.value])

@@ -53,21 +53,13 @@ class _Ctx(Engine):
         lowbit: Path | None = None,
         weight: float = 0.0,
     ) -> None:
-        self.model = ctypes.c_void_p()
-        self.ctx = ctypes.c_void_p()
-        LIB.check(LIB.colibri_model_open(str(path).encode(), ctypes.byref(self.model)))
-        self.info = N.ModelInfoC()
-        LIB.check(LIB.colibri_model_get_info(self.model, ctypes.byref(self.info)))
         p = N.ContextParamsC()
         LIB.colibri_context_default_params(ctypes.byref(p))
         p.n_threads, p.n_ctx, p.n_batch, p.expert_slots, p.expert_mass = 2, 64, n_batch, slots, mass
         if lowbit is not None:
             p.lowbit_experts = str(lowbit).encode()
         p.lowbit_weight = weight
-        status = LIB.colibri_context_new(self.model, ctypes.byref(p), ctypes.byref(self.ctx))
-        if status:
-            LIB.colibri_model_close(self.model)
-            LIB.check(status)
+        self._open(path, p)
 
 
 def _run(path: Path, **opts: object) -> tuple[np.ndarray, np.ndarray, np.ndarray, N.StatsC, int]:

@@ -11,7 +11,6 @@ and pinning keep the profile's hottest experts resident; bad profiles give clear
 
 from __future__ import annotations
 
-import ctypes
 import os
 import struct
 from pathlib import Path
@@ -19,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from engine_reference import make_tiny_model
+from native_engine import Engine
 
 from colibri_backend import _native as N
 from colibri_backend.errors import BudgetError, EngineError, ModelFormatError
 
-LIB = N.load_library()
 N_CTX, N_BATCH, THREADS = 96, 16, 2
 PROMPT_LEN, N_GEN, PROFILE_TOKENS = 37, 8, 90
 N_BUCKETS = 16
@@ -103,39 +102,14 @@ def profile_bytes(model_path: Path, tokens: list[int], ids: np.ndarray, n_expert
     return body + struct.pack("<Q", fnv1a64(body))
 
 
-class Ctx:
+class Ctx(Engine):
     """One model + context with the ABI 2 options."""
 
     def __init__(self, path: Path, **opts: object) -> None:
-        self.model = ctypes.c_void_p()
-        self.ctx = ctypes.c_void_p()
-        LIB.check(LIB.colibri_model_open(os.fsencode(path), ctypes.byref(self.model)))
-        info = N.ModelInfoC()
-        LIB.check(LIB.colibri_model_get_info(self.model, ctypes.byref(info)))
-        self.info = info
         params = N.ContextParamsC(THREADS, N_CTX, N_BATCH, 0, N.POLICY_LFU, opts.pop("prefetch", 3))
         for name, value in opts.items():
             setattr(params, name, os.fsencode(value) if name == "routing_profile" else value)
-        status = LIB.colibri_context_new(self.model, ctypes.byref(params), ctypes.byref(self.ctx))
-        if status:
-            LIB.colibri_model_close(self.model)
-            LIB.check(status, "context")
-
-    def close(self) -> None:
-        LIB.colibri_context_free(self.ctx)
-        LIB.colibri_model_close(self.model)
-
-    def __enter__(self) -> Ctx:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def eval(self, tokens: list[int], all_logits: bool) -> np.ndarray:
-        toks = np.asarray(tokens, dtype=np.int32)
-        out = np.zeros((len(toks) if all_logits else 1, self.info.n_vocab), dtype=np.float32)
-        LIB.check(LIB.colibri_eval(self.ctx, N.i32_ptr(toks), len(toks), N.f32_ptr(out), int(all_logits)))
-        return out
+        self._open(path, params)
 
     def greedy(self, prompt: list[int]) -> np.ndarray:
         """Prompt logits, then N_GEN greedy steps' logits, stacked."""
@@ -145,25 +119,13 @@ class Ctx:
         return np.concatenate(rows)
 
     def routing(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        k = self.info.n_expert_used
-        ids = np.zeros((n, self.info.n_layer, k), dtype=np.int32)
-        wts = np.zeros((n, self.info.n_layer, k), dtype=np.float32)
-        got = ctypes.c_int32()
-        LIB.check(LIB.colibri_get_routing(self.ctx, N.i32_ptr(ids), N.f32_ptr(wts), n, ctypes.byref(got)))
-        assert got.value == n
+        ids, wts = super().routing(n)
+        assert len(ids) == n
         return ids, wts
 
-    def stats(self) -> N.StatsC:
-        s = N.StatsC()
-        LIB.check(LIB.colibri_get_stats(self.ctx, ctypes.byref(s)))
-        return s
-
     def resident(self) -> np.ndarray:
-        n_total = self.info.n_layer * self.info.n_expert
-        arr = (N.ExpertStatsC * n_total)()
-        n = ctypes.c_int32()
-        LIB.check(LIB.colibri_get_expert_stats(self.ctx, arr, n_total, ctypes.byref(n)))
-        assert n.value == n_total
+        arr = self.expert_stats()
+        assert len(arr) == self.info.n_layer * self.info.n_expert
         return np.array([a.resident for a in arr], dtype=bool).reshape(self.info.n_layer, self.info.n_expert)
 
 

@@ -18,40 +18,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 from engine_reference import make_tiny_model
+from native_engine import LIB, Engine
 
 from colibri_backend import _native as N
 from colibri_backend.errors import BudgetError
 
-LIB = N.load_library()
 N_CTX, N_BATCH, THREADS = 96, 16, 2
 PROMPT_LEN, N_GEN = 37, 12  # the prompt spans three chunks of N_BATCH, so prefill runs in waves
 
 
-class Run:
+class Run(Engine):
     """One model + context with a budget; evaluates a prompt and a greedy continuation."""
 
     def __init__(self, path: Path, budget: int, policy: int = N.POLICY_LFU, prefetch: int = 3) -> None:
-        self.model = ctypes.c_void_p()
-        self.ctx = ctypes.c_void_p()
-        LIB.check(LIB.colibri_model_open(os.fsencode(path), ctypes.byref(self.model)))
-        info = N.ModelInfoC()
-        LIB.check(LIB.colibri_model_get_info(self.model, ctypes.byref(info)))
-        self.info = info
-        params = N.ContextParamsC(THREADS, N_CTX, N_BATCH, budget, policy, prefetch)
-        status = LIB.colibri_context_new(self.model, ctypes.byref(params), ctypes.byref(self.ctx))
-        if status:
-            LIB.colibri_model_close(self.model)
-            LIB.check(status, "context")
-
-    def close(self) -> None:
-        LIB.colibri_context_free(self.ctx)
-        LIB.colibri_model_close(self.model)
-
-    def eval(self, tokens: list[int], all_logits: bool) -> np.ndarray:
-        toks = np.asarray(tokens, dtype=np.int32)
-        out = np.zeros((len(toks) if all_logits else 1, self.info.n_vocab), dtype=np.float32)
-        LIB.check(LIB.colibri_eval(self.ctx, N.i32_ptr(toks), len(toks), N.f32_ptr(out), int(all_logits)))
-        return out
+        self._open(path, N.ContextParamsC(THREADS, N_CTX, N_BATCH, budget, policy, prefetch))
 
     def greedy(self, prompt: list[int], n_new: int) -> tuple[np.ndarray, list[int], np.ndarray]:
         prompt_logits = self.eval(prompt, True)
@@ -63,23 +43,6 @@ class Run:
             last = self.eval([ids[-1]], False)[0]
             steps.append(last)
         return prompt_logits, ids, np.stack(steps)
-
-    def stats(self) -> N.StatsC:
-        s = N.StatsC()
-        LIB.check(LIB.colibri_get_stats(self.ctx, ctypes.byref(s)))
-        return s
-
-    def plan(self) -> N.MemoryPlanC:
-        p = N.MemoryPlanC()
-        LIB.check(LIB.colibri_get_memory_plan(self.ctx, ctypes.byref(p)))
-        return p
-
-    def expert_stats(self) -> list[N.ExpertStatsC]:
-        n_total = self.info.n_layer * self.info.n_expert
-        arr = (N.ExpertStatsC * n_total)()
-        n = ctypes.c_int32()
-        LIB.check(LIB.colibri_get_expert_stats(self.ctx, arr, n_total, ctypes.byref(n)))
-        return list(arr[: n.value])
 
 
 MODELS = {

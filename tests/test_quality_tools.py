@@ -48,6 +48,15 @@ def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict[str, Any]
 # ---- the math -----------------------------------------------------------------------------------
 
 
+def _write_base(
+    files: dict[str, Path], base: Path, args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The F32 file's KL-divergence base over the test text, written with `args`; its output discarded."""
+    argv = ["perplexity", str(files["f32"]), str(files["text"]), *args, "--kl-divergence-base", str(base)]
+    assert main(argv) == 0
+    capsys.readouterr()
+
+
 def test_chunks_follow_llama_perplexity() -> None:
     chunks = q.make_chunks(list(range(10, 110)), 16, None, bos_id=1)
     assert chunks.shape == (6, 16)  # 100 // 16, the rest dropped
@@ -170,20 +179,7 @@ def test_perplexity_base_and_kld(files: dict[str, Path], capsys: pytest.CaptureF
 def test_perplexity_refuses_bad_bases(files: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     base_file = files["dir"] / "base-bad.kld"
     args = ["--ctx", str(CTX), "--chunks", "2", "--quiet", "--threads", "2"]
-    assert (
-        main(
-            [
-                "perplexity",
-                str(files["f32"]),
-                str(files["text"]),
-                *args,
-                "--kl-divergence-base",
-                str(base_file),
-            ]
-        )
-        == 0
-    )
-    capsys.readouterr()
+    _write_base(files, base_file, args, capsys)
     data = bytearray(base_file.read_bytes())
 
     truncated = files["dir"] / "truncated.kld"
@@ -223,20 +219,7 @@ def test_kld_refuses_another_models_vocabulary(
 
     base_file = files["dir"] / "base-vocab.kld"
     args = ["--ctx", str(CTX), "--chunks", "1", "--quiet", "--threads", "2"]
-    assert (
-        main(
-            [
-                "perplexity",
-                str(files["f32"]),
-                str(files["text"]),
-                *args,
-                "--kl-divergence-base",
-                str(base_file),
-            ]
-        )
-        == 0
-    )
-    capsys.readouterr()
+    _write_base(files, base_file, args, capsys)
     smollm2 = resolve_model("smollm2").gguf
     assert main(["perplexity", str(smollm2), *args, "--kl-divergence", str(base_file)]) == 1
     assert "vocabulary" in capsys.readouterr().err

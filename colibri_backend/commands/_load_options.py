@@ -2,6 +2,7 @@
 
     from colibri_backend.commands._load_options import add_load_arguments, load_options
     add_load_arguments(parser)                       # --memory-budget, --expert-slots, ...
+    add_threads_argument(parser)                     # and add_context_length_argument, where it has them
     model = colibri_backend.load(args.model, load_options(args))
 
 load_options(args) is the command line as a colibri_backend.LoadOptions (the one validated
@@ -108,6 +109,23 @@ _prefix_size = _arg_type(check_prefix_cache_size, keep_text=True)
 
 def _share(upper: float | None) -> Callable[[str], float]:
     return _arg_type(lambda text: parse_share(text, "the value", upper))
+
+
+def add_threads_argument(p: argparse.ArgumentParser) -> None:
+    """--threads, as the commands that run the engine on this machine's CPUs spell it."""
+    p.add_argument("--threads", type=int, default=None, help="worker threads (default: all CPUs)")
+
+
+def add_context_length_argument(p: argparse.ArgumentParser, *aliases: str) -> None:
+    """--context-length (and `aliases` of it), the context window load() gets."""
+    p.add_argument(
+        *aliases,
+        "--context-length",
+        dest="context_length",
+        type=int,
+        default=None,
+        help="context window in tokens (default: min(trained length, 4096))",
+    )
 
 
 def add_load_arguments(p: argparse.ArgumentParser, budget_aliases: tuple[str, ...] = ()) -> None:

@@ -15,7 +15,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from colibri_backend.commands._load_options import add_load_arguments, load_options, positive_int
+from colibri_backend.commands._load_options import (
+    add_load_arguments,
+    add_threads_argument,
+    load_options,
+    positive_int,
+)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -136,7 +141,7 @@ def register(subparsers: Any) -> None:
         "--batch", type=positive_int, default=None, help="prefill chunk of the engine in tokens (512)"
     )
     p.add_argument("--chunks", type=positive_int, default=None, help="use at most N chunks (default: all)")
-    p.add_argument("--threads", type=int, default=None, help="worker threads (default: all CPUs)")
+    add_threads_argument(p)
     p.add_argument(
         "--kl-divergence-base",
         metavar="OUT",

@@ -12,7 +12,12 @@ import json
 import sys
 from typing import Any
 
-from colibri_backend.commands._load_options import add_load_arguments, load_options
+from colibri_backend.commands._load_options import (
+    add_context_length_argument,
+    add_load_arguments,
+    add_threads_argument,
+    load_options,
+)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,16 +49,9 @@ def register(subparsers: Any) -> None:
         "expert slots) under a memory budget, and whether the budget holds the minimum working set.",
     )
     p.add_argument("model", help="a .gguf file, a Hugging Face checkpoint directory, or a known name")
-    p.add_argument(
-        "--context",
-        "--context-length",
-        dest="context_length",
-        type=int,
-        default=None,
-        help="context window in tokens (default: min(trained length, 4096))",
-    )
+    add_context_length_argument(p, "--context")
     p.add_argument("--batch-size", type=int, default=None, help="prefill chunk in tokens (512)")
-    p.add_argument("--threads", type=int, default=None, help="worker threads (default: all CPUs)")
+    add_threads_argument(p)
     p.add_argument(
         "--kv-cache-type", choices=("f16", "int8"), default=None, help="KV cache elements (default f16)"
     )

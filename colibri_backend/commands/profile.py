@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from colibri_backend.commands._load_options import add_load_arguments, load_options
+from colibri_backend.commands._load_options import add_load_arguments, add_threads_argument, load_options
 
 
 def read_file_list(path: Path) -> list[str]:
@@ -205,7 +205,7 @@ def register(subparsers: Any) -> None:
         metavar="FILE",
         help="text files or directories to measure the table's recall on (not profiled)",
     )
-    p.add_argument("--threads", type=int, default=None, help="worker threads (default: all CPUs)")
+    add_threads_argument(p)
     p.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     add_load_arguments(p)
     p.set_defaults(func=run)

@@ -7,7 +7,12 @@ import sys
 import time
 from typing import Any
 
-from colibri_backend.commands._load_options import add_load_arguments, load_options
+from colibri_backend.commands._load_options import (
+    add_context_length_argument,
+    add_load_arguments,
+    add_threads_argument,
+    load_options,
+)
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,13 +38,8 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
         metavar="TEXT",
         help="stop when this text is generated (repeatable)",
     )
-    p.add_argument("--threads", type=int, default=None, help="worker threads (default: all CPUs)")
-    p.add_argument(
-        "--context-length",
-        type=int,
-        default=None,
-        help="context window in tokens (default: min(trained length, 4096))",
-    )
+    add_threads_argument(p)
+    add_context_length_argument(p)
     p.add_argument(
         "--kv-cache-type",
         choices=("f16", "int8"),

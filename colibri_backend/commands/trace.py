@@ -13,7 +13,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from colibri_backend.commands._load_options import add_load_arguments, load_options
+from colibri_backend.commands._load_options import (
+    add_context_length_argument,
+    add_load_arguments,
+    add_threads_argument,
+    load_options,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -47,13 +52,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="tokenize with the model's special tokens (e.g. BOS) added",
     )
-    p.add_argument("--threads", type=int, default=None, help="worker threads (default: all CPUs)")
-    p.add_argument(
-        "--context-length",
-        type=int,
-        default=None,
-        help="context window in tokens (default: min(trained length, 4096))",
-    )
+    add_threads_argument(p)
+    add_context_length_argument(p)
     add_load_arguments(p)
     p.set_defaults(func=run)
 

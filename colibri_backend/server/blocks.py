@@ -96,3 +96,18 @@ async def block_ops(
     if stream.finish_reason is None:
         stream.finish_reason = "length"
     yield stream, stream.close(), usage.close()
+
+
+async def final_blocks(
+    state: ServerState, p: Prepared, plan: ChatPlan, request: Request, endpoint: str
+) -> tuple[BlockStream, dict[str, Any] | None]:
+    """The non-streamed answer: run ``p`` to its end and return the closed stream and its usage; the
+    request's ticket is released however the run ends."""
+    try:
+        last = None
+        async for stream, _ops, usage in block_ops(state, p, plan, request, endpoint):
+            last = (stream, usage)
+    finally:
+        p.ticket.release()
+    assert last is not None  # block_ops always yields its closing tuple
+    return last

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from colibri_backend.errors import ColibriError
-from colibri_backend.server.blocks import Block, BlockStream, Op, block_ops
+from colibri_backend.server.blocks import Block, BlockStream, Op, block_ops, final_blocks
 from colibri_backend.server.chat_pipeline import chat_messages, prepare_chat, tool_choice_of, validate_tools
 from colibri_backend.server.errors import APIError, bad_value
 from colibri_backend.server.generation import check_prompt_chars, check_request, tokenize_off_loop
@@ -107,13 +107,7 @@ async def create_message(request: Request) -> Response:
     mid = f"msg_{uuid.uuid4().hex}"
 
     if not prepared.stream:
-        try:
-            last = None
-            async for stream, _unused, usage in block_ops(state, prepared, plan, request, "/v1/messages"):
-                last = (stream, usage)
-        finally:
-            prepared.ticket.release()
-        assert last is not None
+        last = await final_blocks(state, prepared, plan, request, "/v1/messages")
         return JSONResponse(_message(mid, req.model, *last))
 
     async def body() -> AsyncIterator[bytes]:

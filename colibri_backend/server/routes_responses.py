@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from colibri_backend.server.blocks import Block, BlockStream, Op, block_ops
+from colibri_backend.server.blocks import Block, BlockStream, Op, block_ops, final_blocks
 from colibri_backend.server.chat_pipeline import prepare_chat
 from colibri_backend.server.errors import APIError
 from colibri_backend.server.responses import _Stream
@@ -166,13 +166,7 @@ async def create_response(request: Request) -> Response:
     rid = f"resp_{uuid.uuid4().hex}"
 
     if not prepared.stream:
-        try:
-            last = None
-            async for stream, _ops, usage in block_ops(state, prepared, plan, request, "/v1/responses"):
-                last = (stream, usage)
-        finally:
-            prepared.ticket.release()
-        assert last is not None
+        last = await final_blocks(state, prepared, plan, request, "/v1/responses")
         return JSONResponse(_response(rid, req, "completed", *last))
 
     async def body() -> AsyncIterator[bytes]:

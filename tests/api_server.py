@@ -5,13 +5,16 @@ and ``tools`` with a Hermes-style template that renders tools and tool results
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pytest
 from test_server import API_KEY, Server, smollm2_path
 
 TOOLS_TEMPLATE = Path(__file__).parent / "data" / "hermes_tools.jinja"
 
-__all__ = ["API_KEY", "Server", "start", "TOOLS_TEMPLATE"]
+__all__ = ["API_KEY", "Server", "start", "server_fixture", "TOOLS_TEMPLATE"]
 
 
 def start(directory: Path) -> Server:
@@ -25,3 +28,18 @@ def start(directory: Path) -> Server:
         encoding="utf-8",
     )
     return Server(config, "--max-queue", "16")
+
+
+def server_fixture(name: str) -> Any:
+    """A module-scoped `server` fixture: one server for a test file, in a folder named `name`, stopped
+    after the file's last test. Use: ``server = server_fixture("tools")``."""
+
+    @pytest.fixture(scope="module")
+    def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+        srv = start(tmp_path_factory.mktemp(name))
+        try:
+            yield srv
+        finally:
+            srv.stop()
+
+    return server

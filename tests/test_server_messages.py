@@ -4,11 +4,9 @@ fed back, token counting, the ``x-api-key`` header, and Anthropic-shaped errors 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import anthropic
 import pytest
-from api_server import API_KEY, Server, start
+from api_server import API_KEY, Server, server_fixture
 
 WEATHER = {
     "name": "get_weather",
@@ -22,13 +20,7 @@ WEATHER = {
 ASK = [{"role": "user", "content": "What is the weather in Lisbon?"}]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start(tmp_path_factory.mktemp("messages"))
-    try:
-        yield srv
-    finally:
-        srv.stop()
+server = server_fixture("messages")
 
 
 @pytest.fixture(scope="module")

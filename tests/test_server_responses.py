@@ -5,11 +5,10 @@ structured output through ``text.format``, and malformed requests answered with 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import jsonschema
 import pytest
-from api_server import Server, start
+from api_server import Server, server_fixture
 
 WEATHER = {
     "type": "function",
@@ -23,13 +22,7 @@ WEATHER = {
 }
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start(tmp_path_factory.mktemp("responses"))
-    try:
-        yield srv
-    finally:
-        srv.stop()
+server = server_fixture("responses")
 
 
 def test_text_response_and_its_stream_agree(server: Server) -> None:

@@ -5,11 +5,10 @@ and schemas, streamed and not; json_object; schemas llguidance rejects answered 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import jsonschema
 import pytest
-from api_server import Server, start
+from api_server import Server, server_fixture
 
 SCHEMAS = [
     {
@@ -88,13 +87,7 @@ def prompts() -> list[tuple[str, dict]]:
     return out
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start(tmp_path_factory.mktemp("structured"))
-    try:
-        yield srv
-    finally:
-        srv.stop()
+server = server_fixture("structured")
 
 
 def fmt(schema: dict, name: str = "answer") -> dict:

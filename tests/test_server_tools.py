@@ -11,7 +11,7 @@ from typing import Any
 
 import openai
 import pytest
-from api_server import Server, start
+from api_server import Server, server_fixture
 from fastapi.testclient import TestClient
 
 from colibri_backend.backends import Capabilities
@@ -46,13 +46,7 @@ TIME = {
 ASK = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start(tmp_path_factory.mktemp("tools"))
-    try:
-        yield srv
-    finally:
-        srv.stop()
+server = server_fixture("tools")
 
 
 def collect_stream(chunks: Any) -> tuple[str, dict[int, dict[str, str]], list[str]]:

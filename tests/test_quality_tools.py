@@ -57,6 +57,21 @@ def _write_base(
     capsys.readouterr()
 
 
+def _imatrix_argv(files: dict[str, Path], out: Path, chunks: int) -> list[str]:
+    """`colibri imatrix` of the F32 file over `chunks` chunks of the test text, written to `out`."""
+    return [
+        "imatrix",
+        str(files["f32"]),
+        str(files["text"]),
+        "-o",
+        str(out),
+        "--ctx",
+        str(CTX),
+        "--chunks",
+        str(chunks),
+    ]
+
+
 def test_chunks_follow_llama_perplexity() -> None:
     chunks = q.make_chunks(list(range(10, 110)), 16, None, bos_id=1)
     assert chunks.shape == (6, 16)  # 100 // 16, the rest dropped
@@ -235,17 +250,7 @@ def test_imatrix_file_and_statistics(files: dict[str, Path], capsys: pytest.Capt
     from colibri_backend.imatrix import read_imatrix
 
     out = files["dir"] / "moe.imatrix.gguf"
-    argv = [
-        "imatrix",
-        str(files["f32"]),
-        str(files["text"]),
-        "-o",
-        str(out),
-        "--ctx",
-        str(CTX),
-        "--chunks",
-        "3",
-    ]
+    argv = _imatrix_argv(files, out, 3)
     assert main([*argv, "--threads", "2", "--quiet"]) == 0
     assert "PPL" in capsys.readouterr().out
 
@@ -301,17 +306,7 @@ def test_imatrix_refuses_a_streaming_budget(
     files: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = files["dir"] / "streamed.imatrix.gguf"
-    argv = [
-        "imatrix",
-        str(files["f32"]),
-        str(files["text"]),
-        "-o",
-        str(out),
-        "--ctx",
-        str(CTX),
-        "--chunks",
-        "1",
-    ]
+    argv = _imatrix_argv(files, out, 1)
     assert main([*argv, "--quiet", "--expert-slots", "4"]) == 1
     assert "every expert resident" in capsys.readouterr().err
     assert not out.exists() and not list(files["dir"].glob("*.part"))

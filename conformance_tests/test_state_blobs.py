@@ -52,6 +52,13 @@ def _load_blob(m: Any, blob: bytes, seq: int = 0) -> int:
     return int(m._lib.colibri_seq_state_load(m._ctx, seq, blob, len(blob)))
 
 
+def _prefix_blob(colibri: Any, gguf: Any, ids: list[int]) -> bytes:
+    """The state blob of ids[:N_PREFIX], saved from a fresh context."""
+    with _load(colibri, gguf) as m:
+        m.next_logits(ids[:N_PREFIX])
+        return m._save_state(N_PREFIX)
+
+
 @pytest.fixture(scope="module")
 def cold(tiny_zoo: Any, colibri: Any) -> dict[str, tuple[list[int], np.ndarray]]:
     """Each model's prompt and its teacher-forced logits in one fresh context."""
@@ -127,9 +134,7 @@ def test_what_a_blob_can_be_saved_at(tiny_zoo: Any, colibri: Any, cold: dict, na
 def test_bad_blobs_leave_the_context_as_it_was(tiny_zoo: Any, colibri: Any, cold: dict, name: str) -> None:
     ids, want = cold[name]
     gguf = tiny_zoo.gguf(name, "f32")
-    with _load(colibri, gguf) as m:
-        m.next_logits(ids[:N_PREFIX])
-        blob = m._save_state(N_PREFIX)
+    blob = _prefix_blob(colibri, gguf, ids)
     rng = np.random.default_rng(7)
     bad = {"truncated": blob[:-9], "empty": b"", "version": blob[:8] + b"\x07" + blob[9:]}
     for i in range(6):
@@ -198,9 +203,7 @@ def test_resealed_blobs_with_wrong_fields_are_refused(
     must catch each one (and random changes anywhere either load or are refused, never crash)."""
     ids, want = cold[name]
     gguf = tiny_zoo.gguf(name, "f32")
-    with _load(colibri, gguf) as m:
-        m.next_logits(ids[:N_PREFIX])
-        blob = m._save_state(N_PREFIX)
+    blob = _prefix_blob(colibri, gguf, ids)
     assert _sealed(blob[:-8]) == blob, "the test's digest is not the engine's"
     secs = _sections(blob)
     tags = [t for _, t, _ in secs]

@@ -45,9 +45,6 @@ def _json(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict[str, Any]
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
-# ---- the math -----------------------------------------------------------------------------------
-
-
 def _write_base(
     files: dict[str, Path], base: Path, args: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -70,6 +67,9 @@ def _imatrix_argv(files: dict[str, Path], out: Path, chunks: int) -> list[str]:
         "--chunks",
         str(chunks),
     ]
+
+
+# ---- the math -----------------------------------------------------------------------------------
 
 
 def test_chunks_follow_llama_perplexity() -> None:

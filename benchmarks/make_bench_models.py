@@ -45,6 +45,7 @@ import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -95,50 +96,40 @@ class BenchSpec:
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
+# bench-A's width and depth, which the other benchmark models keep (each changes what its recipe needs)
+BENCH_A_SHAPE = dict(n_layer=16, hidden=1024, n_head=16, n_head_kv=4, head_dim=64, vocab=49152)
+
+
+def _bench_a_shaped(**fields: Any) -> BenchSpec:
+    return BenchSpec(**{**BENCH_A_SHAPE, **fields})
+
+
 SPECS: dict[str, BenchSpec] = {
-    "bench-a": BenchSpec(
+    "bench-a": _bench_a_shaped(
         name="bench-a",
         arch="mixtral",
-        n_layer=16,
-        hidden=1024,
-        n_head=16,
-        n_head_kv=4,
-        head_dim=64,
         n_expert=8,
         n_expert_used=2,
         n_ff_exp=2816,
-        vocab=49152,
         seed=1001,
     ),
-    "bench-b": BenchSpec(
+    "bench-b": _bench_a_shaped(
         name="bench-b",
         arch="qwen3_moe",
-        n_layer=16,
-        hidden=1024,
-        n_head=16,
-        n_head_kv=4,
-        head_dim=64,
         n_expert=64,
         n_expert_used=8,
         n_ff_exp=512,
-        vocab=49152,
         seed=1002,
         rms_eps=1e-6,
     ),
     # gpt-oss-20b's layer recipe (sinks, window 128 on even layers, YaRN, biases, 32 experts top-4) at
     # bench-A's width and depth
-    "bench-gptoss": BenchSpec(
+    "bench-gptoss": _bench_a_shaped(
         name="bench-gptoss",
         arch="gpt_oss",
-        n_layer=16,
-        hidden=1024,
-        n_head=16,
-        n_head_kv=4,
-        head_dim=64,
         n_expert=32,
         n_expert_used=4,
         n_ff_exp=768,
-        vocab=49152,
         seed=1003,
         rope_theta=150000.0,
         experts_mxfp4=True,
@@ -146,18 +137,15 @@ SPECS: dict[str, BenchSpec] = {
     # Qwen3.5-35B-A3B's layer recipe (3 Gated DeltaNet layers of 8 k / 16 v heads of 128 per gated attention
     # layer with 2 KV heads of 128 and 32 rotary dims, 64 experts top-8 plus a gated shared expert) at
     # bench-A's width and depth; llama.cpp needs the DeltaNet's k and v heads equally wide
-    "bench-qwen35": BenchSpec(
+    "bench-qwen35": _bench_a_shaped(
         name="bench-qwen35",
         arch="qwen3_5_moe_text",
-        n_layer=16,
-        hidden=1024,
         n_head=8,
         n_head_kv=2,
         head_dim=128,
         n_expert=64,
         n_expert_used=8,
         n_ff_exp=512,
-        vocab=49152,
         seed=1004,
         rms_eps=1e-6,
         la_k_heads=8,
@@ -166,18 +154,13 @@ SPECS: dict[str, BenchSpec] = {
     ),
     # DeepSeek-V2-Lite's layer recipe (latent attention without q-LoRA: latent 512 + rope 64, nope 128,
     # value 128; one leading dense layer; 64 experts top-6 with 2 shared) at bench-A's width and depth
-    "bench-deepseek2": BenchSpec(
+    "bench-deepseek2": _bench_a_shaped(
         name="bench-deepseek2",
         arch="deepseek_v2",
-        n_layer=16,
-        hidden=1024,
-        n_head=16,
         n_head_kv=16,
-        head_dim=64,
         n_expert=64,
         n_expert_used=6,
         n_ff_exp=512,
-        vocab=49152,
         seed=1005,
         rope_theta=10000.0,
         rms_eps=1e-6,

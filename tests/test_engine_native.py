@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -28,6 +29,19 @@ def _rel_err(a: np.ndarray, ref: np.ndarray) -> float:
 def _log_softmax(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64) - x.max(-1, keepdims=True)
     return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def _engine_vs_reference(
+    path: Path, toks: list[int], want: np.ndarray, **engine: Any
+) -> tuple[np.ndarray, float]:
+    """KL(reference || engine) at every position of toks, and the share of positions whose argmax agrees."""
+    eng = Engine(path, **engine)
+    try:
+        got = eng.eval(toks)
+    finally:
+        eng.close()
+    lp, lq = _log_softmax(want), _log_softmax(got)
+    return (np.exp(lp) * (lp - lq)).sum(-1), float((got.argmax(-1) == want.argmax(-1)).mean())
 
 
 ARCHS = ["llama", "mixtral", "qwen2moe", "qwen3moe", "olmoe"]
@@ -81,14 +95,7 @@ def test_quantized_weights_close_to_reference(tmp_path: Path, arch: str, wtype: 
     ref = make_tiny_model(tmp_path / "m.gguf", arch, wtype=wtype)
     toks = _tokens(ref, 64)
     want = reference_forward(ref, toks, kv_f16=True)[0]
-    eng = Engine(tmp_path / "m.gguf")
-    try:
-        got = eng.eval(toks)
-    finally:
-        eng.close()
-    lp, lq = _log_softmax(want), _log_softmax(got)
-    kl = (np.exp(lp) * (lp - lq)).sum(-1)
-    top1 = (got.argmax(-1) == want.argmax(-1)).mean()
+    kl, top1 = _engine_vs_reference(tmp_path / "m.gguf", toks, want)
     if wtype in ("F16", "BF16"):
         assert kl.mean() <= 1e-4 and top1 == 1.0
     else:
@@ -133,14 +140,9 @@ def test_k_quant_mixes_close_to_reference(tmp_path: Path, mix: str) -> None:
     ref = make_tiny_model(tmp_path / "m.gguf", "mixtral", wtype=wtype, tensor_types=overrides, **K_SHAPE)
     toks = _tokens(ref, 48)
     want = reference_forward(ref, toks, kv_f16=True)[0]
-    eng = Engine(tmp_path / "m.gguf", n_batch=20)  # prefill tiles and a partial chunk
-    try:
-        got = eng.eval(toks)
-    finally:
-        eng.close()
-    lp, lq = _log_softmax(want), _log_softmax(got)
-    kl = (np.exp(lp) * (lp - lq)).sum(-1)
-    top1 = (got.argmax(-1) == want.argmax(-1)).mean()
+    kl, top1 = _engine_vs_reference(
+        tmp_path / "m.gguf", toks, want, n_batch=20
+    )  # prefill tiles, a partial chunk
     assert np.median(kl) <= 3e-3 and top1 >= 0.9, (float(np.median(kl)), float(top1))
 
 

@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
+from smollm2 import smollm2_path
 
 from colibri_backend.adapters.gguf_metadata import read_metadata
 from colibri_backend.adapters.tokenizer import Tokenizer
 from colibri_backend.errors import ModelFormatError, UnsupportedModelError
 from colibri_backend.generation import StopMatcher
-
-
-def smollm2_path() -> Path:
-    env = os.environ.get("COLIBRI_SMOLLM2_GGUF")
-    if env:
-        return Path(env)
-    from colibri_backend.models import resolve_model
-
-    return resolve_model("smollm2").gguf
 
 
 @pytest.fixture(scope="module")

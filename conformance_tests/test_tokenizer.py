@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -141,6 +142,17 @@ def corpus() -> list[str]:
 CORPUS = corpus()
 
 
+def _assert_encodes_as(ours: Tokenizer, expected: Callable[[str], list[int]]) -> None:
+    """`ours` encodes every CORPUS string (no special tokens added) to the ids `expected` gives for it."""
+    mismatches = []
+    for s in CORPUS:
+        want = expected(s)
+        got = ours.encode(s, add_special_tokens=False)
+        if got != want:
+            mismatches.append((s, want, got))
+    assert not mismatches, f"{len(mismatches)} of {len(CORPUS)} differ; first: {mismatches[0]!r}"
+
+
 # ---------------------------------------------------------------------------------------------
 # (a) SmolLM2 GGUF vs llama.cpp on the same file
 
@@ -163,13 +175,7 @@ def test_smollm2_matches_llama_cpp(smollm2_gguf: Path) -> None:
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the reference here")
     ref = llama_cpp.Llama(model_path=str(smollm2_gguf), vocab_only=True, verbose=False)
     ours = Tokenizer.from_gguf_metadata(read_metadata(smollm2_gguf), source=str(smollm2_gguf))
-    mismatches = []
-    for s in CORPUS:
-        expected = ref.tokenize(s.encode("utf-8"), add_bos=False, special=True)
-        got = ours.encode(s, add_special_tokens=False)
-        if got != expected:
-            mismatches.append((s, expected, got))
-    assert not mismatches, f"{len(mismatches)} of {len(CORPUS)} differ; first: {mismatches[0]!r}"
+    _assert_encodes_as(ours, lambda s: ref.tokenize(s.encode("utf-8"), add_bos=False, special=True))
 
 
 def test_smollm2_roundtrip_and_specials(smollm2_gguf: Path) -> None:
@@ -256,13 +262,7 @@ def test_trained_bpe_via_gguf_matches_hf(pre: str, tmp_path: Path) -> None:
     _write_gguf(hf, pre, path)
     ours = Tokenizer.from_gguf_metadata(read_metadata(path), source=str(path))
     assert ours.vocab_size == hf.get_vocab_size(with_added_tokens=True)  # type: ignore[attr-defined]
-    mismatches = []
-    for s in CORPUS:
-        expected = hf.encode(s, add_special_tokens=False).ids  # type: ignore[attr-defined]
-        got = ours.encode(s, add_special_tokens=False)
-        if got != expected:
-            mismatches.append((s, expected, got))
-    assert not mismatches, f"{len(mismatches)} of {len(CORPUS)} differ; first: {mismatches[0]!r}"
+    _assert_encodes_as(ours, lambda s: hf.encode(s, add_special_tokens=False).ids)  # type: ignore[attr-defined]
     for s in CORPUS:
         assert ours.decode(ours.encode(s, add_special_tokens=False)) == s
 
@@ -379,10 +379,4 @@ def test_spm_vocabulary_matches_llama_cpp(spm_gguf: Path) -> None:
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the reference here")
     ref = llama_cpp.Llama(model_path=str(spm_gguf), vocab_only=True, verbose=False)
     ours = Tokenizer.from_gguf_metadata(read_metadata(spm_gguf))
-    mismatches = []
-    for s in CORPUS:
-        expected = ref.tokenize(s.encode("utf-8"), add_bos=False, special=True)
-        got = ours.encode(s, add_special_tokens=False)
-        if got != expected:
-            mismatches.append((s, expected, got))
-    assert not mismatches, f"{len(mismatches)} of {len(CORPUS)} differ; first: {mismatches[0]!r}"
+    _assert_encodes_as(ours, lambda s: ref.tokenize(s.encode("utf-8"), add_bos=False, special=True))

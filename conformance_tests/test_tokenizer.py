@@ -11,7 +11,6 @@ Each runs over the same corpus of more than 200 varied strings.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -157,18 +156,11 @@ def _assert_encodes_as(ours: Tokenizer, expected: Callable[[str], list[int]]) ->
 # (a) SmolLM2 GGUF vs llama.cpp on the same file
 
 
-def smollm2_path() -> Path:
-    env = os.environ.get("COLIBRI_SMOLLM2_GGUF")
-    if env:
-        return Path(env)
-    from colibri_backend.models import resolve_model
-
-    return resolve_model("smollm2").gguf
-
-
 @pytest.fixture(scope="module")
 def smollm2_gguf() -> Path:
-    return smollm2_path()
+    import tiny_models as tm
+
+    return tm.resolve_smollm2()
 
 
 def test_smollm2_matches_llama_cpp(smollm2_gguf: Path) -> None:

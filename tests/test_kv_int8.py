@@ -4,7 +4,6 @@ SmolLM2, the ledger's byte count, zero heap allocation per decode step, and clea
 
 from __future__ import annotations
 
-import os
 import sysconfig
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 from engine_reference import RefModel, make_tiny_model
 from native_engine import Engine
+from smollm2 import smollm2_path
 
 import colibri_backend
 from colibri_backend import _native as N
@@ -100,11 +100,6 @@ def test_bad_kv_type_is_a_clear_error(tiny: tuple[Path, RefModel]) -> None:
     assert parse_kv_cache_type("INT8") == N.KV_INT8
 
 
-def _smollm2_path() -> Path:
-    env = os.environ.get("COLIBRI_SMOLLM2_GGUF")
-    return Path(env) if env else colibri_backend.resolve_model("smollm2").gguf
-
-
 def _english() -> str:
     # CPython's own licence: a fixed, ~300-token-plus English text present wherever Python is.
     lic = Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt"
@@ -115,10 +110,10 @@ def _english() -> str:
 
 def test_smollm2_int8_kv_against_f16() -> None:
     with pytest.raises(ValueError, match="kv_cache_type"):
-        colibri_backend.load(_smollm2_path(), threads=2, context_length=64, kv_cache_type="fp8")
+        colibri_backend.load(smollm2_path(), threads=2, context_length=64, kv_cache_type="fp8")
     logits, kv_bytes = {}, {}
     for kv in ("f16", "int8"):
-        m = colibri_backend.load(_smollm2_path(), threads=2, context_length=512, kv_cache_type=kv)
+        m = colibri_backend.load(smollm2_path(), threads=2, context_length=512, kv_cache_type=kv)
         try:
             ids = m.tokenize(_english())[:300]
             assert len(ids) == 300

@@ -6,14 +6,14 @@
  * are OpenCL C source built for the chosen device at context creation (first GPU of any
  * platform, else the first accelerator, else the first device: PoCL's CPU device in CI).
  *
- * What runs on the device: matrix x activations for F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K and
- * Q6_K weights (one work-group per output row and tile of 4 tokens, the row split over its lanes),
- * and the expert FFN's gate/up products with SwiGLU and the q8a quantization of the result for
- * the down projection. The arithmetic follows the scalar reference kernels (kernels_scalar.c):
+ * What runs on the device: matrix x activations for every weight type the engine computes with
+ * but Q8_K (one work-group per output row and tile of 4 tokens, the row split over its lanes),
+ * and the expert FFN's gate/up products with the activation (SwiGLU, gpt-oss's clamped form with
+ * its expert biases, gelu_tanh) and the q8a quantization of the result for the down projection. The arithmetic follows the scalar reference kernels (kernels_scalar.c):
  * activations of quantized weights are block_q8a, each block's integer dot product is exact,
  * scales are applied in the same order, FP contraction is off and division is correctly
- * rounded, so only the order of the float sums (a tree over the lanes) differs. A job with
- * another type, a bias or the gpt-oss activation runs on the CPU backend, alongside the device.
+ * rounded, so only the order of the float sums (a tree over the lanes) differs. A job the device
+ * cannot take (Q8_K, a matrix larger than its buffers) runs on the CPU backend, alongside it.
  *
  * Weights: resident matrices are uploaded once (on a device that shares host memory, such as
  * PoCL's CPU device or an integrated GPU, the buffer wraps the host bytes instead of copying
@@ -26,9 +26,9 @@
  * The SwiGLU result stays on the device for the down projection: the expert FFN's q8a output
  * of a glu call is kept in the device buffer gq (up to KEEP_ROWS token rows per call), and a
  * matmul call right after it whose activations are that output reads them there instead of
- * uploading the host's copy. The host copy is still read back (asynchronously, within the glu
- * call): the activation statistics observer, a down projection handed to the CPU and the CPU
- * redo after a device error read it. */
+ * uploading the host's copy. Its host copies (q8a and float rows) are read back only for a
+ * reader that needs them: the activation statistics observer (host_copies), a down projection
+ * handed to the CPU, sync; after a device error the glu call's jobs are redone on the CPU. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -910,23 +910,30 @@ static cl_int fetch_kept(ocl_backend *b, int i) {
 
 /* The host copies could not be read back (a device error): the last glu call's jobs are redone
  * on the CPU, which writes them (the inputs, weights and slots of those jobs are still in place:
- * the down projections that read their outputs have not run on the host yet). */
-static void redo_glu_on_cpu(ocl_backend *b) {
-    if (b->n_last_glu > 0) b->cpu->ops->glu(b->cpu->ctx, b->last_glu, b->n_last_glu);
+ * the down projections that read their outputs have not run on the host yet). Unless forced (a
+ * read that may not have completed), only when some host copy was never read back. */
+static void redo_glu_on_cpu(ocl_backend *b, int force) {
+    int lost = force;
+    for (int i = 0; i < b->n_kept; i++) lost |= b->kept[i].state != KEPT_HOST;
+    if (lost && b->n_last_glu > 0) b->cpu->ops->glu(b->cpu->ctx, b->last_glu, b->n_last_glu);
     for (int i = 0; i < b->n_kept; i++) b->kept[i].state = KEPT_HOST;
 }
 
 /* Every kept output's host copy written, when no other call came since the glu call that made
  * them (a host reader asked: host_copies, sync, or the next glu call, which reuses gq). */
 static void settle_kept(ocl_backend *b) {
-    if (b->keep_gen != b->gen || b->failed) return;
+    if (b->keep_gen != b->gen) return;
+    if (b->failed) {  /* a device error since that call: its outputs are not read from it */
+        redo_glu_on_cpu(b, 0);
+        return;
+    }
     cl_int err = CL_SUCCESS;
     for (int i = 0; i < b->n_kept && err == CL_SUCCESS; i++)
         if (b->kept[i].state != KEPT_HOST) err = fetch_kept(b, i);
     if (err == CL_SUCCESS) err = g_cl.Finish(b->q);
     if (err != CL_SUCCESS) {
         cl_fail(b, "a SwiGLU readback", err);
-        redo_glu_on_cpu(b);
+        redo_glu_on_cpu(b, 1);
     }
 }
 
@@ -962,6 +969,7 @@ static void ocl_matmul(void *vctx, const mm_job *jobs, int n_jobs) {
     b->gen++;  /* staged copies are valid within one call: the slots may change between calls */
     memset(b->lx, 0, sizeof b->lx);  /* and the host's activations too */
     const int after_glu = b->keep_gen + 1 == b->gen && b->n_kept > 0;
+    if (after_glu && b->failed) redo_glu_on_cpu(b, 0);  /* failed since the glu call: every job to the CPU */
     int n_cpu = 0;
     cl_int err = CL_SUCCESS;
     for (int j = 0; j < n_jobs; j++) {
@@ -991,7 +999,7 @@ static void ocl_matmul(void *vctx, const mm_job *jobs, int n_jobs) {
     if (err == CL_SUCCESS) err = fe;
     if (err != CL_SUCCESS) {
         cl_fail(b, "a matrix product", err);
-        if (after_glu) redo_glu_on_cpu(b);  /* the activations these jobs read, on the host */
+        if (after_glu) redo_glu_on_cpu(b, 1);  /* the activations these jobs read, on the host */
         b->cpu->ops->matmul(b->cpu->ctx, jobs, n_jobs);  /* every output rewritten on the CPU */
     }
     if (after_glu) b->n_kept = 0;

@@ -155,10 +155,10 @@ def quant_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     specs["gpt_oss"] = tm.SPEC_BY_NAME["gpt_oss"]
     root = tmp_path_factory.mktemp("opencl-quant")
     tok = tm.build_tokenizer(root / "tokenizer")
-    f32 = {
-        name: convert(tm.build_checkpoint(spec, root / name, tok), root / f"{name}.f32.gguf", "f32", progress=False)
-        for name, spec in specs.items()
-    }
+    f32 = {}
+    for name, spec in specs.items():
+        ckpt = tm.build_checkpoint(spec, root / name, tok)
+        f32[name] = convert(ckpt, root / f"{name}.f32.gguf", "f32", progress=False)
     return {
         f"{name}-{qtype}": quantize(f32[name], root / f"{name}.{qtype}.gguf", qtype, threads=2)
         for name, qtype, _ in QUANT_FILES

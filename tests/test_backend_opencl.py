@@ -343,6 +343,25 @@ def test_conformance_suite_through_opencl(opencl: None) -> None:
     assert " failed" not in r.stdout and "skipped" not in r.stdout, r.stdout[-2000:]
 
 
+# test_vs_llama_cpp_quant's files written by llama.cpp's own quantizer, of the types with the newer device
+# kernels: the tiny mixtral with rows of 256 (K-quants and IQ4_XS in every matrix; MXFP4_MOE's experts)
+LLAMA_QUANT_SUBSET = ("Q2_K", "Q3_K_M", "Q5_K_M", "IQ4_XS", "MXFP4_MOE")
+
+
+def test_llama_cpp_quantized_files_through_opencl(opencl: None) -> None:
+    """test_vs_llama_cpp_quant's comparisons (against llama.cpp and the file's exact math) of
+    LLAMA_QUANT_SUBSET on mixtral256, every product through OpenCL, judged by the suite's own tolerances."""
+    env = dict(os.environ, COLIBRI_DEVICE="opencl")
+    pick = " or ".join(f"[{t}-mixtral256]" for t in LLAMA_QUANT_SUBSET)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    suite = ROOT / "conformance_tests" / "test_vs_llama_cpp_quant.py"
+    cmd += ["-k", f"quantized_file and ({pick})", str(suite)]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert f"{len(LLAMA_QUANT_SUBSET)} passed" in r.stdout, r.stdout[-2000:]
+    assert " failed" not in r.stdout and "skipped" not in r.stdout, r.stdout[-2000:]
+
+
 def test_env_selects_and_bad_names_are_refused(opencl: None, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLIBRI_DEVICE", "opencl")
     with colibri_backend.load(default_model_path(), threads=2, context_length=64) as m:

@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"  device jobs {r['device_jobs']}, handed to the CPU {r['device_cpu_jobs']}, errors "
-        f"{r['device_errors']}, staged {r['device_staged_bytes'] / 2**20:.1f} MiB"
+        f"{r['device_errors']}, staged {r['device_staged_bytes'] / 2**20:.1f} MiB, SwiGLU output read back "
+        f"{r['device_readback_bytes']} bytes"
     )
     print(f"  span {p['span_seconds']:.2f} s, some stage busy {p['any_busy_seconds']:.2f} s")
     for name, st in p["stages"].items():

@@ -239,6 +239,7 @@ class StatsC(Structure):
         ("device_cpu_jobs", c_uint64),
         ("device_errors", c_uint64),
         ("device_buffer_bytes", c_uint64),
+        ("device_readback_bytes", c_uint64),
         ("prefetch_dropped", c_uint64),
         ("major_faults_prefill", c_uint64),
         ("major_faults_decode", c_uint64),

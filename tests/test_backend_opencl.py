@@ -7,6 +7,10 @@ pocl-opencl-icd), where a skip counts as a failure. Checked here:
   the CPU's own kernel sets (SIMD against scalar) differ by on the same tokens;
 * the conformance suite's tiny models (test_vs_transformers, Colibri's F32 files; CONFORMANCE_SUBSET)
   through OpenCL, selected with COLIBRI_DEVICE=opencl, within the suite's own tolerances;
+* tiny models quantized by `colibri quantize` to the types with the newer device kernels (QUANT_FILES: the
+  K-quant mixes, IQ4_*, Q5_*, and gpt-oss with MXFP4 experts, its biases and clamped SwiGLU) through OpenCL
+  against the CPU, every job on the device;
+* decode steps that read no SwiGLU output back to the host (device_readback_bytes), resident and streamed;
 * a streamed run under a memory budget: every stage of the pipeline timeline (I/O reads, staging
   copies, device compute) busy, the overlap figures consistent, no allocation in a decode step, and
   logits within the same bound as the resident run;
@@ -116,6 +120,110 @@ def _check_against_cpu(noise: Noise, model: Path | None = None) -> None:
 
 def test_bundled_model_matches_cpu(opencl: None, cpu_noise: Noise) -> None:
     _check_against_cpu(cpu_noise)  # the bundled MoE: Q8_0 experts, F32 norms
+
+
+# (tiny model, `colibri quantize` type mix, a tensor type the file must hold): every row of mixtral256 is 256
+# long, so the K-quants and IQ4_XS are used for every matrix; gpt-oss's experts become MXFP4
+QUANT_FILES = (
+    ("mixtral256", "q5_k_m", "Q5_K"),
+    ("mixtral256", "q3_k_m", "Q3_K"),
+    ("mixtral256", "q2_k", "Q2_K"),
+    ("mixtral256", "iq4_xs", "IQ4_XS"),
+    ("mixtral256", "iq4_nl", "IQ4_NL"),
+    ("mixtral256", "q5_0", "Q5_0"),
+    ("mixtral256", "q5_1", "Q5_1"),
+    ("gpt_oss", "mxfp4", "MXFP4"),
+)
+
+
+@pytest.fixture(scope="module")
+def quant_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The QUANT_FILES, from tiny random checkpoints (conformance_tests/tiny_models.py) converted to F32."""
+    import dataclasses
+
+    sys.path.insert(0, str(ROOT / "conformance_tests"))
+    try:
+        import tiny_models as tm
+    finally:
+        sys.path.pop(0)
+    from colibri_backend.convert import convert
+    from colibri_backend.quantize import quantize
+
+    mixtral = tm.SPEC_BY_NAME["mixtral"]
+    wide = {**mixtral.config, "hidden_size": 256, "intermediate_size": 256}
+    specs = {"mixtral256": dataclasses.replace(mixtral, name="mixtral256", config=wide, seed=21)}
+    specs["gpt_oss"] = tm.SPEC_BY_NAME["gpt_oss"]
+    root = tmp_path_factory.mktemp("opencl-quant")
+    tok = tm.build_tokenizer(root / "tokenizer")
+    f32 = {}
+    for name, spec in specs.items():
+        ckpt = tm.build_checkpoint(spec, root / name, tok)
+        f32[name] = convert(ckpt, root / f"{name}.f32.gguf", "f32", progress=False)
+    return {
+        f"{name}-{qtype}": quantize(f32[name], root / f"{name}.{qtype}.gguf", qtype, threads=2)
+        for name, qtype, _ in QUANT_FILES
+    }
+
+
+@pytest.mark.parametrize(("name", "qtype", "holds"), QUANT_FILES, ids=[f"{n}-{q}" for n, q, _ in QUANT_FILES])
+def test_quantized_files_match_cpu(
+    opencl: None, quant_files: dict[str, Path], name: str, qtype: str, holds: str
+) -> None:
+    import gguf
+
+    path = quant_files[f"{name}-{qtype}"]
+    types = {t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
+    assert holds in types, (path.name, types)
+    _check_against_cpu(_cpu_noise(path, 32), path)  # every job on the device (device_cpu_jobs == 0)
+
+
+def _decode_counters(**options: object) -> tuple[dict, dict, int]:
+    """Stats before and after 6 sampled decode steps of the bundled model through OpenCL."""
+    ids = _ids(n=8)
+    with colibri_backend.load(
+        default_model_path(), threads=2, device="opencl", context_length=128, **options
+    ) as m:
+        m.logits(ids)  # the prompt (prefill), then decode steps only
+        before = m.stats()
+        n = len(list(m.generate_tokens(ids, max_tokens=6)))
+        return before, m.stats(), n
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["resident", "streamed"])
+def test_decode_reads_no_swiglu_output_back(opencl: None, streamed: bool) -> None:
+    """A decode step with every job on the device leaves each SwiGLU output on the device for its down
+    projection: no byte of it comes back to the host, and no job is handed to the CPU."""
+    options: dict[str, object] = {}
+    if streamed:
+        plan = colibri_backend.plan_memory(
+            default_model_path(), LoadOptions(memory_budget=1, context_length=128, device="opencl")
+        )
+        options["memory_budget"] = int(plan["min_budget"] * 1.15)
+    before, after, n = _decode_counters(**options)
+    assert n > 0
+    assert after["device_jobs"] > before["device_jobs"]
+    assert after["device_cpu_jobs"] == before["device_cpu_jobs"] == 0
+    assert after["device_readback_bytes"] == before["device_readback_bytes"] == 0
+    if streamed:
+        assert after["expert_slots"] > 0 and after["device_staged_bytes"] > before["device_staged_bytes"]
+
+
+def test_imatrix_observer_reads_the_swiglu_output(opencl: None) -> None:
+    """The activation statistics observer reads each down projection's input on the host: through OpenCL the
+    kept SwiGLU output is read back for it, and the statistics equal the CPU backend's."""
+    from colibri_backend.imatrix import collect
+
+    chunks = np.asarray([_ids(n=16)], dtype=np.int32)
+    got = {}
+    for device in ("cpu", "opencl"):
+        with colibri_backend.load(default_model_path(), threads=2, device=device, context_length=64) as m:
+            got[device] = (collect(m, chunks).entries, m.stats())
+    cpu, dev = got["cpu"][0], got["opencl"][0]
+    assert got["opencl"][1]["device_readback_bytes"] > 0
+    assert cpu.keys() == dev.keys() and any("ffn_down" in k for k in cpu)
+    for k in cpu:
+        np.testing.assert_array_equal(dev[k].counts, cpu[k].counts)
+        np.testing.assert_allclose(dev[k].sums, cpu[k].sums, rtol=2e-3, atol=1e-6, err_msg=k)
 
 
 def test_smollm2_matches_cpu(opencl: None) -> None:
@@ -232,6 +340,25 @@ def test_conformance_suite_through_opencl(opencl: None) -> None:
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert f"{len(CONFORMANCE_SUBSET)} passed" in r.stdout, r.stdout[-2000:]
+    assert " failed" not in r.stdout and "skipped" not in r.stdout, r.stdout[-2000:]
+
+
+# test_vs_llama_cpp_quant's files written by llama.cpp's own quantizer, of the types with the newer device
+# kernels: the tiny mixtral with rows of 256 (K-quants and IQ4_XS in every matrix; MXFP4_MOE's experts)
+LLAMA_QUANT_SUBSET = ("Q2_K", "Q3_K_M", "Q5_K_M", "IQ4_XS", "MXFP4_MOE")
+
+
+def test_llama_cpp_quantized_files_through_opencl(opencl: None) -> None:
+    """test_vs_llama_cpp_quant's comparisons (against llama.cpp and the file's exact math) of
+    LLAMA_QUANT_SUBSET on mixtral256, every product through OpenCL, judged by the suite's own tolerances."""
+    env = dict(os.environ, COLIBRI_DEVICE="opencl")
+    pick = " or ".join(f"[{t}-mixtral256]" for t in LLAMA_QUANT_SUBSET)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    suite = ROOT / "conformance_tests" / "test_vs_llama_cpp_quant.py"
+    cmd += ["-k", f"quantized_file and ({pick})", str(suite)]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert f"{len(LLAMA_QUANT_SUBSET)} passed" in r.stdout, r.stdout[-2000:]
     assert " failed" not in r.stdout and "skipped" not in r.stdout, r.stdout[-2000:]
 
 

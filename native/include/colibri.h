@@ -336,6 +336,9 @@ typedef struct colibri_stats {
     uint64_t device_errors;                /* device failures; the work was redone on the CPU */
     uint64_t device_buffer_bytes;          /* the backend's staging and activation buffers (the memory
                                               plan's device_buffer_bytes + device_staging_bytes) */
+    uint64_t device_readback_bytes;        /* SwiGLU outputs read back to the host (a host reader asked,
+                                              or they did not stay on the device); 0 when every down
+                                              projection read them on the device */
     uint64_t prefetch_dropped;             /* prefetches cancelled before any byte was read: their layer
                                               routed elsewhere, or the step had passed it */
     uint64_t major_faults_prefill;         /* major page faults of the process during prefill calls */

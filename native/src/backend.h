@@ -49,6 +49,12 @@ typedef struct cb_backend_ops {
     /* The expert FFN's gate/up halves with the activation (and its q8a copy for the down
      * projection); the down projections follow as matmul jobs. */
     void (*glu)(void *ctx, const glu_job *jobs, int n_jobs);
+    /* A backend may leave a glu call's outputs (g, actq) on the device for the down projection
+     * of the next matmul call, which reads them there; their host copies are written when that
+     * call hands a job reading them to the CPU, by sync, and by this (NULL: the host copies are
+     * always written, as the CPU's are). The engine calls it before a host reader that is not a
+     * backend call (the activation statistics observer). */
+    void (*host_copies)(void *ctx);
     /* Wait for everything issued; 0 or the first device error since the last call. */
     colibri_status (*sync)(void *ctx);
     /* The backend's counters (device name, bytes uploaded and staged, jobs it gave the CPU). */
@@ -77,6 +83,8 @@ void backend_opencl_fail_next(const cb_backend *b, int n);
 /* For tests: activation bytes the OpenCL backend's products read from the SwiGLU outputs it kept on
  * the device instead of uploading them (0 for another backend). */
 uint64_t backend_opencl_reused_bytes(const cb_backend *b);
+/* SwiGLU output bytes the OpenCL backend read back to the host (0 for another backend). */
+uint64_t backend_opencl_readback_bytes(const cb_backend *b);
 /* Upload the model's resident matrices (and its stacked experts when with_experts); context_backend.c. */
 colibri_status backend_add_model(const cb_backend *b, const struct colibri_model *m, int with_experts);
 

@@ -6,14 +6,14 @@
  * are OpenCL C source built for the chosen device at context creation (first GPU of any
  * platform, else the first accelerator, else the first device: PoCL's CPU device in CI).
  *
- * What runs on the device: matrix x activations for F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K and
- * Q6_K weights (one work-group per output row and tile of 4 tokens, the row split over its lanes),
- * and the expert FFN's gate/up products with SwiGLU and the q8a quantization of the result for
- * the down projection. The arithmetic follows the scalar reference kernels (kernels_scalar.c):
+ * What runs on the device: matrix x activations for every weight type the engine computes with
+ * but Q8_K (one work-group per output row and tile of 4 tokens, the row split over its lanes),
+ * and the expert FFN's gate/up products with the activation (SwiGLU, gpt-oss's clamped form with
+ * its expert biases, gelu_tanh) and the q8a quantization of the result for the down projection. The arithmetic follows the scalar reference kernels (kernels_scalar.c):
  * activations of quantized weights are block_q8a, each block's integer dot product is exact,
  * scales are applied in the same order, FP contraction is off and division is correctly
- * rounded, so only the order of the float sums (a tree over the lanes) differs. A job with
- * another type, a bias or the gpt-oss activation runs on the CPU backend, alongside the device.
+ * rounded, so only the order of the float sums (a tree over the lanes) differs. A job the device
+ * cannot take (Q8_K, a matrix larger than its buffers) runs on the CPU backend, alongside it.
  *
  * Weights: resident matrices are uploaded once (on a device that shares host memory, such as
  * PoCL's CPU device or an integrated GPU, the buffer wraps the host bytes instead of copying
@@ -26,9 +26,9 @@
  * The SwiGLU result stays on the device for the down projection: the expert FFN's q8a output
  * of a glu call is kept in the device buffer gq (up to KEEP_ROWS token rows per call), and a
  * matmul call right after it whose activations are that output reads them there instead of
- * uploading the host's copy. The host copy is still read back (asynchronously, within the glu
- * call): the activation statistics observer, a down projection handed to the CPU and the CPU
- * redo after a device error read it. */
+ * uploading the host's copy. Its host copies (q8a and float rows) are read back only for a
+ * reader that needs them: the activation statistics observer (host_copies), a down projection
+ * handed to the CPU, sync; after a device error the glu call's jobs are redone on the CPU. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -164,6 +164,13 @@ static void cl_load(void) {
 #define KEEP_ROWS 64    /* token rows of SwiGLU output kept on the device per glu call (decode: top-k) */
 #define KEEP_MAX 64     /* kept outputs (one per glu job and T_MAX-token chunk) per call */
 
+/* A kept SwiGLU output's host copies (the q8a rows and the float ones): */
+enum {
+    KEPT_DEVICE,    /* not written: only the device has it */
+    KEPT_CONSUMED,  /* read from the device by a down projection; no host reader asked for it */
+    KEPT_HOST,      /* read back (a reader asked, or one may) */
+};
+
 static const char *KERNEL_SRC =
     "#pragma OPENCL FP_CONTRACT OFF\n"
     "#define LWS 64\n"
@@ -278,12 +285,134 @@ static const char *KERNEL_SRC =
     "    }\n"
     "  }\n"
     "TAIL\n"
-    "kernel void glu_silu(global float *G, global const float *U, int n) {\n"
-    "  const int i = get_global_id(0);\n"
-    "  if (i < n) { const float v = G[i]; G[i] = v / (1.0f + exp(-v)) * U[i]; }\n"
+    /* The formats the scalar reference handles with row_dot_kq (kernels_scalar.c): each 32-element
+     * block of the row is unpacked to its quants in element order, the integer scale and minimum
+     * of each 16-element half, and the block's float scale d and minimum scale dmin; per token
+     *   acc += d * dx * (sc0 * dot0 + sc1 * dot1)          (an exact int32 sum)
+     * and the minimum term in the scalar kernel's order: MIN_ADD (Q5_1) acc += dmin * s,
+     * MIN_SUB (Q5_K) acc -= dmin * m * s, MIN_Q2K acc -= dmin * dx * (m0 * sum0 + m1 * sum1). */
+    "constant char IQ4V[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};\n"
+    "constant char MXV[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};\n"
+    "inline uint ld32(global const uchar *p) { return ld16(p) | (ld16(p + 2) << 16); }\n"
+    "typedef struct { float d, dmin; int sc0, sc1, mn0, mn1; } kparm;\n"
+    "inline kparm kp(float d, float dmin, int sc0, int sc1, int mn0, int mn1) {\n"
+    "  kparm p; p.d = d; p.dmin = dmin; p.sc0 = sc0; p.sc1 = sc1; p.mn0 = mn0; p.mn1 = mn1; return p;\n"
     "}\n"
-    /* block_q8a of 32 floats, as quantize_row_q8a: d = max|x| / 127, q = round(x / d) */
-    "kernel void quant_q8a(global const float *G, global q8a *Q, int n_blocks, ulong q_off) {\n"
+    "inline kparm un_q5_0(global const uchar *row, int b, char *q) {\n"
+    "  global const uchar *bp = row + (size_t)b * 22, *qs = bp + 6; const uint h = ld32(bp + 2);\n"
+    "  for (int i = 0; i < 16; i++) {\n"
+    "    q[i] = (char)(((qs[i] & 15) | (((h >> i) & 1u) << 4)) - 16);\n"
+    "    q[i + 16] = (char)(((qs[i] >> 4) | (((h >> (i + 16)) & 1u) << 4)) - 16);\n"
+    "  }\n"
+    "  return kp(h2f(ld16(bp)), 0.0f, 1, 1, 0, 0);\n"
+    "}\n"
+    "inline kparm un_q5_1(global const uchar *row, int b, char *q) {\n"
+    "  global const uchar *bp = row + (size_t)b * 24, *qs = bp + 8; const uint h = ld32(bp + 4);\n"
+    "  for (int i = 0; i < 16; i++) {\n"
+    "    q[i] = (char)((qs[i] & 15) | (((h >> i) & 1u) << 4));\n"
+    "    q[i + 16] = (char)((qs[i] >> 4) | (((h >> (i + 16)) & 1u) << 4));\n"
+    "  }\n"
+    "  return kp(h2f(ld16(bp)), h2f(ld16(bp + 2)), 1, 1, 0, 0);\n"
+    "}\n"
+    "inline kparm un_iq4_nl(global const uchar *row, int b, char *q) {\n"
+    "  global const uchar *bp = row + (size_t)b * 18, *qs = bp + 2;\n"
+    "  for (int i = 0; i < 16; i++) { q[i] = IQ4V[qs[i] & 15]; q[i + 16] = IQ4V[qs[i] >> 4]; }\n"
+    "  return kp(h2f(ld16(bp)), 0.0f, 1, 1, 0, 0);\n"
+    "}\n"
+    /* E8M0 exponent e as 2^(e - 128) (the element table holds doubled values) */
+    "inline kparm un_mxfp4(global const uchar *row, int b, char *q) {\n"
+    "  global const uchar *bp = row + (size_t)b * 17, *qs = bp + 1; const uint e = bp[0];\n"
+    "  for (int i = 0; i < 16; i++) { q[i] = MXV[qs[i] & 15]; q[i + 16] = MXV[qs[i] >> 4]; }\n"
+    "  return kp(as_float(e < 2u ? 0x00200000u << e : (e - 1u) << 23), 0.0f, 1, 1, 0, 0);\n"
+    "}\n"
+    /* Q2_K, 84 bytes: scales[16], qs[64], d, dmin; sub-block j's element l is bits 2 (j % 4) of qs[32 (j / 4) + l] */
+    "inline kparm un_q2_k(global const uchar *row, int b, char *q) {\n"
+    "  const int j = b & 7; global const uchar *bp = row + (size_t)(b >> 3) * 84, *qs = bp + 16 + 32 * (j >> 2);\n"
+    "  for (int l = 0; l < 32; l++) q[l] = (char)((qs[l] >> (2 * (j & 3))) & 3);\n"
+    "  const uint s0 = bp[2 * j], s1 = bp[2 * j + 1];\n"
+    "  return kp(h2f(ld16(bp + 80)), h2f(ld16(bp + 82)), s0 & 15, s1 & 15, s0 >> 4, s1 >> 4);\n"
+    "}\n"
+    /* Q3_K, 110 bytes: hmask[32], qs[64], scales[12] (6-bit, offset 32), d */
+    "inline int k3s(global const uchar *sc, int j) {\n"
+    "  const int lo = j < 8 ? sc[j] & 15 : sc[j - 8] >> 4, hi = (sc[8 + (j & 3)] >> (2 * (j >> 2))) & 3;\n"
+    "  return (lo | (hi << 4)) - 32;\n"
+    "}\n"
+    "inline kparm un_q3_k(global const uchar *row, int b, char *q) {\n"
+    "  const int j = b & 7; global const uchar *bp = row + (size_t)(b >> 3) * 110, *qs = bp + 32 + 32 * (j >> 2);\n"
+    "  for (int l = 0; l < 32; l++) q[l] = (char)(((qs[l] >> (2 * (j & 3))) & 3) - (((bp[l] >> j) & 1) ? 0 : 4));\n"
+    "  return kp(h2f(ld16(bp + 108)), 0.0f, k3s(bp + 96, 2 * j), k3s(bp + 96, 2 * j + 1), 0, 0);\n"
+    "}\n"
+    /* Q5_K, 176 bytes: d, dmin, scales[12] (as Q4_K), qh[32], qs[128] */
+    "inline kparm un_q5_k(global const uchar *row, int b, char *q) {\n"
+    "  const int j = b & 7; global const uchar *bp = row + (size_t)(b >> 3) * 176, *sc = bp + 4;\n"
+    "  global const uchar *qh = bp + 16, *qs = bp + 48 + 32 * (j >> 1);\n"
+    "  for (int l = 0; l < 32; l++) q[l] = (char)(((qs[l] >> (4 * (j & 1))) & 15) | (((qh[l] >> j) & 1) << 4));\n"
+    "  int s, m;\n"
+    "  if (j < 4) { s = sc[j] & 63; m = sc[j + 4] & 63; }\n"
+    "  else { s = (sc[j + 4] & 15) | ((sc[j - 4] >> 6) << 4); m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4); }\n"
+    "  return kp(h2f(ld16(bp)), h2f(ld16(bp + 2)), s, s, m, m);\n"
+    "}\n"
+    /* IQ4_XS, 136 bytes: d, scales_h (2 bits each), scales_l[4] (4 bits each), qs[128]; offset 32 */
+    "inline kparm un_iq4_xs(global const uchar *row, int b, char *q) {\n"
+    "  const int j = b & 7; global const uchar *bp = row + (size_t)(b >> 3) * 136, *qs = bp + 8 + 16 * j;\n"
+    "  for (int i = 0; i < 16; i++) { q[i] = IQ4V[qs[i] & 15]; q[i + 16] = IQ4V[qs[i] >> 4]; }\n"
+    "  const int s = (((bp[4 + (j >> 1)] >> (4 * (j & 1))) & 15) | (((ld16(bp + 2) >> (2 * j)) & 3) << 4)) - 32;\n"
+    "  return kp(h2f(ld16(bp)), 0.0f, s, s, 0, 0);\n"
+    "}\n"
+    "#define MIN_NONE 0\n"
+    "#define MIN_ADD 1\n"
+    "#define MIN_SUB 2\n"
+    "#define MIN_Q2K 3\n"
+    "#define KQ(name, unpack, mode) HEAD(name) \\\n"
+    "  for (int b = l; b < nb; b += LWS) { \\\n"
+    "    char q[32]; const kparm p = unpack(row, b, q); \\\n"
+    "    for (int k = 0; k < nt; k++) { \\\n"
+    "      global const q8a *x = &XB(k, b); int d0 = 0, d1 = 0, x0 = 0, x1 = 0; \\\n"
+    "      for (int i = 0; i < 16; i++) { \\\n"
+    "        d0 += (int)q[i] * (int)x->qs[i]; x0 += x->qs[i]; \\\n"
+    "        d1 += (int)q[i + 16] * (int)x->qs[i + 16]; x1 += x->qs[i + 16]; \\\n"
+    "      } \\\n"
+    "      acc[k] += p.d * x->d * (float)(p.sc0 * d0 + p.sc1 * d1); \\\n"
+    "      if (mode == MIN_ADD) acc[k] += p.dmin * x->s; \\\n"
+    "      else if (mode == MIN_SUB) acc[k] -= p.dmin * (float)p.mn0 * x->s; \\\n"
+    "      else if (mode == MIN_Q2K) acc[k] -= p.dmin * x->d * (float)(p.mn0 * x0 + p.mn1 * x1); \\\n"
+    "    } \\\n"
+    "  } \\\n"
+    "  TAIL\n"
+    "KQ(mm_q5_0, un_q5_0, MIN_NONE)\n"
+    "KQ(mm_q5_1, un_q5_1, MIN_ADD)\n"
+    "KQ(mm_iq4_nl, un_iq4_nl, MIN_NONE)\n"
+    "KQ(mm_mxfp4, un_mxfp4, MIN_NONE)\n"
+    "KQ(mm_q2_k, un_q2_k, MIN_Q2K)\n"
+    "KQ(mm_q3_k, un_q3_k, MIN_NONE)\n"
+    "KQ(mm_q5_k, un_q5_k, MIN_SUB)\n"
+    "KQ(mm_iq4_xs, un_iq4_xs, MIN_NONE)\n"
+    /* The activation of the expert FFN (ops.c's, in its order): optional biases added to the
+     * gate and up rows (width F), then silu(g) * u, gpt-oss's clamped form or gelu_tanh(g) * u. */
+    "#define ACT_SWIGLU 0\n"
+    "#define ACT_SWIGLU_OAI 1\n"
+    "#define ACT_GEGLU_TANH 2\n"
+    "kernel void glu_act(global float *G, global const float *U, int n, int F, global const float *BG,\n"
+    "    ulong bg_off, global const float *BU, ulong bu_off, int bias, int act, float alpha, float limit) {\n"
+    "  const int i = get_global_id(0);\n"
+    "  if (i >= n) return;\n"
+    "  float g = G[i], u = U[i];\n"
+    "  if (bias & 1) g += BG[bg_off + i % F];\n"
+    "  if (bias & 2) u += BU[bu_off + i % F];\n"
+    "  if (act == ACT_SWIGLU_OAI) {\n"
+    "    const float v = fmin(g, limit), up = fmin(fmax(u, -limit), limit);\n"
+    "    G[i] = (up + 1.0f) * (v / (1.0f + exp(-alpha * v)));\n"
+    "  } else if (act == ACT_GEGLU_TANH) {\n"
+    "    const float inner = 0.7978845608028654f * (g + 0.044715f * (g * g * g));\n"
+    "    G[i] = 0.5f * g * (1.0f + tanh(inner)) * u;\n"
+    "  } else {\n"
+    "    G[i] = g / (1.0f + exp(-g)) * u;\n"
+    "  }\n"
+    "}\n"
+    /* block_q8a of 32 floats, as quantize_row_q8a: d = max|x| / 127, q = round(x / d); with keep_g
+     * the float rows are copied to GK too (kept on the device with the quantized ones) */
+    "kernel void quant_q8a(global const float *G, global q8a *Q, int n_blocks, ulong q_off, global float *GK,\n"
+    "    int keep_g) {\n"
     "  const int b = get_global_id(0);\n"
     "  if (b >= n_blocks) return;\n"
     "  Q += q_off;\n"
@@ -292,11 +421,17 @@ static const char *KERNEL_SRC =
     "  const float d = amax / 127.0f; int sum = 0;\n"
     "  for (int i = 0; i < 32; i++) { const int q = d != 0.0f ? (int)round(x[i] / d) : 0; Q[b].qs[i] = (char)q; sum += q; }\n"
     "  Q[b].d = d; Q[b].s = d * (float)sum;\n"
+    "  if (keep_g) for (int i = 0; i < 32; i++) GK[(q_off + (ulong)b) * 32 + i] = x[i];\n"
     "}\n";
 
-enum { K_F32, K_F16, K_BF16, K_Q8_0, K_Q4_0, K_Q4_1, K_Q4_K, K_Q6_K, K_GLU, K_QUANT, K_COUNT };
-static const char *KERNEL_NAMES[K_COUNT] = {"mm_f32",  "mm_f16",  "mm_bf16", "mm_q8_0",  "mm_q4_0",
-                                            "mm_q4_1", "mm_q4_k", "mm_q6_k", "glu_silu", "quant_q8a"};
+enum {
+    K_F32, K_F16, K_BF16, K_Q8_0, K_Q4_0, K_Q4_1, K_Q4_K, K_Q6_K,
+    K_Q5_0, K_Q5_1, K_IQ4_NL, K_MXFP4, K_Q2_K, K_Q3_K, K_Q5_K, K_IQ4_XS,
+    K_GLU, K_QUANT, K_COUNT
+};
+static const char *KERNEL_NAMES[K_COUNT] = {
+    "mm_f32",  "mm_f16",  "mm_bf16",   "mm_q8_0",  "mm_q4_0", "mm_q4_1", "mm_q4_k", "mm_q6_k",  "mm_q5_0",
+    "mm_q5_1", "mm_iq4_nl", "mm_mxfp4", "mm_q2_k", "mm_q3_k", "mm_q5_k", "mm_iq4_xs", "glu_act", "quant_q8a"};
 
 static int kernel_of(uint32_t type) {
     switch (type) {
@@ -308,6 +443,14 @@ static int kernel_of(uint32_t type) {
     case GGML_TYPE_Q4_1: return K_Q4_1;
     case GGML_TYPE_Q4_K: return K_Q4_K;
     case GGML_TYPE_Q6_K: return K_Q6_K;
+    case GGML_TYPE_Q5_0: return K_Q5_0;
+    case GGML_TYPE_Q5_1: return K_Q5_1;
+    case GGML_TYPE_IQ4_NL: return K_IQ4_NL;
+    case GGML_TYPE_MXFP4: return K_MXFP4;
+    case GGML_TYPE_Q2_K: return K_Q2_K;
+    case GGML_TYPE_Q3_K: return K_Q3_K;
+    case GGML_TYPE_Q5_K: return K_Q5_K;
+    case GGML_TYPE_IQ4_XS: return K_IQ4_XS;
     default: return -1;
     }
 }
@@ -371,15 +514,22 @@ typedef struct ocl_backend {
     uint64_t gen;            /* bumped by every call: a staged copy is only reused within its call */
     /* activations and results, [T_MAX] tokens of the widest shapes */
     cl_mem xf, xq, y, g, u, gq;
+    cl_mem gk;               /* the float SwiGLU rows of the kept outputs (block for block with gq's) */
+    cl_mem bias;             /* a job's gate and up biases, [2][max_ff], when they are not resident */
     last_x lx[2];            /* [0] xf, [1] xq */
     size_t max_cols, max_rows, max_ff;
     /* the last glu call's q8a outputs kept in gq, blocks [0, keep_blocks); the rows after them
      * take the outputs that do not fit */
     struct {
         const void *host;    /* the host copy (the down projection's activations) */
-        size_t bytes, off;   /* its size, and its offset in gq in blocks */
+        size_t bytes, off;   /* its size, and its offset in gq in blocks (in gk: off * 32 floats) */
+        float *host_g;       /* the float rows' host copy, g_floats of them */
+        size_t g_floats;
+        int state;           /* KEPT_*: whether the host copies are written */
     } kept[KEEP_MAX];
     int n_kept;
+    glu_job *last_glu;       /* that call's jobs, to redo them on the CPU when the kept rows are lost */
+    int n_last_glu;          /* -1: the call had more jobs than fit (then nothing was kept) */
     size_t keep_blocks, keep_used;
     uint64_t keep_gen;       /* that call's generation: the kept outputs serve the call right after it */
     /* jobs handed to the CPU in the current call */
@@ -393,6 +543,7 @@ typedef struct ocl_backend {
     /* counters */
     uint64_t uploaded, staged, dev_jobs, cpu_jobs_n, errors;
     uint64_t reused;         /* activation bytes read from kept outputs instead of uploaded */
+    uint64_t readback;       /* SwiGLU output bytes read back to the host (eagerly or on demand) */
     uint64_t buffer_bytes;   /* staging and activation buffers */
     int failed;
     char first_error[160];
@@ -423,7 +574,7 @@ static void ocl_destroy(void *vctx) {
         if (b->stage[i].mem) g_cl.ReleaseMemObject(b->stage[i].mem);
     }
     for (int i = 0; i < b->n_res; i++) g_cl.ReleaseMemObject(b->res[i].mem);
-    cl_mem bufs[] = {b->xf, b->xq, b->y, b->g, b->u, b->gq};
+    cl_mem bufs[] = {b->xf, b->xq, b->y, b->g, b->u, b->gq, b->gk, b->bias};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) g_cl.ReleaseMemObject(bufs[i]);
     for (int i = 0; i < K_COUNT; i++)
@@ -435,6 +586,7 @@ static void ocl_destroy(void *vctx) {
     cb_free(b->res);
     cb_free(b->cpu_jobs);
     cb_free(b->cpu_glu);
+    cb_free(b->last_glu);
     cb_free(b);
 }
 
@@ -640,6 +792,7 @@ static cl_int upload_x(ocl_backend *b, const mat *w, const float *x, const block
                 *xqb = b->gq;
                 *xqo = b->kept[i].off;
                 b->reused += bytes;
+                if (b->kept[i].state == KEPT_DEVICE) b->kept[i].state = KEPT_CONSUMED;
                 return CL_SUCCESS;
             }
     last_x *l = &b->lx[q];
@@ -739,10 +892,84 @@ static cl_int device_matmul(ocl_backend *b, const mm_job *jb) {
     return CL_SUCCESS;
 }
 
+/* ---- the SwiGLU outputs kept on the device, and their host copies ------------------------ */
+
+/* Enqueue the reads of kept output i's host copies (q8a and float rows). */
+static cl_int fetch_kept(ocl_backend *b, int i) {
+    const size_t off = b->kept[i].off;
+    cl_int err = g_cl.EnqueueReadBuffer(b->q, b->gq, CL_FALSE, off * sizeof(block_q8a), b->kept[i].bytes,
+                                        (void *)b->kept[i].host, 0, NULL, NULL);
+    if (err == CL_SUCCESS)
+        err = g_cl.EnqueueReadBuffer(b->q, b->gk, CL_FALSE, off * QK8A * sizeof(float),
+                                     b->kept[i].g_floats * sizeof(float), b->kept[i].host_g, 0, NULL, NULL);
+    if (err != CL_SUCCESS) return err;
+    b->kept[i].state = KEPT_HOST;
+    b->readback += b->kept[i].bytes + b->kept[i].g_floats * sizeof(float);
+    return CL_SUCCESS;
+}
+
+/* The host copies could not be read back (a device error): the last glu call's jobs are redone
+ * on the CPU, which writes them (the inputs, weights and slots of those jobs are still in place:
+ * the down projections that read their outputs have not run on the host yet). Unless forced (a
+ * read that may not have completed), only when some host copy was never read back. */
+static void redo_glu_on_cpu(ocl_backend *b, int force) {
+    int lost = force;
+    for (int i = 0; i < b->n_kept; i++) lost |= b->kept[i].state != KEPT_HOST;
+    if (lost && b->n_last_glu > 0) b->cpu->ops->glu(b->cpu->ctx, b->last_glu, b->n_last_glu);
+    for (int i = 0; i < b->n_kept; i++) b->kept[i].state = KEPT_HOST;
+}
+
+/* Every kept output's host copy written, when no other call came since the glu call that made
+ * them (a host reader asked: host_copies, sync, or the next glu call, which reuses gq). */
+static void settle_kept(ocl_backend *b) {
+    if (b->keep_gen != b->gen) return;
+    if (b->failed) {  /* a device error since that call: its outputs are not read from it */
+        redo_glu_on_cpu(b, 0);
+        return;
+    }
+    cl_int err = CL_SUCCESS;
+    for (int i = 0; i < b->n_kept && err == CL_SUCCESS; i++)
+        if (b->kept[i].state != KEPT_HOST) err = fetch_kept(b, i);
+    if (err == CL_SUCCESS) err = g_cl.Finish(b->q);
+    if (err != CL_SUCCESS) {
+        cl_fail(b, "a SwiGLU readback", err);
+        redo_glu_on_cpu(b, 1);
+    }
+}
+
+static void ocl_host_copies(void *vctx) { settle_kept(vctx); }
+
+static int job_reads(const mm_job *jb, const void *p, size_t bytes) {
+    const char *a = p, *e = a + bytes;
+    const char *x = (const char *)jb->x, *q = (const char *)jb->xq;
+    const size_t xb = (size_t)jb->n_tok * jb->w.cols * sizeof(float);
+    const size_t qb = (size_t)jb->n_tok * (jb->w.cols / QK8A) * sizeof(block_q8a);
+    return (x && x < e && a < x + xb) || (q && q < e && a < q + qb);
+}
+
+/* In the matmul call right after a glu call: the kept outputs a CPU job reads, or that no device
+ * job consumed, are read back. Returns whether any read was enqueued. */
+static int fetch_for_host(ocl_backend *b, const mm_job *cpu_jobs, int n_cpu, cl_int *err) {
+    int any = 0;
+    for (int i = 0; i < b->n_kept && *err == CL_SUCCESS; i++) {
+        int need = b->kept[i].state == KEPT_DEVICE;
+        for (int j = 0; j < n_cpu && !need && b->kept[i].state != KEPT_HOST; j++)
+            need = job_reads(&cpu_jobs[j], b->kept[i].host, b->kept[i].bytes) ||
+                   job_reads(&cpu_jobs[j], b->kept[i].host_g, b->kept[i].g_floats * sizeof(float));
+        if (need) {
+            *err = fetch_kept(b, i);
+            any = 1;
+        }
+    }
+    return any;
+}
+
 static void ocl_matmul(void *vctx, const mm_job *jobs, int n_jobs) {
     ocl_backend *b = vctx;
     b->gen++;  /* staged copies are valid within one call: the slots may change between calls */
     memset(b->lx, 0, sizeof b->lx);  /* and the host's activations too */
+    const int after_glu = b->keep_gen + 1 == b->gen && b->n_kept > 0;
+    if (after_glu && b->failed) redo_glu_on_cpu(b, 0);  /* failed since the glu call: every job to the CPU */
     int n_cpu = 0;
     cl_int err = CL_SUCCESS;
     for (int j = 0; j < n_jobs; j++) {
@@ -750,27 +977,121 @@ static void ocl_matmul(void *vctx, const mm_job *jobs, int n_jobs) {
         cl_int r = 1;
         if (err == CL_SUCCESS && device_takes(b, &jb->w)) r = device_matmul(b, jb);
         if (r == 1) {
-            if (n_cpu < b->max_jobs) b->cpu_jobs[n_cpu++] = *jb;
-            else b->cpu->ops->matmul(b->cpu->ctx, jb, 1);
+            if (n_cpu < b->max_jobs) {
+                b->cpu_jobs[n_cpu++] = *jb;
+            } else {  /* no room in the list: now, after the host copies it reads */
+                if (after_glu && err == CL_SUCCESS && fetch_for_host(b, jb, 1, &err) && err == CL_SUCCESS)
+                    err = g_cl.Finish(b->q);
+                if (err == CL_SUCCESS) b->cpu->ops->matmul(b->cpu->ctx, jb, 1);
+            }
         } else if (r != CL_SUCCESS) {
             err = r;
         }
     }
+    /* the host copies the CPU's share reads are there before it runs (the device's products go on) */
+    if (after_glu && err == CL_SUCCESS && fetch_for_host(b, b->cpu_jobs, n_cpu, &err) && n_cpu &&
+        err == CL_SUCCESS)
+        err = g_cl.Finish(b->q);
     /* the CPU's share runs while the device works on its own */
-    if (n_cpu) b->cpu->ops->matmul(b->cpu->ctx, b->cpu_jobs, n_cpu);
+    if (n_cpu && err == CL_SUCCESS) b->cpu->ops->matmul(b->cpu->ctx, b->cpu_jobs, n_cpu);
     b->cpu_jobs_n += (uint64_t)n_cpu;
     cl_int fe = finish_call(b);
     if (err == CL_SUCCESS) err = fe;
     if (err != CL_SUCCESS) {
         cl_fail(b, "a matrix product", err);
+        if (after_glu) redo_glu_on_cpu(b, 1);  /* the activations these jobs read, on the host */
         b->cpu->ops->matmul(b->cpu->ctx, jobs, n_jobs);  /* every output rewritten on the CPU */
     }
+    if (after_glu) b->n_kept = 0;
 }
 
 static int glu_on_device(const ocl_backend *b, const glu_job *jb) {
     return device_takes(b, &jb->gate) && device_takes(b, &jb->up) && jb->gate.rows == jb->up.rows &&
-           jb->gate.cols == jb->up.cols && !jb->bg && !jb->bu && jb->act == FFN_SWIGLU &&
+           jb->gate.cols == jb->up.cols &&
+           (jb->act == FFN_SWIGLU || jb->act == FFN_SWIGLU_OAI || jb->act == FFN_GEGLU_TANH) &&
            (size_t)jb->gate.rows <= b->max_ff && jb->gate.rows % QK8A == 0;
+}
+
+/* A bias row of F floats on the device: inside the resident weights, else copied into the bias
+ * buffer's half `half` (the queue is in order: the previous job's kernel has read it by then). */
+static cl_int place_bias(ocl_backend *b, const float *h, int F, int half, cl_mem *mem, cl_ulong *off_floats) {
+    size_t off;
+    *mem = b->bias;
+    *off_floats = (cl_ulong)half * b->max_ff;
+    if (!h) return CL_SUCCESS;
+    cl_mem r = find_resident(b, h, (size_t)F * sizeof(float), &off);
+    if (r && off % sizeof(float) == 0) {
+        *mem = r;
+        *off_floats = off / sizeof(float);
+        return CL_SUCCESS;
+    }
+    return g_cl.EnqueueWriteBuffer(b->q, b->bias, CL_FALSE, (size_t)*off_floats * sizeof(float),
+                                   (size_t)F * sizeof(float), h, 0, NULL, NULL);
+}
+
+static cl_int enqueue_act(ocl_backend *b, const glu_job *jb, int n, cl_mem bg, cl_ulong bgo, cl_mem bu, cl_ulong buo) {
+    const int F = jb->gate.rows, bias = (jb->bg ? 1 : 0) | (jb->bu ? 2 : 0), act = jb->act;
+    const float alpha = jb->alpha, limit = jb->limit;
+    cl_kernel k = b->k[K_GLU];
+    cl_int err = g_cl.SetKernelArg(k, 0, sizeof b->g, &b->g);
+    err |= g_cl.SetKernelArg(k, 1, sizeof b->u, &b->u);
+    err |= g_cl.SetKernelArg(k, 2, sizeof n, &n);
+    err |= g_cl.SetKernelArg(k, 3, sizeof F, &F);
+    err |= g_cl.SetKernelArg(k, 4, sizeof bg, &bg);
+    err |= g_cl.SetKernelArg(k, 5, sizeof bgo, &bgo);
+    err |= g_cl.SetKernelArg(k, 6, sizeof bu, &bu);
+    err |= g_cl.SetKernelArg(k, 7, sizeof buo, &buo);
+    err |= g_cl.SetKernelArg(k, 8, sizeof bias, &bias);
+    err |= g_cl.SetKernelArg(k, 9, sizeof act, &act);  /* FFN_* and the kernel's ACT_* agree */
+    err |= g_cl.SetKernelArg(k, 10, sizeof alpha, &alpha);
+    err |= g_cl.SetKernelArg(k, 11, sizeof limit, &limit);
+    const size_t gws = ((size_t)n + LWS - 1) / LWS * LWS, lws = LWS;
+    cl_event ev = NULL;
+    if (err == CL_SUCCESS) err = g_cl.EnqueueNDRangeKernel(b->q, k, 1, NULL, &gws, &lws, 0, NULL, b->tl ? &ev : NULL);
+    if (err == CL_SUCCESS) note_event(b, ev, TL_COMPUTE);
+    return err;
+}
+
+/* The q8a rows of tokens [t0, t0 + nt) of a glu job's output: kept on the device for the down
+ * projection where there is room (their host copies written only when a reader asks), else
+ * quantized into the rows after the kept ones and read back now. */
+static cl_int enqueue_quant(ocl_backend *b, const glu_job *jb, int t0, int nt) {
+    const int F = jb->gate.rows, n = nt * F, nblk = n / QK8A;
+    block_q8a *hq = jb->actq + (size_t)t0 * F / QK8A;
+    cl_ulong qoff = b->keep_blocks;
+    int keep = 0;
+    if (b->n_last_glu >= 0 && b->n_kept < KEEP_MAX && b->keep_used + (size_t)nblk <= b->keep_blocks) {
+        qoff = b->keep_used;
+        b->kept[b->n_kept].host = hq;
+        b->kept[b->n_kept].bytes = (size_t)nblk * sizeof(block_q8a);
+        b->kept[b->n_kept].off = b->keep_used;
+        b->kept[b->n_kept].host_g = jb->g + (size_t)t0 * F;
+        b->kept[b->n_kept].g_floats = (size_t)n;
+        b->kept[b->n_kept].state = KEPT_DEVICE;
+        b->n_kept++;
+        b->keep_used += (size_t)nblk;
+        keep = 1;
+    }
+    cl_kernel k = b->k[K_QUANT];
+    cl_int err = g_cl.SetKernelArg(k, 0, sizeof b->g, &b->g);
+    err |= g_cl.SetKernelArg(k, 1, sizeof b->gq, &b->gq);
+    err |= g_cl.SetKernelArg(k, 2, sizeof nblk, &nblk);
+    err |= g_cl.SetKernelArg(k, 3, sizeof qoff, &qoff);
+    err |= g_cl.SetKernelArg(k, 4, sizeof b->gk, &b->gk);
+    err |= g_cl.SetKernelArg(k, 5, sizeof keep, &keep);
+    const size_t gws = ((size_t)nblk + LWS - 1) / LWS * LWS, lws = LWS;
+    cl_event ev = NULL;
+    if (err == CL_SUCCESS) err = g_cl.EnqueueNDRangeKernel(b->q, k, 1, NULL, &gws, &lws, 0, NULL, b->tl ? &ev : NULL);
+    if (err != CL_SUCCESS) return err;
+    note_event(b, ev, TL_COMPUTE);
+    if (keep) return CL_SUCCESS;
+    err = g_cl.EnqueueReadBuffer(b->q, b->gq, CL_FALSE, (size_t)qoff * sizeof(block_q8a),
+                                 (size_t)nblk * sizeof(block_q8a), hq, 0, NULL, NULL);
+    if (err == CL_SUCCESS)
+        err = g_cl.EnqueueReadBuffer(b->q, b->g, CL_FALSE, 0, (size_t)n * sizeof(float), jb->g + (size_t)t0 * F, 0,
+                                     NULL, NULL);
+    b->readback += (size_t)nblk * sizeof(block_q8a) + (size_t)n * sizeof(float);
+    return err;
 }
 
 static cl_int device_glu(ocl_backend *b, const glu_job *jb) {
@@ -787,11 +1108,16 @@ static cl_int device_glu(ocl_backend *b, const glu_job *jb) {
         if (!mg || !mu) return 1;
     }
     const int F = jb->gate.rows;
+    cl_mem bg, bu;
+    cl_ulong bgo, buo;
+    cl_int err = place_bias(b, jb->bg, F, 0, &bg, &bgo);
+    if (err == CL_SUCCESS) err = place_bias(b, jb->bu, F, 1, &bu, &buo);
+    if (err != CL_SUCCESS) return err;
     for (int t0 = 0; t0 < jb->n_tok; t0 += T_MAX) {
         const int nt = jb->n_tok - t0 < T_MAX ? jb->n_tok - t0 : T_MAX;
         cl_mem xqb;
         cl_ulong xqo;
-        cl_int err = upload_x(b, &jb->gate, jb->x, jb->xq, t0, nt, &xqb, &xqo);
+        err = upload_x(b, &jb->gate, jb->x, jb->xq, t0, nt, &xqb, &xqo);
         if (err == CL_SUCCESS) err = upload_x(b, &jb->up, jb->x, jb->xq, t0, nt, &xqb, &xqo);
         cl_event dg = NULL, du = NULL;
         if (err == CL_SUCCESS)
@@ -808,44 +1134,15 @@ static cl_int device_glu(ocl_backend *b, const glu_job *jb) {
             release_event(&b->stage[su].last_use);
             b->stage[su].last_use = du;
         }
+        if (err == CL_SUCCESS) err = enqueue_act(b, jb, nt * F, bg, bgo, bu, buo);
         if (err != CL_SUCCESS) return err;
-        const int n = nt * F, nblk = n / QK8A;
-        err = g_cl.SetKernelArg(b->k[K_GLU], 0, sizeof b->g, &b->g);
-        err |= g_cl.SetKernelArg(b->k[K_GLU], 1, sizeof b->u, &b->u);
-        err |= g_cl.SetKernelArg(b->k[K_GLU], 2, sizeof n, &n);
-        const size_t gws = ((size_t)n + LWS - 1) / LWS * LWS, lws = LWS;
-        cl_event ev = NULL;
-        if (err == CL_SUCCESS) err = g_cl.EnqueueNDRangeKernel(b->q, b->k[K_GLU], 1, NULL, &gws, &lws, 0, NULL, b->tl ? &ev : NULL);
-        if (err != CL_SUCCESS) return err;
-        note_event(b, ev, TL_COMPUTE);
         if (jb->actq) {
-            /* kept for the down projection where there is room, else in the rows after the kept ones */
-            cl_ulong qoff = b->keep_blocks;
-            if (b->n_kept < KEEP_MAX && b->keep_used + (size_t)nblk <= b->keep_blocks) {
-                qoff = b->keep_used;
-                b->kept[b->n_kept].host = jb->actq + (size_t)t0 * F / QK8A;
-                b->kept[b->n_kept].bytes = (size_t)nblk * sizeof(block_q8a);
-                b->kept[b->n_kept].off = b->keep_used;
-                b->n_kept++;
-                b->keep_used += (size_t)nblk;
-            }
-            err = g_cl.SetKernelArg(b->k[K_QUANT], 0, sizeof b->g, &b->g);
-            err |= g_cl.SetKernelArg(b->k[K_QUANT], 1, sizeof b->gq, &b->gq);
-            err |= g_cl.SetKernelArg(b->k[K_QUANT], 2, sizeof nblk, &nblk);
-            err |= g_cl.SetKernelArg(b->k[K_QUANT], 3, sizeof qoff, &qoff);
-            const size_t gq = ((size_t)nblk + LWS - 1) / LWS * LWS;
-            ev = NULL;
-            if (err == CL_SUCCESS)
-                err = g_cl.EnqueueNDRangeKernel(b->q, b->k[K_QUANT], 1, NULL, &gq, &lws, 0, NULL, b->tl ? &ev : NULL);
-            if (err != CL_SUCCESS) return err;
-            note_event(b, ev, TL_COMPUTE);
-            err = g_cl.EnqueueReadBuffer(b->q, b->gq, CL_FALSE, (size_t)qoff * sizeof(block_q8a),
-                                         (size_t)nblk * sizeof(block_q8a), jb->actq + (size_t)t0 * F / QK8A, 0, NULL,
-                                         NULL);
-            if (err != CL_SUCCESS) return err;
+            err = enqueue_quant(b, jb, t0, nt);
+        } else {  /* float down weights: they take their activations from the host */
+            err = g_cl.EnqueueReadBuffer(b->q, b->g, CL_FALSE, 0, (size_t)nt * F * sizeof(float),
+                                         jb->g + (size_t)t0 * F, 0, NULL, NULL);
+            b->readback += (size_t)nt * F * sizeof(float);
         }
-        err = g_cl.EnqueueReadBuffer(b->q, b->g, CL_FALSE, 0, (size_t)n * sizeof(float), jb->g + (size_t)t0 * F, 0,
-                                     NULL, NULL);
         if (err != CL_SUCCESS) return err;
     }
     b->dev_jobs += 2;
@@ -854,11 +1151,15 @@ static cl_int device_glu(ocl_backend *b, const glu_job *jb) {
 
 static void ocl_glu(void *vctx, const glu_job *jobs, int n_jobs) {
     ocl_backend *b = vctx;
+    settle_kept(b);  /* the last glu call's outputs, if no matmul call read them: gq is reused now */
     b->gen++;
     memset(b->lx, 0, sizeof b->lx);
     b->n_kept = 0;
     b->keep_used = 0;
     b->keep_gen = b->gen;
+    /* kept outputs need the jobs to redo them on the CPU if the device fails before they are read */
+    b->n_last_glu = n_jobs <= b->max_jobs ? n_jobs : -1;
+    if (b->n_last_glu > 0) memcpy(b->last_glu, jobs, (size_t)n_jobs * sizeof *jobs);
     int n_cpu = 0;
     cl_int err = CL_SUCCESS;
     for (int j = 0; j < n_jobs; j++) {
@@ -885,6 +1186,7 @@ static void ocl_glu(void *vctx, const glu_job *jobs, int n_jobs) {
 
 static colibri_status ocl_sync(void *vctx) {
     ocl_backend *b = vctx;
+    settle_kept(b);
     cl_int e = finish_call(b);
     if (e != CL_SUCCESS) return cl_fail(b, "clFinish", e);
     if (b->failed) return cb_error(COLIBRI_E_INTERNAL, "OpenCL: %s; the work was redone on the CPU", b->first_error);
@@ -900,6 +1202,7 @@ static void ocl_fill_stats(void *vctx, colibri_stats *out) {
     out->device_cpu_jobs = b->cpu_jobs_n;
     out->device_errors = b->errors;
     out->device_buffer_bytes = b->buffer_bytes;
+    out->device_readback_bytes = b->readback;
 }
 
 
@@ -914,6 +1217,7 @@ static const cb_backend_ops OCL_OPS = {
     .add_resident = ocl_add_resident,
     .matmul = ocl_matmul,
     .glu = ocl_glu,
+    .host_copies = ocl_host_copies,
     .sync = ocl_sync,
     .fill_stats = ocl_fill_stats,
     .device_name = ocl_device_name,
@@ -996,10 +1300,21 @@ static void calibrate_stage(ocl_backend *b, int stage) {
             if (err == CL_SUCCESS) err = g_cl.Finish(b->qx);
         } else {
             const size_t gws = LWS, lws = LWS;
-            err = g_cl.SetKernelArg(b->k[K_GLU], 0, sizeof b->g, &b->g);
-            err |= g_cl.SetKernelArg(b->k[K_GLU], 1, sizeof b->u, &b->u);
-            err |= g_cl.SetKernelArg(b->k[K_GLU], 2, sizeof n, &n);
-            if (err == CL_SUCCESS) err = g_cl.EnqueueNDRangeKernel(b->q, b->k[K_GLU], 1, NULL, &gws, &lws, 0, NULL, &ev);
+            const int zero = 0;
+            const cl_ulong off0 = 0;
+            const float f0 = 0.0f;
+            cl_kernel k = b->k[K_GLU];
+            err = g_cl.SetKernelArg(k, 0, sizeof b->g, &b->g);
+            err |= g_cl.SetKernelArg(k, 1, sizeof b->u, &b->u);
+            err |= g_cl.SetKernelArg(k, 2, sizeof n, &n);
+            err |= g_cl.SetKernelArg(k, 3, sizeof n, &n);
+            err |= g_cl.SetKernelArg(k, 4, sizeof b->bias, &b->bias);
+            err |= g_cl.SetKernelArg(k, 5, sizeof off0, &off0);
+            err |= g_cl.SetKernelArg(k, 6, sizeof b->bias, &b->bias);
+            err |= g_cl.SetKernelArg(k, 7, sizeof off0, &off0);
+            for (int a = 8; a < 10; a++) err |= g_cl.SetKernelArg(k, (cl_uint)a, sizeof zero, &zero);
+            for (int a = 10; a < 12; a++) err |= g_cl.SetKernelArg(k, (cl_uint)a, sizeof f0, &f0);
+            if (err == CL_SUCCESS) err = g_cl.EnqueueNDRangeKernel(b->q, k, 1, NULL, &gws, &lws, 0, NULL, &ev);
             if (err == CL_SUCCESS) err = g_cl.Finish(b->q);
         }
         const double h1 = timeline_now();
@@ -1022,6 +1337,7 @@ typedef struct ocl_sizes {
     size_t max_ff, max_cols, max_rows;  /* widest expert/FFN hidden size, matrix input, matrix output */
     size_t xf, xq, y, g, u, gq;         /* activation and result buffers, bytes: T_MAX tokens at most
                                          * (gq: KEEP_ROWS kept rows, then T_MAX more) */
+    size_t gk, bias;                    /* the kept rows as floats; a gate and an up bias row */
     size_t keep_blocks;                 /* gq's kept rows, in blocks */
     size_t stage;                       /* one staging buffer: an expert's gate + up, or its down */
 } ocl_sizes;
@@ -1041,6 +1357,8 @@ static void ocl_sizes_of(const struct colibri_model *m, int max_tok, ocl_sizes *
     s->u = s->g;
     s->keep_blocks = (size_t)KEEP_ROWS * (s->max_ff / QK8A + 1);
     s->gq = s->keep_blocks * sizeof(block_q8a) + T * (s->max_ff / QK8A + 1) * sizeof(block_q8a);
+    s->gk = s->keep_blocks * QK8A * sizeof(float);
+    s->bias = 2 * s->max_ff * sizeof(float);
     /* each matrix 256-byte aligned in the buffer (stage_mats) */
     s->stage = 0;
     for (int l = 0; l < hp->n_layer && hp->n_expert > 0; l++) {
@@ -1056,7 +1374,7 @@ void backend_opencl_buffer_bytes(const struct colibri_model *m, int max_tok, int
                                  uint64_t *staging) {
     ocl_sizes s;
     ocl_sizes_of(m, max_tok, &s);
-    *buffers = (uint64_t)s.xf + s.xq + s.y + s.g + s.u + s.gq;
+    *buffers = (uint64_t)s.xf + s.xq + s.y + s.g + s.u + s.gq + s.gk + s.bias;
     *staging = streamed ? (uint64_t)N_STAGE * s.stage : 0;
 }
 
@@ -1117,13 +1435,16 @@ colibri_status backend_opencl_create(const struct colibri_model *m, int max_tok,
     b->g = new_buf(b, sz.g, &st);
     b->u = new_buf(b, sz.u, &st);
     b->gq = new_buf(b, sz.gq, &st);
+    b->gk = new_buf(b, sz.gk, &st);
+    b->bias = new_buf(b, sz.bias, &st);
     /* staging only where experts stream: resident experts were uploaded with the weights */
     b->stage_bytes = streamed ? sz.stage : 0;
     for (int i = 0; i < N_STAGE && b->stage_bytes; i++) b->stage[i].mem = new_buf(b, b->stage_bytes, &st);
     b->max_jobs = hp->n_expert + 8;
     b->cpu_jobs = cb_malloc((size_t)b->max_jobs * sizeof(mm_job));
     b->cpu_glu = cb_malloc((size_t)b->max_jobs * sizeof(glu_job));
-    if (!st && (!b->cpu_jobs || !b->cpu_glu)) st = cb_error(COLIBRI_E_NOMEM, "out of memory");
+    b->last_glu = cb_malloc((size_t)b->max_jobs * sizeof(glu_job));
+    if (!st && (!b->cpu_jobs || !b->cpu_glu || !b->last_glu)) st = cb_error(COLIBRI_E_NOMEM, "out of memory");
     if (st) {
         ocl_destroy(b);
         return st;
@@ -1139,6 +1460,10 @@ colibri_status backend_opencl_create(const struct colibri_model *m, int max_tok,
 
 void backend_opencl_fail_next(const cb_backend *b, int n) {
     if (b->ops == &OCL_OPS) ((ocl_backend *)b->ctx)->fail_next = n;
+}
+
+uint64_t backend_opencl_readback_bytes(const cb_backend *b) {
+    return b->ops == &OCL_OPS ? ((const ocl_backend *)b->ctx)->readback : 0;
 }
 
 uint64_t backend_opencl_reused_bytes(const cb_backend *b) {

@@ -52,6 +52,10 @@ colibri_status backend_add_model(const cb_backend *b, const struct colibri_model
         ADD(w->sh_gate);
         ADD(w->sh_up);
         ADD(w->sh_down);
+        /* the experts' gate and up biases (gpt-oss): read by the device's SwiGLU kernel */
+        const size_t nb = (size_t)m->hp.n_expert * (size_t)m->hp.n_ff_exp * sizeof(float);
+        if (w->gate_exps_b && (st = b->ops->add_resident(b->ctx, w->gate_exps_b, nb))) return st;
+        if (w->up_exps_b && (st = b->ops->add_resident(b->ctx, w->up_exps_b, nb))) return st;
         if (with_experts) {
             ADD3(w->gate_exps);
             ADD3(w->up_exps);

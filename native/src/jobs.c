@@ -34,6 +34,8 @@ void cpu_run_jobs(cb_pool *pool, const mm_job *jobs, int n_jobs) {
 
 void run_jobs(struct colibri_context *c, const mm_job *jobs, int n_jobs) {
     if (n_jobs == 0) return;
+    /* the observer reads the activations on the host: a SwiGLU output the device kept comes back */
+    if (c->imatrix && c->backend.ops->host_copies) c->backend.ops->host_copies(c->backend.ctx);
     imatrix_observe_jobs(c->imatrix, jobs, n_jobs);
     c->backend.ops->matmul(c->backend.ctx, jobs, n_jobs);  /* backend.h: the CPU's is cpu_run_jobs */
 }

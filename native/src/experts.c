@@ -64,6 +64,7 @@ typedef struct counters {
 struct expert_store {
     const struct colibri_model *m;
     int n_layer, n_expert, n_slots, policy, floor;
+    int reuse;              /* policy == COLIBRI_POLICY_REUSE: its tables below exist */
     size_t slot_bytes;
     size_t region_off[3];   /* offset of gate, up, down inside a slot */
     int fd, fd_direct;      /* fd_direct = -1 when O_DIRECT is unavailable */
@@ -95,7 +96,8 @@ struct expert_store {
     int n_io, n_io_started, sem_ready, mutex_ready;
     struct timeline *tl;    /* backend hook: each piece's read is an I/O-stage interval (timeline.h) */
     int overlap;            /* decode steps compute experts as they arrive (COLIBRI_DECODE_OVERLAP=0: off) */
-    /* COLIBRI_POLICY_REUSE's statistics (learned online, every policy keeps them: see reuse_observe) */
+    /* COLIBRI_POLICY_REUSE's statistics, learned online (reuse_observe); allocated for that policy only, NULL
+       under LFU and LRU, which never read them */
     uint64_t *seen;         /* [n_layer][n_expert] token step of the last use + 1 (0: never used) */
     double *rate;           /* [n_layer][n_expert] decayed use count at seen - 1 (half-life STORE_LFU_HALF_LIFE) */
     double *gap;            /* [n_layer][STORE_REUSE_GAPS + 1] count of reuse gaps 1 .. GAPS (tokens between two uses
@@ -149,10 +151,10 @@ static size_t reuse_table_bytes(const struct colibri_model *m) {
            ((L - 1) * X * (X + 1) + 2) * sizeof(float);
 }
 
-size_t store_table_bytes(const struct colibri_model *m, int n_slots) {
+size_t store_table_bytes(const struct colibri_model *m, int n_slots, int policy) {
     const size_t n = (size_t)m->hp.n_layer * (size_t)m->hp.n_expert;
     return sizeof(struct expert_store) + (size_t)n_slots * sizeof(slot) + n * (sizeof(int32_t) + sizeof(counters)) +
-           (size_t)m->hp.n_layer * sizeof(int32_t) + reuse_table_bytes(m) +
+           (size_t)m->hp.n_layer * sizeof(int32_t) + (policy == COLIBRI_POLICY_REUSE ? reuse_table_bytes(m) : 0) +
            (size_t)store_io_threads() * 16 * 1024 /* I/O thread stacks in use: pread and a few calls deep */;
 }
 
@@ -347,6 +349,7 @@ static int load_now(expert_store *s, int i) {
 
 /* ---- lifetime --------------------------------------------------------- */
 
+static int reuse_alloc(expert_store *s);
 static void reuse_init(expert_store *s);
 
 colibri_status store_create(const struct colibri_model *m, int n_slots, int policy, expert_store **out) {
@@ -360,6 +363,7 @@ colibri_status store_create(const struct colibri_model *m, int n_slots, int poli
     s->n_expert = m->hp.n_expert;
     s->n_slots = n_slots;
     s->policy = policy;
+    s->reuse = policy == COLIBRI_POLICY_REUSE;
     s->fd = s->fd_direct = -1;
     /* Per-layer floor: a layer keeps min(k, slots/layers) experts, so a budget below one
      * token's worth of experts cannot fall into the cycle where every access misses. */
@@ -383,20 +387,12 @@ colibri_status store_create(const struct colibri_model *m, int n_slots, int poli
     s->layer_count = cb_calloc((size_t)s->n_layer, sizeof(int32_t));
     s->cnt = cb_calloc(n, sizeof(counters));
     s->mem = cb_aligned_alloc(STORE_IO_ALIGN, (size_t)n_slots * s->slot_bytes);
-    const size_t L = (size_t)s->n_layer, X = (size_t)s->n_expert;
-    s->seen = cb_calloc(n, sizeof *s->seen);
-    s->rate = cb_calloc(n, sizeof *s->rate);
-    s->gap = cb_calloc(L * (STORE_REUSE_GAPS + 1), sizeof *s->gap);
-    s->surv = cb_calloc(L * (STORE_REUSE_GAPS + 2), sizeof *s->surv);
-    s->follow = cb_calloc((L - 1) * X * X + 1, sizeof *s->follow);
-    s->follow_n = cb_calloc((L - 1) * X + 1, sizeof *s->follow_n);
-    if (!s->slots || !s->where || !s->layer_count || !s->cnt || !s->mem || !s->seen || !s->rate || !s->gap ||
-        !s->surv || !s->follow || !s->follow_n) {
+    if (!s->slots || !s->where || !s->layer_count || !s->cnt || !s->mem || (s->reuse && !reuse_alloc(s))) {
         store_destroy(s);
         return cb_error(COLIBRI_E_NOMEM, "cannot allocate %d expert slots of %zu bytes", n_slots, s->slot_bytes);
     }
     for (size_t i = 0; i < n; i++) s->where[i] = -1;
-    reuse_init(s);
+    if (s->reuse) reuse_init(s);
     for (int i = 0; i < n_slots; i++) {
         s->slots[i].mem = s->mem + (size_t)i * s->slot_bytes;
         s->slots[i].layer = s->slots[i].expert = -1;
@@ -489,6 +485,18 @@ static void reuse_refresh(expert_store *s) {
     }
 }
 
+/* The tables reuse_table_bytes counts; 1 when they were allocated (store_destroy frees what was). */
+static int reuse_alloc(expert_store *s) {
+    const size_t L = (size_t)s->n_layer, X = (size_t)s->n_expert, n = L * X;
+    s->seen = cb_calloc(n, sizeof *s->seen);
+    s->rate = cb_calloc(n, sizeof *s->rate);
+    s->gap = cb_calloc(L * (STORE_REUSE_GAPS + 1), sizeof *s->gap);
+    s->surv = cb_calloc(L * (STORE_REUSE_GAPS + 2), sizeof *s->surv);
+    s->follow = cb_calloc((L - 1) * X * X + 1, sizeof *s->follow);
+    s->follow_n = cb_calloc((L - 1) * X + 1, sizeof *s->follow_n);
+    return s->seen && s->rate && s->gap && s->surv && s->follow && s->follow_n;
+}
+
 /* Start from what a router choosing k of X uniformly would give: gaps geometric with p = k / X, worth
  * STORE_REUSE_PRIOR observations per layer, so the first decisions are LRU's and the data takes over. */
 static void reuse_init(expert_store *s) {
@@ -504,8 +512,10 @@ static void reuse_init(expert_store *s) {
     reuse_refresh(s);
 }
 
-/* Expert e of layer l is used by the current step (once per step, however many waves name it). */
+/* Expert e of layer l is used by the current step (once per step, however many waves name it); only the
+ * reuse policy keeps these statistics. */
 static void reuse_observe(expert_store *s, int l, int e) {
+    if (!s->reuse) return;
     const size_t X = (size_t)s->n_expert, id = (size_t)l * X + (size_t)e;
     const uint64_t now = s->tick + 1;
     if (s->seen[id] == now) return;
@@ -568,7 +578,7 @@ static double reuse_score(const expert_store *s, const slot *sl, int for_layer) 
 void store_tick(expert_store *s, int n_tokens) {
     s->tick += (uint64_t)(n_tokens > 0 ? n_tokens : 1);
     s->decode_step = n_tokens == 1;
-    reuse_refresh(s);
+    if (s->reuse) reuse_refresh(s);
 }
 
 /* Stall time of expert id: per expert, and in the decode total when this step is one token. */
@@ -915,8 +925,10 @@ colibri_status store_warm(expert_store *s, const routing_profile *p, int n_pin) 
             sl->freq = order[i].share;
             sl->last_use = s->use_clock + (uint64_t)(n - i);
             /* the reuse policy sees it as used now, at the steady-state rate of its share */
-            s->seen[id] = s->tick + 1;
-            s->rate[id] = order[i].share / (1.0 - s->decay);
+            if (s->reuse) {
+                s->seen[id] = s->tick + 1;
+                s->rate[id] = order[i].share / (1.0 - s->decay);
+            }
         }
         slot *sl = &s->slots[j];
         if (pin && !sl->pinned) {

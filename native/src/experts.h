@@ -34,8 +34,9 @@ typedef struct expert_store expert_store;
 
 /* Bytes of one slot for this model (largest expert, padded), 0 for a dense model. */
 size_t store_slot_bytes(const struct colibri_model *m);
-/* Bookkeeping bytes of a store with n_slots slots (tables, counters, queue, loader stack). */
-size_t store_table_bytes(const struct colibri_model *m, int n_slots);
+/* Bookkeeping bytes of a store with n_slots slots under policy (COLIBRI_POLICY_*): tables, counters,
+ * queue, loader stacks, and the reuse policy's statistics when it is that policy. */
+size_t store_table_bytes(const struct colibri_model *m, int n_slots, int policy);
 
 colibri_status store_create(const struct colibri_model *m, int n_slots, int policy, expert_store **out);
 void store_destroy(expert_store *s);

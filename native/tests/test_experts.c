@@ -140,14 +140,42 @@ int main(void) {
     snprintf(want, sizeof want, "%llu", (unsigned long long)min_budget);
     CHECK(strstr(colibri_last_error(), want) != NULL);
 
-    /* bit-identical at the minimum (K slots) and at about half the experts, both policies,
+    /* the reuse policy's statistics are counted (and allocated) for it alone: the other policies' tables
+     * are smaller by exactly their size, so the same budget gives them at least as many slots */
+    uint64_t policy_min[3], policy_tables[3], policy_other[3];
+    for (int policy = 0; policy < 3; policy++) {
+        p.expert_policy = policy;
+        p.memory_budget = min_budget + (uint64_t)(L * X / 2 - K) * store_slot_bytes(m); /* streaming */
+        CHECK_OK(colibri_plan(path, &p, &plan));
+        CHECK(!plan.all_resident && plan.fits);
+        /* the plan's tables are the store's under this policy plus the predictors' (the same for every policy) */
+        policy_other[policy] = plan.store_table_bytes - store_table_bytes(m, plan.n_expert_slots, policy);
+        policy_min[policy] = plan.min_budget;
+        policy_tables[policy] = store_table_bytes(m, 0, policy);
+    }
+    const uint64_t reuse_tables = (uint64_t)L * X * (8 + 8) + (uint64_t)L * (2 * STORE_REUSE_GAPS + 3) * 8 +
+                                  ((uint64_t)(L - 1) * X * (X + 1) + 2) * 4;
+    CHECK(policy_other[0] == policy_other[1] && policy_other[1] == policy_other[2]);
+    CHECK(policy_tables[COLIBRI_POLICY_LFU] == policy_tables[COLIBRI_POLICY_LRU]);
+    CHECK(policy_tables[COLIBRI_POLICY_REUSE] - policy_tables[COLIBRI_POLICY_LFU] == reuse_tables);
+    CHECK(policy_min[COLIBRI_POLICY_REUSE] - policy_min[COLIBRI_POLICY_LFU] == reuse_tables);
+    CHECK(policy_min[COLIBRI_POLICY_REUSE] == min_budget); /* reuse is the default policy */
+    for (int policy = 0; policy < 3; policy++) { /* each policy's minimum is exact */
+        p.expert_policy = policy;
+        p.memory_budget = policy_min[policy] - 1;
+        CHECK(colibri_context_new(m, &p, &bad) == COLIBRI_E_BUDGET && bad == NULL);
+    }
+    p.expert_policy = COLIBRI_POLICY_REUSE;
+
+    /* bit-identical at each policy's minimum (K slots) and at about half the experts, every policy,
      * prefetch on and off */
-    /* each slot also costs a little bookkeeping (well under 256 bytes) */
-    const uint64_t budgets[2] = {min_budget, min_budget + (uint64_t)(L * X / 2 - K) * (store_slot_bytes(m) + 256)};
     for (int b = 0; b < 2; b++)
         for (int policy = 0; policy < 3; policy++) /* LFU, LRU, reuse */
             for (int pf = 0; pf <= 3; pf += 3) {
-                c = ctx_with(m, budgets[b], policy, pf);
+                /* each slot also costs a little bookkeeping (well under 256 bytes) */
+                const uint64_t budget =
+                    policy_min[policy] + (b ? (uint64_t)(L * X / 2 - K) * (store_slot_bytes(m) + 256) : 0);
+                c = ctx_with(m, budget, policy, pf);
                 if (!c) continue;
                 CHECK(c->store != NULL);
                 CHECK_OK(colibri_get_memory_plan(c, &plan));

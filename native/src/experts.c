@@ -56,6 +56,20 @@ typedef struct slot {
     uint64_t last_use;      /* LRU order: value of store->use_clock at the last use */
 } slot;
 
+/* A read into memory the store does not own (a low-bit copy's scratch, expert_lowbit.h), in pieces the I/O
+ * threads take ahead of every queued slot load: a decode step waits for it as for a demand read. The forward
+ * thread arms it (store_read_aside) only when no piece of it is in flight; the readers own its progress. */
+typedef struct aside {
+    int fd;
+    unsigned char *dst;     /* [len] */
+    uint64_t off;           /* file offset of dst[0] */
+    size_t len;
+    int32_t layer, expert;  /* whose stall a wait for it is */
+    _Atomic int n_pieces;   /* the same for every read of a sidecar: a reader late from the last one sees it */
+    _Atomic int next_piece, pieces_left, io_errno;
+    _Atomic int busy;       /* 1 from store_read_aside until its last piece is read (release) */
+} aside;
+
 typedef struct counters {
     uint64_t calls, hits, misses, pf_issued, pf_used, pf_wasted, pf_wasted_bytes, pf_dropped, bytes_read;
     double stall_s;
@@ -81,6 +95,8 @@ struct expert_store {
     int decode_step;        /* the current step (store_tick) is one token */
     int n_pinned;           /* slots pinned by store_warm */
     double stall_decode_s;  /* stall time during decode steps */
+    aside *asides;          /* [n_aside] reads into caller memory, one per low-bit scratch copy */
+    int n_aside;            /* top-k */
     int chunks[3];          /* pieces of each projection's region */
     int n_pieces;           /* chunks[0] + chunks[1] + chunks[2] */
     /* I/O threads and their queue: ring[head % CAP] is written by the forward thread only
@@ -155,6 +171,7 @@ size_t store_table_bytes(const struct colibri_model *m, int n_slots, int policy)
     const size_t n = (size_t)m->hp.n_layer * (size_t)m->hp.n_expert;
     return sizeof(struct expert_store) + (size_t)n_slots * sizeof(slot) + n * (sizeof(int32_t) + sizeof(counters)) +
            (size_t)m->hp.n_layer * sizeof(int32_t) + (policy == COLIBRI_POLICY_REUSE ? reuse_table_bytes(m) : 0) +
+           (size_t)m->hp.n_expert_used * sizeof(aside) +
            (size_t)store_io_threads() * 16 * 1024 /* I/O thread stacks in use: pread and a few calls deep */;
 }
 
@@ -319,6 +336,37 @@ static int next_work(expert_store *s) {
     return found;
 }
 
+/* Take and read one piece of a read aside; 0 when none has pieces left. The reader of the last piece
+ * publishes it. */
+static int run_aside_piece(expert_store *s) {
+    for (int j = 0; j < s->n_aside; j++) {
+        aside *a = &s->asides[j];
+        const int n_pieces = atomic_load_explicit(&a->n_pieces, memory_order_relaxed);
+        if (!atomic_load_explicit(&a->busy, memory_order_acquire) ||
+            atomic_load_explicit(&a->next_piece, memory_order_relaxed) >= n_pieces)
+            continue;
+        const int piece = atomic_fetch_add_explicit(&a->next_piece, 1, memory_order_acq_rel);
+        if (piece >= n_pieces) continue;
+        int err = 0;
+        if (piece == 0 && atomic_load(&s->fail_reads) > 0 && atomic_fetch_sub(&s->fail_reads, 1) > 0) err = EIO;
+        if (!err) {
+            const size_t lo = (size_t)piece * STORE_IO_CHUNK;
+            const size_t n = a->len - lo < STORE_IO_CHUNK ? a->len - lo : STORE_IO_CHUNK;
+            const double t0 = s->tl ? now_s() : 0.0;
+            err = pread_full(a->fd, a->dst + lo, n, a->off + lo, n);
+            if (s->tl) timeline_add(s->tl, TL_IO, t0, now_s());
+        }
+        if (err) {
+            int none = 0;
+            atomic_compare_exchange_strong(&a->io_errno, &none, err);
+        }
+        if (atomic_fetch_sub_explicit(&a->pieces_left, 1, memory_order_acq_rel) == 1)
+            atomic_store_explicit(&a->busy, 0, memory_order_release);
+        return 1;
+    }
+    return 0;
+}
+
 static void *io_main(void *arg) {
     expert_store *s = arg;
     for (;;) {
@@ -328,7 +376,16 @@ static void *io_main(void *arg) {
         /* Drain rather than take one piece per post: a post can be used up by a piece the
          * forward thread then reads itself (the urgent load), and every piece queued before
          * this wake-up must still find a reader. */
-        for (int i; (i = next_work(s)) >= 0;) run_piece(s, &s->slots[i]);
+        for (;;) {
+            /* a synchronous miss first (the forward thread reads it too and waits), then the reads aside
+             * (small copies a decode step waits for), then the queue's demand reads and prefetches */
+            const int u = atomic_load_explicit(&s->urgent, memory_order_acquire);
+            const int urgent = u >= 0 && atomic_load(&s->slots[u].next_piece) < s->slots[u].n_pieces;
+            if (!urgent && run_aside_piece(s)) continue;
+            const int i = next_work(s);
+            if (i < 0) break;
+            run_piece(s, &s->slots[i]);
+        }
     }
     return NULL;
 }
@@ -386,8 +443,11 @@ colibri_status store_create(const struct colibri_model *m, int n_slots, int poli
     s->where = cb_malloc(n * sizeof(int32_t));
     s->layer_count = cb_calloc((size_t)s->n_layer, sizeof(int32_t));
     s->cnt = cb_calloc(n, sizeof(counters));
+    s->n_aside = m->hp.n_expert_used;
+    s->asides = cb_calloc((size_t)s->n_aside, sizeof(aside));
     s->mem = cb_aligned_alloc(STORE_IO_ALIGN, (size_t)n_slots * s->slot_bytes);
-    if (!s->slots || !s->where || !s->layer_count || !s->cnt || !s->mem || (s->reuse && !reuse_alloc(s))) {
+    if (!s->slots || !s->where || !s->layer_count || !s->cnt || !s->asides || !s->mem ||
+        (s->reuse && !reuse_alloc(s))) {
         store_destroy(s);
         return cb_error(COLIBRI_E_NOMEM, "cannot allocate %d expert slots of %zu bytes", n_slots, s->slot_bytes);
     }
@@ -443,6 +503,7 @@ void store_destroy(expert_store *s) {
     cb_free(s->where);
     cb_free(s->layer_count);
     cb_free(s->cnt);
+    cb_free(s->asides);
     cb_free(s->seen);
     cb_free(s->rate);
     cb_free(s->gap);
@@ -836,7 +897,7 @@ int store_ready(const expert_store *s, int layer, int e) {
     return atomic_load_explicit(&s->slots[i].state, memory_order_acquire) == SLOT_LOADING ? 0 : 1;
 }
 
-int store_wait_any(expert_store *s, int layer, const int32_t *ids, int n) {
+int store_wait_any(expert_store *s, int layer, const int32_t *ids, int n, const int32_t *asides, int n_asides) {
     const double t0 = now_s();
     for (int spins = 0;; spins++) {
         for (int j = 0; j < n; j++)
@@ -844,12 +905,62 @@ int store_wait_any(expert_store *s, int layer, const int32_t *ids, int n) {
                 add_stall(s, &s->cnt[(size_t)layer * s->n_expert + ids[j]], now_s() - t0);
                 return j;
             }
+        for (int j = 0; j < n_asides; j++)
+            if (store_aside_ready(s, asides[j])) {
+                const aside *a = &s->asides[asides[j]];
+                add_stall(s, &s->cnt[(size_t)a->layer * s->n_expert + a->expert], now_s() - t0);
+                return n + j;
+            }
         if (spins < 64) sched_yield();
         else {
             struct timespec ts = {0, 20000};
             nanosleep(&ts, NULL);
         }
     }
+}
+
+/* ---- reads aside ------------------------------------------------------- */
+
+int store_n_aside(const expert_store *s) { return s->n_aside; }
+
+int store_aside_ready(const expert_store *s, int h) {
+    return !atomic_load_explicit(&s->asides[h].busy, memory_order_acquire);
+}
+
+int store_aside_wait(expert_store *s, int h) {
+    aside *a = &s->asides[h];
+    for (int spins = 0; atomic_load_explicit(&a->busy, memory_order_acquire); spins++) {
+        if (spins < 64) sched_yield();
+        else {
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return atomic_load(&a->io_errno);
+}
+
+void store_aside_wait_all(expert_store *s) {
+    for (int h = 0; h < s->n_aside; h++) store_aside_wait(s, h);
+}
+
+void store_read_aside(expert_store *s, int h, int layer, int e, int fd, void *dst, uint64_t off, size_t len) {
+    aside *a = &s->asides[h];
+    store_aside_wait(s, h); /* its previous read (a step that failed part way) is over: dst is the caller's */
+    a->fd = fd;
+    a->dst = dst;
+    a->off = off;
+    a->len = len;
+    a->layer = layer;
+    a->expert = e;
+    const int n = (int)((len + STORE_IO_CHUNK - 1) / STORE_IO_CHUNK);
+    if (!n) return;
+    atomic_store_explicit(&a->n_pieces, n, memory_order_relaxed);
+    atomic_store_explicit(&a->io_errno, 0, memory_order_relaxed);
+    atomic_store_explicit(&a->pieces_left, n, memory_order_relaxed);
+    atomic_store_explicit(&a->busy, 1, memory_order_relaxed);
+    /* last, with release: a reader's increment that takes a piece sees every field above */
+    atomic_store_explicit(&a->next_piece, 0, memory_order_release);
+    for (int q = 0; q < n && q < s->n_io; q++) sem_post(&s->wake);
 }
 
 /* ---- warm-up and pinning from a routing profile ------------------------- */

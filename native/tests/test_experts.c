@@ -6,8 +6,11 @@
  *   - a read error while streaming returns COLIBRI_E_IO, leaves n_past untouched, and the
  *     next call succeeds with the same logits as an undisturbed run;
  *   - the reuse policy on a replayed periodic trace: Belady's choices once it has learned the period,
- *     where LFU and LRU miss every time (test_reuse_policy). */
+ *     where LFU and LRU miss every time (test_reuse_policy);
+ *   - each policy's tables in the plan (the reuse policy's statistics only under it);
+ *   - reads aside, the low-bit copies' path through the I/O threads (test_reads_aside). */
 #define _GNU_SOURCE /* O_DIRECT */
+#include <errno.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
@@ -95,6 +98,55 @@ static void test_reuse_policy(colibri_model *m) {
     /* and from the first token on, fewer misses than either */
     const uint64_t reuse = periodic_misses(m, COLIBRI_POLICY_REUSE, 7, 52);
     CHECK(reuse < periodic_misses(m, COLIBRI_POLICY_LRU, 7, 52) && reuse < periodic_misses(m, COLIBRI_POLICY_LFU, 7, 52));
+}
+
+/* Reads aside (the low-bit copies' path): the I/O threads read caller memory in STORE_IO_CHUNK pieces, a
+ * handle is reused once its read is over, a failed piece is the read's errno, a short read EIO. */
+static void test_reads_aside(colibri_model *m, const char *dir) {
+    char side[256];
+    snprintf(side, sizeof side, "%s/aside.bin", dir);
+    const size_t n = 3 * STORE_IO_CHUNK + 12345; /* four pieces, the last one short */
+    unsigned char *want = malloc(n + 64), *got = malloc(2 * n);
+    CHECK(want && got);
+    if (!want || !got) return;
+    for (size_t i = 0; i < n + 64; i++) want[i] = (unsigned char)(i * 2654435761u >> 13);
+    FILE *f = fopen(side, "wb");
+    CHECK(f && fwrite(want, 1, n + 64, f) == n + 64);
+    if (f) fclose(f);
+    const int fd = open(side, O_RDONLY);
+    CHECK(fd >= 0);
+    expert_store *s = NULL;
+    CHECK_OK(store_create(m, K, COLIBRI_POLICY_LFU, &s));
+    CHECK(s && store_n_aside(s) == K);
+    if (s && fd >= 0) {
+        memset(got, 0, 2 * n);
+        CHECK(store_aside_ready(s, 0) && store_aside_ready(s, 1)); /* none started */
+        store_read_aside(s, 0, 1, 2, fd, got, 7, n);
+        store_read_aside(s, 1, 1, 3, fd, got + n, 64, n); /* both in flight at once */
+        const int32_t handles[2] = {0, 1};
+        const int first = store_wait_any(s, 1, NULL, 0, handles, 2);
+        CHECK(first == 0 || first == 1);
+        CHECK(store_aside_wait(s, 0) == 0 && store_aside_wait(s, 1) == 0);
+        CHECK(memcmp(got, want + 7, n) == 0 && memcmp(got + n, want + 64, n) == 0);
+        store_read_aside(s, 0, 1, 2, fd, got, 0, n); /* the handle again */
+        CHECK(store_aside_wait(s, 0) == 0 && memcmp(got, want, n) == 0);
+        store_fail_next_reads(s, 1);
+        store_read_aside(s, 1, 1, 3, fd, got, 0, n);
+        CHECK(store_aside_wait(s, 1) == EIO);
+        store_read_aside(s, 1, 1, 3, fd, got, 100, n); /* past the end of the file */
+        CHECK(store_aside_wait(s, 1) == EIO);
+        store_read_aside(s, 1, 1, 3, fd, got, 0, n); /* and fine again */
+        CHECK(store_aside_wait(s, 1) == 0 && memcmp(got, want, n) == 0);
+        colibri_stats st;
+        memset(&st, 0, sizeof st);
+        store_fill_stats(s, &st);
+        CHECK(st.expert_stall_seconds >= 0.0 && st.expert_bytes_read == 0); /* not the store's reads */
+    }
+    store_destroy(s);
+    if (fd >= 0) close(fd);
+    unlink(side);
+    free(want);
+    free(got);
 }
 
 int main(void) {
@@ -240,6 +292,7 @@ int main(void) {
     }
 
     test_reuse_policy(m);
+    test_reads_aside(m, dir);
 
     colibri_model_close(m);
     unlink(path);

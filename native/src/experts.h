@@ -5,7 +5,8 @@
  * O_DIRECT reads can land in place). All bookkeeping (which expert sits in which slot,
  * scores, counters) belongs to the thread running the forward pass; the I/O threads only
  * perform the reads they are handed (prefetches through a lock-free ring the forward thread
- * fills, demand misses through an `urgent` slot the forward thread reads alongside them) and
+ * fills, demand misses through an `urgent` slot the forward thread reads alongside them, reads
+ * aside into memory the caller owns: the low-bit copies) and
  * the last piece of a load publishes the slot's completion with one atomic store. The forward pass thus
  * sees the same bytes, in the same order of operations, whatever the budget: the store
  * changes when bytes arrive, never the math. */

@@ -269,6 +269,33 @@ def test_lowbit_sidecar_of_another_model_refused(models: dict[str, Path], tmp_pa
         _run(path, slots=4, lowbit=other, weight=0.5)
 
 
+def test_lowbit_read_error_is_an_error_and_the_next_step_works(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
+    """A copy that cannot be read (the sidecar cut short after it was checked) fails the step with an I/O
+    error naming the layer and expert, in a decode step and in a chunk, leaves the position where it was,
+    and once the file is whole again the next steps take copies as before."""
+    path = tmp_path / "m.gguf"
+    shutil.copy(models["norm"], path)
+    side = write_lowbit_sidecar(path, "q2_k", threads=2)
+    data = side.read_bytes()
+    e = _Ctx(path, slots=4, lowbit=side, weight=1.0)
+    try:
+        e.eval(TOKS[:8])
+        with side.open("r+b") as f:
+            f.truncate(96)  # the header only: every copy's read comes up short
+        for step in ([TOKS[8]], TOKS[8:12]):
+            with pytest.raises(EngineError, match="low-bit sidecar: reading layer"):
+                e.eval(step)
+            assert e.n_past() == 8
+        side.write_bytes(data)
+        before = e.stats().lowbit_computed
+        assert np.isfinite(e.eval([TOKS[8]])).all() and np.isfinite(e.eval(TOKS[9:12])).all()
+        assert e.n_past() == 12 and e.stats().lowbit_computed > before
+    finally:
+        e.close()
+
+
 def test_lowbit_sidecar_damaged_refused(models: dict[str, Path], tmp_path: Path) -> None:
     path = tmp_path / "m.gguf"
     shutil.copy(models["norm"], path)

@@ -4,7 +4,7 @@ low-bit copies of the experts read on a miss (lowbit_experts, MODEL.lowbit).
 On colibri-moe v2's held-out text (tools/train_moe's heldout.u16: 35 CPython-stdlib files the model
 never saw), cut into chunks the way `colibri perplexity` cuts them (colibri_backend.quality: n_ctx
 tokens, the second half scored), every setting evaluates the chunks teacher-forced one token per step
-(batch_size 1, so every token is a decode step and the low-bit copies can be used) with the expert
+(batch_size 1, so every token is a decode step, as in generation) with the expert
 store holding --slots of the routed experts. Against the exact run at the same slots it reports:
 
 * KL(exact || option) over the scored tokens: mean and 99th percentile; same top-token rate;
@@ -131,12 +131,13 @@ def compare(exact: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
 
 
 def decode_speed(path: Path, args: argparse.Namespace, **opts: Any) -> dict[str, Any]:
-    """Greedy decode on a large file at --speed-budget of its size: tok/s and what the decode steps
-    (after the first token, which carries the prefill) read, per token."""
+    """Greedy decode on a large file at --speed-budget of its size (or with --speed-slots expert slots):
+    tok/s and what the decode steps (after the first token, which carries the prefill) read, per token."""
     budget = int(path.stat().st_size * args.speed_budget)
-    model = colibri_backend.load(path, memory_budget=budget, context_length=128, threads=args.threads, **opts)
+    store = {"expert_slots": args.speed_slots} if args.speed_slots else {"memory_budget": budget}
+    model = colibri_backend.load(path, **store, context_length=128, threads=args.threads, **opts)
     try:
-        prompt = list(range(100, 132))
+        prompt = list(range(100, 100 + args.speed_prompt))
         times: list[float] = []
         first: dict[str, Any] = {}
         for _ in model.generate_tokens(prompt, max_tokens=args.decode_tokens):
@@ -153,7 +154,7 @@ def decode_speed(path: Path, args: argparse.Namespace, **opts: Any) -> dict[str,
 
     return {
         "setting_options": opts,
-        "budget": budget,
+        "budget": 0 if args.speed_slots else budget,
         "expert_slots": last["expert_slots"],
         "decode_tok_s": n / (times[-1] - times[0]) if len(times) > 1 else 0.0,
         "experts_per_token": per_token("experts_computed"),
@@ -185,6 +186,15 @@ def main(argv: list[str] | None = None) -> int:
         "--speed-budget of its size, exact and with --speed-masses / --speed-weights",
     )
     ap.add_argument("--speed-budget", type=float, default=0.25)
+    ap.add_argument(
+        "--speed-slots", type=int, default=0, help="instead of --speed-budget: this many expert slots"
+    )
+    ap.add_argument(
+        "--speed-prompt",
+        type=int,
+        default=32,
+        help="prompt tokens before the timed decode (1: no prefill chunk, every step a decode step)",
+    )
     ap.add_argument("--speed-masses", default="0.5")
     ap.add_argument("--speed-weights", default="0.5")
     ap.add_argument("--json", type=Path, default=None)

@@ -650,7 +650,9 @@ class Model(BaseModel):
         ids = np.ascontiguousarray(tokens, dtype=np.int32)
         with self._lock:
             self._check_open()
-            self.prefix_cache.put(ids, lambda: self._save_state(int(ids.size), seq))
+            entry = self.prefix_cache.put(ids, lambda: self._save_state(int(ids.size), seq), write=False)
+        if entry is not None:  # the blob was made under the lock; its file is written off it
+            self.prefix_cache.persist(entry)
 
     def _check_fits(self, n: int) -> None:
         if n > self.context_length:

@@ -94,7 +94,8 @@ class Reuse:
 
 
 class PrefixCache:
-    """Token sequences -> state blobs (see the module). Thread-safe; the engine calls it under its lock.
+    """Token sequences -> state blobs (see the module). Thread-safe; the engine calls it under its lock,
+    except for the file writes of the batched path (:meth:`persist`).
 
     ``max_bytes`` 0 keeps no entries: only the live context is reused. ``reach``: how many of its
     tokens an entry may lack to serve a prompt (None: any; see the module). ``namespace`` names the model and
@@ -195,8 +196,12 @@ class PrefixCache:
         reuse = self.best(tokens, np.empty(0, np.int32), tokens.size)
         return reuse.entry is not None and reuse.n == tokens.size
 
-    def put(self, tokens: np.ndarray, save: Callable[[], bytes]) -> Entry | None:
-        """Store the state of ``tokens`` made by ``save`` (called only when it will be stored)."""
+    def put(self, tokens: np.ndarray, save: Callable[[], bytes], write: bool = True) -> Entry | None:
+        """Store the state of ``tokens`` made by ``save`` (called only when it will be stored).
+
+        With a directory the entry's file is written by :meth:`persist`: here, or with ``write`` False by
+        the caller once it has let go of the lock it made the blob under (the engine's: a slow disk then
+        delays only the request that stored the entry, not the other sequences' steps)."""
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
         if self.max_bytes == 0 or tokens.size < BLOCK or self.covers(tokens):
             return None
@@ -212,14 +217,28 @@ class PrefixCache:
                 for old in [e for e in self._entries.values() if e.tokens.size <= tokens.size]:
                     if common_length(old.tokens, tokens) == old.tokens.size:
                         self._remove(old)
-            if self.directory is not None:
-                try:
-                    entry.path = self._write(entry)
-                except OSError as exc:
-                    warnings.warn(f"prefix cache: cannot write to {self.directory}: {exc}", stacklevel=2)
             self._add(entry)
             self._evict()
+        if write:
+            self.persist(entry)
         return entry
+
+    def persist(self, entry: Entry) -> None:
+        """Write ``entry``'s file if the cache has a directory (atomically: a temporary name, then rename).
+        No lock is held while it writes: lookups and other puts go on, and the entry serves from memory
+        meanwhile. An entry dropped while its file was written has the file removed."""
+        if self.directory is None or entry.blob is None or entry.path is not None:
+            return
+        try:
+            path = self._write(entry)
+        except OSError as exc:
+            warnings.warn(f"prefix cache: cannot write to {self.directory}: {exc}", stacklevel=2)
+            return
+        with self._lock:
+            if self._entries.get(entry.key) is entry:
+                entry.path = path
+            elif entry.key not in self._entries:  # (a newer entry of the same tokens owns the name)
+                path.unlink(missing_ok=True)
 
     def discard(self, entry: Entry, reason: str) -> None:
         """Drop a broken entry (and its file), with a warning."""

@@ -2,7 +2,8 @@
 copies of the experts read on a miss (lowbit_experts, MODEL.lowbit from `colibri quantize
 --lowbit-sidecar`). On tiny random MoE models: mass 1 and a threshold below every weight are
 bit-identical to exact; the experts a mass keeps at layer 0 match a computation by hand from the exact
-routing; the sidecar's round trip, refusals and the options' validation. The tiny models (no
+routing; the sidecar's round trip, the copies a chunk of tokens takes (the largest weight over its tokens
+below the threshold), refusals and the options' validation. The tiny models (no
 tokenizer) run through the C API; the load options' path to C runs on the bundled model."""
 
 from __future__ import annotations
@@ -52,14 +53,25 @@ class _Ctx(Engine):
         mass: float = 0.0,
         lowbit: Path | None = None,
         weight: float = 0.0,
+        n_seq: int = 1,
     ) -> None:
         p = N.ContextParamsC()
         LIB.colibri_context_default_params(ctypes.byref(p))
         p.n_threads, p.n_ctx, p.n_batch, p.expert_slots, p.expert_mass = 2, 64, n_batch, slots, mass
+        p.n_seq_max = n_seq
         if lowbit is not None:
             p.lowbit_experts = str(lowbit).encode()
         p.lowbit_weight = weight
         self._open(path, p)
+
+    def eval_batch(self, seqs: list[int], tokens: list[int]) -> np.ndarray:
+        """One colibri_eval_batch call; the logits of each sequence's last token, in sequence order."""
+        s, toks = np.asarray(seqs, dtype=np.int32), np.asarray(tokens, dtype=np.int32)
+        out = np.zeros((len(set(seqs)), self.info.n_vocab), dtype=np.float32)
+        LIB.check(
+            LIB.colibri_eval_batch(self.ctx, N.i32_ptr(s), N.i32_ptr(toks), len(toks), None, N.f32_ptr(out))
+        )
+        return out
 
 
 def _run(path: Path, **opts: object) -> tuple[np.ndarray, np.ndarray, np.ndarray, N.StatsC, int]:
@@ -152,10 +164,10 @@ def test_lowbit_sidecar_round_trip(models: dict[str, Path], tmp_path: Path) -> N
     # Q2_K of Gaussian random weights errs by ~30% per weight: every missing expert of every decode
     # step from its copy measured mean KL 0.27 here (IQ4_XS: 0.02, the share of the squared errors).
     assert float(kl.mean()) < 0.6, kl.mean()
-    # prefill chunks never take copies: exact at any threshold
-    pre, _, _, st, _ = _run(path, slots=4, n_batch=64, lowbit=side, weight=1.0)
-    assert st.lowbit_computed == 0
-    assert np.array_equal(pre, _run(path, slots=4, n_batch=64)[0])
+    # a prefill chunk below every weight: exact
+    pre_exact = _run(path, slots=4, n_batch=64)[0]
+    pre, _, _, st, _ = _run(path, slots=4, n_batch=64, lowbit=side, weight=1e-9)
+    assert st.lowbit_computed == 0 and np.array_equal(pre, pre_exact)
     # a decode step that takes copies allocates nothing
     e = _Ctx(path, slots=4, lowbit=side, weight=1.0)
     try:
@@ -167,6 +179,52 @@ def test_lowbit_sidecar_round_trip(models: dict[str, Path], tmp_path: Path) -> N
         assert e.stats().lowbit_computed > before
     finally:
         e.close()
+
+
+def test_lowbit_copies_in_a_chunk_of_tokens(models: dict[str, Path], tmp_path: Path) -> None:
+    """A chunk of several tokens (a prefill, a batched decode step) takes an expert's copy when the expert
+    has no slot and its largest routing weight over the chunk's tokens is below the threshold."""
+    path = tmp_path / "m.gguf"
+    shutil.copy(models["norm"], path)
+    side = write_lowbit_sidecar(path, "q2_k", threads=2)
+    exact, ids0, w0, _, _ = _run(path, slots=4, n_batch=64)
+    # a threshold between the experts' largest weights at layer 0, so that some take copies and some not
+    chosen = [w0[:, 0][ids0[:, 0] == e] for e in range(8)]
+    top = sorted(float(w.max()) for w in chosen if w.size)
+    weight = (top[1] + top[2]) / 2
+    got, ids, w, st, _ = _run(path, slots=4, n_batch=64, lowbit=side, weight=weight)
+    # one chunk of 48 tokens in a fresh store of 4 slots: no expert of layer 0 has a slot when it is routed,
+    # and layer 1 finds only layer 0's experts in them, so the copies taken are those of the rule
+    want = 0
+    for layer in range(ids.shape[1]):
+        for e in range(8):
+            mine = w[:, layer][ids[:, layer] == e]
+            want += int(mine.size > 0 and float(mine.max()) < weight)
+    assert 2 <= st.lowbit_computed == want < 16
+    assert st.lowbit_bytes_read == st.lowbit_computed * ENTRY
+    assert not np.array_equal(got, exact) and np.isfinite(got).all()
+    # every missing expert from its copy: more copies than the scratch holds at once (top-k), in turns
+    _, _, _, st, _ = _run(path, slots=4, n_batch=64, lowbit=side, weight=1.0)
+    assert st.lowbit_computed == 16
+    # a batched decode step (two sequences, one token each) is such a chunk; below every weight it stays
+    # bit-identical to each sequence alone
+    for weight, copies in ((1e-9, False), (1.0, True)):
+        e = _Ctx(path, slots=4, lowbit=side, weight=weight, n_seq=2)
+        try:
+            rows = e.eval_batch([0] * 8 + [1] * 8, TOKS[:8] + TOKS[8:16])
+            before = e.stats().lowbit_computed
+            step = e.eval_batch([0, 1], [TOKS[20], TOKS[21]])
+            assert (e.stats().lowbit_computed > before) == copies
+        finally:
+            e.close()
+        if not copies:
+            for seq, prompt in ((0, TOKS[:8]), (1, TOKS[8:16])):
+                alone = _Ctx(path, slots=4, lowbit=side, weight=weight)
+                try:
+                    assert np.array_equal(alone.eval(prompt, all_logits=False)[0], rows[seq])
+                    assert np.array_equal(alone.eval([TOKS[20 + seq]], all_logits=False)[0], step[seq])
+                finally:
+                    alone.close()
 
 
 @pytest.mark.parametrize(("qtype", "entry", "bound"), [("q2_k", ENTRY, 0.4), ("iq4_xs", 3 * 256 * 136, 0.12)])
@@ -201,6 +259,33 @@ def test_lowbit_sidecar_of_another_model_refused(models: dict[str, Path], tmp_pa
     other = write_lowbit_sidecar(models["other"], "iq4_xs", threads=1)
     with pytest.raises(EngineError, match="written for another model"):
         _run(path, slots=4, lowbit=other, weight=0.5)
+
+
+def test_lowbit_read_error_is_an_error_and_the_next_step_works(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
+    """A copy that cannot be read (the sidecar cut short after it was checked) fails the step with an I/O
+    error naming the layer and expert, in a decode step and in a chunk, leaves the position where it was,
+    and once the file is whole again the next steps take copies as before."""
+    path = tmp_path / "m.gguf"
+    shutil.copy(models["norm"], path)
+    side = write_lowbit_sidecar(path, "q2_k", threads=2)
+    data = side.read_bytes()
+    e = _Ctx(path, slots=4, lowbit=side, weight=1.0)
+    try:
+        e.eval(TOKS[:8])
+        with side.open("r+b") as f:
+            f.truncate(96)  # the header only: every copy's read comes up short
+        for step in ([TOKS[8]], TOKS[8:12]):
+            with pytest.raises(EngineError, match="low-bit sidecar: reading layer"):
+                e.eval(step)
+            assert e.n_past() == 8
+        side.write_bytes(data)
+        before = e.stats().lowbit_computed
+        assert np.isfinite(e.eval([TOKS[8]])).all() and np.isfinite(e.eval(TOKS[9:12])).all()
+        assert e.n_past() == 12 and e.stats().lowbit_computed > before
+    finally:
+        e.close()
 
 
 def test_lowbit_sidecar_damaged_refused(models: dict[str, Path], tmp_path: Path) -> None:

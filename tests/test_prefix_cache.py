@@ -6,7 +6,8 @@
 * the engine: a request sharing a 1,500-token prefix with an earlier one evaluates only the rest, gives
   the same tokens and log-probabilities as a cold run and reports cached_tokens; a model loaded again
   with the same kv_cache_dir reuses it; a corrupt blob is refused by the engine, dropped, and the
-  request is answered cold and identically;
+  request is answered cold and identically; on the batched path a slow disk write of one request's entry
+  holds no lock, so another request decodes meanwhile, and the file appears whole once written;
 * a real `colibri serve --kv-cache-dir` on loopback: usage.prompt_tokens_details.cached_tokens
   (completions, chat), input_tokens_details.cached_tokens (responses), cache_read_input_tokens
   (messages), before and after a restart.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +31,7 @@ from colibri_backend.adapters.sampling import SamplingParams
 from colibri_backend.convert import convert
 from colibri_backend.load_options import LoadOptions
 from colibri_backend.prefix_cache import BLOCK, SUFFIX, PrefixCache
+from colibri_backend.server.scheduler import BatchScheduler
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 if str(BENCH) not in sys.path:
@@ -331,3 +334,51 @@ def test_batched_requests_share_a_prefix(tiny: Path, tmp_path: Path) -> None:
         assert text == want["first"]
     finally:
         s.stop()
+
+
+def test_batched_disk_write_leaves_other_sequences_decoding(
+    tiny: Path, prompts: dict[str, list[int]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batched path (seq_remember) makes an entry's blob under the model's lock and writes its file
+    after letting go of it: while one request's write hangs, another request's decode steps complete."""
+    opts = LoadOptions(threads=2, kv_cache_dir=tmp_path, max_concurrency=2)
+    with colibri_backend.load(tiny, opts) as m:
+        directory = m.prefix_cache.directory
+        assert directory is not None
+        sched = BatchScheduler(m, prefill_chunk=64)
+        release, writing = threading.Event(), threading.Event()
+        try:
+            first, second = sched.sequence(), sched.sequence()
+            first.prefill(prompts["a"][: 3 * BLOCK + 5])  # stored, its file written as usual
+            assert len(list(directory.glob(f"*{SUFFIX}"))) == 1
+            real_write = PrefixCache._write
+
+            def slow_write(cache: PrefixCache, entry: object) -> Path:
+                writing.set()
+                assert release.wait(60)
+                return real_write(cache, entry)
+
+            monkeypatch.setattr(PrefixCache, "_write", slow_write)
+            joined = threading.Thread(target=second.prefill, args=(prompts["a"][200 : 200 + 3 * BLOCK + 5],))
+            joined.start()
+            assert writing.wait(60)  # the second prompt is in and its entry's file is being written
+            decoded: list[np.ndarray] = []
+            steps = threading.Thread(target=lambda: decoded.extend(first.decode(t) for t in (11, 12, 13)))
+            steps.start()
+            steps.join(60)
+            assert len(decoded) == 3 and not steps.is_alive()  # three decode steps while the write hangs
+            assert joined.is_alive()
+            # the entry serves from memory already; on disk there is no partial file under its name
+            assert m.prefix_cache.stats()["prefix_cache_entries"] == 2
+            assert len(list(directory.glob(f"*{SUFFIX}"))) == 1
+            release.set()
+            joined.join(60)
+            assert not joined.is_alive()
+            assert len(list(directory.glob(f"*{SUFFIX}"))) == 2 and not list(directory.glob(".tmp-*"))
+            first.close()
+            second.close()
+        finally:
+            release.set()
+            sched.close()
+    with colibri_backend.load(tiny, opts) as m:  # both files are whole: a new cache indexes them
+        assert m.prefix_cache.stats()["prefix_cache_entries"] == 2

@@ -1,5 +1,6 @@
 /* expert_lowbit.c — reading the low-bit expert sidecar (expert_lowbit.h): its checks against the
- * model, the scratch of top-k copies, and the choice of which experts of a decode step use it. */
+ * model, the scratch of top-k copies, the choice of which experts of a step use it, and their reads
+ * (handed to the expert store's I/O threads as reads aside). */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@
 #include "expert_lowbit.h"
 #include "experts.h"
 #include "kernels.h"
+#include "loader.h"
 #include "types.h"
 
 struct expert_lowbit {
@@ -247,25 +249,42 @@ void lowbit_close(expert_lowbit *lb) {
 
 uint64_t lowbit_expert_bytes(const expert_lowbit *lb) { return lb->h.expert_bytes; }
 
-int lowbit_pick(const struct colibri_context *c, int il, int32_t *ids) {
-    const int k = c->model->hp.n_expert_used;
-    int n = 0;
-    for (int j = 0; j < k; j++) {
-        const int32_t e = c->s.sel[j];
-        if (e >= 0 && c->s.selw[j] < c->lowbit_weight && store_ready(c->store, il, e) < 0) ids[n++] = e;
+int lowbit_slots(const expert_lowbit *lb) { return lb->n_slots; }
+
+int lowbit_pick(const struct colibri_context *c, int il, int n, int32_t *ids) {
+    const int X = c->model->hp.n_expert, k = c->model->hp.n_expert_used;
+    float wmax[MAX_EXPERTS];
+    uint8_t named[MAX_EXPERTS];
+    memset(named, 0, (size_t)X);
+    for (int i = 0; i < n * k; i++) {
+        const int32_t e = c->s.sel[i];
+        if (e < 0) continue; /* left out by expert_mass */
+        if (!named[e] || c->s.selw[i] > wmax[e]) wmax[e] = c->s.selw[i];
+        named[e] = 1;
     }
-    return n;
+    int got = 0;
+    for (int e = 0; e < X; e++)
+        if (named[e] && wmax[e] < c->lowbit_weight && store_ready(c->store, il, e) < 0) ids[got++] = e;
+    return got;
 }
 
-colibri_status lowbit_read(expert_lowbit *lb, int il, int e, int slot, expert_view *view) {
+colibri_status lowbit_issue(expert_lowbit *lb, struct expert_store *s, int il, int e, int slot) {
     const uint64_t index = (uint64_t)(il - lb->n_dense_lead) * lb->h.n_expert + (uint64_t)e;
     if (il < lb->n_dense_lead || (uint32_t)il >= lb->h.n_layer || e < 0 || (uint32_t)e >= lb->h.n_expert ||
-        slot < 0 || slot >= lb->n_slots)
+        slot < 0 || slot >= lb->n_slots || slot >= store_n_aside(s))
         return cb_error(COLIBRI_E_INTERNAL, "low-bit copy (layer %d, expert %d, slot %d) out of range", il, e, slot);
     uint8_t *dst = lb->scratch + (size_t)slot * ((lb->h.expert_bytes + 63) / 64 * 64);
-    const int err = read_full(lb->fd, dst, (size_t)lb->h.expert_bytes, LOWBIT_HEADER_BYTES + index * lb->h.expert_bytes);
+    store_read_aside(s, slot, il, e, lb->fd, dst, LOWBIT_HEADER_BYTES + index * lb->h.expert_bytes,
+                     (size_t)lb->h.expert_bytes);
+    return COLIBRI_OK;
+}
+
+colibri_status lowbit_finish(expert_lowbit *lb, struct expert_store *s, int il, int e, int slot, expert_view *view) {
+    const int err = store_aside_wait(s, slot);
     if (err)
-        return cb_error(COLIBRI_E_IO, "low-bit sidecar: reading layer %d expert %d: %s", il, e, strerror(err));
+        return cb_error(COLIBRI_E_IO, "low-bit sidecar: reading layer %d expert %d: %s", il, e,
+                        err == EIO ? "input/output error or end of file (was the file truncated?)" : strerror(err));
+    uint8_t *dst = lb->scratch + (size_t)slot * ((lb->h.expert_bytes + 63) / 64 * 64);
     mat *m[3] = {&view->gate, &view->up, &view->down};
     size_t at = 0;
     for (int p = 0; p < 3; p++) {

@@ -3,7 +3,8 @@
  * HOBBIT's idea: an expert that misses the store and carries little of a token's routing weight
  * is computed from a small low-bit copy instead of waiting for its full-precision bytes. The
  * copies live in MODEL.gguf.lowbit, written by colibri_lowbit_write (`colibri quantize
- * --lowbit-sidecar TYPE`), read by pread into a scratch area of top-k copies counted by the ledger.
+ * --lowbit-sidecar TYPE`), read by the expert store's I/O threads (with the step's demand reads) into a
+ * scratch area of top-k copies counted by the ledger.
  *
  * Sidecar layout (little-endian, no padding):
  *   offset  0  char    magic[8]       "CLBLOWB1"
@@ -58,11 +59,20 @@ void lowbit_close(expert_lowbit *lb);
 /* Bytes the ledger counts for the sidecar at path: the scratch of top-k copies (checks it as
  * lowbit_open does). */
 colibri_status lowbit_scratch_bytes(const char *path, const struct colibri_model *m, uint64_t *out);
-/* Decode steps: the experts of token 0's routing in s.sel that are not in the store and whose
- * weight is below the context's lowbit_weight, into ids (at most top-k); their count. */
-int lowbit_pick(const struct colibri_context *c, int il, int32_t *ids);
-/* Read expert e of layer il's copy into scratch copy `slot` (< top-k) and describe it in *view. */
-colibri_status lowbit_read(expert_lowbit *lb, int il, int e, int slot, expert_view *view);
+/* Scratch copies: top-k (the most read at once). */
+int lowbit_slots(const expert_lowbit *lb);
+/* The experts of layer il chosen by the step's n tokens (s.sel, s.selw) that have no slot in the store and
+ * whose largest routing weight over those tokens is below the context's lowbit_weight, ascending, into ids
+ * (at most n_expert); their count. One token: its experts of weight below the threshold. A group: an
+ * expert takes its copy only if it is minor for every token that chose it. */
+int lowbit_pick(const struct colibri_context *c, int il, int n, int32_t *ids);
+struct expert_store;
+/* Start reading expert e of layer il's copy into scratch copy `slot` (< lowbit_slots) on the store's I/O
+ * threads (store_read_aside, handle `slot`). */
+colibri_status lowbit_issue(expert_lowbit *lb, struct expert_store *s, int il, int e, int slot);
+/* Wait for that read (store_aside_ready says whether it is over) and describe the copy in *view; a read
+ * error is COLIBRI_E_IO naming the layer and expert. */
+colibri_status lowbit_finish(expert_lowbit *lb, struct expert_store *s, int il, int e, int slot, expert_view *view);
 uint64_t lowbit_expert_bytes(const expert_lowbit *lb);
 
 #endif

@@ -56,6 +56,20 @@ typedef struct slot {
     uint64_t last_use;      /* LRU order: value of store->use_clock at the last use */
 } slot;
 
+/* A read into memory the store does not own (a low-bit copy's scratch, expert_lowbit.h), in pieces the I/O
+ * threads take ahead of every queued slot load: a decode step waits for it as for a demand read. The forward
+ * thread arms it (store_read_aside) only when no piece of it is in flight; the readers own its progress. */
+typedef struct aside {
+    int fd;
+    unsigned char *dst;     /* [len] */
+    uint64_t off;           /* file offset of dst[0] */
+    size_t len;
+    int32_t layer, expert;  /* whose stall a wait for it is */
+    _Atomic int n_pieces;   /* the same for every read of a sidecar: a reader late from the last one sees it */
+    _Atomic int next_piece, pieces_left, io_errno;
+    _Atomic int busy;       /* 1 from store_read_aside until its last piece is read (release) */
+} aside;
+
 typedef struct counters {
     uint64_t calls, hits, misses, pf_issued, pf_used, pf_wasted, pf_wasted_bytes, pf_dropped, bytes_read;
     double stall_s;
@@ -64,6 +78,7 @@ typedef struct counters {
 struct expert_store {
     const struct colibri_model *m;
     int n_layer, n_expert, n_slots, policy, floor;
+    int reuse;              /* policy == COLIBRI_POLICY_REUSE: its tables below exist */
     size_t slot_bytes;
     size_t region_off[3];   /* offset of gate, up, down inside a slot */
     int fd, fd_direct;      /* fd_direct = -1 when O_DIRECT is unavailable */
@@ -80,6 +95,8 @@ struct expert_store {
     int decode_step;        /* the current step (store_tick) is one token */
     int n_pinned;           /* slots pinned by store_warm */
     double stall_decode_s;  /* stall time during decode steps */
+    aside *asides;          /* [n_aside] reads into caller memory, one per low-bit scratch copy */
+    int n_aside;            /* top-k */
     int chunks[3];          /* pieces of each projection's region */
     int n_pieces;           /* chunks[0] + chunks[1] + chunks[2] */
     /* I/O threads and their queue: ring[head % CAP] is written by the forward thread only
@@ -95,7 +112,8 @@ struct expert_store {
     int n_io, n_io_started, sem_ready, mutex_ready;
     struct timeline *tl;    /* backend hook: each piece's read is an I/O-stage interval (timeline.h) */
     int overlap;            /* decode steps compute experts as they arrive (COLIBRI_DECODE_OVERLAP=0: off) */
-    /* COLIBRI_POLICY_REUSE's statistics (learned online, every policy keeps them: see reuse_observe) */
+    /* COLIBRI_POLICY_REUSE's statistics, learned online (reuse_observe); allocated for that policy only, NULL
+       under LFU and LRU, which never read them */
     uint64_t *seen;         /* [n_layer][n_expert] token step of the last use + 1 (0: never used) */
     double *rate;           /* [n_layer][n_expert] decayed use count at seen - 1 (half-life STORE_LFU_HALF_LIFE) */
     double *gap;            /* [n_layer][STORE_REUSE_GAPS + 1] count of reuse gaps 1 .. GAPS (tokens between two uses
@@ -149,10 +167,11 @@ static size_t reuse_table_bytes(const struct colibri_model *m) {
            ((L - 1) * X * (X + 1) + 2) * sizeof(float);
 }
 
-size_t store_table_bytes(const struct colibri_model *m, int n_slots) {
+size_t store_table_bytes(const struct colibri_model *m, int n_slots, int policy) {
     const size_t n = (size_t)m->hp.n_layer * (size_t)m->hp.n_expert;
     return sizeof(struct expert_store) + (size_t)n_slots * sizeof(slot) + n * (sizeof(int32_t) + sizeof(counters)) +
-           (size_t)m->hp.n_layer * sizeof(int32_t) + reuse_table_bytes(m) +
+           (size_t)m->hp.n_layer * sizeof(int32_t) + (policy == COLIBRI_POLICY_REUSE ? reuse_table_bytes(m) : 0) +
+           (size_t)m->hp.n_expert_used * sizeof(aside) +
            (size_t)store_io_threads() * 16 * 1024 /* I/O thread stacks in use: pread and a few calls deep */;
 }
 
@@ -317,6 +336,37 @@ static int next_work(expert_store *s) {
     return found;
 }
 
+/* Take and read one piece of a read aside; 0 when none has pieces left. The reader of the last piece
+ * publishes it. */
+static int run_aside_piece(expert_store *s) {
+    for (int j = 0; j < s->n_aside; j++) {
+        aside *a = &s->asides[j];
+        const int n_pieces = atomic_load_explicit(&a->n_pieces, memory_order_relaxed);
+        if (!atomic_load_explicit(&a->busy, memory_order_acquire) ||
+            atomic_load_explicit(&a->next_piece, memory_order_relaxed) >= n_pieces)
+            continue;
+        const int piece = atomic_fetch_add_explicit(&a->next_piece, 1, memory_order_acq_rel);
+        if (piece >= n_pieces) continue;
+        int err = 0;
+        if (piece == 0 && atomic_load(&s->fail_reads) > 0 && atomic_fetch_sub(&s->fail_reads, 1) > 0) err = EIO;
+        if (!err) {
+            const size_t lo = (size_t)piece * STORE_IO_CHUNK;
+            const size_t n = a->len - lo < STORE_IO_CHUNK ? a->len - lo : STORE_IO_CHUNK;
+            const double t0 = s->tl ? now_s() : 0.0;
+            err = pread_full(a->fd, a->dst + lo, n, a->off + lo, n);
+            if (s->tl) timeline_add(s->tl, TL_IO, t0, now_s());
+        }
+        if (err) {
+            int none = 0;
+            atomic_compare_exchange_strong(&a->io_errno, &none, err);
+        }
+        if (atomic_fetch_sub_explicit(&a->pieces_left, 1, memory_order_acq_rel) == 1)
+            atomic_store_explicit(&a->busy, 0, memory_order_release);
+        return 1;
+    }
+    return 0;
+}
+
 static void *io_main(void *arg) {
     expert_store *s = arg;
     for (;;) {
@@ -326,7 +376,16 @@ static void *io_main(void *arg) {
         /* Drain rather than take one piece per post: a post can be used up by a piece the
          * forward thread then reads itself (the urgent load), and every piece queued before
          * this wake-up must still find a reader. */
-        for (int i; (i = next_work(s)) >= 0;) run_piece(s, &s->slots[i]);
+        for (;;) {
+            /* a synchronous miss first (the forward thread reads it too and waits), then the reads aside
+             * (small copies a decode step waits for), then the queue's demand reads and prefetches */
+            const int u = atomic_load_explicit(&s->urgent, memory_order_acquire);
+            const int urgent = u >= 0 && atomic_load(&s->slots[u].next_piece) < s->slots[u].n_pieces;
+            if (!urgent && run_aside_piece(s)) continue;
+            const int i = next_work(s);
+            if (i < 0) break;
+            run_piece(s, &s->slots[i]);
+        }
     }
     return NULL;
 }
@@ -347,6 +406,7 @@ static int load_now(expert_store *s, int i) {
 
 /* ---- lifetime --------------------------------------------------------- */
 
+static int reuse_alloc(expert_store *s);
 static void reuse_init(expert_store *s);
 
 colibri_status store_create(const struct colibri_model *m, int n_slots, int policy, expert_store **out) {
@@ -360,6 +420,7 @@ colibri_status store_create(const struct colibri_model *m, int n_slots, int poli
     s->n_expert = m->hp.n_expert;
     s->n_slots = n_slots;
     s->policy = policy;
+    s->reuse = policy == COLIBRI_POLICY_REUSE;
     s->fd = s->fd_direct = -1;
     /* Per-layer floor: a layer keeps min(k, slots/layers) experts, so a budget below one
      * token's worth of experts cannot fall into the cycle where every access misses. */
@@ -382,21 +443,16 @@ colibri_status store_create(const struct colibri_model *m, int n_slots, int poli
     s->where = cb_malloc(n * sizeof(int32_t));
     s->layer_count = cb_calloc((size_t)s->n_layer, sizeof(int32_t));
     s->cnt = cb_calloc(n, sizeof(counters));
+    s->n_aside = m->hp.n_expert_used;
+    s->asides = cb_calloc((size_t)s->n_aside, sizeof(aside));
     s->mem = cb_aligned_alloc(STORE_IO_ALIGN, (size_t)n_slots * s->slot_bytes);
-    const size_t L = (size_t)s->n_layer, X = (size_t)s->n_expert;
-    s->seen = cb_calloc(n, sizeof *s->seen);
-    s->rate = cb_calloc(n, sizeof *s->rate);
-    s->gap = cb_calloc(L * (STORE_REUSE_GAPS + 1), sizeof *s->gap);
-    s->surv = cb_calloc(L * (STORE_REUSE_GAPS + 2), sizeof *s->surv);
-    s->follow = cb_calloc((L - 1) * X * X + 1, sizeof *s->follow);
-    s->follow_n = cb_calloc((L - 1) * X + 1, sizeof *s->follow_n);
-    if (!s->slots || !s->where || !s->layer_count || !s->cnt || !s->mem || !s->seen || !s->rate || !s->gap ||
-        !s->surv || !s->follow || !s->follow_n) {
+    if (!s->slots || !s->where || !s->layer_count || !s->cnt || !s->asides || !s->mem ||
+        (s->reuse && !reuse_alloc(s))) {
         store_destroy(s);
         return cb_error(COLIBRI_E_NOMEM, "cannot allocate %d expert slots of %zu bytes", n_slots, s->slot_bytes);
     }
     for (size_t i = 0; i < n; i++) s->where[i] = -1;
-    reuse_init(s);
+    if (s->reuse) reuse_init(s);
     for (int i = 0; i < n_slots; i++) {
         s->slots[i].mem = s->mem + (size_t)i * s->slot_bytes;
         s->slots[i].layer = s->slots[i].expert = -1;
@@ -447,6 +503,7 @@ void store_destroy(expert_store *s) {
     cb_free(s->where);
     cb_free(s->layer_count);
     cb_free(s->cnt);
+    cb_free(s->asides);
     cb_free(s->seen);
     cb_free(s->rate);
     cb_free(s->gap);
@@ -489,6 +546,18 @@ static void reuse_refresh(expert_store *s) {
     }
 }
 
+/* The tables reuse_table_bytes counts; 1 when they were allocated (store_destroy frees what was). */
+static int reuse_alloc(expert_store *s) {
+    const size_t L = (size_t)s->n_layer, X = (size_t)s->n_expert, n = L * X;
+    s->seen = cb_calloc(n, sizeof *s->seen);
+    s->rate = cb_calloc(n, sizeof *s->rate);
+    s->gap = cb_calloc(L * (STORE_REUSE_GAPS + 1), sizeof *s->gap);
+    s->surv = cb_calloc(L * (STORE_REUSE_GAPS + 2), sizeof *s->surv);
+    s->follow = cb_calloc((L - 1) * X * X + 1, sizeof *s->follow);
+    s->follow_n = cb_calloc((L - 1) * X + 1, sizeof *s->follow_n);
+    return s->seen && s->rate && s->gap && s->surv && s->follow && s->follow_n;
+}
+
 /* Start from what a router choosing k of X uniformly would give: gaps geometric with p = k / X, worth
  * STORE_REUSE_PRIOR observations per layer, so the first decisions are LRU's and the data takes over. */
 static void reuse_init(expert_store *s) {
@@ -504,8 +573,10 @@ static void reuse_init(expert_store *s) {
     reuse_refresh(s);
 }
 
-/* Expert e of layer l is used by the current step (once per step, however many waves name it). */
+/* Expert e of layer l is used by the current step (once per step, however many waves name it); only the
+ * reuse policy keeps these statistics. */
 static void reuse_observe(expert_store *s, int l, int e) {
+    if (!s->reuse) return;
     const size_t X = (size_t)s->n_expert, id = (size_t)l * X + (size_t)e;
     const uint64_t now = s->tick + 1;
     if (s->seen[id] == now) return;
@@ -568,7 +639,7 @@ static double reuse_score(const expert_store *s, const slot *sl, int for_layer) 
 void store_tick(expert_store *s, int n_tokens) {
     s->tick += (uint64_t)(n_tokens > 0 ? n_tokens : 1);
     s->decode_step = n_tokens == 1;
-    reuse_refresh(s);
+    if (s->reuse) reuse_refresh(s);
 }
 
 /* Stall time of expert id: per expert, and in the decode total when this step is one token. */
@@ -826,7 +897,7 @@ int store_ready(const expert_store *s, int layer, int e) {
     return atomic_load_explicit(&s->slots[i].state, memory_order_acquire) == SLOT_LOADING ? 0 : 1;
 }
 
-int store_wait_any(expert_store *s, int layer, const int32_t *ids, int n) {
+int store_wait_any(expert_store *s, int layer, const int32_t *ids, int n, const int32_t *asides, int n_asides) {
     const double t0 = now_s();
     for (int spins = 0;; spins++) {
         for (int j = 0; j < n; j++)
@@ -834,12 +905,62 @@ int store_wait_any(expert_store *s, int layer, const int32_t *ids, int n) {
                 add_stall(s, &s->cnt[(size_t)layer * s->n_expert + ids[j]], now_s() - t0);
                 return j;
             }
+        for (int j = 0; j < n_asides; j++)
+            if (store_aside_ready(s, asides[j])) {
+                const aside *a = &s->asides[asides[j]];
+                add_stall(s, &s->cnt[(size_t)a->layer * s->n_expert + a->expert], now_s() - t0);
+                return n + j;
+            }
         if (spins < 64) sched_yield();
         else {
             struct timespec ts = {0, 20000};
             nanosleep(&ts, NULL);
         }
     }
+}
+
+/* ---- reads aside ------------------------------------------------------- */
+
+int store_n_aside(const expert_store *s) { return s->n_aside; }
+
+int store_aside_ready(const expert_store *s, int h) {
+    return !atomic_load_explicit(&s->asides[h].busy, memory_order_acquire);
+}
+
+int store_aside_wait(expert_store *s, int h) {
+    aside *a = &s->asides[h];
+    for (int spins = 0; atomic_load_explicit(&a->busy, memory_order_acquire); spins++) {
+        if (spins < 64) sched_yield();
+        else {
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return atomic_load(&a->io_errno);
+}
+
+void store_aside_wait_all(expert_store *s) {
+    for (int h = 0; h < s->n_aside; h++) store_aside_wait(s, h);
+}
+
+void store_read_aside(expert_store *s, int h, int layer, int e, int fd, void *dst, uint64_t off, size_t len) {
+    aside *a = &s->asides[h];
+    store_aside_wait(s, h); /* its previous read (a step that failed part way) is over: dst is the caller's */
+    a->fd = fd;
+    a->dst = dst;
+    a->off = off;
+    a->len = len;
+    a->layer = layer;
+    a->expert = e;
+    const int n = (int)((len + STORE_IO_CHUNK - 1) / STORE_IO_CHUNK);
+    if (!n) return;
+    atomic_store_explicit(&a->n_pieces, n, memory_order_relaxed);
+    atomic_store_explicit(&a->io_errno, 0, memory_order_relaxed);
+    atomic_store_explicit(&a->pieces_left, n, memory_order_relaxed);
+    atomic_store_explicit(&a->busy, 1, memory_order_relaxed);
+    /* last, with release: a reader's increment that takes a piece sees every field above */
+    atomic_store_explicit(&a->next_piece, 0, memory_order_release);
+    for (int q = 0; q < n && q < s->n_io; q++) sem_post(&s->wake);
 }
 
 /* ---- warm-up and pinning from a routing profile ------------------------- */
@@ -915,8 +1036,10 @@ colibri_status store_warm(expert_store *s, const routing_profile *p, int n_pin) 
             sl->freq = order[i].share;
             sl->last_use = s->use_clock + (uint64_t)(n - i);
             /* the reuse policy sees it as used now, at the steady-state rate of its share */
-            s->seen[id] = s->tick + 1;
-            s->rate[id] = order[i].share / (1.0 - s->decay);
+            if (s->reuse) {
+                s->seen[id] = s->tick + 1;
+                s->rate[id] = order[i].share / (1.0 - s->decay);
+            }
         }
         slot *sl = &s->slots[j];
         if (pin && !sl->pinned) {

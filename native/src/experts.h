@@ -5,7 +5,8 @@
  * O_DIRECT reads can land in place). All bookkeeping (which expert sits in which slot,
  * scores, counters) belongs to the thread running the forward pass; the I/O threads only
  * perform the reads they are handed (prefetches through a lock-free ring the forward thread
- * fills, demand misses through an `urgent` slot the forward thread reads alongside them) and
+ * fills, demand misses through an `urgent` slot the forward thread reads alongside them, reads
+ * aside into memory the caller owns: the low-bit copies) and
  * the last piece of a load publishes the slot's completion with one atomic store. The forward pass thus
  * sees the same bytes, in the same order of operations, whatever the budget: the store
  * changes when bytes arrive, never the math. */
@@ -34,8 +35,9 @@ typedef struct expert_store expert_store;
 
 /* Bytes of one slot for this model (largest expert, padded), 0 for a dense model. */
 size_t store_slot_bytes(const struct colibri_model *m);
-/* Bookkeeping bytes of a store with n_slots slots (tables, counters, queue, loader stack). */
-size_t store_table_bytes(const struct colibri_model *m, int n_slots);
+/* Bookkeeping bytes of a store with n_slots slots under policy (COLIBRI_POLICY_*): tables, counters,
+ * queue, loader stacks, and the reuse policy's statistics when it is that policy. */
+size_t store_table_bytes(const struct colibri_model *m, int n_slots, int policy);
 
 colibri_status store_create(const struct colibri_model *m, int n_slots, int policy, expert_store **out);
 void store_destroy(expert_store *s);
@@ -66,9 +68,24 @@ void store_drop_stale(expert_store *s, int layer, const int32_t *chosen, int k);
 /* 1: expert e of layer l is in a slot and its bytes are there (or its load failed: store_acquire says
  * so); 0: its load is in flight; -1: it has no slot (store_acquire reads it now). */
 int store_ready(const expert_store *s, int layer, int e);
-/* Wait until one of ids[0..n) of layer l is no longer in flight (store_ready != 0) and return its
- * index; the wait is stall time of that expert. n >= 1. */
-int store_wait_any(expert_store *s, int layer, const int32_t *ids, int n);
+/* Wait until one of ids[0..n) of layer l is no longer in flight (store_ready != 0), or one of the reads
+ * aside asides[0..n_asides) has finished, and return its index: j for ids[j], n + j for asides[j]. The
+ * wait is stall time of that expert. n + n_asides >= 1. */
+int store_wait_any(expert_store *s, int layer, const int32_t *ids, int n, const int32_t *asides, int n_asides);
+
+/* Reads aside: bytes [off, off + len) of fd into dst (memory the caller owns and keeps until the read is
+ * over), read by the I/O threads in STORE_IO_CHUNK pieces ahead of every queued slot load, so they go with a
+ * decode step's demand reads: the low-bit copies (expert_lowbit.h). Handles 0 .. store_n_aside() - 1 (top-k);
+ * a handle is reused only once its previous read is over (store_read_aside waits for it). The read is
+ * counted as a stall of expert e of layer l while store_wait_any waits for it. */
+int store_n_aside(const expert_store *s);
+void store_read_aside(expert_store *s, int h, int layer, int e, int fd, void *dst, uint64_t off, size_t len);
+/* 1 once read aside h is over (or none was started), 0 while it is in flight. */
+int store_aside_ready(const expert_store *s, int h);
+/* Wait for read aside h; 0 or the errno of its first failed piece (EIO also for a short read). */
+int store_aside_wait(expert_store *s, int h);
+/* Wait for every read aside (an error path: nothing may still write into the caller's memory). */
+void store_aside_wait_all(expert_store *s);
 
 struct routing_profile;
 /* Warm-up from a routing profile: fill the free slots with the profile's hottest experts (every

@@ -79,58 +79,43 @@ static void issue_prefetch(struct colibri_context *c, int il) {
     if (il + 1 < c->model->hp.n_layer) ffn_prefetch_layer(c, il + 1, c->s.xn);
 }
 
-static int names_expert(const int32_t *ids, int n, int e) {
-    for (int i = 0; i < n; i++)
-        if (ids[i] == e) return 1;
-    return 0;
+/* Lossy, opt-in (expert_lowbit.h): start reading the low-bit copies of low[0..n) into scratch copies
+ * 0..n (n <= lowbit_slots) on the store's I/O threads. */
+static colibri_status issue_lowbit(struct colibri_context *c, int il, const int32_t *low, int n) {
+    for (int i = 0; i < n; i++) {
+        colibri_status st = lowbit_issue(c->lowbit, c->store, il, low[i], i);
+        if (st) return st;
+    }
+    return COLIBRI_OK;
 }
 
-/* A decode step's experts in the order their bytes arrive: every missing expert's read starts
- * (store_hold, the demand reads ahead of any queued prefetch), stale prefetches are dropped, the next
- * layer's predictions are queued behind the demand reads, then the resident experts (and the shared
- * one) are computed while the reads run, and each missing expert as soon as it is there (with any
- * others that arrived meanwhile). Each expert writes its own rows of s.gate / s.up / s.down and the
- * weighted sum runs afterwards in (token, slot) order, so the arrival order changes no value. */
-static colibri_status decode_experts(struct colibri_context *c, int il, int has_sh, int q_down, block_q8a *sh_actq) {
-    const int X = c->model->hp.n_expert;
-    const int32_t *cnt = c->s.cnt;
-    int32_t *pending = c->pf_wait;
-    int n_pending = 0;
-    /* lossy, opt-in: missing experts of small weight come from their low-bit copies instead */
-    int32_t low[MAX_EXPERTS];
-    const int n_low = c->lowbit ? lowbit_pick(c, il, low) : 0;
-    store_wave_begin(c->store);
-    for (int h = 0; h < X; h++)
-        if (cnt[h] != (h ? cnt[h - 1] : 0) && !names_expert(low, n_low, h)) store_hold(c->store, il, h);
-    store_drop_stale(c->store, il, c->s.sel, c->model->hp.n_expert_used);
-    if (c->pred) issue_prefetch(c, il);
-    int nw = 0;
-    for (int h = 0; h < X; h++) {
-        if (cnt[h] == (h ? cnt[h - 1] : 0) || names_expert(low, n_low, h)) continue;
-        if (store_overlap(c->store) && store_ready(c->store, il, h) != 1) {
-            pending[n_pending++] = h;
-            continue;
+/* Compute over the n tokens grouped for them, each as soon as its bytes are there, the experts
+ * pending[0..n_pending) (loading into the store's slots, or without a slot: read now) and the low-bit copies
+ * of low[0..n_low) (read into scratch copies 0..n_low): the one that arrived, then every other there by
+ * now, in one pool run per kind. pending is reordered. */
+static colibri_status compute_arrivals(struct colibri_context *c, int il, int n, int32_t *pending, int n_pending,
+                                       const int32_t *low, int n_low, int q_down, block_q8a *sh_actq) {
+    int32_t copies[MAX_EXPERTS]; /* scratch copies still being read */
+    int n_copies = 0;
+    for (int i = 0; i < n_low; i++) copies[n_copies++] = i;
+    while (n_pending || n_copies) {
+        const int first = store_wait_any(c->store, il, pending, n_pending, copies, n_copies);
+        int nw = 0, kept = 0;
+        for (int j = 0; j < n_copies; j++) {
+            const int h = copies[j];
+            if (n_pending + j != first && !store_aside_ready(c->store, h)) {
+                copies[kept++] = h;
+                continue;
+            }
+            colibri_status st = lowbit_finish(c->lowbit, c->store, il, low[h], h, &c->views[nw]);
+            if (st) return st;
+            c->wave_ids[nw++] = low[h];
+            c->stats.lowbit_computed++;
+            c->stats.lowbit_bytes_read += lowbit_expert_bytes(c->lowbit);
         }
-        int got;
-        colibri_status st = store_acquire(c->store, il, h, &c->views[nw], &got);
-        if (st) return st;
-        if (!got) return cb_error(COLIBRI_E_INTERNAL, "no expert slot could be freed");
-        c->wave_ids[nw++] = h;
-    }
-    if (nw || has_sh) expert_wave(c, il, 1, c->wave_ids, c->views, nw, has_sh, q_down, sh_actq);
-    for (int i = 0; i < n_low; i++) {
-        colibri_status st = lowbit_read(c->lowbit, il, low[i], i, &c->views[i]);
-        if (st) return st;
-        c->stats.lowbit_computed++;
-        c->stats.lowbit_bytes_read += lowbit_expert_bytes(c->lowbit);
-    }
-    if (n_low) expert_wave(c, il, 1, low, c->views, n_low, 0, q_down, sh_actq);
-    while (n_pending) {
-        /* one that has arrived (or has no slot: read now, while the others keep loading), then every
-         * other that is there by now */
-        const int first = store_wait_any(c->store, il, pending, n_pending);
-        nw = 0;
-        int kept = 0;
+        n_copies = kept;
+        if (nw) expert_wave(c, il, n, c->wave_ids, c->views, nw, 0, q_down, sh_actq);
+        nw = kept = 0;
         for (int j = 0; j < n_pending; j++) {
             const int h = pending[j];
             if (j != first && store_ready(c->store, il, h) == 0) {
@@ -144,39 +129,101 @@ static colibri_status decode_experts(struct colibri_context *c, int il, int has_
             c->wave_ids[nw++] = h;
         }
         n_pending = kept;
-        expert_wave(c, il, 1, c->wave_ids, c->views, nw, 0, q_down, sh_actq);
+        if (nw) expert_wave(c, il, n, c->wave_ids, c->views, nw, 0, q_down, sh_actq);
     }
     return COLIBRI_OK;
 }
 
-/* Experts from the store: a decode step by arrival (decode_experts); a prefill chunk in waves of as
- * many experts as the slots can hold at once. */
-static colibri_status streamed_experts(struct colibri_context *c, int il, int n, int has_sh, int q_down,
-                                       block_q8a *sh_actq) {
-    if (n == 1) return decode_experts(c, il, has_sh, q_down, sh_actq);
+/* A decode step's experts in the order their bytes arrive: every missing expert's read starts
+ * (store_hold, the demand reads ahead of any queued prefetch; the low-bit copies of the missing ones of
+ * small weight, lossy and opt-in, ahead of those), stale prefetches are dropped, the next layer's
+ * predictions are queued behind the demand reads, then the resident experts (and the shared one) are
+ * computed while the reads run, and each missing expert or copy as soon as it is there (with any others
+ * that arrived meanwhile). Each expert writes its own rows of s.gate / s.up / s.down and the weighted sum
+ * runs afterwards in (token, slot) order, so the arrival order changes no value. low_mark: [n_expert] zeros. */
+static colibri_status decode_experts(struct colibri_context *c, int il, int has_sh, int q_down, block_q8a *sh_actq,
+                                     int32_t *low, uint8_t *low_mark) {
     const int X = c->model->hp.n_expert;
     const int32_t *cnt = c->s.cnt;
+    int32_t *pending = c->pf_wait;
+    int n_pending = 0;
+    const int n_low = c->lowbit ? lowbit_pick(c, il, 1, low) : 0; /* at most top-k: one token's experts */
+    for (int i = 0; i < n_low; i++) low_mark[low[i]] = 1;
+    store_wave_begin(c->store);
+    colibri_status st = issue_lowbit(c, il, low, n_low);
+    if (st) return st;
+    for (int h = 0; h < X; h++)
+        if (cnt[h] != (h ? cnt[h - 1] : 0) && !low_mark[h]) store_hold(c->store, il, h);
+    store_drop_stale(c->store, il, c->s.sel, c->model->hp.n_expert_used);
+    if (c->pred) issue_prefetch(c, il);
+    int nw = 0;
+    for (int h = 0; h < X; h++) {
+        if (cnt[h] == (h ? cnt[h - 1] : 0) || low_mark[h]) continue;
+        if (store_overlap(c->store) && store_ready(c->store, il, h) != 1) {
+            pending[n_pending++] = h;
+            continue;
+        }
+        int got;
+        if ((st = store_acquire(c->store, il, h, &c->views[nw], &got))) return st;
+        if (!got) return cb_error(COLIBRI_E_INTERNAL, "no expert slot could be freed");
+        c->wave_ids[nw++] = h;
+    }
+    if (nw || has_sh) expert_wave(c, il, 1, c->wave_ids, c->views, nw, has_sh, q_down, sh_actq);
+    return compute_arrivals(c, il, 1, pending, n_pending, low, n_low, q_down, sh_actq);
+}
+
+/* A chunk of several tokens (prefill, or a batched decode step): the experts in waves of as many as the
+ * slots can hold at once; with low-bit copies (lossy, opt-in) the missing experts minor for every token
+ * that chose them (lowbit_pick) from their copies instead, lowbit_slots at a time, the first of them read
+ * while the waves compute. low_mark: [n_expert] zeros. */
+static colibri_status chunk_experts(struct colibri_context *c, int il, int n, int has_sh, int q_down,
+                                    block_q8a *sh_actq, int32_t *low, uint8_t *low_mark) {
+    const int X = c->model->hp.n_expert;
+    const int32_t *cnt = c->s.cnt;
+    const int n_low = c->lowbit ? lowbit_pick(c, il, n, low) : 0;
+    const int per = c->lowbit ? lowbit_slots(c->lowbit) : 0;
+    for (int i = 0; i < n_low; i++) low_mark[low[i]] = 1;
+    colibri_status st = issue_lowbit(c, il, low, n_low < per ? n_low : per);
+    if (st) return st;
     int e = 0, first = 1;
-    for (;;) {
+    while (first || e < X) {
         store_wave_begin(c->store);
         int nw = 0;
         while (e < X) {
             const int start = e ? cnt[e - 1] : 0;
-            if (cnt[e] == start) {
+            if (cnt[e] == start || low_mark[e]) {
                 e++;
                 continue;
             }
             int got;
-            colibri_status st = store_acquire(c->store, il, e, &c->views[nw], &got);
-            if (st) return st;
+            if ((st = store_acquire(c->store, il, e, &c->views[nw], &got))) return st;
             if (!got) break;
             c->wave_ids[nw++] = e++;
         }
         if (nw == 0 && e < X) return cb_error(COLIBRI_E_INTERNAL, "no expert slot could be freed");
         expert_wave(c, il, n, c->wave_ids, c->views, nw, first && has_sh, q_down, sh_actq);
         first = 0;
-        if (e >= X) return COLIBRI_OK;
     }
+    for (int from = 0; from < n_low; from += per) {
+        const int nb = n_low - from < per ? n_low - from : per;
+        if (from && (st = issue_lowbit(c, il, low + from, nb))) return st;
+        if ((st = compute_arrivals(c, il, n, NULL, 0, low + from, nb, q_down, sh_actq))) return st;
+    }
+    return COLIBRI_OK;
+}
+
+/* Experts from the store: a decode step by arrival (decode_experts), a chunk of tokens in waves
+ * (chunk_experts). A step that fails part way waits for its low-bit reads still in flight: they write
+ * into the scratch the next step reuses. */
+static colibri_status streamed_experts(struct colibri_context *c, int il, int n, int has_sh, int q_down,
+                                       block_q8a *sh_actq) {
+    int32_t low[MAX_EXPERTS];
+    uint8_t low_mark[MAX_EXPERTS];
+    memset(low_mark, 0, (size_t)c->model->hp.n_expert);
+    const colibri_status st = n == 1 ? decode_experts(c, il, has_sh, q_down, sh_actq, low, low_mark)
+                                     : chunk_experts(c, il, n, has_sh, q_down, sh_actq, low, low_mark);
+    if (st && c->lowbit) store_aside_wait_all(c->store);
+    return st;
 }
 
 /* Router, top-k, grouping by expert, expert SwiGLUs (plus the shared expert), weighted sum

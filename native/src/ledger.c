@@ -78,7 +78,8 @@ colibri_status ledger_plan(const struct colibri_model *m, const colibri_context_
     const uint64_t fixed = o->metadata_bytes + o->resident_weight_bytes + o->model_table_bytes + o->kv_bytes +
                            o->state_bytes + o->scratch_bytes + o->context_bytes + o->device_buffer_bytes;
 
-    const uint64_t min_budget = fixed + staging + store_table_bytes(m, o->min_expert_slots) + predictor_bytes(m) +
+    const int pol = p->expert_policy; /* the reuse policy's tables exist only under it */
+    const uint64_t min_budget = fixed + staging + store_table_bytes(m, o->min_expert_slots, pol) + predictor_bytes(m) +
                                 (uint64_t)o->min_expert_slots * o->expert_slot_bytes;
     if (hp->n_expert > 0 && p->expert_slots > 0) {
         /* slots counted in experts: exactly this many (a store even when that is all of them,
@@ -86,7 +87,7 @@ colibri_status ledger_plan(const struct colibri_model *m, const colibri_context_
          * resulting plan is refused with the plan's total as the budget that works */
         const int32_t n = p->expert_slots < o->n_expert_total ? p->expert_slots : o->n_expert_total;
         o->n_expert_slots = n;
-        o->store_table_bytes = store_table_bytes(m, (int)n) + predictor_bytes(m);
+        o->store_table_bytes = store_table_bytes(m, (int)n, pol) + predictor_bytes(m);
         o->expert_bytes = (uint64_t)n * o->expert_slot_bytes;
         o->device_staging_bytes = staging;
         o->total_bytes = fixed + o->device_staging_bytes + o->store_table_bytes + o->expert_bytes;
@@ -108,14 +109,14 @@ colibri_status ledger_plan(const struct colibri_model *m, const colibri_context_
 
     /* streaming: the rest of the budget becomes slots (the tables grow with the slot count,
      * so solve for n in fixed + tables(n) + n * slot <= budget) */
-    const uint64_t tables0 = store_table_bytes(m, 0) + predictor_bytes(m);
-    const uint64_t per_slot = o->expert_slot_bytes + (store_table_bytes(m, 1) - store_table_bytes(m, 0));
+    const uint64_t tables0 = store_table_bytes(m, 0, pol) + predictor_bytes(m);
+    const uint64_t per_slot = o->expert_slot_bytes + (store_table_bytes(m, 1, pol) - store_table_bytes(m, 0, pol));
     uint64_t n = 0;
     o->device_staging_bytes = staging;
     if (o->budget > fixed + staging + tables0) n = (o->budget - fixed - staging - tables0) / per_slot;
     if (n > (uint64_t)o->n_expert_total) n = (uint64_t)o->n_expert_total;
     o->n_expert_slots = (int32_t)n;
-    o->store_table_bytes = store_table_bytes(m, (int)n) + predictor_bytes(m);
+    o->store_table_bytes = store_table_bytes(m, (int)n, pol) + predictor_bytes(m);
     o->expert_bytes = n * o->expert_slot_bytes;
     o->total_bytes = fixed + o->device_staging_bytes + o->store_table_bytes + o->expert_bytes;
     o->min_budget = min_budget;

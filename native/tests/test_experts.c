@@ -6,8 +6,11 @@
  *   - a read error while streaming returns COLIBRI_E_IO, leaves n_past untouched, and the
  *     next call succeeds with the same logits as an undisturbed run;
  *   - the reuse policy on a replayed periodic trace: Belady's choices once it has learned the period,
- *     where LFU and LRU miss every time (test_reuse_policy). */
+ *     where LFU and LRU miss every time (test_reuse_policy);
+ *   - each policy's tables in the plan (the reuse policy's statistics only under it);
+ *   - reads aside, the low-bit copies' path through the I/O threads (test_reads_aside). */
 #define _GNU_SOURCE /* O_DIRECT */
+#include <errno.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
@@ -97,6 +100,55 @@ static void test_reuse_policy(colibri_model *m) {
     CHECK(reuse < periodic_misses(m, COLIBRI_POLICY_LRU, 7, 52) && reuse < periodic_misses(m, COLIBRI_POLICY_LFU, 7, 52));
 }
 
+/* Reads aside (the low-bit copies' path): the I/O threads read caller memory in STORE_IO_CHUNK pieces, a
+ * handle is reused once its read is over, a failed piece is the read's errno, a short read EIO. */
+static void test_reads_aside(colibri_model *m, const char *dir) {
+    char side[256];
+    snprintf(side, sizeof side, "%s/aside.bin", dir);
+    const size_t n = 3 * STORE_IO_CHUNK + 12345; /* four pieces, the last one short */
+    unsigned char *want = malloc(n + 64), *got = malloc(2 * n);
+    CHECK(want && got);
+    if (!want || !got) return;
+    for (size_t i = 0; i < n + 64; i++) want[i] = (unsigned char)(i * 2654435761u >> 13);
+    FILE *f = fopen(side, "wb");
+    CHECK(f && fwrite(want, 1, n + 64, f) == n + 64);
+    if (f) fclose(f);
+    const int fd = open(side, O_RDONLY);
+    CHECK(fd >= 0);
+    expert_store *s = NULL;
+    CHECK_OK(store_create(m, K, COLIBRI_POLICY_LFU, &s));
+    CHECK(s && store_n_aside(s) == K);
+    if (s && fd >= 0) {
+        memset(got, 0, 2 * n);
+        CHECK(store_aside_ready(s, 0) && store_aside_ready(s, 1)); /* none started */
+        store_read_aside(s, 0, 1, 2, fd, got, 7, n);
+        store_read_aside(s, 1, 1, 3, fd, got + n, 64, n); /* both in flight at once */
+        const int32_t handles[2] = {0, 1};
+        const int first = store_wait_any(s, 1, NULL, 0, handles, 2);
+        CHECK(first == 0 || first == 1);
+        CHECK(store_aside_wait(s, 0) == 0 && store_aside_wait(s, 1) == 0);
+        CHECK(memcmp(got, want + 7, n) == 0 && memcmp(got + n, want + 64, n) == 0);
+        store_read_aside(s, 0, 1, 2, fd, got, 0, n); /* the handle again */
+        CHECK(store_aside_wait(s, 0) == 0 && memcmp(got, want, n) == 0);
+        store_fail_next_reads(s, 1);
+        store_read_aside(s, 1, 1, 3, fd, got, 0, n);
+        CHECK(store_aside_wait(s, 1) == EIO);
+        store_read_aside(s, 1, 1, 3, fd, got, 100, n); /* past the end of the file */
+        CHECK(store_aside_wait(s, 1) == EIO);
+        store_read_aside(s, 1, 1, 3, fd, got, 0, n); /* and fine again */
+        CHECK(store_aside_wait(s, 1) == 0 && memcmp(got, want, n) == 0);
+        colibri_stats st;
+        memset(&st, 0, sizeof st);
+        store_fill_stats(s, &st);
+        CHECK(st.expert_stall_seconds >= 0.0 && st.expert_bytes_read == 0); /* not the store's reads */
+    }
+    store_destroy(s);
+    if (fd >= 0) close(fd);
+    unlink(side);
+    free(want);
+    free(got);
+}
+
 int main(void) {
     char dir[] = "/tmp/colibri_test_experts_XXXXXX";
     if (!mkdtemp(dir)) return 1;
@@ -140,14 +192,42 @@ int main(void) {
     snprintf(want, sizeof want, "%llu", (unsigned long long)min_budget);
     CHECK(strstr(colibri_last_error(), want) != NULL);
 
-    /* bit-identical at the minimum (K slots) and at about half the experts, both policies,
+    /* the reuse policy's statistics are counted (and allocated) for it alone: the other policies' tables
+     * are smaller by exactly their size, so the same budget gives them at least as many slots */
+    uint64_t policy_min[3], policy_tables[3], policy_other[3];
+    for (int policy = 0; policy < 3; policy++) {
+        p.expert_policy = policy;
+        p.memory_budget = min_budget + (uint64_t)(L * X / 2 - K) * store_slot_bytes(m); /* streaming */
+        CHECK_OK(colibri_plan(path, &p, &plan));
+        CHECK(!plan.all_resident && plan.fits);
+        /* the plan's tables are the store's under this policy plus the predictors' (the same for every policy) */
+        policy_other[policy] = plan.store_table_bytes - store_table_bytes(m, plan.n_expert_slots, policy);
+        policy_min[policy] = plan.min_budget;
+        policy_tables[policy] = store_table_bytes(m, 0, policy);
+    }
+    const uint64_t reuse_tables = (uint64_t)L * X * (8 + 8) + (uint64_t)L * (2 * STORE_REUSE_GAPS + 3) * 8 +
+                                  ((uint64_t)(L - 1) * X * (X + 1) + 2) * 4;
+    CHECK(policy_other[0] == policy_other[1] && policy_other[1] == policy_other[2]);
+    CHECK(policy_tables[COLIBRI_POLICY_LFU] == policy_tables[COLIBRI_POLICY_LRU]);
+    CHECK(policy_tables[COLIBRI_POLICY_REUSE] - policy_tables[COLIBRI_POLICY_LFU] == reuse_tables);
+    CHECK(policy_min[COLIBRI_POLICY_REUSE] - policy_min[COLIBRI_POLICY_LFU] == reuse_tables);
+    CHECK(policy_min[COLIBRI_POLICY_REUSE] == min_budget); /* reuse is the default policy */
+    for (int policy = 0; policy < 3; policy++) { /* each policy's minimum is exact */
+        p.expert_policy = policy;
+        p.memory_budget = policy_min[policy] - 1;
+        CHECK(colibri_context_new(m, &p, &bad) == COLIBRI_E_BUDGET && bad == NULL);
+    }
+    p.expert_policy = COLIBRI_POLICY_REUSE;
+
+    /* bit-identical at each policy's minimum (K slots) and at about half the experts, every policy,
      * prefetch on and off */
-    /* each slot also costs a little bookkeeping (well under 256 bytes) */
-    const uint64_t budgets[2] = {min_budget, min_budget + (uint64_t)(L * X / 2 - K) * (store_slot_bytes(m) + 256)};
     for (int b = 0; b < 2; b++)
         for (int policy = 0; policy < 3; policy++) /* LFU, LRU, reuse */
             for (int pf = 0; pf <= 3; pf += 3) {
-                c = ctx_with(m, budgets[b], policy, pf);
+                /* each slot also costs a little bookkeeping (well under 256 bytes) */
+                const uint64_t budget =
+                    policy_min[policy] + (b ? (uint64_t)(L * X / 2 - K) * (store_slot_bytes(m) + 256) : 0);
+                c = ctx_with(m, budget, policy, pf);
                 if (!c) continue;
                 CHECK(c->store != NULL);
                 CHECK_OK(colibri_get_memory_plan(c, &plan));
@@ -212,6 +292,7 @@ int main(void) {
     }
 
     test_reuse_policy(m);
+    test_reads_aside(m, dir);
 
     colibri_model_close(m);
     unlink(path);

@@ -175,6 +175,27 @@ def test_mtp_block_left_out_of_the_memory_plan(tiny_zoo: Any, colibri: Any) -> N
     assert np.array_equal(full, streamed)
 
 
+def test_mtp_block_pages_given_back_and_verify_passes(tiny_zoo: Any, colibri: Any, tmp_path: Path) -> None:
+    """The resident copy gives the MTP block's pages back after the load, and the digest check of the
+    engine's copy (verify=True, `colibri verify`'s sidecar) leaves those never-held tensors out: a file with
+    digests loads and runs, all-resident and streamed, with the same logits."""
+    import shutil
+
+    from colibri_backend import cli
+
+    src = tiny_zoo.gguf("qwen35moe", "f32", "llama.cpp")
+    path = tmp_path / src.name
+    shutil.copyfile(src, path)
+    assert cli.main(["verify", "--write", str(path)]) == 0
+    ids = tm.token_ids(tiny_zoo.checkpoint("qwen35moe"), 16, seed=4)
+    runs = []
+    for slots in (0, 8):
+        opts = {"expert_slots": slots} if slots else {"memory_budget": 0}
+        with colibri.load(path, threads=1, context_length=64, verify=True, **opts) as model:
+            runs.append(model.logits(ids))
+    assert np.array_equal(runs[0], runs[1])
+
+
 def test_vision_language_checkpoint_converts_its_text_model(tiny_zoo: Any, tmp_path: Path) -> None:
     """Qwen3.5-MoE as the Hub ships it (Qwen3_5MoeForConditionalGeneration: text_config, weights under
     model.language_model., a vision tower, an MTP block): Colibri's converter writes the same tensors as

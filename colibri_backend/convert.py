@@ -2,7 +2,7 @@
 
 Supported architectures (config.json `model_type`): llama (dense), mixtral, qwen2_moe, qwen3_moe, olmoe,
 granitemoe, granitemoeshared, gpt_oss, qwen3_5_moe_text and qwen3_5_moe (its text model), gemma4_text and
-gemma4 (its text model), deepseek_v2, deepseek_v3, glm4_moe, glm4_moe_lite, lfm2_moe. The output uses
+gemma4 (its text model), deepseek_v2, deepseek_v3, glm4_moe, glm4_moe_lite, lfm2, lfm2_moe. The output uses
 llama.cpp's tensor names and metadata keys, so the same file runs in llama.cpp and in Colibri; that is what
 the conformance suite and the benchmarks rely on.
 
@@ -58,6 +58,7 @@ SUPPORTED_MODEL_TYPES = (
     "deepseek_v3",
     "glm4_moe",
     "glm4_moe_lite",
+    "lfm2",
     "lfm2_moe",
 )
 # DeepSeek-V2 / V3 and GLM-4.7-Flash (glm4_moe_lite: V3's recipe): one GGUF architecture, deepseek2
@@ -70,6 +71,8 @@ _QWEN35 = ("qwen3_5_moe_text", "qwen3_5_moe")
 _GEMMA4 = ("gemma4_text", "gemma4")
 # GraniteMoE with and without the always-on shared MLP: one GGUF architecture, granitemoe.
 _GRANITE = ("granitemoe", "granitemoeshared")
+# LFM2 (dense, GGUF lfm2) and LFM2-MoE (lfm2moe): short convolutions and attention layers.
+_LFM2 = ("lfm2", "lfm2_moe")
 
 
 class ConversionError(ValueError):
@@ -559,24 +562,45 @@ def _glm4moe_hparams(cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _lfm2moe_hparams(cfg: dict[str, Any]) -> dict[str, Any]:
-    """LFM2-MoE: which layers are short convolutions, their kernel, leading dense layers and the sigmoid
-    router (its expert bias, renormalisation and scaling)."""
+def _lfm2_ff_width(cfg: dict[str, Any]) -> int:
+    """Dense LFM2's FFN width as transformers' Lfm2MLP derives it from intermediate_size: with
+    block_auto_adjust_ff_dim two thirds of it and, with a block_ffn_dim_multiplier, times that and rounded up
+    to a multiple of block_multiple_of (transformers rounds only then; llama.cpp's converter always)."""
+    ff = int(_first(cfg, "block_ff_dim", "intermediate_size"))
+    if cfg.get("block_auto_adjust_ff_dim", True):
+        ff = int(2 * ff / 3)
+        if cfg.get("block_ffn_dim_multiplier") is not None:
+            ff = int(float(cfg["block_ffn_dim_multiplier"]) * ff)
+            multiple = int(cfg.get("block_multiple_of", 256))
+            ff = multiple * ((ff + multiple - 1) // multiple)
+    return ff
+
+
+def _lfm2_hparams(cfg: dict[str, Any], moe: bool) -> dict[str, Any]:
+    """LFM2 / LFM2-MoE: which layers are short convolutions, their kernel and biases; for the MoE its
+    leading dense layers and the sigmoid router (its expert bias, renormalisation and scaling)."""
     n_layer = int(cfg["num_hidden_layers"])
     types = cfg.get("layer_types")
+    if types is None and not moe and cfg.get("full_attn_idxs") is not None:  # older LFM2 configs
+        types = ["full_attention" if i in cfg["full_attn_idxs"] else "conv" for i in range(n_layer)]
     kinds = ("conv", "full_attention")
     if not isinstance(types, list) or len(types) != n_layer or any(t not in kinds for t in types):
         raise ConversionError(f"layer_types {types} are not {n_layer} of conv / full_attention")
     if "full_attention" not in types:
-        raise ConversionError("LFM2-MoE without any full_attention layer is not supported")
-    if cfg.get("conv_bias"):
-        raise ConversionError("conv_bias=True (biases in the short convolutions) is not supported")
+        raise ConversionError("LFM2 without any full_attention layer is not supported")
+    x: dict[str, Any] = {
+        "recurrent": [t == "conv" for t in types],
+        "conv_kernel": int(cfg.get("conv_L_cache", 3)),
+        "conv_bias": bool(cfg.get("conv_bias", False)),
+        "dense_lead": n_layer,
+    }
+    if not moe:
+        return x
     dense_lead = int(cfg.get("num_dense_layers", 2))
     if not 0 <= dense_lead < n_layer:
         raise ConversionError(f"num_dense_layers={dense_lead} leaves no MoE layer of {n_layer}")
     return {
-        "recurrent": [t == "conv" for t in types],
-        "conv_kernel": int(cfg.get("conv_L_cache", 3)),
+        **x,
         "dense_lead": dense_lead,
         "n_shared": 0,
         "scale": float(cfg.get("routed_scaling_factor", 1.0)),
@@ -667,7 +691,7 @@ def _hparams(cfg: dict[str, Any]) -> _Hparams:
         vocab_size=int(cfg["vocab_size"]),
         tie_embeddings=bool(cfg.get("tie_word_embeddings", mt in _GRANITE)),
     )
-    if mt != "llama":
+    if mt not in ("llama", "lfm2"):
         hp.n_expert = int(_first(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0))
         hp.n_expert_used = int(_first(cfg, "num_experts_per_tok", "top_k", default=0))
         if hp.n_expert <= 0 or not 0 < hp.n_expert_used <= hp.n_expert:
@@ -708,14 +732,17 @@ def _hparams(cfg: dict[str, Any]) -> _Hparams:
             )
     if gptoss:
         hp.extra = gptoss
-    if mt == "lfm2_moe":
-        hp.extra = _lfm2moe_hparams(cfg)
-        hp.n_ff_exp = int(cfg["moe_intermediate_size"])
-        hp.norm_topk = bool(cfg.get("norm_topk_prob", True))
+    if mt in _LFM2:
+        hp.extra = _lfm2_hparams(cfg, moe=mt == "lfm2_moe")
+        if mt == "lfm2":
+            hp.n_ff = _lfm2_ff_width(cfg)
+        else:
+            hp.n_ff_exp = int(cfg["moe_intermediate_size"])
+            hp.norm_topk = bool(cfg.get("norm_topk_prob", True))
         hp.rms_eps = float(cfg.get("norm_eps", 1e-5))
         hp.tie_embeddings = bool(_first(cfg, "tie_word_embeddings", "tie_embedding", default=True))
         if not _first(cfg, "rope_parameters", "rope_theta"):
-            hp.rope_theta = 1000000.0  # transformers' default_theta for LFM2-MoE
+            hp.rope_theta = 1000000.0  # transformers' default_theta for LFM2 and LFM2-MoE
     if mt == "granitemoeshared":
         hp.n_ff_shexp = int(cfg.get("shared_intermediate_size") or 0)
     if mt in _GRANITE:
@@ -964,16 +991,7 @@ def _plan_qwen35moe(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
             p.add(blk + "ssm_a", la + "A_log", transform=lambda w: _tiled_v_heads(-np.exp(w), 0, nk, nv, 1))
             p.add(blk + "ssm_norm.weight", la + "norm.weight", keep_f32=True)
         else:
-            at = pre + "self_attn."
-            for proj, gname in (
-                ("q_proj", "attn_q"),
-                ("k_proj", "attn_k"),
-                ("v_proj", "attn_v"),
-                ("o_proj", "attn_output"),
-            ):
-                p.add(f"{blk}{gname}.weight", f"{at}{proj}.weight")
-            p.add(blk + "attn_q_norm.weight", at + "q_norm.weight", keep_f32=True, transform=plus_one)
-            p.add(blk + "attn_k_norm.weight", at + "k_norm.weight", keep_f32=True, transform=plus_one)
+            _plan_attention(p, pre + "self_attn.", blk, "o_proj", ("q_norm", "k_norm"), plus_one)
         moe = pre + "mlp."
         p.add(blk + "ffn_gate_inp.weight", moe + "gate.weight", keep_f32=True)
         fused = moe + "experts.gate_up_proj"
@@ -1184,9 +1202,50 @@ def _plan_grouped_ffn(p: _Planner, ck: _Checkpoint, hp: _Hparams, pre: str, blk:
             p.add(f"{blk}{gname}.weight", f"{m}shared_experts.{proj}.weight")
 
 
-def _plan_lfm2moe(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
-    """LFM2-MoE under llama.cpp's tensor names: shortconv.* for the convolution layers (the conv kernel as
-    [C, K]), the final embedding_norm as token_embd_norm, the router's expert_bias as exp_probs_b."""
+def _plan_attention(
+    p: _Planner,
+    at: str,
+    blk: str,
+    out_proj: str,
+    qk_norms: tuple[str, str],
+    norm_transform: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> None:
+    """An attention block with per-head q/k RMSNorms under llama.cpp's names (Qwen3.5's, LFM2's): the four
+    projections of `at` (q/k/v_proj and `out_proj`) and its q and k norms (kept F32, through norm_transform
+    where the checkpoint stores them zero-centred)."""
+    for proj, gname in (
+        ("q_proj", "attn_q"),
+        ("k_proj", "attn_k"),
+        ("v_proj", "attn_v"),
+        (out_proj, "attn_output"),
+    ):
+        p.add(f"{blk}{gname}.weight", f"{at}{proj}.weight")
+    for hname, gname in zip(qk_norms, ("attn_q_norm", "attn_k_norm"), strict=True):
+        p.add(f"{blk}{gname}.weight", f"{at}{hname}.weight", keep_f32=True, transform=norm_transform)
+
+
+def _plan_short_conv(p: _Planner, ck: _Checkpoint, hp: _Hparams, cv: str, blk: str) -> None:
+    """LFM2's gated short convolution under llama.cpp's names (shortconv.*; the depthwise kernel [C, 1, K]
+    as [C, K]), with the in/conv/out biases of a conv_bias checkpoint."""
+    p.add(blk + "shortconv.in_proj.weight", cv + "in_proj.weight")
+    p.add(blk + "shortconv.out_proj.weight", cv + "out_proj.weight")
+    c, _, k = ck.shape(cv + "conv.weight")
+    p.add(
+        blk + "shortconv.conv.weight",
+        cv + "conv.weight",
+        keep_f32=True,
+        shape=(c, k),
+        transform=lambda w: w.reshape(w.shape[0], -1),
+    )
+    if hp.extra["conv_bias"]:
+        for part in ("in_proj", "conv", "out_proj"):
+            p.add(f"{blk}shortconv.{part}.bias", f"{cv}{part}.bias", keep_f32=True)
+
+
+def _plan_lfm2(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
+    """LFM2 and LFM2-MoE under llama.cpp's tensor names: shortconv.* for the convolution layers, the final
+    embedding_norm as token_embd_norm, the router's expert_bias as exp_probs_b. Dense LFM2 has
+    hp.extra["dense_lead"] = n_layer."""
     p = _Planner(ck, hp)
     x = hp.extra
     p.add("token_embd.weight", "model.embed_tokens.weight")
@@ -1195,47 +1254,19 @@ def _plan_lfm2moe(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
         p.add(blk + "attn_norm.weight", pre + "operator_norm.weight", keep_f32=True)
         p.add(blk + "ffn_norm.weight", pre + "ffn_norm.weight", keep_f32=True)
         if x["recurrent"][i]:
-            cv = pre + "conv."
-            p.add(blk + "shortconv.in_proj.weight", cv + "in_proj.weight")
-            p.add(blk + "shortconv.out_proj.weight", cv + "out_proj.weight")
-            c, _, k = ck.shape(cv + "conv.weight")
-            p.add(
-                blk + "shortconv.conv.weight",
-                cv + "conv.weight",
-                keep_f32=True,
-                shape=(c, k),
-                transform=lambda w: w.reshape(w.shape[0], -1),
-            )
+            _plan_short_conv(p, ck, hp, pre + "conv.", blk)
         else:
-            at = pre + "self_attn."
-            for proj, gname in (
-                ("q_proj", "attn_q"),
-                ("k_proj", "attn_k"),
-                ("v_proj", "attn_v"),
-                ("out_proj", "attn_output"),
-            ):
-                p.add(f"{blk}{gname}.weight", f"{at}{proj}.weight")
-            p.add(blk + "attn_q_norm.weight", at + "q_layernorm.weight", keep_f32=True)
-            p.add(blk + "attn_k_norm.weight", at + "k_layernorm.weight", keep_f32=True)
+            _plan_attention(p, pre + "self_attn.", blk, "out_proj", ("q_layernorm", "k_layernorm"))
         ff = pre + "feed_forward."
         if i < x["dense_lead"]:
+            if ck.shape(ff + "w1.weight") != (hp.n_ff, hp.n_embd):
+                raise ConversionError(
+                    f"{ff}w1.weight has shape {ck.shape(ff + 'w1.weight')}, expected {(hp.n_ff, hp.n_embd)}"
+                )
             for proj, gname in (("w1", "ffn_gate"), ("w3", "ffn_up"), ("w2", "ffn_down")):
                 p.add(f"{blk}{gname}.weight", f"{ff}{proj}.weight")
             continue
-        p.add(blk + "ffn_gate_inp.weight", ff + "gate.weight", keep_f32=True)
-        if ff + "expert_bias" in ck:
-            p.add(blk + "exp_probs_b.bias", ff + "expert_bias", keep_f32=True)
-        fused = ff + "experts.gate_up_proj"
-        if fused in ck:  # transformers' in-memory layout: gate_up [E, 2I, H] (gate first), down [E, H, I]
-            e, two_i, _ = ck.shape(fused)
-            half = two_i // 2
-            p.add_split_stacked(blk + "ffn_gate_exps.weight", fused, slice(0, half), half)
-            p.add_split_stacked(blk + "ffn_up_exps.weight", fused, slice(half, two_i), half)
-            p.add_whole_stacked(blk + "ffn_down_exps.weight", ff + "experts.down_proj")
-        else:  # as the Hub writes them: one tensor per expert and projection
-            for gname, proj in (("ffn_gate_exps", "w1"), ("ffn_up_exps", "w3"), ("ffn_down_exps", "w2")):
-                srcs = [f"{ff}experts.{e}.{proj}.weight" for e in range(hp.n_expert)]
-                p.add_stacked(f"{blk}{gname}.weight", srcs)
+        _plan_lfm2moe_ffn(p, ck, hp, ff, blk)
     p.add("token_embd_norm.weight", "model.embedding_norm.weight", keep_f32=True)
     if hp.tie_embeddings:
         ck.used.add("lm_head.weight")  # a tied copy saved anyway is not converted
@@ -1248,11 +1279,29 @@ def _plan_lfm2moe(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
     return p.out
 
 
+def _plan_lfm2moe_ffn(p: _Planner, ck: _Checkpoint, hp: _Hparams, ff: str, blk: str) -> None:
+    """An LFM2-MoE routed layer: router, its expert_bias as exp_probs_b, the stacked experts."""
+    p.add(blk + "ffn_gate_inp.weight", ff + "gate.weight", keep_f32=True)
+    if ff + "expert_bias" in ck:
+        p.add(blk + "exp_probs_b.bias", ff + "expert_bias", keep_f32=True)
+    fused = ff + "experts.gate_up_proj"
+    if fused in ck:  # transformers' in-memory layout: gate_up [E, 2I, H] (gate first), down [E, H, I]
+        e, two_i, _ = ck.shape(fused)
+        half = two_i // 2
+        p.add_split_stacked(blk + "ffn_gate_exps.weight", fused, slice(0, half), half)
+        p.add_split_stacked(blk + "ffn_up_exps.weight", fused, slice(half, two_i), half)
+        p.add_whole_stacked(blk + "ffn_down_exps.weight", ff + "experts.down_proj")
+    else:  # as the Hub writes them: one tensor per expert and projection
+        for gname, proj in (("ffn_gate_exps", "w1"), ("ffn_up_exps", "w3"), ("ffn_down_exps", "w2")):
+            srcs = [f"{ff}experts.{e}.{proj}.weight" for e in range(hp.n_expert)]
+            p.add_stacked(f"{blk}{gname}.weight", srcs)
+
+
 def _plan(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
     if hp.model_type in _QWEN35:
         return _plan_qwen35moe(ck, hp)
-    if hp.model_type == "lfm2_moe":
-        return _plan_lfm2moe(ck, hp)
+    if hp.model_type in _LFM2:
+        return _plan_lfm2(ck, hp)
     if hp.arch == "gemma4":
         return _plan_gemma4(ck, hp)
     p = _Planner(ck, hp)
@@ -1768,7 +1817,7 @@ def _write_metadata(w: Any, hp: _Hparams, vocab: _Vocab, name: str, out_type: st
         w.add_layer_norm_rms_eps(hp.rms_eps)
         _write_gemma4_metadata(w, hp)
     else:
-        if hp.model_type == "lfm2_moe":  # per layer, 0 for a convolution layer (which layers are which)
+        if hp.model_type in _LFM2:  # per layer, 0 for a convolution layer (which layers are which)
             w.add_head_count_kv([0 if r else hp.n_head_kv for r in hp.extra["recurrent"]])
         else:
             w.add_head_count_kv(hp.n_head_kv)
@@ -1829,7 +1878,7 @@ def _write_metadata(w: Any, hp: _Hparams, vocab: _Vocab, name: str, out_type: st
         # the installed gguf package predates these two keys' helpers: written by name
         w.add_array(f"{hp.arch}.attention.recurrent_layers", [bool(r) for r in x["recurrent"]])
         w.add_array(f"{hp.arch}.rope.dimension_sections", [int(v) for v in x["sections"]])
-    if hp.model_type == "lfm2_moe":
+    if hp.model_type in _LFM2:
         w.add_shortconv_l_cache(hp.extra["conv_kernel"])
     if hp.model_type in _GRANITE:
         w.add_attention_scale(hp.extra["attention_scale"])

@@ -93,6 +93,11 @@ CASES = [
     ("lfm2moe", {"lfm2moe.leading_dense_block_count": (5, U32)}, "lfm2moe.leading_dense_block_count = 5"),
     ("lfm2moe", {"lfm2moe.expert_group_count": (4, U32)}, "does not divide lfm2moe.expert_count 6"),
     ("lfm2moe", {"lfm2moe.expert_weights_scale": (0.0, F32)}, "lfm2moe.expert_weights_scale = 0"),
+    ("lfm2", {"lfm2.expert_count": (4, U32), "lfm2.expert_used_count": (2, U32)}, "lfm2 is dense (LFM2-MoE"),
+    ("lfm2", {"lfm2.shortconv.l_cache": None}, "lfm2.shortconv.l_cache is missing"),
+    ("lfm2", {"lfm2.attention.head_count_kv": ([0] * 4, V.ARRAY, U32)}, "marks every layer a conv"),
+    ("lfm2", {"lfm2.feed_forward_length": (144, U32)}, "feed_forward_length 144 disagrees"),
+    ("lfm2_bias", {"lfm2.shortconv.l_cache": (3, U32)}, "blk.1.shortconv.conv.weight has shape"),
 ]
 
 
@@ -114,6 +119,21 @@ def test_unmodified_copy_loads(tiny_zoo: Any, colibri: Any, tmp_path: Path, name
     good = dequantized_copy(tiny_zoo.gguf(name, "f32"), tmp_path / "good.gguf")
     with colibri.load(good, threads=1, context_length=64) as model:
         assert model.logits([5, 6, 7]).shape[0] == 3
+
+
+@pytest.mark.parametrize("name", ["lfm2_bias", "lfm2moe_bias"])
+def test_partial_conv_biases_refused(tiny_zoo: Any, colibri: Any, tmp_path: Path, name: str) -> None:
+    """conv_bias gives a short convolution all three biases (in_proj, conv, out_proj) or none: a file with
+    only some of them is refused naming the layer, not run with the others silently zero."""
+    from colibri_backend.errors import EngineError
+
+    layer = tm.SPEC_BY_NAME[name].config["layer_types"].index("conv")
+    drop = frozenset({f"blk.{layer}.shortconv.conv.bias"})
+    bad = dequantized_copy(tiny_zoo.gguf(name, "f32"), tmp_path / "bad.gguf", drop=drop)
+    with pytest.raises(EngineError) as err:
+        colibri.load(bad, threads=1, context_length=64)
+    tm.report(f"{name} without blk.{layer}.shortconv.conv.bias: {err.value}")
+    assert f"layer {layer} has 2 of the 3 short-convolution biases" in str(err.value)
 
 
 @pytest.mark.parametrize("name", ["deepseek_v2", "glm4_moe_lite"])

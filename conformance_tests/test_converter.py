@@ -251,8 +251,8 @@ def test_metadata_tokenizer_and_alignment(tiny_zoo: Any, name: str) -> None:
     assert f[f"{arch}.attention.head_count"] == cfg["num_attention_heads"]
     if deepseek:
         _check_deepseek_metadata(f, cfg, spec.model_type)
-    elif arch == "lfm2moe":
-        _check_lfm2moe_metadata(f, cfg)
+    elif arch in ("lfm2", "lfm2moe"):
+        _check_lfm2_metadata(f, cfg, arch)
     else:
         assert f[f"{arch}.attention.head_count_kv"] == cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -267,7 +267,7 @@ def test_metadata_tokenizer_and_alignment(tiny_zoo: Any, name: str) -> None:
         assert f[f"{arch}.attention.value_length"] == head_dim
     theta = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta"))
     assert math.isclose(f[f"{arch}.rope.freq_base"], theta)
-    eps = cfg["norm_eps"] if arch == "lfm2moe" else cfg["rms_norm_eps"]
+    eps = cfg["norm_eps"] if arch in ("lfm2", "lfm2moe") else cfg["rms_norm_eps"]
     assert math.isclose(f[f"{arch}.attention.layer_norm_rms_epsilon"], eps, rel_tol=1e-6)
     n_expert = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
     if n_expert:
@@ -357,21 +357,28 @@ def _check_deepseek_metadata(f: dict[str, Any], cfg: dict[str, Any], model_type:
     assert math.isclose(f["deepseek2.expert_weights_scale"], cfg["routed_scaling_factor"], rel_tol=1e-6)
 
 
-def _check_lfm2moe_metadata(f: dict[str, Any], cfg: dict[str, Any]) -> None:
-    """lfm2moe's keys, as llama.cpp's converter writes them: KV heads per layer (0 for a convolution layer),
-    the convolution's kernel, leading dense layers and the sigmoid router."""
+def _check_lfm2_metadata(f: dict[str, Any], cfg: dict[str, Any], arch: str) -> None:
+    """lfm2's / lfm2moe's keys, as llama.cpp's converter writes them: KV heads per layer (0 for a convolution
+    layer), the convolution's kernel, the FFN width (dense LFM2: transformers' adjusted one) and, for the MoE,
+    leading dense layers and the sigmoid router."""
     kv = [0 if t == "conv" else cfg["num_key_value_heads"] for t in cfg["layer_types"]]
-    assert list(f["lfm2moe.attention.head_count_kv"]) == kv
-    want = {
-        "shortconv.l_cache": cfg["conv_L_cache"],
-        "leading_dense_block_count": cfg["num_dense_layers"],
-        "expert_feed_forward_length": cfg["moe_intermediate_size"],
-        "feed_forward_length": cfg["intermediate_size"],
-        "expert_gating_func": 2,
-    }
+    assert list(f[f"{arch}.attention.head_count_kv"]) == kv
+    want = {"shortconv.l_cache": cfg["conv_L_cache"]}
+    if arch == "lfm2":
+        want["feed_forward_length"] = tm.lfm2_ff_width(cfg)
+        assert f"{arch}.expert_count" not in f
+    else:
+        want.update(
+            {
+                "leading_dense_block_count": cfg["num_dense_layers"],
+                "expert_feed_forward_length": cfg["moe_intermediate_size"],
+                "feed_forward_length": cfg["intermediate_size"],
+                "expert_gating_func": 2,
+            }
+        )
+        assert math.isclose(f["lfm2moe.expert_weights_scale"], cfg["routed_scaling_factor"], rel_tol=1e-6)
     for key, value in want.items():
-        assert f[f"lfm2moe.{key}"] == value, f"lfm2moe.{key} = {f[f'lfm2moe.{key}']}, expected {value}"
-    assert math.isclose(f["lfm2moe.expert_weights_scale"], cfg["routed_scaling_factor"], rel_tol=1e-6)
+        assert f[f"{arch}.{key}"] == value, f"{arch}.{key} = {f[f'{arch}.{key}']}, expected {value}"
 
 
 def _check_glm4moe_metadata(f: dict[str, Any], cfg: dict[str, Any]) -> None:

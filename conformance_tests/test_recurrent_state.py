@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tiny_models as tm
 
-SPECS = [s.name for s in tm.SPECS if s.model_type in ("qwen3_5_moe_text", "lfm2_moe")]
+SPECS = [s.name for s in tm.SPECS if s.model_type in ("qwen3_5_moe_text", "lfm2", "lfm2_moe")]
 N_POS = 48
 
 
@@ -129,6 +129,71 @@ def test_mtp_block_loaded_and_ignored(tiny_zoo: Any, colibri: Any) -> None:
     assert fields["qwen35moe.block_count"].contents() == spec.config["num_hidden_layers"] + 1
     with colibri.load(path, threads=1, context_length=64) as model:
         assert model.info.n_layer == spec.config["num_hidden_layers"]
+
+
+def test_mtp_block_left_out_of_the_memory_plan(tiny_zoo: Any, colibri: Any) -> None:
+    """The multi-token-prediction block of llama.cpp's file is never run, so the memory plan holds none of
+    it: resident and expert bytes are the trunk's tensors alone, the store's slots and per-expert tables are
+    sized for the trunk's layers, and a 25% budget streams the same logits as the whole model."""
+    from gguf import GGUFReader
+
+    from colibri_backend import LoadOptions
+    from colibri_backend.engine import plan_memory
+
+    spec = tm.SPEC_BY_NAME["qwen35moe"]
+    n_layer = spec.config["num_hidden_layers"]
+    path = tiny_zoo.gguf("qwen35moe", "f32", "llama.cpp")
+    tensors = GGUFReader(path).tensors
+    mtp = [t for t in tensors if t.name.startswith(f"blk.{n_layer}.")]
+    assert any(t.name.endswith("_exps.weight") for t in mtp), "llama.cpp's file has no MTP experts"
+    assert any(t.name.endswith("nextn.eh_proj.weight") for t in mtp)
+    trunk = [t for t in tensors if t not in mtp]
+    experts = sum(int(t.n_bytes) for t in trunk if t.name.endswith("_exps.weight"))
+    resident = sum(int(t.n_bytes) for t in trunk if not t.name.endswith("_exps.weight"))
+    everything = plan_memory(str(path), LoadOptions(context_length=64, threads=1))
+    tm.report(
+        f"qwen35moe (llama.cpp's file, {len(mtp)} MTP tensors of "
+        f"{sum(int(t.n_bytes) for t in mtp)} B): plan resident {everything['resident_weight_bytes']} "
+        f"expert {everything['expert_total_bytes']} (trunk {resident} / {experts})"
+    )
+    assert everything["resident_weight_bytes"] == resident
+    assert everything["expert_total_bytes"] == experts
+    assert everything["n_expert_total"] == n_layer * spec.config["num_experts"]
+    # the store of Colibri's file (no MTP block) and of llama.cpp's plan the same slot bytes
+    ours = plan_memory(str(tiny_zoo.gguf("qwen35moe", "f32")), LoadOptions(context_length=64, threads=1))
+    assert everything["expert_slot_bytes"] == ours["expert_slot_bytes"]
+    assert everything["expert_total_bytes"] == ours["expert_total_bytes"]
+
+    ids = tm.token_ids(tiny_zoo.checkpoint("qwen35moe"), 48, seed=2)
+    with colibri.load(path, threads=1, context_length=64) as model:
+        full = model.logits(ids)
+    quarter = max(spec.config["num_experts_per_tok"], n_layer * spec.config["num_experts"] // 4)
+    with colibri.load(path, threads=1, context_length=64, expert_slots=quarter) as model:
+        plan = model.memory_plan()
+        streamed = model.logits(ids)
+    assert plan["n_expert_slots"] == quarter and not plan["all_resident"]
+    assert np.array_equal(full, streamed)
+
+
+def test_mtp_block_pages_given_back_and_verify_passes(tiny_zoo: Any, colibri: Any, tmp_path: Path) -> None:
+    """The resident copy gives the MTP block's pages back after the load, and the digest check of the
+    engine's copy (verify=True, `colibri verify`'s sidecar) leaves those never-held tensors out: a file with
+    digests loads and runs, all-resident and streamed, with the same logits."""
+    import shutil
+
+    from colibri_backend import cli
+
+    src = tiny_zoo.gguf("qwen35moe", "f32", "llama.cpp")
+    path = tmp_path / src.name
+    shutil.copyfile(src, path)
+    assert cli.main(["verify", "--write", str(path)]) == 0
+    ids = tm.token_ids(tiny_zoo.checkpoint("qwen35moe"), 16, seed=4)
+    runs = []
+    for slots in (0, 8):
+        opts = {"expert_slots": slots} if slots else {"memory_budget": 0}
+        with colibri.load(path, threads=1, context_length=64, verify=True, **opts) as model:
+            runs.append(model.logits(ids))
+    assert np.array_equal(runs[0], runs[1])
 
 
 def test_vision_language_checkpoint_converts_its_text_model(tiny_zoo: Any, tmp_path: Path) -> None:

@@ -349,7 +349,7 @@ def test_batched_requests_restore_stored_prefixes(tiny_zoo: Any, colibri: Any, n
     assert cached == save_point(len(turn1), reach)
 
 
-@pytest.mark.parametrize("spec", ["qwen35moe", "lfm2moe"])
+@pytest.mark.parametrize("spec", ["qwen35moe", "lfm2moe", "lfm2_bias"])
 def test_recurrent_sequences_batched_equal_alone(tiny_zoo: Any, colibri: Any, spec: str) -> None:
     """Three prompts of a model with recurrent state (Qwen3.5-MoE's Gated DeltaNet, LFM2's short
     convolutions) joining at different steps, prefilled in chunks of 5 beside the others' decode tokens:

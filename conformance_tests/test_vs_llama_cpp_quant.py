@@ -3,8 +3,8 @@
 For each type mix (Q2_K, Q3_K_M, Q4_K_M, Q4_K_S, Q5_K_M, Q6_K, Q5_0, Q5_1, IQ4_NL, IQ4_XS, MXFP4) and two
 models — the trained MoE (tools/train_moe/release: realistic routing; rows of 128 and 256, so a mix of
 K-quants and llama.cpp's Q5_0/Q5_1 fallbacks) and a tiny random Mixtral whose rows are all 256 long (so the
-K-quants and IQ4_XS are used for every matrix) — plus Q4_K_M and Q6_K of a tiny LFM2-MoE with rows of 256,
-the F32 conversion is quantized by llama.cpp, then run
+K-quants and IQ4_XS are used for every matrix) — plus Q4_K_M and Q6_K of a tiny LFM2-MoE and Q4_K_M of a
+tiny dense LFM2, both with rows of 256, the F32 conversion is quantized by llama.cpp, then run
 teacher-forced over N_TOKENS tokens by llama.cpp (one batched pass, and token by token) and by Colibri, and
 the file's exact math is computed (every tensor dequantized by the gguf package to F32, run by Colibri's F32
 path). Asserted, per file:
@@ -84,9 +84,16 @@ WIDE_SPECS = {
         },
         seed=31,
     ),
+    # dense LFM2 with rows of 256 (its FFN: 2/3 x 384 = 256)
+    "lfm2_256": dataclasses.replace(
+        tm.SPEC_BY_NAME["lfm2"],
+        name="lfm2_256",
+        config={**tm.SPEC_BY_NAME["lfm2"].config, "hidden_size": 256, "intermediate_size": 384},
+        seed=34,
+    ),
 }
 MODELS = ("trained_moe", "mixtral256")
-EXTRA_CASES = (("Q4_K_M", "lfm2moe256"), ("Q6_K", "lfm2moe256"))
+EXTRA_CASES = (("Q4_K_M", "lfm2moe256"), ("Q6_K", "lfm2moe256"), ("Q4_K_M", "lfm2_256"))
 
 
 def _llama_cpp() -> Any:

@@ -772,6 +772,86 @@ SPECS += [
         notes="LFM2-MoE: conv kernel 4, no dense lead, no expert bias, top-k not renormalised, routed scale "
         "1.7, head_dim 24 != hidden/heads, GQA 4, 8 experts top-3, untied",
     ),
+    TinySpec(
+        "lfm2moe_bias",
+        "lfm2_moe",
+        dict(
+            _LFM2MOE,
+            conv_bias=True,
+            num_hidden_layers=4,
+            layer_types=["conv", "full_attention", "conv", "full_attention"],
+            num_key_value_heads=2,
+            num_dense_layers=1,
+            num_experts=6,
+            num_experts_per_tok=2,
+            conv_L_cache=3,
+            use_expert_bias=True,
+            norm_topk_prob=True,
+            routed_scaling_factor=1.0,
+            vocab_size=1013,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        ),
+        seed=31,
+        # llama.cpp's converter squeezes every conv.conv tensor's dimension 1, which the 1-D conv bias lacks
+        # (IndexError), and its engine loads no short-convolution bias
+        llama_cpp_compatible=False,
+        llama_cpp_converts=False,
+        notes="LFM2-MoE with conv_bias: biases on the short convolutions' in projection, kernel and out "
+        "projection; otherwise lfm2moe's shape (one dense lead layer, expert bias, tied)",
+    ),
+]
+# Dense LFM2 (lfm2): the same two layer kinds, a SwiGLU in every layer whose width transformers derives from
+# intermediate_size (block_auto_adjust_ff_dim: 2/3 of it; with block_ffn_dim_multiplier, times that, rounded
+# up to block_multiple_of).
+_LFM2 = dict(
+    _LFM2MOE,
+    intermediate_size=144,
+    block_multiple_of=32,
+    block_auto_adjust_ff_dim=True,
+    block_ffn_dim_multiplier=1.0,  # transformers 5 requires a number here (the Hub's configs have 1.0)
+)
+del _LFM2["moe_intermediate_size"]
+SPECS += [
+    TinySpec(
+        "lfm2",
+        "lfm2",
+        dict(
+            _LFM2,
+            num_hidden_layers=4,
+            layer_types=["conv", "conv", "full_attention", "conv"],
+            num_key_value_heads=2,
+            conv_L_cache=3,
+            vocab_size=1013,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        ),
+        seed=32,
+        notes="LFM2 (dense): 3 short-conv layers (kernel 3) and 1 attention layer, GQA 2, "
+        "FFN 2/3 x 144 = 96, tied, vocab 1013",
+    ),
+    TinySpec(
+        "lfm2_bias",
+        "lfm2",
+        dict(
+            _LFM2,
+            conv_bias=True,
+            num_hidden_layers=3,
+            layer_types=["full_attention", "conv", "conv"],
+            num_key_value_heads=1,
+            conv_L_cache=4,
+            block_ffn_dim_multiplier=1.5,
+            vocab_size=1000,
+            tie_word_embeddings=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+        seed=33,
+        # llama.cpp converts no conv_bias checkpoint (as lfm2moe_bias)
+        llama_cpp_compatible=False,
+        llama_cpp_converts=False,
+        notes="LFM2 (dense) with conv_bias, conv kernel 4, FFN multiplier 1.5 (144 -> 96 -> 144), GQA 4, "
+        "attention first, untied",
+    ),
 ]
 SPEC_BY_NAME = {s.name: s for s in SPECS}
 
@@ -951,6 +1031,7 @@ _ARCH_CLASS = {
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "glm4_moe": "Glm4MoeForCausalLM",
     "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
+    "lfm2": "Lfm2ForCausalLM",
     "lfm2_moe": "Lfm2MoeForCausalLM",
 }
 
@@ -1028,8 +1109,8 @@ def make_weights(spec: TinySpec) -> dict[str, np.ndarray]:
         return _qwen35_weights(spec, w, rng, lin)
     if mt == "gemma4_text":
         return _gemma4_weights(spec, w, lin, norm)
-    if mt == "lfm2_moe":
-        return _lfm2moe_weights(spec, w, rng, lin, norm)
+    if mt in ("lfm2", "lfm2_moe"):
+        return _lfm2_weights(spec, w, rng, lin, norm, bias)
     for i in range(c["num_hidden_layers"]):
         p = f"model.layers.{i}."
         w[p + "input_layernorm.weight"] = norm(hidden)
@@ -1176,19 +1257,37 @@ def _qwen35_weights(
     return w
 
 
-def _lfm2moe_weights(
+def lfm2_ff_width(c: dict[str, Any]) -> int:
+    """Dense LFM2's FFN width from its config, by transformers' Lfm2MLP rule (written out here, not taken
+    from the converter under test; transformers refuses the checkpoint when the two disagree)."""
+    ff = c["intermediate_size"]
+    if c.get("block_auto_adjust_ff_dim"):
+        ff = int(2 * ff / 3)
+        if c.get("block_ffn_dim_multiplier") is not None:  # transformers rounds up only with a multiplier
+            ff, m = int(c["block_ffn_dim_multiplier"] * ff), c["block_multiple_of"]
+            ff = m * -(-ff // m)
+    return ff
+
+
+def _lfm2_weights(
     spec: TinySpec,
     w: dict[str, np.ndarray],
     rng: np.random.Generator,
     lin: Callable[..., np.ndarray],
     norm: Callable[[int], np.ndarray],
+    bias: Callable[[int], np.ndarray],
 ) -> dict[str, np.ndarray]:
-    """LFM2-MoE as its Hub checkpoints store it (one tensor per expert: w1 gate, w3 up, w2 down); the short
-    convolutions' B, C and x rows at unit variance, so B * x and C * conv keep unit scale too."""
+    """LFM2 and LFM2-MoE as their Hub checkpoints store them (one tensor per expert: w1 gate, w3 up, w2 down);
+    the short convolutions' B, C and x rows at unit variance, so B * x and C * conv keep unit scale too.
+    Dense LFM2 has a dense FFN in every layer."""
     c = spec.config
     hidden, n_head = c["hidden_size"], c["num_attention_heads"]
     n_kv, hd = c["num_key_value_heads"], c.get("head_dim") or hidden // n_head
-    kern, n_exp, ff = c["conv_L_cache"], c["num_experts"], c["moe_intermediate_size"]
+    kern = c["conv_L_cache"]
+    moe = spec.model_type == "lfm2_moe"
+    n_exp, ff = (c["num_experts"], c["moe_intermediate_size"]) if moe else (0, 0)
+    n_dense = c["num_dense_layers"] if moe else c["num_hidden_layers"]
+    dense_ff = c["intermediate_size"] if moe else lfm2_ff_width(c)
     for i, kind in enumerate(c["layer_types"]):
         p = f"model.layers.{i}."
         w[p + "operator_norm.weight"] = norm(hidden)
@@ -1198,6 +1297,10 @@ def _lfm2moe_weights(
             taps = rng.standard_normal((hidden, 1, kern)) / math.sqrt(kern)
             w[p + "conv.conv.weight"] = taps.astype(np.float32)
             w[p + "conv.out_proj.weight"] = lin(hidden, hidden, BRANCH_GAIN)
+            if c.get("conv_bias"):
+                w[p + "conv.in_proj.bias"] = bias(3 * hidden)
+                w[p + "conv.conv.bias"] = bias(hidden)
+                w[p + "conv.out_proj.bias"] = bias(hidden)
         else:
             a = p + "self_attn."
             w[a + "q_proj.weight"] = lin(n_head * hd, hidden)
@@ -1207,10 +1310,10 @@ def _lfm2moe_weights(
             w[a + "q_layernorm.weight"] = norm(hd)
             w[a + "k_layernorm.weight"] = norm(hd)
         f = p + "feed_forward."
-        if i < c["num_dense_layers"]:
-            w[f + "w1.weight"] = lin(c["intermediate_size"], hidden)
-            w[f + "w3.weight"] = lin(c["intermediate_size"], hidden)
-            w[f + "w2.weight"] = lin(hidden, c["intermediate_size"], BRANCH_GAIN)
+        if i < n_dense:
+            w[f + "w1.weight"] = lin(dense_ff, hidden)
+            w[f + "w3.weight"] = lin(dense_ff, hidden)
+            w[f + "w2.weight"] = lin(hidden, dense_ff, BRANCH_GAIN)
             continue
         # unit gain, not ROUTER_GAIN: the choice is made on sigmoid scores, which saturate near 1 for sharper
         # logits, so several experts would tie at ~1 and 8-bit activation rounding would flip between them

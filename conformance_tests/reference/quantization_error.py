@@ -25,11 +25,13 @@ sys.path.insert(0, str(HERE.parent))
 import tiny_models as tm  # noqa: E402
 
 
-def dequantized_copy(src: Path, dst: Path, overrides: dict[str, Any] | None = None) -> Path:
+def dequantized_copy(
+    src: Path, dst: Path, overrides: dict[str, Any] | None = None, drop: frozenset[str] = frozenset()
+) -> Path:
     """Write `src` with every tensor as F32 (metadata unchanged except general.file_type).
 
     overrides: metadata to change, key -> (value, gguf.GGUFValueType[, array element type]), or None to drop
-    the key (bad-input tests write inconsistent files this way)."""
+    the key; drop: tensors to leave out (bad-input tests write inconsistent files this way)."""
     import gguf
     from gguf.quants import dequantize
 
@@ -57,6 +59,8 @@ def dequantized_copy(src: Path, dst: Path, overrides: dict[str, Any] | None = No
         sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(key, field.contents(), vtype, sub_type=sub)
     for t in reader.tensors:
+        if t.name in drop:
+            continue
         shape = tuple(int(d) for d in reversed(t.shape))
         values = dequantize(np.asarray(t.data), t.tensor_type).reshape(shape)
         writer.add_tensor(t.name, values.astype(np.float32))

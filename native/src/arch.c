@@ -5,7 +5,7 @@
 #include <string.h>
 
 extern const arch_desc arch_llama, arch_qwen2moe, arch_qwen3moe, arch_olmoe, arch_granitemoe,
-    arch_gptoss, arch_qwen35moe, arch_gemma4, arch_deepseek2, arch_glm4moe, arch_lfm2moe;
+    arch_gptoss, arch_qwen35moe, arch_gemma4, arch_deepseek2, arch_glm4moe, arch_lfm2, arch_lfm2moe;
 
 static const arch_desc *const table[] = {
     &arch_llama,
@@ -18,6 +18,7 @@ static const arch_desc *const table[] = {
     &arch_gemma4,
     &arch_deepseek2,
     &arch_glm4moe,
+    &arch_lfm2,
     &arch_lfm2moe,
 };
 

@@ -11,6 +11,7 @@
 
 #include "alloc.h"
 #include "error.h"
+#include "model.h"
 
 #define P1 0x9E3779B185EBCA87ull
 #define P2 0xC2B2AE3D27D4EB4Full
@@ -288,14 +289,14 @@ static void report_bad(char *report, size_t cap, const char *name, int64_t exper
     if (n > 0 && used + (size_t)n < cap) memcpy(report + used, line, (size_t)n + 1);
 }
 
-colibri_status digest_report(const gguf_file *f, const digest_table *d, const uint64_t *value, int resident_only,
+colibri_status digest_report(const gguf_file *f, const digest_table *d, const uint64_t *value, int32_t resident_blocks,
                              char *report, size_t cap, int32_t *n_bad) {
     *n_bad = 0;
     if (report && cap) report[0] = '\0';
     for (uint64_t i = 0; i < f->n_tensors; i++) {
         const gguf_tensor *t = &f->tensors[i];
         const int per = digest_per_expert(t);
-        if (per && resident_only) continue;
+        if (resident_blocks > 0 && (per || model_block_of(t->name) >= resident_blocks)) continue;
         const uint64_t n = per ? t->ne[2] : 1;
         for (uint64_t e = 0; e < n; e++) {
             uint64_t got;

@@ -67,9 +67,11 @@ void digest_table_free(digest_table *d);
 /* Expected digest of tensor i, or of expert e of it when it is per-expert (e ignored otherwise). */
 uint64_t digest_expected(const digest_table *d, uint64_t tensor, uint64_t e);
 /* Compare against d: value[n_digests] digests computed from the file, or (value NULL) the
- * tensors' bytes as f maps them now; resident_only skips stacked experts. Names of the tensors
- * that differ ("NAME" or "NAME expert E", one a line) go to report[cap]; *n_bad counts them. */
-colibri_status digest_report(const gguf_file *f, const digest_table *d, const uint64_t *value, int resident_only,
+ * tensors' bytes as f maps them now. resident_blocks 0: every tensor; > 0: the engine's copy of a
+ * model that runs that many blocks, without the stacked experts and the blocks after them (not
+ * held, model_tensor_runs). Names of the tensors that differ ("NAME" or "NAME expert E", one a
+ * line) go to report[cap]; *n_bad counts them. */
+colibri_status digest_report(const gguf_file *f, const digest_table *d, const uint64_t *value, int32_t resident_blocks,
                              char *report, size_t cap, int32_t *n_bad);
 
 #endif

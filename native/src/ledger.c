@@ -30,6 +30,7 @@ colibri_status ledger_plan(const struct colibri_model *m, const colibri_context_
     o->model_table_bytes = (size_t)hp->n_layer * sizeof(layer_weights) + sizeof *m;
     for (uint64_t i = 0; i < m->file.n_tensors; i++) {
         const gguf_tensor *t = &m->file.tensors[i];
+        if (!model_tensor_runs(m, t)) continue; /* multi-token prediction: never read nor held */
         if (is_expert_tensor(t->name)) o->expert_total_bytes += t->nbytes;
         else o->resident_weight_bytes += t->nbytes;
         if (t->ne[1] == 1 && t->ne[2] == 1 && t->ne[3] == 1) o->model_table_bytes += t->ne[0] * sizeof(float);
@@ -135,7 +136,7 @@ static int lock_ranges(struct colibri_model *m, int lock) {
             len = m->file.data_offset;
         } else {
             const gguf_tensor *t = &m->file.tensors[i];
-            if (is_expert_tensor(t->name)) continue;
+            if (is_expert_tensor(t->name) || !model_tensor_runs(m, t)) continue;
             off = t->offset;
             len = t->nbytes;
         }

@@ -342,6 +342,7 @@ colibri_status model_load(const char *path, struct colibri_model **out) {
         model_free(m);
         return st;
     }
+    resident_drop_unrun(m);
     count_params(m);
     cb_clear_error();
     *out = m;
@@ -368,6 +369,17 @@ void model_fill_info(const struct colibri_model *m, colibri_model_info *o) {
     o->eos_token_id = hp->eos_token_id;
     o->n_params = m->n_params;
     o->file_bytes = m->file.size;
+}
+
+int model_block_of(const char *name) {
+    if (strncmp(name, "blk.", 4) != 0) return -1;
+    int b = 0, digits = 0;
+    for (const char *p = name + 4; *p >= '0' && *p <= '9' && digits < 9; p++, digits++) b = b * 10 + (*p - '0');
+    return digits > 0 && name[4 + digits] == '.' ? b : -1;
+}
+
+int model_tensor_runs(const struct colibri_model *m, const gguf_tensor *t) {
+    return model_block_of(t->name) < m->hp.n_layer;
 }
 
 expert_view model_expert_view(const struct colibri_model *m, int layer, int e) {

@@ -109,10 +109,12 @@ typedef struct layer_weights {
     float *la_dt;                    /* ssm_dt.bias [H] */
     float *la_a;                     /* ssm_a [H] = -exp(A_log) */
     float *la_norm;                  /* ssm_norm [dv], the gated RMSNorm's weight */
-    /* LFM2's short convolution (lfm2moe; recurrent != 0, the layer has no KV; short_conv.c) */
+    /* LFM2's short convolution (lfm2, lfm2moe; recurrent != 0, the layer has no KV; short_conv.c) */
     mat sc_in;                       /* shortconv.in_proj [3 * n_embd][n_embd]: rows B, then C, then x */
     mat sc_out;                      /* shortconv.out_proj [n_embd][n_embd] */
     float *sc_conv;                  /* shortconv.conv [n_embd][K] taps, the last one for the current token */
+    float *sc_in_b, *sc_conv_b;      /* [3 * n_embd], [n_embd] biases (conv_bias), NULL if absent */
+    float *sc_out_b;                 /* [n_embd] out_proj bias (conv_bias), NULL if absent */
     float *exp_probs_b;              /* [n_expert] selection bias of ROUTER_GROUPED, NULL if none */
     /* multi-head latent attention (hp.mla_kv_lora > 0; attention_mla.c). H = n_head, R = n_rot,
      * C = mla_kv_lora, N = mla_nope, V = mla_v, Q = mla_q_lora. The query is wq [H*(N+R)][E], or
@@ -208,5 +210,12 @@ void model_fill_info(const struct colibri_model *m, colibri_model_info *out);
 /* Expert e of layer l: views into the stacked tensors. The single point through which the
  * forward pass reaches expert weights, so an expert store can replace it. */
 expert_view model_expert_view(const struct colibri_model *m, int layer, int e);
+
+/* N of a tensor named blk.N.*, -1 for any other name. */
+int model_block_of(const char *name);
+/* 0 for a tensor the forward pass never reads: one of the blocks after the n_layer that run (the
+ * multi-token-prediction blocks llama.cpp's converter appends, hp.n_nextn). The memory plan,
+ * the resident copy and the expert store leave those out. */
+int model_tensor_runs(const struct colibri_model *m, const gguf_tensor *t);
 
 #endif

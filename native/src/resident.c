@@ -161,17 +161,29 @@ static void inner_pages(uint64_t off, uint64_t len, uint64_t *lo, uint64_t *hi) 
     if (*hi < *lo) *hi = *lo;
 }
 
-static void drop_experts(struct colibri_model *m) {
+/* The pages of every tensor `drop` picks: private anonymous pages, dropped, and zero if anything
+ * read them again. */
+static void drop_tensors(struct colibri_model *m, int (*drop)(const struct colibri_model *, const gguf_tensor *)) {
     gguf_file *f = &m->file;
     for (uint64_t i = 0; i < f->n_tensors; i++) {
         const gguf_tensor *t = &f->tensors[i];
-        if (!is_expert(t)) continue;
+        if (!drop(m, t)) continue;
         uint64_t lo, hi;
         inner_pages(t->offset, t->nbytes, &lo, &hi);
-        /* private anonymous pages: dropped, and zero if anything read them again */
         if (hi > lo) madvise((void *)(f->map + lo), (size_t)(hi - lo), MADV_DONTNEED);
     }
 }
+
+static int is_expert_of(const struct colibri_model *m, const gguf_tensor *t) {
+    (void)m;
+    return is_expert(t);
+}
+
+static void drop_experts(struct colibri_model *m) { drop_tensors(m, is_expert_of); }
+
+static int never_run(const struct colibri_model *m, const gguf_tensor *t) { return !model_tensor_runs(m, t); }
+
+void resident_drop_unrun(struct colibri_model *m) { drop_tensors(m, never_run); }
 
 colibri_status resident_experts_acquire(struct colibri_model *m) {
     struct resident_state *r = m->resident;
@@ -187,7 +199,7 @@ colibri_status resident_experts_acquire(struct colibri_model *m) {
     colibri_status st = COLIBRI_OK;
     for (uint64_t i = 0; !st && i < f->n_tensors; i++) {
         const gguf_tensor *t = &f->tensors[i];
-        if (!is_expert(t) || t->nbytes == 0) continue;
+        if (!is_expert(t) || t->nbytes == 0 || !model_tensor_runs(m, t)) continue;
         const uint64_t lo = t->offset / page * page, hi = (t->offset + t->nbytes + page - 1) / page * page;
         mprotect(base + lo, (size_t)(hi - lo), PROT_READ | PROT_WRITE);
         const int err = copy_range(r, base, t->offset, t->nbytes);
@@ -247,5 +259,5 @@ colibri_status colibri_model_verify(const colibri_model *model, char *report, si
         return cb_error(COLIBRI_E_UNSUPPORTED, "%s has no digests (%s.digests); write them with `colibri verify --write`",
                         model->path, model->path);
     /* the engine's own copy, as the forward pass will read it: no file I/O */
-    return digest_report(&model->file, d, NULL, 1, report, cap, n_bad);
+    return digest_report(&model->file, d, NULL, model->hp.n_layer, report, cap, n_bad);
 }

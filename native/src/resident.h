@@ -20,6 +20,10 @@ struct digest_table;
 colibri_status resident_load(struct colibri_model *m);
 void resident_free(struct colibri_model *m);
 
+/* After the layers are read: give back the copied pages of the tensors the model never runs
+ * (model_tensor_runs), which the memory plan does not count. */
+void resident_drop_unrun(struct colibri_model *m);
+
 /* A context that keeps every expert resident holds them (reference counted; the first reads
  * them and checks their digests, the last release gives their pages back). */
 colibri_status resident_experts_acquire(struct colibri_model *m);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "colibri.h"
+#include "model.h"
 #include "test_util.h"
 
 
@@ -366,6 +367,17 @@ static void test_bad_files(const char *dir) {
     CHECK(colibri_model_open(path, &model) == COLIBRI_E_FORMAT);
 }
 
+/* model_block_of: the block index that decides which tensors run (model_tensor_runs). */
+static void test_block_names(void) {
+    CHECK(model_block_of("blk.0.attn_q.weight") == 0);
+    CHECK(model_block_of("blk.41.nextn.eh_proj.weight") == 41);
+    CHECK(model_block_of("token_embd.weight") == -1);
+    CHECK(model_block_of("blk.x.attn_q.weight") == -1);
+    CHECK(model_block_of("blk.7") == -1);
+    CHECK(model_block_of("blk..weight") == -1);
+    CHECK(model_block_of("xblk.1.weight") == -1);
+}
+
 int main(void) {
     char dir[] = "/tmp/colibri_test_model_XXXXXX";
     if (!mkdtemp(dir)) {
@@ -374,6 +386,7 @@ int main(void) {
     }
     CHECK(colibri_abi_version() == COLIBRI_ABI_VERSION);
     CHECK(strcmp(colibri_status_name(COLIBRI_E_CONTEXT_FULL), "COLIBRI_E_CONTEXT_FULL") == 0);
+    test_block_names();
     test_zero_blocks_numeric(dir);
     test_engine_contracts(dir, "llama", 0);
     test_engine_contracts(dir, "qwen3moe", 8);

@@ -241,7 +241,8 @@ KX_INLINE __m256i kx_bits_to(const uint8_t *p, int from, int to, int mask) {
 /* Q6_K sub-block j's quants as q + 32 (0..63, unsigned): the low 4 bits from ql, the top 2 from qh. */
 KX_INLINE __m256i kx_q6k_u(const block_q6_K *b, int j) {
     const int p = j >> 2, r = j & 3;
-    return _mm256_or_si256(kx_nibbles(b->ql + 64 * p + 32 * (r & 1), r >> 1), kx_bits_to(b->qh + 32 * p, 2 * r, 4, 3));
+    const __m256i lo = kx_nibbles(b->ql + 64 * p + 32 * (r & 1), r >> 1);
+    return _mm256_or_si256(lo, kx_bits_to(b->qh + 32 * p, 2 * r, 4, 3));
 }
 
 KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr *h, const int off, kx_ksub *s) {

@@ -4,7 +4,7 @@
  * only selects this table after CPUID and XGETBV (ZMM and opmask state) confirm support. */
 #define X86_VNNI 1
 #include "kernels_x86.h"
-#include "kernels_x86_gemm.h" /* Q4_K / Q5_K: finished sub-block sums per lane */
+#include "kernels_x86_gemm.h" /* Q4_K / Q5_K / Q6_K prefill: 8 tokens per lane */
 
 const kernel_table kernels_avx512 = {
     .name = "avx512",

@@ -184,32 +184,38 @@ KX_INLINE void kx_tile_q(uint32_t type, const char *W, size_t row_bytes, int nb,
 /* The tile shapes, instantiated with constant sizes so the accumulators live in registers. */
 #define KX_Q_TILE(TYPE, R, T) kx_tile_q(TYPE, W, row_bytes, nb, Xq, Y, ldy, r, r1, t, R, T)
 
+/* The walk of every driver here and in kernels_x86_kq.h: decode (one token) in tiles of
+ * KX_DECODE_ROWS rows; prefill in token chunks of KX_CHUNK_BYTES of activations (TOKEN_BYTES
+ * each), each chunk against all rows in KX_PREFILL_ROWS x KX_PREFILL_TOKS tiles, the edges in
+ * tiles of 1 row or 1 token. TILE(TYPE, R, T) computes the tile at rows r.., tokens t... */
+#define KX_WALK(TILE, TYPE, TOKEN_BYTES)                                                                    \
+    if (n_tok == 1) {                                                                                       \
+        const int t = 0;                                                                                    \
+        int r = r0;                                                                                         \
+        for (; r + KX_DECODE_ROWS <= r1; r += KX_DECODE_ROWS) TILE(TYPE, KX_DECODE_ROWS, 1);                 \
+        for (; r < r1; r++) TILE(TYPE, 1, 1);                                                               \
+        return;                                                                                             \
+    }                                                                                                       \
+    const int chunk = kx_token_chunk(TOKEN_BYTES);                                                          \
+    for (int tc = 0; tc < n_tok; tc += chunk) {                                                             \
+        const int tend = n_tok - tc < chunk ? n_tok : tc + chunk;                                           \
+        int r = r0;                                                                                         \
+        for (; r + KX_PREFILL_ROWS <= r1; r += KX_PREFILL_ROWS) {                                           \
+            int t = tc;                                                                                     \
+            for (; t + KX_PREFILL_TOKS <= tend; t += KX_PREFILL_TOKS) TILE(TYPE, KX_PREFILL_ROWS, KX_PREFILL_TOKS); \
+            for (; t < tend; t++) TILE(TYPE, KX_PREFILL_ROWS, 1);                                           \
+        }                                                                                                   \
+        for (; r < r1; r++) {                                                                               \
+            int t = tc;                                                                                     \
+            for (; t + KX_PREFILL_TOKS <= tend; t += KX_PREFILL_TOKS) TILE(TYPE, 1, KX_PREFILL_TOKS);       \
+            for (; t < tend; t++) TILE(TYPE, 1, 1);                                                         \
+        }                                                                                                   \
+    }
+
 #define KX_Q_DRIVER(NAME, TYPE)                                                                             \
     static void NAME(const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok, float *Y,    \
                      int ldy, int r0, int r1) {                                                              \
-        if (n_tok == 1) {                                                                                   \
-            const int t = 0;                                                                                \
-            int r = r0;                                                                                     \
-            for (; r + KX_DECODE_ROWS <= r1; r += KX_DECODE_ROWS) KX_Q_TILE(TYPE, KX_DECODE_ROWS, 1);        \
-            for (; r < r1; r++) KX_Q_TILE(TYPE, 1, 1);                                                      \
-            return;                                                                                         \
-        }                                                                                                   \
-        const int chunk = kx_token_chunk((size_t)nb * sizeof(block_q8a));                                  \
-        for (int tc = 0; tc < n_tok; tc += chunk) {                                                         \
-            const int tend = n_tok - tc < chunk ? n_tok : tc + chunk;                                       \
-            int r = r0;                                                                                     \
-            for (; r + KX_PREFILL_ROWS <= r1; r += KX_PREFILL_ROWS) {                                       \
-                int t = tc;                                                                                 \
-                for (; t + KX_PREFILL_TOKS <= tend; t += KX_PREFILL_TOKS)                                   \
-                    KX_Q_TILE(TYPE, KX_PREFILL_ROWS, KX_PREFILL_TOKS);                                      \
-                for (; t < tend; t++) KX_Q_TILE(TYPE, KX_PREFILL_ROWS, 1);                                  \
-            }                                                                                               \
-            for (; r < r1; r++) {                                                                           \
-                int t = tc;                                                                                 \
-                for (; t + KX_PREFILL_TOKS <= tend; t += KX_PREFILL_TOKS) KX_Q_TILE(TYPE, 1, KX_PREFILL_TOKS); \
-                for (; t < tend; t++) KX_Q_TILE(TYPE, 1, 1);                                                \
-            }                                                                                               \
-        }                                                                                                   \
+        KX_WALK(KX_Q_TILE, TYPE, (size_t)nb * sizeof(block_q8a))                                           \
     }
 
 #if X86_VNNI
@@ -404,29 +410,7 @@ KX_INLINE void kx_tile_f(uint32_t type, const char *W, size_t row_bytes, int n_c
 #define KX_F_DRIVER(NAME, TYPE)                                                                             \
     static void NAME(const char *W, size_t row_bytes, int n_cols, const float *X, int n_tok, float *Y,     \
                      int ldy, int r0, int r1) {                                                              \
-        if (n_tok == 1) {                                                                                   \
-            const int t = 0;                                                                                \
-            int r = r0;                                                                                     \
-            for (; r + KX_DECODE_ROWS <= r1; r += KX_DECODE_ROWS) KX_F_TILE(TYPE, KX_DECODE_ROWS, 1);        \
-            for (; r < r1; r++) KX_F_TILE(TYPE, 1, 1);                                                      \
-            return;                                                                                         \
-        }                                                                                                   \
-        const int chunk = kx_token_chunk((size_t)n_cols * sizeof(float));                                  \
-        for (int tc = 0; tc < n_tok; tc += chunk) {                                                         \
-            const int tend = n_tok - tc < chunk ? n_tok : tc + chunk;                                       \
-            int r = r0;                                                                                     \
-            for (; r + KX_PREFILL_ROWS <= r1; r += KX_PREFILL_ROWS) {                                       \
-                int t = tc;                                                                                 \
-                for (; t + KX_PREFILL_TOKS <= tend; t += KX_PREFILL_TOKS)                                   \
-                    KX_F_TILE(TYPE, KX_PREFILL_ROWS, KX_PREFILL_TOKS);                                      \
-                for (; t < tend; t++) KX_F_TILE(TYPE, KX_PREFILL_ROWS, 1);                                  \
-            }                                                                                               \
-            for (; r < r1; r++) {                                                                           \
-                int t = tc;                                                                                 \
-                for (; t + KX_PREFILL_TOKS <= tend; t += KX_PREFILL_TOKS) KX_F_TILE(TYPE, 1, KX_PREFILL_TOKS); \
-                for (; t < tend; t++) KX_F_TILE(TYPE, 1, 1);                                                \
-            }                                                                                               \
-        }                                                                                                   \
+        KX_WALK(KX_F_TILE, TYPE, (size_t)n_cols * sizeof(float))                                           \
     }
 
 KX_F_DRIVER(kx_matmul_f32, GGML_TYPE_F32)

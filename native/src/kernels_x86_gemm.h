@@ -1,5 +1,6 @@
 /* kernels_x86_gemm.h — AVX-512 VNNI tiles for Q4_K and Q5_K with one finished
- * sub-block sum per lane: a row's 8 sub-blocks in decode, 8 tokens in prefill. Included by
+ * sub-block sum per lane: a row's 8 sub-blocks in decode, 8 tokens in prefill; and a Q6_K
+ * prefill tile with 8 tokens per lane in Q6_K's own rounding order (further down). Included by
  * kernels_avx512.c only, after kernels_x86.h (it needs that file's flags and helpers).
  *
  * Why: the tiles of kernels_x86_kq.h keep, per (row, token), eight int32 lanes of partial
@@ -24,8 +25,9 @@
  *     a_j   = fma(-dmin_r * m_r[j], s_t[j], a_j)            (s = dx * sum(qx), block_q8a)
  *   result = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))   (kx_hsum's order)
  * which is the scalar reference's sum in another rounding order (the tests bound both).
- * Q6_K and IQ4_XS were measured on these tiles and not kept (docs/benchmarks.md): Q6_K's decode
- * lost 10% and its new rounding order moved one near-tie past a conformance bar. */
+ * Q6_K and IQ4_XS were measured with this arithmetic and not kept (docs/benchmarks.md): Q6_K's
+ * decode lost 10% and the new rounding order moved one near-tie past a conformance bar; so
+ * Q6_K decodes on kernels_x86_kq.h's tile and its prefill tile here keeps that tile's order. */
 #ifndef COLIBRI_KERNELS_X86_GEMM_H
 #define COLIBRI_KERNELS_X86_GEMM_H
 
@@ -166,6 +168,117 @@ KX_INLINE void kg_prefill_tile(uint32_t type, const char *W, size_t row_bytes, c
     }
 }
 
+/* ---- Q6_K and IQ4_XS prefill: 8 tokens per lane, kernels_x86_kq.h's rounding order ----
+ *
+ * These two keep the arithmetic of kx_tile_k (their decode tile, and the tile the
+ * conformance bars were set on): per (row, token) eight float accumulators a_k, k = the
+ * 4-byte group of a sub-block, and per super-block and sub-block j
+ *   Q6_K    a_k = fma(float(sc_h * dot4_k(w, x)), d * dx_j, a_k)   (h = k / 4: 16-element half)
+ *   IQ4_XS  a_k = fma(float(dot4_k(w, x)), (d * sc_j) * dx_j, a_k)
+ * then kx_hsum's order over k. Only the layout changes: a lane is a token, so one vpdpbusd
+ * takes a row's 4 quants (broadcast, offset to unsigned: u = w + 32, w + 128) against 8
+ * tokens' 4 activation quants, starting from the token's -off * sum(x) (computed once in the
+ * interleave), which leaves the exact int32 dot4. For Q6_K, float(sc * dot) is float(dot) *
+ * float(sc) exactly (|sc * dot| <= 128 * 4 * 32 * 128 < 2^24). So every output is
+ * bit-identical to kx_tile_k's, whatever n_tok (test_kernels checks it per token). */
+
+/* One q8a block of 8 tokens: x[k] lane l = bytes 4k..4k+3 of token kg_lane_tok[l]. */
+typedef struct kg_xdblk {
+    int32_t x[8][8]; /* [byte group k][lane]: 4 activation quants */
+    int32_t c[8][8]; /* [k][lane]: -off * their sum (kg_dw_off) */
+    float d[8];      /* per lane: the block's scale */
+} kg_xdblk;          /* 544 bytes */
+
+/* Rows per tile: 2 rows x 8 groups of accumulators fill 16 of the 32 registers. */
+#define KG_DW_ROWS 2
+
+KX_INLINE int kg_dw_off(uint32_t type) { return type == GGML_TYPE_Q6_K ? 32 : 128; }
+
+KX_INLINE void kg_pack_xd(uint32_t type, const block_q8a *Xq, int nb, int t0, int nt, int c0, int cn,
+                          kg_xdblk *out) {
+    for (int c = 0; c < cn; c++) {
+        kg_xdblk *o = &out[c];
+        for (int l = 0; l < 8; l++) {
+            const int t = kg_lane_tok[l];
+            int32_t g[8] = {0};
+            if (t < nt) memcpy(g, Xq[(size_t)(t0 + t) * nb + c0 + c].qs, sizeof g);
+            for (int k = 0; k < 8; k++) o->x[k][l] = g[k];
+            o->d[l] = t < nt ? Xq[(size_t)(t0 + t) * nb + c0 + c].d : 0.0f;
+        }
+        for (int k = 0; k < 8; k++) {
+            const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)kg_dw_off(type)),
+                                                  _mm256_loadu_si256((const __m256i *)o->x[k]));
+            _mm256_storeu_si256((__m256i *)o->c[k], _mm256_sub_epi32(_mm256_setzero_si256(), s));
+        }
+    }
+}
+
+/* Row r's super-block b: the 8 sub-blocks' unsigned quants into wd, the scale products'
+ * row factors into dsc (d, or d * sc_j) and, Q6_K, the 16 half scales into sc. */
+KX_INLINE void kg_dw_unpack(uint32_t type, const char *blk, int32_t (*wd)[8], float *dsc, float *sc) {
+    kx_khdr h;
+    kx_khdr_load(type, blk, &h);
+    for (int j = 0; j < 8; j++) dsc[j] = h.dsc[j];
+    if (type == GGML_TYPE_Q6_K) {
+        const __m128i s8 = _mm_loadu_si128((const __m128i *)((const block_q6_K *)blk)->scales);
+        _mm256_storeu_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)));
+        _mm256_storeu_ps(sc + 8, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))));
+        for (int j = 0; j < 8; j++) _mm256_store_si256((__m256i *)wd[j], kx_q6k_u((const block_q6_K *)blk, j));
+    } else { /* IQ4_XS: the level table with the + 128 folded in (kx_nibble_table) */
+        for (int j = 0; j < 8; j++)
+            _mm256_store_si256((__m256i *)wd[j],
+                               kx_nibble_table(((const block_iq4_xs *)blk)->qs + 16 * j, IQ4_NL_VALUES, 1));
+    }
+}
+
+/* Rows r0 .. r0 + R - 1 (R <= KG_DW_ROWS) against the 8 tokens of xp, blocks [c0, c0 + cn).
+ * acc[i][k] lane l carries group k's share of (row r0 + i, token kg_lane_tok[l]). */
+KX_INLINE void kg_prefill_tile_dw(uint32_t type, const char *W, size_t row_bytes, const kg_xdblk *xp, int c0,
+                                  int cn, int r0, __m256 (*acc)[8], const int R) {
+    const size_t bb = kx_k_bytes(type);
+    __m256 a[KG_DW_ROWS][8]; /* in registers for the tile, not through the pointer */
+    for (int i = 0; i < R; i++)
+        for (int k = 0; k < 8; k++) a[i][k] = acc[i][k];
+    for (int b = c0 / 8; b < (c0 + cn) / 8; b++) {
+        int32_t wd[KG_DW_ROWS][8][8] __attribute__((aligned(32)));
+        float dsc[KG_DW_ROWS][8], sc[KG_DW_ROWS][16];
+        for (int i = 0; i < R; i++)
+            kg_dw_unpack(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, wd[i], dsc[i], sc[i]);
+        /* keeps the compiler from turning the broadcasts of wd back into lane shuffles, which
+         * would compete with the dot products for the vector ports (a load port is free) */
+        __asm__ volatile("" : : "r"(wd) : "memory");
+        for (int j = 0; j < 8; j++) {
+            const kg_xdblk *xb = &xp[b * 8 + j - c0];
+            const __m256 dx = _mm256_loadu_ps(xb->d);
+            __m256 S[KG_DW_ROWS], sh[KG_DW_ROWS][2]; /* sh: Q6_K, the halves' scales */
+            for (int i = 0; i < R; i++) {
+                S[i] = _mm256_mul_ps(_mm256_set1_ps(dsc[i][j]), dx);
+                if (type == GGML_TYPE_Q6_K) {
+                    sh[i][0] = _mm256_set1_ps(sc[i][2 * j]);
+                    sh[i][1] = _mm256_set1_ps(sc[i][2 * j + 1]);
+                }
+            }
+            /* the rows inside: each group's activations and correction are loaded once per tile
+             * (the empty asm keeps them in registers; the compiler would load them per row, and
+             * the loads, three per group and row, are what bounds this loop) */
+            for (int k = 0; k < 8; k++) {
+                __m256i c = _mm256_loadu_si256((const __m256i *)xb->c[k]);
+                __m256i x = _mm256_loadu_si256((const __m256i *)xb->x[k]);
+                __asm__("" : "+v"(c), "+v"(x));
+                for (int i = 0; i < R; i++) {
+                    __m256 p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(c, _mm256_set1_epi32(wd[i][j][k]), x));
+                    if (type == GGML_TYPE_Q6_K) p = _mm256_mul_ps(p, sh[i][k >> 2]);
+                    a[i][k] = _mm256_fmadd_ps(p, S[i], a[i][k]);
+                }
+            }
+        }
+    }
+    for (int i = 0; i < R; i++)
+        for (int k = 0; k < 8; k++) acc[i][k] = a[i][k];
+}
+
+KX_INLINE int kg_dword_tile(uint32_t type) { return type == GGML_TYPE_Q6_K || type == GGML_TYPE_IQ4_XS; }
+
 /* The sub-block shares of 8 tokens summed in kx_hsum's order (the decode tile's), lane l to
  * Y[(t0 + kg_lane_tok[l]) * ldy + r] for the tokens < nt. */
 KX_INLINE void kg_store_col(float *Y, int ldy, int t0, int nt, int r, const __m256 a[8]) {
@@ -180,6 +293,9 @@ KX_INLINE void kg_store_col(float *Y, int ldy, int t0, int nt, int r, const __m2
 /* Below this many tokens prefill runs the decode tile once per token (same results): the
  * interleaved group pays for itself only with several tokens in its lanes. */
 #define KG_MIN_PREFILL_TOKS 4
+/* The same for the dword tiles of Q6_K and IQ4_XS against kx_tile_k's 4 x 4 tiles (same
+ * results): at 4 tokens, half of the 8 lanes idle, the old tiles ran 1.5-2x faster. */
+#define KG_DW_MIN_TOKS 8
 
 /* Prefill walks 8-token groups; per group, blocks of KG_RB rows, and per row block the
  * columns in chunks of KG_CHUNK q8a blocks (interleaved once per chunk; when the row fits
@@ -187,9 +303,24 @@ KX_INLINE void kg_store_col(float *Y, int ldy, int t0, int nt, int r, const __m2
  * accs between chunks (KG_RB * 8 vectors = 8 KiB). */
 #define KG_RB 32
 
+/* The interleave of the type's tile. */
+KX_INLINE void kg_pack(uint32_t type, const block_q8a *Xq, int nb, int t0, int nt, int c0, int cn, void *xp) {
+    if (kg_dword_tile(type)) kg_pack_xd(type, Xq, nb, t0, nt, c0, cn, (kg_xdblk *)xp);
+    else kg_pack_x(type, Xq, nb, t0, nt, c0, cn, (kg_xblk *)xp);
+}
+
+/* xp: the driver's interleave buffer, KG_CHUNK blocks of the type's kind (kg_dword_tile). */
 KX_INLINE void kg_matmul(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok,
-                         float *Y, int ldy, int r0, int r1) {
-    if (n_tok < KG_MIN_PREFILL_TOKS) {
+                         float *Y, int ldy, int r0, int r1, void *xp) {
+    if (n_tok < (kg_dword_tile(type) ? KG_DW_MIN_TOKS : KG_MIN_PREFILL_TOKS)) {
+        if (type == GGML_TYPE_Q6_K) { /* their own decode tiles (kg_decode_tile's order is not theirs) */
+            kx_matmul_q6_k(W, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1);
+            return;
+        }
+        if (type == GGML_TYPE_IQ4_XS) {
+            kx_matmul_iq4_xs(W, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1);
+            return;
+        }
         for (int t = 0; t < n_tok; t++) {
             int r = r0;
             for (; r + KG_ROWS <= r1; r += KG_ROWS)
@@ -198,37 +329,48 @@ KX_INLINE void kg_matmul(uint32_t type, const char *W, size_t row_bytes, int nb,
         }
         return;
     }
-    kg_xblk xp[KG_CHUNK];
+    const kg_xblk *xk = xp;  /* the one the type uses */
+    const kg_xdblk *xd = xp;
     __m256 accs[KG_RB][8];
     const int one_chunk = nb <= KG_CHUNK;
     for (int t0 = 0; t0 < n_tok; t0 += KG_TOKS) {
         const int nt = n_tok - t0 < KG_TOKS ? n_tok - t0 : KG_TOKS;
-        if (one_chunk) kg_pack_x(type, Xq, nb, t0, nt, 0, nb, xp);
+        if (one_chunk) kg_pack(type, Xq, nb, t0, nt, 0, nb, xp);
         for (int rb = r0; rb < r1; rb += KG_RB) {
             const int re = r1 - rb < KG_RB ? r1 : rb + KG_RB;
             for (int r = rb; r < re; r++)
                 for (int j = 0; j < 8; j++) accs[r - rb][j] = _mm256_setzero_ps();
             for (int c0 = 0; c0 < nb; c0 += KG_CHUNK) {
                 const int cn = nb - c0 < KG_CHUNK ? nb - c0 : KG_CHUNK;
-                if (!one_chunk) kg_pack_x(type, Xq, nb, t0, nt, c0, cn, xp);
+                if (!one_chunk) kg_pack(type, Xq, nb, t0, nt, c0, cn, xp);
                 int r = rb;
+                if (kg_dword_tile(type)) {
+                    for (; r + KG_DW_ROWS <= re; r += KG_DW_ROWS)
+                        kg_prefill_tile_dw(type, W, row_bytes, xd, c0, cn, r, &accs[r - rb], KG_DW_ROWS);
+                    for (; r < re; r++) kg_prefill_tile_dw(type, W, row_bytes, xd, c0, cn, r, &accs[r - rb], 1);
+                    continue;
+                }
                 for (; r + KG_PREFILL_ROWS <= re; r += KG_PREFILL_ROWS)
-                    kg_prefill_tile(type, W, row_bytes, xp, c0, cn, r, &accs[r - rb], KG_PREFILL_ROWS);
-                for (; r < re; r++) kg_prefill_tile(type, W, row_bytes, xp, c0, cn, r, &accs[r - rb], 1);
+                    kg_prefill_tile(type, W, row_bytes, xk, c0, cn, r, &accs[r - rb], KG_PREFILL_ROWS);
+                for (; r < re; r++) kg_prefill_tile(type, W, row_bytes, xk, c0, cn, r, &accs[r - rb], 1);
             }
             for (int r = rb; r < re; r++) kg_store_col(Y, ldy, t0, nt, r, accs[r - rb]);
         }
     }
 }
 
-#define KG_DRIVER(NAME, TYPE)                                                                                    \
+/* XBLK: the type's interleaved block (kg_xblk 30 KiB a chunk, kg_xdblk 52 KiB), on the stack. */
+#define KG_DRIVER(NAME, TYPE, XBLK)                                                                              \
     static void NAME(const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok, float *Y, int ldy, \
                      int r0, int r1) {                                                                           \
-        kg_matmul(TYPE, W, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1);                                            \
+        XBLK xp[KG_CHUNK];                                                                                       \
+        kg_matmul(TYPE, W, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1, xp);                                        \
     }
 
-KG_DRIVER(kg_matmul_q4_k, GGML_TYPE_Q4_K)
-KG_DRIVER(kg_matmul_q5_k, GGML_TYPE_Q5_K)
+KG_DRIVER(kg_matmul_q4_k, GGML_TYPE_Q4_K, kg_xblk)
+KG_DRIVER(kg_matmul_q5_k, GGML_TYPE_Q5_K, kg_xblk)
+KG_DRIVER(kg_matmul_q6_k, GGML_TYPE_Q6_K, kg_xdblk)
+KG_DRIVER(kg_matmul_iq4_xs, GGML_TYPE_IQ4_XS, kg_xdblk)
 
 /* The AVX-512 table's entry: these tiles for their types, kernels_x86.h's for the rest. */
 static void kg_matmul_rows(uint32_t type, const void *W, size_t row_bytes, int n_cols, const float *X,
@@ -238,6 +380,8 @@ static void kg_matmul_rows(uint32_t type, const void *W, size_t row_bytes, int n
     switch (type) {
     case GGML_TYPE_Q4_K: kg_matmul_q4_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     case GGML_TYPE_Q5_K: kg_matmul_q5_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_Q6_K: kg_matmul_q6_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_IQ4_XS: kg_matmul_iq4_xs(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     default: kx_matmul_rows(type, W, row_bytes, n_cols, X, Xq, n_tok, Y, ldy, r0, r1); break;
     }
 }

@@ -238,6 +238,13 @@ KX_INLINE __m256i kx_bits_to(const uint8_t *p, int from, int to, int mask) {
     return _mm256_and_si256(v, _mm256_set1_epi8((char)(mask << to)));
 }
 
+/* Q6_K sub-block j's quants as q + 32 (0..63, unsigned): the low 4 bits from ql, the top 2 from qh. */
+KX_INLINE __m256i kx_q6k_u(const block_q6_K *b, int j) {
+    const int p = j >> 2, r = j & 3;
+    const __m256i lo = kx_nibbles(b->ql + 64 * p + 32 * (r & 1), r >> 1);
+    return _mm256_or_si256(lo, kx_bits_to(b->qh + 32 * p, 2 * r, 4, 3));
+}
+
 KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr *h, const int off, kx_ksub *s) {
     const int bias = kx_k_coff(type, off) == 128 && type != GGML_TYPE_Q8_K; /* the level tables */
     __m256i w;
@@ -273,10 +280,7 @@ KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr
         break;
     }
     case GGML_TYPE_Q6_K: {
-        const block_q6_K *b = (const block_q6_K *)blk;
-        const int p = j >> 2, r = j & 3;
-        const __m256i lo = kx_nibbles(b->ql + 64 * p + 32 * (r & 1), r >> 1);
-        w = _mm256_or_si256(lo, kx_bits_to(b->qh + 32 * p, 2 * r, 4, 3)); /* q + 32 */
+        w = kx_q6k_u((const block_q6_K *)blk, j); /* q + 32 */
         if (!kx_k_ushift(type, off)) w = _mm256_sub_epi8(w, _mm256_set1_epi8(32));
         break;
     }
@@ -434,29 +438,7 @@ KX_INLINE void kx_tile_k(uint32_t type, const char *W, size_t row_bytes, int nb,
 #define KX_K_DRIVER(NAME, TYPE)                                                                             \
     static void NAME(const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok, float *Y,    \
                      int ldy, int r0, int r1) {                                                              \
-        if (n_tok == 1) {                                                                                   \
-            const int t = 0;                                                                                \
-            int r = r0;                                                                                     \
-            for (; r + KX_DECODE_ROWS <= r1; r += KX_DECODE_ROWS) KX_K_TILE(TYPE, KX_DECODE_ROWS, 1);        \
-            for (; r < r1; r++) KX_K_TILE(TYPE, 1, 1);                                                      \
-            return;                                                                                         \
-        }                                                                                                   \
-        const int chunk = kx_token_chunk((size_t)nb * sizeof(block_q8a));                                  \
-        for (int tc = 0; tc < n_tok; tc += chunk) {                                                         \
-            const int tend = n_tok - tc < chunk ? n_tok : tc + chunk;                                       \
-            int r = r0;                                                                                     \
-            for (; r + KX_PREFILL_ROWS <= r1; r += KX_PREFILL_ROWS) {                                       \
-                int t = tc;                                                                                 \
-                for (; t + KX_PREFILL_TOKS <= tend; t += KX_PREFILL_TOKS)                                   \
-                    KX_K_TILE(TYPE, KX_PREFILL_ROWS, KX_PREFILL_TOKS);                                      \
-                for (; t < tend; t++) KX_K_TILE(TYPE, KX_PREFILL_ROWS, 1);                                  \
-            }                                                                                               \
-            for (; r < r1; r++) {                                                                           \
-                int t = tc;                                                                                 \
-                for (; t + KX_PREFILL_TOKS <= tend; t += KX_PREFILL_TOKS) KX_K_TILE(TYPE, 1, KX_PREFILL_TOKS); \
-                for (; t < tend; t++) KX_K_TILE(TYPE, 1, 1);                                                \
-            }                                                                                               \
-        }                                                                                                   \
+        KX_WALK(KX_K_TILE, TYPE, (size_t)nb * sizeof(block_q8a))                                           \
     }
 
 KX_K_DRIVER(kx_matmul_q5_0, GGML_TYPE_Q5_0)

@@ -87,7 +87,16 @@ class BatchScheduler:
         self._held: set[int] = set()
         self._pending: dict[int, _Work] = {}  # sequence -> its work, in arrival order
         self._closed = False
-        self.steps = 0  # steps run
+        # What the steps cost, for /metrics and benchmarks/batch_steps.py: steps run, tokens they
+        # evaluated, seconds inside the engine, and seconds the engine sat idle between two steps
+        # while requests held sequences (their sampling, detokenizing and sending, and the gather);
+        # decode steps that ran without every held sequence (one that was late missed the step).
+        self.steps = 0
+        self.step_tokens = 0
+        self.engine_seconds = 0.0
+        self.between_seconds = 0.0
+        self.partial_steps = 0
+        self._last_end: float | None = None  # when the last step ended, if sequences were held then
         self._thread = threading.Thread(target=self._loop, name="colibri-batch", daemon=True)
         self._thread.start()
 
@@ -124,6 +133,8 @@ class BatchScheduler:
         with self._cond:
             self._held.discard(seq)
             self._free.append(seq)
+            if not self._held:  # the engine is idle from here on: no request waits for a step
+                self._last_end = None
             self._cond.notify_all()
 
     def _submit(self, seq: int, tokens: list[int], cancel: threading.Event) -> np.ndarray:
@@ -184,6 +195,8 @@ class BatchScheduler:
         while True:
             with self._cond:
                 step = self._next_step()
+                if step is not None and len(step) < len(self._held) and all(t == 1 for _, t in step):
+                    self.partial_steps += 1
             if step is None:
                 return
             self._run(step)
@@ -196,15 +209,22 @@ class BatchScheduler:
             seq_ids.extend([w.seq] * take)
             tokens.extend(w.tokens[:take])
             want.extend([0] * (take - 1) + [1 if take == len(w.tokens) else 0])
+        t0 = time.perf_counter()
+        if self._last_end is not None:
+            self.between_seconds += t0 - self._last_end
         try:
             rows = self.model.eval_batch(np.array(seq_ids), np.array(tokens), np.array(want))
         except BaseException as exc:  # every request of the step fails with the engine's error
+            self._last_end = None
             with self._cond:
                 for w, _ in step:
                     self._pending.pop(w.seq, None)
                     w.finish(error=exc)
             return
+        t1 = time.perf_counter()
         self.steps += 1
+        self.step_tokens += len(tokens)
+        self.engine_seconds += t1 - t0
         r = 0
         with self._cond:
             for w, take in step:
@@ -214,6 +234,7 @@ class BatchScheduler:
                 self._pending.pop(w.seq, None)
                 w.finish(result=rows[r])
                 r += 1
+            self._last_end = t1 if self._held else None
 
 
 class Sequence:

@@ -65,7 +65,7 @@ def decode_steps(model: colibri_backend.Model, seqs: list[int], first: list[int]
     return {"engine": engine, "python": python, "tokens": out, "experts": float(np.mean(distinct))}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=str(Path.home() / ".cache/colibri/bench/bench-a-q8_0.gguf"))
     ap.add_argument("--seqs", default="1,2,4,8,16", help="comma list of sequence counts")
@@ -74,7 +74,7 @@ def main() -> int:
     ap.add_argument("--context-length", type=int, default=512)
     ap.add_argument("--threads", type=int, default=0, help="engine threads (default: all CPUs)")
     ap.add_argument("--json", type=Path, default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     try:
         counts = sorted({int(c) for c in args.seqs.split(",")})
     except ValueError:

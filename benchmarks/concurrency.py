@@ -296,7 +296,8 @@ def main() -> int:
         if st:
             print(
                 f"{r['clients']:>7} {st['steps']:>6} steps {st['tokens_per_step']:6.2f} tok "
-                f"{st['engine_ms_per_step']:8.2f} ms {st['between_ms_per_step']:7.2f} ms {st['partial_steps']:>5}"
+                f"{st['engine_ms_per_step']:8.2f} ms {st['between_ms_per_step']:7.2f} ms "
+                f"{st['partial_steps']:>5}"
             )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

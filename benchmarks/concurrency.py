@@ -10,7 +10,11 @@ with --max-concurrency 1 (the same clients queue behind each other; --max-queue 
 all). For each client count N, N clients send at once N different prompts (streaming completions,
 greedy), and the script reports
 
-* aggregate decode tok/s: completion tokens of all N / wall time from the first send to the last end,
+* aggregate tok/s: completion tokens of all N / wall time from the first send to the last end (the
+  prompts' prefill included),
+* aggregate decode tok/s: the tokens after each request's first / the time at least one request was
+  decoding (the union of the intervals from a request's first token to its end; the other requests'
+  prefill steps that ran meanwhile included, the time when nobody had a first token yet not),
 * p50 / p99 time to first token over the N requests (queueing included),
 * whether every batched output is identical to the same request served one at a time.
 
@@ -25,6 +29,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -100,7 +105,7 @@ class Server:
             self.cgroup.__exit__(None, None, None)
 
 
-def one_request(base: str, alias: str, text: str, max_tokens: int) -> dict:
+def one_request(http: httpx.Client, alias: str, text: str, max_tokens: int) -> dict:
     body = {
         "model": alias,
         "prompt": text,
@@ -113,27 +118,68 @@ def one_request(base: str, alias: str, text: str, max_tokens: int) -> dict:
     ttft = None
     out: list[str] = []
     tokens = 0
-    with httpx.Client(base_url=base, timeout=3600) as http:
-        with http.stream("POST", "/v1/completions", json=body) as r:
-            r.raise_for_status()
-            for line in r.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                obj = json.loads(line[6:])
-                if "error" in obj:
-                    raise RuntimeError(obj["error"]["message"])
-                for c in obj.get("choices", []):
-                    if c.get("text"):
-                        if ttft is None:
-                            ttft = time.perf_counter() - t0
-                        out.append(c["text"])
-                if obj.get("usage"):
-                    tokens = obj["usage"]["completion_tokens"]
+    with http.stream("POST", "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            obj = json.loads(line[6:])
+            if "error" in obj:
+                raise RuntimeError(obj["error"]["message"])
+            for c in obj.get("choices", []):
+                if c.get("text"):
+                    if ttft is None:
+                        ttft = time.perf_counter() - t0
+                    out.append(c["text"])
+            if obj.get("usage"):
+                tokens = obj["usage"]["completion_tokens"]
     return {
         "ttft": ttft if ttft is not None else float("nan"),
+        "first": t0 + ttft if ttft is not None else None,
         "text": "".join(out),
         "tokens": tokens,
         "end": time.perf_counter(),
+    }
+
+
+def decoding_seconds(results: list[dict]) -> float:
+    """Length of the union of the requests' [first token, end] intervals."""
+    spans = sorted((r["first"], r["end"]) for r in results if r["first"] is not None)
+    total, cur_start, cur_end = 0.0, None, None
+    for a, b in spans:
+        if cur_end is None or a > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = a, b
+        else:
+            cur_end = max(cur_end, b)
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total
+
+
+def batch_counters(base: str) -> dict[str, float]:
+    """The server's colibri_batch_*_total counters (absent without a batch scheduler)."""
+    out: dict[str, float] = {}
+    for line in httpx.get(base + "/metrics", timeout=60).text.splitlines():
+        if line.startswith("colibri_batch_") and "_total{" in line:
+            name, value = line.rsplit(" ", 1)
+            out[name.split("{", 1)[0].removeprefix("colibri_batch_").removesuffix("_total")] = float(value)
+    return out
+
+
+def step_figures(before: dict[str, float], after: dict[str, float]) -> dict:
+    """Per batched step of one round: tokens, engine ms, ms between steps, partial steps."""
+    d = {k: after[k] - before.get(k, 0.0) for k in after}
+    steps = d.get("steps", 0.0)
+    if not steps:
+        return {}
+    return {
+        "steps": int(steps),
+        "tokens_per_step": d["step_tokens"] / steps,
+        "engine_ms_per_step": 1e3 * d["step_engine_seconds"] / steps,
+        "between_ms_per_step": 1e3 * d["step_between_seconds"] / steps,
+        "partial_steps": int(d["partial_steps"]),
     }
 
 
@@ -145,20 +191,41 @@ def percentile(values: list[float], q: float) -> float:
 def run_clients(server: Server, n: int, args: argparse.Namespace, first: int) -> dict:
     """n clients at once, sending prompts first .. first+n-1."""
     texts = [prompt(first + i, args.prompt_words) for i in range(n)]
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(n) as pool:
-        results = list(pool.map(lambda t: one_request(server.base, server.alias, t, args.max_tokens), texts))
+    # The clients and their threads exist before the clock starts: an httpx.Client takes tens of
+    # milliseconds to make (its SSL context), which is the client's cost, not the server's.
+    https = [httpx.Client(base_url=server.base, timeout=3600) for _ in range(n)]
+    counters = batch_counters(server.base)
+    start = threading.Barrier(n + 1)
+
+    def client(i: int) -> dict:
+        start.wait()
+        return one_request(https[i], server.alias, texts[i], args.max_tokens)
+
+    try:
+        with ThreadPoolExecutor(n) as pool:
+            futures = [pool.submit(client, i) for i in range(n)]
+            start.wait()
+            t0 = time.perf_counter()
+            results = [f.result() for f in futures]
+    finally:
+        for http in https:
+            http.close()
     wall = max(r["end"] for r in results) - t0
     ttfts = [r["ttft"] for r in results]
     tokens = sum(r["tokens"] for r in results)
+    decoding = decoding_seconds(results)
+    decode_tokens = sum(max(0, r["tokens"] - 1) for r in results)
     return {
         "clients": n,
         "wall_s": wall,
         "completion_tokens": tokens,
         "aggregate_tok_s": tokens / wall if wall > 0 else float("nan"),
+        "decoding_s": decoding,
+        "decode_tok_s": decode_tokens / decoding if decoding > 0 else float("nan"),
         "ttft_p50_s": statistics.median(ttfts),
         "ttft_p99_s": percentile(ttfts, 99),
         "texts": [r["text"] for r in results],
+        "steps": step_figures(counters, batch_counters(server.base)),
     }
 
 
@@ -204,18 +271,33 @@ def main() -> int:
             server.stop()
     print(f"{args.model}  cap={cap or 'none'}  max_tokens={args.max_tokens}")
     print(
-        f"{'clients':>7} {'mode':>14} {'agg tok/s':>10} {'ttft p50':>9} {'ttft p99':>9} {'speedup':>8} same"
+        f"{'clients':>7} {'mode':>14} {'agg tok/s':>10} {'decode tok/s':>12} {'ttft p50':>9} {'ttft p99':>9} "
+        f"{'speedup':>8} {'decode':>7} same"
     )
     for i, n in enumerate(args.clients):
         base = report["modes"]["one_at_a_time"][i]
         bat = report["modes"]["batched"][i]
         bat["identical_to_one_at_a_time"] = bat["texts"] == base["texts"]
         bat["speedup"] = bat["aggregate_tok_s"] / base["aggregate_tok_s"]
+        bat["decode_speedup"] = bat["decode_tok_s"] / base["decode_tok_s"]
         for name, r in (("one at a time", base), ("batched", bat)):
-            extra = f"{r['speedup']:7.2f}x {r['identical_to_one_at_a_time']}" if name == "batched" else ""
+            extra = (
+                f"{r['speedup']:7.2f}x {r['decode_speedup']:6.2f}x {r['identical_to_one_at_a_time']}"
+                if name == "batched"
+                else ""
+            )
             print(
-                f"{n:>7} {name:>14} {r['aggregate_tok_s']:10.2f} {r['ttft_p50_s']:8.2f}s "
-                f"{r['ttft_p99_s']:8.2f}s {extra}"
+                f"{n:>7} {name:>14} {r['aggregate_tok_s']:10.2f} {r['decode_tok_s']:12.2f} "
+                f"{r['ttft_p50_s']:8.2f}s {r['ttft_p99_s']:8.2f}s {extra}"
+            )
+    print("batched steps (through the server): tokens/step, engine ms/step, ms between steps, partial steps")
+    for r in report["modes"]["batched"]:
+        st = r["steps"]
+        if st:
+            print(
+                f"{r['clients']:>7} {st['steps']:>6} steps {st['tokens_per_step']:6.2f} tok "
+                f"{st['engine_ms_per_step']:8.2f} ms {st['between_ms_per_step']:7.2f} ms "
+                f"{st['partial_steps']:>5}"
             )
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

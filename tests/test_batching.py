@@ -173,6 +173,7 @@ def test_scheduler_outputs_equal_alone_and_cancel_mid_prefill(checkpoint: Path) 
         cases = [(prompts[i % len(prompts)], greedy if i % 2 else seeded) for i in range(5)]
         ref = [_generate(m, ids, s) for ids, s in cases]  # alone, sequence 0, one at a time
         sched = BatchScheduler(m, prefill_chunk=4)
+        stats0 = m.stats()
         try:
             got: list = [None] * len(cases)
 
@@ -188,6 +189,13 @@ def test_scheduler_outputs_equal_alone_and_cancel_mid_prefill(checkpoint: Path) 
                 t.join(60)
             assert got == ref
             assert sched.steps < sum(len(ids) // 4 + 12 for ids, _ in cases)  # steps were shared
+            # the step figures (/metrics): every token the engine evaluated came through a step
+            stats1 = m.stats()
+            evaluated = sum(stats1[k] - stats0[k] for k in ("n_prompt_tokens", "n_decode_tokens"))
+            assert sched.step_tokens == evaluated > sched.steps
+            engine = sum(stats1[k] - stats0[k] for k in ("decode_seconds", "prefill_seconds"))
+            assert sched.engine_seconds >= engine > 0  # the call's wall time holds the engine's own
+            assert sched.between_seconds > 0 and 0 <= sched.partial_steps < sched.steps
 
             # cancel in the middle of a long prompt, while another request decodes
             long_prompt = (prompts[2] * 6)[: CTX - 20]

@@ -263,3 +263,19 @@ def test_ab_lib_prefill_on_a_tiny_model(tiny_models, capsys: pytest.CaptureFixtu
     assert out.count("fastest") == 5 and "logits bit-identical: True" in out
     with pytest.raises(SystemExit):
         ab_lib_prefill.main([*argv[:3], "/nonexistent/libcolibri.so", *argv[4:]])
+
+
+def test_batch_steps_on_a_tiny_model(tiny_models, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/batch_steps.py: batched tokens equal those decoded alone (exit 0), one row per count."""
+    import batch_steps
+
+    _, gguf = tiny_models["bench-a"]
+    out = tmp_path / "steps.json"
+    argv = ["--model", str(gguf), "--seqs", "1,3", "--steps", "3", "--prompt-words", "8", "--threads", "2"]
+    assert batch_steps.main([*argv, "--context-length", "128", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["seqs"] for r in rows] == [1, 3] and all(r["identical"] for r in rows)
+    assert (
+        rows[0]["experts_per_layer_step"] == 2.0 <= rows[1]["experts_per_layer_step"] <= 4.0
+    )  # 4 experts, top-2
+    assert "same" in capsys.readouterr().out

@@ -85,6 +85,8 @@ def test_concurrent_streams_equal_alone(server: Server) -> None:
             peak[0] = max(peak[0], metric(server, "colibri_batch_size"))
             time.sleep(0.02)
 
+    names = ("steps", "step_tokens", "step_engine_seconds", "step_between_seconds", "partial_steps")
+    before = {n: metric(server, f"colibri_batch_{n}_total") for n in names}
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
@@ -96,6 +98,10 @@ def test_concurrent_streams_equal_alone(server: Server) -> None:
         watcher.join()
     assert together == alone
     assert peak[0] >= 2  # they really were decoded together
+    d = {n: metric(server, f"colibri_batch_{n}_total") - before[n] for n in names}
+    assert d["step_tokens"] > d["steps"] > 0  # steps carried several tokens
+    assert d["step_engine_seconds"] > 0 and d["step_between_seconds"] > 0
+    assert 0 <= d["partial_steps"] < d["steps"]
 
 
 def test_cancel_mid_prefill_and_queue_overflow(server: Server) -> None:

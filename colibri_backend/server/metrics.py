@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -106,6 +106,33 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+class _BatchSteps:
+    """The batch scheduler's step figures (scheduler.BatchScheduler), per model."""
+
+    FIELDS = (
+        ("steps", "steps", "Batched forward steps run."),
+        ("step_tokens", "step_tokens", "Tokens the batched steps evaluated (prompt and decode)."),
+        ("engine_seconds", "step_engine_seconds", "Seconds the batched steps spent in the engine."),
+        (
+            "between_seconds",
+            "step_between_seconds",
+            "Seconds the engine sat idle between two batched steps while requests held sequences "
+            "(sampling, detokenizing, sending, gathering the next step).",
+        ),
+        ("partial_steps", "partial_steps", "Decode steps that ran without every held sequence."),
+    )
+
+    def __init__(self) -> None:
+        self.families = [
+            CounterMetricFamily(f"colibri_batch_{name}", doc, labels=["model"])
+            for _, name, doc in self.FIELDS
+        ]
+
+    def add(self, alias: str, scheduler: Any) -> None:
+        for family, (attr, _, _) in zip(self.families, self.FIELDS, strict=True):
+            family.add_metric([alias], float(getattr(scheduler, attr)))
+
+
 class _LiveCollector(Collector):
     """Gauges read at scrape time from the server's slots (never waiting on a generation)."""
 
@@ -131,8 +158,11 @@ class _LiveCollector(Collector):
         ready = GaugeMetricFamily(
             "colibri_model_ready", "1 when the model is loaded and serving.", labels=["model", "backend"]
         )
+        steps = _BatchSteps()
         engine: dict[str, list[tuple[str, float]]] = {}
         for alias, slot in slots.items():
+            if slot.scheduler is not None:
+                steps.add(alias, slot.scheduler)
             depth.add_metric([alias], max(0, slot.in_flight - slot.running))
             flight.add_metric([alias], slot.in_flight)
             batch.add_metric([alias], slot.running)
@@ -144,6 +174,7 @@ class _LiveCollector(Collector):
             for key, value in flat:
                 engine.setdefault(key, []).append((alias, value))
         yield from (depth, flight, batch, ready)
+        yield from steps.families
         for key in sorted(engine):
             family = GaugeMetricFamily(
                 f"colibri_engine_{key}",

@@ -11,9 +11,10 @@ until the batched step that carries it has run. The step thread forms each step 
   long prompt is spread over several steps and the decodes keep flowing beside it (with no sequence
   decoding, nobody waits: a step then takes up to the model's batch size of prompt tokens),
 
-waits a moment (``gather_s``) for sequences that are between two steps (sampling, sending) so one
-step carries them all, and runs it as one ``Model.eval_batch``: each expert is read and computed
-once per step for all the sequences that route to it. Requests join and leave at any step. A
+waits a moment (``gather_s``, or longer after a long step: see ``_gather_s``) for sequences that are
+between two steps (sampling, sending) so one step carries them all, and runs it as one
+``Model.eval_batch``: each expert is read and computed once per step for all the sequences that
+route to it. Requests join and leave at any step. A
 request whose ``cancel`` event is set (its client went away) leaves at the next step, in the middle
 of its prompt included. Logits are bit-identical to the same request served alone (the engine's
 batch invariance, native/tests/test_batch.c), so batching never changes an output.
@@ -36,8 +37,10 @@ import numpy as np
 # Prompt tokens per step, shared by the sequences prefilling: bounds how long a step takes while a
 # long prompt comes in, so the sequences decoding beside it keep their pace.
 DEFAULT_PREFILL_CHUNK = 64
-# How long a step waits for sequences that are between two steps before it runs without them.
+# How long a step waits for sequences that are between two steps before it runs without them (at
+# least; after a long step, longer: BatchScheduler._gather_s), and the most it ever waits.
 DEFAULT_GATHER_S = 0.005
+MAX_GATHER_S = 0.05
 # How often a waiting thread looks at cancellation and shutdown.
 _POLL_S = 0.05
 
@@ -87,7 +90,17 @@ class BatchScheduler:
         self._held: set[int] = set()
         self._pending: dict[int, _Work] = {}  # sequence -> its work, in arrival order
         self._closed = False
-        self.steps = 0  # steps run
+        # What the steps cost, for /metrics and benchmarks/batch_steps.py: steps run, tokens they
+        # evaluated, seconds inside the engine, and seconds the engine sat idle between two steps
+        # while requests held sequences (their sampling, detokenizing and sending, and the gather);
+        # decode steps that ran without every held sequence (one that was late missed the step).
+        self.steps = 0
+        self.step_tokens = 0
+        self.engine_seconds = 0.0
+        self.between_seconds = 0.0
+        self.partial_steps = 0
+        self._last_end: float | None = None  # when the last step ended, if sequences were held then
+        self._last_step_s = 0.0  # the last step's seconds in the engine
         self._thread = threading.Thread(target=self._loop, name="colibri-batch", daemon=True)
         self._thread.start()
 
@@ -124,6 +137,8 @@ class BatchScheduler:
         with self._cond:
             self._held.discard(seq)
             self._free.append(seq)
+            if not self._held:  # the engine is idle from here on: no request waits for a step
+                self._last_end = None
             self._cond.notify_all()
 
     def _submit(self, seq: int, tokens: list[int], cancel: threading.Event) -> np.ndarray:
@@ -158,7 +173,7 @@ class BatchScheduler:
                 self._cond.wait(_POLL_S)
                 continue
             # Sequences between two steps are about to submit: give them a moment to join this one.
-            deadline = time.perf_counter() + self.gather_s
+            deadline = time.perf_counter() + self._gather_s()
             while len(self._pending) < len(self._held) and not self._closed:
                 left = deadline - time.perf_counter()
                 if left <= 0:
@@ -180,10 +195,21 @@ class BatchScheduler:
                     budget -= take
             return step
 
+    def _gather_s(self) -> float:
+        """Under the lock: how long the next step waits for the held sequences that have not asked for
+        it yet. Waiting w delays every held sequence by w; running without a late one delays that one
+        by a whole step (its token waits for the next); so it is worth waiting up to a step's time
+        divided by the held sequences (a 100 ms step of 8: 12.5 ms), never less than gather_s, never
+        more than MAX_GATHER_S."""
+        share = self._last_step_s / max(1, len(self._held))
+        return min(MAX_GATHER_S, max(self.gather_s, share))
+
     def _loop(self) -> None:
         while True:
             with self._cond:
                 step = self._next_step()
+                if step is not None and len(step) < len(self._held) and all(t == 1 for _, t in step):
+                    self.partial_steps += 1
             if step is None:
                 return
             self._run(step)
@@ -196,15 +222,23 @@ class BatchScheduler:
             seq_ids.extend([w.seq] * take)
             tokens.extend(w.tokens[:take])
             want.extend([0] * (take - 1) + [1 if take == len(w.tokens) else 0])
+        t0 = time.perf_counter()
+        if self._last_end is not None:
+            self.between_seconds += t0 - self._last_end
         try:
             rows = self.model.eval_batch(np.array(seq_ids), np.array(tokens), np.array(want))
         except BaseException as exc:  # every request of the step fails with the engine's error
+            self._last_end = None
             with self._cond:
                 for w, _ in step:
                     self._pending.pop(w.seq, None)
                     w.finish(error=exc)
             return
+        t1 = time.perf_counter()
         self.steps += 1
+        self.step_tokens += len(tokens)
+        self.engine_seconds += t1 - t0
+        self._last_step_s = t1 - t0
         r = 0
         with self._cond:
             for w, take in step:
@@ -214,6 +248,7 @@ class BatchScheduler:
                 self._pending.pop(w.seq, None)
                 w.finish(result=rows[r])
                 r += 1
+            self._last_end = t1 if self._held else None
 
 
 class Sequence:

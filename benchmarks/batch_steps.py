@@ -1,0 +1,134 @@
+"""Where a batched decode step's time goes, engine alone (no server, no HTTP): N sequences decoding
+together through Model.eval_batch, against the same N sequences decoded one at a time.
+
+    python benchmarks/batch_steps.py --model ~/.cache/colibri/bench/bench-a-q8_0.gguf --seqs 1,2,4,8,16
+
+For each N, N different prompts are prefilled into sequences 0..N-1 of one context, then --steps
+greedy decode steps run with one token of every sequence per step (one eval_batch call), and, for
+comparison, the same N sequences each decoded alone for the same number of steps (one eval_batch
+call of one token per step). Reported per N: engine milliseconds per step (the eval_batch call),
+Python milliseconds per step (the greedy pick over the rows and building the next step's input),
+aggregate decode tok/s of both, their ratio, the experts computed per step and whether every
+batched token equals the one-at-a-time token (batch invariance). --json FILE writes the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+import colibri_backend
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from concurrency import prompt  # noqa: E402  (the same prompts as the server benchmark)
+
+
+def prefill(model: colibri_backend.Model, seq: int, ids: list[int]) -> int:
+    """Prompt ``ids`` into the empty sequence ``seq`` in n_batch chunks; returns its greedy next token."""
+    model.seq_truncate(seq, 0)
+    chunk = int(model.batch_size)
+    row = None
+    for i in range(0, len(ids), chunk):
+        part = ids[i : i + chunk]
+        want = np.zeros(len(part), dtype=np.uint8)
+        want[-1] = 1
+        row = model.eval_batch(np.full(len(part), seq), np.array(part), want)
+    assert row is not None
+    return int(row[0].argmax())
+
+
+def decode_steps(model: colibri_backend.Model, seqs: list[int], first: list[int], steps: int) -> dict:
+    """``steps`` decode steps of the sequences ``seqs`` together, starting from tokens ``first``."""
+    seq_ids = np.array(seqs, dtype=np.int32)
+    want = np.ones(len(seqs), dtype=np.uint8)
+    tokens = np.array(first, dtype=np.int32)
+    out = [[int(t)] for t in first]
+    engine, python, distinct = [], [], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        rows = model.eval_batch(seq_ids, tokens, want)
+        t1 = time.perf_counter()
+        tokens = rows.argmax(axis=1).astype(np.int32)
+        for o, t in zip(out, tokens, strict=True):
+            o.append(int(t))
+        t2 = time.perf_counter()
+        engine.append(t1 - t0)
+        python.append(t2 - t1)
+        route = model.routing()[0]  # [n_seq, n_layer, k]: experts each layer reads this step
+        distinct.append(np.mean([len(np.unique(route[:, il])) for il in range(route.shape[1])]))
+    return {"engine": engine, "python": python, "tokens": out, "experts": float(np.mean(distinct))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(Path.home() / ".cache/colibri/bench/bench-a-q8_0.gguf"))
+    ap.add_argument("--seqs", default="1,2,4,8,16", help="comma list of sequence counts")
+    ap.add_argument("--steps", type=int, default=32, help="decode steps per sequence")
+    ap.add_argument("--prompt-words", type=int, default=60)
+    ap.add_argument("--context-length", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=0, help="engine threads (default: all CPUs)")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    try:
+        counts = sorted({int(c) for c in args.seqs.split(",")})
+    except ValueError:
+        ap.error(f"--seqs: {args.seqs!r} is not a comma list of numbers")
+    if not counts or min(counts) < 1 or args.steps < 1:
+        ap.error("--seqs counts and --steps must be at least 1")
+    kw = {"threads": args.threads} if args.threads else {}
+    model = colibri_backend.load(
+        args.model, context_length=args.context_length, max_concurrency=max(counts), **kw
+    )
+    ids = [model.tokenize(prompt(i, args.prompt_words)) for i in range(max(counts))]
+    firsts = [prefill(model, q, ids[q]) for q in range(max(counts))]
+    decode_steps(model, [0], [firsts[0]], 4)  # warm-up: page cache, expert slots
+
+    report = []
+    print(f"{args.model}  steps={args.steps}  threads={model.threads}")
+    print(
+        f"{'seqs':>4} {'engine ms/step':>15} {'python ms/step':>15} {'batched tok/s':>14} "
+        f"{'alone tok/s':>12} {'ratio':>6} {'experts/layer':>13} same"
+    )
+    for n in counts:
+        alone_s, alone_tokens = 0.0, []
+        for q in range(n):
+            firsts[q] = prefill(model, q, ids[q])
+            r = decode_steps(model, [q], [firsts[q]], args.steps)
+            alone_s += sum(r["engine"]) + sum(r["python"])
+            alone_tokens.append(r["tokens"][0])
+        for q in range(n):
+            prefill(model, q, ids[q])
+        r = decode_steps(model, list(range(n)), firsts[:n], args.steps)
+        total = sum(r["engine"]) + sum(r["python"])
+        row = {
+            "seqs": n,
+            "engine_ms_per_step": 1e3 * statistics.median(r["engine"]),
+            "python_ms_per_step": 1e3 * statistics.median(r["python"]),
+            "batched_tok_s": n * args.steps / total,
+            "alone_tok_s": n * args.steps / alone_s,
+            "experts_per_layer_step": r["experts"],
+            "identical": r["tokens"] == alone_tokens,
+        }
+        row["ratio"] = row["batched_tok_s"] / row["alone_tok_s"]
+        report.append(row)
+        print(
+            f"{n:>4} {row['engine_ms_per_step']:15.2f} {row['python_ms_per_step']:15.3f} "
+            f"{row['batched_tok_s']:14.2f} {row['alone_tok_s']:12.2f} {row['ratio']:5.2f}x "
+            f"{row['experts_per_layer_step']:13.2f} {row['identical']}"
+        )
+    model.close()
+    if args.json:
+        args.json.write_text(
+            json.dumps({"model": args.model, "steps": args.steps, "rows": report}, indent=2) + "\n"
+        )
+    return 0 if all(r["identical"] for r in report) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

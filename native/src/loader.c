@@ -8,6 +8,7 @@
 
 #include "alloc.h"
 #include "error.h"
+#include "outliers.h"
 #include "types.h"
 
 /* ---- metadata --------------------------------------------------------- */
@@ -136,7 +137,7 @@ colibri_status ld_mat3(const loader *L, const char *name, int64_t cols, int64_t 
     out->expert_stride = out->expert_bytes;
     if (out->row_bytes == 0 || out->expert_bytes * (uint64_t)n_expert != t->nbytes)
         return cb_error(COLIBRI_E_FORMAT, "tensor %s: byte size does not match its shape and type", name);
-    return COLIBRI_OK;
+    return ld_outliers(L, name, n_expert, out);
 }
 
 /* A vector of n elements (ne = {n} or {n, 1}), dequantized to a fresh f32 array. */

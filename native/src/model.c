@@ -381,6 +381,7 @@ expert_view model_expert_view(const struct colibri_model *m, int layer, int e) {
         dst[i]->rows = src[i]->rows;
         dst[i]->cols = src[i]->cols;
         dst[i]->row_bytes = src[i]->row_bytes;
+        mat3_outliers(src[i], e, dst[i]);
     }
     return v;
 }

@@ -113,7 +113,7 @@ static void check_type(const cb_backend *cl, const cb_backend *cpu, uint32_t typ
                        const block_q8a *xq) {
     weights w = make_weights(type, ROWS, COLS);
     if (resident) CHECK_OK(cl->ops->add_resident(cl->ctx, w.data, (size_t)ROWS * w.row_bytes));
-    const mat m = {w.data, type, ROWS, COLS, w.row_bytes};
+    const mat m = {.data = w.data, .type = type, .rows = ROWS, .cols = COLS, .row_bytes = w.row_bytes};
     static float ya[MAXT * (ROWS + 3)], yb[MAXT * (ROWS + 3)];
     const int toks[3] = {1, 3, MAXT};
     for (int k = 0; k < 3; k++) {
@@ -139,7 +139,8 @@ static void check_type(const cb_backend *cl, const cb_backend *cpu, uint32_t typ
 static void check_glu(const cb_backend *cl, const cb_backend *cpu, const float *x, const block_q8a *xq) {
     const int F = 256, T = 5;
     weights g = make_weights(GGML_TYPE_Q4_K, F, COLS), u = make_weights(GGML_TYPE_Q8_0, F, COLS);
-    const mat mg = {g.data, g.type, F, COLS, g.row_bytes}, mu = {u.data, u.type, F, COLS, u.row_bytes};
+    const mat mg = {.data = g.data, .type = g.type, .rows = F, .cols = COLS, .row_bytes = g.row_bytes};
+    const mat mu = {.data = u.data, .type = u.type, .rows = F, .cols = COLS, .row_bytes = u.row_bytes};
     static float ga[5 * 256], ua[5 * 256], gb[5 * 256], ub[5 * 256];
     static block_q8a qa[5 * 256 / 32], qb[5 * 256 / 32];
     glu_job ja = glu(&mg, &mu, x, xq, T, ga, ua, qa), jb = glu(&mg, &mu, x, xq, T, gb, ub, qb);
@@ -157,7 +158,7 @@ static void check_glu(const cb_backend *cl, const cb_backend *cpu, const float *
      * computes what it computes from the host copy of the same blocks */
     enum { D = 64 };
     weights d = make_weights(GGML_TYPE_Q8_0, D, F);
-    const mat md = {d.data, d.type, D, F, d.row_bytes};
+    const mat md = {.data = d.data, .type = d.type, .rows = D, .cols = F, .row_bytes = d.row_bytes};
     static float da[5 * D], db[5 * D], dc[5 * D];
     static block_q8a qc[5 * 256 / 32];
     memcpy(qc, qb, sizeof qc);
@@ -250,7 +251,7 @@ static void test_opencl(const cb_backend *cpu) {
 
     /* a type without a device kernel: computed by the CPU, so exactly the CPU's result */
     weights w = make_weights(GGML_TYPE_Q5_0, ROWS, COLS);
-    const mat m5 = {w.data, w.type, ROWS, COLS, w.row_bytes};
+    const mat m5 = {.data = w.data, .type = w.type, .rows = ROWS, .cols = COLS, .row_bytes = w.row_bytes};
     static float ya[3 * ROWS], yb[3 * ROWS];
     const mm_job ja = job(&m5, x, xq, 3, ya, ROWS), jb = job(&m5, x, xq, 3, yb, ROWS);
     cpu->ops->matmul(cpu->ctx, &ja, 1);
@@ -266,7 +267,7 @@ static void test_opencl(const cb_backend *cpu) {
     /* a device failure: that call's outputs come from the CPU, exactly, and so does every later one */
     {
         weights w8 = make_weights(GGML_TYPE_Q8_0, ROWS, COLS);
-        const mat m8 = {w8.data, w8.type, ROWS, COLS, w8.row_bytes};
+        const mat m8 = {.data = w8.data, .type = w8.type, .rows = ROWS, .cols = COLS, .row_bytes = w8.row_bytes};
         const mm_job a8 = job(&m8, x, xq, 3, ya, ROWS), b8 = job(&m8, x, xq, 3, yb, ROWS);
         cpu->ops->matmul(cpu->ctx, &a8, 1);
         backend_opencl_fail_next(&cl, 1);

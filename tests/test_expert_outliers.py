@@ -98,11 +98,8 @@ def test_corrections_restore_the_outlier_columns(files: dict[str, Path], kind: s
         dq = _weights(out, name)
         cols, corr = _outliers(out, name)
         n_expert, rows, n_cols = w.shape
-        assert cols.shape == (n_expert, round(FRACTION * n_cols)) and corr.shape == (
-            n_expert,
-            rows,
-            cols.shape[1],
-        )
+        n = round(FRACTION * n_cols)
+        assert cols.shape == (n_expert, n) and corr.shape == (n_expert, rows, n)
         energy = (w**2).sum(axis=1)  # [X][cols]: no imatrix, the column energy alone picks
         for e in range(n_expert):
             assert (np.diff(cols[e]) > 0).all()
@@ -128,17 +125,13 @@ def _corrected_reference(path: Path, apply: bool) -> RefModel:
     return m
 
 
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    z = x.astype(np.float64) - x.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
 def _kl(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
-    lp = (
-        ref
-        - np.log(np.exp(ref - ref.max(-1, keepdims=True)).sum(-1, keepdims=True))
-        - ref.max(-1, keepdims=True)
-    )
-    lq = (
-        got
-        - np.log(np.exp(got - got.max(-1, keepdims=True)).sum(-1, keepdims=True))
-        - got.max(-1, keepdims=True)
-    )
+    lp, lq = _log_softmax(ref), _log_softmax(got)
     return (np.exp(lp) * (lp - lq)).sum(-1)
 
 

@@ -71,11 +71,11 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def _outliers(r: gguf.GGUFReader, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """(cols [X][n], corrections [X][rows][n] float) of the expert tensor `name`."""
+    """(cols [X][n], corrections [X][rows][n] float) of the expert tensor `name` (stored [X][n][rows])."""
     stem = name[: -len("weight")]
     by = {t.name: t for t in r.tensors}
     cols = np.asarray(by[stem + "colibri_outlier_cols"].data).astype(np.int64)
-    corr = np.asarray(by[stem + "colibri_outlier_w"].data).astype(np.float64)
+    corr = np.asarray(by[stem + "colibri_outlier_w"].data).astype(np.float64).transpose(0, 2, 1)
     return cols, corr
 
 
@@ -277,7 +277,7 @@ def _damaged(files: dict[str, Path], tmp_path: Path, what: str) -> Path:
     if what == "cols":
         by["blk.1.ffn_up_exps.colibri_outlier_cols"].data[3][0] = 256
     else:
-        by["blk.0.ffn_down_exps.colibri_outlier_w"].data[2][5][1] = np.float16(np.inf)
+        by["blk.0.ffn_down_exps.colibri_outlier_w"].data[2][1][5] = np.float16(np.inf)
     r.data.flush()
     return bad
 

@@ -38,14 +38,14 @@ enum { QK_NORM_NONE = 0, QK_NORM_HEAD = 1 /* per head, weight [head_dim] */, QK_
 
 /* A 2D weight matrix W[rows][cols] (GGUF ne = {cols, rows}), row r at data + r * row_bytes.
  * An expert of a file written with --expert-outliers also carries the F16 correction of its
- * n_ol outlier input columns (outliers.h): W x = data's product + ol_w [rows][n_ol] . x[ol_cols]. */
+ * n_ol outlier input columns (outliers.h): W x = data's product + sum_k ol_w[k] * x[ol_cols[k]]. */
 typedef struct mat {
     const void *data;
     uint32_t type;
     int32_t rows;
     int32_t cols;
     size_t row_bytes;
-    const uint16_t *ol_w;     /* [rows][n_ol] F16, NULL when n_ol == 0 */
+    const uint16_t *ol_w;     /* [n_ol][rows] F16, NULL when n_ol == 0 */
     const int32_t *ol_cols;   /* [n_ol] increasing input columns */
     int32_t n_ol;
 } mat;
@@ -61,7 +61,7 @@ typedef struct mat3 {
     size_t expert_stride; /* bytes from one expert to the next: expert_bytes, or more for one half of a
                            * tensor with gate and up fused (ffn_gate_up_exps, gemma4 from llama.cpp) */
     /* the outlier corrections of every expert (outliers.h), resident; n_ol == 0: none */
-    const uint16_t *ol_w;     /* [n_expert][rows][n_ol] F16 */
+    const uint16_t *ol_w;     /* [n_expert][n_ol][rows] F16 */
     const int32_t *ol_cols;   /* [n_expert][n_ol] */
     int32_t n_ol;
 } mat3;

@@ -10,21 +10,13 @@
 #include "kernels.h"
 #include "types.h"
 
-/* columns gathered per pass: a small stack buffer whatever n_ol is */
-#define GATHER 256
-
 void outlier_add_rows(const mat *w, const float *x, int n_tok, float *y, int ldy, int r0, int r1) {
-    const int n = w->n_ol;
-    if (n == 0 || r0 >= r1) return;
-    float xs[GATHER];
+    if (w->n_ol == 0 || r0 >= r1) return;
     for (int t = 0; t < n_tok; t++) {
         const float *xt = x + (size_t)t * (size_t)w->cols;
-        float *yt = y + (size_t)t * (size_t)ldy;
-        for (int k0 = 0; k0 < n; k0 += GATHER) {
-            const int nk = n - k0 < GATHER ? n - k0 : GATHER;
-            for (int k = 0; k < nk; k++) xs[k] = xt[w->ol_cols[k0 + k]];
-            for (int r = r0; r < r1; r++) yt[r] += dot_f16_f32(w->ol_w + (size_t)r * (size_t)n + k0, xs, nk);
-        }
+        float *yt = y + (size_t)t * (size_t)ldy + r0;
+        for (int k = 0; k < w->n_ol; k++)
+            axpy_f16(yt, xt[w->ol_cols[k]], w->ol_w + (size_t)k * (size_t)w->rows + r0, r1 - r0);
     }
 }
 
@@ -60,9 +52,9 @@ colibri_status ld_outliers(const loader *L, const char *name, int64_t n_expert, 
     if (tc->type != 26 /* I32 */ || n < 1 || n > outlier_count(cols, OUTLIER_MAX_FRACTION) ||
         (int64_t)tc->ne[1] != X || tc->ne[2] != 1 || tc->ne[3] != 1 || tc->nbytes != (uint64_t)(n * X) * 4)
         return ld_shape_error(tc, "I32 [n_outliers <= cols/4, n_expert]");
-    if (tw->type != GGML_TYPE_F16 || (int64_t)tw->ne[0] != n || (int64_t)tw->ne[1] != rows ||
+    if (tw->type != GGML_TYPE_F16 || (int64_t)tw->ne[0] != rows || (int64_t)tw->ne[1] != n ||
         (int64_t)tw->ne[2] != X || tw->ne[3] != 1 || tw->nbytes != (uint64_t)(n * rows * X) * 2)
-        return ld_shape_error(tw, "F16 [n_outliers, rows, n_expert] matching its columns tensor and expert tensor");
+        return ld_shape_error(tw, "F16 [rows, n_outliers, n_expert] matching its columns tensor and expert tensor");
     const int32_t *c = (const int32_t *)tc->data;
     for (int64_t e = 0; e < X; e++)
         for (int64_t k = 0; k < n; k++) {

@@ -4,8 +4,9 @@
  * blk.N.ffn_{gate,up,down}_exps.weight in its ordinary block type and adds, per tensor,
  *   blk.N.ffn_X_exps.colibri_outlier_cols  I32 ne = {n_ol, n_expert}: per expert the n_ol input
  *                                          columns of largest importance x column energy, increasing;
- *   blk.N.ffn_X_exps.colibri_outlier_w     F16 ne = {n_ol, rows, n_expert}: per expert and row the
- *                                          correction W[r][c] - dequant(Wq)[r][c] of those columns,
+ *   blk.N.ffn_X_exps.colibri_outlier_w     F16 ne = {rows, n_ol, n_expert}: per expert and outlier
+ *                                          column c the correction W[r][c] - dequant(Wq)[r][c] of
+ *                                          every row r (column-major, so adding it is n_ol axpys),
  * with colibri.outliers.version = 1 (and .fraction, .corpus describing how it was made). The
  * engine computes W x = Wq x + sum_k corr[r][k] * x[cols[k]], so the outlier columns are exact to
  * F16 whatever the block type's level set. The corrections are small (about n_ol/cols of the
@@ -20,9 +21,10 @@
 #define OUTLIER_FORMAT_VERSION 1
 #define OUTLIER_MAX_FRACTION 0.25f   /* beyond this the "4-bit" part is no longer the point */
 
-/* y[t * ldy + r] += sum_k ol_w[r][k] * x[t * w->cols + ol_cols[k]] for rows [r0, r1) and tokens
- * [0, n_tok): a (row, token) value depends on nothing else, so thread splits and batch sizes never
- * change it. x is the f32 input of the product (never its q8a form). No-op when w->n_ol == 0. */
+/* y[t * ldy + r] += sum_k ol_w[k][r] * x[t * w->cols + ol_cols[k]] for rows [r0, r1) and tokens
+ * [0, n_tok), k in increasing order: a (row, token) value depends on nothing else, so batch sizes and
+ * the expert store never change it. x is the f32 input of the product (never its q8a form). No-op
+ * when w->n_ol == 0. */
 void outlier_add_rows(const mat *w, const float *x, int n_tok, float *y, int ldy, int r0, int r1);
 
 /* Attach the corrections of the expert tensor `name` (a ...ffn_{gate,up,down}_exps.weight already

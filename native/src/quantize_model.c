@@ -353,7 +353,7 @@ typedef struct chunk_job {
     float *scratch;         /* [nth][3 * ne0] f32: the row, and with outliers their values and the dequantized row */
     int64_t n_ol;           /* outlier columns per expert, 0: none */
     const int32_t *ol_cols; /* [n_expert][n_ol] */
-    uint16_t *ol_w;         /* [rows of the tensor][n_ol] corrections */
+    uint16_t *ol_w;         /* [n_expert][n_ol][rows of an expert] corrections */
     int64_t bad[MAX_THREADS];   /* per thread: first row holding a non-finite value, or -1 */
     int64_t big[MAX_THREADS];   /* per thread: first row whose correction overflows F16, or -1 */
 } chunk_job;
@@ -381,8 +381,9 @@ static void chunk_task(void *arg, int ith, int nth) {
         const int32_t *cols = j->n_ol ? j->ol_cols + (gr / ne1) * j->n_ol : NULL;
         if (cols) outlier_split_row(row, cols, j->n_ol, row + ne0);
         quantize_rows(j->type, row, j->out + (size_t)r * j->row_bytes, 1, ne0, imp);
+        uint16_t *corr = cols ? j->ol_w + (size_t)((gr / ne1) * j->n_ol * ne1 + gr % ne1) : NULL;
         if (cols && !outlier_correct_row(j->type, j->out + (size_t)r * j->row_bytes, ne0, cols, j->n_ol, row + ne0,
-                                         row + 2 * ne0, j->ol_w + (size_t)gr * (size_t)j->n_ol) &&
+                                         row + 2 * ne0, corr, (size_t)ne1) &&
             j->big[ith] < 0)
             j->big[ith] = gr;
     }
@@ -642,10 +643,10 @@ colibri_status colibri_quantize(const char *in, const char *out, const colibri_q
             char name[192];
             outlier_name(t->name, plan[i].kind, name, sizeof name);
             w_str(&w, name, strlen(name));
-            const int cols = plan[i].kind == PLAN_OL_COLS;
+            const int cols = plan[i].kind == PLAN_OL_COLS;   /* {n_ol, n_expert} or {rows, n_ol, n_expert} */
             w_u32(&w, cols ? 2 : 3);
-            w_u64(&w, (uint64_t)plan[i].n_ol);
             if (!cols) w_u64(&w, t->ne[1]);
+            w_u64(&w, (uint64_t)plan[i].n_ol);
             w_u64(&w, t->ne[2]);
         }
         w_u32(&w, plan[i].type);

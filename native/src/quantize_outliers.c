@@ -105,12 +105,12 @@ void outlier_split_row(float *row, const int32_t *cols, int64_t n_ol, float *sav
 }
 
 int outlier_correct_row(uint32_t type, const void *qrow, int64_t ne0, const int32_t *cols, int64_t n_ol,
-                        const float *saved, float *dq, uint16_t *corr) {
+                        const float *saved, float *dq, uint16_t *corr, size_t stride) {
     dequantize_row(type, qrow, dq, (uint64_t)ne0);
     int ok = 1;
     for (int64_t k = 0; k < n_ol; k++) {
-        corr[k] = fp32_to_fp16(saved[k] - dq[cols[k]]);
-        ok &= isfinite(fp16_to_fp32(corr[k])) != 0;
+        corr[(size_t)k * stride] = fp32_to_fp16(saved[k] - dq[cols[k]]);
+        ok &= isfinite(fp16_to_fp32(corr[(size_t)k * stride])) != 0;
     }
     return ok;
 }

@@ -24,9 +24,9 @@ colibri_status outlier_pick(cb_pool *pool, const gguf_tensor *t, const float *im
  * scales fit the remaining columns. */
 void outlier_split_row(float *row, const int32_t *cols, int64_t n_ol, float *saved);
 
-/* After: corr[k] = F16(saved[k] - dequant(qrow)[cols[k]]), dq a scratch row of ne0 floats.
+/* After: corr[k * stride] = F16(saved[k] - dequant(qrow)[cols[k]]), dq a scratch row of ne0 floats.
  * 0 when a correction does not fit F16 (the caller fails with the row named), else 1. */
 int outlier_correct_row(uint32_t type, const void *qrow, int64_t ne0, const int32_t *cols, int64_t n_ol,
-                        const float *saved, float *dq, uint16_t *corr);
+                        const float *saved, float *dq, uint16_t *corr, size_t stride);
 
 #endif

@@ -11,7 +11,7 @@ columns (a few columns per expert 25x the others):
   decode; batched sequences give the bits each gives alone; the memory plan counts the corrections as
   resident weights;
 * bad input is a clear error: fraction out of range, a float target, a model without experts, an
-  input that already has corrections, damaged correction tensors at load.
+  input that already has corrections, low-bit copies of such a file, damaged correction tensors at load.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from native_engine import LIB, Engine
 
 from colibri_backend import _native as N
 from colibri_backend.errors import EngineError
-from colibri_backend.quantize import quantize
+from colibri_backend.quantize import quantize, write_lowbit_sidecar
 
 SHAPE = dict(n_embd=256, n_ff_exp=256, n_expert=8, n_expert_used=2)  # rows of 256: Q4_K / IQ4_NL blocks
 PLANTED = 2  # outlier columns planted per expert and tensor
@@ -264,6 +264,10 @@ def test_cli_refusals_leave_no_file(files: dict[str, Path], tmp_path: Path) -> N
     r = _cli(str(files["q4_k_m+ol"]), str(out), "--type", "q4_0", "--allow-requantize")
     assert r.returncode == 1 and "already carries outlier corrections" in r.stderr, r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dense.gguf"]
+    # low-bit copies would be of the 4-bit part, which lacks the outlier columns
+    with pytest.raises(EngineError, match="outlier-channel experts.*low-bit copies of them are not supported"):
+        write_lowbit_sidecar(files["q4_k_m+ol"], "q2_k")
+    assert not Path(f"{files['q4_k_m+ol']}.lowbit").exists()
     ok = _cli(str(src), str(out), "--type", "q4_k_m", "--expert-outliers", "0.01", "--threads", "2")
     assert ok.returncode == 0, ok.stderr
     assert any(".colibri_outlier_w" in t.name for t in gguf.GGUFReader(str(out)).tensors)

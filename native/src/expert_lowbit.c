@@ -14,6 +14,7 @@
 #include "expert_lowbit.h"
 #include "experts.h"
 #include "kernels.h"
+#include "outliers.h"
 #include "types.h"
 
 struct expert_lowbit {
@@ -76,6 +77,9 @@ colibri_status lowbit_header_for(const struct colibri_model *m, const uint32_t t
     memset(h, 0, sizeof *h);
     if (hp->n_expert <= 0 || hp->n_layer <= hp->n_dense_lead)
         return cb_error(COLIBRI_E_INVALID_ARG, "%s has no routed experts, so no low-bit copies", m->path);
+    if (model_has_outliers(m)) /* its block-typed experts lack the outlier columns the corrections add */
+        return cb_error(COLIBRI_E_UNSUPPORTED, "%s has outlier-channel experts (--expert-outliers): low-bit copies "
+                        "of them are not supported", m->path);
     const int32_t cols[3] = {hp->n_embd, hp->n_embd, hp->n_ff_exp};
     static const char *const what[3] = {"gate", "up", "down"};
     for (int p = 0; p < 3; p++) {

@@ -16,6 +16,7 @@
 #include "error.h"
 #include "resident.h"
 #include "loader.h"
+#include "outliers.h"
 #include "types.h"
 
 /* ---- hyperparameters every architecture has ---------------------------- */
@@ -232,7 +233,7 @@ static colibri_status read_layers(loader *L) {
         if (st) return st;
     }
     layer_geometry(m);
-    return COLIBRI_OK;
+    return outliers_check_read(m);
 }
 
 /* The architecture's row, from general.architecture. */

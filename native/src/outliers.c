@@ -72,3 +72,29 @@ colibri_status ld_outliers(const loader *L, const char *name, int64_t n_expert, 
     m->n_ol = (int32_t)n;
     return COLIBRI_OK;
 }
+
+static uint64_t read_count(const struct colibri_model *m) {
+    uint64_t n = 0;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const layer_weights *w = &m->layers[il];
+        n += (w->gate_exps.n_ol > 0) + (w->up_exps.n_ol > 0) + (w->down_exps.n_ol > 0);
+    }
+    return n;
+}
+
+int model_has_outliers(const struct colibri_model *m) { return read_count(m) > 0; }
+
+colibri_status outliers_check_read(const struct colibri_model *m) {
+    uint64_t in_file = 0;
+    for (uint64_t i = 0; i < m->file.n_tensors; i++) {
+        const char *name = m->file.tensors[i].name;
+        const size_t len = strlen(name), kl = strlen(".colibri_outlier_w");
+        in_file += len > kl && strcmp(name + len - kl, ".colibri_outlier_w") == 0;
+    }
+    const uint64_t got = read_count(m);
+    if (got != in_file)
+        return cb_error(COLIBRI_E_UNSUPPORTED, "%llu expert tensors of the file have outlier corrections, the %s "
+                        "loader reads %llu: outlier-channel experts are not supported for this architecture",
+                        (unsigned long long)in_file, m->arch_name, (unsigned long long)got);
+    return COLIBRI_OK;
+}

@@ -31,6 +31,14 @@ void outlier_add_rows(const mat *w, const float *x, int n_tok, float *y, int ldy
  * read into m) when the file has them, checking their shape, type and values. */
 colibri_status ld_outliers(const loader *L, const char *name, int64_t n_expert, mat3 *m);
 
+/* After the layers are read: every correction tensor of the file was taken by the architecture's loader
+ * (one that reads its experts another way would silently drop them, and the 4-bit part alone lacks the
+ * outlier columns). */
+colibri_status outliers_check_read(const struct colibri_model *m);
+
+/* 1 when some expert of m carries corrections. */
+int model_has_outliers(const struct colibri_model *m);
+
 /* Outlier columns of a tensor with `cols` input columns at fraction f: round(f * cols), at least 1. */
 static inline int64_t outlier_count(int64_t cols, float f) {
     const int64_t n = (int64_t)((double)f * (double)cols + 0.5);

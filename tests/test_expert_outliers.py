@@ -265,7 +265,7 @@ def test_cli_refusals_leave_no_file(files: dict[str, Path], tmp_path: Path) -> N
     assert r.returncode == 1 and "already carries outlier corrections" in r.stderr, r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dense.gguf"]
     # low-bit copies would be of the 4-bit part, which lacks the outlier columns
-    with pytest.raises(EngineError, match="outlier-channel experts.*low-bit copies of them are not supported"):
+    with pytest.raises(EngineError, match="outlier-channel experts.*copies of them are not supported"):
         write_lowbit_sidecar(files["q4_k_m+ol"], "q2_k")
     assert not Path(f"{files['q4_k_m+ol']}.lowbit").exists()
     ok = _cli(str(src), str(out), "--type", "q4_k_m", "--expert-outliers", "0.01", "--threads", "2")

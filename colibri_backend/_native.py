@@ -278,6 +278,8 @@ class QuantizeParamsC(Structure):
         ("imatrix_sizes", POINTER(ctypes.c_int64)),
         ("progress", QuantizeProgressC),
         ("progress_user", c_void_p),
+        ("expert_outliers", c_float),
+        ("outlier_corpus", c_char_p),
     ]
 
 

@@ -124,11 +124,16 @@ def quantize(
     threads: int | None = None,
     allow_requantize: bool = False,
     progress: Callable[[int, int, str], None] | None = None,
+    expert_outliers: float = 0.0,
+    outlier_corpus: str | None = None,
 ) -> Path:
     """Quantize the GGUF `src` to `dst` with the type mix `qtype` (see quantize_types()); returns dst.
 
     `imatrix` is a llama.cpp imatrix file or an already-read {name: importances} dict. `progress` is
     called with (source bytes done, total, tensor name). Nothing is left at `dst` on failure.
+    `expert_outliers` > 0 (at most 0.25) keeps that fraction of every routed expert's input columns
+    exact to F16 as Colibri-only correction tensors (lossy, opt-in; docs/memory.md); `outlier_corpus`
+    describes the calibration text, recorded as colibri.outliers.corpus (default: the imatrix file's name).
     """
     from colibri_backend._native import QuantizeParamsC, QuantizeProgressC, load_library
 
@@ -143,6 +148,11 @@ def quantize(
     params.type = qtype.encode()
     params.n_threads = int(threads) if threads else (os.cpu_count() or 1)
     params.allow_requantize = 1 if allow_requantize else 0
+    params.expert_outliers = float(expert_outliers)
+    if outlier_corpus is None and isinstance(imatrix, (str, os.PathLike)):
+        outlier_corpus = f"imatrix {Path(imatrix).name}"
+    corpus = (outlier_corpus or "none").encode()
+    params.outlier_corpus = corpus
 
     arrays = [np.ascontiguousarray(v, dtype=np.float32) for v in table.values()]
     n = len(arrays)

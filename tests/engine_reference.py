@@ -409,6 +409,9 @@ def load_gguf_reference(path: str | Path) -> RefModel:
     }
     m = RefModel(arch=arch, hp=hp)
     for t in r.tensors:
+        if t.tensor_type == QT.I32:  # an index table (Colibri's outlier columns), not a weight
+            m.w[t.name] = np.asarray(t.data).copy()
+            continue
         a = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64)
         if arch == "llama" and t.name.endswith(("attn_q.weight", "attn_k.weight")):
             a = unpermute_qk(a, nh if "attn_q" in t.name else nkv)

@@ -1,5 +1,5 @@
 """`colibri quantize IN.gguf OUT.gguf --type TYPE [--imatrix FILE] [--threads N] [--allow-requantize]
-[--lowbit-sidecar q2_k|iq4_xs]`."""
+[--lowbit-sidecar q2_k|iq4_xs] [--expert-outliers F [--outlier-corpus TEXT]]`."""
 
 from __future__ import annotations
 
@@ -48,6 +48,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also write OUT.gguf.lowbit: every routed expert at q2_k or iq4_xs, for the lossy "
         "--lowbit-experts W load option (docs/memory.md)",
     )
+    p.add_argument(
+        "--expert-outliers",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="lossy, opt-in: keep the fraction F (0 < F <= 0.25, e.g. 0.01) of every routed expert's input "
+        "columns with the largest importance x weight energy exact to F16, as extra colibri_outlier tensors; "
+        "the file then loads in Colibri only (docs/memory.md)",
+    )
+    p.add_argument(
+        "--outlier-corpus",
+        default=None,
+        metavar="TEXT",
+        help="the calibration text behind --imatrix, recorded as colibri.outliers.corpus",
+    )
     p.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
     p.set_defaults(func=run)
 
@@ -60,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"input model {src} does not exist")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if not (0.0 <= args.expert_outliers <= 0.25):  # NaN fails too
+        raise ValueError(f"--expert-outliers must be in (0, 0.25] (0: off), got {args.expert_outliers}")
     bar = None
     if not args.no_progress and sys.stderr.isatty():
         from tqdm import tqdm
@@ -90,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
             threads=args.threads or os.cpu_count() or 1,
             allow_requantize=args.allow_requantize,
             progress=progress,
+            expert_outliers=args.expert_outliers,
+            outlier_corpus=args.outlier_corpus,
         )
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -493,6 +493,11 @@ typedef struct colibri_quantize_params {
     const int64_t *imatrix_sizes;
     colibri_quantize_progress progress;   /* may be NULL */
     void *progress_user;
+    /* Colibri's outlier-channel experts (lossy, opt-in; docs/memory.md): 0 off, else the fraction
+     * (0, 0.25] of every routed expert's input columns kept exact to F16 as correction tensors
+     * beside the block-typed expert; such a file loads in Colibri only */
+    float expert_outliers;
+    const char *outlier_corpus;           /* recorded as colibri.outliers.corpus; NULL: "none" */
 } colibri_quantize_params;
 
 COLIBRI_API void colibri_quantize_default_params(colibri_quantize_params *out);

@@ -16,6 +16,7 @@
 #include "experts.h"
 #include "kernels.h"
 #include "loader.h"
+#include "outliers.h"
 #include "types.h"
 
 struct expert_lowbit {
@@ -78,6 +79,9 @@ colibri_status lowbit_header_for(const struct colibri_model *m, const uint32_t t
     memset(h, 0, sizeof *h);
     if (hp->n_expert <= 0 || hp->n_layer <= hp->n_dense_lead)
         return cb_error(COLIBRI_E_INVALID_ARG, "%s has no routed experts, so no low-bit copies", m->path);
+    if (model_has_outliers(m)) /* its block-typed experts lack the outlier columns the corrections add */
+        return cb_error(COLIBRI_E_UNSUPPORTED, "%s has outlier-channel experts (--expert-outliers): low-bit copies "
+                        "of them are not supported", m->path);
     const int32_t cols[3] = {hp->n_embd, hp->n_embd, hp->n_ff_exp};
     static const char *const what[3] = {"gate", "up", "down"};
     for (int p = 0; p < 3; p++) {
@@ -293,6 +297,9 @@ colibri_status lowbit_finish(expert_lowbit *lb, struct expert_store *s, int il, 
         m[p]->rows = lb->rows[p];
         m[p]->cols = lb->cols[p];
         m[p]->row_bytes = lb->row_bytes[p];
+        m[p]->n_ol = 0; /* no outlier correction: it corrects the file's own quantization, not this copy's */
+        m[p]->ol_w = NULL;
+        m[p]->ol_cols = NULL;
         at += (size_t)lb->rows[p] * lb->row_bytes[p];
     }
     return COLIBRI_OK;

@@ -749,6 +749,7 @@ static void fill_view(const expert_store *s, const slot *sl, int layer, int e, e
         dst[p]->rows = src[p]->rows;
         dst[p]->cols = src[p]->cols;
         dst[p]->row_bytes = src[p]->row_bytes;
+        mat3_outliers(src[p], e, dst[p]); /* the corrections stay resident (outliers.h) */
     }
 }
 

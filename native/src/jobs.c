@@ -5,6 +5,7 @@
 #include "context.h"
 #include "imatrix.h"
 #include "ops.h"
+#include "outliers.h"
 #include "threads.h"
 
 /* Rows per split point: 16 floats of output = one cache line, so threads never share one. */
@@ -21,9 +22,11 @@ static void mm_worker(void *arg, int ith, int nth) {
         const mm_job *jb = &t->jobs[j];
         int r0, r1;
         pool_split(jb->w.rows, ith, nth, ROW_GRANULE, &r0, &r1);
-        if (r0 < r1)
+        if (r0 < r1) {
             matmul_rows(jb->w.type, jb->w.data, jb->w.row_bytes, jb->w.cols, jb->x, jb->xq, jb->n_tok, jb->y, jb->ldy,
                         r0, r1);
+            outlier_add_rows(&jb->w, jb->x, jb->n_tok, jb->y, jb->ldy, r0, r1);
+        }
     }
 }
 
@@ -58,6 +61,9 @@ static void glu_worker(void *arg, int ith, int nth) {
                     F, r0, r1);
         matmul_rows(jb->up.type, jb->up.data, jb->up.row_bytes, jb->up.cols, jb->x, jb->xq, jb->n_tok, jb->u, F, r0,
                     r1);
+        /* outlier corrections before the biases and the activation (outliers.h) */
+        outlier_add_rows(&jb->gate, jb->x, jb->n_tok, jb->g, F, r0, r1);
+        outlier_add_rows(&jb->up, jb->x, jb->n_tok, jb->u, F, r0, r1);
         for (int tk = 0; tk < jb->n_tok; tk++) {
             float *g = jb->g + (size_t)tk * F + r0, *u = jb->u + (size_t)tk * F + r0;
             if (jb->bg) op_add(g, jb->bg + r0, r1 - r0);

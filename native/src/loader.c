@@ -8,6 +8,7 @@
 
 #include "alloc.h"
 #include "error.h"
+#include "outliers.h"
 #include "types.h"
 
 /* ---- metadata --------------------------------------------------------- */
@@ -149,7 +150,7 @@ colibri_status ld_mat3(const loader *L, const char *name, int64_t cols, int64_t 
     out->expert_bytes = out->row_bytes * (size_t)rows;
     out->expert_stride = out->expert_bytes;
     if (out->row_bytes == 0 || out->expert_bytes * (uint64_t)n_expert != t->nbytes) return size_mismatch(name);
-    return COLIBRI_OK;
+    return ld_outliers(L, name, n_expert, out);
 }
 
 /* n0 x n1 elements (ne = {n0, n1}) dequantized row by row to a fresh f32 array [n1][n0]. */

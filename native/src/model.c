@@ -16,6 +16,7 @@
 #include "error.h"
 #include "resident.h"
 #include "loader.h"
+#include "outliers.h"
 #include "types.h"
 
 /* ---- hyperparameters every architecture has ---------------------------- */
@@ -232,7 +233,7 @@ static colibri_status read_layers(loader *L) {
         if (st) return st;
     }
     layer_geometry(m);
-    return COLIBRI_OK;
+    return outliers_check_read(m);
 }
 
 /* The architecture's row, from general.architecture. */
@@ -393,6 +394,7 @@ expert_view model_expert_view(const struct colibri_model *m, int layer, int e) {
         dst[i]->rows = src[i]->rows;
         dst[i]->cols = src[i]->cols;
         dst[i]->row_bytes = src[i]->row_bytes;
+        mat3_outliers(src[i], e, dst[i]);
     }
     return v;
 }

@@ -20,7 +20,9 @@
 #include "colibri.h"
 #include "error.h"
 #include "gguf.h"
+#include "outliers.h"
 #include "quantize.h"
+#include "quantize_outliers.h"
 #include "threads.h"
 #include "types.h"
 
@@ -329,8 +331,12 @@ static int key_is(const gguf_kv *kv, const char *k) {
 
 /* ---- the job --------------------------------------------------------------------- */
 
+enum { PLAN_TENSOR = 0, PLAN_OL_COLS = 1, PLAN_OL_W = 2 };  /* a source tensor, or its outlier tensors */
+
 typedef struct tensor_plan {
     const gguf_tensor *src;
+    int kind;               /* PLAN_*: the outlier tensors follow their expert tensor */
+    int64_t n_ol;           /* PLAN_TENSOR: outlier columns per expert (0: none) */
     uint32_t type;          /* output type */
     uint64_t nbytes;        /* output bytes */
     uint64_t offset;        /* relative to the output data section */
@@ -344,8 +350,12 @@ typedef struct chunk_job {
     size_t row_bytes;
     const float *imp;
     uint8_t *out;           /* output of row row0 */
-    float *scratch;         /* [nth][ne0] f32 rows */
+    float *scratch;         /* [nth][3 * ne0] f32: the row, and with outliers their values and the dequantized row */
+    int64_t n_ol;           /* outlier columns per expert, 0: none */
+    const int32_t *ol_cols; /* [n_expert][n_ol] */
+    uint16_t *ol_w;         /* [n_expert][n_ol][rows of an expert] corrections */
     int64_t bad[MAX_THREADS];   /* per thread: first row holding a non-finite value, or -1 */
+    int64_t big[MAX_THREADS];   /* per thread: first row whose correction overflows F16, or -1 */
 } chunk_job;
 
 static void chunk_task(void *arg, int ith, int nth) {
@@ -353,10 +363,11 @@ static void chunk_task(void *arg, int ith, int nth) {
     const gguf_tensor *t = j->src;
     const int64_t ne0 = (int64_t)t->ne[0], ne1 = (int64_t)t->ne[1];
     const size_t src_row = type_row_bytes(t->type, (uint64_t)ne0);
-    float *row = j->scratch + (size_t)ith * (size_t)ne0;
+    float *row = j->scratch + (size_t)ith * 3 * (size_t)ne0;
     int b, e;
     pool_split((int)j->n_rows, ith, nth, 1, &b, &e);
     j->bad[ith] = -1;
+    j->big[ith] = -1;
     for (int r = b; r < e; r++) {
         const int64_t gr = j->row0 + r;
         dequantize_row(t->type, (const uint8_t *)t->data + (size_t)gr * src_row, row, (uint64_t)ne0);
@@ -367,7 +378,14 @@ static void chunk_task(void *arg, int ith, int nth) {
             }
         }
         const float *imp = j->imp ? j->imp + ((gr / ne1) % (int64_t)t->ne[2]) * ne0 : NULL;
+        const int32_t *cols = j->n_ol ? j->ol_cols + (gr / ne1) * j->n_ol : NULL;
+        if (cols) outlier_split_row(row, cols, j->n_ol, row + ne0);
         quantize_rows(j->type, row, j->out + (size_t)r * j->row_bytes, 1, ne0, imp);
+        uint16_t *corr = cols ? j->ol_w + (size_t)((gr / ne1) * j->n_ol * ne1 + gr % ne1) : NULL;
+        if (cols && !outlier_correct_row(j->type, j->out + (size_t)r * j->row_bytes, ne0, cols, j->n_ol, row + ne0,
+                                         row + 2 * ne0, corr, (size_t)ne1) &&
+            j->big[ith] < 0)
+            j->big[ith] = gr;
     }
 }
 
@@ -426,6 +444,39 @@ static colibri_status read_hparams(const gguf_file *gf, mix_state *s) {
     return COLIBRI_OK;
 }
 
+static int key_prefix(const gguf_kv *kv, const char *k) {
+    return kv->key.len >= strlen(k) && memcmp(kv->key.ptr, k, strlen(k)) == 0;
+}
+
+/* The name of an outlier tensor of the expert tensor `src` (...weight -> ...colibri_outlier_*). */
+static void outlier_name(const char *src, int kind, char *buf, size_t cap) {
+    const int stem = (int)strlen(src) - 6;   /* without "weight" (outlier_target checked it) */
+    snprintf(buf, cap, "%.*s%s", stem, src, kind == PLAN_OL_COLS ? "colibri_outlier_cols" : "colibri_outlier_w");
+}
+
+/* Check --expert-outliers against the target and the file: which expert tensors get corrections. */
+static colibri_status check_outliers(const gguf_file *gf, const target *tg, float frac, const char *in,
+                                     uint64_t *n_targets) {
+    *n_targets = 0;
+    for (uint64_t i = 0; i < gf->n_tensors; i++) {
+        if (outlier_tensor_name(gf->tensors[i].name))
+            return cb_error(COLIBRI_E_INVALID_ARG, "%s already carries outlier corrections (%s); quantize the "
+                            "F32/F16/BF16 file instead", in, gf->tensors[i].name);
+        if (outlier_target(&gf->tensors[i])) ++*n_targets;
+    }
+    if (frac == 0.0f) return COLIBRI_OK;
+    if (!(frac > 0.0f && frac <= OUTLIER_MAX_FRACTION))
+        return cb_error(COLIBRI_E_INVALID_ARG, "quantize: expert outlier fraction %g is outside (0, %g]",
+                        (double)frac, (double)OUTLIER_MAX_FRACTION);
+    if (is_float_type(tg->base))
+        return cb_error(COLIBRI_E_INVALID_ARG, "quantize: expert outliers correct a quantized type; %s is not one",
+                        tg->name);
+    if (*n_targets == 0)
+        return cb_error(COLIBRI_E_INVALID_ARG, "%s has no routed expert tensors (blk.N.ffn_{gate,up,down}_exps."
+                        "weight) to give outlier channels", in);
+    return COLIBRI_OK;
+}
+
 static int same_file(const char *a, const char *b) {
     struct stat sa, sb;
     return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
@@ -444,7 +495,9 @@ colibri_status colibri_quantize(const char *in, const char *out, const colibri_q
     colibri_status st = gguf_open(in, &gf);
     if (st != COLIBRI_OK) return st;
 
-    tensor_plan *plan = NULL;
+    tensor_plan *plan = NULL, *src_plan = NULL;
+    int32_t *ol_cols = NULL;
+    uint16_t *ol_w = NULL;
     float *scratch = NULL;
     uint8_t *buf = NULL;
     cb_pool *pool = NULL;
@@ -455,8 +508,15 @@ colibri_status colibri_quantize(const char *in, const char *out, const colibri_q
     st = read_hparams(&gf, &ms);
     if (st != COLIBRI_OK) goto done;
 
-    plan = calloc(gf.n_tensors ? gf.n_tensors : 1, sizeof *plan);
-    if (!plan) {
+    const float frac = p->expert_outliers;
+    uint64_t n_targets;
+    st = check_outliers(&gf, tg, frac, in, &n_targets);
+    if (st != COLIBRI_OK) goto done;
+    if (frac == 0.0f) n_targets = 0;
+    const uint64_t n_plan = gf.n_tensors + 2 * n_targets;
+    src_plan = calloc(gf.n_tensors ? gf.n_tensors : 1, sizeof *src_plan);
+    plan = calloc(n_plan ? n_plan : 1, sizeof *plan);
+    if (!plan || !src_plan) {
         st = cb_error(COLIBRI_E_NOMEM, "quantize: out of memory");
         goto done;
     }
@@ -475,15 +535,16 @@ colibri_status colibri_quantize(const char *in, const char *out, const colibri_q
             goto done;
         }
     }
-    st = plan_imatrix(&gf, p, plan, in);
+    st = plan_imatrix(&gf, p, src_plan, in);
     if (st != COLIBRI_OK) goto done;
 
-    uint64_t off = 0, total_src = 0;
+    uint64_t off = 0, total_src = 0, np = 0;
     size_t buf_bytes = CHUNK_BYTES;   /* one chunk of output rows, at least one row */
     for (uint64_t i = 0; i < gf.n_tensors; i++) {
         const gguf_tensor *t = &gf.tensors[i];
-        tensor_plan *tp = &plan[i];
+        tensor_plan *tp = &plan[np++];
         tp->src = t;
+        tp->imp = src_plan[i].imp;
         tp->type = choose_type(&ms, tg, t);
         if (tp->type != t->type && !type_info(t->type)->computable) {
             st = cb_error(COLIBRI_E_UNSUPPORTED, "%s: tensor %s has type %s, which Colibri cannot dequantize to "
@@ -497,12 +558,26 @@ colibri_status colibri_quantize(const char *in, const char *out, const colibri_q
         total_src += t->nbytes;
         const size_t rb = type_row_bytes(tp->type, t->ne[0]);
         if (rb > buf_bytes) buf_bytes = rb;
+        /* corrections only where the expert is requantized to a block type */
+        if (frac > 0.0f && outlier_target(t) && tp->type != t->type && !is_float_type(tp->type)) {
+            tp->n_ol = outlier_count((int64_t)t->ne[0], frac);
+            for (int k = PLAN_OL_COLS; k <= PLAN_OL_W; k++) {
+                tensor_plan *xp = &plan[np++];
+                xp->src = t;
+                xp->kind = k;
+                xp->n_ol = tp->n_ol;
+                xp->type = k == PLAN_OL_COLS ? 26u /* I32 */ : GGML_TYPE_F16;
+                xp->nbytes = (uint64_t)tp->n_ol * (k == PLAN_OL_COLS ? 4 : 2 * t->ne[1]) * t->ne[2];
+                xp->offset = off;
+                off += (xp->nbytes + OUT_ALIGN - 1) / OUT_ALIGN * OUT_ALIGN;
+            }
+        }
     }
 
     const int nth = p->n_threads < 1 ? 1 : (p->n_threads > MAX_THREADS ? MAX_THREADS : p->n_threads);
     st = pool_create(nth, &pool);
     if (st != COLIBRI_OK) goto done;
-    scratch = malloc((size_t)nth * (size_t)max_ne0 * sizeof(float));
+    scratch = malloc((size_t)nth * 3 * (size_t)max_ne0 * sizeof(float));
     buf = malloc(buf_bytes);
     const size_t tlen = strlen(out) + 32;
     tmp = malloc(tlen);
@@ -521,18 +596,18 @@ colibri_status colibri_quantize(const char *in, const char *out, const colibri_q
     writer w = {.f = f};
     w_bytes(&w, "GGUF", 4);
     w_u32(&w, 3);
-    w_u64(&w, gf.n_tensors);
+    w_u64(&w, np);
     uint64_t n_kv = 0;
     int has_ft = 0;
     for (uint64_t i = 0; i < gf.n_kv; i++) {
-        if (key_is(&gf.kv[i], "general.alignment")) continue;
+        if (key_is(&gf.kv[i], "general.alignment") || key_prefix(&gf.kv[i], "colibri.outliers.")) continue;
         if (key_is(&gf.kv[i], "general.file_type")) has_ft = 1;
         n_kv++;
     }
-    w_u64(&w, n_kv + (has_ft ? 0 : 1));
+    w_u64(&w, n_kv + (has_ft ? 0 : 1) + (n_targets ? 3 : 0));
     for (uint64_t i = 0; i < gf.n_kv; i++) {
         const gguf_kv *kv = &gf.kv[i];
-        if (key_is(kv, "general.alignment")) continue;
+        if (key_is(kv, "general.alignment") || key_prefix(kv, "colibri.outliers.")) continue;
         if (key_is(kv, "general.file_type")) {
             w_str(&w, kv->key.ptr, kv->key.len);
             w_u32(&w, GGUF_VT_UINT32);
@@ -546,11 +621,34 @@ colibri_status colibri_quantize(const char *in, const char *out, const colibri_q
         w_u32(&w, GGUF_VT_UINT32);
         w_u32(&w, (uint32_t)tg->ftype);
     }
-    for (uint64_t i = 0; i < gf.n_tensors; i++) {
+    if (n_targets) {   /* outliers.h */
+        const char *corpus = p->outlier_corpus && *p->outlier_corpus ? p->outlier_corpus : "none";
+        w_str(&w, "colibri.outliers.version", 24);
+        w_u32(&w, GGUF_VT_UINT32);
+        w_u32(&w, OUTLIER_FORMAT_VERSION);
+        w_str(&w, "colibri.outliers.fraction", 25);
+        w_u32(&w, GGUF_VT_FLOAT32);
+        w_bytes(&w, &frac, 4);
+        w_str(&w, "colibri.outliers.corpus", 23);
+        w_u32(&w, GGUF_VT_STRING);
+        w_str(&w, corpus, strlen(corpus));
+    }
+    for (uint64_t i = 0; i < np; i++) {
         const gguf_tensor *t = plan[i].src;
-        w_str(&w, t->name, strlen(t->name));
-        w_u32(&w, t->n_dims);
-        for (uint32_t d = 0; d < t->n_dims; d++) w_u64(&w, t->ne[d]);
+        if (plan[i].kind == PLAN_TENSOR) {
+            w_str(&w, t->name, strlen(t->name));
+            w_u32(&w, t->n_dims);
+            for (uint32_t d = 0; d < t->n_dims; d++) w_u64(&w, t->ne[d]);
+        } else {
+            char name[192];
+            outlier_name(t->name, plan[i].kind, name, sizeof name);
+            w_str(&w, name, strlen(name));
+            const int cols = plan[i].kind == PLAN_OL_COLS;   /* {n_ol, n_expert} or {rows, n_ol, n_expert} */
+            w_u32(&w, cols ? 2 : 3);
+            if (!cols) w_u64(&w, t->ne[1]);
+            w_u64(&w, (uint64_t)plan[i].n_ol);
+            w_u64(&w, t->ne[2]);
+        }
         w_u32(&w, plan[i].type);
         w_u64(&w, plan[i].offset);
     }
@@ -559,7 +657,7 @@ colibri_status colibri_quantize(const char *in, const char *out, const colibri_q
 
     /* tensor data */
     uint64_t done_src = 0;
-    for (uint64_t i = 0; i < gf.n_tensors && !w.failed; i++) {
+    for (uint64_t i = 0; i < np && !w.failed; i++) {
         const tensor_plan *tp = &plan[i];
         const gguf_tensor *t = tp->src;
         w_pad(&w);
@@ -567,6 +665,23 @@ colibri_status colibri_quantize(const char *in, const char *out, const colibri_q
             st = cb_error(COLIBRI_E_INTERNAL, "quantize: %s at %llu, planned %llu", t->name,
                           (unsigned long long)(w.pos - data_start), (unsigned long long)tp->offset);
             goto done;
+        }
+        if (tp->kind != PLAN_TENSOR) {   /* made while its expert tensor was quantized, just before */
+            if (tp->kind == PLAN_OL_COLS) w_bytes(&w, ol_cols, (size_t)tp->nbytes);
+            else w_bytes(&w, ol_w, (size_t)tp->nbytes);
+            continue;
+        }
+        if (tp->n_ol) {
+            free(ol_cols);
+            free(ol_w);
+            ol_cols = malloc((size_t)tp->n_ol * (size_t)t->ne[2] * sizeof *ol_cols);
+            ol_w = malloc((size_t)tp->n_ol * (size_t)(t->ne[1] * t->ne[2]) * sizeof *ol_w);
+            if (!ol_cols || !ol_w) {
+                st = cb_error(COLIBRI_E_NOMEM, "quantize: out of memory for the outliers of %s", t->name);
+                goto done;
+            }
+            st = outlier_pick(pool, t, tp->imp, tp->n_ol, ol_cols);
+            if (st != COLIBRI_OK) goto done;
         }
         if (p->progress && p->progress(p->progress_user, done_src, total_src, t->name)) {
             st = cb_error(COLIBRI_E_INVALID_ARG, "quantize: cancelled");
@@ -585,12 +700,18 @@ colibri_status colibri_quantize(const char *in, const char *out, const colibri_q
         if (chunk < 1) chunk = 1;
         for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
             chunk_job job = {.src = t, .type = tp->type, .row0 = r0, .n_rows = rows - r0 < chunk ? rows - r0 : chunk,
-                             .row_bytes = dst_row, .imp = tp->imp, .out = buf, .scratch = scratch};
+                             .row_bytes = dst_row, .imp = tp->imp, .out = buf, .scratch = scratch,
+                             .n_ol = tp->n_ol, .ol_cols = ol_cols, .ol_w = ol_w};
             pool_run(pool, chunk_task, &job);
             for (int k = 0; k < nth; k++) {
                 if (job.bad[k] >= 0) {
                     st = cb_error(COLIBRI_E_FORMAT, "%s: tensor %s row %lld holds a NaN or infinite value", in,
                                   t->name, (long long)job.bad[k]);
+                    goto done;
+                }
+                if (job.big[k] >= 0) {
+                    st = cb_error(COLIBRI_E_FORMAT, "%s: tensor %s row %lld: an outlier correction overflows F16",
+                                  in, t->name, (long long)job.big[k]);
                     goto done;
                 }
             }
@@ -628,7 +749,10 @@ done:
     if (pool) pool_destroy(pool);
     free(buf);
     free(scratch);
+    free(ol_cols);
+    free(ol_w);
     free(plan);
+    free(src_plan);
     gguf_close(&gf);
     return st;
 }

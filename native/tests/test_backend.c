@@ -113,7 +113,7 @@ static void check_type(const cb_backend *cl, const cb_backend *cpu, uint32_t typ
                        const block_q8a *xq) {
     weights w = make_weights(type, ROWS, COLS);
     if (resident) CHECK_OK(cl->ops->add_resident(cl->ctx, w.data, (size_t)ROWS * w.row_bytes));
-    const mat m = {w.data, type, ROWS, COLS, w.row_bytes};
+    const mat m = {.data = w.data, .type = type, .rows = ROWS, .cols = COLS, .row_bytes = w.row_bytes};
     static float ya[MAXT * (ROWS + 3)], yb[MAXT * (ROWS + 3)];
     const int toks[3] = {1, 3, MAXT};
     for (int k = 0; k < 3; k++) {
@@ -166,7 +166,8 @@ static void check_glu_variants(const cb_backend *cl, const cb_backend *cpu, cons
     const int acts[3] = {FFN_SWIGLU, FFN_SWIGLU_OAI, FFN_GEGLU_TANH};
     for (int v = 0; v < 3; v++) {
         weights g = make_weights(tg[v], GF, COLS), u = make_weights(tu[v], GF, COLS);
-        const mat mg = {g.data, g.type, GF, COLS, g.row_bytes}, mu = {u.data, u.type, GF, COLS, u.row_bytes};
+        const mat mg = {.data = g.data, .type = g.type, .rows = GF, .cols = COLS, .row_bytes = g.row_bytes};
+        const mat mu = {.data = u.data, .type = u.type, .rows = GF, .cols = COLS, .row_bytes = u.row_bytes};
         glu_job ja = glu(&mg, &mu, x, xq, GT, ga, ua, qa), jb = glu(&mg, &mu, x, xq, GT, gb, ub, qb);
         ja.act = jb.act = acts[v];
         if (acts[v] == FFN_SWIGLU_OAI) {
@@ -197,14 +198,15 @@ static void check_glu_variants(const cb_backend *cl, const cb_backend *cpu, cons
  * another buffer makes the kept one come back. */
 static void check_glu_kept(const cb_backend *cl, const cb_backend *cpu, const float *x, const block_q8a *xq) {
     weights g = make_weights(GGML_TYPE_Q4_K, GF, COLS), u = make_weights(GGML_TYPE_Q8_0, GF, COLS);
-    const mat mg = {g.data, g.type, GF, COLS, g.row_bytes}, mu = {u.data, u.type, GF, COLS, u.row_bytes};
+    const mat mg = {.data = g.data, .type = g.type, .rows = GF, .cols = COLS, .row_bytes = g.row_bytes};
+    const mat mu = {.data = u.data, .type = u.type, .rows = GF, .cols = COLS, .row_bytes = u.row_bytes};
     static float ga[GT * GF], ua[GT * GF], gb[GT * GF], ub[GT * GF];
     static block_q8a qa[GT * GF / 32], qb[GT * GF / 32], qc[GT * GF / 32];
     glu_job ja = glu(&mg, &mu, x, xq, GT, ga, ua, qa), jb = glu(&mg, &mu, x, xq, GT, gb, ub, qb);
     check_glu_against_cpu(cl, cpu, ja, jb, GF, GT);  /* not resident: both halves through one staging buffer */
     memcpy(qc, qb, sizeof qc);
     weights d = make_weights(GGML_TYPE_Q8_0, GD, GF);
-    const mat md = {d.data, d.type, GD, GF, d.row_bytes};
+    const mat md = {.data = d.data, .type = d.type, .rows = GD, .cols = GF, .row_bytes = d.row_bytes};
     static float da[GT * GD], db[GT * GD], dc[GT * GD];
     const mm_job down_cpu = job(&md, gb, qc, GT, da, GD), down_kept = job(&md, gb, qb, GT, db, GD);
     cpu->ops->matmul(cpu->ctx, &down_cpu, 1);
@@ -251,7 +253,7 @@ static void check_glu_kept(const cb_backend *cl, const cb_backend *cpu, const fl
      * which finds the host copy written: the same result as the CPU's from the same blocks */
     enum { BIG = 1100 };
     weights dbig = make_weights(GGML_TYPE_Q8_0, BIG, GF);
-    const mat mbig = {dbig.data, dbig.type, BIG, GF, dbig.row_bytes};
+    const mat mbig = {.data = dbig.data, .type = dbig.type, .rows = BIG, .cols = GF, .row_bytes = dbig.row_bytes};
     static float ya[GT * BIG], yb[GT * BIG];
     memset(qb, 0x55, sizeof qb);
     cl->ops->glu(cl->ctx, &jb, 1);
@@ -279,8 +281,9 @@ static void check_glu_kept_failure(const struct colibri_model *m, const cb_backe
     if (!cl.ops) return;
     weights g = make_weights(GGML_TYPE_Q4_K, GF, COLS), u = make_weights(GGML_TYPE_Q8_0, GF, COLS);
     weights d = make_weights(GGML_TYPE_Q8_0, GD, GF);
-    const mat mg = {g.data, g.type, GF, COLS, g.row_bytes}, mu = {u.data, u.type, GF, COLS, u.row_bytes};
-    const mat md = {d.data, d.type, GD, GF, d.row_bytes};
+    const mat mg = {.data = g.data, .type = g.type, .rows = GF, .cols = COLS, .row_bytes = g.row_bytes};
+    const mat mu = {.data = u.data, .type = u.type, .rows = GF, .cols = COLS, .row_bytes = u.row_bytes};
+    const mat md = {.data = d.data, .type = d.type, .rows = GD, .cols = GF, .row_bytes = d.row_bytes};
     static float ga[GT * GF], ua[GT * GF], gb[GT * GF], ub[GT * GF], da[GT * GD], db[GT * GD];
     static block_q8a qa[GT * GF / 32], qb[GT * GF / 32];
     glu_job ja = glu(&mg, &mu, x, xq, GT, ga, ua, qa), jb = glu(&mg, &mu, x, xq, GT, gb, ub, qb);
@@ -377,7 +380,7 @@ static void test_opencl(const cb_backend *cpu) {
      * so exactly the CPU's result */
     enum { BIG = 1100 };
     weights w = make_weights(GGML_TYPE_Q5_0, BIG, COLS);
-    const mat m5 = {w.data, w.type, BIG, COLS, w.row_bytes};
+    const mat m5 = {.data = w.data, .type = w.type, .rows = BIG, .cols = COLS, .row_bytes = w.row_bytes};
     static float ya[3 * BIG], yb[3 * BIG];
     const mm_job ja = job(&m5, x, xq, 3, ya, BIG), jb = job(&m5, x, xq, 3, yb, BIG);
     cpu->ops->matmul(cpu->ctx, &ja, 1);
@@ -396,7 +399,7 @@ static void test_opencl(const cb_backend *cpu) {
     /* a device failure: that call's outputs come from the CPU, exactly, and so does every later one */
     {
         weights w8 = make_weights(GGML_TYPE_Q8_0, ROWS, COLS);
-        const mat m8 = {w8.data, w8.type, ROWS, COLS, w8.row_bytes};
+        const mat m8 = {.data = w8.data, .type = w8.type, .rows = ROWS, .cols = COLS, .row_bytes = w8.row_bytes};
         const mm_job a8 = job(&m8, x, xq, 3, ya, ROWS), b8 = job(&m8, x, xq, 3, yb, ROWS);
         cpu->ops->matmul(cpu->ctx, &a8, 1);
         backend_opencl_fail_next(&cl, 1);

@@ -1,0 +1,100 @@
+/* outliers.c — the engine side of the outlier-channel expert format (see outliers.h): reading the
+ * corrections from the file and adding them to a product's rows. */
+#include "outliers.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "error.h"
+#include "kernels.h"
+#include "types.h"
+
+void outlier_add_rows(const mat *w, const float *x, int n_tok, float *y, int ldy, int r0, int r1) {
+    if (w->n_ol == 0 || r0 >= r1) return;
+    for (int t = 0; t < n_tok; t++) {
+        const float *xt = x + (size_t)t * (size_t)w->cols;
+        float *yt = y + (size_t)t * (size_t)ldy + r0;
+        for (int k = 0; k < w->n_ol; k++)
+            axpy_f16(yt, xt[w->ol_cols[k]], w->ol_w + (size_t)k * (size_t)w->rows + r0, r1 - r0);
+    }
+}
+
+static const char *suffix_of(const char *name) {
+    static const char *const kinds[] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
+    const size_t len = strlen(name);
+    for (int i = 0; i < 3; i++) {
+        const size_t kl = strlen(kinds[i]);
+        if (len > kl && name[len - kl - 1] == '.' && strcmp(name + len - kl, kinds[i]) == 0) return name + len - 6;
+    }
+    return NULL;
+}
+
+colibri_status ld_outliers(const loader *L, const char *name, int64_t n_expert, mat3 *m) {
+    const char *dot = suffix_of(name);  /* at "weight" */
+    if (!dot) return COLIBRI_OK;
+    char nc[160], nw[160];
+    const int base = (int)(dot - name);
+    snprintf(nc, sizeof nc, "%.*scolibri_outlier_cols", base, name);
+    snprintf(nw, sizeof nw, "%.*scolibri_outlier_w", base, name);
+    const gguf_tensor *tc = ld_find(L, nc), *tw = ld_find(L, nw);
+    if (!tc && !tw) return COLIBRI_OK;
+    if (!tc || !tw) return cb_error(COLIBRI_E_FORMAT, "tensor %s is missing (its pair %s is there)", tc ? nw : nc,
+                                    tc ? nc : nw);
+    uint32_t version = 0;
+    const int r = gguf_get_u32(L->f, "colibri.outliers.version", &version);
+    if (r < 0) return COLIBRI_E_FORMAT;
+    if (r == 0) return cb_error(COLIBRI_E_FORMAT, "%s: outlier tensors without colibri.outliers.version", nc);
+    if (version != OUTLIER_FORMAT_VERSION)
+        return cb_error(COLIBRI_E_UNSUPPORTED, "colibri.outliers.version %u: this engine reads version %d", version,
+                        OUTLIER_FORMAT_VERSION);
+    const int64_t X = n_expert, rows = m->rows, cols = m->cols, n = (int64_t)tc->ne[0];
+    if (tc->type != 26 /* I32 */ || n < 1 || n > outlier_count(cols, OUTLIER_MAX_FRACTION) ||
+        (int64_t)tc->ne[1] != X || tc->ne[2] != 1 || tc->ne[3] != 1 || tc->nbytes != (uint64_t)(n * X) * 4)
+        return ld_shape_error(tc, "I32 [n_outliers <= cols/4, n_expert]");
+    if (tw->type != GGML_TYPE_F16 || (int64_t)tw->ne[0] != rows || (int64_t)tw->ne[1] != n ||
+        (int64_t)tw->ne[2] != X || tw->ne[3] != 1 || tw->nbytes != (uint64_t)(n * rows * X) * 2)
+        return ld_shape_error(tw, "F16 [rows, n_outliers, n_expert] matching its columns tensor and expert tensor");
+    const int32_t *c = (const int32_t *)tc->data;
+    for (int64_t e = 0; e < X; e++)
+        for (int64_t k = 0; k < n; k++) {
+            const int32_t v = c[e * n + k];
+            if (v < 0 || v >= cols || (k > 0 && v <= c[e * n + k - 1]))
+                return cb_error(COLIBRI_E_FORMAT, "%s: expert %lld's columns are not increasing in [0, %lld)", nc,
+                                (long long)e, (long long)cols);
+        }
+    const uint16_t *wv = (const uint16_t *)tw->data;
+    for (uint64_t i = 0; i < (uint64_t)(n * rows * X); i++)
+        if (!isfinite(fp16_to_fp32(wv[i])))
+            return cb_error(COLIBRI_E_FORMAT, "%s holds a NaN or infinite value", nw);
+    m->ol_cols = c;
+    m->ol_w = wv;
+    m->n_ol = (int32_t)n;
+    return COLIBRI_OK;
+}
+
+static uint64_t read_count(const struct colibri_model *m) {
+    uint64_t n = 0;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        const layer_weights *w = &m->layers[il];
+        n += (w->gate_exps.n_ol > 0) + (w->up_exps.n_ol > 0) + (w->down_exps.n_ol > 0);
+    }
+    return n;
+}
+
+int model_has_outliers(const struct colibri_model *m) { return read_count(m) > 0; }
+
+colibri_status outliers_check_read(const struct colibri_model *m) {
+    uint64_t in_file = 0;
+    for (uint64_t i = 0; i < m->file.n_tensors; i++) {
+        const char *name = m->file.tensors[i].name;
+        const size_t len = strlen(name), kl = strlen(".colibri_outlier_w");
+        in_file += len > kl && strcmp(name + len - kl, ".colibri_outlier_w") == 0;
+    }
+    const uint64_t got = read_count(m);
+    if (got != in_file)
+        return cb_error(COLIBRI_E_UNSUPPORTED, "%llu expert tensors of the file have outlier corrections, the %s "
+                        "loader reads %llu: outlier-channel experts are not supported for this architecture",
+                        (unsigned long long)in_file, m->arch_name, (unsigned long long)got);
+    return COLIBRI_OK;
+}

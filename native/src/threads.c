@@ -149,7 +149,12 @@ static void wait_for_workers(cb_pool *p) {
         if (atomic_load_explicit(&p->pending, memory_order_acquire) == 0) return;
     } while (spin_step(&s));
     pthread_mutex_lock(&p->mu);
-    atomic_store(&p->main_sleeping, 1);
+    /* An exchange, not a store: the load of `pending` below must not pass the announcement. A
+     * seq_cst store and load already keep that order in C, but qemu-user on an x86 host runs
+     * AArch64's store-release / load-acquire pair as a plain store and load, which x86 may
+     * reorder; the test pool then lost the last worker's wake-up and hung (once under ctest -j).
+     * A read-modify-write is a full barrier on every host. */
+    atomic_exchange(&p->main_sleeping, 1);
     while (atomic_load(&p->pending) != 0) pthread_cond_wait(&p->cv_done, &p->mu);
     atomic_store(&p->main_sleeping, 0);
     pthread_mutex_unlock(&p->mu);

@@ -96,10 +96,13 @@ KX_INLINE __m256i kx_dot_us(__m256i u, __m256i s) {
 }
 
 /* Decode streams each weight byte once, and a tile reads R short rows side by side, too short
- * for the hardware prefetcher to ramp up on. So a decode tile asks for the next tile's bytes
- * (the R rows that follow it, contiguous in memory, clipped at the caller's last row) a few
- * cache lines per step while it computes: kx_pf_init once per tile (the one division), then
- * kx_pf_step(k) for steps k = 0..n-1. Prefetching changes no result. */
+ * for the hardware prefetcher to ramp up on. So a tile asks for the next tile's bytes (the R
+ * rows that follow it, contiguous in memory, clipped at the caller's last row) a few cache
+ * lines per step while it computes: kx_pf_init once per tile (the one division), then
+ * kx_pf_step(k) for steps k = 0..n-1. Multi-token tiles do the same, but only the first token
+ * tile of a row tile (KX_PF_END): the later ones of a long prefill chunk would ask again for
+ * rows already in cache, costing every tile its prefetch instructions for nothing.
+ * Prefetching changes no result. */
 typedef struct kx_pf {
     const char *base; /* first byte of the next tile */
     size_t span;      /* its bytes (0: no next tile in this row range) */
@@ -162,14 +165,15 @@ KX_INLINE __m256 kx_block_fma(uint32_t type, const kx_wblock *wb, const block_q8
     return acc;
 }
 
-/* Y[t][r0 + i] for i < R, t in [t0, t0 + T). */
+/* Y[t][r0 + i] for i < R, t in [t0, t0 + T); the next R rows are prefetched up to pf_end
+ * (0: none, see kx_pf). */
 KX_INLINE void kx_tile_q(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, float *Y,
-                         int ldy, int r0, int r_end, int t0, const int R, const int T) {
+                         int ldy, int r0, int pf_end, int t0, const int R, const int T) {
     __m256 acc[KX_PREFILL_ROWS > KX_DECODE_ROWS ? KX_PREFILL_ROWS : KX_DECODE_ROWS][KX_PREFILL_TOKS];
     for (int i = 0; i < R; i++)
         for (int j = 0; j < T; j++) acc[i][j] = _mm256_setzero_ps();
     const block_q8a *xt = Xq + (size_t)t0 * nb;
-    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, T == 1 ? r_end : 0, R, nb);
+    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, pf_end, R, nb);
     for (int b = 0; b < nb; b++) {
         kx_pf_step(&pf, b);
         for (int i = 0; i < R; i++) {
@@ -182,15 +186,22 @@ KX_INLINE void kx_tile_q(uint32_t type, const char *W, size_t row_bytes, int nb,
 }
 
 /* The tile shapes, instantiated with constant sizes so the accumulators live in registers. */
-#define KX_Q_TILE(TYPE, R, T) kx_tile_q(TYPE, W, row_bytes, nb, Xq, Y, ldy, r, r1, t, R, T)
+#define KX_Q_TILE(TYPE, R, T) kx_tile_q(TYPE, W, row_bytes, nb, Xq, Y, ldy, r, KX_PF_END(T), t, R, T)
+
+/* The prefetch limit of the tile at rows r.., tokens t.. of KX_WALK: one-token tiles and the
+ * first token tile of a row tile in a chunk prefetch the rows after it (up to r1), the other
+ * multi-token tiles none (kx_pf). One-token tiles keep theirs: dropping it from the second and
+ * third of n_tok 2 and 3 measured slower (docs/benchmarks.md, "Prefetch in the multi-token tiles"). */
+#define KX_PF_END(T) ((T) == 1 || t == tc ? r1 : 0)
 
 /* The walk of every driver here and in kernels_x86_kq.h: decode (one token) in tiles of
  * KX_DECODE_ROWS rows; prefill in token chunks of KX_CHUNK_BYTES of activations (TOKEN_BYTES
  * each), each chunk against all rows in KX_PREFILL_ROWS x KX_PREFILL_TOKS tiles, the edges in
- * tiles of 1 row or 1 token. TILE(TYPE, R, T) computes the tile at rows r.., tokens t... */
+ * tiles of 1 row or 1 token. TILE(TYPE, R, T) computes the tile at rows r.., tokens t.., in
+ * the chunk from token tc. */
 #define KX_WALK(TILE, TYPE, TOKEN_BYTES)                                                                    \
     if (n_tok == 1) {                                                                                       \
-        const int t = 0;                                                                                    \
+        const int t = 0, tc = 0;                                                                            \
         int r = r0;                                                                                         \
         for (; r + KX_DECODE_ROWS <= r1; r += KX_DECODE_ROWS) TILE(TYPE, KX_DECODE_ROWS, 1);                 \
         for (; r < r1; r++) TILE(TYPE, 1, 1);                                                               \
@@ -283,7 +294,7 @@ KX_INLINE __m512i kz_load_xpair(uint32_t type, const block_q8a *x, int two) {
 }
 
 KX_INLINE void kz_tile_q(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, float *Y,
-                         int ldy, int r0, int r_end, int t0, const int R, const int T) {
+                         int ldy, int r0, int pf_end, int t0, const int R, const int T) {
     enum { MR = KX_PREFILL_ROWS > KX_DECODE_ROWS ? KX_PREFILL_ROWS : KX_DECODE_ROWS, MT = KX_PREFILL_TOKS };
     const int q41 = type == GGML_TYPE_Q4_1;
     const size_t bb = kz_block_bytes(type);
@@ -295,7 +306,7 @@ KX_INLINE void kz_tile_q(uint32_t type, const char *W, size_t row_bytes, int nb,
     const __m512i idx_x = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)sizeof(block_q8a)));
     const block_q8a *xt = Xq + (size_t)t0 * nb;
 
-    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, T == 1 ? r_end : 0, R, (nb + 1) / 2);
+    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, pf_end, R, (nb + 1) / 2);
     for (int c0 = 0; c0 < nb; c0 += 16) {
         const int nc = nb - c0 < 16 ? nb - c0 : 16;
         const __mmask16 m = (__mmask16)((1u << nc) - 1);
@@ -355,7 +366,7 @@ KX_INLINE void kz_tile_q(uint32_t type, const char *W, size_t row_bytes, int nb,
 }
 
 #undef KX_Q_TILE
-#define KX_Q_TILE(TYPE, R, T) kz_tile_q(TYPE, W, row_bytes, nb, Xq, Y, ldy, r, r1, t, R, T)
+#define KX_Q_TILE(TYPE, R, T) kz_tile_q(TYPE, W, row_bytes, nb, Xq, Y, ldy, r, KX_PF_END(T), t, R, T)
 #endif
 
 KX_Q_DRIVER(kx_matmul_q8_0, GGML_TYPE_Q8_0)
@@ -380,13 +391,13 @@ KX_INLINE float kx_load_w1(uint32_t type, const char *row, int c) {
 }
 
 KX_INLINE void kx_tile_f(uint32_t type, const char *W, size_t row_bytes, int n_cols, const float *X, float *Y,
-                         int ldy, int r0, int r_end, int t0, const int R, const int T) {
+                         int ldy, int r0, int pf_end, int t0, const int R, const int T) {
     __m256 acc[KX_PREFILL_ROWS > KX_DECODE_ROWS ? KX_PREFILL_ROWS : KX_DECODE_ROWS][KX_PREFILL_TOKS];
     for (int i = 0; i < R; i++)
         for (int j = 0; j < T; j++) acc[i][j] = _mm256_setzero_ps();
     const float *xt = X + (size_t)t0 * n_cols;
     int c = 0;
-    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, T == 1 ? r_end : 0, R, n_cols / 8);
+    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, pf_end, R, n_cols / 8);
     for (; c + 8 <= n_cols; c += 8) {
         kx_pf_step(&pf, c / 8);
         for (int i = 0; i < R; i++) {
@@ -405,7 +416,7 @@ KX_INLINE void kx_tile_f(uint32_t type, const char *W, size_t row_bytes, int n_c
     }
 }
 
-#define KX_F_TILE(TYPE, R, T) kx_tile_f(TYPE, W, row_bytes, n_cols, X, Y, ldy, r, r1, t, R, T)
+#define KX_F_TILE(TYPE, R, T) kx_tile_f(TYPE, W, row_bytes, n_cols, X, Y, ldy, r, KX_PF_END(T), t, R, T)
 
 #define KX_F_DRIVER(NAME, TYPE)                                                                             \
     static void NAME(const char *W, size_t row_bytes, int n_cols, const float *X, int n_tok, float *Y,     \

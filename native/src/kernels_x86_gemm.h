@@ -132,16 +132,19 @@ KX_INLINE void kg_pack_x(uint32_t type, const block_q8a *Xq, int nb, int t0, int
     }
 }
 
-/* Rows r0 .. r0 + R - 1 against the 8 tokens of xp (blocks [c0, c0 + cn) of the rows).
+/* Rows r0 .. r0 + R - 1 against the 8 tokens of xp (blocks [c0, c0 + cn) of the rows), the
+ * next R rows prefetched up to pf_end (0: none; kx_pf, one step per sub-block).
  * acc[i][j] lane l carries sub-block j's share of (row r0 + i, token kg_lane_tok[l]). */
 KX_INLINE void kg_prefill_tile(uint32_t type, const char *W, size_t row_bytes, const kg_xblk *xp, int c0, int cn,
-                               int r0, __m256 (*acc)[8], const int R) {
+                               int r0, int pf_end, __m256 (*acc)[8], const int R) {
     const size_t bb = kx_k_bytes(type);
     const int min8 = kx_k_min8(type);
+    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, pf_end, R, cn);
     for (int b = c0 / 8; b < (c0 + cn) / 8; b++) {
         kx_khdr hdr[KG_PREFILL_ROWS];
         for (int i = 0; i < R; i++) kx_khdr_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, &hdr[i]);
         for (int j = 0; j < 8; j++) {
+            kx_pf_step(&pf, b * 8 + j - c0);
             const kg_xblk *xb = &xp[b * 8 + j - c0];
             __m256i X[4][2];
             for (int p = 0; p < 4; p++)
@@ -231,11 +234,13 @@ KX_INLINE void kg_dw_unpack(uint32_t type, const char *blk, int32_t (*wd)[8], fl
     }
 }
 
-/* Rows r0 .. r0 + R - 1 (R <= KG_DW_ROWS) against the 8 tokens of xp, blocks [c0, c0 + cn).
+/* Rows r0 .. r0 + R - 1 (R <= KG_DW_ROWS) against the 8 tokens of xp, blocks [c0, c0 + cn),
+ * the next R rows prefetched up to pf_end as in kg_prefill_tile.
  * acc[i][k] lane l carries group k's share of (row r0 + i, token kg_lane_tok[l]). */
 KX_INLINE void kg_prefill_tile_dw(uint32_t type, const char *W, size_t row_bytes, const kg_xdblk *xp, int c0,
-                                  int cn, int r0, __m256 (*acc)[8], const int R) {
+                                  int cn, int r0, int pf_end, __m256 (*acc)[8], const int R) {
     const size_t bb = kx_k_bytes(type);
+    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, pf_end, R, cn);
     __m256 a[KG_DW_ROWS][8]; /* in registers for the tile, not through the pointer */
     for (int i = 0; i < R; i++)
         for (int k = 0; k < 8; k++) a[i][k] = acc[i][k];
@@ -248,6 +253,7 @@ KX_INLINE void kg_prefill_tile_dw(uint32_t type, const char *W, size_t row_bytes
          * would compete with the dot products for the vector ports (a load port is free) */
         __asm__ volatile("" : : "r"(wd) : "memory");
         for (int j = 0; j < 8; j++) {
+            kx_pf_step(&pf, b * 8 + j - c0);
             const kg_xdblk *xb = &xp[b * 8 + j - c0];
             const __m256 dx = _mm256_loadu_ps(xb->d);
             __m256 S[KG_DW_ROWS], sh[KG_DW_ROWS][2]; /* sh: Q6_K, the halves' scales */
@@ -333,6 +339,10 @@ KX_INLINE void kg_matmul(uint32_t type, const char *W, size_t row_bytes, int nb,
     const kg_xdblk *xd = xp;
     __m256 accs[KG_RB][8];
     const int one_chunk = nb <= KG_CHUNK;
+    /* a tile prefetches the next tile's rows (kx_pf) when they are its successor and contiguous:
+     * with one chunk the next tile is the next rows, whole, up to r1; with several, the rows'
+     * chunk slices are strided and the next row block starts on the next chunk, so none */
+    const int pf_end = one_chunk ? r1 : 0;
     for (int t0 = 0; t0 < n_tok; t0 += KG_TOKS) {
         const int nt = n_tok - t0 < KG_TOKS ? n_tok - t0 : KG_TOKS;
         if (one_chunk) kg_pack(type, Xq, nb, t0, nt, 0, nb, xp);
@@ -346,13 +356,13 @@ KX_INLINE void kg_matmul(uint32_t type, const char *W, size_t row_bytes, int nb,
                 int r = rb;
                 if (kg_dword_tile(type)) {
                     for (; r + KG_DW_ROWS <= re; r += KG_DW_ROWS)
-                        kg_prefill_tile_dw(type, W, row_bytes, xd, c0, cn, r, &accs[r - rb], KG_DW_ROWS);
-                    for (; r < re; r++) kg_prefill_tile_dw(type, W, row_bytes, xd, c0, cn, r, &accs[r - rb], 1);
+                        kg_prefill_tile_dw(type, W, row_bytes, xd, c0, cn, r, pf_end, &accs[r - rb], KG_DW_ROWS);
+                    for (; r < re; r++) kg_prefill_tile_dw(type, W, row_bytes, xd, c0, cn, r, pf_end, &accs[r - rb], 1);
                     continue;
                 }
                 for (; r + KG_PREFILL_ROWS <= re; r += KG_PREFILL_ROWS)
-                    kg_prefill_tile(type, W, row_bytes, xk, c0, cn, r, &accs[r - rb], KG_PREFILL_ROWS);
-                for (; r < re; r++) kg_prefill_tile(type, W, row_bytes, xk, c0, cn, r, &accs[r - rb], 1);
+                    kg_prefill_tile(type, W, row_bytes, xk, c0, cn, r, pf_end, &accs[r - rb], KG_PREFILL_ROWS);
+                for (; r < re; r++) kg_prefill_tile(type, W, row_bytes, xk, c0, cn, r, pf_end, &accs[r - rb], 1);
             }
             for (int r = rb; r < re; r++) kg_store_col(Y, ldy, t0, nt, r, accs[r - rb]);
         }

@@ -367,7 +367,7 @@ KX_INLINE __m256 kx_k256_fma(uint32_t type, const kx_ksub *s, const float *S, co
 
 /* Y[t][r0 + i] for i < R, t in [t0, t0 + T); nb = q8a blocks per row. */
 KX_INLINE void kx_tile_k(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, float *Y,
-                         int ldy, int r0, int r_end, int t0, const int R, const int T) {
+                         int ldy, int r0, int pf_end, int t0, const int R, const int T) {
     enum { MR = KX_PREFILL_ROWS > KX_DECODE_ROWS ? KX_PREFILL_ROWS : KX_DECODE_ROWS, MT = KX_PREFILL_TOKS };
     const int per = kx_k_per(type);
     const int off = kx_k_offset(type, T);
@@ -380,7 +380,7 @@ KX_INLINE void kx_tile_k(uint32_t type, const char *W, size_t row_bytes, int nb,
     /* activation fields of 8 consecutive blocks: byte offsets for the gathers */
     const __m256i xidx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                                             _mm256_set1_epi32((int)sizeof(block_q8a)));
-    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, T == 1 ? r_end : 0, R, nb);
+    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, pf_end, R, nb);
     for (int b = 0; b < nb / per; b++) {
         for (int i = 0; i < R; i++) kx_khdr_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, &hdr[i]);
         if (per == 1) {
@@ -433,7 +433,7 @@ KX_INLINE void kx_tile_k(uint32_t type, const char *W, size_t row_bytes, int nb,
         for (int t = 0; t < T; t++) Y[(size_t)(t0 + t) * ldy + r0 + i] = kx_hsum(acc[i][t]);
 }
 
-#define KX_K_TILE(TYPE, R, T) kx_tile_k(TYPE, W, row_bytes, nb, Xq, Y, ldy, r, r1, t, R, T)
+#define KX_K_TILE(TYPE, R, T) kx_tile_k(TYPE, W, row_bytes, nb, Xq, Y, ldy, r, KX_PF_END(T), t, R, T)
 
 #define KX_K_DRIVER(NAME, TYPE)                                                                             \
     static void NAME(const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok, float *Y,    \

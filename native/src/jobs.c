@@ -1,5 +1,6 @@
 /* jobs.c — the matrix-job runners (see jobs.h): a list of matrix products, or of SwiGLU
- * gate/up pairs, run in one pool_run with every thread taking its share of every job's rows. */
+ * gate/up pairs, run in one pool_run, the rows of all its jobs dealt to the threads in chunks
+ * (decode-sized runs) or in fixed parts (prefill); a tiny run stays on the caller. */
 #include "jobs.h"
 
 #include "context.h"
@@ -11,27 +12,96 @@
 /* Rows per split point: 16 floats of output = one cache line, so threads never share one. */
 #define ROW_GRANULE 16
 
+/* A run whose jobs are all of at most DEAL_MAX_TOK tokens (decode steps, and the experts of a
+ * batched one) is dealt in chunks of about DEAL_CHUNK_BYTES of weights (threads.h pool_deal): a
+ * decode step is a chain of short memory-bound runs, and with fixed halves every run lasted as long
+ * as its slower thread. A run of more tokens keeps pool_split's fixed part per thread: its long row
+ * ranges are what the kernels' token walk reuses the activations over (kernels_x86.h). Either way a
+ * row's arithmetic is the same, so only who computes it changes, never its value. */
+#define DEAL_MAX_TOK 8
+#define DEAL_CHUNK_BYTES (64 * 1024)
+
+/* A run of less work than this (weight bytes times tokens) is done by the caller alone: waking
+ * the pool costs more (the 8-row router of a small MoE at decode). */
+#define INLINE_WORK_BYTES (64 * 1024)
+
+/* How many chunks a job of `rows` rows of `bytes` each is dealt in: about DEAL_CHUNK_BYTES each,
+ * whole granules, at least one. */
+static int deal_chunks(int rows, size_t bytes, int granule) {
+    const size_t n_gran = ((size_t)rows + (size_t)granule - 1) / (size_t)granule;
+    const size_t want = (size_t)rows * bytes / DEAL_CHUNK_BYTES;
+    return (int)(want < 1 ? 1 : want < n_gran ? want : n_gran);
+}
+
+/* The job and the part of it that chunk g of a dealt run is: *j and *base (job *j's first chunk)
+ * are the thread's cursor, moved from where its last chunk was (owners walk forward, thieves back),
+ * and *nc is job *j's chunk count. */
+typedef int (*job_chunks_fn)(const void *jobs, int j);
+
+static void locate_chunk(job_chunks_fn chunks, const void *jobs, int g, int *j, int *base, int *nc) {
+    while (g < *base) *base -= chunks(jobs, --*j);
+    while (g >= *base + (*nc = chunks(jobs, *j))) *base += chunks(jobs, (*j)++);
+}
+
+static int total_chunks(job_chunks_fn chunks, const void *jobs, int n_jobs) {
+    int n = 0;
+    for (int j = 0; j < n_jobs; j++) n += chunks(jobs, j);
+    return n;
+}
+
 typedef struct mm_task {
     const mm_job *jobs;
     int n_jobs;
+    int dealt;     /* 1: the rows go by pool_deal, else pool_split's part ith of every job */
+    pool_deal deal;
 } mm_task;
 
+static int mm_chunks(const void *jobs, int j) {
+    const mm_job *jb = (const mm_job *)jobs + j;
+    return deal_chunks(jb->w.rows, jb->w.row_bytes, ROW_GRANULE);
+}
+
+static void mm_rows(const mm_job *jb, int r0, int r1) {
+    if (r0 >= r1) return;
+    matmul_rows(jb->w.type, jb->w.data, jb->w.row_bytes, jb->w.cols, jb->x, jb->xq, jb->n_tok, jb->y, jb->ldy, r0, r1);
+    outlier_add_rows(&jb->w, jb->x, jb->n_tok, jb->y, jb->ldy, r0, r1);
+}
+
 static void mm_worker(void *arg, int ith, int nth) {
-    const mm_task *t = arg;
-    for (int j = 0; j < t->n_jobs; j++) {
-        const mm_job *jb = &t->jobs[j];
-        int r0, r1;
-        pool_split(jb->w.rows, ith, nth, ROW_GRANULE, &r0, &r1);
-        if (r0 < r1) {
-            matmul_rows(jb->w.type, jb->w.data, jb->w.row_bytes, jb->w.cols, jb->x, jb->xq, jb->n_tok, jb->y, jb->ldy,
-                        r0, r1);
-            outlier_add_rows(&jb->w, jb->x, jb->n_tok, jb->y, jb->ldy, r0, r1);
+    mm_task *t = arg;
+    int r0, r1;
+    if (!t->dealt) {
+        for (int j = 0; j < t->n_jobs; j++) {
+            pool_split(t->jobs[j].w.rows, ith, nth, ROW_GRANULE, &r0, &r1);
+            mm_rows(&t->jobs[j], r0, r1);
         }
+        return;
+    }
+    int cursor = 0, j = 0, base = 0, nc = 0;
+    for (int g; (g = pool_deal_next(&t->deal, ith, &cursor)) >= 0;) {
+        locate_chunk(mm_chunks, t->jobs, g, &j, &base, &nc);
+        pool_split(t->jobs[j].w.rows, g - base, nc, ROW_GRANULE, &r0, &r1);
+        mm_rows(&t->jobs[j], r0, r1);
     }
 }
 
+/* Whether a run of jobs of at most max_tok tokens on nth threads is dealt. */
+static int run_dealt(int max_tok, int nth) { return nth > 1 && max_tok <= DEAL_MAX_TOK; }
+
 void cpu_run_jobs(cb_pool *pool, const mm_job *jobs, int n_jobs) {
-    mm_task t = {jobs, n_jobs};
+    mm_task t = {.jobs = jobs, .n_jobs = n_jobs};
+    size_t work = 0;
+    int max_tok = 0;
+    for (int j = 0; j < n_jobs; j++) {
+        work += (size_t)jobs[j].w.rows * jobs[j].w.row_bytes * (size_t)jobs[j].n_tok;
+        if (jobs[j].n_tok > max_tok) max_tok = jobs[j].n_tok;
+    }
+    if (work < INLINE_WORK_BYTES) {
+        mm_worker(&t, 0, 1);
+        return;
+    }
+    t.dealt = run_dealt(max_tok, pool_size(pool));
+    if (t.dealt) pool_deal_init(&t.deal, total_chunks(mm_chunks, jobs, n_jobs), pool_size(pool));
     pool_run(pool, mm_worker, &t);
 }
 
@@ -46,38 +116,61 @@ void run_jobs(struct colibri_context *c, const mm_job *jobs, int n_jobs) {
 typedef struct glu_task {
     const glu_job *jobs;
     int n_jobs;
+    int dealt; /* as mm_task's */
+    pool_deal deal;
 } glu_task;
 
+static int glu_chunks(const void *jobs, int j) {
+    const glu_job *jb = (const glu_job *)jobs + j;
+    return deal_chunks(jb->gate.rows, jb->gate.row_bytes + jb->up.row_bytes, QK8A);
+}
+
+/* Rows [r0, r1) of a SwiGLU job, whole q8a blocks, so the thread can quantize what it produced. */
+static void glu_rows(const glu_job *jb, int r0, int r1) {
+    const int F = jb->gate.rows;
+    if (r0 >= r1) return;
+    matmul_rows(jb->gate.type, jb->gate.data, jb->gate.row_bytes, jb->gate.cols, jb->x, jb->xq, jb->n_tok, jb->g, F,
+                r0, r1);
+    matmul_rows(jb->up.type, jb->up.data, jb->up.row_bytes, jb->up.cols, jb->x, jb->xq, jb->n_tok, jb->u, F, r0, r1);
+    /* outlier corrections before the biases and the activation (outliers.h) */
+    outlier_add_rows(&jb->gate, jb->x, jb->n_tok, jb->g, F, r0, r1);
+    outlier_add_rows(&jb->up, jb->x, jb->n_tok, jb->u, F, r0, r1);
+    for (int tk = 0; tk < jb->n_tok; tk++) {
+        float *g = jb->g + (size_t)tk * F + r0, *u = jb->u + (size_t)tk * F + r0;
+        if (jb->bg) op_add(g, jb->bg + r0, r1 - r0);
+        if (jb->bu) op_add(u, jb->bu + r0, r1 - r0);
+        if (jb->act == FFN_SWIGLU_OAI) op_swiglu_oai(g, u, r1 - r0, jb->alpha, jb->limit);
+        else if (jb->act == FFN_GEGLU_TANH) op_gelu_tanh_mul(g, u, r1 - r0);
+        else op_silu_mul(g, u, r1 - r0);
+        if (jb->actq) quantize_row_q8a(g, jb->actq + ((size_t)tk * F + r0) / QK8A, r1 - r0);
+    }
+}
+
 static void glu_worker(void *arg, int ith, int nth) {
-    const glu_task *t = arg;
-    for (int j = 0; j < t->n_jobs; j++) {
-        const glu_job *jb = &t->jobs[j];
-        const int F = jb->gate.rows;
-        int r0, r1;
-        /* whole q8a blocks per thread, so each thread can quantize what it produced */
-        pool_split(F, ith, nth, QK8A, &r0, &r1);
-        if (r0 >= r1) continue;
-        matmul_rows(jb->gate.type, jb->gate.data, jb->gate.row_bytes, jb->gate.cols, jb->x, jb->xq, jb->n_tok, jb->g,
-                    F, r0, r1);
-        matmul_rows(jb->up.type, jb->up.data, jb->up.row_bytes, jb->up.cols, jb->x, jb->xq, jb->n_tok, jb->u, F, r0,
-                    r1);
-        /* outlier corrections before the biases and the activation (outliers.h) */
-        outlier_add_rows(&jb->gate, jb->x, jb->n_tok, jb->g, F, r0, r1);
-        outlier_add_rows(&jb->up, jb->x, jb->n_tok, jb->u, F, r0, r1);
-        for (int tk = 0; tk < jb->n_tok; tk++) {
-            float *g = jb->g + (size_t)tk * F + r0, *u = jb->u + (size_t)tk * F + r0;
-            if (jb->bg) op_add(g, jb->bg + r0, r1 - r0);
-            if (jb->bu) op_add(u, jb->bu + r0, r1 - r0);
-            if (jb->act == FFN_SWIGLU_OAI) op_swiglu_oai(g, u, r1 - r0, jb->alpha, jb->limit);
-            else if (jb->act == FFN_GEGLU_TANH) op_gelu_tanh_mul(g, u, r1 - r0);
-            else op_silu_mul(g, u, r1 - r0);
-            if (jb->actq) quantize_row_q8a(g, jb->actq + ((size_t)tk * F + r0) / QK8A, r1 - r0);
+    glu_task *t = arg;
+    int r0, r1;
+    if (!t->dealt) {
+        for (int j = 0; j < t->n_jobs; j++) {
+            pool_split(t->jobs[j].gate.rows, ith, nth, QK8A, &r0, &r1);
+            glu_rows(&t->jobs[j], r0, r1);
         }
+        return;
+    }
+    int cursor = 0, j = 0, base = 0, nc = 0;
+    for (int g; (g = pool_deal_next(&t->deal, ith, &cursor)) >= 0;) {
+        locate_chunk(glu_chunks, t->jobs, g, &j, &base, &nc);
+        pool_split(t->jobs[j].gate.rows, g - base, nc, QK8A, &r0, &r1);
+        glu_rows(&t->jobs[j], r0, r1);
     }
 }
 
 void cpu_run_glu(cb_pool *pool, const glu_job *jobs, int n_jobs) {
-    glu_task t = {jobs, n_jobs};
+    glu_task t = {.jobs = jobs, .n_jobs = n_jobs};
+    int max_tok = 0;
+    for (int j = 0; j < n_jobs; j++)
+        if (jobs[j].n_tok > max_tok) max_tok = jobs[j].n_tok;
+    t.dealt = run_dealt(max_tok, pool_size(pool));
+    if (t.dealt) pool_deal_init(&t.deal, total_chunks(glu_chunks, jobs, n_jobs), pool_size(pool));
     pool_run(pool, glu_worker, &t);
 }
 

@@ -11,7 +11,7 @@
 struct colibri_context;
 
 /* A matrix product job: Y[t*ldy + r] = W row r . X row t, r in [0, W.rows), t in [0, n_tok).
- * A pool_run takes a list of jobs and gives each thread its share of every job's rows. */
+ * A pool_run takes a list of jobs and deals their rows to the threads (jobs.c). */
 typedef struct mm_job {
     mat w;
     const float *x;        /* [n_tok][w.cols] float activations (float weights) */

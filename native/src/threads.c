@@ -293,3 +293,43 @@ void pool_split(int n, int ith, int nth, int granule, int *begin, int *end) {
     *begin = (int)b;
     *end = (int)e;
 }
+
+static inline uint64_t deal_word(int front, int back) { return (uint32_t)front | (uint64_t)(uint32_t)back << 32; }
+static inline int deal_front(uint64_t w) { return (int32_t)(uint32_t)w; }
+static inline int deal_back(uint64_t w) { return (int32_t)(uint32_t)(w >> 32); }
+
+void pool_deal_init(pool_deal *d, int n_chunks, int nth) {
+    d->n_owners = nth < POOL_DEAL_OWNERS ? (nth < 1 ? 1 : nth) : POOL_DEAL_OWNERS;
+    for (int i = 0; i < d->n_owners; i++) {
+        int b, e;
+        pool_split(n_chunks, i, d->n_owners, 1, &b, &e);
+        atomic_init(&d->own[i].fb, deal_word(b, e));
+    }
+}
+
+/* The claims are single read-modify-writes, so they are linearised: an owner's fetch-add that saw
+ * front < back took `front`, after which every thief sees a larger front; a thief's fetch-sub that
+ * saw back - 1 >= front took back - 1, after which the owner sees a smaller back. A failed claim
+ * moves its end by one past the other, which only keeps the range empty (each thread fails at most
+ * once per owner, so the ends stay far from overflowing). Relaxed order suffices: a chunk's outputs
+ * are published by pool_run's completion, not by the claim. */
+int pool_deal_next(pool_deal *d, int ith, int *cursor) {
+    const int n = d->n_owners;
+    if (*cursor == 0) {
+        if (ith < n) {
+            const uint64_t w = atomic_fetch_add_explicit(&d->own[ith].fb, 1, memory_order_relaxed);
+            if (deal_front(w) < deal_back(w)) return deal_front(w);
+        }
+        *cursor = 1;
+    }
+    /* others' chunks: owners ith + 1, ith + 2, ... (every owner but ith itself) */
+    const int last = ith < n ? n - 1 : n;
+    for (; *cursor <= last; ++*cursor) {
+        pool_deal_slot *v = &d->own[(ith + *cursor) % n];
+        const uint64_t seen = atomic_load_explicit(&v->fb, memory_order_relaxed);
+        if (deal_front(seen) >= deal_back(seen)) continue; /* empty: leave its ends alone */
+        const uint64_t w = atomic_fetch_sub_explicit(&v->fb, (uint64_t)1 << 32, memory_order_relaxed);
+        if (deal_back(w) - 1 >= deal_front(w)) return deal_back(w) - 1;
+    }
+    return -1;
+}

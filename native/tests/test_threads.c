@@ -1,6 +1,7 @@
 /* test_threads.c — the worker pool: every thread runs every job exactly once, jobs see
  * each other's writes, workers wake from sleep, nested use is safe, pool_split tiles
- * [0, n) exactly, and pool_run allocates nothing. */
+ * [0, n) exactly, pool_deal gives every chunk to exactly one thread (a slowed thread's to the
+ * others), and pool_run allocates nothing. */
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -202,6 +203,74 @@ static void test_split(void) {
     printf("pool_split: %d parts checked\n", checked);
 }
 
+/* ---- pool_deal ----------------------------------------------------------- */
+
+#define DEAL_MAX_CHUNKS 600
+typedef struct deal_job {
+    pool_deal deal;
+    atomic_int taken[DEAL_MAX_CHUNKS]; /* times each chunk was handed out */
+    atomic_int by[MAX_T * 4];          /* chunks each thread took */
+    int slow_us;                       /* thread 1 sleeps this long per chunk, the others 1/40 of it */
+} deal_job;
+
+static void deal_task(void *arg, int ith, int nth) {
+    deal_job *j = arg;
+    int cursor = 0;
+    for (int g; (g = pool_deal_next(&j->deal, ith, &cursor)) >= 0;) {
+        atomic_fetch_add(&j->taken[g], 1);
+        atomic_fetch_add(&j->by[ith], 1);
+        if (j->slow_us) usleep((useconds_t)(ith == 1 ? j->slow_us : j->slow_us / 40));
+    }
+}
+
+/* Every chunk once, whatever the thread count (past POOL_DEAL_OWNERS too: those threads only take
+ * from the back), in pool runs, in a single thread (the nested / forked form: the caller then
+ * takes every chunk itself), and with a thread slowed so that the others take its chunks. */
+static void test_deal(void) {
+    static deal_job job;
+    const int counts[] = {0, 1, 2, 3, 7, 64, 599};
+    const int threads[] = {1, 2, 3, 5, 40};
+    int runs = 0;
+    for (size_t ti = 0; ti < sizeof threads / sizeof *threads; ti++) {
+        const int nt = threads[ti];
+        cb_pool *pool = NULL;
+        CHECK(pool_create(nt, &pool) == COLIBRI_OK, "pool_create(%d): %s", nt, cb_last_error());
+        if (!pool) return;
+        for (size_t ci = 0; ci < sizeof counts / sizeof *counts; ci++) {
+            const int n = counts[ci];
+            for (int rep = 0; rep < (nt <= 3 ? 200 : 10); rep++) {
+                memset(&job, 0, sizeof job);
+                pool_deal_init(&job.deal, n, nt);
+                if (rep == 0) deal_task(&job, 0, nt); /* one thread alone takes them all */
+                else pool_run(pool, deal_task, &job);
+                for (int g = 0; g < n; g++)
+                    if (atomic_load(&job.taken[g]) != 1) {
+                        CHECK(0, "threads %d, %d chunks, run %d: chunk %d taken %d times", nt, n, rep, g,
+                              atomic_load(&job.taken[g]));
+                        break;
+                    }
+                int sum = 0;
+                for (int t = 0; t < nt; t++) sum += atomic_load(&job.by[t]);
+                CHECK(sum == n, "threads %d: %d chunks handed out of %d", nt, sum, n);
+                runs++;
+            }
+        }
+        pool_destroy(pool);
+    }
+    /* thread 1 sleeps 2 ms per chunk, the caller 50 us: the caller takes most of thread 1's share */
+    cb_pool *pool = NULL;
+    CHECK(pool_create(2, &pool) == COLIBRI_OK, "pool_create(2): %s", cb_last_error());
+    memset(&job, 0, sizeof job);
+    job.slow_us = 2000;
+    pool_deal_init(&job.deal, 64, 2);
+    pool_run(pool, deal_task, &job);
+    const int slow = atomic_load(&job.by[1]), fast = atomic_load(&job.by[0]);
+    CHECK(slow + fast == 64, "slowed run: %d + %d chunks of 64", fast, slow);
+    CHECK(slow < 16, "the slowed thread took %d of 64 chunks (owns 32; the caller should take most)", slow);
+    pool_destroy(pool);
+    printf("pool_deal: %d runs checked, slowed thread took %d of 64\n", runs, slow);
+}
+
 /* ---- errors and overhead ----------------------------------------------- */
 
 static void test_bad_args(void) {
@@ -279,6 +348,7 @@ static void report_overhead(int n_threads) {
 int main(void) {
     test_bad_args();
     test_split();
+    test_deal();
     for (int t = 1; t <= 4; t++) test_every_thread_once(t, t <= 2 ? 20000 : 3000, 0);
     /* sleep longer than the spin window so workers go to sleep and must be woken */
     test_every_thread_once(2, 200, 1000);

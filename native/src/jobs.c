@@ -13,13 +13,15 @@
 #define ROW_GRANULE 16
 
 /* A run whose jobs are all of at most DEAL_MAX_TOK tokens (decode steps, and the experts of a
- * batched one) is dealt in chunks of about DEAL_CHUNK_BYTES of weights (threads.h pool_deal): a
+ * batched one) is dealt in chunks of about DEAL_CHUNK_BYTES of weights (threads.h pool_deal), a
+ * claim of consecutive chunks of one job being one call of the kernel over all their rows: a
  * decode step is a chain of short memory-bound runs, and with fixed halves every run lasted as long
  * as its slower thread. A run of more tokens keeps pool_split's fixed part per thread: its long row
  * ranges are what the kernels' token walk reuses the activations over (kernels_x86.h). Either way a
  * row's arithmetic is the same, so only who computes it changes, never its value. */
 #define DEAL_MAX_TOK 8
-#define DEAL_CHUNK_BYTES (64 * 1024)
+#define DEAL_CHUNK_BYTES (16 * 1024)
+#define DEAL_MAX_CLAIM 16 /* chunks: one claim streams at most 256 KB of weights */
 
 /* A run of less work than this (weight bytes times tokens) is done by the caller alone: waking
  * the pool costs more (the 8-row router of a small MoE at decode). */
@@ -33,14 +35,27 @@ static int deal_chunks(int rows, size_t bytes, int granule) {
     return (int)(want < 1 ? 1 : want < n_gran ? want : n_gran);
 }
 
-/* The job and the part of it that chunk g of a dealt run is: *j and *base (job *j's first chunk)
- * are the thread's cursor, moved from where its last chunk was (owners walk forward, thieves back),
- * and *nc is job *j's chunk count. */
+/* Where chunk g of a dealt run is: *j and *base (job *j's first chunk) are the thread's cursor,
+ * moved from where its last claim was (owners walk forward, thieves back), and *nc is job *j's
+ * chunk count. */
 typedef int (*job_chunks_fn)(const void *jobs, int j);
 
 static void locate_chunk(job_chunks_fn chunks, const void *jobs, int g, int *j, int *base, int *nc) {
     while (g < *base) *base -= chunks(jobs, --*j);
     while (g >= *base + (*nc = chunks(jobs, *j))) *base += chunks(jobs, (*j)++);
+}
+
+/* The rows [*r0, *r1) of the claimed chunks [*g, end) that lie in one job (*j), granule-aligned
+ * parts of it (pool_split); *g moves past them. */
+static void claim_rows(job_chunks_fn chunks, const void *jobs, int rows_of_job(const void *, int), int granule, int *g,
+                       int end, int *j, int *base, int *r0, int *r1) {
+    int nc, unused;
+    locate_chunk(chunks, jobs, *g, j, base, &nc);
+    const int last = end < *base + nc ? end : *base + nc;
+    const int rows = rows_of_job(jobs, *j);
+    pool_split(rows, *g - *base, nc, granule, r0, &unused);
+    pool_split(rows, last - 1 - *base, nc, granule, &unused, r1);
+    *g = last;
 }
 
 static int total_chunks(job_chunks_fn chunks, const void *jobs, int n_jobs) {
@@ -61,6 +76,8 @@ static int mm_chunks(const void *jobs, int j) {
     return deal_chunks(jb->w.rows, jb->w.row_bytes, ROW_GRANULE);
 }
 
+static int mm_job_rows(const void *jobs, int j) { return ((const mm_job *)jobs)[j].w.rows; }
+
 static void mm_rows(const mm_job *jb, int r0, int r1) {
     if (r0 >= r1) return;
     matmul_rows(jb->w.type, jb->w.data, jb->w.row_bytes, jb->w.cols, jb->x, jb->xq, jb->n_tok, jb->y, jb->ldy, r0, r1);
@@ -77,12 +94,12 @@ static void mm_worker(void *arg, int ith, int nth) {
         }
         return;
     }
-    int cursor = 0, j = 0, base = 0, nc = 0;
-    for (int g; (g = pool_deal_next(&t->deal, ith, &cursor)) >= 0;) {
-        locate_chunk(mm_chunks, t->jobs, g, &j, &base, &nc);
-        pool_split(t->jobs[j].w.rows, g - base, nc, ROW_GRANULE, &r0, &r1);
-        mm_rows(&t->jobs[j], r0, r1);
-    }
+    int cursor = 0, j = 0, base = 0, end;
+    for (int g; (g = pool_deal_next(&t->deal, ith, &cursor, &end)) >= 0;)
+        while (g < end) {
+            claim_rows(mm_chunks, t->jobs, mm_job_rows, ROW_GRANULE, &g, end, &j, &base, &r0, &r1);
+            mm_rows(&t->jobs[j], r0, r1);
+        }
 }
 
 /* Whether a run of jobs of at most max_tok tokens on nth threads is dealt. */
@@ -101,7 +118,7 @@ void cpu_run_jobs(cb_pool *pool, const mm_job *jobs, int n_jobs) {
         return;
     }
     t.dealt = run_dealt(max_tok, pool_size(pool));
-    if (t.dealt) pool_deal_init(&t.deal, total_chunks(mm_chunks, jobs, n_jobs), pool_size(pool));
+    if (t.dealt) pool_deal_init(&t.deal, total_chunks(mm_chunks, jobs, n_jobs), pool_size(pool), DEAL_MAX_CLAIM);
     pool_run(pool, mm_worker, &t);
 }
 
@@ -124,6 +141,8 @@ static int glu_chunks(const void *jobs, int j) {
     const glu_job *jb = (const glu_job *)jobs + j;
     return deal_chunks(jb->gate.rows, jb->gate.row_bytes + jb->up.row_bytes, QK8A);
 }
+
+static int glu_job_rows(const void *jobs, int j) { return ((const glu_job *)jobs)[j].gate.rows; }
 
 /* Rows [r0, r1) of a SwiGLU job, whole q8a blocks, so the thread can quantize what it produced. */
 static void glu_rows(const glu_job *jb, int r0, int r1) {
@@ -156,12 +175,12 @@ static void glu_worker(void *arg, int ith, int nth) {
         }
         return;
     }
-    int cursor = 0, j = 0, base = 0, nc = 0;
-    for (int g; (g = pool_deal_next(&t->deal, ith, &cursor)) >= 0;) {
-        locate_chunk(glu_chunks, t->jobs, g, &j, &base, &nc);
-        pool_split(t->jobs[j].gate.rows, g - base, nc, QK8A, &r0, &r1);
-        glu_rows(&t->jobs[j], r0, r1);
-    }
+    int cursor = 0, j = 0, base = 0, end;
+    for (int g; (g = pool_deal_next(&t->deal, ith, &cursor, &end)) >= 0;)
+        while (g < end) {
+            claim_rows(glu_chunks, t->jobs, glu_job_rows, QK8A, &g, end, &j, &base, &r0, &r1);
+            glu_rows(&t->jobs[j], r0, r1);
+        }
 }
 
 void cpu_run_glu(cb_pool *pool, const glu_job *jobs, int n_jobs) {
@@ -170,7 +189,7 @@ void cpu_run_glu(cb_pool *pool, const glu_job *jobs, int n_jobs) {
     for (int j = 0; j < n_jobs; j++)
         if (jobs[j].n_tok > max_tok) max_tok = jobs[j].n_tok;
     t.dealt = run_dealt(max_tok, pool_size(pool));
-    if (t.dealt) pool_deal_init(&t.deal, total_chunks(glu_chunks, jobs, n_jobs), pool_size(pool));
+    if (t.dealt) pool_deal_init(&t.deal, total_chunks(glu_chunks, jobs, n_jobs), pool_size(pool), DEAL_MAX_CLAIM);
     pool_run(pool, glu_worker, &t);
 }
 

@@ -295,10 +295,11 @@ void pool_split(int n, int ith, int nth, int granule, int *begin, int *end) {
 }
 
 static inline uint64_t deal_word(int front, int back) { return (uint32_t)front | (uint64_t)(uint32_t)back << 32; }
-static inline int deal_front(uint64_t w) { return (int32_t)(uint32_t)w; }
-static inline int deal_back(uint64_t w) { return (int32_t)(uint32_t)(w >> 32); }
+static inline int deal_front(uint64_t w) { return (int)(uint32_t)w; }
+static inline int deal_back(uint64_t w) { return (int)(uint32_t)(w >> 32); }
 
-void pool_deal_init(pool_deal *d, int n_chunks, int nth) {
+void pool_deal_init(pool_deal *d, int n_chunks, int nth, int max_claim) {
+    d->max_claim = max_claim < 1 ? 1 : max_claim;
     d->n_owners = nth < POOL_DEAL_OWNERS ? (nth < 1 ? 1 : nth) : POOL_DEAL_OWNERS;
     for (int i = 0; i < d->n_owners; i++) {
         int b, e;
@@ -307,29 +308,37 @@ void pool_deal_init(pool_deal *d, int n_chunks, int nth) {
     }
 }
 
-/* The claims are single read-modify-writes, so they are linearised: an owner's fetch-add that saw
- * front < back took `front`, after which every thief sees a larger front; a thief's fetch-sub that
- * saw back - 1 >= front took back - 1, after which the owner sees a smaller back. A failed claim
- * moves its end by one past the other, which only keeps the range empty (each thread fails at most
- * once per owner, so the ends stay far from overflowing). Relaxed order suffices: a chunk's outputs
- * are published by pool_run's completion, not by the claim. */
-int pool_deal_next(pool_deal *d, int ith, int *cursor) {
+/* Take from an owner's range: the front half (the owner) or the back quarter (a thief), at least
+ * one chunk, at most max_claim. A compare-and-swap of the whole word: a claim happens only on the range as it was
+ * seen, so claims never overlap, and the ends never cross. Relaxed order suffices: a chunk's
+ * outputs are published by pool_run's completion, not by the claim. */
+static int deal_take(pool_deal_slot *s, int from_front, int max_claim, int *end) {
+    uint64_t w = atomic_load_explicit(&s->fb, memory_order_relaxed);
+    for (;;) {
+        const int f = deal_front(w), b = deal_back(w);
+        if (f >= b) return -1;
+        const int left = b - f, want = from_front ? (left + 1) / 2 : (left + 3) / 4;
+        const int n = want < max_claim ? want : max_claim;
+        const uint64_t next = from_front ? deal_word(f + n, b) : deal_word(f, b - n);
+        if (atomic_compare_exchange_weak_explicit(&s->fb, &w, next, memory_order_relaxed, memory_order_relaxed)) {
+            *end = from_front ? f + n : b;
+            return from_front ? f : b - n;
+        }
+    }
+}
+
+int pool_deal_next(pool_deal *d, int ith, int *cursor, int *end) {
     const int n = d->n_owners;
     if (*cursor == 0) {
-        if (ith < n) {
-            const uint64_t w = atomic_fetch_add_explicit(&d->own[ith].fb, 1, memory_order_relaxed);
-            if (deal_front(w) < deal_back(w)) return deal_front(w);
-        }
+        const int g = ith < n ? deal_take(&d->own[ith], 1, d->max_claim, end) : -1;
+        if (g >= 0) return g;
         *cursor = 1;
     }
     /* others' chunks: owners ith + 1, ith + 2, ... (every owner but ith itself) */
     const int last = ith < n ? n - 1 : n;
     for (; *cursor <= last; ++*cursor) {
-        pool_deal_slot *v = &d->own[(ith + *cursor) % n];
-        const uint64_t seen = atomic_load_explicit(&v->fb, memory_order_relaxed);
-        if (deal_front(seen) >= deal_back(seen)) continue; /* empty: leave its ends alone */
-        const uint64_t w = atomic_fetch_sub_explicit(&v->fb, (uint64_t)1 << 32, memory_order_relaxed);
-        if (deal_back(w) - 1 >= deal_front(w)) return deal_back(w) - 1;
+        const int g = deal_take(&d->own[(ith + *cursor) % n], 0, d->max_claim, end);
+        if (g >= 0) return g;
     }
     return -1;
 }

@@ -24,25 +24,29 @@ void pool_run(cb_pool *pool, pool_task fn, void *arg);
 void pool_split(int n, int ith, int nth, int granule, int *begin, int *end);
 
 /* Dealing chunks [0, n) among the threads of one pool run. Thread ith owns the ith of the
- * near-equal runs of chunks and takes its own from the front; once they are done it takes the
- * other owners' from their back. A thread that the OS or the memory slows thus does fewer, and
- * no thread waits at the end of the run for a fixed share still being computed. Each chunk
- * goes to exactly one thread; an owner's claims touch only its own cache line until a thief
- * comes. The caller fills it (pool_deal_init) before pool_run; each thread calls
- * pool_deal_next with its own cursor (0 at the start) until it returns -1. Threads past
- * POOL_DEAL_OWNERS own nothing and only take from the back. */
+ * near-equal runs of chunks and takes its own from the front, half of what it has left at a time
+ * (long runs of rows, which the kernels stream best, then shorter ones); once they are done it
+ * takes the other owners' from their back, a quarter of what is left there at a time. A thread
+ * that the OS or the memory slows thus does fewer, and no thread waits at the end of the run for
+ * a fixed share still being computed. Each chunk goes to exactly one thread; an owner's claims
+ * touch only its own cache line until a thief comes. No claim is above max_claim chunks, so a thread
+ * the OS stops mid-claim holds back at most that much. The caller fills it (pool_deal_init) before
+ * pool_run; each thread calls pool_deal_next with its own cursor (0 at the start) until it
+ * returns -1; a claim is the chunks [returned, *end). Threads past POOL_DEAL_OWNERS own nothing
+ * and only take from the back. */
 #define POOL_DEAL_OWNERS 32
 
 typedef struct pool_deal_slot {
-    _Alignas(64) _Atomic uint64_t fb; /* front (low 32 bits) | back (high 32 bits), both signed */
+    _Alignas(64) _Atomic uint64_t fb; /* front (low 32 bits) | back (high 32 bits) */
 } pool_deal_slot;
 
 typedef struct pool_deal {
     pool_deal_slot own[POOL_DEAL_OWNERS];
     int n_owners;
+    int max_claim;
 } pool_deal;
 
-void pool_deal_init(pool_deal *d, int n_chunks, int nth);
-int pool_deal_next(pool_deal *d, int ith, int *cursor);
+void pool_deal_init(pool_deal *d, int n_chunks, int nth, int max_claim);
+int pool_deal_next(pool_deal *d, int ith, int *cursor, int *end);
 
 #endif

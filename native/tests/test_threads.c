@@ -210,16 +210,23 @@ typedef struct deal_job {
     pool_deal deal;
     atomic_int taken[DEAL_MAX_CHUNKS]; /* times each chunk was handed out */
     atomic_int by[MAX_T * 4];          /* chunks each thread took */
-    int slow_us;                       /* thread 1 sleeps this long per chunk, the others 1/40 of it */
+    atomic_int bad;                    /* claims that were empty or out of range */
+    int slow_us;                       /* thread 1 sleeps this long per chunk, the others 1/200 of it */
 } deal_job;
 
 static void deal_task(void *arg, int ith, int nth) {
     deal_job *j = arg;
-    int cursor = 0;
-    for (int g; (g = pool_deal_next(&j->deal, ith, &cursor)) >= 0;) {
-        atomic_fetch_add(&j->taken[g], 1);
-        atomic_fetch_add(&j->by[ith], 1);
-        if (j->slow_us) usleep((useconds_t)(ith == 1 ? j->slow_us : j->slow_us / 40));
+    int cursor = 0, end;
+    for (int g; (g = pool_deal_next(&j->deal, ith, &cursor, &end)) >= 0;) {
+        if (end <= g || end > DEAL_MAX_CHUNKS) {
+            atomic_fetch_add(&j->bad, 1);
+            return;
+        }
+        for (; g < end; g++) {
+            atomic_fetch_add(&j->taken[g], 1);
+            atomic_fetch_add(&j->by[ith], 1);
+            if (j->slow_us) usleep((useconds_t)(ith == 1 ? j->slow_us : j->slow_us / 200));
+        }
     }
 }
 
@@ -240,7 +247,7 @@ static void test_deal(void) {
             const int n = counts[ci];
             for (int rep = 0; rep < (nt <= 3 ? 200 : 10); rep++) {
                 memset(&job, 0, sizeof job);
-                pool_deal_init(&job.deal, n, nt);
+                pool_deal_init(&job.deal, n, nt, 1 + rep % 9);
                 if (rep == 0) deal_task(&job, 0, nt); /* one thread alone takes them all */
                 else pool_run(pool, deal_task, &job);
                 for (int g = 0; g < n; g++)
@@ -249,6 +256,7 @@ static void test_deal(void) {
                               atomic_load(&job.taken[g]));
                         break;
                     }
+                CHECK(atomic_load(&job.bad) == 0, "threads %d, %d chunks: a bad claim", nt, n);
                 int sum = 0;
                 for (int t = 0; t < nt; t++) sum += atomic_load(&job.by[t]);
                 CHECK(sum == n, "threads %d: %d chunks handed out of %d", nt, sum, n);
@@ -257,12 +265,13 @@ static void test_deal(void) {
         }
         pool_destroy(pool);
     }
-    /* thread 1 sleeps 2 ms per chunk, the caller 50 us: the caller takes most of thread 1's share */
+    /* thread 1 sleeps 20 ms per chunk, the caller 100 us, claims of at most 4 chunks: the caller
+     * takes most of thread 1's share */
     cb_pool *pool = NULL;
     CHECK(pool_create(2, &pool) == COLIBRI_OK, "pool_create(2): %s", cb_last_error());
     memset(&job, 0, sizeof job);
-    job.slow_us = 2000;
-    pool_deal_init(&job.deal, 64, 2);
+    job.slow_us = 20000;
+    pool_deal_init(&job.deal, 64, 2, 4);
     pool_run(pool, deal_task, &job);
     const int slow = atomic_load(&job.by[1]), fast = atomic_load(&job.by[0]);
     CHECK(slow + fast == 64, "slowed run: %d + %d chunks of 64", fast, slow);

@@ -309,9 +309,9 @@ void pool_deal_init(pool_deal *d, int n_chunks, int nth, int max_claim) {
 }
 
 /* Take from an owner's range: the front half (the owner) or the back quarter (a thief), at least
- * one chunk, at most max_claim. A compare-and-swap of the whole word: a claim happens only on the range as it was
- * seen, so claims never overlap, and the ends never cross. Relaxed order suffices: a chunk's
- * outputs are published by pool_run's completion, not by the claim. */
+ * one chunk, at most max_claim. A compare-and-swap of the whole word: a claim happens only on the
+ * range as it was seen, so claims never overlap and the ends never cross. Relaxed order suffices:
+ * a chunk's outputs are published by pool_run's completion, not by the claim. */
 static int deal_take(pool_deal_slot *s, int from_front, int max_claim, int *end) {
     uint64_t w = atomic_load_explicit(&s->fb, memory_order_relaxed);
     for (;;) {

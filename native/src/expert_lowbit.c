@@ -297,9 +297,7 @@ colibri_status lowbit_finish(expert_lowbit *lb, struct expert_store *s, int il, 
         m[p]->rows = lb->rows[p];
         m[p]->cols = lb->cols[p];
         m[p]->row_bytes = lb->row_bytes[p];
-        m[p]->n_ol = 0; /* no outlier correction: it corrects the file's own quantization, not this copy's */
-        m[p]->ol_w = NULL;
-        m[p]->ol_cols = NULL;
+        m[p]->ol = NULL; /* no outlier correction: it corrects the file's own quantization, not this copy's */
         at += (size_t)lb->rows[p] * lb->row_bytes[p];
     }
     return COLIBRI_OK;

@@ -297,6 +297,9 @@ void model_free(struct colibri_model *m) {
             cb_free(w->exp_probs_b);
             cb_free(w->q_a_norm);
             cb_free(w->kv_a_norm);
+            cb_free(w->gate_exps.ol);
+            if (w->up_exps.ol != w->gate_exps.ol) cb_free(w->up_exps.ol); /* gemma4's fused halves share one */
+            cb_free(w->down_exps.ol);
         }
         cb_free(m->layers);
     }

@@ -6,17 +6,19 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "error.h"
 #include "kernels.h"
 #include "types.h"
 
 void outlier_add_rows(const mat *w, const float *x, int n_tok, float *y, int ldy, int r0, int r1) {
-    if (w->n_ol == 0 || r0 >= r1) return;
+    const mat_outliers *ol = w->ol;
+    if (!ol || r0 >= r1) return;
     for (int t = 0; t < n_tok; t++) {
         const float *xt = x + (size_t)t * (size_t)w->cols;
         float *yt = y + (size_t)t * (size_t)ldy + r0;
-        for (int k = 0; k < w->n_ol; k++)
-            axpy_f16(yt, xt[w->ol_cols[k]], w->ol_w + (size_t)k * (size_t)w->rows + r0, r1 - r0);
+        for (int k = 0; k < ol->n; k++)
+            axpy_f16(yt, xt[ol->cols[k]], ol->w + (size_t)k * (size_t)w->rows + r0, r1 - r0);
     }
 }
 
@@ -67,9 +69,10 @@ colibri_status ld_outliers(const loader *L, const char *name, int64_t n_expert, 
     for (uint64_t i = 0; i < (uint64_t)(n * rows * X); i++)
         if (!isfinite(fp16_to_fp32(wv[i])))
             return cb_error(COLIBRI_E_FORMAT, "%s holds a NaN or infinite value", nw);
-    m->ol_cols = c;
-    m->ol_w = wv;
-    m->n_ol = (int32_t)n;
+    m->ol = cb_malloc((size_t)X * sizeof *m->ol);
+    if (!m->ol) return cb_error(COLIBRI_E_NOMEM, "out of memory for the outlier records of %s", name);
+    for (int64_t e = 0; e < X; e++)
+        m->ol[e] = (mat_outliers){.w = wv + (size_t)(e * rows * n), .cols = c + (size_t)(e * n), .n = (int32_t)n};
     return COLIBRI_OK;
 }
 
@@ -77,7 +80,7 @@ static uint64_t read_count(const struct colibri_model *m) {
     uint64_t n = 0;
     for (int il = 0; il < m->hp.n_layer; il++) {
         const layer_weights *w = &m->layers[il];
-        n += (w->gate_exps.n_ol > 0) + (w->up_exps.n_ol > 0) + (w->down_exps.n_ol > 0);
+        n += (w->gate_exps.ol != NULL) + (w->up_exps.ol != NULL) + (w->down_exps.ol != NULL);
     }
     return n;
 }

@@ -21,14 +21,15 @@
 #define OUTLIER_FORMAT_VERSION 1
 #define OUTLIER_MAX_FRACTION 0.25f   /* beyond this the "4-bit" part is no longer the point */
 
-/* y[t * ldy + r] += sum_k ol_w[k][r] * x[t * w->cols + ol_cols[k]] for rows [r0, r1) and tokens
+/* y[t * ldy + r] += sum_k ol->w[k][r] * x[t * w->cols + ol->cols[k]] for rows [r0, r1) and tokens
  * [0, n_tok), k in increasing order: a (row, token) value depends on nothing else, so batch sizes and
  * the expert store never change it. x is the f32 input of the product (never its q8a form). No-op
- * when w->n_ol == 0. */
+ * when w->ol is NULL. */
 void outlier_add_rows(const mat *w, const float *x, int n_tok, float *y, int ldy, int r0, int r1);
 
 /* Attach the corrections of the expert tensor `name` (a ...ffn_{gate,up,down}_exps.weight already
- * read into m) when the file has them, checking their shape, type and values. */
+ * read into m) when the file has them, checking their shape, type and values: m->ol becomes a fresh
+ * array of one record per expert (freed by model_free). */
 colibri_status ld_outliers(const loader *L, const char *name, int64_t n_expert, mat3 *m);
 
 /* After the layers are read: every correction tensor of the file was taken by the architecture's loader

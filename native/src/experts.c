@@ -60,8 +60,8 @@ typedef struct slot {
  * threads take ahead of every queued slot load: a decode step waits for it as for a demand read. The forward
  * thread arms it (store_read_aside) only when no piece of it is in flight; the readers own its progress. */
 typedef struct aside {
-    int fd;
-    unsigned char *dst;     /* [len] */
+    int fd, fd_direct;      /* fd_direct: the same file opened with O_DIRECT, -1 when none */
+    unsigned char *dst;     /* [len]; with fd_direct, inside a page-aligned window as a slot region's bytes are */
     uint64_t off;           /* file offset of dst[0] */
     size_t len;
     int32_t layer, expert;  /* whose stall a wait for it is */
@@ -83,6 +83,7 @@ struct expert_store {
     size_t region_off[3];   /* offset of gate, up, down inside a slot */
     int fd, fd_direct;      /* fd_direct = -1 when O_DIRECT is unavailable */
     _Atomic int direct_ok;  /* cleared for good after the first EINVAL */
+    _Atomic int aside_direct_ok; /* the same for the reads aside (another file: the low-bit sidecar) */
     _Atomic int fail_reads; /* fault injection */
     unsigned char *mem;
     slot *slots;            /* [n_slots] */
@@ -202,6 +203,15 @@ static int pread_full(int fd, unsigned char *dst, size_t n, uint64_t off, size_t
     return got >= need ? 0 : EIO;
 }
 
+/* Bytes [off, off + len) of fd were just copied into memory the engine owns (a slot, a low-bit scratch): drop
+ * them from the page cache, so nothing is held twice (a second copy would only take memory from the budget's
+ * cgroup; the kernel keeps pages other users still map or lock). Widened to whole pages, or the partial page at
+ * each end would stay cached; a neighbour's bytes in those pages are streamed the same way, never mapped. */
+static void drop_cached(int fd, uint64_t off, uint64_t len) {
+    const uint64_t lo = off & ~(uint64_t)(STORE_IO_ALIGN - 1), hi = round_up((size_t)(off + len), STORE_IO_ALIGN);
+    posix_fadvise(fd, (off_t)lo, (off_t)(hi - lo), POSIX_FADV_DONTNEED);
+}
+
 /* Wait until slot i is no longer LOADING; returns its state. */
 static int wait_slot(const slot *sl) {
     int st, spins = 0;
@@ -237,9 +247,7 @@ static int read_piece(expert_store *s, int l, int e, unsigned char *mem, int pie
     if (err == EINVAL) {
         const uint64_t from = lo > off ? lo : off;
         err = pread_full(s->fd, mem + s->region_off[p] + (from - a), (size_t)(hi - from), from, (size_t)(hi - from));
-        /* the bytes now live in the slot: a second copy in the page cache would only take memory from
-         * the budget's cgroup (the kernel keeps pages other users still map or lock) */
-        if (!err) posix_fadvise(s->fd, (off_t)from, (off_t)(hi - from), POSIX_FADV_DONTNEED);
+        if (!err) drop_cached(s->fd, from, hi - from); /* the bytes now live in the slot */
     }
     return err;
 }
@@ -336,6 +344,30 @@ static int next_work(expert_store *s) {
     return found;
 }
 
+/* Piece `piece` of read aside a; 0 or an errno. Pieces tile the page-aligned window around the bytes
+ * [off, off + len), laid out as a slot region is (file byte x at dst + (x - off)): with O_DIRECT each piece
+ * lands in place, else the bytes are read through the page cache and dropped from it once copied. Pieces
+ * past the window read nothing. */
+static int read_aside_piece(expert_store *s, const aside *a, int piece) {
+    const uint64_t a0 = a->off & ~(uint64_t)(STORE_IO_ALIGN - 1), end = a->off + a->len;
+    const uint64_t lo = a0 + (uint64_t)piece * STORE_IO_CHUNK;
+    if (lo >= end) return 0;
+    const uint64_t hi = lo + STORE_IO_CHUNK < end ? lo + STORE_IO_CHUNK : end;
+    unsigned char *base = a->dst - (a->off - a0);  /* where file byte a0 lands */
+    int err = EINVAL;
+    if (a->fd_direct >= 0 && atomic_load_explicit(&s->aside_direct_ok, memory_order_relaxed)) {
+        err = pread_full(a->fd_direct, base + (lo - a0), round_up((size_t)(hi - lo), STORE_IO_ALIGN), lo,
+                         (size_t)(hi - lo));
+        if (err == EINVAL) atomic_store(&s->aside_direct_ok, 0);  /* this file system refuses it */
+    }
+    if (err == EINVAL) {
+        const uint64_t from = lo > a->off ? lo : a->off;
+        err = pread_full(a->fd, a->dst + (from - a->off), (size_t)(hi - from), from, (size_t)(hi - from));
+        if (!err) drop_cached(a->fd, from, hi - from); /* the copy now lives in the caller's memory */
+    }
+    return err;
+}
+
 /* Take and read one piece of a read aside; 0 when none has pieces left. The reader of the last piece
  * publishes it. */
 static int run_aside_piece(expert_store *s) {
@@ -350,10 +382,8 @@ static int run_aside_piece(expert_store *s) {
         int err = 0;
         if (piece == 0 && atomic_load(&s->fail_reads) > 0 && atomic_fetch_sub(&s->fail_reads, 1) > 0) err = EIO;
         if (!err) {
-            const size_t lo = (size_t)piece * STORE_IO_CHUNK;
-            const size_t n = a->len - lo < STORE_IO_CHUNK ? a->len - lo : STORE_IO_CHUNK;
             const double t0 = s->tl ? now_s() : 0.0;
-            err = pread_full(a->fd, a->dst + lo, n, a->off + lo, n);
+            err = read_aside_piece(s, a, piece);
             if (s->tl) timeline_add(s->tl, TL_IO, t0, now_s());
         }
         if (err) {
@@ -467,6 +497,7 @@ colibri_status store_create(const struct colibri_model *m, int n_slots, int poli
     }
     if (O_DIRECT) s->fd_direct = resident_reopen(m, O_RDONLY | O_CLOEXEC | O_DIRECT);
     atomic_init(&s->direct_ok, s->fd_direct >= 0);
+    atomic_init(&s->aside_direct_ok, 1);
     if (sem_init(&s->wake, 0, 0) != 0) {
         store_destroy(s);
         return cb_error(COLIBRI_E_INTERNAL, "sem_init failed");
@@ -944,17 +975,21 @@ void store_aside_wait_all(expert_store *s) {
     for (int h = 0; h < s->n_aside; h++) store_aside_wait(s, h);
 }
 
-void store_read_aside(expert_store *s, int h, int layer, int e, int fd, void *dst, uint64_t off, size_t len) {
+void store_read_aside(expert_store *s, int h, int layer, int e, int fd, int fd_direct, void *dst, uint64_t off,
+                      size_t len) {
     aside *a = &s->asides[h];
     store_aside_wait(s, h); /* its previous read (a step that failed part way) is over: dst is the caller's */
     a->fd = fd;
+    a->fd_direct = fd_direct;
     a->dst = dst;
     a->off = off;
     a->len = len;
     a->layer = layer;
     a->expert = e;
-    const int n = (int)((len + STORE_IO_CHUNK - 1) / STORE_IO_CHUNK);
-    if (!n) return;
+    if (!len) return;
+    /* pieces of the widest window around len bytes, whatever off is: the same count for every read of a
+     * sidecar, so a reader late from the last read sees it (the ones past this read's window read nothing) */
+    const int n = (int)((len + 2 * (STORE_IO_ALIGN - 1) + STORE_IO_CHUNK - 1) / STORE_IO_CHUNK);
     atomic_store_explicit(&a->n_pieces, n, memory_order_relaxed);
     atomic_store_explicit(&a->io_errno, 0, memory_order_relaxed);
     atomic_store_explicit(&a->pieces_left, n, memory_order_relaxed);

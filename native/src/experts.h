@@ -77,9 +77,19 @@ int store_wait_any(expert_store *s, int layer, const int32_t *ids, int n, const 
  * over), read by the I/O threads in STORE_IO_CHUNK pieces ahead of every queued slot load, so they go with a
  * decode step's demand reads: the low-bit copies (expert_lowbit.h). Handles 0 .. store_n_aside() - 1 (top-k);
  * a handle is reused only once its previous read is over (store_read_aside waits for it). The read is
- * counted as a stall of expert e of layer l while store_wait_any waits for it. */
+ * counted as a stall of expert e of layer l while store_wait_any waits for it. Nothing is cached twice: with
+ * fd_direct (the same file opened with O_DIRECT; -1: none) the page-aligned window around the bytes is read in
+ * place, so dst - off % STORE_IO_ALIGN must be STORE_IO_ALIGN-aligned with room up to the next STORE_IO_ALIGN
+ * boundary at or past dst + len (store_aside_window); without it, or where the file system refuses O_DIRECT,
+ * each piece is read through the page cache and dropped from it once copied. */
 int store_n_aside(const expert_store *s);
-void store_read_aside(expert_store *s, int h, int layer, int e, int fd, void *dst, uint64_t off, size_t len);
+void store_read_aside(expert_store *s, int h, int layer, int e, int fd, int fd_direct, void *dst, uint64_t off,
+                      size_t len);
+/* Bytes of caller memory a read aside of len bytes needs for direct reads at any offset (page-aligned start,
+ * the bytes at start + off % STORE_IO_ALIGN). */
+static inline size_t store_aside_window(size_t len) {
+    return (len + 2 * (STORE_IO_ALIGN - 1)) / STORE_IO_ALIGN * STORE_IO_ALIGN;
+}
 /* 1 once read aside h is over (or none was started), 0 while it is in flight. */
 int store_aside_ready(const expert_store *s, int h);
 /* Wait for read aside h; 0 or the errno of its first failed piece (EIO also for a short read). */

@@ -121,22 +121,38 @@ static void test_reads_aside(colibri_model *m, const char *dir) {
     if (s && fd >= 0) {
         memset(got, 0, 2 * n);
         CHECK(store_aside_ready(s, 0) && store_aside_ready(s, 1)); /* none started */
-        store_read_aside(s, 0, 1, 2, fd, got, 7, n);
-        store_read_aside(s, 1, 1, 3, fd, got + n, 64, n); /* both in flight at once */
+        store_read_aside(s, 0, 1, 2, fd, -1, got, 7, n);
+        store_read_aside(s, 1, 1, 3, fd, -1, got + n, 64, n); /* both in flight at once */
         const int32_t handles[2] = {0, 1};
         const int first = store_wait_any(s, 1, NULL, 0, handles, 2);
         CHECK(first == 0 || first == 1);
         CHECK(store_aside_wait(s, 0) == 0 && store_aside_wait(s, 1) == 0);
         CHECK(memcmp(got, want + 7, n) == 0 && memcmp(got + n, want + 64, n) == 0);
-        store_read_aside(s, 0, 1, 2, fd, got, 0, n); /* the handle again */
+        store_read_aside(s, 0, 1, 2, fd, -1, got, 0, n); /* the handle again */
         CHECK(store_aside_wait(s, 0) == 0 && memcmp(got, want, n) == 0);
         store_fail_next_reads(s, 1);
-        store_read_aside(s, 1, 1, 3, fd, got, 0, n);
+        store_read_aside(s, 1, 1, 3, fd, -1, got, 0, n);
         CHECK(store_aside_wait(s, 1) == EIO);
-        store_read_aside(s, 1, 1, 3, fd, got, 100, n); /* past the end of the file */
+        store_read_aside(s, 1, 1, 3, fd, -1, got, 100, n); /* past the end of the file */
         CHECK(store_aside_wait(s, 1) == EIO);
-        store_read_aside(s, 1, 1, 3, fd, got, 0, n); /* and fine again */
+        store_read_aside(s, 1, 1, 3, fd, -1, got, 0, n); /* and fine again */
         CHECK(store_aside_wait(s, 1) == 0 && memcmp(got, want, n) == 0);
+        /* with O_DIRECT: the page-aligned window read in place, the bytes at their offset within a page */
+        const int fdd = open(side, O_RDONLY | O_DIRECT);
+        unsigned char *win = aligned_alloc(STORE_IO_ALIGN, 2 * store_aside_window(n));
+        CHECK(win != NULL);
+        if (win) {
+            const size_t w = store_aside_window(n);
+            memset(win, 0, 2 * w);
+            store_read_aside(s, 0, 1, 2, fd, fdd, win + 7, 7, n);
+            store_read_aside(s, 1, 1, 3, fd, fdd, win + w + 64, 64, n);
+            CHECK(store_aside_wait(s, 0) == 0 && store_aside_wait(s, 1) == 0);
+            CHECK(memcmp(win + 7, want + 7, n) == 0 && memcmp(win + w + 64, want + 64, n) == 0);
+            store_read_aside(s, 1, 1, 3, fd, fdd, win + w + 100 % STORE_IO_ALIGN, 100, n); /* past the end */
+            CHECK(store_aside_wait(s, 1) == EIO);
+            free(win);
+        }
+        if (fdd >= 0) close(fdd);
         colibri_stats st;
         memset(&st, 0, sizeof st);
         store_fill_stats(s, &st);

@@ -8,8 +8,9 @@ columns (a few columns per expert 25x the others):
   corrections) as closely as plain quantized files match theirs, and far closer than the reference
   without the corrections; against the F32 source they beat plain Q4_K_M on this model;
 * streamed experts (a quarter of them in the store's slots) give bit-identical logits, prefill and
-  decode; batched sequences give the bits each gives alone; the memory plan counts the corrections as
-  resident weights;
+  decode; batched sequences give the bits each gives alone; the store reads an expert's corrections into
+  its slot with it: the memory plan counts them in the slot size and the expert bytes, only their column
+  lists in the resident weights;
 * bad input is a clear error: fraction out of range, a float target, a model without experts, an
   input that already has corrections, low-bit copies of such a file, damaged correction tensors at load.
 """
@@ -215,13 +216,35 @@ def test_streamed_experts_bit_identical_and_planned(files: dict[str, Path]) -> N
     spre, sdec, read = _prefill_then_decode(path, n_total // 4)  # a quarter of the experts in slots
     assert read > 0  # they did stream
     assert np.array_equal(pre, spre) and np.array_equal(dec, sdec)
-    # the corrections are resident weights in the plan; the expert bytes are the block-typed ones only
-    extra = sum(int(t.n_bytes) for t in gguf.GGUFReader(str(path)).tensors if ".colibri_outlier_" in t.name)
+    # the corrections stream with their expert: in the expert bytes and, page-padded like each matrix, in
+    # the slot; only the column lists are resident weights
+    tensors = gguf.GGUFReader(str(path)).tensors
+    cols = sum(int(t.n_bytes) for t in tensors if t.name.endswith(".colibri_outlier_cols"))
+    corr = [t for t in tensors if t.name.endswith(".colibri_outlier_w")]
+    page = 4096
+    region: dict[str, int] = {}  # per projection, the largest expert's correction window over the layers
+    for t in corr:
+        per_expert = int(t.n_bytes) // int(t.shape[2])
+        kind = t.name.split(".")[2]
+        region[kind] = max(region.get(kind, 0), (per_expert + page - 1) // page * page + page)
+    assert len(region) == 3
     with _Ctx(path, slots=n_total // 4) as a, _Ctx(files["q4_k_m"], slots=n_total // 4) as b:
         pa, pb = a.plan(), b.plan()
         assert pa.n_expert_slots == n_total // 4 and not pa.all_resident
-        assert pa.resident_weight_bytes - pb.resident_weight_bytes == extra > 0
-        assert pa.expert_total_bytes == pb.expert_total_bytes and pa.expert_slot_bytes == pb.expert_slot_bytes
+        assert pa.resident_weight_bytes - pb.resident_weight_bytes == cols > 0
+        assert pa.expert_total_bytes - pb.expert_total_bytes == sum(int(t.n_bytes) for t in corr) > 0
+        assert pa.expert_slot_bytes - pb.expert_slot_bytes == sum(region.values())
+    # and they are read with it: every read of an expert brings its three matrices and their corrections
+    streamed = ("_exps.weight", "_exps.colibri_outlier_w")
+    per_expert = [
+        sum(int(t.n_bytes) for t in tensors if t.name.startswith(f"blk.{il}.") and t.name.endswith(streamed))
+        // SHAPE["n_expert"]
+        for il in range(2)
+    ]
+    with _Ctx(path, slots=n_total // 4, n_batch=16) as e:
+        e.eval(TOKS)
+        got = [(s.layer, int(s.bytes_read)) for s in e.expert_stats() if s.bytes_read]
+    assert got and all(n % per_expert[il] == 0 for il, n in got), (got, per_expert)
 
 
 def test_batched_sequences_bit_identical_to_alone(files: dict[str, Path]) -> None:

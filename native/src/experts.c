@@ -54,6 +54,7 @@ typedef struct slot {
     double freq;            /* LFU score at last_tick */
     uint64_t last_tick;     /* token step of the last use */
     uint64_t last_use;      /* LRU order: value of store->use_clock at the last use */
+    mat_outliers ol[3];     /* gate, up, down's corrections in this slot (regions 3..5), when the file has them */
 } slot;
 
 /* A read into memory the store does not own (a low-bit copy's scratch, expert_lowbit.h), in pieces the I/O
@@ -80,7 +81,7 @@ struct expert_store {
     int n_layer, n_expert, n_slots, policy, floor;
     int reuse;              /* policy == COLIBRI_POLICY_REUSE: its tables below exist */
     size_t slot_bytes;
-    size_t region_off[3];   /* offset of gate, up, down inside a slot */
+    size_t region_off[STORE_REGIONS]; /* offset of each region inside a slot (region_bytes) */
     int fd, fd_direct;      /* fd_direct = -1 when O_DIRECT is unavailable */
     _Atomic int direct_ok;  /* cleared for good after the first EINVAL */
     _Atomic int aside_direct_ok; /* the same for the reads aside (another file: the low-bit sidecar) */
@@ -98,8 +99,8 @@ struct expert_store {
     double stall_decode_s;  /* stall time during decode steps */
     aside *asides;          /* [n_aside] reads into caller memory, one per low-bit scratch copy */
     int n_aside;            /* top-k */
-    int chunks[3];          /* pieces of each projection's region */
-    int n_pieces;           /* chunks[0] + chunks[1] + chunks[2] */
+    int chunks[STORE_REGIONS]; /* pieces of each region */
+    int n_pieces;           /* their sum */
     /* I/O threads and their queue: ring[head % CAP] is written by the forward thread only
      * (lock-free); the I/O threads advance tail under `take`, a lock the forward thread never
      * holds. One semaphore post per piece queued. */
@@ -133,22 +134,31 @@ static double now_s(void) {
 
 static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
-/* File range of projection p (0 gate, 1 up, 2 down) of expert e in layer l. */
+/* File range of region p of expert e in layer l: projection p (0 gate, 1 up, 2 down) for p < 3, its F16
+ * outlier corrections (outliers.h) for p = 3 + projection, an empty range when it has none. */
 static void expert_range(const struct colibri_model *m, int l, int e, int p, uint64_t *off, uint64_t *len) {
     const layer_weights *w = &m->layers[l];
-    const mat3 *t = p == 0 ? &w->gate_exps : p == 1 ? &w->up_exps : &w->down_exps;
-    *off = (uint64_t)((const unsigned char *)t->data - m->file.map) + (uint64_t)e * t->expert_stride;
-    *len = t->expert_bytes;
+    const int q = p % 3;
+    const mat3 *t = q == 0 ? &w->gate_exps : q == 1 ? &w->up_exps : &w->down_exps;
+    if (p < 3) {
+        *off = (uint64_t)((const unsigned char *)t->data - m->file.map) + (uint64_t)e * t->expert_stride;
+        *len = t->expert_bytes;
+    } else if (t->ol) {  /* expert e's [n][rows] F16 block of the correction tensor */
+        *off = (uint64_t)((const unsigned char *)t->ol[e].w - m->file.map);
+        *len = (uint64_t)t->ol[e].n * (uint64_t)t->rows * 2;
+    } else {
+        *off = *len = 0;
+    }
 }
 
-/* Largest page-padded region of projection p over all layers: the expert's bytes plus up to
- * one page on each side, so the aligned window around them always fits. */
+/* Largest page-padded region p over all layers: the bytes plus up to one page on each side, so the aligned
+ * window around them always fits; 0 for a correction region no layer has. */
 static size_t region_bytes(const struct colibri_model *m, int p) {
     size_t best = 0;
     for (int l = 0; l < m->hp.n_layer; l++) {
         uint64_t off, len;
         expert_range(m, l, 0, p, &off, &len);
-        size_t r = round_up((size_t)len, STORE_IO_ALIGN) + STORE_IO_ALIGN;
+        size_t r = p < 3 || len ? round_up((size_t)len, STORE_IO_ALIGN) + STORE_IO_ALIGN : 0;
         if (r > best) best = r;
     }
     return best;
@@ -156,7 +166,9 @@ static size_t region_bytes(const struct colibri_model *m, int p) {
 
 size_t store_slot_bytes(const struct colibri_model *m) {
     if (m->hp.n_expert == 0) return 0;
-    return region_bytes(m, 0) + region_bytes(m, 1) + region_bytes(m, 2);
+    size_t n = 0;
+    for (int p = 0; p < STORE_REGIONS; p++) n += region_bytes(m, p);
+    return n;
 }
 
 static int store_io_threads(void);
@@ -252,9 +264,15 @@ static int read_piece(expert_store *s, int l, int e, unsigned char *mem, int pie
     return err;
 }
 
+/* Bytes of one expert of layer l the store reads: its three matrices and their corrections. */
 static size_t expert_bytes(const expert_store *s, int l) {
-    const layer_weights *w = &s->m->layers[l];
-    return w->gate_exps.expert_bytes + w->up_exps.expert_bytes + w->down_exps.expert_bytes;
+    size_t n = 0;
+    for (int p = 0; p < STORE_REGIONS; p++) {
+        uint64_t off, len;
+        expert_range(s->m, l, 0, p, &off, &len);
+        n += (size_t)len;
+    }
+    return n;
 }
 
 /* Arm slot sl (already claimed for its layer and expert) for a load of every piece. */
@@ -457,11 +475,10 @@ colibri_status store_create(const struct colibri_model *m, int n_slots, int poli
     s->floor = n_slots / s->n_layer < m->hp.n_expert_used ? n_slots / s->n_layer : m->hp.n_expert_used;
     s->decay = pow(0.5, 1.0 / STORE_LFU_HALF_LIFE);
     s->region_off[0] = 0;
-    s->region_off[1] = region_bytes(m, 0);
-    s->region_off[2] = s->region_off[1] + region_bytes(m, 1);
+    for (int p = 1; p < STORE_REGIONS; p++) s->region_off[p] = s->region_off[p - 1] + region_bytes(m, p - 1);
     s->slot_bytes = store_slot_bytes(m);
     s->n_pieces = 0;
-    for (int p = 0; p < 3; p++) {
+    for (int p = 0; p < STORE_REGIONS; p++) {
         s->chunks[p] = (int)((region_bytes(m, p) + STORE_IO_CHUNK - 1) / STORE_IO_CHUNK);
         s->n_pieces += s->chunks[p];
     }
@@ -766,6 +783,17 @@ static void claim(expert_store *s, int i, int layer, int e) {
     sl->last_tick = s->tick;
     s->where[(size_t)layer * s->n_expert + e] = i;
     s->layer_count[layer]++;
+    /* the views' correction records (fill_view), set while nothing computes from this slot: the corrections
+     * come with the expert (region 3 + p), their column lists stay resident */
+    const layer_weights *w = &s->m->layers[layer];
+    const mat3 *src[3] = {&w->gate_exps, &w->up_exps, &w->down_exps};
+    for (int p = 0; p < 3; p++) {
+        if (!src[p]->ol) continue;
+        uint64_t off, len;
+        expert_range(s->m, layer, e, 3 + p, &off, &len);
+        sl->ol[p] = src[p]->ol[e];
+        sl->ol[p].w = (const uint16_t *)(sl->mem + s->region_off[3 + p] + (off & (STORE_IO_ALIGN - 1)));
+    }
 }
 
 static void fill_view(const expert_store *s, const slot *sl, int layer, int e, expert_view *v) {
@@ -780,7 +808,7 @@ static void fill_view(const expert_store *s, const slot *sl, int layer, int e, e
         dst[p]->rows = src[p]->rows;
         dst[p]->cols = src[p]->cols;
         dst[p]->row_bytes = src[p]->row_bytes;
-        mat3_outliers(src[p], e, dst[p]); /* the corrections stay resident (outliers.h) */
+        dst[p]->ol = src[p]->ol ? &sl->ol[p] : NULL; /* in the slot with the expert (claim) */
     }
 }
 

@@ -1,8 +1,8 @@
 /* experts.h — the expert store: routed experts streamed from the GGUF file into a fixed set
  * of slots when the memory budget cannot hold them all.
  *
- * Every slot is sized for the largest expert (gate + up + down, each page padded so that
- * O_DIRECT reads can land in place). All bookkeeping (which expert sits in which slot,
+ * Every slot is sized for the largest expert (gate + up + down, and their F16 outlier corrections in a
+ * file that has them, each page padded so that O_DIRECT reads can land in place). All bookkeeping (which expert sits in which slot,
  * scores, counters) belongs to the thread running the forward pass; the I/O threads only
  * perform the reads they are handed (prefetches through a lock-free ring the forward thread
  * fills, demand misses through an `urgent` slot the forward thread reads alongside them, reads
@@ -20,6 +20,8 @@
 #include "model.h"
 
 #define STORE_IO_ALIGN 4096   /* O_DIRECT granule; slots and their regions are aligned to it */
+#define STORE_REGIONS 6       /* regions of a slot: gate, up, down, then their outlier corrections (outliers.h;
+                                 empty for a file without them) */
 #define STORE_QUEUE_CAP 256   /* prefetch requests in flight at most (power of two) */
 #define STORE_IO_CHUNK (1u << 20) /* an expert's read is split into pieces of this size (a multiple of
                                      STORE_IO_ALIGN) that the I/O threads read in parallel */

@@ -17,9 +17,7 @@
 /* Pages of a worker thread's stack that a forward pass touches (it uses no large locals). */
 #define THREAD_STACK_BYTES (64 * 1024)
 
-static int is_expert_tensor(const char *name) {
-    return strstr(name, "_exps.weight") != NULL;
-}
+static int is_expert_tensor(const char *name) { return model_streamed_tensor(name); }
 
 colibri_status ledger_plan(const struct colibri_model *m, const colibri_context_params *p,
                            colibri_memory_plan *o) {

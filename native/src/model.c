@@ -382,6 +382,12 @@ int model_block_of(const char *name) {
     return digits > 0 && name[4 + digits] == '.' ? b : -1;
 }
 
+int model_streamed_tensor(const char *name) {
+    static const char ol[] = "_exps.colibri_outlier_w";
+    const size_t n = strlen(name);
+    return strstr(name, "_exps.weight") != NULL || (n > sizeof ol - 1 && strcmp(name + n - (sizeof ol - 1), ol) == 0);
+}
+
 int model_tensor_runs(const struct colibri_model *m, const gguf_tensor *t) {
     return model_block_of(t->name) < m->hp.n_layer;
 }

@@ -233,5 +233,10 @@ int model_block_of(const char *name);
  * multi-token-prediction blocks llama.cpp's converter appends, hp.n_nextn). The memory plan,
  * the resident copy and the expert store leave those out. */
 int model_tensor_runs(const struct colibri_model *m, const gguf_tensor *t);
+/* 1 for a tensor streamed with the routed experts rather than held resident: a stacked expert tensor
+ * (..._exps.weight) or its F16 outlier corrections (..._exps.colibri_outlier_w, outliers.h), which the
+ * expert store reads into the slot with the expert. Its pages are absent at load (resident.h), the memory
+ * plan counts it among the expert bytes. The one test of that, for every file that asks. */
+int model_streamed_tensor(const char *name);
 
 #endif

@@ -2,13 +2,17 @@
  * corrections from the file and adding them to a product's rows. */
 #include "outliers.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "alloc.h"
 #include "error.h"
 #include "kernels.h"
+#include "resident.h"
 #include "types.h"
 
 void outlier_add_rows(const mat *w, const float *x, int n_tok, float *y, int ldy, int r0, int r1) {
@@ -20,6 +24,34 @@ void outlier_add_rows(const mat *w, const float *x, int n_tok, float *y, int ldy
         for (int k = 0; k < ol->n; k++)
             axpy_f16(yt, xt[ol->cols[k]], ol->w + (size_t)k * (size_t)w->rows + r0, r1 - r0);
     }
+}
+
+/* The corrections are streamed with their experts (model_streamed_tensor): at load their pages are not in
+ * memory, so their values are checked from the file, in bounded pieces dropped from the page cache after. */
+static colibri_status check_finite(const loader *L, const gguf_tensor *tw) {
+    const int fd = resident_reopen(L->m, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return cb_error(COLIBRI_E_IO, "%s: cannot reopen the model: %s", tw->name, strerror(errno));
+    enum { PIECE = 1 << 20 };
+    uint16_t *buf = cb_malloc(PIECE);
+    colibri_status st = buf ? COLIBRI_OK : cb_error(COLIBRI_E_NOMEM, "out of memory checking %s", tw->name);
+    for (uint64_t at = 0; !st && at < tw->nbytes; at += PIECE) {
+        const size_t n = tw->nbytes - at < PIECE ? (size_t)(tw->nbytes - at) : PIECE;
+        size_t got = 0;
+        while (got < n) {
+            const ssize_t r = pread(fd, (unsigned char *)buf + got, n - got, (off_t)(tw->offset + at + got));
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) break;
+            got += (size_t)r;
+        }
+        if (got < n) st = cb_error(COLIBRI_E_IO, "%s: cannot read it from the model file", tw->name);
+        for (size_t i = 0; !st && i < n / 2; i++)
+            if (!isfinite(fp16_to_fp32(buf[i]))) st = cb_error(COLIBRI_E_FORMAT, "%s holds a NaN or infinite value",
+                                                              tw->name);
+    }
+    posix_fadvise(fd, (off_t)tw->offset, (off_t)tw->nbytes, POSIX_FADV_DONTNEED);
+    cb_free(buf);
+    close(fd);
+    return st;
 }
 
 static const char *suffix_of(const char *name) {
@@ -65,10 +97,9 @@ colibri_status ld_outliers(const loader *L, const char *name, int64_t n_expert, 
                 return cb_error(COLIBRI_E_FORMAT, "%s: expert %lld's columns are not increasing in [0, %lld)", nc,
                                 (long long)e, (long long)cols);
         }
-    const uint16_t *wv = (const uint16_t *)tw->data;
-    for (uint64_t i = 0; i < (uint64_t)(n * rows * X); i++)
-        if (!isfinite(fp16_to_fp32(wv[i])))
-            return cb_error(COLIBRI_E_FORMAT, "%s holds a NaN or infinite value", nw);
+    colibri_status st = check_finite(L, tw);
+    if (st) return st;
+    const uint16_t *wv = (const uint16_t *)tw->data; /* in memory while every expert is (resident.h) */
     m->ol = cb_malloc((size_t)X * sizeof *m->ol);
     if (!m->ol) return cb_error(COLIBRI_E_NOMEM, "out of memory for the outlier records of %s", name);
     for (int64_t e = 0; e < X; e++)

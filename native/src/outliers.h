@@ -9,8 +9,9 @@
  *                                          every row r (column-major, so adding it is n_ol axpys),
  * with colibri.outliers.version = 1 (and .fraction, .corpus describing how it was made). The
  * engine computes W x = Wq x + sum_k corr[r][k] * x[cols[k]], so the outlier columns are exact to
- * F16 whatever the block type's level set. The corrections are small (about n_ol/cols of the
- * expert at 16 bits) and stay resident: the expert store streams only the block-typed bytes. */
+ * F16 whatever the block type's level set. The corrections (about n_ol/cols of the expert at 16 bits)
+ * travel with their expert: the expert store reads an expert's F16 corrections into its slot with its three
+ * matrices (experts.c), and they are resident only while every expert is; the column lists are resident. */
 #ifndef COLIBRI_OUTLIERS_H
 #define COLIBRI_OUTLIERS_H
 

@@ -32,7 +32,7 @@ struct resident_state {
     digest_table *dig;     /* MODEL.digests, NULL when there is none */
 };
 
-static int is_expert(const gguf_tensor *t) { return strstr(t->name, "_exps.weight") != NULL; }
+static int is_expert(const gguf_tensor *t) { return model_streamed_tensor(t->name); }
 
 static int pread_exact(int fd, unsigned char *dst, size_t n, uint64_t off) {
     size_t got = 0;

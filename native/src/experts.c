@@ -135,7 +135,8 @@ static double now_s(void) {
 static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 /* File range of region p of expert e in layer l: projection p (0 gate, 1 up, 2 down) for p < 3, its F16
- * outlier corrections (outliers.h) for p = 3 + projection, an empty range when it has none. */
+ * outlier corrections (outliers.h) for p = 3 + projection, an empty range when it has none or they are
+ * resident (m->outliers_streamed = 0). */
 static void expert_range(const struct colibri_model *m, int l, int e, int p, uint64_t *off, uint64_t *len) {
     const layer_weights *w = &m->layers[l];
     const int q = p % 3;
@@ -143,7 +144,7 @@ static void expert_range(const struct colibri_model *m, int l, int e, int p, uin
     if (p < 3) {
         *off = (uint64_t)((const unsigned char *)t->data - m->file.map) + (uint64_t)e * t->expert_stride;
         *len = t->expert_bytes;
-    } else if (t->ol) {  /* expert e's [n][rows] F16 block of the correction tensor */
+    } else if (t->ol && m->outliers_streamed) {  /* expert e's [n][rows] F16 block of the correction tensor */
         *off = (uint64_t)((const unsigned char *)t->ol[e].w - m->file.map);
         *len = (uint64_t)t->ol[e].n * (uint64_t)t->rows * 2;
     } else {
@@ -151,14 +152,16 @@ static void expert_range(const struct colibri_model *m, int l, int e, int p, uin
     }
 }
 
-/* Largest page-padded region p over all layers: the bytes plus up to one page on each side, so the aligned
- * window around them always fits; 0 for a correction region no layer has. */
+size_t store_region_size(uint64_t len) { return round_up((size_t)len, STORE_IO_ALIGN) + STORE_IO_ALIGN; }
+
+/* Largest page-padded region p over all layers (store_region_size); 0 for a correction region no layer
+ * streams. */
 static size_t region_bytes(const struct colibri_model *m, int p) {
     size_t best = 0;
     for (int l = 0; l < m->hp.n_layer; l++) {
         uint64_t off, len;
         expert_range(m, l, 0, p, &off, &len);
-        size_t r = p < 3 || len ? round_up((size_t)len, STORE_IO_ALIGN) + STORE_IO_ALIGN : 0;
+        size_t r = p < 3 || len ? store_region_size(len) : 0;
         if (r > best) best = r;
     }
     return best;
@@ -783,8 +786,9 @@ static void claim(expert_store *s, int i, int layer, int e) {
     sl->last_tick = s->tick;
     s->where[(size_t)layer * s->n_expert + e] = i;
     s->layer_count[layer]++;
-    /* the views' correction records (fill_view), set while nothing computes from this slot: the corrections
-     * come with the expert (region 3 + p), their column lists stay resident */
+    /* the views' correction records (fill_view), set while nothing computes from this slot: streamed
+     * corrections come with the expert (region 3 + p), their column lists stay resident */
+    if (!s->m->outliers_streamed) return;
     const layer_weights *w = &s->m->layers[layer];
     const mat3 *src[3] = {&w->gate_exps, &w->up_exps, &w->down_exps};
     for (int p = 0; p < 3; p++) {
@@ -808,7 +812,8 @@ static void fill_view(const expert_store *s, const slot *sl, int layer, int e, e
         dst[p]->rows = src[p]->rows;
         dst[p]->cols = src[p]->cols;
         dst[p]->row_bytes = src[p]->row_bytes;
-        dst[p]->ol = src[p]->ol ? &sl->ol[p] : NULL; /* in the slot with the expert (claim) */
+        if (s->m->outliers_streamed) dst[p]->ol = src[p]->ol ? &sl->ol[p] : NULL; /* in the slot (claim) */
+        else mat3_outliers(src[p], e, dst[p]);                                    /* resident */
     }
 }
 

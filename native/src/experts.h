@@ -37,6 +37,9 @@ typedef struct expert_store expert_store;
 
 /* Bytes of one slot for this model (largest expert, padded), 0 for a dense model. */
 size_t store_slot_bytes(const struct colibri_model *m);
+/* Slot bytes a region of len file bytes takes: len rounded up to STORE_IO_ALIGN plus one page, so the
+ * aligned window around the bytes fits wherever they start in the file. */
+size_t store_region_size(uint64_t len);
 /* Bookkeeping bytes of a store with n_slots slots under policy (COLIBRI_POLICY_*): tables, counters,
  * queue, loader stacks, and the reuse policy's statistics when it is that policy. */
 size_t store_table_bytes(const struct colibri_model *m, int n_slots, int policy);

@@ -326,6 +326,7 @@ colibri_status model_load(const char *path, struct colibri_model **out) {
         return cb_error(COLIBRI_E_NOMEM, "out of memory");
     }
     memcpy(m->path, path, path_len + 1);
+    m->outliers_streamed = outliers_stream(&m->file);  /* before the resident copy leaves streamed bytes out */
     if ((st = resident_load(m))) {   /* before anything reads tensor data */
         model_free(m);
         return st;
@@ -382,10 +383,8 @@ int model_block_of(const char *name) {
     return digits > 0 && name[4 + digits] == '.' ? b : -1;
 }
 
-int model_streamed_tensor(const char *name) {
-    static const char ol[] = "_exps.colibri_outlier_w";
-    const size_t n = strlen(name);
-    return strstr(name, "_exps.weight") != NULL || (n > sizeof ol - 1 && strcmp(name + n - (sizeof ol - 1), ol) == 0);
+int model_streamed_tensor(const struct colibri_model *m, const char *name) {
+    return strstr(name, "_exps.weight") != NULL || (m->outliers_streamed && outliers_tensor(name));
 }
 
 int model_tensor_runs(const struct colibri_model *m, const gguf_tensor *t) {

@@ -216,6 +216,7 @@ struct colibri_model {
     char *path;               /* the file, reopened by the expert store for streaming (heap) */
     int32_t resident_locks;   /* contexts holding the resident weights' pages locked (ledger.c) */
     struct resident_state *resident;  /* the engine's copy of the file's bytes, the open file, digests (resident.c) */
+    int outliers_streamed;    /* the outlier corrections travel with their expert (outliers_stream, set at load) */
 };
 
 /* Open, validate and describe a GGUF model (model.c). */
@@ -234,9 +235,10 @@ int model_block_of(const char *name);
  * the resident copy and the expert store leave those out. */
 int model_tensor_runs(const struct colibri_model *m, const gguf_tensor *t);
 /* 1 for a tensor streamed with the routed experts rather than held resident: a stacked expert tensor
- * (..._exps.weight) or its F16 outlier corrections (..._exps.colibri_outlier_w, outliers.h), which the
- * expert store reads into the slot with the expert. Its pages are absent at load (resident.h), the memory
- * plan counts it among the expert bytes. The one test of that, for every file that asks. */
-int model_streamed_tensor(const char *name);
+ * (..._exps.weight) or, when m->outliers_streamed, its F16 outlier corrections (..._exps.colibri_outlier_w,
+ * outliers.h), which the expert store then reads into the slot with the expert. Its pages are absent at load
+ * (resident.h), the memory plan counts it among the expert bytes. The one test of that, for every file that
+ * asks. */
+int model_streamed_tensor(const struct colibri_model *m, const char *name);
 
 #endif

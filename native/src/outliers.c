@@ -11,6 +11,7 @@
 
 #include "alloc.h"
 #include "error.h"
+#include "experts.h"
 #include "kernels.h"
 #include "resident.h"
 #include "types.h"
@@ -26,9 +27,35 @@ void outlier_add_rows(const mat *w, const float *x, int n_tok, float *y, int ldy
     }
 }
 
-/* The corrections are streamed with their experts (model_streamed_tensor): at load their pages are not in
- * memory, so their values are checked from the file, in bounded pieces dropped from the page cache after. */
+int outliers_tensor(const char *name) {
+    static const char w[] = ".colibri_outlier_w";
+    const size_t n = strlen(name);
+    return n > sizeof w - 1 && strcmp(name + n - (sizeof w - 1), w) == 0;
+}
+
+int outliers_stream(const gguf_file *f) {
+    int any = 0;
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        const gguf_tensor *t = &f->tensors[i];
+        if (!outliers_tensor(t->name)) continue;
+        const uint64_t b = t->ne[2] ? t->nbytes / t->ne[2] : 0;  /* one expert's corrections */
+        if (b == 0 || 8 * (store_region_size(b) - b) > b) return 0;
+        any = 1;
+    }
+    return any;
+}
+
+static colibri_status check_values(const gguf_tensor *tw, const uint16_t *v, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(fp16_to_fp32(v[i])))
+            return cb_error(COLIBRI_E_FORMAT, "%s holds a NaN or infinite value", tw->name);
+    return COLIBRI_OK;
+}
+
+/* Resident corrections are checked in memory. Streamed ones (model_streamed_tensor) have no pages in memory
+ * at load, so their values are checked from the file, in bounded pieces dropped from the page cache after. */
 static colibri_status check_finite(const loader *L, const gguf_tensor *tw) {
+    if (!L->m->outliers_streamed) return check_values(tw, (const uint16_t *)tw->data, (size_t)(tw->nbytes / 2));
     const int fd = resident_reopen(L->m, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return cb_error(COLIBRI_E_IO, "%s: cannot reopen the model: %s", tw->name, strerror(errno));
     enum { PIECE = 1 << 20 };
@@ -43,10 +70,8 @@ static colibri_status check_finite(const loader *L, const gguf_tensor *tw) {
             if (r <= 0) break;
             got += (size_t)r;
         }
-        if (got < n) st = cb_error(COLIBRI_E_IO, "%s: cannot read it from the model file", tw->name);
-        for (size_t i = 0; !st && i < n / 2; i++)
-            if (!isfinite(fp16_to_fp32(buf[i]))) st = cb_error(COLIBRI_E_FORMAT, "%s holds a NaN or infinite value",
-                                                              tw->name);
+        st = got < n ? cb_error(COLIBRI_E_IO, "%s: cannot read it from the model file", tw->name)
+                     : check_values(tw, buf, n / 2);
     }
     posix_fadvise(fd, (off_t)tw->offset, (off_t)tw->nbytes, POSIX_FADV_DONTNEED);
     cb_free(buf);
@@ -99,7 +124,7 @@ colibri_status ld_outliers(const loader *L, const char *name, int64_t n_expert, 
         }
     colibri_status st = check_finite(L, tw);
     if (st) return st;
-    const uint16_t *wv = (const uint16_t *)tw->data; /* in memory while every expert is (resident.h) */
+    const uint16_t *wv = (const uint16_t *)tw->data; /* streamed: in memory while every expert is (resident.h) */
     m->ol = cb_malloc((size_t)X * sizeof *m->ol);
     if (!m->ol) return cb_error(COLIBRI_E_NOMEM, "out of memory for the outlier records of %s", name);
     for (int64_t e = 0; e < X; e++)
@@ -121,9 +146,7 @@ int model_has_outliers(const struct colibri_model *m) { return read_count(m) > 0
 colibri_status outliers_check_read(const struct colibri_model *m) {
     uint64_t in_file = 0;
     for (uint64_t i = 0; i < m->file.n_tensors; i++) {
-        const char *name = m->file.tensors[i].name;
-        const size_t len = strlen(name), kl = strlen(".colibri_outlier_w");
-        in_file += len > kl && strcmp(name + len - kl, ".colibri_outlier_w") == 0;
+        in_file += outliers_tensor(m->file.tensors[i].name) != 0;
     }
     const uint64_t got = read_count(m);
     if (got != in_file)

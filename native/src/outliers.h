@@ -9,9 +9,11 @@
  *                                          every row r (column-major, so adding it is n_ol axpys),
  * with colibri.outliers.version = 1 (and .fraction, .corpus describing how it was made). The
  * engine computes W x = Wq x + sum_k corr[r][k] * x[cols[k]], so the outlier columns are exact to
- * F16 whatever the block type's level set. The corrections (about n_ol/cols of the expert at 16 bits)
- * travel with their expert: the expert store reads an expert's F16 corrections into its slot with its three
- * matrices (experts.c), and they are resident only while every expert is; the column lists are resident. */
+ * F16 whatever the block type's level set. The corrections are about n_ol/cols of the expert at 16 bits.
+ * Where that is large enough (outliers_stream) they travel with their expert: the expert store reads an
+ * expert's F16 corrections into its slot with its three matrices (experts.c), and they are resident only
+ * while every expert is. Where it is small, the page padding of their slot regions would cost more than
+ * holding them, and they stay resident. The column lists are always resident. */
 #ifndef COLIBRI_OUTLIERS_H
 #define COLIBRI_OUTLIERS_H
 
@@ -37,6 +39,15 @@ colibri_status ld_outliers(const loader *L, const char *name, int64_t n_expert, 
  * (one that reads its experts another way would silently drop them, and the 4-bit part alone lacks the
  * outlier columns). */
 colibri_status outliers_check_read(const struct colibri_model *m);
+
+/* 1 for a tensor name ending in .colibri_outlier_w (the F16 corrections). */
+int outliers_tensor(const char *name);
+
+/* The rule, decided once per file at load (struct colibri_model.outliers_streamed): 1 when the file has
+ * corrections and every correction tensor's per-expert bytes b grow by at most 1/8 to fill their slot region
+ * (store_region_size(b) <= 9/8 b, so b >= 32 KiB), 0 otherwise: then every correction stays resident and the
+ * slots are as without them. One rule for the whole file, so a slot's layout never depends on the layer. */
+int outliers_stream(const gguf_file *f);
 
 /* 1 when some expert of m carries corrections. */
 int model_has_outliers(const struct colibri_model *m);

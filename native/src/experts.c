@@ -86,6 +86,7 @@ struct expert_store {
     _Atomic int direct_ok;  /* cleared for good after the first EINVAL */
     _Atomic int aside_direct_ok; /* the same for the reads aside (another file: the low-bit sidecar) */
     _Atomic int fail_reads; /* fault injection */
+    _Atomic long delay_ns;  /* test hook: each piece of a slot's read starts this late (store_delay_reads) */
     unsigned char *mem;
     slot *slots;            /* [n_slots] */
     int32_t *where;         /* [n_layer][n_expert] slot index or -1 */
@@ -319,6 +320,11 @@ static int run_piece(expert_store *s, slot *sl) {
     if (piece >= sl->n_pieces) return 0;
     int err = 0;
     if (piece == 0 && atomic_load(&s->fail_reads) > 0 && atomic_fetch_sub(&s->fail_reads, 1) > 0) err = EIO;
+    const long delay = atomic_load_explicit(&s->delay_ns, memory_order_relaxed);
+    if (delay > 0) {
+        struct timespec ts = {delay / 1000000000L, delay % 1000000000L};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) continue;
+    }
     if (!err) {
         const double t0 = s->tl ? now_s() : 0.0;
         err = read_piece(s, sl->layer, sl->expert, sl->mem, piece);
@@ -1135,6 +1141,8 @@ int store_direct_reads(const expert_store *s) {
 }
 
 void store_fail_next_reads(expert_store *s, int n) { atomic_store(&s->fail_reads, n); }
+
+void store_delay_reads(expert_store *s, double seconds) { atomic_store(&s->delay_ns, (long)(seconds * 1e9)); }
 
 /* ---- counters --------------------------------------------------------- */
 

@@ -129,5 +129,8 @@ void store_set_timeline(expert_store *s, struct timeline *tl);
 
 /* Fault injection for tests: the next n reads fail with EIO. */
 void store_fail_next_reads(expert_store *s, int n);
+/* For tests: every piece of a slot's read waits `seconds` before it starts (0: none), so a wait for a read
+ * just issued finds it unfinished however fast the disk is. */
+void store_delay_reads(expert_store *s, double seconds);
 
 #endif

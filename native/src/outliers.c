@@ -39,7 +39,7 @@ int outliers_stream(const gguf_file *f) {
         const gguf_tensor *t = &f->tensors[i];
         if (!outliers_tensor(t->name)) continue;
         const uint64_t b = t->ne[2] ? t->nbytes / t->ne[2] : 0;  /* one expert's corrections */
-        if (b == 0 || 8 * (store_region_size(b) - b) > b) return 0;
+        if (b == 0 || 4 * (store_region_size(b) - b) > b) return 0;
         any = 1;
     }
     return any;

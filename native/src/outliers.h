@@ -44,9 +44,11 @@ colibri_status outliers_check_read(const struct colibri_model *m);
 int outliers_tensor(const char *name);
 
 /* The rule, decided once per file at load (struct colibri_model.outliers_streamed): 1 when the file has
- * corrections and every correction tensor's per-expert bytes b grow by at most 1/8 to fill their slot region
- * (store_region_size(b) <= 9/8 b, so b >= 32 KiB), 0 otherwise: then every correction stays resident and the
- * slots are as without them. One rule for the whole file, so a slot's layout never depends on the layer. */
+ * corrections and every correction tensor's per-expert bytes b grow by at most 1/4 to fill their slot region
+ * (store_region_size(b) <= 5/4 b, so b >= 16 KiB), 0 otherwise: then every correction stays resident and the
+ * slots are as without them. Streamed, a share s of the experts in slots costs s (b + padding) against b
+ * resident: at most 1/4 of padding pays for any s up to 4/5, which the load cannot know but a budget that
+ * streams at all rarely exceeds. One rule for the whole file, so a slot's layout never depends on the layer. */
 int outliers_stream(const gguf_file *f);
 
 /* 1 when some expert of m carries corrections. */

@@ -71,15 +71,15 @@ class TinySpec:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-_COMMON = dict(
-    num_hidden_layers=2,
+# What the specs start from, but Gemma 4's (its own token ids) and LFM2's (norm_eps, not rms_norm_eps).
+_SHARED = dict(
     max_position_embeddings=512,
     rms_norm_eps=1e-5,
     bos_token_id=0,
     eos_token_id=2,
     pad_token_id=0,
-    rope_theta=10000.0,
 )
+_COMMON = dict(num_hidden_layers=2, **_SHARED, rope_theta=10000.0)
 
 SPECS: list[TinySpec] = [
     TinySpec(
@@ -262,11 +262,7 @@ SPECS: list[TinySpec] = [
 ]
 _GPTOSS = dict(
     num_hidden_layers=2,
-    max_position_embeddings=512,
-    rms_norm_eps=1e-5,
-    bos_token_id=0,
-    eos_token_id=2,
-    pad_token_id=0,
+    **_SHARED,
     hidden_size=64,
     intermediate_size=96,
     head_dim=24,
@@ -318,11 +314,8 @@ SPECS += [
     ),
 ]
 _QWEN35 = dict(
-    max_position_embeddings=512,
+    _SHARED,
     rms_norm_eps=1e-6,
-    bos_token_id=0,
-    eos_token_id=2,
-    pad_token_id=0,
     hidden_size=64,
     num_attention_heads=4,
     num_key_value_heads=2,
@@ -481,11 +474,7 @@ SPECS += [
 ]
 _DEEPSEEK = dict(
     num_hidden_layers=3,
-    max_position_embeddings=512,
-    rms_norm_eps=1e-5,
-    bos_token_id=0,
-    eos_token_id=2,
-    pad_token_id=0,
+    **_SHARED,
     hidden_size=64,
     intermediate_size=96,
     moe_intermediate_size=32,
@@ -607,11 +596,7 @@ SPECS += [
 ]
 _GLM = dict(
     num_hidden_layers=3,
-    max_position_embeddings=512,
-    rms_norm_eps=1e-5,
-    bos_token_id=0,
-    eos_token_id=2,
-    pad_token_id=0,
+    **_SHARED,
     intermediate_size=96,
     moe_intermediate_size=32,
     first_k_dense_replace=1,

@@ -8,8 +8,12 @@ columns (a few columns per expert 25x the others):
   corrections) as closely as plain quantized files match theirs, and far closer than the reference
   without the corrections; against the F32 source they beat plain Q4_K_M on this model;
 * streamed experts (a quarter of them in the store's slots) give bit-identical logits, prefill and
-  decode; batched sequences give the bits each gives alone; the memory plan counts the corrections as
-  resident weights;
+  decode; batched sequences give the bits each gives alone;
+* the corrections stream with their expert only where the page padding of their slot regions adds at most
+  1/4 to their bytes (a file at fraction 0.125, 16 KiB per expert and projection): the store reads them into
+  the slot with the expert, the memory plan counts them in the slot size and the expert bytes, only their
+  column lists in the resident weights. Smaller ones (2.5 KiB at 0.02) stay resident and the plan's slots
+  and expert bytes are those of the file without them;
 * bad input is a clear error: fraction out of range, a float target, a model without experts, an
   input that already has corrections, low-bit copies of such a file, damaged correction tensors at load.
 """
@@ -34,6 +38,8 @@ from colibri_backend.quantize import quantize, write_lowbit_sidecar
 SHAPE = dict(n_embd=256, n_ff_exp=256, n_expert=8, n_expert_used=2)  # rows of 256: Q4_K / IQ4_NL blocks
 PLANTED = 2  # outlier columns planted per expert and tensor
 FRACTION = 0.02  # round(0.02 * 256) = 5 columns kept per expert
+LARGE = 0.125  # 32 columns: 256 rows x 32 x 2 = 16 KiB per expert, the least that streams (padding 1/4)
+PAGE = 4096  # the store's O_DIRECT granule (experts.h STORE_IO_ALIGN)
 TOKS = np.random.default_rng(3).integers(0, 301, 40).tolist()
 EXPERT_KINDS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 
@@ -59,6 +65,9 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = {"f32": src}
     out["q4_k_m"] = quantize(src, root / "q4_k_m.gguf", "q4_k_m", threads=2)
     out["q4_k_m+ol"] = quantize(src, root / "q4_k_m-ol.gguf", "q4_k_m", threads=2, expert_outliers=FRACTION)
+    out["q4_k_m+ol-large"] = quantize(
+        src, root / "q4_k_m-ol-large.gguf", "q4_k_m", threads=2, expert_outliers=LARGE
+    )
     out["iq4_nl+ol"] = quantize(
         src,
         root / "iq4_nl-ol.gguf",
@@ -208,20 +217,58 @@ def _prefill_then_decode(path: Path, slots: int) -> tuple[np.ndarray, np.ndarray
         return pre, dec, int(e.stats().expert_bytes_read)
 
 
-def test_streamed_experts_bit_identical_and_planned(files: dict[str, Path]) -> None:
-    path = files["q4_k_m+ol"]
+def _region(n: int) -> int:
+    """Slot bytes of a region of n file bytes: page rounded plus one page (experts.c store_region_size)."""
+    return (n + PAGE - 1) // PAGE * PAGE + PAGE
+
+
+@pytest.mark.parametrize("kind,streams", [("q4_k_m+ol", False), ("q4_k_m+ol-large", True)])
+def test_streamed_experts_bit_identical_and_planned(files: dict[str, Path], kind: str, streams: bool) -> None:
+    path = files[kind]
     n_total = 2 * SHAPE["n_expert"]
     pre, dec, _ = _prefill_then_decode(path, 0)
     spre, sdec, read = _prefill_then_decode(path, n_total // 4)  # a quarter of the experts in slots
     assert read > 0  # they did stream
     assert np.array_equal(pre, spre) and np.array_equal(dec, sdec)
-    # the corrections are resident weights in the plan; the expert bytes are the block-typed ones only
-    extra = sum(int(t.n_bytes) for t in gguf.GGUFReader(str(path)).tensors if ".colibri_outlier_" in t.name)
+    tensors = gguf.GGUFReader(str(path)).tensors
+    cols = sum(int(t.n_bytes) for t in tensors if t.name.endswith(".colibri_outlier_cols"))
+    corr = [t for t in tensors if t.name.endswith(".colibri_outlier_w")]
+    corr_bytes = sum(int(t.n_bytes) for t in corr)
+    # the rule (outliers.h outliers_stream): stream when padding to the slot region adds at most 1/4
+    per_tensor = [int(t.n_bytes) // int(t.shape[2]) for t in corr]
+    assert len(corr) == 6 and all(4 * (_region(b) - b) <= b for b in per_tensor) == streams
+    region: dict[str, int] = {}  # per projection, the largest expert's correction window over the layers
+    for t, b in zip(corr, per_tensor, strict=True):
+        proj = t.name.split(".")[2]
+        region[proj] = max(region.get(proj, 0), _region(b))
+    assert len(region) == 3
     with _Ctx(path, slots=n_total // 4) as a, _Ctx(files["q4_k_m"], slots=n_total // 4) as b:
         pa, pb = a.plan(), b.plan()
         assert pa.n_expert_slots == n_total // 4 and not pa.all_resident
-        assert pa.resident_weight_bytes - pb.resident_weight_bytes == extra > 0
-        assert pa.expert_total_bytes == pb.expert_total_bytes and pa.expert_slot_bytes == pb.expert_slot_bytes
+        if streams:  # in the expert bytes and, page-padded like each matrix, in the slot
+            assert pa.resident_weight_bytes - pb.resident_weight_bytes == cols > 0
+            assert pa.expert_total_bytes - pb.expert_total_bytes == corr_bytes > 0
+            assert pa.expert_slot_bytes - pb.expert_slot_bytes == sum(region.values())
+        else:  # resident weights, the slots and the expert bytes those of the file without them
+            assert pa.resident_weight_bytes - pb.resident_weight_bytes == cols + corr_bytes > cols > 0
+            assert (
+                pa.expert_total_bytes == pb.expert_total_bytes
+                and pa.expert_slot_bytes == pb.expert_slot_bytes
+            )
+            assert pa.total_bytes - pb.total_bytes == pa.resident_weight_bytes - pb.resident_weight_bytes + (
+                pa.model_table_bytes - pb.model_table_bytes
+            ) + (pa.metadata_bytes - pb.metadata_bytes)
+    # and every read of an expert brings its three matrices, and their corrections when they stream
+    streamed = ("_exps.weight", "_exps.colibri_outlier_w") if streams else ("_exps.weight",)
+    per_expert = [
+        sum(int(t.n_bytes) for t in tensors if t.name.startswith(f"blk.{il}.") and t.name.endswith(streamed))
+        // SHAPE["n_expert"]
+        for il in range(2)
+    ]
+    with _Ctx(path, slots=n_total // 4, n_batch=16) as e:
+        e.eval(TOKS)
+        got = [(s.layer, int(s.bytes_read)) for s in e.expert_stats() if s.bytes_read]
+    assert got and all(n % per_expert[il] == 0 for il, n in got), (got, per_expert)
 
 
 def test_batched_sequences_bit_identical_to_alone(files: dict[str, Path]) -> None:
@@ -273,9 +320,9 @@ def test_cli_refusals_leave_no_file(files: dict[str, Path], tmp_path: Path) -> N
     assert any(".colibri_outlier_w" in t.name for t in gguf.GGUFReader(str(out)).tensors)
 
 
-def _damaged(files: dict[str, Path], tmp_path: Path, what: str) -> Path:
+def _damaged(files: dict[str, Path], tmp_path: Path, what: str, kind: str) -> Path:
     bad = tmp_path / f"{what}.gguf"
-    bad.write_bytes(files["q4_k_m+ol"].read_bytes())
+    bad.write_bytes(files[kind].read_bytes())
     r = gguf.GGUFReader(str(bad), "r+")
     by = {t.name: t for t in r.tensors}
     if what == "cols":
@@ -286,6 +333,7 @@ def _damaged(files: dict[str, Path], tmp_path: Path, what: str) -> Path:
     return bad
 
 
+@pytest.mark.parametrize("kind", ["q4_k_m+ol", "q4_k_m+ol-large"])  # resident and streamed corrections
 @pytest.mark.parametrize(
     "what,message",
     [
@@ -294,8 +342,8 @@ def _damaged(files: dict[str, Path], tmp_path: Path, what: str) -> Path:
     ],
 )
 def test_damaged_corrections_refused_at_load(
-    files: dict[str, Path], tmp_path: Path, what: str, message: str
+    files: dict[str, Path], tmp_path: Path, what: str, message: str, kind: str
 ) -> None:
-    bad = _damaged(files, tmp_path, what)
+    bad = _damaged(files, tmp_path, what, kind)
     with pytest.raises(EngineError, match=message):
         Engine(bad)

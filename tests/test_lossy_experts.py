@@ -9,6 +9,8 @@ tokenizer) run through the C API; the load options' path to C runs on the bundle
 from __future__ import annotations
 
 import ctypes
+import mmap
+import os
 import shutil
 from pathlib import Path
 
@@ -135,6 +137,7 @@ def test_mass_streamed_matches_resident(models: dict[str, Path]) -> None:
 
 
 ENTRY = 3 * 256 * 84  # one expert's copy: 3 matrices of 256 rows of 256 at Q2_K (84 bytes per 256)
+WINDOW = (ENTRY + 2 * 4095) // 4096 * 4096  # its scratch: the page-aligned window it is read into in place
 
 
 def test_lowbit_sidecar_round_trip(models: dict[str, Path], tmp_path: Path) -> None:
@@ -149,7 +152,7 @@ def test_lowbit_sidecar_round_trip(models: dict[str, Path], tmp_path: Path) -> N
     same, _, _, st, ctx1 = _run(path, slots=4, n_batch=1, lowbit=side, weight=1e-9)
     assert st.lowbit_computed == 0
     assert np.array_equal(exact, same)
-    assert ctx1 - ctx0 == 4 * ENTRY  # the ledger counts the scratch of top-k copies
+    assert ctx1 - ctx0 == 4 * WINDOW  # the ledger counts the scratch of top-k copies (page windows)
     # every missing expert from its copy: close to exact, not equal, with fewer bytes read
     low, _, _, st, _ = _run(path, slots=4, n_batch=1, lowbit=side, weight=1.0)
     assert st.lowbit_computed > 0
@@ -179,6 +182,60 @@ def test_lowbit_sidecar_round_trip(models: dict[str, Path], tmp_path: Path) -> N
         assert e.stats().lowbit_computed > before
     finally:
         e.close()
+
+
+def _cached_pages(path: Path) -> tuple[int, int]:
+    """(pages of path in the page cache, pages of path), from mincore(2) over a map that touches nothing."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    c = ctypes
+    libc.mmap.argtypes = [c.c_void_p, c.c_size_t, c.c_int, c.c_int, c.c_int, c.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    size, page = path.stat().st_size, os.sysconf("SC_PAGE_SIZE")
+    n = (size + page - 1) // page
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        vec = ctypes.create_string_buffer(n)
+        try:
+            assert libc.mincore(addr, size, vec) == 0, os.strerror(ctypes.get_errno())
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+    return sum(b & 1 for b in vec.raw), n
+
+
+def _drop_cached(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # written pages are dirty until written back, and dirty pages are not dropped
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def test_lowbit_copies_are_not_kept_in_the_page_cache(models: dict[str, Path], tmp_path: Path) -> None:
+    """Issue 11 item 5, nothing cached twice: a copy read into the scratch leaves no page of the sidecar
+    in the page cache (only the header page the load's check reads), so under a cgroup cap the copies do
+    not compete with the slots; the output is the same with the file in the page cache or not."""
+    path = tmp_path / "m.gguf"
+    shutil.copy(models["norm"], path)
+    side = write_lowbit_sidecar(path, "q2_k", threads=2)
+    _drop_cached(side)
+    cached, pages = _cached_pages(side)
+    assert cached == 0, f"{tmp_path}'s file system keeps {cached} of {pages} pages after DONTNEED (tmpfs?)"
+    low, _, _, st, _ = _run(path, slots=4, n_batch=1, lowbit=side, weight=1.0)
+    assert st.lowbit_bytes_read >= 8 * os.sysconf("SC_PAGE_SIZE")  # the copies span many pages
+    cached, _ = _cached_pages(side)
+    assert cached <= 1, f"{cached} of {pages} pages of the sidecar stay cached after the copies were read"
+    # the same copies read again with the sidecar in the page cache (someone else read it): the same logits
+    with side.open("rb") as f:
+        f.read()
+    again, _, _, st2, _ = _run(path, slots=4, n_batch=1, lowbit=side, weight=1.0)
+    assert st2.lowbit_computed == st.lowbit_computed and np.array_equal(low, again)
 
 
 def test_lowbit_copies_in_a_chunk_of_tokens(models: dict[str, Path], tmp_path: Path) -> None:

@@ -858,7 +858,7 @@ static cl_int finish_call(ocl_backend *b) {
 
 /* An expert with outlier corrections (outliers.h) stays on the CPU, which adds them. */
 static int device_takes(const ocl_backend *b, const mat *w) {
-    return !b->failed && w->data && w->n_ol == 0 && kernel_of(w->type) >= 0 && w->rows > 0 && w->cols % QK8A == 0 &&
+    return !b->failed && w->data && !w->ol && kernel_of(w->type) >= 0 && w->rows > 0 && w->cols % QK8A == 0 &&
            (size_t)w->cols <= b->max_cols && (size_t)w->rows <= b->max_rows;
 }
 

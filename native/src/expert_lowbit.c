@@ -1,6 +1,8 @@
 /* expert_lowbit.c — reading the low-bit expert sidecar (expert_lowbit.h): its checks against the
  * model, the scratch of top-k copies, the choice of which experts of a step use it, and their reads
  * (handed to the expert store's I/O threads as reads aside). */
+/* O_DIRECT is a GNU extension in glibc's <fcntl.h> (as in experts.c) */
+#define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -20,13 +22,14 @@
 #include "types.h"
 
 struct expert_lowbit {
-    int fd;
+    int fd, fd_direct;      /* fd_direct: O_DIRECT, -1 where the file system refuses it (experts.h reads aside) */
     lowbit_header h;
     int32_t n_dense_lead;   /* entry of (l, e) = (l - n_dense_lead) * n_expert + e */
     int32_t n_slots;        /* scratch copies: top-k */
     size_t row_bytes[3];    /* gate, up, down */
     int32_t rows[3], cols[3];
-    uint8_t *scratch;       /* [n_slots][expert_bytes], 64-byte aligned */
+    uint8_t *scratch;       /* [n_slots][store_aside_window(expert_bytes)], page-aligned: a copy is read in
+                             * place with O_DIRECT, at its entry's offset within a page (lowbit_copy) */
 };
 
 static void put32(uint8_t *p, uint32_t v) {
@@ -140,6 +143,9 @@ void lowbit_header_encode(const lowbit_header *h, uint8_t out[LOWBIT_HEADER_BYTE
 static colibri_status check_sidecar(const char *path, const struct colibri_model *m, lowbit_header *h, int *fd_out) {
     const int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return cb_error(COLIBRI_E_IO, "low-bit sidecar %s: cannot open: %s", path, strerror(errno));
+    /* the header is read here, the entries by the store's I/O threads, direct or dropped from the page cache
+     * once copied (experts.h, reads aside): readahead would only cache the entries next to what is read */
+    posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
     struct stat st;
     uint8_t b[LOWBIT_HEADER_BYTES];
     colibri_status err = COLIBRI_OK;
@@ -212,7 +218,7 @@ colibri_status lowbit_scratch_bytes(const char *path, const struct colibri_model
     colibri_status st = check_sidecar(path, m, &h, &fd);
     if (st) return st;
     close(fd);
-    *out = (uint64_t)m->hp.n_expert_used * h.expert_bytes;
+    *out = (uint64_t)m->hp.n_expert_used * store_aside_window((size_t)h.expert_bytes);
     return COLIBRI_OK;
 }
 
@@ -220,6 +226,7 @@ colibri_status lowbit_open(const char *path, const struct colibri_model *m, expe
     *out = NULL;
     expert_lowbit *lb = cb_calloc(1, sizeof *lb);
     if (!lb) return cb_error(COLIBRI_E_NOMEM, "out of memory");
+    lb->fd_direct = -1;
     colibri_status st = check_sidecar(path, m, &lb->h, &lb->fd);
     if (st) {
         cb_free(lb);
@@ -234,8 +241,17 @@ colibri_status lowbit_open(const char *path, const struct colibri_model *m, expe
         lb->cols[p] = cols[p];
         lb->row_bytes[p] = type_row_bytes(lb->h.type[p], (uint64_t)cols[p]);
     }
-    const size_t per = (lb->h.expert_bytes + 63) / 64 * 64;
-    lb->scratch = cb_aligned_alloc(64, per * (size_t)lb->n_slots);
+#ifdef O_DIRECT
+    lb->fd_direct = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT); /* -1 where refused: the buffered reads */
+    struct stat a, b;
+    if (lb->fd_direct >= 0 && (fstat(lb->fd, &a) || fstat(lb->fd_direct, &b) || a.st_dev != b.st_dev ||
+                               a.st_ino != b.st_ino)) { /* the path names another file since it was checked */
+        close(lb->fd_direct);
+        lb->fd_direct = -1;
+    }
+#endif
+    const size_t per = store_aside_window((size_t)lb->h.expert_bytes);
+    lb->scratch = cb_aligned_alloc(STORE_IO_ALIGN, per * (size_t)lb->n_slots);
     if (!lb->scratch) {
         lowbit_close(lb);
         return cb_error(COLIBRI_E_NOMEM, "out of memory for %d low-bit expert copies", (int)hp->n_expert_used);
@@ -247,6 +263,7 @@ colibri_status lowbit_open(const char *path, const struct colibri_model *m, expe
 void lowbit_close(expert_lowbit *lb) {
     if (!lb) return;
     if (lb->fd >= 0) close(lb->fd);
+    if (lb->fd_direct >= 0) close(lb->fd_direct);
     cb_free(lb->scratch);
     cb_free(lb);
 }
@@ -272,13 +289,24 @@ int lowbit_pick(const struct colibri_context *c, int il, int n, int32_t *ids) {
     return got;
 }
 
+/* File offset of sidecar entry `index`. */
+static uint64_t entry_offset(const expert_lowbit *lb, uint64_t index) {
+    return LOWBIT_HEADER_BYTES + index * lb->h.expert_bytes;
+}
+
+/* Where entry `index`'s bytes land in scratch copy `slot`: at their offset within a page, so the page-aligned
+ * window around them is read in place (experts.h, reads aside). */
+static uint8_t *lowbit_copy(const expert_lowbit *lb, int slot, uint64_t index) {
+    return lb->scratch + (size_t)slot * store_aside_window((size_t)lb->h.expert_bytes) +
+           (size_t)(entry_offset(lb, index) % STORE_IO_ALIGN);
+}
+
 colibri_status lowbit_issue(expert_lowbit *lb, struct expert_store *s, int il, int e, int slot) {
     const uint64_t index = (uint64_t)(il - lb->n_dense_lead) * lb->h.n_expert + (uint64_t)e;
     if (il < lb->n_dense_lead || (uint32_t)il >= lb->h.n_layer || e < 0 || (uint32_t)e >= lb->h.n_expert ||
         slot < 0 || slot >= lb->n_slots || slot >= store_n_aside(s))
         return cb_error(COLIBRI_E_INTERNAL, "low-bit copy (layer %d, expert %d, slot %d) out of range", il, e, slot);
-    uint8_t *dst = lb->scratch + (size_t)slot * ((lb->h.expert_bytes + 63) / 64 * 64);
-    store_read_aside(s, slot, il, e, lb->fd, dst, LOWBIT_HEADER_BYTES + index * lb->h.expert_bytes,
+    store_read_aside(s, slot, il, e, lb->fd, lb->fd_direct, lowbit_copy(lb, slot, index), entry_offset(lb, index),
                      (size_t)lb->h.expert_bytes);
     return COLIBRI_OK;
 }
@@ -288,7 +316,8 @@ colibri_status lowbit_finish(expert_lowbit *lb, struct expert_store *s, int il, 
     if (err)
         return cb_error(COLIBRI_E_IO, "low-bit sidecar: reading layer %d expert %d: %s", il, e,
                         err == EIO ? "input/output error or end of file (was the file truncated?)" : strerror(err));
-    uint8_t *dst = lb->scratch + (size_t)slot * ((lb->h.expert_bytes + 63) / 64 * 64);
+    const uint64_t index = (uint64_t)(il - lb->n_dense_lead) * lb->h.n_expert + (uint64_t)e;
+    uint8_t *dst = lowbit_copy(lb, slot, index);
     mat *m[3] = {&view->gate, &view->up, &view->down};
     size_t at = 0;
     for (int p = 0; p < 3; p++) {
@@ -297,9 +326,7 @@ colibri_status lowbit_finish(expert_lowbit *lb, struct expert_store *s, int il, 
         m[p]->rows = lb->rows[p];
         m[p]->cols = lb->cols[p];
         m[p]->row_bytes = lb->row_bytes[p];
-        m[p]->n_ol = 0; /* no outlier correction: it corrects the file's own quantization, not this copy's */
-        m[p]->ol_w = NULL;
-        m[p]->ol_cols = NULL;
+        m[p]->ol = NULL; /* no outlier correction: it corrects the file's own quantization, not this copy's */
         at += (size_t)lb->rows[p] * lb->row_bytes[p];
     }
     return COLIBRI_OK;

@@ -54,14 +54,15 @@ typedef struct slot {
     double freq;            /* LFU score at last_tick */
     uint64_t last_tick;     /* token step of the last use */
     uint64_t last_use;      /* LRU order: value of store->use_clock at the last use */
+    mat_outliers ol[3];     /* gate, up, down's corrections in this slot (regions 3..5), when the file has them */
 } slot;
 
 /* A read into memory the store does not own (a low-bit copy's scratch, expert_lowbit.h), in pieces the I/O
  * threads take ahead of every queued slot load: a decode step waits for it as for a demand read. The forward
  * thread arms it (store_read_aside) only when no piece of it is in flight; the readers own its progress. */
 typedef struct aside {
-    int fd;
-    unsigned char *dst;     /* [len] */
+    int fd, fd_direct;      /* fd_direct: the same file opened with O_DIRECT, -1 when none */
+    unsigned char *dst;     /* [len]; with fd_direct, inside a page-aligned window as a slot region's bytes are */
     uint64_t off;           /* file offset of dst[0] */
     size_t len;
     int32_t layer, expert;  /* whose stall a wait for it is */
@@ -80,10 +81,12 @@ struct expert_store {
     int n_layer, n_expert, n_slots, policy, floor;
     int reuse;              /* policy == COLIBRI_POLICY_REUSE: its tables below exist */
     size_t slot_bytes;
-    size_t region_off[3];   /* offset of gate, up, down inside a slot */
+    size_t region_off[STORE_REGIONS]; /* offset of each region inside a slot (region_bytes) */
     int fd, fd_direct;      /* fd_direct = -1 when O_DIRECT is unavailable */
     _Atomic int direct_ok;  /* cleared for good after the first EINVAL */
+    _Atomic int aside_direct_ok; /* the same for the reads aside (another file: the low-bit sidecar) */
     _Atomic int fail_reads; /* fault injection */
+    _Atomic long delay_ns;  /* test hook: each piece of a slot's read starts this late (store_delay_reads) */
     unsigned char *mem;
     slot *slots;            /* [n_slots] */
     int32_t *where;         /* [n_layer][n_expert] slot index or -1 */
@@ -97,8 +100,8 @@ struct expert_store {
     double stall_decode_s;  /* stall time during decode steps */
     aside *asides;          /* [n_aside] reads into caller memory, one per low-bit scratch copy */
     int n_aside;            /* top-k */
-    int chunks[3];          /* pieces of each projection's region */
-    int n_pieces;           /* chunks[0] + chunks[1] + chunks[2] */
+    int chunks[STORE_REGIONS]; /* pieces of each region */
+    int n_pieces;           /* their sum */
     /* I/O threads and their queue: ring[head % CAP] is written by the forward thread only
      * (lock-free); the I/O threads advance tail under `take`, a lock the forward thread never
      * holds. One semaphore post per piece queued. */
@@ -132,22 +135,34 @@ static double now_s(void) {
 
 static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
-/* File range of projection p (0 gate, 1 up, 2 down) of expert e in layer l. */
+/* File range of region p of expert e in layer l: projection p (0 gate, 1 up, 2 down) for p < 3, its F16
+ * outlier corrections (outliers.h) for p = 3 + projection, an empty range when it has none or they are
+ * resident (m->outliers_streamed = 0). */
 static void expert_range(const struct colibri_model *m, int l, int e, int p, uint64_t *off, uint64_t *len) {
     const layer_weights *w = &m->layers[l];
-    const mat3 *t = p == 0 ? &w->gate_exps : p == 1 ? &w->up_exps : &w->down_exps;
-    *off = (uint64_t)((const unsigned char *)t->data - m->file.map) + (uint64_t)e * t->expert_stride;
-    *len = t->expert_bytes;
+    const int q = p % 3;
+    const mat3 *t = q == 0 ? &w->gate_exps : q == 1 ? &w->up_exps : &w->down_exps;
+    if (p < 3) {
+        *off = (uint64_t)((const unsigned char *)t->data - m->file.map) + (uint64_t)e * t->expert_stride;
+        *len = t->expert_bytes;
+    } else if (t->ol && m->outliers_streamed) {  /* expert e's [n][rows] F16 block of the correction tensor */
+        *off = (uint64_t)((const unsigned char *)t->ol[e].w - m->file.map);
+        *len = (uint64_t)t->ol[e].n * (uint64_t)t->rows * 2;
+    } else {
+        *off = *len = 0;
+    }
 }
 
-/* Largest page-padded region of projection p over all layers: the expert's bytes plus up to
- * one page on each side, so the aligned window around them always fits. */
+size_t store_region_size(uint64_t len) { return round_up((size_t)len, STORE_IO_ALIGN) + STORE_IO_ALIGN; }
+
+/* Largest page-padded region p over all layers (store_region_size); 0 for a correction region no layer
+ * streams. */
 static size_t region_bytes(const struct colibri_model *m, int p) {
     size_t best = 0;
     for (int l = 0; l < m->hp.n_layer; l++) {
         uint64_t off, len;
         expert_range(m, l, 0, p, &off, &len);
-        size_t r = round_up((size_t)len, STORE_IO_ALIGN) + STORE_IO_ALIGN;
+        size_t r = p < 3 || len ? store_region_size(len) : 0;
         if (r > best) best = r;
     }
     return best;
@@ -155,7 +170,9 @@ static size_t region_bytes(const struct colibri_model *m, int p) {
 
 size_t store_slot_bytes(const struct colibri_model *m) {
     if (m->hp.n_expert == 0) return 0;
-    return region_bytes(m, 0) + region_bytes(m, 1) + region_bytes(m, 2);
+    size_t n = 0;
+    for (int p = 0; p < STORE_REGIONS; p++) n += region_bytes(m, p);
+    return n;
 }
 
 static int store_io_threads(void);
@@ -202,6 +219,15 @@ static int pread_full(int fd, unsigned char *dst, size_t n, uint64_t off, size_t
     return got >= need ? 0 : EIO;
 }
 
+/* Bytes [off, off + len) of fd were just copied into memory the engine owns (a slot, a low-bit scratch): drop
+ * them from the page cache, so nothing is held twice (a second copy would only take memory from the budget's
+ * cgroup; the kernel keeps pages other users still map or lock). Widened to whole pages, or the partial page at
+ * each end would stay cached; a neighbour's bytes in those pages are streamed the same way, never mapped. */
+static void drop_cached(int fd, uint64_t off, uint64_t len) {
+    const uint64_t lo = off & ~(uint64_t)(STORE_IO_ALIGN - 1), hi = round_up((size_t)(off + len), STORE_IO_ALIGN);
+    posix_fadvise(fd, (off_t)lo, (off_t)(hi - lo), POSIX_FADV_DONTNEED);
+}
+
 /* Wait until slot i is no longer LOADING; returns its state. */
 static int wait_slot(const slot *sl) {
     int st, spins = 0;
@@ -237,16 +263,20 @@ static int read_piece(expert_store *s, int l, int e, unsigned char *mem, int pie
     if (err == EINVAL) {
         const uint64_t from = lo > off ? lo : off;
         err = pread_full(s->fd, mem + s->region_off[p] + (from - a), (size_t)(hi - from), from, (size_t)(hi - from));
-        /* the bytes now live in the slot: a second copy in the page cache would only take memory from
-         * the budget's cgroup (the kernel keeps pages other users still map or lock) */
-        if (!err) posix_fadvise(s->fd, (off_t)from, (off_t)(hi - from), POSIX_FADV_DONTNEED);
+        if (!err) drop_cached(s->fd, from, hi - from); /* the bytes now live in the slot */
     }
     return err;
 }
 
+/* Bytes of one expert of layer l the store reads: its three matrices and their corrections. */
 static size_t expert_bytes(const expert_store *s, int l) {
-    const layer_weights *w = &s->m->layers[l];
-    return w->gate_exps.expert_bytes + w->up_exps.expert_bytes + w->down_exps.expert_bytes;
+    size_t n = 0;
+    for (int p = 0; p < STORE_REGIONS; p++) {
+        uint64_t off, len;
+        expert_range(s->m, l, 0, p, &off, &len);
+        n += (size_t)len;
+    }
+    return n;
 }
 
 /* Arm slot sl (already claimed for its layer and expert) for a load of every piece. */
@@ -290,6 +320,11 @@ static int run_piece(expert_store *s, slot *sl) {
     if (piece >= sl->n_pieces) return 0;
     int err = 0;
     if (piece == 0 && atomic_load(&s->fail_reads) > 0 && atomic_fetch_sub(&s->fail_reads, 1) > 0) err = EIO;
+    const long delay = atomic_load_explicit(&s->delay_ns, memory_order_relaxed);
+    if (delay > 0) {
+        struct timespec ts = {delay / 1000000000L, delay % 1000000000L};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) continue;
+    }
     if (!err) {
         const double t0 = s->tl ? now_s() : 0.0;
         err = read_piece(s, sl->layer, sl->expert, sl->mem, piece);
@@ -336,6 +371,30 @@ static int next_work(expert_store *s) {
     return found;
 }
 
+/* Piece `piece` of read aside a; 0 or an errno. Pieces tile the page-aligned window around the bytes
+ * [off, off + len), laid out as a slot region is (file byte x at dst + (x - off)): with O_DIRECT each piece
+ * lands in place, else the bytes are read through the page cache and dropped from it once copied. Pieces
+ * past the window read nothing. */
+static int read_aside_piece(expert_store *s, const aside *a, int piece) {
+    const uint64_t a0 = a->off & ~(uint64_t)(STORE_IO_ALIGN - 1), end = a->off + a->len;
+    const uint64_t lo = a0 + (uint64_t)piece * STORE_IO_CHUNK;
+    if (lo >= end) return 0;
+    const uint64_t hi = lo + STORE_IO_CHUNK < end ? lo + STORE_IO_CHUNK : end;
+    unsigned char *base = a->dst - (a->off - a0);  /* where file byte a0 lands */
+    int err = EINVAL;
+    if (a->fd_direct >= 0 && atomic_load_explicit(&s->aside_direct_ok, memory_order_relaxed)) {
+        err = pread_full(a->fd_direct, base + (lo - a0), round_up((size_t)(hi - lo), STORE_IO_ALIGN), lo,
+                         (size_t)(hi - lo));
+        if (err == EINVAL) atomic_store(&s->aside_direct_ok, 0);  /* this file system refuses it */
+    }
+    if (err == EINVAL) {
+        const uint64_t from = lo > a->off ? lo : a->off;
+        err = pread_full(a->fd, a->dst + (from - a->off), (size_t)(hi - from), from, (size_t)(hi - from));
+        if (!err) drop_cached(a->fd, from, hi - from); /* the copy now lives in the caller's memory */
+    }
+    return err;
+}
+
 /* Take and read one piece of a read aside; 0 when none has pieces left. The reader of the last piece
  * publishes it. */
 static int run_aside_piece(expert_store *s) {
@@ -350,10 +409,8 @@ static int run_aside_piece(expert_store *s) {
         int err = 0;
         if (piece == 0 && atomic_load(&s->fail_reads) > 0 && atomic_fetch_sub(&s->fail_reads, 1) > 0) err = EIO;
         if (!err) {
-            const size_t lo = (size_t)piece * STORE_IO_CHUNK;
-            const size_t n = a->len - lo < STORE_IO_CHUNK ? a->len - lo : STORE_IO_CHUNK;
             const double t0 = s->tl ? now_s() : 0.0;
-            err = pread_full(a->fd, a->dst + lo, n, a->off + lo, n);
+            err = read_aside_piece(s, a, piece);
             if (s->tl) timeline_add(s->tl, TL_IO, t0, now_s());
         }
         if (err) {
@@ -427,11 +484,10 @@ colibri_status store_create(const struct colibri_model *m, int n_slots, int poli
     s->floor = n_slots / s->n_layer < m->hp.n_expert_used ? n_slots / s->n_layer : m->hp.n_expert_used;
     s->decay = pow(0.5, 1.0 / STORE_LFU_HALF_LIFE);
     s->region_off[0] = 0;
-    s->region_off[1] = region_bytes(m, 0);
-    s->region_off[2] = s->region_off[1] + region_bytes(m, 1);
+    for (int p = 1; p < STORE_REGIONS; p++) s->region_off[p] = s->region_off[p - 1] + region_bytes(m, p - 1);
     s->slot_bytes = store_slot_bytes(m);
     s->n_pieces = 0;
-    for (int p = 0; p < 3; p++) {
+    for (int p = 0; p < STORE_REGIONS; p++) {
         s->chunks[p] = (int)((region_bytes(m, p) + STORE_IO_CHUNK - 1) / STORE_IO_CHUNK);
         s->n_pieces += s->chunks[p];
     }
@@ -467,6 +523,7 @@ colibri_status store_create(const struct colibri_model *m, int n_slots, int poli
     }
     if (O_DIRECT) s->fd_direct = resident_reopen(m, O_RDONLY | O_CLOEXEC | O_DIRECT);
     atomic_init(&s->direct_ok, s->fd_direct >= 0);
+    atomic_init(&s->aside_direct_ok, 1);
     if (sem_init(&s->wake, 0, 0) != 0) {
         store_destroy(s);
         return cb_error(COLIBRI_E_INTERNAL, "sem_init failed");
@@ -735,6 +792,18 @@ static void claim(expert_store *s, int i, int layer, int e) {
     sl->last_tick = s->tick;
     s->where[(size_t)layer * s->n_expert + e] = i;
     s->layer_count[layer]++;
+    /* the views' correction records (fill_view), set while nothing computes from this slot: streamed
+     * corrections come with the expert (region 3 + p), their column lists stay resident */
+    if (!s->m->outliers_streamed) return;
+    const layer_weights *w = &s->m->layers[layer];
+    const mat3 *src[3] = {&w->gate_exps, &w->up_exps, &w->down_exps};
+    for (int p = 0; p < 3; p++) {
+        if (!src[p]->ol) continue;
+        uint64_t off, len;
+        expert_range(s->m, layer, e, 3 + p, &off, &len);
+        sl->ol[p] = src[p]->ol[e];
+        sl->ol[p].w = (const uint16_t *)(sl->mem + s->region_off[3 + p] + (off & (STORE_IO_ALIGN - 1)));
+    }
 }
 
 static void fill_view(const expert_store *s, const slot *sl, int layer, int e, expert_view *v) {
@@ -749,7 +818,8 @@ static void fill_view(const expert_store *s, const slot *sl, int layer, int e, e
         dst[p]->rows = src[p]->rows;
         dst[p]->cols = src[p]->cols;
         dst[p]->row_bytes = src[p]->row_bytes;
-        mat3_outliers(src[p], e, dst[p]); /* the corrections stay resident (outliers.h) */
+        if (s->m->outliers_streamed) dst[p]->ol = src[p]->ol ? &sl->ol[p] : NULL; /* in the slot (claim) */
+        else mat3_outliers(src[p], e, dst[p]);                                    /* resident */
     }
 }
 
@@ -944,17 +1014,21 @@ void store_aside_wait_all(expert_store *s) {
     for (int h = 0; h < s->n_aside; h++) store_aside_wait(s, h);
 }
 
-void store_read_aside(expert_store *s, int h, int layer, int e, int fd, void *dst, uint64_t off, size_t len) {
+void store_read_aside(expert_store *s, int h, int layer, int e, int fd, int fd_direct, void *dst, uint64_t off,
+                      size_t len) {
     aside *a = &s->asides[h];
     store_aside_wait(s, h); /* its previous read (a step that failed part way) is over: dst is the caller's */
     a->fd = fd;
+    a->fd_direct = fd_direct;
     a->dst = dst;
     a->off = off;
     a->len = len;
     a->layer = layer;
     a->expert = e;
-    const int n = (int)((len + STORE_IO_CHUNK - 1) / STORE_IO_CHUNK);
-    if (!n) return;
+    if (!len) return;
+    /* pieces of the widest window around len bytes, whatever off is: the same count for every read of a
+     * sidecar, so a reader late from the last read sees it (the ones past this read's window read nothing) */
+    const int n = (int)((len + 2 * (STORE_IO_ALIGN - 1) + STORE_IO_CHUNK - 1) / STORE_IO_CHUNK);
     atomic_store_explicit(&a->n_pieces, n, memory_order_relaxed);
     atomic_store_explicit(&a->io_errno, 0, memory_order_relaxed);
     atomic_store_explicit(&a->pieces_left, n, memory_order_relaxed);
@@ -1067,6 +1141,8 @@ int store_direct_reads(const expert_store *s) {
 }
 
 void store_fail_next_reads(expert_store *s, int n) { atomic_store(&s->fail_reads, n); }
+
+void store_delay_reads(expert_store *s, double seconds) { atomic_store(&s->delay_ns, (long)(seconds * 1e9)); }
 
 /* ---- counters --------------------------------------------------------- */
 

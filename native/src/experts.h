@@ -1,8 +1,8 @@
 /* experts.h — the expert store: routed experts streamed from the GGUF file into a fixed set
  * of slots when the memory budget cannot hold them all.
  *
- * Every slot is sized for the largest expert (gate + up + down, each page padded so that
- * O_DIRECT reads can land in place). All bookkeeping (which expert sits in which slot,
+ * Every slot is sized for the largest expert (gate + up + down, and their F16 outlier corrections in a
+ * file that has them, each page padded so that O_DIRECT reads can land in place). All bookkeeping (which expert sits in which slot,
  * scores, counters) belongs to the thread running the forward pass; the I/O threads only
  * perform the reads they are handed (prefetches through a lock-free ring the forward thread
  * fills, demand misses through an `urgent` slot the forward thread reads alongside them, reads
@@ -20,6 +20,8 @@
 #include "model.h"
 
 #define STORE_IO_ALIGN 4096   /* O_DIRECT granule; slots and their regions are aligned to it */
+#define STORE_REGIONS 6       /* regions of a slot: gate, up, down, then their outlier corrections (outliers.h;
+                                 empty for a file without them) */
 #define STORE_QUEUE_CAP 256   /* prefetch requests in flight at most (power of two) */
 #define STORE_IO_CHUNK (1u << 20) /* an expert's read is split into pieces of this size (a multiple of
                                      STORE_IO_ALIGN) that the I/O threads read in parallel */
@@ -35,6 +37,9 @@ typedef struct expert_store expert_store;
 
 /* Bytes of one slot for this model (largest expert, padded), 0 for a dense model. */
 size_t store_slot_bytes(const struct colibri_model *m);
+/* Slot bytes a region of len file bytes takes: len rounded up to STORE_IO_ALIGN plus one page, so the
+ * aligned window around the bytes fits wherever they start in the file. */
+size_t store_region_size(uint64_t len);
 /* Bookkeeping bytes of a store with n_slots slots under policy (COLIBRI_POLICY_*): tables, counters,
  * queue, loader stacks, and the reuse policy's statistics when it is that policy. */
 size_t store_table_bytes(const struct colibri_model *m, int n_slots, int policy);
@@ -77,9 +82,19 @@ int store_wait_any(expert_store *s, int layer, const int32_t *ids, int n, const 
  * over), read by the I/O threads in STORE_IO_CHUNK pieces ahead of every queued slot load, so they go with a
  * decode step's demand reads: the low-bit copies (expert_lowbit.h). Handles 0 .. store_n_aside() - 1 (top-k);
  * a handle is reused only once its previous read is over (store_read_aside waits for it). The read is
- * counted as a stall of expert e of layer l while store_wait_any waits for it. */
+ * counted as a stall of expert e of layer l while store_wait_any waits for it. Nothing is cached twice: with
+ * fd_direct (the same file opened with O_DIRECT; -1: none) the page-aligned window around the bytes is read in
+ * place, so dst - off % STORE_IO_ALIGN must be STORE_IO_ALIGN-aligned with room up to the next STORE_IO_ALIGN
+ * boundary at or past dst + len (store_aside_window); without it, or where the file system refuses O_DIRECT,
+ * each piece is read through the page cache and dropped from it once copied. */
 int store_n_aside(const expert_store *s);
-void store_read_aside(expert_store *s, int h, int layer, int e, int fd, void *dst, uint64_t off, size_t len);
+void store_read_aside(expert_store *s, int h, int layer, int e, int fd, int fd_direct, void *dst, uint64_t off,
+                      size_t len);
+/* Bytes of caller memory a read aside of len bytes needs for direct reads at any offset (page-aligned start,
+ * the bytes at start + off % STORE_IO_ALIGN). */
+static inline size_t store_aside_window(size_t len) {
+    return (len + 2 * (STORE_IO_ALIGN - 1)) / STORE_IO_ALIGN * STORE_IO_ALIGN;
+}
 /* 1 once read aside h is over (or none was started), 0 while it is in flight. */
 int store_aside_ready(const expert_store *s, int h);
 /* Wait for read aside h; 0 or the errno of its first failed piece (EIO also for a short read). */
@@ -114,5 +129,8 @@ void store_set_timeline(expert_store *s, struct timeline *tl);
 
 /* Fault injection for tests: the next n reads fail with EIO. */
 void store_fail_next_reads(expert_store *s, int n);
+/* For tests: every piece of a slot's read waits `seconds` before it starts (0: none), so a wait for a read
+ * just issued finds it unfinished however fast the disk is. */
+void store_delay_reads(expert_store *s, double seconds);
 
 #endif

@@ -76,7 +76,7 @@ static uint64_t kv_model_id(const struct colibri_model *m) {
     digest_update(&s, &f->size, sizeof f->size);
     for (uint64_t i = 0; i < f->n_tensors; i++) {
         const gguf_tensor *t = &f->tensors[i];
-        if (strstr(t->name, "_exps.weight")) continue;
+        if (model_streamed_tensor(m, t->name)) continue;
         digest_update(&s, t->data, (size_t)(t->nbytes < KV_ID_SAMPLE ? t->nbytes : KV_ID_SAMPLE));
     }
     return digest_final(&s);

@@ -17,9 +17,6 @@
 /* Pages of a worker thread's stack that a forward pass touches (it uses no large locals). */
 #define THREAD_STACK_BYTES (64 * 1024)
 
-static int is_expert_tensor(const char *name) {
-    return strstr(name, "_exps.weight") != NULL;
-}
 
 colibri_status ledger_plan(const struct colibri_model *m, const colibri_context_params *p,
                            colibri_memory_plan *o) {
@@ -31,7 +28,7 @@ colibri_status ledger_plan(const struct colibri_model *m, const colibri_context_
     for (uint64_t i = 0; i < m->file.n_tensors; i++) {
         const gguf_tensor *t = &m->file.tensors[i];
         if (!model_tensor_runs(m, t)) continue; /* multi-token prediction: never read nor held */
-        if (is_expert_tensor(t->name)) o->expert_total_bytes += t->nbytes;
+        if (model_streamed_tensor(m, t->name)) o->expert_total_bytes += t->nbytes;
         else o->resident_weight_bytes += t->nbytes;
         if (t->ne[1] == 1 && t->ne[2] == 1 && t->ne[3] == 1) o->model_table_bytes += t->ne[0] * sizeof(float);
         else if (strstr(t->name, "_exps.bias")) o->model_table_bytes += t->ne[0] * t->ne[1] * sizeof(float);
@@ -136,7 +133,7 @@ static int lock_ranges(struct colibri_model *m, int lock) {
             len = m->file.data_offset;
         } else {
             const gguf_tensor *t = &m->file.tensors[i];
-            if (is_expert_tensor(t->name) || !model_tensor_runs(m, t)) continue;
+            if (model_streamed_tensor(m, t->name) || !model_tensor_runs(m, t)) continue;
             off = t->offset;
             len = t->nbytes;
         }

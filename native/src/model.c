@@ -297,6 +297,9 @@ void model_free(struct colibri_model *m) {
             cb_free(w->exp_probs_b);
             cb_free(w->q_a_norm);
             cb_free(w->kv_a_norm);
+            cb_free(w->gate_exps.ol);
+            if (w->up_exps.ol != w->gate_exps.ol) cb_free(w->up_exps.ol); /* gemma4's fused halves share one */
+            cb_free(w->down_exps.ol);
         }
         cb_free(m->layers);
     }
@@ -323,6 +326,7 @@ colibri_status model_load(const char *path, struct colibri_model **out) {
         return cb_error(COLIBRI_E_NOMEM, "out of memory");
     }
     memcpy(m->path, path, path_len + 1);
+    m->outliers_streamed = outliers_stream(&m->file);  /* before the resident copy leaves streamed bytes out */
     if ((st = resident_load(m))) {   /* before anything reads tensor data */
         model_free(m);
         return st;
@@ -377,6 +381,10 @@ int model_block_of(const char *name) {
     int b = 0, digits = 0;
     for (const char *p = name + 4; *p >= '0' && *p <= '9' && digits < 9; p++, digits++) b = b * 10 + (*p - '0');
     return digits > 0 && name[4 + digits] == '.' ? b : -1;
+}
+
+int model_streamed_tensor(const struct colibri_model *m, const char *name) {
+    return strstr(name, "_exps.weight") != NULL || (m->outliers_streamed && outliers_tensor(name));
 }
 
 int model_tensor_runs(const struct colibri_model *m, const gguf_tensor *t) {

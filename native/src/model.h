@@ -36,18 +36,23 @@ enum { FFN_SWIGLU = 0, FFN_SWIGLU_OAI = 1, FFN_GEGLU_TANH = 2 /* gelu_pytorch_ta
 /* Where the q/k RMSNorms sit (applied after the projections and biases, before RoPE). */
 enum { QK_NORM_NONE = 0, QK_NORM_HEAD = 1 /* per head, weight [head_dim] */, QK_NORM_FULL = 2 /* over q / k */ };
 
+/* The outlier corrections of one expert's matrix (outliers.h), in a file written with
+ * --expert-outliers: W x = data's product + sum_k w[k] * x[cols[k]]. */
+typedef struct mat_outliers {
+    const uint16_t *w;     /* [n][rows] F16 */
+    const int32_t *cols;   /* [n] increasing input columns */
+    int32_t n;             /* >= 1 */
+} mat_outliers;
+
 /* A 2D weight matrix W[rows][cols] (GGUF ne = {cols, rows}), row r at data + r * row_bytes.
- * An expert of a file written with --expert-outliers also carries the F16 correction of its
- * n_ol outlier input columns (outliers.h): W x = data's product + sum_k ol_w[k] * x[ol_cols[k]]. */
+ * Every weight view is one of these, so the rare outlier correction costs it one pointer. */
 typedef struct mat {
     const void *data;
     uint32_t type;
     int32_t rows;
     int32_t cols;
     size_t row_bytes;
-    const uint16_t *ol_w;     /* [n_ol][rows] F16, NULL when n_ol == 0 */
-    const int32_t *ol_cols;   /* [n_ol] increasing input columns */
-    int32_t n_ol;
+    const mat_outliers *ol;   /* the expert's corrections; NULL: none (every matrix of an ordinary file) */
 } mat;
 
 /* Stacked experts: W[n_expert][rows][cols] (GGUF ne = {cols, rows, n_expert}). */
@@ -60,18 +65,13 @@ typedef struct mat3 {
     size_t expert_bytes;  /* rows * row_bytes */
     size_t expert_stride; /* bytes from one expert to the next: expert_bytes, or more for one half of a
                            * tensor with gate and up fused (ffn_gate_up_exps, gemma4 from llama.cpp) */
-    /* the outlier corrections of every expert (outliers.h), resident; n_ol == 0: none */
-    const uint16_t *ol_w;     /* [n_expert][n_ol][rows] F16 */
-    const int32_t *ol_cols;   /* [n_expert][n_ol] */
-    int32_t n_ol;
+    /* [n_expert] the outlier corrections of each expert (outliers.h), resident, owned by the model
+     * (model_free); NULL: none */
+    mat_outliers *ol;
 } mat3;
 
 /* Expert e's outlier correction of m into v (none when m has none). */
-static inline void mat3_outliers(const mat3 *m, int e, mat *v) {
-    v->n_ol = m->n_ol;
-    v->ol_w = m->n_ol ? m->ol_w + (size_t)e * (size_t)m->rows * (size_t)m->n_ol : NULL;
-    v->ol_cols = m->n_ol ? m->ol_cols + (size_t)e * (size_t)m->n_ol : NULL;
-}
+static inline void mat3_outliers(const mat3 *m, int e, mat *v) { v->ol = m->ol ? &m->ol[e] : NULL; }
 
 /* One expert's three projections, as the forward pass sees them. */
 typedef struct expert_view {
@@ -216,6 +216,7 @@ struct colibri_model {
     char *path;               /* the file, reopened by the expert store for streaming (heap) */
     int32_t resident_locks;   /* contexts holding the resident weights' pages locked (ledger.c) */
     struct resident_state *resident;  /* the engine's copy of the file's bytes, the open file, digests (resident.c) */
+    int outliers_streamed;    /* the outlier corrections travel with their expert (outliers_stream, set at load) */
 };
 
 /* Open, validate and describe a GGUF model (model.c). */
@@ -233,5 +234,11 @@ int model_block_of(const char *name);
  * multi-token-prediction blocks llama.cpp's converter appends, hp.n_nextn). The memory plan,
  * the resident copy and the expert store leave those out. */
 int model_tensor_runs(const struct colibri_model *m, const gguf_tensor *t);
+/* 1 for a tensor streamed with the routed experts rather than held resident: a stacked expert tensor
+ * (..._exps.weight) or, when m->outliers_streamed, its F16 outlier corrections (..._exps.colibri_outlier_w,
+ * outliers.h), which the expert store then reads into the slot with the expert. Its pages are absent at load
+ * (resident.h), the memory plan counts it among the expert bytes. The one test of that, for every file that
+ * asks. */
+int model_streamed_tensor(const struct colibri_model *m, const char *name);
 
 #endif

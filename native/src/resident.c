@@ -32,7 +32,9 @@ struct resident_state {
     digest_table *dig;     /* MODEL.digests, NULL when there is none */
 };
 
-static int is_expert(const gguf_tensor *t) { return strstr(t->name, "_exps.weight") != NULL; }
+static int is_expert(const struct colibri_model *m, const gguf_tensor *t) {
+    return model_streamed_tensor(m, t->name);
+}
 
 static int pread_exact(int fd, unsigned char *dst, size_t n, uint64_t off) {
     size_t got = 0;
@@ -101,7 +103,7 @@ colibri_status resident_load(struct colibri_model *m) {
     const char *what = "the metadata";
     for (uint64_t i = 0; !err && i < f->n_tensors; i++) {
         const gguf_tensor *t = &f->tensors[i];
-        if (is_expert(t)) continue;
+        if (is_expert(m, t)) continue;
         err = copy_range(r, anon, t->offset, t->nbytes);
         what = t->name;
     }
@@ -174,12 +176,7 @@ static void drop_tensors(struct colibri_model *m, int (*drop)(const struct colib
     }
 }
 
-static int is_expert_of(const struct colibri_model *m, const gguf_tensor *t) {
-    (void)m;
-    return is_expert(t);
-}
-
-static void drop_experts(struct colibri_model *m) { drop_tensors(m, is_expert_of); }
+static void drop_experts(struct colibri_model *m) { drop_tensors(m, is_expert); }
 
 static int never_run(const struct colibri_model *m, const gguf_tensor *t) { return !model_tensor_runs(m, t); }
 
@@ -199,7 +196,7 @@ colibri_status resident_experts_acquire(struct colibri_model *m) {
     colibri_status st = COLIBRI_OK;
     for (uint64_t i = 0; !st && i < f->n_tensors; i++) {
         const gguf_tensor *t = &f->tensors[i];
-        if (!is_expert(t) || t->nbytes == 0 || !model_tensor_runs(m, t)) continue;
+        if (!is_expert(m, t) || t->nbytes == 0 || !model_tensor_runs(m, t)) continue;
         const uint64_t lo = t->offset / page * page, hi = (t->offset + t->nbytes + page - 1) / page * page;
         mprotect(base + lo, (size_t)(hi - lo), PROT_READ | PROT_WRITE);
         const int err = copy_range(r, base, t->offset, t->nbytes);

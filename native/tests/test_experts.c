@@ -42,9 +42,11 @@ static colibri_context *ctx_with(colibri_model *m, uint64_t budget, int policy, 
     return c;
 }
 
-/* Prompt logits (all rows) then GEN greedy steps' logits into out[(PROMPT + GEN) * V]. */
-static void run_greedy(colibri_context *c, const int32_t *prompt, float *out) {
+/* Prompt logits (all rows) then GEN greedy steps' logits into out[(PROMPT + GEN) * V]; the decode steps'
+ * expert reads each start decode_delay seconds late (store_delay_reads) when there is a store. */
+static void run_greedy(colibri_context *c, const int32_t *prompt, float *out, double decode_delay) {
     CHECK_OK(colibri_eval(c, prompt, PROMPT, out, 1));
+    if (c->store) store_delay_reads(c->store, decode_delay);
     const float *last = out + (size_t)(PROMPT - 1) * V;
     for (int g = 0; g < GEN; g++) {
         int32_t best = 0;
@@ -121,22 +123,38 @@ static void test_reads_aside(colibri_model *m, const char *dir) {
     if (s && fd >= 0) {
         memset(got, 0, 2 * n);
         CHECK(store_aside_ready(s, 0) && store_aside_ready(s, 1)); /* none started */
-        store_read_aside(s, 0, 1, 2, fd, got, 7, n);
-        store_read_aside(s, 1, 1, 3, fd, got + n, 64, n); /* both in flight at once */
+        store_read_aside(s, 0, 1, 2, fd, -1, got, 7, n);
+        store_read_aside(s, 1, 1, 3, fd, -1, got + n, 64, n); /* both in flight at once */
         const int32_t handles[2] = {0, 1};
         const int first = store_wait_any(s, 1, NULL, 0, handles, 2);
         CHECK(first == 0 || first == 1);
         CHECK(store_aside_wait(s, 0) == 0 && store_aside_wait(s, 1) == 0);
         CHECK(memcmp(got, want + 7, n) == 0 && memcmp(got + n, want + 64, n) == 0);
-        store_read_aside(s, 0, 1, 2, fd, got, 0, n); /* the handle again */
+        store_read_aside(s, 0, 1, 2, fd, -1, got, 0, n); /* the handle again */
         CHECK(store_aside_wait(s, 0) == 0 && memcmp(got, want, n) == 0);
         store_fail_next_reads(s, 1);
-        store_read_aside(s, 1, 1, 3, fd, got, 0, n);
+        store_read_aside(s, 1, 1, 3, fd, -1, got, 0, n);
         CHECK(store_aside_wait(s, 1) == EIO);
-        store_read_aside(s, 1, 1, 3, fd, got, 100, n); /* past the end of the file */
+        store_read_aside(s, 1, 1, 3, fd, -1, got, 100, n); /* past the end of the file */
         CHECK(store_aside_wait(s, 1) == EIO);
-        store_read_aside(s, 1, 1, 3, fd, got, 0, n); /* and fine again */
+        store_read_aside(s, 1, 1, 3, fd, -1, got, 0, n); /* and fine again */
         CHECK(store_aside_wait(s, 1) == 0 && memcmp(got, want, n) == 0);
+        /* with O_DIRECT: the page-aligned window read in place, the bytes at their offset within a page */
+        const int fdd = open(side, O_RDONLY | O_DIRECT);
+        unsigned char *win = aligned_alloc(STORE_IO_ALIGN, 2 * store_aside_window(n));
+        CHECK(win != NULL);
+        if (win) {
+            const size_t w = store_aside_window(n);
+            memset(win, 0, 2 * w);
+            store_read_aside(s, 0, 1, 2, fd, fdd, win + 7, 7, n);
+            store_read_aside(s, 1, 1, 3, fd, fdd, win + w + 64, 64, n);
+            CHECK(store_aside_wait(s, 0) == 0 && store_aside_wait(s, 1) == 0);
+            CHECK(memcmp(win + 7, want + 7, n) == 0 && memcmp(win + w + 64, want + 64, n) == 0);
+            store_read_aside(s, 1, 1, 3, fd, fdd, win + w + 100 % STORE_IO_ALIGN, 100, n); /* past the end */
+            CHECK(store_aside_wait(s, 1) == EIO);
+            free(win);
+        }
+        if (fdd >= 0) close(fdd);
         colibri_stats st;
         memset(&st, 0, sizeof st);
         store_fill_stats(s, &st);
@@ -165,7 +183,7 @@ int main(void) {
 
     /* unbudgeted reference */
     colibri_context *c = ctx_with(m, 0, COLIBRI_POLICY_LFU, 3);
-    run_greedy(c, prompt, ref);
+    run_greedy(c, prompt, ref, 0.0);
     colibri_context_free(c);
 
     /* the plan: categories add up, minimum is exact */
@@ -232,15 +250,18 @@ int main(void) {
                 CHECK(c->store != NULL);
                 CHECK_OK(colibri_get_memory_plan(c, &plan));
                 CHECK(plan.n_expert_slots == (b == 0 ? K : L * X / 2));
+                /* K slots, no prefetch: every decode step misses and waits for its reads. Each decode read
+                 * starts 5 ms late, so that wait cannot miss them: without it an I/O thread may finish a
+                 * small read from the page cache before the step looks, and no stall is there to time */
                 memset(got, 0, sizeof got);
-                run_greedy(c, prompt, got);
+                run_greedy(c, prompt, got, b == 0 && pf == 0 ? 5e-3 : 0.0);
                 CHECK(memcmp(got, ref, sizeof ref) == 0);
                 colibri_stats s;
                 CHECK_OK(colibri_get_stats(c, &s));
                 CHECK(s.expert_misses > 0 && s.expert_calls == s.expert_hits + s.expert_misses);
                 CHECK(pf ? s.lookahead_predicted > 0 : s.prefetch_issued == 0);
                 /* wasted prefetches in bytes (every expert here is the same size); the decode
-                 * part of the stall time (K slots, no prefetch: every decode step misses) */
+                 * part of the stall time (K slots, no prefetch, reads late: every decode step waits) */
                 CHECK(s.prefetch_wasted_bytes == s.prefetch_wasted * (uint64_t)3 * FF * E * 4);
                 CHECK(s.expert_stall_decode_seconds >= 0.0 && s.expert_stall_decode_seconds <= s.expert_stall_seconds);
                 if (b == 0 && pf == 0) CHECK(s.expert_stall_decode_seconds > 0.0);

@@ -197,7 +197,8 @@ colibri_status context_resolve_params(const struct colibri_model *m, const colib
     if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
     if (p.expert_policy != COLIBRI_POLICY_LFU && p.expert_policy != COLIBRI_POLICY_LRU &&
         p.expert_policy != COLIBRI_POLICY_REUSE && p.expert_policy != COLIBRI_POLICY_REUSE_LOOKAHEAD)
-        return cb_error(COLIBRI_E_INVALID_ARG, "expert_policy %d is not COLIBRI_POLICY_LFU, _LRU, _REUSE or _REUSE_LOOKAHEAD",
+        return cb_error(COLIBRI_E_INVALID_ARG,
+                        "expert_policy %d is not COLIBRI_POLICY_LFU, _LRU, _REUSE or _REUSE_LOOKAHEAD",
                         (int)p.expert_policy);
     if (p.prefetch < 0 ||
         p.prefetch > (COLIBRI_PREFETCH_LOOKAHEAD | COLIBRI_PREFETCH_TEMPORAL | COLIBRI_PREFETCH_HASHED))

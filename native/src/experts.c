@@ -130,7 +130,7 @@ struct expert_store {
     uint16_t *hint_code;    /* [n_layer][n_expert] that guess: depth << 8 | rank */
     uint64_t *hint_step;    /* [n_layer][2] step of the layer's nearest guess, step its guesses were scored in */
     int32_t *hint_depth;    /* [n_layer] depth of the layer's nearest guess this step */
-    double *hint_hit;       /* [n_layer][STORE_HINT_DEPTH][k + 1] guesses of each kind that were chosen, after a prior */
+    double *hint_hit;       /* [n_layer][STORE_HINT_DEPTH][k + 1] guesses of each kind that were chosen (+ prior) */
     double *hint_all;       /* [n_layer][STORE_HINT_DEPTH][k + 1] guesses of each kind */
     double *hint_p;         /* [n_layer][STORE_HINT_DEPTH][k + 1] hint_hit / hint_all as of the step start */
 };
@@ -183,10 +183,9 @@ static size_t reuse_table_bytes(const struct colibri_model *m, int hints) {
 
 size_t store_table_bytes(const struct colibri_model *m, int n_slots, int policy) {
     const size_t n = (size_t)m->hp.n_layer * (size_t)m->hp.n_expert;
+    const int hints = policy == COLIBRI_POLICY_REUSE_LOOKAHEAD, reuse = hints || policy == COLIBRI_POLICY_REUSE;
     return sizeof(struct expert_store) + (size_t)n_slots * sizeof(slot) + n * (sizeof(int32_t) + sizeof(counters)) +
-           (size_t)m->hp.n_layer * sizeof(int32_t) + (policy == COLIBRI_POLICY_REUSE || policy == COLIBRI_POLICY_REUSE_LOOKAHEAD
-                  ? reuse_table_bytes(m, policy == COLIBRI_POLICY_REUSE_LOOKAHEAD)
-                  : 0) +
+           (size_t)m->hp.n_layer * sizeof(int32_t) + (reuse ? reuse_table_bytes(m, hints) : 0) +
            (size_t)m->hp.n_expert_used * sizeof(aside) +
            (size_t)store_io_threads() * 16 * 1024 /* I/O thread stacks in use: pread and a few calls deep */;
 }
@@ -591,7 +590,8 @@ static int reuse_alloc(expert_store *s) {
     s->hint_hit = cb_calloc(kinds, sizeof *s->hint_hit);
     s->hint_all = cb_calloc(kinds, sizeof *s->hint_all);
     s->hint_p = cb_calloc(kinds, sizeof *s->hint_p);
-    return base && s->hint_seen && s->hint_code && s->hint_step && s->hint_depth && s->hint_hit && s->hint_all && s->hint_p;
+    return base && s->hint_seen && s->hint_code && s->hint_step && s->hint_depth && s->hint_hit && s->hint_all &&
+           s->hint_p;
 }
 
 /* Start from what a router choosing k of X uniformly would give: gaps geometric with p = k / X, worth

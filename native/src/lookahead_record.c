@@ -65,10 +65,19 @@ void lookahead_record_rows(struct colibri_context *c, int il, int n) {
     const model_hparams *hp = &c->model->hp;
     const int L = hp->n_layer, k = hp->n_expert_used, D = r->depth;
     const size_t per_layer = (size_t)D * k;
+    /* the dense layers (no router) next to this one route nothing: the routed layer before them writes
+     * their rows, so every row of a token is written in each pass */
+    int lo = il, hi = il + 1;
+    while (lo > 0 && !c->model->layers[lo - 1].router.data) lo--;
+    while (hi < L && !c->model->layers[hi].router.data) hi++;
+    if (lo > 0) lo = il; /* dense layers between two routed ones are the earlier one's */
     for (int t = 0; t < n; t++) {
         const size_t rt = (size_t)c->route_base + t;
-        if (il == hp->n_dense_lead && il > 0) /* the leading dense layers route nothing */
-            fill_none(r->ids + rt * L * per_layer, r->probs + rt * L * per_layer, (size_t)il * per_layer);
+        if (lo < il) fill_none(r->ids + (rt * L + lo) * per_layer, r->probs + (rt * L + lo) * per_layer,
+                               (size_t)(il - lo) * per_layer);
+        if (hi > il + 1)
+            fill_none(r->ids + (rt * L + il + 1) * per_layer, r->probs + (rt * L + il + 1) * per_layer,
+                      (size_t)(hi - il - 1) * per_layer);
         int32_t *ids = r->ids + (rt * L + il) * per_layer;
         float *probs = r->probs + (rt * L + il) * per_layer;
         const float *xn = c->s.xn + (size_t)t * hp->n_embd;
@@ -86,7 +95,8 @@ colibri_status lookahead_record_get(const struct colibri_context *c, int32_t *id
     const lookahead_record *r = c->la_rec;
     if (!r) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_get_lookahead: no record armed (colibri_record_lookahead)");
     const int32_t n = c->route_n < max_tokens ? c->route_n : max_tokens;
-    if (n > 0 && (!ids || !probs)) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_get_lookahead: output buffers are NULL");
+    if (n > 0 && (!ids || !probs))
+        return cb_error(COLIBRI_E_INVALID_ARG, "colibri_get_lookahead: output buffers are NULL");
     const size_t per_tok = (size_t)c->model->hp.n_layer * r->depth * c->model->hp.n_expert_used;
     memcpy(ids, r->ids, (size_t)n * per_tok * sizeof *ids);
     memcpy(probs, r->probs, (size_t)n * per_tok * sizeof *probs);

@@ -5,7 +5,7 @@
  * layer l's FFN input row (predict.h, predictor_lookahead) and their router probabilities: exactly the
  * guesses a decode step hands the reuse policy (store_hint), so a replay can drive the store with them
  * (colibri_replay_routing_lookahead). Layout [n_ctx][n_layer][depth][k]; -1 / 0 where l+d is past the
- * last layer or has no router, and for a leading dense layer's row. Costs depth router products per
+ * last layer or has no router, and in every row of a layer without a router. Costs depth router products per
  * token and layer while armed; nothing when not. */
 #ifndef COLIBRI_LOOKAHEAD_RECORD_H
 #define COLIBRI_LOOKAHEAD_RECORD_H

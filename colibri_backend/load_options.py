@@ -206,7 +206,9 @@ class LoadOptions:
             except ValueError as exc:
                 raise ValueError(f"memory_budget: {exc}") from None
         if not isinstance(self.expert_policy, str):
-            raise ValueError(f"expert_policy must be 'lfu', 'lru' or 'reuse', got {self.expert_policy!r}")
+            raise ValueError(
+                f"expert_policy must be 'reuse', 'lfu', 'lru' or 'reuse-lookahead': {self.expert_policy!r}"
+            )
         parse_policy(self.expert_policy)
         if self.prefetch is not None:
             if not isinstance(self.prefetch, str):

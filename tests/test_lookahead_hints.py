@@ -116,3 +116,34 @@ def test_bad_guesses_are_rejected(moe: Path, trace: RoutingTrace) -> None:
         colibri_backend.replay_routing(moe, trace.tokens, trace.ids, lookahead_ids=bad, **kw)
     with pytest.raises(ValueError, match="lookahead_ids"):
         colibri_backend.replay_routing(moe, trace.tokens, trace.ids, lookahead_ids=bad[:, :2], **kw)
+
+
+def test_a_leading_dense_layer_records_no_guesses(tmp_path: Path) -> None:
+    """DeepSeek-V2's layer 0 is dense: its rows hold no guesses, the routed layers' rows do, and a replay
+    of them under reuse-lookahead runs."""
+    import sys
+
+    from colibri_backend.convert import convert
+
+    conformance = Path(__file__).resolve().parent.parent / "conformance_tests"
+    if str(conformance) not in sys.path:
+        sys.path.insert(0, str(conformance))
+    import tiny_models as tm
+
+    spec = tm.SPEC_BY_NAME["deepseek_v2"]
+    ckpt = tm.build_checkpoint(spec, tmp_path / "ckpt", tm.build_tokenizer(tmp_path / "tok"))
+    gguf = convert(ckpt, tmp_path / "m.gguf", out_type="f32", progress=False)
+    ids = tm.token_ids(ckpt, 40)
+    with colibri_backend.load(gguf, memory_budget=0, threads=2) as m:
+        L, lead = m.info.n_layer, spec.config["first_k_dense_replace"]
+        tr = record_trace(m, token_ids=ids, lookahead_depth=L - 1)
+    la = tr.lookahead_ids
+    assert la is not None and lead == 1 and L >= 2
+    assert (la[:, :lead] == -1).all() and (tr.lookahead_probs[:, :lead] == 0).all()
+    for il in range(lead, L):
+        for d in range(1, L):
+            assert ((la[:, il, d - 1] >= 0) == (il + d < L)).all()
+    s = colibri_backend.replay_routing(
+        gguf, tr.tokens, tr.ids, expert_slots="50%", expert_policy="reuse-lookahead", lookahead_ids=la
+    )
+    assert s["expert_calls"] == len(ids) * (L - lead) * m.info.n_expert_used

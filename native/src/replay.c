@@ -33,10 +33,14 @@ static double now_seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Every id in [0, n_expert) and no id twice within one (token, layer): a trace that breaks
- * either is not a routing the model could have made, and the store would count it wrongly. */
-static colibri_status check_trace(const model_hparams *hp, const int32_t *tokens, int need_tokens,
+static int routed(const struct colibri_model *m, int l) { return m->layers[l].router.data != NULL; }
+
+/* Every id in [0, n_expert) and no id twice within one (token, layer), and -1 throughout at a layer
+ * without a router (DeepSeek's leading dense ones, as colibri_get_routing records them): a trace that
+ * breaks either is not a routing the model could have made, and the store would count it wrongly. */
+static colibri_status check_trace(const struct colibri_model *m, const int32_t *tokens, int need_tokens,
                                   const int32_t *ids, int32_t n_tokens) {
+    const model_hparams *hp = &m->hp;
     const int L = hp->n_layer, k = hp->n_expert_used;
     for (int32_t t = 0; t < n_tokens; t++) {
         if (need_tokens && (tokens[t] < 0 || tokens[t] >= hp->n_vocab))
@@ -44,6 +48,15 @@ static colibri_status check_trace(const model_hparams *hp, const int32_t *tokens
                             (int)tokens[t], (int)t, (int)hp->n_vocab);
         for (int l = 0; l < L; l++) {
             const int32_t *c = ids + ((size_t)t * L + l) * k;
+            if (!routed(m, l)) {
+                for (int j = 0; j < k; j++)
+                    if (c[j] != -1)
+                        return cb_error(COLIBRI_E_INVALID_ARG,
+                                        "colibri_replay_routing: token %d, layer %d: the layer has no router, "
+                                        "yet the trace names expert %d there",
+                                        (int)t, l, (int)c[j]);
+                continue;
+            }
             for (int j = 0; j < k; j++) {
                 if (c[j] < 0 || c[j] >= hp->n_expert)
                     return cb_error(COLIBRI_E_INVALID_ARG,
@@ -85,7 +98,9 @@ static colibri_status check_lookahead(const model_hparams *hp, const int32_t *la
 }
 
 /* Prefetch what the predictors expect at layer `next` (flat ids, see predictor_predict). */
-static void prefetch_layer(predictor *pred, expert_store *s, int n_expert, int next, int32_t token, int32_t *ids) {
+static void prefetch_layer(const struct colibri_model *m, predictor *pred, expert_store *s, int n_expert, int next,
+                           int32_t token, int32_t *ids) {
+    if (!routed(m, next)) return; /* a dense layer: nothing to prefetch (ffn_prefetch_layer) */
     const int n = predictor_predict(pred, next, NULL, token, ids);
     for (int i = 0; i < n; i++) store_prefetch(s, ids[i] / n_expert, ids[i] % n_expert);
 }
@@ -108,18 +123,20 @@ static void hint_layers(const model_hparams *hp, expert_store *s, const int32_t 
     }
 }
 
-static colibri_status run_trace(const model_hparams *hp, expert_store *s, predictor *pred, int32_t *pf_ids,
+static colibri_status run_trace(const struct colibri_model *m, expert_store *s, predictor *pred, int32_t *pf_ids,
                                 const int32_t *tokens, const int32_t *ids, const int32_t *la, int la_depth,
                                 int32_t n_tokens) {
+    const model_hparams *hp = &m->hp;
     const int live_depth = hp->n_layer - 1 < STORE_HINT_DEPTH ? hp->n_layer - 1 : STORE_HINT_DEPTH;
     const int L = hp->n_layer, k = hp->n_expert_used, X = hp->n_expert;
     const int hashed = pred && (pred->flags & COLIBRI_PREFETCH_HASHED);
     for (int32_t t = 0; t < n_tokens; t++) {
         const int32_t token = hashed ? tokens[t] : -1;
         store_tick(s, 1);
-        if (pred) prefetch_layer(pred, s, X, 0, token, pf_ids);
+        if (pred) prefetch_layer(m, pred, s, X, 0, token, pf_ids);
         for (int l = 0; l < L; l++) {
             const int32_t *chosen = ids + ((size_t)t * L + l) * k;
+            if (!routed(m, l)) continue; /* a dense layer: the store is not involved */
             if (pred) {
                 predictor_score(pred, l, chosen);
                 predictor_observe(pred, l, chosen);
@@ -134,7 +151,7 @@ static colibri_status run_trace(const model_hparams *hp, expert_store *s, predic
             for (int e = 0; e < X; e++)
                 if (is_chosen(chosen, k, e)) store_hold(s, l, e);
             store_drop_stale(s, l, chosen, k);
-            if (pred && l + 1 < L) prefetch_layer(pred, s, X, l + 1, token, pf_ids);
+            if (pred && l + 1 < L) prefetch_layer(m, pred, s, X, l + 1, token, pf_ids);
             for (int e = 0; e < X; e++) {
                 if (!is_chosen(chosen, k, e)) continue;
                 expert_view view;
@@ -170,7 +187,7 @@ colibri_status replay_routing(struct colibri_model *m, const colibri_context_par
     if (hashed && n_tokens > 0 && !tokens)
         return cb_error(COLIBRI_E_INVALID_ARG,
                         "colibri_replay_routing: the hashed predictor needs the token ids (tokens is NULL)");
-    if ((st = check_trace(hp, tokens, hashed, expert_ids, n_tokens))) return st;
+    if ((st = check_trace(m, tokens, hashed, expert_ids, n_tokens))) return st;
     if (lookahead_depth < 0 || lookahead_depth > PRED_MAX_DEPTH)
         return cb_error(COLIBRI_E_INVALID_ARG, "colibri_replay_routing_lookahead: depth %d is outside [0, %d]",
                         (int)lookahead_depth, PRED_MAX_DEPTH);
@@ -208,7 +225,7 @@ colibri_status replay_routing(struct colibri_model *m, const colibri_context_par
         }
     }
     t0 = now_seconds();
-    if ((st = run_trace(hp, s, have_pred ? &pred : NULL, pf_ids, tokens, expert_ids, lookahead_ids, lookahead_depth,
+    if ((st = run_trace(m, s, have_pred ? &pred : NULL, pf_ids, tokens, expert_ids, lookahead_ids, lookahead_depth,
                         n_tokens)))
         goto done;
 

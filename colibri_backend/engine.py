@@ -426,6 +426,7 @@ class Model(BaseModel):
         self._logits = np.empty(n_vocab, dtype=np.float32)  # last-token logits of each step
         self._cached: list[int] = []  # tokens whose K/V are in the cache, in order
         self._last_eval_tokens = 0
+        self._lookahead_depth = 0  # record_lookahead
         self._last: dict[str, Any] = {}
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -706,6 +707,40 @@ class Model(BaseModel):
                 "routing",
             )
             return ids[: written.value], weights[: written.value]
+
+    def record_lookahead(self, depth: int) -> None:
+        """From the next evaluation on, also record the lookahead predictor's guesses for every token
+        (lookahead()); depth 1..8 layers ahead, 0 stops. Costs depth router products per token and layer."""
+        with self._lock:
+            self._check_open()
+            self._lib.check(self._lib.colibri_record_lookahead(self._ctx, int(depth)), "record lookahead")
+            self._lookahead_depth = int(depth)
+
+    def lookahead(self) -> tuple[np.ndarray, np.ndarray]:
+        """The last evaluation's lookahead guesses (record_lookahead): (ids int32, probs float32), each
+        [n_tokens, n_layer, depth, n_expert_used]: for layer l and depth d, the top k of layer l+d's router
+        on layer l's FFN input, most likely first (-1 / 0 where layer l+d does not exist)."""
+        with self._lock:
+            self._check_open()
+            depth = self._lookahead_depth
+            if depth <= 0:
+                raise ValueError("no lookahead record: call record_lookahead(depth) before evaluating")
+            n, shape = self._last_eval_tokens, (self.info.n_layer, depth, self.info.n_expert_used)
+            ids = np.zeros((n, *shape), dtype=np.int32)
+            probs = np.zeros((n, *shape), dtype=np.float32)
+            written, got_depth = c_int32(0), c_int32(0)
+            self._lib.check(
+                self._lib.colibri_get_lookahead(
+                    self._ctx,
+                    _native.i32_ptr(ids),
+                    _native.f32_ptr(probs),
+                    n,
+                    byref(written),
+                    byref(got_depth),
+                ),
+                "lookahead",
+            )
+            return ids[: written.value], probs[: written.value]
 
     def _debug_route_override(self, ids: np.ndarray | None, weights: np.ndarray | None = None) -> None:
         """Benchmarks and tests only: impose a recorded routing ([T, n_layer, k] ids and weights; position p
@@ -1040,13 +1075,17 @@ def replay_routing(
     tokens: Sequence[int] | np.ndarray,
     expert_ids: np.ndarray,
     options: LoadOptions | None = None,
+    *,
+    lookahead_ids: np.ndarray | None = None,
     **keywords: Any,
 ) -> dict[str, Any]:
     """Replay a recorded routing (expert_ids [T, n_layer, k], tokens [T]; a RoutingTrace's ids and
     tokens) through the expert store ``options`` (a LoadOptions, or its fields as keywords) set up,
     each token one decode step, without running the model (colibri_replay_routing). Returns the
     counters as Model.stats() names them (expert_hits, expert_misses, prefetch_*,
-    expert_stall_seconds, hashed_*, ...). Lookahead needs hidden states and is not replayed. The store
+    expert_stall_seconds, hashed_*, ...). The lookahead needs hidden states: lookahead_ids [T, n_layer,
+    depth, k] (a RoutingTrace's lookahead_ids, recorded by Model.record_lookahead) hands the reuse policy
+    the guesses a live decode step gives it; without them it runs without guesses. The store
     must stream: give expert_slots or a memory_budget smaller than the model (the default here is 0,
     which holds every expert and is refused)."""
     opts = _options(options, keywords, LoadOptions(memory_budget=0))
@@ -1066,15 +1105,25 @@ def replay_routing(
                 f"the routing has {ids.shape[1]} layers x top-{ids.shape[2]}; {path} has "
                 f"{info.n_layer} layers x top-{info.n_expert_used}"
             )
+        la, depth = None, 0
+        if lookahead_ids is not None:
+            la = np.ascontiguousarray(lookahead_ids, dtype=np.int32)
+            if la.ndim != 4 or la.shape[:2] != ids.shape[:2] or la.shape[3] != ids.shape[2]:
+                raise ValueError(
+                    f"lookahead_ids {la.shape} must be [T, n_layer, depth, k] for the routing {ids.shape}"
+                )
+            depth = int(la.shape[2])
         params, profile = store_params(m.lib, m.handle, info, path, opts)
         carve_prefix_cache(m.lib, m.handle, params, opts)  # the serving engine's expert budget
         out = _native.StatsC()
         m.lib.check(
-            m.lib.colibri_replay_routing(
+            m.lib.colibri_replay_routing_lookahead(
                 m.handle,
                 byref(params),
                 _native.i32_ptr(toks),
                 _native.i32_ptr(ids),
+                _native.i32_ptr(la) if la is not None else None,
+                depth,
                 int(toks.size),
                 byref(out),
             ),

@@ -43,15 +43,18 @@ class Optimum:
 
 def access_sequence(ids: np.ndarray, n_expert: int) -> np.ndarray:
     """Flatten routing ids [tokens, layers, k] into cache keys layer * n_expert + expert, in the order a
-    decode step uses them (each layer's experts sorted by id)."""
+    decode step uses them (each layer's experts sorted by id). A (token, layer) of -1 throughout is a
+    layer without a router (DeepSeek's leading dense ones, as the engine records them): no access."""
     ids = np.asarray(ids)
     if ids.ndim != 3:
         raise ValueError(f"routing ids must be [tokens, layers, k], got shape {ids.shape}")
-    if ids.size and (ids.min() < 0 or ids.max() >= n_expert):
-        raise ValueError(f"routing ids must lie in [0, {n_expert}), got {ids.min()}..{ids.max()}")
+    dense = (ids == -1).all(axis=2)
+    used = ids[~dense]
+    if used.size and (used.min() < 0 or used.max() >= n_expert):
+        raise ValueError(f"routing ids must lie in [0, {n_expert}), got {used.min()}..{used.max()}")
     layer = np.arange(ids.shape[1], dtype=np.int64)[None, :, None]
     keys = np.sort(ids.astype(np.int64), axis=2) + layer * n_expert
-    return keys.reshape(-1)
+    return keys[~dense].reshape(-1)
 
 
 def _next_use(keys: np.ndarray) -> np.ndarray:

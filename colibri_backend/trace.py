@@ -10,14 +10,21 @@ caches and predictors can be replayed and analysed offline without running the m
     trace = load_trace("fib.npz")
     trace.ids.shape      # [T, L, k] int32 expert ids, in the engine's order (descending weight)
     trace.weights.shape  # [T, L, k] float32 weights applied to those experts' outputs
+    trace.lookahead_ids  # [T, L, D, k] int32 the lookahead's guesses for layer l+d from layer l, or None
 
 Two file formats, chosen by the suffix (docs/routing_traces.md has the field-by-field description):
 
 * ``.npz``: a NumPy archive (no pickles) with the arrays ``ids`` int32 [T, L, k], ``weights``
-  float32 [T, L, k], ``tokens`` int32 [T] and ``meta``, a 0-d string array holding the JSON metadata.
+  float32 [T, L, k], ``tokens`` int32 [T] and ``meta``, a 0-d string array holding the JSON metadata;
+  with a lookahead record also ``lookahead_ids`` int32 and ``lookahead_probs`` float32 [T, L, D, k].
 * ``.jsonl``: line 1 is the metadata object; then one object per token position,
   ``{"pos": t, "token": id, "piece": "...", "ids": [[e, ...] per layer], "weights": [[w, ...] per layer]}``.
-  Weights are written with enough digits to read back the identical float32 values.
+  Weights are written with enough digits to read back the identical float32 values. With a lookahead
+  record each line also has ``"lookahead_ids"`` and ``"lookahead_probs"`` ([L][D][k] lists).
+
+The lookahead record (meta["lookahead_depth"] = D, optional: traces without it read and replay as before)
+holds, for token t, layer l and depth d = 1..D, the top k of layer l+d's router on layer l's FFN input:
+the guesses a live decode step hands the reuse policy, so that `colibri replay` can hand it the same.
 
 Texts longer than the context window are traced in consecutive windows of ``window`` tokens, each one
 evaluated from an empty cache (meta["window"]; position t belongs to window t // window).
@@ -55,6 +62,8 @@ class RoutingTrace:
     weights: np.ndarray
     tokens: np.ndarray
     meta: dict[str, Any] = field(default_factory=dict)
+    lookahead_ids: np.ndarray | None = None
+    lookahead_probs: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.ids = np.ascontiguousarray(self.ids, dtype=np.int32)
@@ -66,6 +75,18 @@ class RoutingTrace:
             raise ValueError(f"weights shape {self.weights.shape} differs from ids shape {self.ids.shape}")
         if self.tokens.shape != (self.ids.shape[0],):
             raise ValueError(f"tokens shape {self.tokens.shape} does not match {self.ids.shape[0]} positions")
+        if (self.lookahead_ids is None) != (self.lookahead_probs is None):
+            raise ValueError("lookahead_ids and lookahead_probs come together")
+        if self.lookahead_ids is not None and self.lookahead_probs is not None:
+            self.lookahead_ids = np.ascontiguousarray(self.lookahead_ids, dtype=np.int32)
+            self.lookahead_probs = np.ascontiguousarray(self.lookahead_probs, dtype=np.float32)
+            la = self.lookahead_ids.shape
+            if len(la) != 4 or la[:2] != self.ids.shape[:2] or la[3] != self.ids.shape[2] or la[2] < 1:
+                raise ValueError(
+                    f"lookahead_ids must be [tokens, layers, depth, k] for {self.ids.shape}, got {la}"
+                )
+            if self.lookahead_probs.shape != la:
+                raise ValueError(f"lookahead_probs shape {self.lookahead_probs.shape} differs from {la}")
 
     @property
     def n_tokens(self) -> int:
@@ -110,11 +131,13 @@ def record_trace(
     add_special_tokens: bool = False,
     window: int | None = None,
     source: str | None = None,
+    lookahead_depth: int = 0,
 ) -> RoutingTrace:
     """Evaluate `text` (or `token_ids`) with a loaded colibri_backend Model and return its routing.
 
     window: tokens per evaluation (default and maximum: the model's context length); longer inputs
     are cut into consecutive windows, each evaluated from an empty cache.
+    lookahead_depth: also record the lookahead predictor's guesses this many layers ahead (1..8; 0: none).
     """
     if (text is None) == (token_ids is None):
         raise ValueError("give exactly one of text or token_ids")
@@ -131,6 +154,11 @@ def record_trace(
     n, n_layer, k = len(ids), info.n_layer, info.n_expert_used
     out_ids = np.empty((n, n_layer, k), dtype=np.int32)
     out_w = np.empty((n, n_layer, k), dtype=np.float32)
+    la_ids = la_p = None
+    if lookahead_depth:
+        model.record_lookahead(lookahead_depth)
+        la_ids = np.empty((n, n_layer, lookahead_depth, k), dtype=np.int32)
+        la_p = np.empty((n, n_layer, lookahead_depth, k), dtype=np.float32)
     t0 = time.perf_counter()
     for start in range(0, n, window):
         chunk = ids[start : start + window]
@@ -143,6 +171,12 @@ def record_trace(
             )
         out_ids[start : start + len(chunk)] = r_ids
         out_w[start : start + len(chunk)] = r_w
+        if la_ids is not None and la_p is not None:
+            g_ids, g_p = model.lookahead()
+            la_ids[start : start + len(chunk)] = g_ids
+            la_p[start : start + len(chunk)] = g_p
+    if lookahead_depth:
+        model.record_lookahead(0)
     from colibri_backend import __version__
 
     meta: dict[str, Any] = {
@@ -164,7 +198,9 @@ def record_trace(
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "eval_seconds": round(time.perf_counter() - t0, 4),
     }
-    return RoutingTrace(out_ids, out_w, np.asarray(ids, dtype=np.int32), meta)
+    if lookahead_depth:
+        meta["lookahead_depth"] = int(lookahead_depth)
+    return RoutingTrace(out_ids, out_w, np.asarray(ids, dtype=np.int32), meta, la_ids, la_p)
 
 
 def write_trace(
@@ -176,16 +212,23 @@ def write_trace(
     if pieces is not None and len(pieces) != trace.n_tokens:
         raise ValueError(f"{len(pieces)} pieces for {trace.n_tokens} tokens")
     meta = {**trace.meta, "format": FORMAT, "version": VERSION}
+    meta.pop("lookahead_depth", None)
+    if trace.lookahead_ids is not None:
+        meta["lookahead_depth"] = int(trace.lookahead_ids.shape[2])
     part = path.with_name(f".{path.name}.part{os.getpid()}")
     try:
         if suffix == ".npz":
             with open(part, "wb") as f:
+                extra = {}
+                if trace.lookahead_ids is not None:
+                    extra = {"lookahead_ids": trace.lookahead_ids, "lookahead_probs": trace.lookahead_probs}
                 np.savez_compressed(
                     f,
                     ids=trace.ids,
                     weights=trace.weights,
                     tokens=trace.tokens,
                     meta=np.array(json.dumps(meta, sort_keys=True)),
+                    **extra,
                 )
         else:
             with open(part, "w", encoding="utf-8") as f:
@@ -198,6 +241,9 @@ def write_trace(
                     # float32 -> float64 is exact and json writes the shortest repr that reads back
                     # the same float64, hence the same float32.
                     row["weights"] = trace.weights[t].astype(np.float64).tolist()
+                    if trace.lookahead_ids is not None and trace.lookahead_probs is not None:
+                        row["lookahead_ids"] = trace.lookahead_ids[t].tolist()
+                        row["lookahead_probs"] = trace.lookahead_probs[t].astype(np.float64).tolist()
                     f.write(json.dumps(row, ensure_ascii=False) + "\n")
         os.replace(part, path)
     finally:
@@ -222,7 +268,8 @@ def _load_npz(path: Path) -> RoutingTrace:
         with np.load(path, allow_pickle=False) as z:
             if not hasattr(z, "files"):
                 raise ValueError("a single array, not an archive")
-            arrays = {name: z[name] for name in ("ids", "weights", "tokens", "meta") if name in z.files}
+            names = ("ids", "weights", "tokens", "meta", "lookahead_ids", "lookahead_probs")
+            arrays = {name: z[name] for name in names if name in z.files}
     except Exception as exc:
         # np.load and zipfile raise assorted errors on files that are not archives (it even tries
         # them as pickles), and a corrupt member fails only when read: zlib.error,
@@ -236,7 +283,27 @@ def _load_npz(path: Path) -> RoutingTrace:
         meta = json.loads(str(arrays["meta"][()]))
     except (json.JSONDecodeError, RecursionError) as exc:
         raise ValueError(f"{path}: the meta array is not JSON ({exc})") from exc
-    return RoutingTrace(arrays["ids"], arrays["weights"], arrays["tokens"], _check_meta(meta, path))
+    meta = _check_meta(meta, path)
+    la_ids, la_p = arrays.get("lookahead_ids"), arrays.get("lookahead_probs")
+    _check_lookahead_meta(meta, la_ids, path)
+    try:
+        return RoutingTrace(arrays["ids"], arrays["weights"], arrays["tokens"], meta, la_ids, la_p)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+
+
+def _check_lookahead_meta(meta: dict[str, Any], la_ids: np.ndarray | None, path: Path) -> None:
+    depth = meta.get("lookahead_depth")
+    if la_ids is None:
+        if depth:
+            raise ValueError(
+                f"{path}: the header says lookahead_depth={depth!r} but the trace holds no guesses"
+            )
+        return
+    if la_ids.ndim != 4 or depth != la_ids.shape[2]:
+        raise ValueError(
+            f"{path}: lookahead guesses of shape {la_ids.shape} do not match lookahead_depth={depth!r}"
+        )
 
 
 def _load_jsonl(path: Path) -> RoutingTrace:
@@ -251,12 +318,18 @@ def _load_jsonl(path: Path) -> RoutingTrace:
         tokens: list[int] = []
         ids: list[list[list[int]]] = []
         weights: list[list[list[float]]] = []
+        depth = meta.get("lookahead_depth")
+        la_ids: list[Any] = []
+        la_p: list[Any] = []
         for lineno, line in enumerate(f, start=2):
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
                 pos, tok, row_ids, row_w = row["pos"], row["token"], row["ids"], row["weights"]
+                if depth:
+                    la_ids.append(row["lookahead_ids"])
+                    la_p.append(row["lookahead_probs"])
             except (json.JSONDecodeError, RecursionError, KeyError, TypeError) as exc:
                 raise ValueError(f"{path}:{lineno}: not a routing record ({exc})") from exc
             if pos != len(tokens):
@@ -269,13 +342,21 @@ def _load_jsonl(path: Path) -> RoutingTrace:
         ids_arr = np.asarray(ids, dtype=np.int32).reshape(len(tokens), n_layer, k)
         w_arr = np.asarray(weights, dtype=np.float32).reshape(len(tokens), n_layer, k)
         tok_arr = np.asarray(tokens, dtype=np.int32)
+        la_arr = la_parr = None
+        if depth:
+            d = int(depth)
+            la_arr = np.asarray(la_ids, dtype=np.int32).reshape(len(tokens), n_layer, d, k)
+            la_parr = np.asarray(la_p, dtype=np.float32).reshape(len(tokens), n_layer, d, k)
     except (ValueError, TypeError, OverflowError) as exc:
         # ragged records, non-numbers, or ids/tokens outside int32 (OverflowError: found by
         # tools/fuzz_python.py, input in tests/fuzz_corpus/trace/)
         raise ValueError(
             f"{path}: records must hold {n_layer} layers x {k} int32 expert ids and float weights ({exc})"
         ) from exc
-    return RoutingTrace(ids_arr, w_arr, tok_arr, meta)
+    try:
+        return RoutingTrace(ids_arr, w_arr, tok_arr, meta, la_arr, la_parr)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
 
 
 def load_trace(path: str | os.PathLike[str]) -> RoutingTrace:

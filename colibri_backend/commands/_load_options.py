@@ -152,9 +152,10 @@ def add_load_arguments(p: argparse.ArgumentParser, budget_aliases: tuple[str, ..
     )
     g.add_argument(
         "--expert-policy",
-        choices=("lfu", "lru", "reuse"),
+        choices=("lfu", "lru", "reuse", "reuse-lookahead"),
         default=None,
-        help="expert cache policy (default reuse: predicted reuse; lfu with decay; lru)",
+        help="expert cache policy (default reuse: predicted reuse; lfu with decay; lru; reuse-lookahead: "
+        "reuse plus the lookahead predictor's guesses for the layers ahead)",
     )
     g.add_argument(
         "--prefetch",

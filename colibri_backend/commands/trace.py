@@ -52,6 +52,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="tokenize with the model's special tokens (e.g. BOS) added",
     )
+    p.add_argument(
+        "--record-lookahead",
+        type=int,
+        default=None,
+        metavar="D",
+        help="also record the lookahead predictor's guesses D layers ahead (1-8), which `colibri replay` "
+        "hands the reuse policy as a live decode step does; 0: none (default: the engine's own depth, "
+        "min(8, layers - 1))",
+    )
     add_threads_argument(p)
     add_context_length_argument(p)
     add_load_arguments(p)
@@ -78,13 +87,19 @@ def run(args: argparse.Namespace) -> int:
     else:
         text, source = args.text, "text"
     model_ref = args.model if args.model else colibri_backend.default_model_path()
+    if args.record_lookahead is not None and not 0 <= args.record_lookahead <= 8:
+        raise ValueError(f"--record-lookahead must be between 0 and 8, got {args.record_lookahead}")
     with colibri_backend.load(model_ref, load_options(args)) as model:
+        depth = args.record_lookahead
+        if depth is None:
+            depth = max(0, min(8, model.info.n_layer - 1)) if model.info.n_expert > 0 else 0
         trace = record_trace(
             model,
             text=text,
             add_special_tokens=args.add_special_tokens,
             window=args.window,
             source=source,
+            lookahead_depth=depth,
         )
         pieces = (
             [model.tokenizer.token_text(int(t)) for t in trace.tokens]

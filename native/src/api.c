@@ -7,6 +7,7 @@
 #include "error.h"
 #include "experts.h"
 #include "ledger.h"
+#include "lookahead_record.h"
 #include "context.h"
 #include "model.h"
 #include "predict.h"
@@ -187,6 +188,17 @@ colibri_status colibri_get_routing(const colibri_context *ctx, int32_t *expert_i
     return COLIBRI_OK;
 }
 
+colibri_status colibri_record_lookahead(colibri_context *ctx, int32_t depth) {
+    if (!ctx) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_record_lookahead: ctx is NULL");
+    return lookahead_record_arm(ctx, depth);
+}
+
+colibri_status colibri_get_lookahead(const colibri_context *ctx, int32_t *expert_ids, float *probs,
+                                     int32_t max_tokens, int32_t *n_written, int32_t *depth) {
+    if (!ctx || !n_written || !depth) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_get_lookahead: NULL argument");
+    return lookahead_record_get(ctx, expert_ids, probs, max_tokens, n_written, depth);
+}
+
 colibri_status colibri_get_stats(const colibri_context *ctx, colibri_stats *out) {
     if (!ctx || !out) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_get_stats: NULL argument");
     *out = ctx->stats;
@@ -202,7 +214,15 @@ colibri_status colibri_replay_routing(colibri_model *model, const colibri_contex
                                       const int32_t *tokens, const int32_t *expert_ids, int32_t n_tokens,
                                       colibri_stats *out) {
     if (!model || !out) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_replay_routing: NULL argument");
-    return replay_routing(model, params, tokens, expert_ids, n_tokens, out);
+    return replay_routing(model, params, tokens, expert_ids, NULL, 0, n_tokens, out);
+}
+
+colibri_status colibri_replay_routing_lookahead(colibri_model *model, const colibri_context_params *params,
+                                                const int32_t *tokens, const int32_t *expert_ids,
+                                                const int32_t *lookahead_ids, int32_t lookahead_depth,
+                                                int32_t n_tokens, colibri_stats *out) {
+    if (!model || !out) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_replay_routing_lookahead: NULL argument");
+    return replay_routing(model, params, tokens, expert_ids, lookahead_ids, lookahead_depth, n_tokens, out);
 }
 
 void colibri_reset_stats(colibri_context *ctx) {

@@ -12,6 +12,7 @@
 #include "expert_lowbit.h"
 #include "experts.h"
 #include "ledger.h"
+#include "lookahead_record.h"
 #include "ops.h"
 #include "predict.h"
 #include "profile.h"
@@ -132,6 +133,7 @@ void context_destroy(struct colibri_context *c) {
     cb_free(c->kv_layers);
     cb_free(c->route_ids);
     cb_free(c->route_w);
+    lookahead_record_free(c->la_rec);
     store_destroy(c->store);
     context_backend_free(c);  /* backend hook: after the store, whose I/O threads log to the timeline */
     if (c->resident_locked) ledger_unlock_resident(c->model);
@@ -194,8 +196,9 @@ colibri_status context_resolve_params(const struct colibri_model *m, const colib
     if (p.n_batch > MAX_BATCH) p.n_batch = MAX_BATCH;
     if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
     if (p.expert_policy != COLIBRI_POLICY_LFU && p.expert_policy != COLIBRI_POLICY_LRU &&
-        p.expert_policy != COLIBRI_POLICY_REUSE)
-        return cb_error(COLIBRI_E_INVALID_ARG, "expert_policy %d is not COLIBRI_POLICY_LFU, _LRU or _REUSE",
+        p.expert_policy != COLIBRI_POLICY_REUSE && p.expert_policy != COLIBRI_POLICY_REUSE_LOOKAHEAD)
+        return cb_error(COLIBRI_E_INVALID_ARG,
+                        "expert_policy %d is not COLIBRI_POLICY_LFU, _LRU, _REUSE or _REUSE_LOOKAHEAD",
                         (int)p.expert_policy);
     if (p.prefetch < 0 ||
         p.prefetch > (COLIBRI_PREFETCH_LOOKAHEAD | COLIBRI_PREFETCH_TEMPORAL | COLIBRI_PREFETCH_HASHED))
@@ -566,7 +569,10 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
             context_destroy(c);
             return st;
         }
-        if (p.prefetch) {
+        /* this policy reads the lookahead's guesses (store_hint) whether or not anything is prefetched */
+        if (p.expert_policy == COLIBRI_POLICY_REUSE_LOOKAHEAD)
+            c->hint_depth = hp->n_layer - 1 < STORE_HINT_DEPTH ? hp->n_layer - 1 : STORE_HINT_DEPTH;
+        if (p.prefetch || c->hint_depth) {
             c->pred = cb_calloc(1, sizeof *c->pred);
             if (!c->pred) {
                 context_destroy(c);

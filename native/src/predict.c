@@ -110,6 +110,18 @@ static void lookahead_topk(predictor *p, int layer, const float *xn, int *quanti
     op_topk(p->logits, p->n_expert, p->k, out);  /* softmax keeps the order, so logits suffice */
 }
 
+int predictor_lookahead(predictor *p, int layer, const float *xn, int *quantized, int32_t *ids, float *probs) {
+    if (layer < 0 || layer >= p->n_layer || !p->m->layers[layer].router.data) return 0;
+    lookahead_topk(p, layer, xn, quantized, ids);
+    if (probs) { /* softmax over every logit, read at the top k */
+        const float top = p->logits[ids[0]];
+        double sum = 0.0;
+        for (int e = 0; e < p->n_expert; e++) sum += isfinite(p->logits[e]) ? exp((double)(p->logits[e] - top)) : 0.0;
+        for (int i = 0; i < p->k; i++) probs[i] = (float)(exp((double)(p->logits[ids[i]] - top)) / sum);
+    }
+    return p->k;
+}
+
 int predictor_predict(predictor *p, int next, const float *xn, int32_t token, int32_t *out) {
     int n_out = 0, quantized = 0;
     const int k = p->k;

@@ -72,6 +72,11 @@ void predictor_observe(predictor *p, int layer, const int32_t *chosen);
  * into out as flat ids layer * n_expert + expert, nearest layer first (the loader reads
  * requests in order), at most predictor_max_ids(m, depth); returns how many. */
 int predictor_predict(predictor *p, int next, const float *xn, int32_t token, int32_t *out);
+/* The lookahead's guess for `layer` from xn (an FFN input row of an earlier layer): the top k of its
+ * router into ids[k], most likely first, and their router probabilities into probs[k] (may be NULL).
+ * *quantized: 0 before the first call on a new row (the row is quantized once). Returns k, or 0 for a
+ * layer without a router (nothing written). Used for the store's hints and a trace's record of them. */
+int predictor_lookahead(predictor *p, int layer, const float *xn, int *quantized, int32_t *ids, float *probs);
 void predictor_fill_stats(const predictor *p, colibri_stats *o);
 void predictor_reset_stats(predictor *p);
 

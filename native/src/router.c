@@ -17,6 +17,7 @@
 #include "profile.h"
 #include "route_override.h"
 #include "loader.h"
+#include "lookahead_record.h"
 
 /* Pre-filter for token row t at layer il: router logits for the profile's candidates of the
  * token only (skipping dropped experts; single rows through the same kernel as the full
@@ -233,4 +234,5 @@ void router_select(struct colibri_context *c, int il, int n) {
             predictor_observe(c->pred, il, sel);
         }
     }
+    lookahead_record_rows(c, il, n); /* a trace's record of the lookahead guesses, when armed */
 }

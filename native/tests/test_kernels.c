@@ -669,6 +669,44 @@ static void test_attention_helpers(const char *backend) {
 
 /* With arguments, only the kernel sets named (each must be available): lets a slow emulated
  * run test the sets in parallel processes (tests/test_aarch64.py). */
+/* ---- MXFP4 across the x86 sets ---------------------------------------------- */
+
+/* The AVX-512 MXFP4 tile reads the E8M0 scales from a table and the AVX2 tile converts them;
+ * the arithmetic is otherwise the same, so the two agree bit for bit, for every exponent byte
+ * (0 and 1 are the subnormal scales, 255 overflows products to inf) and every tile shape. */
+static void test_mxfp4_x86_sets(void) {
+    if (kernels_select("avx512") != COLIBRI_OK || kernels_select("avx2") != COLIBRI_OK) {
+        printf("  MXFP4 avx2 = avx512: not available here\n");
+        return;
+    }
+    enum { ROWS = 256, COLS = 96, NB = COLS / 32, MAX_TOK = 9 };
+    static block_mxfp4 w[ROWS][NB];
+    static float x[MAX_TOK * COLS], y2[MAX_TOK * ROWS], y5[MAX_TOK * ROWS];
+    static block_q8a xq[MAX_TOK * NB];
+    for (int r = 0; r < ROWS; r++)
+        for (int b = 0; b < NB; b++) {
+            w[r][b].e = (uint8_t)r; /* row r: scale byte r */
+            for (int k = 0; k < 16; k++) w[r][b].qs[k] = (uint8_t)rnd_int(0, 255);
+        }
+    for (int i = 0; i < MAX_TOK * COLS; i++) x[i] = rnd_unit() * (i % 7 == 0 ? 1e-20f : 2.0f);
+    quantize_row_q8a(x, xq, MAX_TOK * COLS);
+    static const int ntoks[] = {1, 2, 4, 5, 9};
+    int differ = 0;
+    for (size_t ti = 0; ti < sizeof ntoks / sizeof ntoks[0]; ti++) {
+        const int n_tok = ntoks[ti];
+        kernels_select("avx2");
+        matmul_rows(GGML_TYPE_MXFP4, w, sizeof w[0], COLS, x, xq, n_tok, y2, ROWS, 0, ROWS);
+        kernels_select("avx512");
+        matmul_rows(GGML_TYPE_MXFP4, w, sizeof w[0], COLS, x, xq, n_tok, y5, ROWS, 0, ROWS);
+        int bad = 0;
+        for (int i = 0; i < n_tok * ROWS; i++) bad += memcmp(&y2[i], &y5[i], sizeof(float)) != 0;
+        CHECK(bad == 0, "MXFP4 n_tok=%d: %d of %d results differ between avx2 and avx512", n_tok, bad,
+              n_tok * ROWS);
+        differ += bad;
+    }
+    if (!differ) printf("  MXFP4 avx2 = avx512 bit for bit, every exponent byte\n");
+}
+
 int main(int argc, char **argv) {
     for (int i = 0; i < 31744; i++) sorted_halves[i] = (uint16_t)i;
 
@@ -702,6 +740,7 @@ int main(int argc, char **argv) {
         tested++;
     }
     CHECK(tested >= 1, "no backend tested");
+    test_mxfp4_x86_sets();
     kernels_select(NULL);
     if (failures) {
         fprintf(stderr, "test_kernels: %d failures\n", failures);

@@ -6,14 +6,13 @@
  *   u      = MXFP4_VALUES[nibble] + 128           (unsigned bytes, the + 128 in the table)
  *   lanes  = vpdpbusd(-128 * sum(x), u, x)        = sum(w * x) per group of 4, exact int32
  *   acc   += float(lanes) * (dw * dx)             dw = 2^(e - 128), dx the activation scale
- * What differs is where the work is done. kx_tile_k converts each row's E8M0 byte with
- * scalar code and forms dw * dx with a broadcast and a multiply per (row, token, block), and
- * subtracts 128 * sum(x) after the dot product. Here, per chunk of up to 16 blocks, one
- * gather fetches a row's 16 exponents and one gather a token's 16 activation scales; their
- * products S are formed 16 at a time and read back with a broadcast load per (row, token,
- * block). The -128 * sum(x) of a token's block starts its dot products (per token, shared
- * by the tile's rows), so a (row, token, block) costs a dot product, a conversion and a
- * fused multiply-add. */
+ * What differs is the work around it. kx_tile_k converts each row's E8M0 byte with scalar
+ * code (a compare and shifts, stored and reloaded) and subtracts 128 * sum(x) after the dot
+ * product. Here dw is one load from a 256-entry table, and -128 * sum(x) (per token, shared by
+ * the tile's rows) is where the dot product starts, so a (row, token, block) costs a dot
+ * product, a multiply, a conversion and a fused multiply-add, and a (row, block) the unpacking
+ * and the table loads. (Gathering 16 exponents of a row at a time, with the products formed
+ * 16 at once, measured slower: the gathers cost more than they saved; docs/benchmarks.md.) */
 #ifndef COLIBRI_KERNELS_X86_MXFP4_H
 #define COLIBRI_KERNELS_X86_MXFP4_H
 

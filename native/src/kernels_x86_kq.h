@@ -19,6 +19,8 @@
 #ifndef COLIBRI_KERNELS_X86_KQ_H
 #define COLIBRI_KERNELS_X86_KQ_H
 
+#include "kernels_x86_mxfp4.h" /* the E8M0 table (both sets), the AVX-512 MXFP4 tile */
+
 /* Per row and weight block: the scales every sub-block of it needs. */
 typedef struct kx_khdr {
     float dsc[8];   /* d, or d * sc_j (one scale per 32), per sub-block */
@@ -114,7 +116,7 @@ KX_INLINE void kx_khdr_load(uint32_t type, const char *blk, kx_khdr *h) {
         h->dm8[0] = _cvtsh_ss(((const block_q5_1 *)blk)->m) * 0.125f;
         break;
     case GGML_TYPE_IQ4_NL: h->dsc[0] = _cvtsh_ss(((const block_iq4_nl *)blk)->d); break;
-    case GGML_TYPE_MXFP4: h->dsc[0] = e8m0_half_to_fp32(((const block_mxfp4 *)blk)->e); break;
+    case GGML_TYPE_MXFP4: h->dsc[0] = kz_e8m0_half.f[((const block_mxfp4 *)blk)->e]; break;
     case GGML_TYPE_Q2_K: {
         const block_q2_K *b = (const block_q2_K *)blk;
         const float d = _cvtsh_ss(b->d);
@@ -456,7 +458,6 @@ KX_K_DRIVER(kx_matmul_iq4_xs, GGML_TYPE_IQ4_XS)
 KX_K_DRIVER(kx_matmul_q8_k, GGML_TYPE_Q8_K)
 
 #if X86_VNNI
-#include "kernels_x86_mxfp4.h"
 #define KX_MATMUL_MXFP4 kz_matmul_mxfp4
 #else
 #define KX_MATMUL_MXFP4 kx_matmul_mxfp4

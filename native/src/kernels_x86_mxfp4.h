@@ -1,18 +1,20 @@
-/* kernels_x86_mxfp4.h — the AVX-512 table's MXFP4 tile (gpt-oss's expert format). Included by
- * kernels_x86_kq.h only, under X86_VNNI; the AVX2 table keeps kx_tile_k.
+/* kernels_x86_mxfp4.h — the E8M0 scale table of both x86 sets and the AVX-512 set's MXFP4 tile
+ * (gpt-oss's expert format). Included by kernels_x86_kq.h only; the AVX2 set keeps kx_tile_k,
+ * which reads its scales from the same table.
  *
  * The arithmetic per (row, token) is kx_tile_k's, operation for operation, so the results are
  * bit-identical to it (and to every tile shape, as there):
  *   u      = MXFP4_VALUES[nibble] + 128           (unsigned bytes, the + 128 in the table)
  *   lanes  = vpdpbusd(-128 * sum(x), u, x)        = sum(w * x) per group of 4, exact int32
  *   acc   += float(lanes) * (dw * dx)             dw = 2^(e - 128), dx the activation scale
- * What differs is the work around it. kx_tile_k converts each row's E8M0 byte with scalar
- * code (a compare and shifts, stored and reloaded) and subtracts 128 * sum(x) after the dot
- * product. Here dw is one load from a 256-entry table, and -128 * sum(x) (per token, shared by
- * the tile's rows) is where the dot product starts, so a (row, token, block) costs a dot
- * product, a multiply, a conversion and a fused multiply-add, and a (row, block) the unpacking
- * and the table loads. (Gathering 16 exponents of a row at a time, with the products formed
- * 16 at once, measured slower: the gathers cost more than they saved; docs/benchmarks.md.) */
+ * What differs is the work around it. kx_tile_k keeps each row's scale in a header it stores
+ * and reloads and subtracts 128 * sum(x) after the dot product. Here -128 * sum(x) (per token,
+ * shared by the tile's rows) is where the dot product starts, and dw is one load from the
+ * table below (which kx_tile_k's header also reads, in place of the conversion's compare and
+ * shifts), so a (row, token, block) costs a dot product, a multiply, a conversion and a fused
+ * multiply-add, and a (row, block) the unpacking and the two loads. (Gathering 16 exponents of
+ * a row at a time, with the products formed 16 at once, measured slower: the gathers cost
+ * more than they saved; docs/benchmarks.md.) */
 #ifndef COLIBRI_KERNELS_X86_MXFP4_H
 #define COLIBRI_KERNELS_X86_MXFP4_H
 
@@ -31,6 +33,7 @@ static const union {
 #undef KZ_E8M0_16
 #undef KZ_E8M0_64
 
+#if X86_VNNI
 /* Y[t][r0 + i] for i < R, t in [t0, t0 + T); nb = blocks per row; prefetch as kx_tile_k. */
 KX_INLINE void kz_tile_mxfp4(const char *W, size_t row_bytes, int nb, const block_q8a *Xq, float *Y, int ldy,
                              int r0, int pf_end, int t0, const int R, const int T) {
@@ -77,5 +80,6 @@ static void kz_matmul_mxfp4(const char *W, size_t row_bytes, int nb, const block
 }
 
 #undef KZ_MXFP4_TILE
+#endif
 
 #endif

@@ -8,6 +8,11 @@ and then the new library in a fresh process (COLIBRI_LIB), which evaluates the s
 prompt `--reps` times on a fresh sequence (`LoadedModel.logits`: every position's logits) and reports the
 fastest repetition: the one least disturbed by other jobs, so the figure means something on a shared
 machine too (the slowest is printed beside it). The last round's logits of both are compared bit for bit.
+
+With `--decode N` each repetition then appends N more tokens of the same text one at a time
+(`LoadedModel.next_logits`, one decode step each); the figures are then per decode step (the fastest and
+the median over all steps of all repetitions), and the logits compared are the N steps' of the last
+repetition.
 """
 
 from __future__ import annotations
@@ -33,20 +38,34 @@ import json, sys, time
 import numpy as np
 import colibri_backend
 path, ids, reps, out = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+n_decode = int(sys.argv[6])
+n_prompt = len(ids) - n_decode
 with colibri_backend.load(path, threads=int(sys.argv[5])) as m:
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        logits = m.logits(ids)
-        times.append(time.perf_counter() - t0)
+        logits = m.logits(ids[:n_prompt])
+        if n_decode:
+            steps = []
+            for k in range(n_prompt + 1, len(ids) + 1):
+                t0 = time.perf_counter()
+                steps.append(m.next_logits(ids[:k]))
+                times.append(time.perf_counter() - t0)
+            logits = np.stack(steps)
+        else:
+            times.append(time.perf_counter() - t0)
 np.save(out, logits)
 print(json.dumps(times))
 """
 
 
-def run_one(lib: Path, model: Path, ids: list[int], reps: int, threads: int, out: Path) -> list[float]:
+def run_one(
+    lib: Path, model: Path, ids: list[int], reps: int, threads: int, out: Path, n_decode: int = 0
+) -> list[float]:
+    """The child's times: one per repetition, or one per decode step with n_decode (the last n_decode ids)."""
     env = {**os.environ, "COLIBRI_LIB": str(lib)}
     args = [sys.executable, "-c", _CHILD, str(model), json.dumps(ids), str(reps), str(out), str(threads)]
+    args.append(str(n_decode))
     p = subprocess.run(args, env=env, capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit(f"{lib}: {(p.stderr.strip().splitlines() or [f'exit {p.returncode}'])[-1]}")
@@ -64,29 +83,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--decode", type=int, default=0, help="then time this many single-token decode steps")
     args = ap.parse_args(argv)
     for lib in (args.old, args.new):
         if not lib.is_file():
             ap.error(f"{lib} does not exist")
-    if min(args.tokens, args.reps, args.rounds, args.threads) < 1:
-        ap.error("--tokens, --reps, --rounds and --threads must be at least 1")
+    if min(args.tokens, args.reps, args.rounds, args.threads) < 1 or args.decode < 0:
+        ap.error("--tokens, --reps, --rounds and --threads must be at least 1, --decode at least 0")
     label, model = resolve_model(args.model, args.cache_dir, args.bench_type)
-    ids = prompt_ids(model, args.tokens)
+    ids = prompt_ids(model, args.tokens + args.decode)
+    what = f"decode step after {args.tokens} tokens" if args.decode else f"{args.tokens}-token prefill"
+    per = 1 if args.decode else len(ids)
     best: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for name, lib in (("old", args.old), ("new", args.new)):
-                times = run_one(lib, model, ids, args.reps, args.threads, Path(tmp) / f"{name}.npy")
+                out = Path(tmp) / f"{name}.npy"
+                times = run_one(lib, model, ids, args.reps, args.threads, out, args.decode)
                 best[name] = min(best.get(name, float("inf")), min(times))
                 print(
-                    f"{label} round {r + 1} {name}: fastest {min(times) * 1e3:.0f} ms "
-                    f"({len(ids) / min(times):.1f} tok/s), slowest {max(times) * 1e3:.0f} ms",
+                    f"{label} round {r + 1} {name}: fastest {min(times) * 1e3:.1f} ms "
+                    f"({per / min(times):.1f} tok/s), median {float(np.median(times)) * 1e3:.1f} ms, "
+                    f"slowest {max(times) * 1e3:.1f} ms",
                     flush=True,
                 )
         same = np.array_equal(np.load(Path(tmp) / "old.npy"), np.load(Path(tmp) / "new.npy"))
     print(
-        f"{label}: {len(ids)}-token prefill, fastest of all: old {best['old'] * 1e3:.0f} ms, "
-        f"new {best['new'] * 1e3:.0f} ms ({best['old'] / best['new']:.2f}x); logits bit-identical: {same}"
+        f"{label}: {what}, fastest of all: old {best['old'] * 1e3:.1f} ms, "
+        f"new {best['new'] * 1e3:.1f} ms ({best['old'] / best['new']:.2f}x); logits bit-identical: {same}"
     )
     return 0 if same else 1
 

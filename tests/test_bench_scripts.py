@@ -261,6 +261,9 @@ def test_ab_lib_prefill_on_a_tiny_model(tiny_models, capsys: pytest.CaptureFixtu
     assert ab_lib_prefill.main(argv) == 0
     out = capsys.readouterr().out
     assert out.count("fastest") == 5 and "logits bit-identical: True" in out
+    assert ab_lib_prefill.main([*argv, "--decode", "3"]) == 0  # per decode step, its logits compared
+    out = capsys.readouterr().out
+    assert "decode step after 20 tokens" in out and "logits bit-identical: True" in out
     with pytest.raises(SystemExit):
         ab_lib_prefill.main([*argv[:3], "/nonexistent/libcolibri.so", *argv[4:]])
 

@@ -19,6 +19,8 @@
 #ifndef COLIBRI_KERNELS_X86_KQ_H
 #define COLIBRI_KERNELS_X86_KQ_H
 
+#include "kernels_x86_mxfp4.h" /* the E8M0 table (both sets), the AVX-512 MXFP4 tile */
+
 /* Per row and weight block: the scales every sub-block of it needs. */
 typedef struct kx_khdr {
     float dsc[8];   /* d, or d * sc_j (one scale per 32), per sub-block */
@@ -114,7 +116,7 @@ KX_INLINE void kx_khdr_load(uint32_t type, const char *blk, kx_khdr *h) {
         h->dm8[0] = _cvtsh_ss(((const block_q5_1 *)blk)->m) * 0.125f;
         break;
     case GGML_TYPE_IQ4_NL: h->dsc[0] = _cvtsh_ss(((const block_iq4_nl *)blk)->d); break;
-    case GGML_TYPE_MXFP4: h->dsc[0] = e8m0_half_to_fp32(((const block_mxfp4 *)blk)->e); break;
+    case GGML_TYPE_MXFP4: h->dsc[0] = kz_e8m0_half.f[((const block_mxfp4 *)blk)->e]; break;
     case GGML_TYPE_Q2_K: {
         const block_q2_K *b = (const block_q2_K *)blk;
         const float d = _cvtsh_ss(b->d);
@@ -444,7 +446,9 @@ KX_INLINE void kx_tile_k(uint32_t type, const char *W, size_t row_bytes, int nb,
 KX_K_DRIVER(kx_matmul_q5_0, GGML_TYPE_Q5_0)
 KX_K_DRIVER(kx_matmul_q5_1, GGML_TYPE_Q5_1)
 KX_K_DRIVER(kx_matmul_iq4_nl, GGML_TYPE_IQ4_NL)
+#if !X86_VNNI /* the AVX-512 table has its own (kernels_x86_mxfp4.h) */
 KX_K_DRIVER(kx_matmul_mxfp4, GGML_TYPE_MXFP4)
+#endif
 KX_K_DRIVER(kx_matmul_q2_k, GGML_TYPE_Q2_K)
 KX_K_DRIVER(kx_matmul_q3_k, GGML_TYPE_Q3_K)
 KX_K_DRIVER(kx_matmul_q4_k, GGML_TYPE_Q4_K)
@@ -453,6 +457,12 @@ KX_K_DRIVER(kx_matmul_q6_k, GGML_TYPE_Q6_K)
 KX_K_DRIVER(kx_matmul_iq4_xs, GGML_TYPE_IQ4_XS)
 KX_K_DRIVER(kx_matmul_q8_k, GGML_TYPE_Q8_K)
 
+#if X86_VNNI
+#define KX_MATMUL_MXFP4 kz_matmul_mxfp4
+#else
+#define KX_MATMUL_MXFP4 kx_matmul_mxfp4
+#endif
+
 /* The new formats' entry: 1 if `type` is one of them (and Y was written). */
 static int kx_matmul_kq(uint32_t type, const char *w, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok,
                         float *Y, int ldy, int r0, int r1) {
@@ -460,7 +470,7 @@ static int kx_matmul_kq(uint32_t type, const char *w, size_t row_bytes, int nb, 
     case GGML_TYPE_Q5_0: kx_matmul_q5_0(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); return 1;
     case GGML_TYPE_Q5_1: kx_matmul_q5_1(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); return 1;
     case GGML_TYPE_IQ4_NL: kx_matmul_iq4_nl(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); return 1;
-    case GGML_TYPE_MXFP4: kx_matmul_mxfp4(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); return 1;
+    case GGML_TYPE_MXFP4: KX_MATMUL_MXFP4(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); return 1;
     case GGML_TYPE_Q2_K: kx_matmul_q2_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); return 1;
     case GGML_TYPE_Q3_K: kx_matmul_q3_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); return 1;
     case GGML_TYPE_Q4_K: kx_matmul_q4_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); return 1;

@@ -669,6 +669,79 @@ static void test_attention_helpers(const char *backend) {
 
 /* With arguments, only the kernel sets named (each must be available): lets a slow emulated
  * run test the sets in parallel processes (tests/test_aarch64.py). */
+/* ---- MXFP4 across the x86 sets ---------------------------------------------- */
+
+/* The AVX-512 MXFP4 tile (kernels_x86_mxfp4.h) and the AVX2 set's generic one do the same
+ * operations on the same values, so the two agree bit for bit, for every exponent byte (0 and
+ * 1 are the subnormal scales, 255 overflows products to inf) and every tile shape. */
+static void test_mxfp4_x86_sets(void) {
+    if (kernels_select("avx512") != COLIBRI_OK || kernels_select("avx2") != COLIBRI_OK) {
+        printf("  MXFP4 avx2 = avx512: not available here\n");
+        return;
+    }
+    enum { ROWS = 256, COLS = 96, NB = COLS / 32, MAX_TOK = 9 };
+    static block_mxfp4 w[ROWS][NB];
+    static float x[MAX_TOK * COLS], y2[MAX_TOK * ROWS], y5[MAX_TOK * ROWS];
+    static block_q8a xq[MAX_TOK * NB];
+    for (int r = 0; r < ROWS; r++)
+        for (int b = 0; b < NB; b++) {
+            w[r][b].e = (uint8_t)r; /* row r: scale byte r */
+            for (int k = 0; k < 16; k++) w[r][b].qs[k] = (uint8_t)rnd_int(0, 255);
+        }
+    for (int i = 0; i < MAX_TOK * COLS; i++) x[i] = rnd_unit() * (i % 7 == 0 ? 1e-20f : 2.0f);
+    quantize_row_q8a(x, xq, MAX_TOK * COLS);
+    static const int ntoks[] = {1, 2, 4, 5, 9};
+    int differ = 0;
+    for (size_t ti = 0; ti < sizeof ntoks / sizeof ntoks[0]; ti++) {
+        const int n_tok = ntoks[ti];
+        kernels_select("avx2");
+        matmul_rows(GGML_TYPE_MXFP4, w, sizeof w[0], COLS, x, xq, n_tok, y2, ROWS, 0, ROWS);
+        kernels_select("avx512");
+        matmul_rows(GGML_TYPE_MXFP4, w, sizeof w[0], COLS, x, xq, n_tok, y5, ROWS, 0, ROWS);
+        int bad = 0;
+        for (int i = 0; i < n_tok * ROWS; i++) bad += memcmp(&y2[i], &y5[i], sizeof(float)) != 0;
+        CHECK(bad == 0, "MXFP4 n_tok=%d: %d of %d results differ between avx2 and avx512", n_tok, bad,
+              n_tok * ROWS);
+        differ += bad;
+    }
+    if (!differ) printf("  MXFP4 avx2 = avx512 bit for bit, every exponent byte\n");
+}
+
+/* Both x86 sets read MXFP4's E8M0 scales from a table: every scale byte against the definition
+ * (e8m0_half_to_fp32), on blocks with one nonzero product w * q and an activation scale of 1,
+ * where the result w * q * 2^(e - 128) is exact (subnormal for e < 2) and so must match bit for bit. */
+static int mxfp4_level(int r) { return r % 14 < 7 ? 1 + r % 14 : 2 + r % 14; } /* 1..7, 9..15: not +-0 */
+
+static void test_mxfp4_scales(const char *backend) {
+    enum { ROWS = 241, MAX_TOK = 4 }; /* e <= 240: |1524 * 2^(e - 128)| stays below FLT_MAX */
+    static block_mxfp4 w[ROWS];
+    static float x[MAX_TOK * 32], y[MAX_TOK * ROWS];
+    static block_q8a xq[MAX_TOK];
+    memset(w, 0, sizeof w);
+    for (int r = 0; r < ROWS; r++) {
+        w[r].e = (uint8_t)r;
+        w[r].qs[0] = (uint8_t)mxfp4_level(r); /* element 0: a nonzero level; the others 0 */
+    }
+    memset(x, 0, sizeof x);
+    for (int t = 0; t < MAX_TOK; t++) {
+        x[t * 32] = (float)(t % 2 ? -1 - 37 * t : 1 + 41 * t); /* q = x: the scale is 127 / 127 */
+        x[t * 32 + 31] = 127.0f;                               /* meets a zero weight */
+    }
+    quantize_row_q8a(x, xq, MAX_TOK * 32);
+    for (int n_tok = 1; n_tok <= MAX_TOK; n_tok += MAX_TOK - 1) {
+        matmul_rows(GGML_TYPE_MXFP4, w, sizeof w[0], 32, x, xq, n_tok, y, ROWS, 0, ROWS);
+        int bad = 0;
+        for (int t = 0; t < n_tok; t++)
+            for (int r = 0; r < ROWS; r++) {
+                const float want = (float)((double)MXFP4_VALUES[mxfp4_level(r)] * xq[t].qs[0] * xq[t].d *
+                                           (double)e8m0_half_to_fp32((uint8_t)r));
+                bad += memcmp(&y[t * ROWS + r], &want, sizeof want) != 0;
+            }
+        CHECK(bad == 0, "%s MXFP4 n_tok=%d: %d of %d exact results differ from the E8M0 definition", backend, n_tok,
+              bad, n_tok * ROWS);
+    }
+}
+
 int main(int argc, char **argv) {
     for (int i = 0; i < 31744; i++) sorted_halves[i] = (uint16_t)i;
 
@@ -699,9 +772,11 @@ int main(int argc, char **argv) {
         test_quantize(backends[bi]);
         test_attention_helpers(backends[bi]);
         test_matmul(backends[bi]);
+        test_mxfp4_scales(backends[bi]);
         tested++;
     }
     CHECK(tested >= 1, "no backend tested");
+    test_mxfp4_x86_sets();
     kernels_select(NULL);
     if (failures) {
         fprintf(stderr, "test_kernels: %d failures\n", failures);

@@ -2,17 +2,24 @@
  * (benchmarks/neon_insn_ratio.py runs it under qemu with an instruction-counting plugin, twice
  * with different repeat counts; the difference divided by the extra calls is one call's cost).
  *
- *   kernel-repeat TABLE TYPE ROWS COLS NTOK CALLS
+ *   kernel-repeat TABLE TYPE ROWS COLS NTOK CALLS [--min-tsc]
  *
  * TABLE is a kernel table (scalar, neon, neon-dotprod, neon-i8mm, avx2, avx512), TYPE a GGUF
  * type name (Q4_K, F16, ...). The weights are random bytes (their values do not change which
  * instructions the kernels run, bar a few branches of the scalar half conversion), the NTOK
  * activation rows random floats, quantized to block_q8a once before the calls. Prints the sum
- * of the outputs so the calls cannot be optimised away. */
+ * of the outputs so the calls cannot be optimised away.
+ *
+ * --min-tsc (x86 only) also times each call with the time-stamp counter and prints the fewest
+ * ticks a call took: on a shared machine the fastest call is the one no other job disturbed,
+ * a steadier A/B figure between two builds than an average. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
 
 #include "error.h"
 #include "kernels.h"
@@ -36,10 +43,17 @@ static int type_by_name(const char *name, uint32_t *out) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 7) {
-        fprintf(stderr, "usage: %s TABLE TYPE ROWS COLS NTOK CALLS\n", argv[0]);
+    const int min_tsc = argc == 8 && strcmp(argv[7], "--min-tsc") == 0;
+    if (argc != 7 && !min_tsc) {
+        fprintf(stderr, "usage: %s TABLE TYPE ROWS COLS NTOK CALLS [--min-tsc]\n", argv[0]);
         return 2;
     }
+#if !defined(__x86_64__)
+    if (min_tsc) {
+        fprintf(stderr, "%s: --min-tsc needs x86's time-stamp counter\n", argv[0]);
+        return 2;
+    }
+#endif
     uint32_t type;
     const int rows = atoi(argv[3]), cols = atoi(argv[4]), ntok = atoi(argv[5]), calls = atoi(argv[6]);
     if (!type_by_name(argv[2], &type)) {
@@ -67,11 +81,22 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < (size_t)cols * ntok; i++) x[i] = (float)(rnd32() >> 8) / 8388608.0f - 1.0f;
     quantize_row_q8a(x, xq, (int64_t)cols * ntok);
     double sum = 0.0;
+    unsigned long long fewest = ~0ull;
     for (int c = 0; c < calls; c++) {
+#if defined(__x86_64__)
+        const unsigned long long t0 = min_tsc ? __rdtsc() : 0;
+#endif
         matmul_rows(type, w, rb, cols, x, xq, ntok, y, rows, 0, rows);
+#if defined(__x86_64__)
+        if (min_tsc) {
+            const unsigned long long dt = __rdtsc() - t0;
+            fewest = dt < fewest ? dt : fewest;
+        }
+#endif
         sum += y[c % (rows * ntok)];
     }
     printf("%s %s %dx%d ntok %d calls %d: sum %g\n", argv[1], ti->name, rows, cols, ntok, calls, sum);
+    if (min_tsc) printf("fewest ticks per call: %llu\n", fewest);
     free(w), free(x), free(y), free(xq);
     return 0;
 }

@@ -7,7 +7,9 @@ For each N, N different prompts are prefilled into sequences 0..N-1 of one conte
 greedy decode steps run with one token of every sequence per step (one eval_batch call), and, for
 comparison, the same N sequences each decoded alone for the same number of steps (one eval_batch
 call of one token per step). Reported per N: engine milliseconds per step (the eval_batch call),
-Python milliseconds per step (the greedy pick over the rows and building the next step's input),
+engine CPU milliseconds per step (all the process's threads during the call: with --threads 1 the
+step's compute, robust to a loaded machine), Python milliseconds per step (the greedy pick over the
+rows and building the next step's input),
 aggregate decode tok/s of both, their ratio, the experts computed per step and whether every
 batched token equals the one-at-a-time token (batch invariance). --json FILE writes the figures.
 """
@@ -49,11 +51,12 @@ def decode_steps(model: colibri_backend.Model, seqs: list[int], first: list[int]
     want = np.ones(len(seqs), dtype=np.uint8)
     tokens = np.array(first, dtype=np.int32)
     out = [[int(t)] for t in first]
-    engine, python, distinct = [], [], []
+    engine, cpu, python, distinct = [], [], [], []
     for _ in range(steps):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         rows = model.eval_batch(seq_ids, tokens, want)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
+        cpu.append(c1 - c0)
         tokens = rows.argmax(axis=1).astype(np.int32)
         for o, t in zip(out, tokens, strict=True):
             o.append(int(t))
@@ -62,7 +65,8 @@ def decode_steps(model: colibri_backend.Model, seqs: list[int], first: list[int]
         python.append(t2 - t1)
         route = model.routing()[0]  # [n_seq, n_layer, k]: experts each layer reads this step
         distinct.append(np.mean([len(np.unique(route[:, il])) for il in range(route.shape[1])]))
-    return {"engine": engine, "python": python, "tokens": out, "experts": float(np.mean(distinct))}
+    experts = float(np.mean(distinct))
+    return {"engine": engine, "cpu": cpu, "python": python, "tokens": out, "experts": experts}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,8 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     report = []
     print(f"{args.model}  steps={args.steps}  threads={model.threads}")
     print(
-        f"{'seqs':>4} {'engine ms/step':>15} {'python ms/step':>15} {'batched tok/s':>14} "
-        f"{'alone tok/s':>12} {'ratio':>6} {'experts/layer':>13} same"
+        f"{'seqs':>4} {'engine ms/step':>15} {'cpu ms/step':>12} {'python ms/step':>15} "
+        f"{'batched tok/s':>14} {'alone tok/s':>12} {'ratio':>6} {'experts/layer':>13} same"
     )
     for n in counts:
         alone_s, alone_tokens = 0.0, []
@@ -109,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         row = {
             "seqs": n,
             "engine_ms_per_step": 1e3 * statistics.median(r["engine"]),
+            "engine_cpu_ms_per_step": 1e3 * statistics.median(r["cpu"]),
             "python_ms_per_step": 1e3 * statistics.median(r["python"]),
             "batched_tok_s": n * args.steps / total,
             "alone_tok_s": n * args.steps / alone_s,
@@ -118,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         row["ratio"] = row["batched_tok_s"] / row["alone_tok_s"]
         report.append(row)
         print(
-            f"{n:>4} {row['engine_ms_per_step']:15.2f} {row['python_ms_per_step']:15.3f} "
+            f"{n:>4} {row['engine_ms_per_step']:15.2f} {row['engine_cpu_ms_per_step']:12.2f} "
+            f"{row['python_ms_per_step']:15.3f} "
             f"{row['batched_tok_s']:14.2f} {row['alone_tok_s']:12.2f} {row['ratio']:5.2f}x "
             f"{row['experts_per_layer_step']:13.2f} {row['identical']}"
         )

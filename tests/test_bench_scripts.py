@@ -278,6 +278,7 @@ def test_batch_steps_on_a_tiny_model(tiny_models, tmp_path: Path, capsys: pytest
     assert batch_steps.main([*argv, "--context-length", "128", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [r["seqs"] for r in rows] == [1, 3] and all(r["identical"] for r in rows)
+    assert all(r["engine_cpu_ms_per_step"] > 0 for r in rows)
     assert (
         rows[0]["experts_per_layer_step"] == 2.0 <= rows[1]["experts_per_layer_step"] <= 4.0
     )  # 4 experts, top-2

@@ -51,6 +51,7 @@
  * chunk against all the rows, so they stay in L2 while the weights stream through (the
  * weights are then read once per chunk, which is cheap next to the compute). */
 #define KX_CHUNK_BYTES (256 * 1024)
+_Static_assert(KX_PREFILL_TOKS == 4, "KX_TOKEN_TAIL covers tails of up to 3 tokens");
 
 KX_INLINE int kx_token_chunk(size_t bytes_per_token) {
     size_t n = KX_CHUNK_BYTES / (bytes_per_token ? bytes_per_token : 1);
@@ -194,11 +195,19 @@ KX_INLINE void kx_tile_q(uint32_t type, const char *W, size_t row_bytes, int nb,
  * third of n_tok 2 and 3 measured slower (docs/benchmarks.md, "Prefetch in the multi-token tiles"). */
 #define KX_PF_END(T) ((T) == 1 || t == tc ? r1 : 0)
 
+/* The last tend - t < KX_PREFILL_TOKS tokens of a chunk (rows r.., R of them) in one tile, so a
+ * batched step's n_tok 2 and 3 (and the tails of 5..7) unpack each weight block once, not once
+ * per token. KX_PREFILL_TOKS is 4: the tail is 0..3 tokens. */
+#define KX_TOKEN_TAIL(TILE, TYPE, R)                                                                        \
+    if (tend - t == 3) TILE(TYPE, R, 3);                                                                    \
+    else if (tend - t == 2) TILE(TYPE, R, 2);                                                               \
+    else if (tend - t == 1) TILE(TYPE, R, 1);
+
 /* The walk of every driver here and in kernels_x86_kq.h: decode (one token) in tiles of
  * KX_DECODE_ROWS rows; prefill in token chunks of KX_CHUNK_BYTES of activations (TOKEN_BYTES
  * each), each chunk against all rows in KX_PREFILL_ROWS x KX_PREFILL_TOKS tiles, the edges in
- * tiles of 1 row or 1 token. TILE(TYPE, R, T) computes the tile at rows r.., tokens t.., in
- * the chunk from token tc. */
+ * tiles of 1 row or of the chunk's last 1..3 tokens (KX_TOKEN_TAIL). TILE(TYPE, R, T) computes
+ * the tile at rows r.., tokens t.., in the chunk from token tc. */
 #define KX_WALK(TILE, TYPE, TOKEN_BYTES)                                                                    \
     if (n_tok == 1) {                                                                                       \
         const int t = 0, tc = 0;                                                                            \
@@ -214,12 +223,12 @@ KX_INLINE void kx_tile_q(uint32_t type, const char *W, size_t row_bytes, int nb,
         for (; r + KX_PREFILL_ROWS <= r1; r += KX_PREFILL_ROWS) {                                           \
             int t = tc;                                                                                     \
             for (; t + KX_PREFILL_TOKS <= tend; t += KX_PREFILL_TOKS) TILE(TYPE, KX_PREFILL_ROWS, KX_PREFILL_TOKS); \
-            for (; t < tend; t++) TILE(TYPE, KX_PREFILL_ROWS, 1);                                           \
+            KX_TOKEN_TAIL(TILE, TYPE, KX_PREFILL_ROWS)                                                      \
         }                                                                                                   \
         for (; r < r1; r++) {                                                                               \
             int t = tc;                                                                                     \
             for (; t + KX_PREFILL_TOKS <= tend; t += KX_PREFILL_TOKS) TILE(TYPE, 1, KX_PREFILL_TOKS);       \
-            for (; t < tend; t++) TILE(TYPE, 1, 1);                                                         \
+            KX_TOKEN_TAIL(TILE, TYPE, 1)                                                                    \
         }                                                                                                   \
     }
 

@@ -54,41 +54,68 @@ KX_INLINE __m256i kg_reduce8(const __m256i v[8]) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20), _mm256_permute2x128_si256(b0, b1, 0x31));
 }
 
-/* ---- decode: up to 8 rows, one token ------------------------------------------ */
+/* ---- decode: up to 8 rows, one to three tokens ---------------------------------- */
 
-/* y[r0 + i] for i < n (n <= 8). Per row and super-block the 8 sub-blocks' int32 partial
- * vectors are reduced together, so lane j of a row's accumulator is sub-block j's. */
-KX_INLINE void kg_decode_tile(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *x, float *y,
-                              int r0, int r_end, const int n) {
+/* Tokens per multi-token decode tile at most. Its tiles keep KG_ROWS rows: 8 x 3 accumulators
+ * and a row's 24 partial vectors overflow the 32 registers, yet measured faster than 4 rows
+ * (the rows share the scale gathers and the prefetch; docs/benchmarks.md, session 5). */
+#define KG_DEC_TOKS 3
+
+/* Y[t * ldy + r0 + i] for i < n (n <= KG_ROWS), t < T. Per row and super-block the 8 sub-blocks'
+ * int32 partial vectors are reduced together, so lane j of a (row, token) accumulator is
+ * sub-block j's. A sub-block is unpacked once per row and used for the T tokens (a batched
+ * step's n_tok 2, 3): the arithmetic of each (row, token) is the one-token tile's. */
+KX_INLINE void kg_decode_tile(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *x, float *Y,
+                              int ldy, int r0, int r_end, const int n, const int T) {
     const size_t bb = kx_k_bytes(type);
     const int min8 = kx_k_min8(type);
     const __m256i xidx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                                             _mm256_set1_epi32((int)sizeof(block_q8a)));
-    __m256 acc[KG_ROWS];
-    for (int i = 0; i < n; i++) acc[i] = _mm256_setzero_ps();
+    __m256 acc[KG_ROWS][KG_DEC_TOKS];
+    for (int i = 0; i < n; i++)
+        for (int t = 0; t < T; t++) acc[i][t] = _mm256_setzero_ps();
     const kx_pf pf = kx_pf_init(W, row_bytes, r0 + KG_ROWS, r_end, KG_ROWS, nb / 8);
     for (int b = 0; b < nb / 8; b++) {
         kx_pf_step(&pf, b);
-        const block_q8a *x8 = x + (size_t)b * 8;
-        const __m256 dx = _mm256_i32gather_ps(&x8->d, xidx, 1);
-        const __m256 sx = min8 ? _mm256_i32gather_ps(&x8->s, xidx, 1) : _mm256_setzero_ps();
+        __m256 dx[KG_DEC_TOKS], sx[KG_DEC_TOKS];
+        for (int t = 0; t < T; t++) {
+            const block_q8a *x8 = x + (size_t)t * nb + (size_t)b * 8;
+            dx[t] = _mm256_i32gather_ps(&x8->d, xidx, 1);
+            sx[t] = min8 ? _mm256_i32gather_ps(&x8->s, xidx, 1) : _mm256_setzero_ps();
+        }
         for (int i = 0; i < n; i++) {
             const char *blk = W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb;
             kx_khdr hdr;
             kx_khdr_load(type, blk, &hdr);
-            __m256i L[8];
+            __m256i L[KG_DEC_TOKS][8];
             for (int j = 0; j < 8; j++) {
                 kx_ksub sub;
                 kx_ksub_load(type, blk, j, &hdr, 0, &sub);
-                const __m256i xv = _mm256_loadu_si256((const __m256i *)x8[j].qs);
-                L[j] = kx_k_lanes(type, &sub, xv, xv, 0);
+                for (int t = 0; t < T; t++) {
+                    const __m256i xv = _mm256_loadu_si256((const __m256i *)x[(size_t)t * nb + (size_t)b * 8 + j].qs);
+                    L[t][j] = kx_k_lanes(type, &sub, xv, xv, 0);
+                }
             }
-            const __m256 isum = _mm256_cvtepi32_ps(kg_reduce8(L));
-            acc[i] = _mm256_fmadd_ps(isum, _mm256_mul_ps(_mm256_loadu_ps(hdr.dsc), dx), acc[i]);
-            if (min8) acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(hdr.dm8), sx, acc[i]);
+            const __m256 dsc = _mm256_loadu_ps(hdr.dsc);
+            for (int t = 0; t < T; t++) {
+                const __m256 isum = _mm256_cvtepi32_ps(kg_reduce8(L[t]));
+                acc[i][t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dsc, dx[t]), acc[i][t]);
+                if (min8) acc[i][t] = _mm256_fmadd_ps(_mm256_loadu_ps(hdr.dm8), sx[t], acc[i][t]);
+            }
         }
     }
-    for (int i = 0; i < n; i++) y[r0 + i] = kx_hsum(acc[i]);
+    for (int i = 0; i < n; i++)
+        for (int t = 0; t < T; t++) Y[(size_t)t * ldy + r0 + i] = kx_hsum(acc[i][t]);
+}
+
+/* Tokens [t0, t0 + T) against rows [r0, r1) in tiles of KG_ROWS rows, the last one partial. */
+KX_INLINE void kg_decode_rows(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, float *Y,
+                              int ldy, int r0, int r1, int t0, const int T) {
+    const block_q8a *x = Xq + (size_t)t0 * nb;
+    float *y = Y + (size_t)t0 * ldy;
+    int r = r0;
+    for (; r + KG_ROWS <= r1; r += KG_ROWS) kg_decode_tile(type, W, row_bytes, nb, x, y, ldy, r, r1, KG_ROWS, T);
+    if (r < r1) kg_decode_tile(type, W, row_bytes, nb, x, y, ldy, r, r1, r1 - r, T);
 }
 
 /* ---- prefill: rows x 8 tokens ------------------------------------------------- */
@@ -296,8 +323,8 @@ KX_INLINE void kg_store_col(float *Y, int ldy, int t0, int nt, int r, const __m2
         if (kg_lane_tok[l] < nt) Y[(size_t)(t0 + kg_lane_tok[l]) * ldy + r] = tmp[l];
 }
 
-/* Below this many tokens prefill runs the decode tile once per token (same results): the
- * interleaved group pays for itself only with several tokens in its lanes. */
+/* Below this many tokens prefill runs the decode tiles, up to KG_DEC_TOKS tokens each (same
+ * results): the interleaved group pays for itself only with several tokens in its lanes. */
 #define KG_MIN_PREFILL_TOKS 4
 /* The same for the dword tiles of Q6_K and IQ4_XS against kx_tile_k's 4 x 4 tiles (same
  * results): at 4 tokens, half of the 8 lanes idle, the old tiles ran 1.5-2x faster. */
@@ -327,12 +354,15 @@ KX_INLINE void kg_matmul(uint32_t type, const char *W, size_t row_bytes, int nb,
             kx_matmul_iq4_xs(W, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1);
             return;
         }
-        for (int t = 0; t < n_tok; t++) {
-            int r = r0;
-            for (; r + KG_ROWS <= r1; r += KG_ROWS)
-                kg_decode_tile(type, W, row_bytes, nb, Xq + (size_t)t * nb, Y + (size_t)t * ldy, r, r1, KG_ROWS);
-            if (r < r1) kg_decode_tile(type, W, row_bytes, nb, Xq + (size_t)t * nb, Y + (size_t)t * ldy, r, r1, r1 - r);
+        if (n_tok == 1) {
+            kg_decode_rows(type, W, row_bytes, nb, Xq, Y, ldy, r0, r1, 0, 1);
+            return;
         }
+        int t = 0;
+        for (; t + KG_DEC_TOKS <= n_tok; t += KG_DEC_TOKS)
+            kg_decode_rows(type, W, row_bytes, nb, Xq, Y, ldy, r0, r1, t, KG_DEC_TOKS);
+        if (n_tok - t == 2) kg_decode_rows(type, W, row_bytes, nb, Xq, Y, ldy, r0, r1, t, 2);
+        else if (n_tok - t == 1) kg_decode_rows(type, W, row_bytes, nb, Xq, Y, ldy, r0, r1, t, 1);
         return;
     }
     const kg_xblk *xk = xp;  /* the one the type uses */

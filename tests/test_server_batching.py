@@ -85,7 +85,16 @@ def test_concurrent_streams_equal_alone(server: Server) -> None:
             peak[0] = max(peak[0], metric(server, "colibri_batch_size"))
             time.sleep(0.02)
 
-    names = ("steps", "step_tokens", "step_engine_seconds", "step_between_seconds", "partial_steps")
+    names = (
+        "steps",
+        "step_tokens",
+        "step_engine_seconds",
+        "step_between_seconds",
+        "partial_steps",
+        "step_prompt_tokens",
+        "prefill_steps",
+        "prefill_step_engine_seconds",
+    )
     before = {n: metric(server, f"colibri_batch_{n}_total") for n in names}
     watcher = threading.Thread(target=watch)
     watcher.start()
@@ -102,6 +111,10 @@ def test_concurrent_streams_equal_alone(server: Server) -> None:
     assert d["step_tokens"] > d["steps"] > 0  # steps carried several tokens
     assert d["step_engine_seconds"] > 0 and d["step_between_seconds"] > 0
     assert 0 <= d["partial_steps"] < d["steps"]
+    # every request's prompt went through the steps (at least its last token, after prefix reuse)
+    assert d["step_tokens"] > d["step_prompt_tokens"] > 0
+    assert 0 < d["prefill_steps"] < d["steps"]
+    assert 0 < d["prefill_step_engine_seconds"] < d["step_engine_seconds"]
 
 
 def test_cancel_mid_prefill_and_queue_overflow(server: Server) -> None:

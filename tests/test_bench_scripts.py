@@ -272,8 +272,16 @@ def test_batch_steps_on_a_tiny_model(tiny_models, tmp_path: Path, capsys: pytest
     _, gguf = tiny_models["bench-a"]
     out = tmp_path / "steps.json"
     argv = ["--model", str(gguf), "--seqs", "1,3", "--steps", "3", "--prompt-words", "8", "--threads", "2"]
-    assert batch_steps.main([*argv, "--context-length", "128", "--json", str(out)]) == 0
-    rows = json.loads(out.read_text())["rows"]
+    chunks = ["--chunks", "1,4,16", "--repeats", "2"]
+    assert batch_steps.main([*argv, "--context-length", "128", *chunks, "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [c["tokens"] for c in report["chunks"]] == [1, 4, 16]
+    for c in report["chunks"]:
+        assert c["wall_range"][0] <= c["wall_ms_per_token"] <= c["wall_range"][1]
+        assert c["cpu_ms_per_token"] > 0
+    with pytest.raises(SystemExit):  # a chunk larger than the context
+        batch_steps.main([*argv, "--context-length", "128", "--chunks", "129"])
+    rows = report["rows"]
     assert [r["seqs"] for r in rows] == [1, 3] and all(r["identical"] for r in rows)
     assert (
         rows[0]["experts_per_layer_step"] == 2.0 <= rows[1]["experts_per_layer_step"] <= 4.0

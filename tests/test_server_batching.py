@@ -7,6 +7,7 @@ client that goes away in the middle of its prompt's prefill is cancelled there; 
 from __future__ import annotations
 
 import json
+import pstats
 import subprocess
 import sys
 import threading
@@ -176,6 +177,7 @@ def test_concurrency_benchmark_script(tmp_path: Path) -> None:
     out = tmp_path / "concurrency.json"
     cmd = [sys.executable, str(script), "--model", str(smollm2_path()), "--clients", "1,2"]
     cmd += ["--max-tokens", "4", "--prompt-words", "8", "--threads", "2", "--json", str(out)]
+    cmd += ["--profile", str(tmp_path / "prof")]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(out.read_text())
@@ -186,3 +188,10 @@ def test_concurrency_benchmark_script(tmp_path: Path) -> None:
         assert all(0 < r["ttft_p50_s"] <= r["ttft_p99_s"] for r in mode)
     assert all(r["identical_to_one_at_a_time"] for r in report["modes"]["batched"])
     assert "speedup" in result.stdout
+    for r in report["modes"]["batched"]:  # the step split: every prompt came through the steps
+        st = r["steps"]
+        assert 0 < st["prefill_steps"] <= st["steps"] and st["prompt_tokens"] > 0
+        assert 0 < st["prefill_step_engine_share_of_wall"] <= st["engine_share_of_wall"] <= 1
+    # --profile: each server's event loop profile, written when it stopped
+    for mode in ("one_at_a_time", "batched"):
+        assert pstats.Stats(str(tmp_path / "prof" / f"{mode}.prof")).total_calls > 0

@@ -287,3 +287,16 @@ def test_batch_steps_on_a_tiny_model(tiny_models, tmp_path: Path, capsys: pytest
         rows[0]["experts_per_layer_step"] == 2.0 <= rows[1]["experts_per_layer_step"] <= 4.0
     )  # 4 experts, top-2
     assert "same" in capsys.readouterr().out
+
+
+def test_scheduler_overhead_script(capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/scheduler_overhead.py: three sequences through the scheduler with a stand-in engine;
+    every decode token came through a step (a script, not a timed test)."""
+    import scheduler_overhead
+
+    assert scheduler_overhead.main(["--seqs", "3", "--steps", "20", "--step-ms", "1"]) == 0
+    fields = capsys.readouterr().out.split()
+    steps = int(fields[fields.index("steps") + 1])
+    assert 21 <= steps <= 3 * 21  # a prompt and 20 decodes each, shared by the steps or not
+    with pytest.raises(SystemExit):
+        scheduler_overhead.main(["--seqs", "0"])

@@ -12,6 +12,11 @@ step's compute, robust to a loaded machine), Python milliseconds per step (the g
 rows and building the next step's input),
 aggregate decode tok/s of both, their ratio, the experts computed per step and whether every
 batched token equals the one-at-a-time token (batch invariance). --json FILE writes the figures.
+
+--chunks 1,8,64,... adds what one prompt chunk of T tokens costs per token (one eval_batch of T tokens
+of one sequence, logits for the last only; --repeats times each, alternating the sizes), in wall and in
+process CPU milliseconds per token: the CPU time moves less with the machine's load. It says what a
+batched step's prompt chunk costs beside its decode tokens, and what prefill costs at all.
 """
 
 from __future__ import annotations
@@ -69,6 +74,39 @@ def decode_steps(model: colibri_backend.Model, seqs: list[int], first: list[int]
     return {"engine": engine, "cpu": cpu, "python": python, "tokens": out, "experts": experts}
 
 
+def chunk_costs(model: colibri_backend.Model, ids: list[int], sizes: list[int], repeats: int) -> list[dict]:
+    """Per-token wall and CPU milliseconds of one prompt chunk of each size (sequence 0, from empty)."""
+    ids = (ids * (max(sizes) // len(ids) + 1))[: max(sizes)]
+    wall: dict[int, list[float]] = {t: [] for t in sizes}
+    cpu: dict[int, list[float]] = {t: [] for t in sizes}
+    for _ in range(repeats):
+        for t in sizes:
+            model.seq_truncate(0, 0)
+            want = np.zeros(t, dtype=np.uint8)
+            want[-1] = 1
+            w0, c0 = time.perf_counter(), time.process_time()
+            model.eval_batch(np.zeros(t, dtype=np.int32), np.array(ids[:t]), want)
+            wall[t].append(1e3 * (time.perf_counter() - w0) / t)
+            cpu[t].append(1e3 * (time.process_time() - c0) / t)
+    model.seq_truncate(0, 0)
+    rows = []
+    print(f"{'chunk':>5} {'wall ms/token':>14} {'(min-max)':>15} {'cpu ms/token':>13} {'(min-max)':>15}")
+    for t in sizes:
+        row = {
+            "tokens": t,
+            "wall_ms_per_token": statistics.median(wall[t]),
+            "wall_range": [min(wall[t]), max(wall[t])],
+            "cpu_ms_per_token": statistics.median(cpu[t]),
+            "cpu_range": [min(cpu[t]), max(cpu[t])],
+        }
+        rows.append(row)
+        print(
+            f"{t:>5} {row['wall_ms_per_token']:14.2f} {min(wall[t]):7.2f}-{max(wall[t]):<7.2f} "
+            f"{row['cpu_ms_per_token']:13.2f} {min(cpu[t]):7.2f}-{max(cpu[t]):<7.2f}"
+        )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=str(Path.home() / ".cache/colibri/bench/bench-a-q8_0.gguf"))
@@ -77,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-words", type=int, default=60)
     ap.add_argument("--context-length", type=int, default=512)
     ap.add_argument("--threads", type=int, default=0, help="engine threads (default: all CPUs)")
+    ap.add_argument("--chunks", default="", help="comma list of prompt chunk sizes to cost per token")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each chunk size (--chunks)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     try:
@@ -85,6 +125,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--seqs: {args.seqs!r} is not a comma list of numbers")
     if not counts or min(counts) < 1 or args.steps < 1:
         ap.error("--seqs counts and --steps must be at least 1")
+    try:
+        chunks = [int(c) for c in args.chunks.split(",")] if args.chunks else []
+    except ValueError:
+        ap.error(f"--chunks: {args.chunks!r} is not a comma list of numbers")
+    if chunks and (min(chunks) < 1 or max(chunks) > args.context_length or args.repeats < 1):
+        ap.error("--chunks sizes must be within 1..--context-length, --repeats at least 1")
     kw = {"threads": args.threads} if args.threads else {}
     model = colibri_backend.load(
         args.model, context_length=args.context_length, max_concurrency=max(counts), **kw
@@ -128,11 +174,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['batched_tok_s']:14.2f} {row['alone_tok_s']:12.2f} {row['ratio']:5.2f}x "
             f"{row['experts_per_layer_step']:13.2f} {row['identical']}"
         )
+    chunk_rows = chunk_costs(model, ids[0], chunks, args.repeats) if chunks else []
     model.close()
     if args.json:
-        args.json.write_text(
-            json.dumps({"model": args.model, "steps": args.steps, "rows": report}, indent=2) + "\n"
-        )
+        out = {"model": args.model, "steps": args.steps, "rows": report, "chunks": chunk_rows}
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
     return 0 if all(r["identical"] for r in report) else 1
 
 

@@ -27,7 +27,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -71,9 +73,13 @@ def prompt(i: int, words: int) -> str:
 class Server:
     """`colibri serve` in a child process (optionally in a memory cgroup)."""
 
-    def __init__(self, args: argparse.Namespace, concurrency: int, cap: int | None) -> None:
+    def __init__(self, args: argparse.Namespace, concurrency: int, cap: int | None, tag: str) -> None:
+        # --profile: the server's main thread (the event loop: HTTP, SSE, the response builders) under
+        # cProfile, written when the server stops; the engine and request threads are not profiled.
+        prof = ["-m", "cProfile", "-o", str(args.profile / f"{tag}.prof")] if args.profile else []
         cmd = [
             sys.executable,
+            *prof,
             "-m",
             "colibri_backend",
             "serve",
@@ -98,8 +104,17 @@ class Server:
         self.serve = ServeProcess(cmd, self.cgroup.join if self.cgroup is not None else None)
         self.proc, self.base = self.serve.proc, self.serve.base
         self.alias = next(iter(self.serve.models))
+        self.profiled = bool(prof)
 
     def stop(self) -> None:
+        if self.profiled and self.proc.poll() is None:
+            # uvicorn re-raises the signal it stopped on: SIGTERM's default ends the process before
+            # cProfile writes its file, SIGINT's KeyboardInterrupt lets it write.
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                pass
         self.serve.stop()
         if self.cgroup is not None:
             self.cgroup.__exit__(None, None, None)
@@ -168,19 +183,33 @@ def batch_counters(base: str) -> dict[str, float]:
     return out
 
 
-def step_figures(before: dict[str, float], after: dict[str, float]) -> dict:
-    """Per batched step of one round: tokens, engine ms, ms between steps, partial steps."""
+def step_figures(before: dict[str, float], after: dict[str, float], wall: float) -> dict:
+    """Per batched step of one round: tokens, engine ms, ms between steps, partial steps; the share
+    of the round's wall time the engine was stepping; and, where the server counts them (not before
+    session 5), the steps that carried prompt tokens against the decode-only steps."""
     d = {k: after[k] - before.get(k, 0.0) for k in after}
     steps = d.get("steps", 0.0)
     if not steps:
         return {}
-    return {
+    out = {
         "steps": int(steps),
         "tokens_per_step": d["step_tokens"] / steps,
         "engine_ms_per_step": 1e3 * d["step_engine_seconds"] / steps,
         "between_ms_per_step": 1e3 * d["step_between_seconds"] / steps,
         "partial_steps": int(d["partial_steps"]),
+        "engine_share_of_wall": d["step_engine_seconds"] / wall,
+        "between_share_of_wall": d["step_between_seconds"] / wall,
     }
+    if "prefill_steps" in d:
+        pre, dec = d["prefill_steps"], steps - d["prefill_steps"]
+        dec_s = d["step_engine_seconds"] - d["prefill_step_engine_seconds"]
+        out["prefill_steps"] = int(pre)
+        out["prompt_tokens"] = int(d["step_prompt_tokens"])
+        out["prefill_step_engine_share_of_wall"] = d["prefill_step_engine_seconds"] / wall
+        out["prefill_step_ms"] = 1e3 * d["prefill_step_engine_seconds"] / pre if pre else 0.0
+        out["decode_step_ms"] = 1e3 * dec_s / dec if dec else 0.0
+        out["decode_step_tokens"] = (d["step_tokens"] - d["step_prompt_tokens"]) / steps
+    return out
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -225,7 +254,7 @@ def run_clients(server: Server, n: int, args: argparse.Namespace, first: int) ->
         "ttft_p50_s": statistics.median(ttfts),
         "ttft_p99_s": percentile(ttfts, 99),
         "texts": [r["text"] for r in results],
-        "steps": step_figures(counters, batch_counters(server.base)),
+        "steps": step_figures(counters, batch_counters(server.base), wall),
     }
 
 
@@ -241,7 +270,16 @@ def main() -> int:
         "--memory-cap", default=None, metavar="SIZE|P%", help="run each server in a memory cgroup"
     )
     ap.add_argument("--json", type=Path, default=None, help="write the figures here")
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="run each server's event loop under cProfile, writing DIR/<mode>.prof",
+    )
     args = ap.parse_args()
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
     try:
         args.clients = sorted({int(c) for c in args.clients.split(",")})
     except ValueError:
@@ -260,7 +298,7 @@ def main() -> int:
 
     report: dict = {"model": args.model, "memory_cap": cap, "max_tokens": args.max_tokens, "modes": {}}
     for mode, concurrency in (("one_at_a_time", 1), ("batched", max(args.clients))):
-        server = Server(args, concurrency, cap)
+        server = Server(args, concurrency, cap, mode)
         try:
             run_clients(server, 1, args, 10_000)  # warm-up (page cache, expert slots)
             starts = [sum(args.clients[:k]) for k in range(len(args.clients))]
@@ -290,15 +328,26 @@ def main() -> int:
                 f"{n:>7} {name:>14} {r['aggregate_tok_s']:10.2f} {r['decode_tok_s']:12.2f} "
                 f"{r['ttft_p50_s']:8.2f}s {r['ttft_p99_s']:8.2f}s {extra}"
             )
-    print("batched steps (through the server): tokens/step, engine ms/step, ms between steps, partial steps")
+    print(
+        "batched steps (through the server): tokens/step, engine ms/step, ms between steps, partial steps,"
+        " % of wall in the engine / between steps; steps with prompt tokens: count, ms each, % of wall;"
+        " decode-only steps: ms each"
+    )
     for r in report["modes"]["batched"]:
         st = r["steps"]
         if st:
-            print(
+            line = (
                 f"{r['clients']:>7} {st['steps']:>6} steps {st['tokens_per_step']:6.2f} tok "
                 f"{st['engine_ms_per_step']:8.2f} ms {st['between_ms_per_step']:7.2f} ms "
-                f"{st['partial_steps']:>5}"
+                f"{st['partial_steps']:>5} {100 * st['engine_share_of_wall']:5.1f}% "
+                f"{100 * st['between_share_of_wall']:4.1f}%"
             )
+            if "prefill_steps" in st:
+                line += (
+                    f" | {st['prefill_steps']:>4} {st['prefill_step_ms']:8.2f} ms "
+                    f"{100 * st['prefill_step_engine_share_of_wall']:5.1f}% | {st['decode_step_ms']:8.2f} ms"
+                )
+            print(line)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     same = all(r["identical_to_one_at_a_time"] for r in report["modes"]["batched"])

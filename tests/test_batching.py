@@ -196,6 +196,12 @@ def test_scheduler_outputs_equal_alone_and_cancel_mid_prefill(checkpoint: Path) 
             engine = sum(stats1[k] - stats0[k] for k in ("decode_seconds", "prefill_seconds"))
             assert sched.engine_seconds >= engine > 0  # the call's wall time holds the engine's own
             assert sched.between_seconds > 0 and 0 <= sched.partial_steps < sched.steps
+            # the prompt / decode split: a generation of k tokens evaluates k - 1 of them, the rest
+            # of the steps' tokens are prompt tokens, carried by the steps counted as prefill steps
+            decoded = sum(len(toks) - 1 for toks, _, _ in got)
+            assert sched.step_tokens - sched.prompt_tokens == decoded
+            assert 0 < sched.prefill_steps < sched.steps
+            assert 0 < sched.prefill_engine_seconds < sched.engine_seconds
 
             # cancel in the middle of a long prompt, while another request decodes
             long_prompt = (prompts[2] * 6)[: CTX - 20]

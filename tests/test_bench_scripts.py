@@ -275,11 +275,32 @@ def test_batch_steps_on_a_tiny_model(tiny_models, tmp_path: Path, capsys: pytest
     _, gguf = tiny_models["bench-a"]
     out = tmp_path / "steps.json"
     argv = ["--model", str(gguf), "--seqs", "1,3", "--steps", "3", "--prompt-words", "8", "--threads", "2"]
-    assert batch_steps.main([*argv, "--context-length", "128", "--json", str(out)]) == 0
-    rows = json.loads(out.read_text())["rows"]
+    chunks = ["--chunks", "1,4,16", "--repeats", "2"]
+    assert batch_steps.main([*argv, "--context-length", "128", *chunks, "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [c["tokens"] for c in report["chunks"]] == [1, 4, 16]
+    for c in report["chunks"]:
+        assert c["wall_range"][0] <= c["wall_ms_per_token"] <= c["wall_range"][1]
+        assert c["cpu_ms_per_token"] > 0
+    with pytest.raises(SystemExit):  # a chunk larger than the context
+        batch_steps.main([*argv, "--context-length", "128", "--chunks", "129"])
+    rows = report["rows"]
     assert [r["seqs"] for r in rows] == [1, 3] and all(r["identical"] for r in rows)
     assert all(r["engine_cpu_ms_per_step"] > 0 for r in rows)
     assert (
         rows[0]["experts_per_layer_step"] == 2.0 <= rows[1]["experts_per_layer_step"] <= 4.0
     )  # 4 experts, top-2
     assert "same" in capsys.readouterr().out
+
+
+def test_scheduler_overhead_script(capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/scheduler_overhead.py: three sequences through the scheduler with a stand-in engine;
+    every decode token came through a step (a script, not a timed test)."""
+    import scheduler_overhead
+
+    assert scheduler_overhead.main(["--seqs", "3", "--steps", "20", "--step-ms", "1"]) == 0
+    fields = capsys.readouterr().out.split()
+    steps = int(fields[fields.index("steps") + 1])
+    assert 21 <= steps <= 3 * 21  # a prompt and 20 decodes each, shared by the steps or not
+    with pytest.raises(SystemExit):
+        scheduler_overhead.main(["--seqs", "0"])

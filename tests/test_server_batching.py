@@ -7,6 +7,7 @@ client that goes away in the middle of its prompt's prefill is cancelled there; 
 from __future__ import annotations
 
 import json
+import pstats
 import subprocess
 import sys
 import threading
@@ -85,7 +86,16 @@ def test_concurrent_streams_equal_alone(server: Server) -> None:
             peak[0] = max(peak[0], metric(server, "colibri_batch_size"))
             time.sleep(0.02)
 
-    names = ("steps", "step_tokens", "step_engine_seconds", "step_between_seconds", "partial_steps")
+    names = (
+        "steps",
+        "step_tokens",
+        "step_engine_seconds",
+        "step_between_seconds",
+        "partial_steps",
+        "step_prompt_tokens",
+        "prefill_steps",
+        "prefill_step_engine_seconds",
+    )
     before = {n: metric(server, f"colibri_batch_{n}_total") for n in names}
     watcher = threading.Thread(target=watch)
     watcher.start()
@@ -102,6 +112,10 @@ def test_concurrent_streams_equal_alone(server: Server) -> None:
     assert d["step_tokens"] > d["steps"] > 0  # steps carried several tokens
     assert d["step_engine_seconds"] > 0 and d["step_between_seconds"] > 0
     assert 0 <= d["partial_steps"] < d["steps"]
+    # every request's prompt went through the steps (at least its last token, after prefix reuse)
+    assert d["step_tokens"] > d["step_prompt_tokens"] > 0
+    assert 0 < d["prefill_steps"] < d["steps"]
+    assert 0 < d["prefill_step_engine_seconds"] < d["step_engine_seconds"]
 
 
 def test_cancel_mid_prefill_and_queue_overflow(server: Server) -> None:
@@ -163,6 +177,7 @@ def test_concurrency_benchmark_script(tmp_path: Path) -> None:
     out = tmp_path / "concurrency.json"
     cmd = [sys.executable, str(script), "--model", str(smollm2_path()), "--clients", "1,2"]
     cmd += ["--max-tokens", "4", "--prompt-words", "8", "--threads", "2", "--json", str(out)]
+    cmd += ["--profile", str(tmp_path / "prof")]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(out.read_text())
@@ -173,3 +188,10 @@ def test_concurrency_benchmark_script(tmp_path: Path) -> None:
         assert all(0 < r["ttft_p50_s"] <= r["ttft_p99_s"] for r in mode)
     assert all(r["identical_to_one_at_a_time"] for r in report["modes"]["batched"])
     assert "speedup" in result.stdout
+    for r in report["modes"]["batched"]:  # the step split: every prompt came through the steps
+        st = r["steps"]
+        assert 0 < st["prefill_steps"] <= st["steps"] and st["prompt_tokens"] > 0
+        assert 0 < st["prefill_step_engine_share_of_wall"] <= st["engine_share_of_wall"] <= 1
+    # --profile: each server's event loop profile, written when it stopped
+    for mode in ("one_at_a_time", "batched"):
+        assert pstats.Stats(str(tmp_path / "prof" / f"{mode}.prof")).total_calls > 0

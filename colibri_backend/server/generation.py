@@ -178,13 +178,18 @@ async def events(state: ServerState, p: Prepared, request: Request) -> AsyncIter
     try:
         p.slot.executor.submit(p.slot.run, job)
         while True:
-            try:
-                item = await asyncio.wait_for(job.queue.get(), timeout=0.5)
-            except asyncio.TimeoutError:
-                # Non-streaming requests have no send() to fail on, so poll for a disconnect.
-                if not p.stream and await request.is_disconnected():
-                    return
-                continue
+            if p.stream:
+                # A streamed response's disconnect listener cancels this await. No timeout: wait_for
+                # makes a task per event, a third of the event loop's time per streamed token.
+                item = await job.queue.get()
+            else:
+                try:
+                    item = await asyncio.wait_for(job.queue.get(), timeout=0.5)
+                except asyncio.TimeoutError:
+                    # Non-streaming requests have no send() to fail on, so poll for a disconnect.
+                    if await request.is_disconnected():
+                        return
+                    continue
             if item[0] == "end":
                 finished = True
                 return

@@ -120,6 +120,13 @@ class _BatchSteps:
             "(sampling, detokenizing, sending, gathering the next step).",
         ),
         ("partial_steps", "partial_steps", "Decode steps that ran without every held sequence."),
+        ("prompt_tokens", "step_prompt_tokens", "Prompt tokens the batched steps evaluated."),
+        ("prefill_steps", "prefill_steps", "Batched steps that carried prompt tokens."),
+        (
+            "prefill_engine_seconds",
+            "prefill_step_engine_seconds",
+            "Seconds in the engine of the batched steps that carried prompt tokens.",
+        ),
     )
 
     def __init__(self) -> None:

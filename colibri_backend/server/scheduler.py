@@ -57,6 +57,7 @@ class _Work:
     seq: int
     tokens: list[int]
     cancel: threading.Event
+    prompt: bool = False  # prompt tokens (a prefill), not a decode token
     done: threading.Event = field(default_factory=threading.Event)
     result: np.ndarray | None = None
     error: BaseException | None = None
@@ -93,9 +94,14 @@ class BatchScheduler:
         # What the steps cost, for /metrics and benchmarks/batch_steps.py: steps run, tokens they
         # evaluated, seconds inside the engine, and seconds the engine sat idle between two steps
         # while requests held sequences (their sampling, detokenizing and sending, and the gather);
-        # decode steps that ran without every held sequence (one that was late missed the step).
+        # decode steps that ran without every held sequence (one that was late missed the step); and
+        # of those, the prompt tokens, and the steps that carried prompt tokens with their engine
+        # seconds (a step with a prompt chunk costs several decode steps: where the time goes).
         self.steps = 0
         self.step_tokens = 0
+        self.prompt_tokens = 0
+        self.prefill_steps = 0
+        self.prefill_engine_seconds = 0.0
         self.engine_seconds = 0.0
         self.between_seconds = 0.0
         self.partial_steps = 0
@@ -141,8 +147,10 @@ class BatchScheduler:
                 self._last_end = None
             self._cond.notify_all()
 
-    def _submit(self, seq: int, tokens: list[int], cancel: threading.Event) -> np.ndarray:
-        work = _Work(seq, tokens, cancel)
+    def _submit(
+        self, seq: int, tokens: list[int], cancel: threading.Event, prompt: bool = False
+    ) -> np.ndarray:
+        work = _Work(seq, tokens, cancel, prompt)
         with self._cond:
             if self._closed:
                 raise Cancelled("the scheduler is closed")
@@ -238,6 +246,11 @@ class BatchScheduler:
         self.steps += 1
         self.step_tokens += len(tokens)
         self.engine_seconds += t1 - t0
+        prompt_tokens = sum(take for w, take in step if w.prompt)
+        if prompt_tokens:
+            self.prompt_tokens += prompt_tokens
+            self.prefill_steps += 1
+            self.prefill_engine_seconds += t1 - t0
         self._last_step_s = t1 - t0
         r = 0
         with self._cond:
@@ -275,10 +288,10 @@ class Sequence:
         n = self.cached_tokens = model.seq_restore_prefix(self.seq, prompt)
         mark = model.prefix_save_point(len(prompt))
         if n < mark < len(prompt):  # a recurrent state: stored as the prefill passes its position
-            sched._submit(self.seq, prompt[n:mark], self.cancel)
+            sched._submit(self.seq, prompt[n:mark], self.cancel, prompt=True)
             model.seq_remember(self.seq, prompt[:mark])
             n = mark
-        logits = sched._submit(self.seq, prompt[n:], self.cancel)
+        logits = sched._submit(self.seq, prompt[n:], self.cancel, prompt=True)
         if mark == len(prompt):
             model.seq_remember(self.seq, prompt)
         return logits

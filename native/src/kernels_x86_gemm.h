@@ -131,7 +131,12 @@ typedef struct kg_xblk {
     int8_t q[4][2][32]; /* [column octet p][token half h][token * 8 + column in octet] */
     float d[8];         /* per lane (kg_lane_tok): the block's scale */
     float s[8];         /* per lane: d * sum(qs) */
-} kg_xblk;              /* 320 bytes */
+    int32_t c[8];       /* per lane: -kg_x_off(type) * sum(qs) (kernels_x86_lane.h; 0 for the K-quants) */
+} kg_xblk;              /* 352 bytes */
+
+/* The offset of the unsigned weight operand of Q8_0 (w + 128) and Q4_0 (w + 8) in
+ * kernels_x86_lane.h, whose lane sums start from -offset * sum(x); 0 for every other type. */
+KX_INLINE int kg_x_off(uint32_t type) { return type == GGML_TYPE_Q8_0 ? 128 : type == GGML_TYPE_Q4_0 ? 8 : 0; }
 
 /* Interleave blocks [c0, c0 + cn) of tokens t0 .. t0 + nt - 1 (nt <= 8; missing tokens are zeros). */
 KX_INLINE void kg_pack_x(uint32_t type, const block_q8a *Xq, int nb, int t0, int nt, int c0, int cn, kg_xblk *out) {
@@ -145,6 +150,10 @@ KX_INLINE void kg_pack_x(uint32_t type, const block_q8a *Xq, int nb, int t0, int
             const int t = kg_lane_tok[l];
             o->d[l] = t < nt ? Xq[(size_t)(t0 + t) * nb + c0 + c].d : 0.0f;
             o->s[l] = t < nt ? Xq[(size_t)(t0 + t) * nb + c0 + c].s : 0.0f;
+            int32_t sum = 0;
+            if (kg_x_off(type) && t < nt)
+                for (int k = 0; k < QK8A; k++) sum += Xq[(size_t)(t0 + t) * nb + c0 + c].qs[k];
+            o->c[l] = -kg_x_off(type) * sum;
         }
         for (int h = 0; h < 2; h++) { /* 4 x 4 transpose of qwords: tokens 4h..4h+3 by octets */
             const __m256i a0 = _mm256_unpacklo_epi64(v[4 * h], v[4 * h + 1]); /* t0 p0, t1 p0 | t0 p2, t1 p2 */
@@ -412,6 +421,8 @@ KG_DRIVER(kg_matmul_q5_k, GGML_TYPE_Q5_K, kg_xblk)
 KG_DRIVER(kg_matmul_q6_k, GGML_TYPE_Q6_K, kg_xdblk)
 KG_DRIVER(kg_matmul_iq4_xs, GGML_TYPE_IQ4_XS, kg_xdblk)
 
+#include "kernels_x86_lane.h" /* Q8_0, Q4_0, Q4_1 on this layout */
+
 /* The AVX-512 table's entry: these tiles for their types, kernels_x86.h's for the rest. */
 static void kg_matmul_rows(uint32_t type, const void *W, size_t row_bytes, int n_cols, const float *X,
                            const block_q8a *Xq, int n_tok, float *Y, int ldy, int r0, int r1) {
@@ -422,6 +433,9 @@ static void kg_matmul_rows(uint32_t type, const void *W, size_t row_bytes, int n
     case GGML_TYPE_Q5_K: kg_matmul_q5_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     case GGML_TYPE_Q6_K: kg_matmul_q6_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     case GGML_TYPE_IQ4_XS: kg_matmul_iq4_xs(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_Q8_0: kl_matmul_q8_0(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_Q4_0: kl_matmul_q4_0(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_Q4_1: kl_matmul_q4_1(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     default: kx_matmul_rows(type, W, row_bytes, n_cols, X, Xq, n_tok, Y, ldy, r0, r1); break;
     }
 }

@@ -1,0 +1,206 @@
+/* kernels_x86_lane.h — AVX-512 VNNI tiles for the 32-weight block formats Q8_0, Q4_0 and
+ * Q4_1 on the layout of kernels_x86_gemm.h: one finished block sum per lane, a row's 8
+ * consecutive blocks in decode, 8 tokens in prefill. Included by kernels_x86_gemm.h only
+ * (it needs kg_reduce8, kg_pack_x, kg_store_col and that file's sizes).
+ *
+ * Why: the tile these formats had (two blocks per 512-bit vector, 4 rows x 4 tokens) kept
+ * int32 partials per 4-byte group and paid a scale permute, a conversion and a multiply-add
+ * per (row, token, block pair), and gathered 16 scales per row and per token every 16 blocks:
+ * 8 tokens cost 3-8x one token. Here 8 tokens share each weight qword broadcast and one
+ * vpdpbusd takes four tokens, as in the Q4_K / Q5_K prefill tile.
+ *
+ * Integer part, per block of 32 weights (exact, whichever tile): with u the unsigned weight
+ * operand in column order and off its offset,
+ *   Q8_0  u = w + 128, off = 128      Q4_0  u = q (w = q - 8), off = 8      Q4_1  u = q, off = 0
+ *   isum = dot(u, x) - off * sum(x)   = dot(w, x)  (Q4_1: dot(q, x))
+ * Float part of one output (row r, token t), the same in both tiles, so a result never depends
+ * on n_tok, on the tile it lands in or on the row range: for blocks b in order, into a_{b % 8}
+ *   a    = fma(float(isum_b), dw_b * dx_b, a)
+ *   Q4_1 a    = fma(m_b, s_b, a)            (s = dx * sum(x), block_q8a; w = q * dw + m)
+ *   result = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))   (kx_hsum's order)
+ * A decode tile's lanes past the last block of a row get fma(0, 0, a) = a: the a's start at
+ * +0 and an fma can only give -0 from a -0 addend, so those lanes never change. */
+#ifndef COLIBRI_KERNELS_X86_LANE_H
+#define COLIBRI_KERNELS_X86_LANE_H
+
+KX_INLINE size_t kl_block_bytes(uint32_t type) {
+    return type == GGML_TYPE_Q8_0 ? sizeof(block_q8_0) : type == GGML_TYPE_Q4_0 ? sizeof(block_q4_0)
+                                                                                : sizeof(block_q4_1);
+}
+
+/* Block b of a row: its 32 unsigned weight quants u in column order. */
+KX_INLINE __m256i kl_wu(uint32_t type, const char *row, int b) {
+    const char *blk = row + (size_t)b * kl_block_bytes(type);
+    if (type == GGML_TYPE_Q8_0)
+        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)((const block_q8_0 *)blk)->qs),
+                                _mm256_set1_epi8((char)0x80));
+    const size_t qoff = type == GGML_TYPE_Q4_0 ? offsetof(block_q4_0, qs) : offsetof(block_q4_1, qs);
+    return kx_unpack_nibbles((const uint8_t *)blk + qoff);
+}
+
+/* Lane j < n of the result: the 4 bytes at byte offset j * stride from p (gathered). */
+KX_INLINE __m256i kl_gather8(const void *p, int stride, int n) {
+    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(stride));
+    const __mmask8 m = (__mmask8)((1u << n) - 1);
+    return _mm256_mmask_i32gather_epi32(_mm256_setzero_si256(), m, idx, p, 1);
+}
+
+/* ---- decode: up to 8 rows, one to three tokens ---------------------------------- */
+
+/* Y[t * ldy + r0 + i] for i < n (n <= KG_ROWS), t < T (T <= KG_DEC_TOKS). Per row and group of
+ * 8 blocks, the blocks' int32 partial vectors are reduced together (kg_reduce8), so lane j of a
+ * (row, token) accumulator is block 8g + j's. */
+KX_INLINE void kl_decode_tile(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *x, float *Y,
+                              int ldy, int r0, int r_end, const int n, const int T) {
+    const size_t bb = kl_block_bytes(type);
+    const int q41 = type == GGML_TYPE_Q4_1, off = kg_x_off(type);
+    __m256 acc[KG_ROWS][KG_DEC_TOKS];
+    for (int i = 0; i < n; i++)
+        for (int t = 0; t < T; t++) acc[i][t] = _mm256_setzero_ps();
+    const int ng = (nb + 7) / 8;
+    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + KG_ROWS, r_end, KG_ROWS, ng);
+    for (int g = 0; g < ng; g++) {
+        kx_pf_step(&pf, g);
+        const int b0 = 8 * g, nk = nb - b0 < 8 ? nb - b0 : 8;
+        __m256 dx[KG_DEC_TOKS], sx[KG_DEC_TOKS];
+        __m256i xc[KG_DEC_TOKS]; /* lane j: -off * sum(x) of block b0 + j */
+        for (int t = 0; t < T; t++) {
+            const block_q8a *x8 = x + (size_t)t * nb + b0;
+            dx[t] = _mm256_castsi256_ps(kl_gather8(&x8->d, (int)sizeof(block_q8a), nk));
+            sx[t] = q41 ? _mm256_castsi256_ps(kl_gather8(&x8->s, (int)sizeof(block_q8a), nk)) : _mm256_setzero_ps();
+            xc[t] = _mm256_setzero_si256();
+            if (off) {
+                __m256i L[8];
+                for (int j = 0; j < 8; j++)
+                    L[j] = j < nk ? _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)off),
+                                                        _mm256_loadu_si256((const __m256i *)x8[j].qs))
+                                  : _mm256_setzero_si256();
+                xc[t] = _mm256_sub_epi32(_mm256_setzero_si256(), kg_reduce8(L));
+            }
+        }
+        for (int i = 0; i < n; i++) {
+            const char *row = W + (size_t)(r0 + i) * row_bytes;
+            const __m256i h = kl_gather8(row + (size_t)b0 * bb, (int)bb, nk); /* d (Q4_1: and m above it) */
+            const __m256 dw = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(h));
+            __m256i L[KG_DEC_TOKS][8];
+            for (int j = 0; j < 8; j++) {
+                if (j >= nk) {
+                    for (int t = 0; t < T; t++) L[t][j] = _mm256_setzero_si256();
+                    continue;
+                }
+                const __m256i u = kl_wu(type, row, b0 + j);
+                for (int t = 0; t < T; t++)
+                    L[t][j] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u,
+                                                  _mm256_loadu_si256((const __m256i *)x[(size_t)t * nb + b0 + j].qs));
+            }
+            const __m256 dm = q41 ? _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(h, 16))) : dw;
+            for (int t = 0; t < T; t++) {
+                const __m256 isum = _mm256_cvtepi32_ps(_mm256_add_epi32(kg_reduce8(L[t]), xc[t]));
+                acc[i][t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, dx[t]), acc[i][t]);
+                if (q41) acc[i][t] = _mm256_fmadd_ps(dm, sx[t], acc[i][t]);
+            }
+        }
+    }
+    for (int i = 0; i < n; i++)
+        for (int t = 0; t < T; t++) Y[(size_t)t * ldy + r0 + i] = kx_hsum(acc[i][t]);
+}
+
+/* Tokens [t0, t0 + T) against rows [r0, r1) in tiles of KG_ROWS rows, the last one partial. */
+KX_INLINE void kl_decode_rows(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, float *Y,
+                              int ldy, int r0, int r1, int t0, const int T) {
+    const block_q8a *x = Xq + (size_t)t0 * nb;
+    float *y = Y + (size_t)t0 * ldy;
+    int r = r0;
+    for (; r + KG_ROWS <= r1; r += KG_ROWS) kl_decode_tile(type, W, row_bytes, nb, x, y, ldy, r, r1, KG_ROWS, T);
+    if (r < r1) kl_decode_tile(type, W, row_bytes, nb, x, y, ldy, r, r1, r1 - r, T);
+}
+
+/* ---- prefill: rows x 8 tokens ------------------------------------------------- */
+
+/* Rows r0 .. r0 + R - 1 against the 8 tokens of xp (kg_pack_x with the type: blocks
+ * [c0, c0 + cn), c0 a multiple of 8), the next R rows prefetched up to pf_end (kx_pf, one
+ * step per block). acc[i][j] lane l carries the blocks = j mod 8 of (row r0 + i, token
+ * kg_lane_tok[l]). */
+KX_INLINE void kl_prefill_tile(uint32_t type, const char *W, size_t row_bytes, const kg_xblk *xp, int c0, int cn,
+                               int r0, int pf_end, __m256 (*acc)[8], const int R) {
+    const size_t bb = kl_block_bytes(type);
+    const int q41 = type == GGML_TYPE_Q4_1;
+    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, pf_end, R, cn);
+    for (int g = c0; g < c0 + cn; g += 8) {
+        for (int j = 0; j < 8 && g + j < c0 + cn; j++) {
+            const int b = g + j;
+            kx_pf_step(&pf, b - c0);
+            const kg_xblk *xb = &xp[b - c0];
+            __m256i X[4][2];
+            for (int p = 0; p < 4; p++)
+                for (int h = 0; h < 2; h++) X[p][h] = _mm256_loadu_si256((const __m256i *)xb->q[p][h]);
+            const __m256 dx = _mm256_loadu_ps(xb->d);
+            const __m256i xc = _mm256_loadu_si256((const __m256i *)xb->c);
+            for (int i = 0; i < R; i++) {
+                const char *row = W + (size_t)(r0 + i) * row_bytes;
+                const uint16_t *hdr = (const uint16_t *)(row + (size_t)b * bb); /* d, then Q4_1's m */
+                int64_t wq[4] __attribute__((aligned(32)));
+                _mm256_store_si256((__m256i *)wq, kl_wu(type, row, b)); /* 8 quants per qword */
+                __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+                for (int p = 0; p < 4; p++) {
+                    const __m256i w = _mm256_set1_epi64x(wq[p]);
+                    s0 = _mm256_dpbusd_epi32(s0, w, X[p][0]);
+                    s1 = _mm256_dpbusd_epi32(s1, w, X[p][1]);
+                }
+                const __m256i isum = _mm256_add_epi32(_mm256_hadd_epi32(s0, s1), xc);
+                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(kx_half_bcast(hdr[0]), dx),
+                                            acc[i][j]);
+                if (q41) acc[i][j] = _mm256_fmadd_ps(kx_half_bcast(hdr[1]), _mm256_loadu_ps(xb->s), acc[i][j]);
+            }
+        }
+    }
+}
+
+/* Prefill walks 8-token groups as kg_matmul does: per group, blocks of KG_RB rows, and per row
+ * block the columns in chunks of KG_CHUNK blocks, interleaved once per chunk (once per group
+ * when the row fits in one). Below KG_MIN_PREFILL_TOKS tokens, the decode tiles (same results). */
+KX_INLINE void kl_matmul(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok,
+                         float *Y, int ldy, int r0, int r1, kg_xblk *xp) {
+    if (n_tok < KG_MIN_PREFILL_TOKS) {
+        int t = 0;
+        for (; t + KG_DEC_TOKS <= n_tok; t += KG_DEC_TOKS)
+            kl_decode_rows(type, W, row_bytes, nb, Xq, Y, ldy, r0, r1, t, KG_DEC_TOKS);
+        if (n_tok - t == 2) kl_decode_rows(type, W, row_bytes, nb, Xq, Y, ldy, r0, r1, t, 2);
+        else if (n_tok - t == 1) kl_decode_rows(type, W, row_bytes, nb, Xq, Y, ldy, r0, r1, t, 1);
+        return;
+    }
+    __m256 accs[KG_RB][8];
+    const int one_chunk = nb <= KG_CHUNK;
+    const int pf_end = one_chunk ? r1 : 0; /* as in kg_matmul */
+    for (int t0 = 0; t0 < n_tok; t0 += KG_TOKS) {
+        const int nt = n_tok - t0 < KG_TOKS ? n_tok - t0 : KG_TOKS;
+        if (one_chunk) kg_pack_x(type, Xq, nb, t0, nt, 0, nb, xp);
+        for (int rb = r0; rb < r1; rb += KG_RB) {
+            const int re = r1 - rb < KG_RB ? r1 : rb + KG_RB;
+            for (int r = rb; r < re; r++)
+                for (int j = 0; j < 8; j++) accs[r - rb][j] = _mm256_setzero_ps();
+            for (int c0 = 0; c0 < nb; c0 += KG_CHUNK) {
+                const int cn = nb - c0 < KG_CHUNK ? nb - c0 : KG_CHUNK;
+                if (!one_chunk) kg_pack_x(type, Xq, nb, t0, nt, c0, cn, xp);
+                int r = rb;
+                for (; r + KG_PREFILL_ROWS <= re; r += KG_PREFILL_ROWS)
+                    kl_prefill_tile(type, W, row_bytes, xp, c0, cn, r, pf_end, &accs[r - rb], KG_PREFILL_ROWS);
+                for (; r < re; r++) kl_prefill_tile(type, W, row_bytes, xp, c0, cn, r, pf_end, &accs[r - rb], 1);
+            }
+            for (int r = rb; r < re; r++) kg_store_col(Y, ldy, t0, nt, r, accs[r - rb]);
+        }
+    }
+}
+
+#define KL_DRIVER(NAME, TYPE)                                                                                    \
+    static void NAME(const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok, float *Y, int ldy, \
+                     int r0, int r1) {                                                                           \
+        kg_xblk xp[KG_CHUNK];                                                                                    \
+        kl_matmul(TYPE, W, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1, xp);                                        \
+    }
+
+KL_DRIVER(kl_matmul_q8_0, GGML_TYPE_Q8_0)
+KL_DRIVER(kl_matmul_q4_0, GGML_TYPE_Q4_0)
+KL_DRIVER(kl_matmul_q4_1, GGML_TYPE_Q4_1)
+
+#endif

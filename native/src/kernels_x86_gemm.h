@@ -134,9 +134,9 @@ typedef struct kg_xblk {
     int32_t c[8];       /* per lane: -kg_x_off(type) * sum(qs) (kernels_x86_lane.h; 0 for the K-quants) */
 } kg_xblk;              /* 352 bytes */
 
-/* The offset of the unsigned weight operand of Q8_0 (w + 128) and Q4_0 (w + 8) in
- * kernels_x86_lane.h, whose lane sums start from -offset * sum(x); 0 for every other type. */
-KX_INLINE int kg_x_off(uint32_t type) { return type == GGML_TYPE_Q8_0 ? 128 : type == GGML_TYPE_Q4_0 ? 8 : 0; }
+/* The offset of Q4_0's unsigned weight operand (q = w + 8) in kernels_x86_lane.h, whose lane
+ * sums start from -offset * sum(x); 0 for every other type. */
+KX_INLINE int kg_x_off(uint32_t type) { return type == GGML_TYPE_Q4_0 ? 8 : 0; }
 
 /* Interleave blocks [c0, c0 + cn) of tokens t0 .. t0 + nt - 1 (nt <= 8; missing tokens are zeros). */
 KX_INLINE void kg_pack_x(uint32_t type, const block_q8a *Xq, int nb, int t0, int nt, int c0, int cn, kg_xblk *out) {
@@ -421,7 +421,7 @@ KG_DRIVER(kg_matmul_q5_k, GGML_TYPE_Q5_K, kg_xblk)
 KG_DRIVER(kg_matmul_q6_k, GGML_TYPE_Q6_K, kg_xdblk)
 KG_DRIVER(kg_matmul_iq4_xs, GGML_TYPE_IQ4_XS, kg_xdblk)
 
-#include "kernels_x86_lane.h" /* Q8_0, Q4_0, Q4_1 on this layout */
+#include "kernels_x86_lane.h" /* Q4_0, Q4_1 on this layout */
 
 /* The AVX-512 table's entry: these tiles for their types, kernels_x86.h's for the rest. */
 static void kg_matmul_rows(uint32_t type, const void *W, size_t row_bytes, int n_cols, const float *X,
@@ -433,7 +433,6 @@ static void kg_matmul_rows(uint32_t type, const void *W, size_t row_bytes, int n
     case GGML_TYPE_Q5_K: kg_matmul_q5_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     case GGML_TYPE_Q6_K: kg_matmul_q6_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     case GGML_TYPE_IQ4_XS: kg_matmul_iq4_xs(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
-    case GGML_TYPE_Q8_0: kl_matmul_q8_0(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     case GGML_TYPE_Q4_0: kl_matmul_q4_0(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     case GGML_TYPE_Q4_1: kl_matmul_q4_1(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     default: kx_matmul_rows(type, W, row_bytes, n_cols, X, Xq, n_tok, Y, ldy, r0, r1); break;

@@ -1,17 +1,22 @@
-/* kernels_x86_lane.h — AVX-512 VNNI tiles for the 32-weight block formats Q8_0, Q4_0 and
- * Q4_1 on the layout of kernels_x86_gemm.h: one finished block sum per lane, a row's 8
- * consecutive blocks in decode, 8 tokens in prefill. Included by kernels_x86_gemm.h only
- * (it needs kg_reduce8, kg_pack_x, kg_store_col and that file's sizes).
+/* kernels_x86_lane.h — AVX-512 VNNI tiles for the 32-weight nibble formats Q4_0 and Q4_1 on
+ * the layout of kernels_x86_gemm.h: one finished block sum per lane, a row's 8 consecutive
+ * blocks in decode, 8 tokens in prefill. Included by kernels_x86_gemm.h only (it needs
+ * kg_reduce8, kg_pack_x, kg_store_col and that file's sizes).
  *
- * Why: the tile these formats had (two blocks per 512-bit vector, 4 rows x 4 tokens) kept
- * int32 partials per 4-byte group and paid a scale permute, a conversion and a multiply-add
- * per (row, token, block pair), and gathered 16 scales per row and per token every 16 blocks:
- * 8 tokens cost 3-8x one token. Here 8 tokens share each weight qword broadcast and one
- * vpdpbusd takes four tokens, as in the Q4_K / Q5_K prefill tile.
+ * Why: the tile these formats had (kz_tile_q: two blocks per 512-bit vector, 4 rows x 4
+ * tokens) keeps int32 partials per 4-byte group and pays a scale permute, a conversion and a
+ * multiply-add per (row, token, block pair), and gathers 16 scales per row and per token every
+ * 16 blocks: 8 tokens cost 4-8x one token. Here 8 tokens share each weight qword broadcast and
+ * one vpdpbusd takes four tokens, as in the Q4_K / Q5_K prefill tile.
+ *
+ * Q8_0 ran on these tiles too (w + 128 as the unsigned operand, offset 128) at 1.6-1.75x the
+ * old tile's speed for 8-64 tokens, and is not kept: its new rounding order (that of the
+ * scalar kernels) moves the qwen35moe_tied Q8_0 conformance file from 211 to 208 of 256 top-1
+ * agreements with exact math, under the bar of 210 (docs/benchmarks.md, session 5).
  *
  * Integer part, per block of 32 weights (exact, whichever tile): with u the unsigned weight
  * operand in column order and off its offset,
- *   Q8_0  u = w + 128, off = 128      Q4_0  u = q (w = q - 8), off = 8      Q4_1  u = q, off = 0
+ *   Q4_0  u = q (w = q - 8), off = 8      Q4_1  u = q, off = 0
  *   isum = dot(u, x) - off * sum(x)   = dot(w, x)  (Q4_1: dot(q, x))
  * Float part of one output (row r, token t), the same in both tiles, so a result never depends
  * on n_tok, on the tile it lands in or on the row range: for blocks b in order, into a_{b % 8}
@@ -24,16 +29,12 @@
 #define COLIBRI_KERNELS_X86_LANE_H
 
 KX_INLINE size_t kl_block_bytes(uint32_t type) {
-    return type == GGML_TYPE_Q8_0 ? sizeof(block_q8_0) : type == GGML_TYPE_Q4_0 ? sizeof(block_q4_0)
-                                                                                : sizeof(block_q4_1);
+    return type == GGML_TYPE_Q4_0 ? sizeof(block_q4_0) : sizeof(block_q4_1);
 }
 
 /* Block b of a row: its 32 unsigned weight quants u in column order. */
 KX_INLINE __m256i kl_wu(uint32_t type, const char *row, int b) {
     const char *blk = row + (size_t)b * kl_block_bytes(type);
-    if (type == GGML_TYPE_Q8_0)
-        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)((const block_q8_0 *)blk)->qs),
-                                _mm256_set1_epi8((char)0x80));
     const size_t qoff = type == GGML_TYPE_Q4_0 ? offsetof(block_q4_0, qs) : offsetof(block_q4_1, qs);
     return kx_unpack_nibbles((const uint8_t *)blk + qoff);
 }
@@ -199,7 +200,6 @@ KX_INLINE void kl_matmul(uint32_t type, const char *W, size_t row_bytes, int nb,
         kl_matmul(TYPE, W, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1, xp);                                        \
     }
 
-KL_DRIVER(kl_matmul_q8_0, GGML_TYPE_Q8_0)
 KL_DRIVER(kl_matmul_q4_0, GGML_TYPE_Q4_0)
 KL_DRIVER(kl_matmul_q4_1, GGML_TYPE_Q4_1)
 

@@ -39,22 +39,47 @@ KX_INLINE __m256i kl_wu(uint32_t type, const char *row, int b) {
     return kx_unpack_nibbles((const uint8_t *)blk + qoff);
 }
 
-/* Lane j < n of the result: the 4 bytes at byte offset j * stride from p (gathered). */
+/* Decode keeps blocks in pairs: a vector holds blocks 2p (lanes 0-3) and 2p + 1 (lanes 4-7), low
+ * nibbles against columns 0..15 and high ones against 16..31, so one unpack serves two blocks.
+ * kl_pair_sum then leaves block kl_lane_blk[l] in lane l, and the accumulators keep that order
+ * until kl_lane_unperm puts them back in block order for kx_hsum. */
+static const int kl_lane_blk[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+
+/* Lane l: the 4 bytes at byte offset kl_lane_blk[l] * stride from p, for blocks < n (else 0). */
 KX_INLINE __m256i kl_gather8(const void *p, int stride, int n) {
-    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(stride));
-    const __mmask8 m = (__mmask8)((1u << n) - 1);
-    return _mm256_mmask_i32gather_epi32(_mm256_setzero_si256(), m, idx, p, 1);
+    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7), _mm256_set1_epi32(stride));
+    unsigned m = 0;
+    for (int l = 0; l < 8; l++) m |= (unsigned)(kl_lane_blk[l] < n) << l;
+    return _mm256_mmask_i32gather_epi32(_mm256_setzero_si256(), (__mmask8)m, idx, p, 1);
+}
+
+/* Lane l = the sum of block kl_lane_blk[l]'s four int32 lanes in v[0..3] (pairs, see above). */
+KX_INLINE __m256i kl_pair_sum(const __m256i v[4]) {
+    return _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+}
+
+/* From kl_lane_blk's order back to block order. */
+KX_INLINE __m256 kl_lane_unperm(__m256 a) {
+    return _mm256_permutevar8x32_ps(a, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* Two 16-byte halves as one vector: lo in bytes 0..15, hi (NULL: zeros) in 16..31. */
+KX_INLINE __m256i kl_load2(const void *lo, const void *hi) {
+    const __m256i v = _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)lo));
+    return hi ? _mm256_inserti128_si256(v, _mm_loadu_si128((const __m128i *)hi), 1) : v;
 }
 
 /* ---- decode: up to 8 rows, one to three tokens ---------------------------------- */
 
 /* Y[t * ldy + r0 + i] for i < n (n <= KG_ROWS), t < T (T <= KG_DEC_TOKS). Per row and group of
- * 8 blocks, the blocks' int32 partial vectors are reduced together (kg_reduce8), so lane j of a
- * (row, token) accumulator is block 8g + j's. */
+ * 8 blocks, the blocks' int32 partial vectors are reduced together (kl_pair_sum), so each lane of
+ * a (row, token) accumulator is one block's (kl_lane_blk). */
 KX_INLINE void kl_decode_tile(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *x, float *Y,
                               int ldy, int r0, int r_end, const int n, const int T) {
     const size_t bb = kl_block_bytes(type);
+    const size_t qoff = type == GGML_TYPE_Q4_0 ? offsetof(block_q4_0, qs) : offsetof(block_q4_1, qs);
     const int q41 = type == GGML_TYPE_Q4_1, off = kg_x_off(type);
+    const __m256i nib = _mm256_set1_epi8(0x0f);
     __m256 acc[KG_ROWS][KG_DEC_TOKS];
     for (int i = 0; i < n; i++)
         for (int t = 0; t < T; t++) acc[i][t] = _mm256_setzero_ps();
@@ -62,48 +87,54 @@ KX_INLINE void kl_decode_tile(uint32_t type, const char *W, size_t row_bytes, in
     const kx_pf pf = kx_pf_init(W, row_bytes, r0 + KG_ROWS, r_end, KG_ROWS, ng);
     for (int g = 0; g < ng; g++) {
         kx_pf_step(&pf, g);
-        const int b0 = 8 * g, nk = nb - b0 < 8 ? nb - b0 : 8;
+        const int b0 = 8 * g, nk = nb - b0 < 8 ? nb - b0 : 8, np = (nk + 1) / 2;
         __m256 dx[KG_DEC_TOKS], sx[KG_DEC_TOKS];
-        __m256i xc[KG_DEC_TOKS]; /* lane j: -off * sum(x) of block b0 + j */
+        __m256i xl[KG_DEC_TOKS][4], xh[KG_DEC_TOKS][4]; /* pair p: columns 0..15, 16..31 of 2p, 2p + 1 */
+        __m256i xc[KG_DEC_TOKS];                        /* per lane: -off * sum(x) of its block */
         for (int t = 0; t < T; t++) {
             const block_q8a *x8 = x + (size_t)t * nb + b0;
             dx[t] = _mm256_castsi256_ps(kl_gather8(&x8->d, (int)sizeof(block_q8a), nk));
             sx[t] = q41 ? _mm256_castsi256_ps(kl_gather8(&x8->s, (int)sizeof(block_q8a), nk)) : _mm256_setzero_ps();
-            xc[t] = _mm256_setzero_si256();
-            if (off) {
-                __m256i L[8];
-                for (int j = 0; j < 8; j++)
-                    L[j] = j < nk ? _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)off),
-                                                        _mm256_loadu_si256((const __m256i *)x8[j].qs))
+            __m256i C[4];
+            for (int p = 0; p < 4; p++) {
+                const int two = 2 * p + 1 < nk;
+                xl[t][p] = p < np ? kl_load2(x8[2 * p].qs, two ? x8[2 * p + 1].qs : NULL) : _mm256_setzero_si256();
+                xh[t][p] = p < np ? kl_load2(x8[2 * p].qs + 16, two ? x8[2 * p + 1].qs + 16 : NULL)
                                   : _mm256_setzero_si256();
-                xc[t] = _mm256_sub_epi32(_mm256_setzero_si256(), kg_reduce8(L));
+                if (off) {
+                    const __m256i o = _mm256_set1_epi8((char)off);
+                    C[p] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), o, xl[t][p]), o, xh[t][p]);
+                }
             }
+            xc[t] = off ? _mm256_sub_epi32(_mm256_setzero_si256(), kl_pair_sum(C)) : _mm256_setzero_si256();
         }
         for (int i = 0; i < n; i++) {
-            const char *row = W + (size_t)(r0 + i) * row_bytes;
-            const __m256i h = kl_gather8(row + (size_t)b0 * bb, (int)bb, nk); /* d (Q4_1: and m above it) */
+            const char *row = W + (size_t)(r0 + i) * row_bytes + (size_t)b0 * bb;
+            const __m256i h = kl_gather8(row, (int)bb, nk); /* d (Q4_1: and m above it) */
             const __m256 dw = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(h));
-            __m256i L[KG_DEC_TOKS][8];
-            for (int j = 0; j < 8; j++) {
-                if (j >= nk) {
-                    for (int t = 0; t < T; t++) L[t][j] = _mm256_setzero_si256();
+            __m256i V[KG_DEC_TOKS][4];
+            for (int p = 0; p < 4; p++) {
+                if (p >= np) {
+                    for (int t = 0; t < T; t++) V[t][p] = _mm256_setzero_si256();
                     continue;
                 }
-                const __m256i u = kl_wu(type, row, b0 + j);
+                const char *q = row + (size_t)(2 * p) * bb + qoff;
+                const __m256i v = kl_load2(q, 2 * p + 1 < nk ? q + bb : NULL);
+                const __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
                 for (int t = 0; t < T; t++)
-                    L[t][j] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u,
-                                                  _mm256_loadu_si256((const __m256i *)x[(size_t)t * nb + b0 + j].qs));
+                    V[t][p] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, xl[t][p]), hi,
+                                                  xh[t][p]);
             }
             const __m256 dm = q41 ? _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(h, 16))) : dw;
             for (int t = 0; t < T; t++) {
-                const __m256 isum = _mm256_cvtepi32_ps(_mm256_add_epi32(kg_reduce8(L[t]), xc[t]));
+                const __m256 isum = _mm256_cvtepi32_ps(_mm256_add_epi32(kl_pair_sum(V[t]), xc[t]));
                 acc[i][t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, dx[t]), acc[i][t]);
                 if (q41) acc[i][t] = _mm256_fmadd_ps(dm, sx[t], acc[i][t]);
             }
         }
     }
     for (int i = 0; i < n; i++)
-        for (int t = 0; t < T; t++) Y[(size_t)t * ldy + r0 + i] = kx_hsum(acc[i][t]);
+        for (int t = 0; t < T; t++) Y[(size_t)t * ldy + r0 + i] = kx_hsum(kl_lane_unperm(acc[i][t]));
 }
 
 /* Tokens [t0, t0 + T) against rows [r0, r1) in tiles of KG_ROWS rows, the last one partial. */

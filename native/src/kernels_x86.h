@@ -250,7 +250,10 @@ KX_INLINE void kx_tile_q(uint32_t type, const char *W, size_t row_bytes, int nb,
  *   acc  += float(lanes) * S[pair pattern]
  * The corrections -128 sum(w) (per row) and -8 sum(x) (per token) are shared across the
  * tile. The nibble formats keep ggml's order inside the vector: [lo(b), lo(b+1), hi(b),
- * hi(b+1)] in 128-bit lanes, with the activations permuted to match. */
+ * hi(b+1)] in 128-bit lanes, with the activations permuted to match.
+ * The AVX-512 table (kg_matmul_rows) sends only Q8_0 here: Q4_0 and Q4_1 run the per-block
+ * lane tiles of kernels_x86_lane.h, and this tile's nibble paths serve this file's own
+ * drivers only (kx_matmul_rows), as kernels_x86_kq.h's Q4_K tiles do for the K-quants. */
 
 typedef struct kz_perm_tables {
     int32_t q8[8][16];  /* pair p: lanes 0-7 from scale 2p, 8-15 from 2p+1 */

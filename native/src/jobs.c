@@ -35,78 +35,97 @@ static int deal_chunks(int rows, size_t bytes, int granule) {
     return (int)(want < 1 ? 1 : want < n_gran ? want : n_gran);
 }
 
+/* A kind of job, as the one walk below sees it: the granule its row ranges are whole multiples
+ * of, how many rows job j has and how many chunks it is dealt in, and the kernel call for rows
+ * [r0, r1) of job j (nothing when r0 >= r1). mm_kind and glu_kind are the two. */
+typedef struct job_kind {
+    int granule;
+    int (*rows)(const void *jobs, int j);
+    int (*chunks)(const void *jobs, int j);
+    void (*run_rows)(const void *jobs, int j, int r0, int r1);
+} job_kind;
+
+/* A run of n_jobs jobs of one kind: dealt (pool_deal's chunks) or split (pool_split's part ith
+ * of every job), see DEAL_MAX_TOK. */
+typedef struct job_task {
+    const job_kind *kind;
+    const void *jobs;
+    int n_jobs;
+    int dealt;
+    pool_deal deal;
+} job_task;
+
 /* Where chunk g of a dealt run is: *j and *base (job *j's first chunk) are the thread's cursor,
  * moved from where its last claim was (owners walk forward, thieves back), and *nc is job *j's
  * chunk count. */
-typedef int (*job_chunks_fn)(const void *jobs, int j);
-
-static void locate_chunk(job_chunks_fn chunks, const void *jobs, int g, int *j, int *base, int *nc) {
-    while (g < *base) *base -= chunks(jobs, --*j);
-    while (g >= *base + (*nc = chunks(jobs, *j))) *base += chunks(jobs, (*j)++);
+static void locate_chunk(const job_task *t, int g, int *j, int *base, int *nc) {
+    while (g < *base) *base -= t->kind->chunks(t->jobs, --*j);
+    while (g >= *base + (*nc = t->kind->chunks(t->jobs, *j))) *base += t->kind->chunks(t->jobs, (*j)++);
 }
 
 /* The rows [*r0, *r1) of the claimed chunks [*g, end) that lie in one job (*j), granule-aligned
  * parts of it (pool_split); *g moves past them. */
-static void claim_rows(job_chunks_fn chunks, const void *jobs, int rows_of_job(const void *, int), int granule, int *g,
-                       int end, int *j, int *base, int *r0, int *r1) {
+static void claim_rows(const job_task *t, int *g, int end, int *j, int *base, int *r0, int *r1) {
     int nc, unused;
-    locate_chunk(chunks, jobs, *g, j, base, &nc);
+    locate_chunk(t, *g, j, base, &nc);
     const int last = end < *base + nc ? end : *base + nc;
-    const int rows = rows_of_job(jobs, *j);
-    pool_split(rows, *g - *base, nc, granule, r0, &unused);
-    pool_split(rows, last - 1 - *base, nc, granule, &unused, r1);
+    const int rows = t->kind->rows(t->jobs, *j);
+    pool_split(rows, *g - *base, nc, t->kind->granule, r0, &unused);
+    pool_split(rows, last - 1 - *base, nc, t->kind->granule, &unused, r1);
     *g = last;
 }
 
-static int total_chunks(job_chunks_fn chunks, const void *jobs, int n_jobs) {
-    int n = 0;
-    for (int j = 0; j < n_jobs; j++) n += chunks(jobs, j);
-    return n;
-}
-
-typedef struct mm_task {
-    const mm_job *jobs;
-    int n_jobs;
-    int dealt;     /* 1: the rows go by pool_deal, else pool_split's part ith of every job */
-    pool_deal deal;
-} mm_task;
-
-static int mm_chunks(const void *jobs, int j) {
-    const mm_job *jb = (const mm_job *)jobs + j;
-    return deal_chunks(jb->w.rows, jb->w.row_bytes, ROW_GRANULE);
-}
-
-static int mm_job_rows(const void *jobs, int j) { return ((const mm_job *)jobs)[j].w.rows; }
-
-static void mm_rows(const mm_job *jb, int r0, int r1) {
-    if (r0 >= r1) return;
-    matmul_rows(jb->w.type, jb->w.data, jb->w.row_bytes, jb->w.cols, jb->x, jb->xq, jb->n_tok, jb->y, jb->ldy, r0, r1);
-    outlier_add_rows(&jb->w, jb->x, jb->n_tok, jb->y, jb->ldy, r0, r1);
-}
-
-static void mm_worker(void *arg, int ith, int nth) {
-    mm_task *t = arg;
+/* The one worker of both kinds: thread ith's rows of every job, or its claims of the deal. */
+static void job_worker(void *arg, int ith, int nth) {
+    job_task *t = arg;
+    const job_kind *k = t->kind;
     int r0, r1;
     if (!t->dealt) {
         for (int j = 0; j < t->n_jobs; j++) {
-            pool_split(t->jobs[j].w.rows, ith, nth, ROW_GRANULE, &r0, &r1);
-            mm_rows(&t->jobs[j], r0, r1);
+            pool_split(k->rows(t->jobs, j), ith, nth, k->granule, &r0, &r1);
+            k->run_rows(t->jobs, j, r0, r1);
         }
         return;
     }
     int cursor = 0, j = 0, base = 0, end;
     for (int g; (g = pool_deal_next(&t->deal, ith, &cursor, &end)) >= 0;)
         while (g < end) {
-            claim_rows(mm_chunks, t->jobs, mm_job_rows, ROW_GRANULE, &g, end, &j, &base, &r0, &r1);
-            mm_rows(&t->jobs[j], r0, r1);
+            claim_rows(t, &g, end, &j, &base, &r0, &r1);
+            k->run_rows(t->jobs, j, r0, r1);
         }
 }
 
-/* Whether a run of jobs of at most max_tok tokens on nth threads is dealt. */
-static int run_dealt(int max_tok, int nth) { return nth > 1 && max_tok <= DEAL_MAX_TOK; }
+/* Run the jobs on the pool: dealt when all are of at most DEAL_MAX_TOK tokens and there is more
+ * than one thread, else split. */
+static void run_kind(cb_pool *pool, const job_kind *kind, const void *jobs, int n_jobs, int max_tok) {
+    job_task t = {.kind = kind, .jobs = jobs, .n_jobs = n_jobs};
+    const int nth = pool_size(pool);
+    t.dealt = nth > 1 && max_tok <= DEAL_MAX_TOK;
+    if (t.dealt) {
+        int n_chunks = 0;
+        for (int j = 0; j < n_jobs; j++) n_chunks += kind->chunks(jobs, j);
+        pool_deal_init(&t.deal, n_chunks, nth, DEAL_MAX_CLAIM);
+    }
+    pool_run(pool, job_worker, &t);
+}
+
+static int mm_job_rows(const void *jobs, int j) { return ((const mm_job *)jobs)[j].w.rows; }
+
+static int mm_chunks(const void *jobs, int j) {
+    const mm_job *jb = (const mm_job *)jobs + j;
+    return deal_chunks(jb->w.rows, jb->w.row_bytes, ROW_GRANULE);
+}
+
+static void mm_rows(const void *jobs, int j, int r0, int r1) {
+    const mm_job *jb = (const mm_job *)jobs + j;
+    if (r0 >= r1) return;
+    matmul_rows(jb->w.type, jb->w.data, jb->w.row_bytes, jb->w.cols, jb->x, jb->xq, jb->n_tok, jb->y, jb->ldy, r0, r1);
+    outlier_add_rows(&jb->w, jb->x, jb->n_tok, jb->y, jb->ldy, r0, r1);
+}
+
+static const job_kind mm_kind = {ROW_GRANULE, mm_job_rows, mm_chunks, mm_rows};
 
 void cpu_run_jobs(cb_pool *pool, const mm_job *jobs, int n_jobs) {
-    mm_task t = {.jobs = jobs, .n_jobs = n_jobs};
     size_t work = 0;
     int max_tok = 0;
     for (int j = 0; j < n_jobs; j++) {
@@ -114,12 +133,10 @@ void cpu_run_jobs(cb_pool *pool, const mm_job *jobs, int n_jobs) {
         if (jobs[j].n_tok > max_tok) max_tok = jobs[j].n_tok;
     }
     if (work < INLINE_WORK_BYTES) {
-        mm_worker(&t, 0, 1);
+        for (int j = 0; j < n_jobs; j++) mm_rows(jobs, j, 0, jobs[j].w.rows);
         return;
     }
-    t.dealt = run_dealt(max_tok, pool_size(pool));
-    if (t.dealt) pool_deal_init(&t.deal, total_chunks(mm_chunks, jobs, n_jobs), pool_size(pool), DEAL_MAX_CLAIM);
-    pool_run(pool, mm_worker, &t);
+    run_kind(pool, &mm_kind, jobs, n_jobs, max_tok);
 }
 
 void run_jobs(struct colibri_context *c, const mm_job *jobs, int n_jobs) {
@@ -130,22 +147,16 @@ void run_jobs(struct colibri_context *c, const mm_job *jobs, int n_jobs) {
     c->backend.ops->matmul(c->backend.ctx, jobs, n_jobs);  /* backend.h: the CPU's is cpu_run_jobs */
 }
 
-typedef struct glu_task {
-    const glu_job *jobs;
-    int n_jobs;
-    int dealt; /* as mm_task's */
-    pool_deal deal;
-} glu_task;
+static int glu_job_rows(const void *jobs, int j) { return ((const glu_job *)jobs)[j].gate.rows; }
 
 static int glu_chunks(const void *jobs, int j) {
     const glu_job *jb = (const glu_job *)jobs + j;
     return deal_chunks(jb->gate.rows, jb->gate.row_bytes + jb->up.row_bytes, QK8A);
 }
 
-static int glu_job_rows(const void *jobs, int j) { return ((const glu_job *)jobs)[j].gate.rows; }
-
 /* Rows [r0, r1) of a SwiGLU job, whole q8a blocks, so the thread can quantize what it produced. */
-static void glu_rows(const glu_job *jb, int r0, int r1) {
+static void glu_rows(const void *jobs, int j, int r0, int r1) {
+    const glu_job *jb = (const glu_job *)jobs + j;
     const int F = jb->gate.rows;
     if (r0 >= r1) return;
     matmul_rows(jb->gate.type, jb->gate.data, jb->gate.row_bytes, jb->gate.cols, jb->x, jb->xq, jb->n_tok, jb->g, F,
@@ -165,32 +176,13 @@ static void glu_rows(const glu_job *jb, int r0, int r1) {
     }
 }
 
-static void glu_worker(void *arg, int ith, int nth) {
-    glu_task *t = arg;
-    int r0, r1;
-    if (!t->dealt) {
-        for (int j = 0; j < t->n_jobs; j++) {
-            pool_split(t->jobs[j].gate.rows, ith, nth, QK8A, &r0, &r1);
-            glu_rows(&t->jobs[j], r0, r1);
-        }
-        return;
-    }
-    int cursor = 0, j = 0, base = 0, end;
-    for (int g; (g = pool_deal_next(&t->deal, ith, &cursor, &end)) >= 0;)
-        while (g < end) {
-            claim_rows(glu_chunks, t->jobs, glu_job_rows, QK8A, &g, end, &j, &base, &r0, &r1);
-            glu_rows(&t->jobs[j], r0, r1);
-        }
-}
+static const job_kind glu_kind = {QK8A, glu_job_rows, glu_chunks, glu_rows};
 
 void cpu_run_glu(cb_pool *pool, const glu_job *jobs, int n_jobs) {
-    glu_task t = {.jobs = jobs, .n_jobs = n_jobs};
     int max_tok = 0;
     for (int j = 0; j < n_jobs; j++)
         if (jobs[j].n_tok > max_tok) max_tok = jobs[j].n_tok;
-    t.dealt = run_dealt(max_tok, pool_size(pool));
-    if (t.dealt) pool_deal_init(&t.deal, total_chunks(glu_chunks, jobs, n_jobs), pool_size(pool), DEAL_MAX_CLAIM);
-    pool_run(pool, glu_worker, &t);
+    run_kind(pool, &glu_kind, jobs, n_jobs, max_tok);
 }
 
 void run_glu(struct colibri_context *c, const glu_job *jobs, int n_jobs) {

@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from replay_policies import replay, store_options
+
 import colibri_backend
 from colibri_backend.trace import load_trace
 
 
 def live_counts(model: str, tokens: list[int], window: int, size: str, policy: str) -> tuple[int, int]:
-    opts = dict(expert_slots=size, expert_policy=policy, prefetch="none", threads=2)
-    with colibri_backend.load(model, **opts) as m:
+    with colibri_backend.load(model, **store_options(size, policy), threads=2) as m:
         for start in range(0, len(tokens), window):
             chunk = tokens[start : start + window]
             for i in range(len(chunk)):
@@ -38,15 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     for policy in args.policies.split(","):
         for size in args.sizes.split(","):
             hits, misses = live_counts(args.model, tr.tokens.tolist(), window, size, policy)
-            r = colibri_backend.replay_routing(
-                args.model,
-                tr.tokens,
-                tr.ids,
-                expert_slots=size,
-                expert_policy=policy,
-                prefetch="none",
-                lookahead_ids=tr.lookahead_ids,
-            )
+            r = replay(args.model, tr, size, policy)
             print(
                 f"{policy} {size}: live {hits} hits / {misses} misses ({100 * hits / (hits + misses):.2f}%), "
                 f"replay {r['expert_hits']} / {r['expert_misses']}",

@@ -60,20 +60,36 @@ def lookahead_recall(trace: Any) -> list[float]:
     return out
 
 
-def cell(
-    model: Path, trace: Any, size: str, policy: str, prefetch: str, guesses: np.ndarray | None = None
+def store_options(size: str, policy: str, prefetch: str = "none") -> dict[str, str]:
+    """The expert store of one cell, as replay_routing and colibri_backend.load take it: a live decode with
+    these options is what the replay reproduces (benchmarks/replay_live.py, tests/test_lookahead_hints.py)."""
+    return {"expert_slots": size, "expert_policy": policy, "prefetch": prefetch}
+
+
+def replay(
+    model: str | Path,
+    trace: Any,
+    size: str,
+    policy: str,
+    prefetch: str = "none",
+    guesses: np.ndarray | None = None,
 ) -> dict[str, Any]:
-    if guesses is None and policy == "reuse-lookahead":
-        guesses = trace.lookahead_ids
-    s = colibri_backend.replay_routing(
+    """replay_routing's counters for the trace through the store_options store, the trace's recorded lookahead
+    guesses handed over where a live decode step hands them (only reuse-lookahead reads them); `guesses`
+    replaces them (the true-routing bound)."""
+    return colibri_backend.replay_routing(
         model,
         trace.tokens,
         trace.ids,
-        expert_slots=size,
-        expert_policy=policy,
-        prefetch=prefetch,
-        lookahead_ids=guesses,
+        **store_options(size, policy, prefetch),
+        lookahead_ids=trace.lookahead_ids if guesses is None else guesses,
     )
+
+
+def cell(
+    model: Path, trace: Any, size: str, policy: str, prefetch: str, guesses: np.ndarray | None = None
+) -> dict[str, Any]:
+    s = replay(model, trace, size, policy, prefetch, guesses)
     return {
         "slots": s["expert_slots"],
         "hit_rate": s["expert_hit_rate"],

@@ -5,14 +5,21 @@ to the store (colibri_replay_routing_lookahead), never changing a logit. On the 
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-import colibri_backend
-from colibri_backend.models import resolve_model
-from colibri_backend.trace import RoutingTrace, load_trace, record_trace
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+from replay_policies import replay, store_options  # noqa: E402
+
+import colibri_backend  # noqa: E402
+from colibri_backend.models import resolve_model  # noqa: E402
+from colibri_backend.trace import RoutingTrace, load_trace, record_trace  # noqa: E402
 
 TEXT = "def mean(data):\n    n = len(data)\n    if n < 1:\n        raise ValueError('mean requires data')\n"
 SLOTS = "25%"  # 48 of 192 experts: the cache decides often
@@ -70,21 +77,12 @@ def test_live_decode_and_replay_agree_and_logits_do_not_change(moe: Path, trace:
         want = [m.next_logits(TOKENS[: i + 1]) for i in range(len(TOKENS))]
     live = {}
     for policy in ("reuse", "reuse-lookahead"):
-        opts = dict(expert_slots=SLOTS, expert_policy=policy, prefetch="none", threads=2)
-        with colibri_backend.load(moe, **opts) as m:
+        with colibri_backend.load(moe, **store_options(SLOTS, policy), threads=2) as m:
             for i in range(len(TOKENS)):  # every token one decode step, as a replay runs it
                 assert np.array_equal(m.next_logits(TOKENS[: i + 1]), want[i]), f"{policy} changed token {i}"
             live[policy] = m.stats()
     for policy, s in live.items():
-        r = colibri_backend.replay_routing(
-            moe,
-            trace.tokens,
-            trace.ids,
-            expert_slots=SLOTS,
-            expert_policy=policy,
-            prefetch="none",
-            lookahead_ids=trace.lookahead_ids,
-        )
+        r = replay(moe, trace, SLOTS, policy)
         assert (r["expert_hits"], r["expert_misses"]) == (s["expert_hits"], s["expert_misses"]), policy
     # the hints decide something here: without them the same policy evicts otherwise
     bare = colibri_backend.replay_routing(

@@ -37,7 +37,9 @@ static int deal_chunks(int rows, size_t bytes, int granule) {
 
 /* A kind of job, as the one walk below sees it: the granule its row ranges are whole multiples
  * of, how many rows job j has and how many chunks it is dealt in, and the kernel call for rows
- * [r0, r1) of job j (nothing when r0 >= r1). mm_kind and glu_kind are the two. */
+ * [r0, r1) of job j (nothing when r0 >= r1). mm_kind and glu_kind are the two; each has its own
+ * worker (mm_worker, glu_worker) that hands job_walk its kind as a constant, so the compiler
+ * resolves these calls in the hot loop to direct ones. */
 typedef struct job_kind {
     int granule;
     int (*rows)(const void *jobs, int j);
@@ -48,7 +50,6 @@ typedef struct job_kind {
 /* A run of n_jobs jobs of one kind: dealt (pool_deal's chunks) or split (pool_split's part ith
  * of every job), see DEAL_MAX_TOK. */
 typedef struct job_task {
-    const job_kind *kind;
     const void *jobs;
     int n_jobs;
     int dealt;
@@ -58,27 +59,26 @@ typedef struct job_task {
 /* Where chunk g of a dealt run is: *j and *base (job *j's first chunk) are the thread's cursor,
  * moved from where its last claim was (owners walk forward, thieves back), and *nc is job *j's
  * chunk count. */
-static void locate_chunk(const job_task *t, int g, int *j, int *base, int *nc) {
-    while (g < *base) *base -= t->kind->chunks(t->jobs, --*j);
-    while (g >= *base + (*nc = t->kind->chunks(t->jobs, *j))) *base += t->kind->chunks(t->jobs, (*j)++);
+static inline void locate_chunk(const job_kind *k, const void *jobs, int g, int *j, int *base, int *nc) {
+    while (g < *base) *base -= k->chunks(jobs, --*j);
+    while (g >= *base + (*nc = k->chunks(jobs, *j))) *base += k->chunks(jobs, (*j)++);
 }
 
 /* The rows [*r0, *r1) of the claimed chunks [*g, end) that lie in one job (*j), granule-aligned
  * parts of it (pool_split); *g moves past them. */
-static void claim_rows(const job_task *t, int *g, int end, int *j, int *base, int *r0, int *r1) {
+static inline void claim_rows(const job_kind *k, const void *jobs, int *g, int end, int *j, int *base, int *r0,
+                              int *r1) {
     int nc, unused;
-    locate_chunk(t, *g, j, base, &nc);
+    locate_chunk(k, jobs, *g, j, base, &nc);
     const int last = end < *base + nc ? end : *base + nc;
-    const int rows = t->kind->rows(t->jobs, *j);
-    pool_split(rows, *g - *base, nc, t->kind->granule, r0, &unused);
-    pool_split(rows, last - 1 - *base, nc, t->kind->granule, &unused, r1);
+    const int rows = k->rows(jobs, *j);
+    pool_split(rows, *g - *base, nc, k->granule, r0, &unused);
+    pool_split(rows, last - 1 - *base, nc, k->granule, &unused, r1);
     *g = last;
 }
 
-/* The one worker of both kinds: thread ith's rows of every job, or its claims of the deal. */
-static void job_worker(void *arg, int ith, int nth) {
-    job_task *t = arg;
-    const job_kind *k = t->kind;
+/* The one walk of both kinds: thread ith's part of every job, or its claims of the deal. */
+static inline void job_walk(const job_kind *k, job_task *t, int ith, int nth) {
     int r0, r1;
     if (!t->dealt) {
         for (int j = 0; j < t->n_jobs; j++) {
@@ -90,23 +90,24 @@ static void job_worker(void *arg, int ith, int nth) {
     int cursor = 0, j = 0, base = 0, end;
     for (int g; (g = pool_deal_next(&t->deal, ith, &cursor, &end)) >= 0;)
         while (g < end) {
-            claim_rows(t, &g, end, &j, &base, &r0, &r1);
+            claim_rows(k, t->jobs, &g, end, &j, &base, &r0, &r1);
             k->run_rows(t->jobs, j, r0, r1);
         }
 }
 
-/* Run the jobs on the pool: dealt when all are of at most DEAL_MAX_TOK tokens and there is more
- * than one thread, else split. */
-static void run_kind(cb_pool *pool, const job_kind *kind, const void *jobs, int n_jobs, int max_tok) {
-    job_task t = {.kind = kind, .jobs = jobs, .n_jobs = n_jobs};
+/* Run the jobs on the pool with `worker` (the kind's job_walk): dealt when all are of at most
+ * DEAL_MAX_TOK tokens and there is more than one thread, else split. */
+static void run_kind(cb_pool *pool, const job_kind *k, void (*worker)(void *, int, int), const void *jobs, int n_jobs,
+                     int max_tok) {
+    job_task t = {.jobs = jobs, .n_jobs = n_jobs};
     const int nth = pool_size(pool);
     t.dealt = nth > 1 && max_tok <= DEAL_MAX_TOK;
     if (t.dealt) {
         int n_chunks = 0;
-        for (int j = 0; j < n_jobs; j++) n_chunks += kind->chunks(jobs, j);
+        for (int j = 0; j < n_jobs; j++) n_chunks += k->chunks(jobs, j);
         pool_deal_init(&t.deal, n_chunks, nth, DEAL_MAX_CLAIM);
     }
-    pool_run(pool, job_worker, &t);
+    pool_run(pool, worker, &t);
 }
 
 static int mm_job_rows(const void *jobs, int j) { return ((const mm_job *)jobs)[j].w.rows; }
@@ -125,6 +126,8 @@ static void mm_rows(const void *jobs, int j, int r0, int r1) {
 
 static const job_kind mm_kind = {ROW_GRANULE, mm_job_rows, mm_chunks, mm_rows};
 
+static void mm_worker(void *arg, int ith, int nth) { job_walk(&mm_kind, arg, ith, nth); }
+
 void cpu_run_jobs(cb_pool *pool, const mm_job *jobs, int n_jobs) {
     size_t work = 0;
     int max_tok = 0;
@@ -136,7 +139,7 @@ void cpu_run_jobs(cb_pool *pool, const mm_job *jobs, int n_jobs) {
         for (int j = 0; j < n_jobs; j++) mm_rows(jobs, j, 0, jobs[j].w.rows);
         return;
     }
-    run_kind(pool, &mm_kind, jobs, n_jobs, max_tok);
+    run_kind(pool, &mm_kind, mm_worker, jobs, n_jobs, max_tok);
 }
 
 void run_jobs(struct colibri_context *c, const mm_job *jobs, int n_jobs) {
@@ -178,11 +181,13 @@ static void glu_rows(const void *jobs, int j, int r0, int r1) {
 
 static const job_kind glu_kind = {QK8A, glu_job_rows, glu_chunks, glu_rows};
 
+static void glu_worker(void *arg, int ith, int nth) { job_walk(&glu_kind, arg, ith, nth); }
+
 void cpu_run_glu(cb_pool *pool, const glu_job *jobs, int n_jobs) {
     int max_tok = 0;
     for (int j = 0; j < n_jobs; j++)
         if (jobs[j].n_tok > max_tok) max_tok = jobs[j].n_tok;
-    run_kind(pool, &glu_kind, jobs, n_jobs, max_tok);
+    run_kind(pool, &glu_kind, glu_worker, jobs, n_jobs, max_tok);
 }
 
 void run_glu(struct colibri_context *c, const glu_job *jobs, int n_jobs) {

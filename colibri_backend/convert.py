@@ -942,6 +942,24 @@ def _tiled_v_heads(w: np.ndarray, axis: int, k_heads: int, v_heads: int, width: 
     return np.ascontiguousarray(np.moveaxis(w, 0, axis))
 
 
+def _plan_gated_shared_expert(p: _Planner, hp: _Hparams, moe: str, blk: str) -> None:
+    """Qwen2-MoE's and Qwen3.5-MoE's shared expert: a SwiGLU under `moe`shared_expert and its sigmoid gate,
+    [1, H] in the checkpoint, which llama.cpp declares as a vector {n_embd}."""
+    for proj, gname in (
+        ("gate_proj", "ffn_gate_shexp"),
+        ("up_proj", "ffn_up_shexp"),
+        ("down_proj", "ffn_down_shexp"),
+    ):
+        p.add(f"{blk}{gname}.weight", f"{moe}shared_expert.{proj}.weight")
+    p.add(
+        blk + "ffn_gate_inp_shexp.weight",
+        moe + "shared_expert_gate.weight",
+        keep_f32=True,
+        transform=lambda w: w.reshape(-1),
+        shape=(hp.n_embd,),
+    )
+
+
 def _plan_qwen35moe(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
     """Qwen3.5-MoE's tensors as llama.cpp's converter writes them: zero-centred RMSNorm weights stored as
     1 + w (the gated norm's as is), A_log as a = -exp(A_log), the conv kernel [C, K], v heads tiled
@@ -1012,19 +1030,7 @@ def _plan_qwen35moe(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
                 p.add_stacked(
                     f"{blk}{gname}.weight", [f"{moe}experts.{e}.{proj}.weight" for e in range(hp.n_expert)]
                 )
-        for proj, gname in (
-            ("gate_proj", "ffn_gate_shexp"),
-            ("up_proj", "ffn_up_shexp"),
-            ("down_proj", "ffn_down_shexp"),
-        ):
-            p.add(f"{blk}{gname}.weight", f"{moe}shared_expert.{proj}.weight")
-        p.add(
-            blk + "ffn_gate_inp_shexp.weight",
-            moe + "shared_expert_gate.weight",
-            keep_f32=True,
-            transform=lambda w: w.reshape(-1),
-            shape=(hp.n_embd,),
-        )
+        _plan_gated_shared_expert(p, hp, moe, blk)
     p.add("output_norm.weight", pre0 + "norm.weight", keep_f32=True, transform=plus_one)
     if hp.tie_embeddings:
         ck.used.discard("lm_head.weight")  # a tied copy saved anyway is not converted
@@ -1421,20 +1427,7 @@ def _plan(ck: _Checkpoint, hp: _Hparams) -> list[_OutTensor]:
                     [f"{moe}experts.{e}.{hname}.weight" for e in range(hp.n_expert)],
                 )
         if mt == "qwen2_moe" and hp.n_ff_shexp:
-            for proj, gname in (
-                ("gate_proj", "ffn_gate_shexp"),
-                ("up_proj", "ffn_up_shexp"),
-                ("down_proj", "ffn_down_shexp"),
-            ):
-                p.add(f"{blk}{gname}.weight", f"{moe}shared_expert.{proj}.weight")
-            # [1, H] in the checkpoint; llama.cpp declares it as a vector {n_embd}.
-            p.add(
-                blk + "ffn_gate_inp_shexp.weight",
-                moe + "shared_expert_gate.weight",
-                keep_f32=True,
-                transform=lambda w: w.reshape(-1),
-                shape=(hp.n_embd,),
-            )
+            _plan_gated_shared_expert(p, hp, moe, blk)
 
     p.add("output_norm.weight", "model.norm.weight", keep_f32=True)
     # llama.cpp's qwen2moe and olmoe loaders require output.weight even when the embeddings are tied.

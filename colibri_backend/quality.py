@@ -372,6 +372,11 @@ def format_ppl(s: dict[str, float]) -> str:
     return f"Final estimate: PPL = {s['ppl']:.4f} +/- {s['ppl_error']:.5f}  ({s['n_tokens']} tokens scored)"
 
 
+def _percentile_lines(what: str, percentiles: Sequence[float], value: Callable[[float], str]) -> list[str]:
+    """One line a percentile, labelled as llama-perplexity labels them ("Median" for the 50th)."""
+    return [f"{'Median ' if p == 50.0 else f'{p:4.1f}%  '} {what}: {value(p)}" for p in percentiles]
+
+
 def format_kld(s: dict[str, Any]) -> str:
     """The statistics as llama-perplexity prints them."""
     kp, dpp = s["kld_percentiles"], s["dp_percentiles"]
@@ -388,9 +393,7 @@ def format_kld(s: dict[str, Any]) -> str:
         f"Mean    KLD: {s['kld_mean']:10.6f} ± {s['kld_error']:10.6f}",
         f"Maximum KLD: {s['kld_max']:10.6f}",
     ]
-    for p in KLD_PERCENTILES:
-        label = "Median " if p == 50.0 else f"{p:4.1f}%  "
-        lines.append(f"{label} KLD: {kp[f'{p:g}']:10.6f}")
+    lines += _percentile_lines("KLD", KLD_PERCENTILES, lambda p: f"{kp[f'{p:g}']:10.6f}")
     lines += [
         f"Minimum KLD: {s['kld_min']:10.6f}",
         "",
@@ -398,9 +401,7 @@ def format_kld(s: dict[str, Any]) -> str:
         f"Mean    Δp: {100 * s['dp_mean']:6.3f} ± {100 * s['dp_error']:5.3f} %",
         f"Maximum Δp: {100 * s['dp_max']:6.3f}%",
     ]
-    for p in DP_PERCENTILES:
-        label = "Median " if p == 50.0 else f"{p:4.1f}%  "
-        lines.append(f"{label} Δp: {100 * dpp[f'{p:g}']:6.3f}%")
+    lines += _percentile_lines("Δp", DP_PERCENTILES, lambda p: f"{100 * dpp[f'{p:g}']:6.3f}%")
     lines += [
         f"Minimum Δp: {100 * s['dp_min']:6.3f}%",
         f"RMS Δp    : {100 * s['dp_rms']:6.3f} ± {100 * s['dp_rms_error']:5.3f} %",

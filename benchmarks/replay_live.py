@@ -3,7 +3,7 @@ forced, in the trace's windows, each from an empty KV cache as it was recorded),
 replayed through the same store; prints both counters (docs/benchmarks.md, storage section).
 
     python benchmarks/replay_live.py --trace benchmarks/traces/colibri-moe-v2-heldout-bundled.npz \
-        --policies reuse,reuse-lookahead --sizes 25%,40%
+        --policies lru,reuse --sizes 25%,40%
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", type=Path, required=True, help="a trace from `colibri trace`")
     ap.add_argument("--model", default="colibri-moe", help="the model it was recorded with (%(default)s)")
-    ap.add_argument("--policies", default="reuse,reuse-lookahead")
+    ap.add_argument("--policies", default="lru,reuse")
     ap.add_argument("--sizes", default="25%,40%")
     args = ap.parse_args(argv)
     tr = load_trace(args.trace)

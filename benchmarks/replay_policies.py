@@ -9,9 +9,8 @@ against Belady's optimum (docs/memory.md, "The reuse policy"; docs/benchmarks.md
 ($V2: colibri-moe v2's Q8_0 file, ~/.cache/colibri/train-v2/colibri-moe-v2-q8_0.gguf, docs/benchmarks.md;
 v1.gguf: the model bundled before v2,
 `git show 0c1345a:colibri_backend/models/colibri-moe-q8_0.gguf > v1.gguf`.)
-The traces must hold the lookahead predictor's guesses (`colibri trace` records them): "reuse-lookahead"
-replays them as a live decode step hands them to the store; the last column hands it the true routing of
-the layers ahead instead, the most a perfect lookahead predictor could give that policy.
+A trace that holds the lookahead predictor's guesses (`colibri trace` records them) also gets their recall
+by depth.
 Each cell is one `colibri_replay_routing` run (the same C store the engine decodes with, reading the
 experts' bytes from the model file, computing nothing else) at --sizes of the model's routed experts; it
 prints the hit rate, the hit rate as a share of Belady's optimum for the same slot count (from an empty
@@ -27,26 +26,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 import colibri_backend
 from colibri_backend.models import resolve_model
 from colibri_backend.trace import load_trace
 
-POLICIES = ("lfu", "lru", "reuse", "reuse-lookahead")
+POLICIES = ("lfu", "lru", "reuse")
 PREFETCH = ("none", "temporal")
-# "reuse-lookahead" with this token's true routing in place of the lookahead's guesses: what a perfect
-# lookahead predictor could add to the policy (a bound, not a policy; needs no recorded guesses)
-ORACLE = "reuse-lookahead, true routing as guesses"
-
-
-def true_guesses(ids: np.ndarray, depth: int) -> np.ndarray:
-    """[T, L, depth, k]: for layer l and depth d the experts layer l+d really chose (-1 past the last)."""
-    T, L, k = ids.shape
-    out = np.full((T, L, depth, k), -1, dtype=np.int32)
-    for d in range(1, depth + 1):
-        out[:, : L - d, d - 1] = ids[:, d:]
-    return out
 
 
 def lookahead_recall(trace: Any) -> list[float]:
@@ -62,34 +47,18 @@ def lookahead_recall(trace: Any) -> list[float]:
 
 def store_options(size: str, policy: str, prefetch: str = "none") -> dict[str, str]:
     """The expert store of one cell, as replay_routing and colibri_backend.load take it: a live decode with
-    these options is what the replay reproduces (benchmarks/replay_live.py, tests/test_lookahead_hints.py)."""
+    these options is what the replay reproduces (benchmarks/replay_live.py, tests/test_lookahead_record.py)."""
     return {"expert_slots": size, "expert_policy": policy, "prefetch": prefetch}
 
 
-def replay(
-    model: str | Path,
-    trace: Any,
-    size: str,
-    policy: str,
-    prefetch: str = "none",
-    guesses: np.ndarray | None = None,
-) -> dict[str, Any]:
-    """replay_routing's counters for the trace through the store_options store, the trace's recorded lookahead
-    guesses handed over where a live decode step hands them (only reuse-lookahead reads them); `guesses`
-    replaces them (the true-routing bound)."""
-    return colibri_backend.replay_routing(
-        model,
-        trace.tokens,
-        trace.ids,
-        **store_options(size, policy, prefetch),
-        lookahead_ids=trace.lookahead_ids if guesses is None else guesses,
-    )
+def replay(model: str | Path, trace: Any, size: str, policy: str, prefetch: str = "none") -> dict[str, Any]:
+    """replay_routing's counters for the trace through the store_options store."""
+    options = store_options(size, policy, prefetch)
+    return colibri_backend.replay_routing(model, trace.tokens, trace.ids, **options)
 
 
-def cell(
-    model: Path, trace: Any, size: str, policy: str, prefetch: str, guesses: np.ndarray | None = None
-) -> dict[str, Any]:
-    s = replay(model, trace, size, policy, prefetch, guesses)
+def cell(model: Path, trace: Any, size: str, policy: str, prefetch: str) -> dict[str, Any]:
+    s = replay(model, trace, size, policy, prefetch)
     return {
         "slots": s["expert_slots"],
         "hit_rate": s["expert_hit_rate"],
@@ -123,13 +92,11 @@ def main(argv: list[str] | None = None) -> int:
         model = resolve_model(model_name).gguf
         trace = load_trace(trace_path)
         print(f"\n{name}: {trace_path} ({trace.n_tokens} tokens) on {model}")
-        if trace.lookahead_ids is None:
-            ap.error(f"{trace_path} has no lookahead record: record it with `colibri trace` (this version)")
-        recall = lookahead_recall(trace)
-        results.append({"trace": name, "lookahead_recall_by_depth": recall})
-        print("lookahead recall (= precision) by depth: " + ", ".join(f"{100 * r:.1f}%" for r in recall))
-        oracle = true_guesses(trace.ids, trace.lookahead_ids.shape[2])
-        cols = [f"{p}{'' if f == 'none' else ' + ' + f}" for p in POLICIES for f in PREFETCH] + [ORACLE]
+        if trace.lookahead_ids is not None:
+            recall = lookahead_recall(trace)
+            results.append({"trace": name, "lookahead_recall_by_depth": recall})
+            print("lookahead recall (= precision) by depth: " + ", ".join(f"{100 * r:.1f}%" for r in recall))
+        cols = [f"{p}{'' if f == 'none' else ' + ' + f}" for p in POLICIES for f in PREFETCH]
         print("| slots | Belady | " + " | ".join(cols) + " |")
         print("|---" * (len(cols) + 2) + "|")
         for size in sizes:
@@ -144,9 +111,6 @@ def main(argv: list[str] | None = None) -> int:
                     if prefetch != "none":
                         text += f", {r['prefetch_wasted_bytes'] / (1 << 20):.0f} MiB wasted"
                     row.append(text)
-            r = cell(model, trace, size, "reuse-lookahead", "none", oracle)
-            results.append({"trace": name, "size": size, "policy": ORACLE, "prefetch": "none", **r})
-            row.append(f"{100 * r['hit_rate']:.1f}% ({100 * r['share_of_optimum']:.1f}%)")
             assert first is not None
             head = f"| {size} ({first['slots']}) | {100 * first['optimal_hit_rate']:.1f}% | "
             print(head + " | ".join(row) + " |")

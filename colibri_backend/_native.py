@@ -331,20 +331,6 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
         c_int,
         [c_void_p, POINTER(ContextParamsC), POINTER(c_int32), POINTER(c_int32), c_int32, POINTER(StatsC)],
     ),
-    # (model, params, tokens, expert_ids, lookahead_ids [T][L][depth][k] or NULL, depth, n_tokens, out)
-    "colibri_replay_routing_lookahead": (
-        c_int,
-        [
-            c_void_p,
-            POINTER(ContextParamsC),
-            POINTER(c_int32),
-            POINTER(c_int32),
-            POINTER(c_int32),
-            c_int32,
-            c_int32,
-            POINTER(StatsC),
-        ],
-    ),
     "colibri_record_lookahead": (c_int, [c_void_p, c_int32]),
     "colibri_get_lookahead": (c_int, [c_void_p, _i32p, _f32p, c_int32, _i32p, _i32p]),
     "colibri_reset_stats": (None, [c_void_p]),

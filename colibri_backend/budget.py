@@ -131,7 +131,7 @@ def resolve_budget(value: str | int | None) -> int:
     return parse_size(value)
 
 
-POLICIES = {"lfu": 0, "lru": 1, "reuse": 2, "reuse-lookahead": 3}
+POLICIES = {"lfu": 0, "lru": 1, "reuse": 2}
 PREFETCHERS = {"lookahead": 1, "temporal": 2, "hashed": 4}
 HASHED = PREFETCHERS["hashed"]
 # No prefetch by default: on the machines measured (docs/benchmarks.md, "Prefetch: hit rate is not
@@ -143,7 +143,7 @@ DEFAULT_PREFETCH = "none"
 
 def parse_policy(name: str) -> int:
     """colibri.h COLIBRI_POLICY_* value of "reuse" (predicted reuse, the default), "lfu" (frequency with
-    decay), "lru" or "reuse-lookahead" (reuse plus the lookahead predictor's guesses, docs/memory.md)."""
+    decay) or "lru"."""
     key = name.strip().lower()
     if key not in POLICIES:
         raise ValueError(f"unknown expert cache policy {name!r} (choose from {', '.join(POLICIES)})")

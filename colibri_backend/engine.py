@@ -1075,17 +1075,14 @@ def replay_routing(
     tokens: Sequence[int] | np.ndarray,
     expert_ids: np.ndarray,
     options: LoadOptions | None = None,
-    *,
-    lookahead_ids: np.ndarray | None = None,
     **keywords: Any,
 ) -> dict[str, Any]:
     """Replay a recorded routing (expert_ids [T, n_layer, k], tokens [T]; a RoutingTrace's ids and
     tokens) through the expert store ``options`` (a LoadOptions, or its fields as keywords) set up,
     each token one decode step, without running the model (colibri_replay_routing). Returns the
     counters as Model.stats() names them (expert_hits, expert_misses, prefetch_*,
-    expert_stall_seconds, hashed_*, ...). The lookahead needs hidden states: lookahead_ids [T, n_layer,
-    depth, k] (a RoutingTrace's lookahead_ids, recorded by Model.record_lookahead) hands the reuse policy
-    the guesses a live decode step gives it; without them it runs without guesses. The store
+    expert_stall_seconds, hashed_*, ...). The lookahead predictor needs hidden states: it is not
+    replayed. The store
     must stream: give expert_slots or a memory_budget smaller than the model (the default here is 0,
     which holds every expert and is refused)."""
     opts = _options(options, keywords, LoadOptions(memory_budget=0))
@@ -1105,27 +1102,12 @@ def replay_routing(
                 f"the routing has {ids.shape[1]} layers x top-{ids.shape[2]}; {path} has "
                 f"{info.n_layer} layers x top-{info.n_expert_used}"
             )
-        la, depth = None, 0
-        if lookahead_ids is not None:
-            la = np.ascontiguousarray(lookahead_ids, dtype=np.int32)
-            if la.ndim != 4 or la.shape[:2] != ids.shape[:2] or la.shape[3] != ids.shape[2]:
-                raise ValueError(
-                    f"lookahead_ids {la.shape} must be [T, n_layer, depth, k] for the routing {ids.shape}"
-                )
-            depth = int(la.shape[2])
         params, profile = store_params(m.lib, m.handle, info, path, opts)
         carve_prefix_cache(m.lib, m.handle, params, opts)  # the serving engine's expert budget
         out = _native.StatsC()
         m.lib.check(
-            m.lib.colibri_replay_routing_lookahead(
-                m.handle,
-                byref(params),
-                _native.i32_ptr(toks),
-                _native.i32_ptr(ids),
-                _native.i32_ptr(la) if la is not None else None,
-                depth,
-                int(toks.size),
-                byref(out),
+            m.lib.colibri_replay_routing(
+                m.handle, byref(params), _native.i32_ptr(toks), _native.i32_ptr(ids), toks.size, byref(out)
             ),
             "replay",
         )

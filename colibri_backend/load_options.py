@@ -136,8 +136,7 @@ class LoadOptions:
     memory_budget: bytes or a size string ("512M", "1.5G") for everything the engine holds; None: a
       share of the available memory or cgroup limit (colibri_backend.budget); 0: no limit. Experts
       that do not fit are streamed from the file; output is identical at any budget.
-    expert_policy: "reuse" (predicted reuse, the default; docs/memory.md), "lfu" (with decay), "lru" or
-      "reuse-lookahead" (reuse plus the lookahead predictor's guesses for the layers ahead).
+    expert_policy: "reuse" (predicted reuse, the default; docs/memory.md), "lfu" (with decay) or "lru".
     prefetch: expert predictors, "lookahead", "temporal", "hashed", comma lists, "all" or "none".
     kv_cache_type: None (F16, or F32 for an F32 model), "f16" or "int8".
     expert_slots: slots counted in experts: an int, or "40%" of the routed experts; None: from the budget.
@@ -206,9 +205,7 @@ class LoadOptions:
             except ValueError as exc:
                 raise ValueError(f"memory_budget: {exc}") from None
         if not isinstance(self.expert_policy, str):
-            raise ValueError(
-                f"expert_policy must be 'reuse', 'lfu', 'lru' or 'reuse-lookahead': {self.expert_policy!r}"
-            )
+            raise ValueError(f"expert_policy must be 'reuse', 'lfu' or 'lru': {self.expert_policy!r}")
         parse_policy(self.expert_policy)
         if self.prefetch is not None:
             if not isinstance(self.prefetch, str):

@@ -22,9 +22,9 @@ Two file formats, chosen by the suffix (docs/routing_traces.md has the field-by-
   Weights are written with enough digits to read back the identical float32 values. With a lookahead
   record each line also has ``"lookahead_ids"`` and ``"lookahead_probs"`` ([L][D][k] lists).
 
-The lookahead record (meta["lookahead_depth"] = D, optional: traces without it read and replay as before)
-holds, for token t, layer l and depth d = 1..D, the top k of layer l+d's router on layer l's FFN input:
-the guesses a live decode step hands the reuse policy, so that `colibri replay` can hand it the same.
+The lookahead record (meta["lookahead_depth"] = D, optional: traces without it read as before) holds, for
+token t, layer l and depth d = 1..D, the top k of layer l+d's router on layer l's FFN input: what the
+lookahead predictor guesses, so its recall by depth can be measured offline (benchmarks/replay_policies.py).
 
 Texts longer than the context window are traced in consecutive windows of ``window`` tokens, each one
 evaluated from an empty cache (meta["window"]; position t belongs to window t // window).

@@ -152,10 +152,9 @@ def add_load_arguments(p: argparse.ArgumentParser, budget_aliases: tuple[str, ..
     )
     g.add_argument(
         "--expert-policy",
-        choices=("lfu", "lru", "reuse", "reuse-lookahead"),
+        choices=("lfu", "lru", "reuse"),
         default=None,
-        help="expert cache policy (default reuse: predicted reuse; lfu with decay; lru; reuse-lookahead: "
-        "reuse plus the lookahead predictor's guesses for the layers ahead)",
+        help="expert cache policy (default reuse: predicted reuse; lfu with decay; lru)",
     )
     g.add_argument(
         "--prefetch",

@@ -111,8 +111,7 @@ def run(args: argparse.Namespace) -> int:
                 f"(sha256 {meta_sha[:12]}) than {path}",
                 file=sys.stderr,
             )
-    la = None if args.no_lookahead else trace.lookahead_ids
-    stats = colibri_backend.replay_routing(path, trace.tokens, trace.ids, options, lookahead_ids=la)
+    stats = colibri_backend.replay_routing(path, trace.tokens, trace.ids, options)
     result = summary(stats)
     if args.json:
         print(
@@ -134,16 +133,10 @@ def register(subparsers: Any) -> None:
         "set it up, every token one decode step, reading expert bytes from the file but computing "
         "nothing else. Prints hit rate, misses, prefetches issued / used / wasted (and wasted bytes), "
         "stall time and the temporal and hashed predictors' precision and recall. The lookahead "
-        "predictor needs hidden states: a trace that recorded its guesses hands them to the reuse "
-        "policy as a live decode step does (the lookahead prefetch is not replayed).",
+        "predictor needs hidden states and is not replayed.",
     )
     p.add_argument("model", help="a .gguf file, a Hugging Face checkpoint directory, or a known name")
     p.add_argument("trace", type=Path, help="a routing trace (.npz or .jsonl) from `colibri trace`")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
-    p.add_argument(
-        "--no-lookahead",
-        action="store_true",
-        help="ignore the trace's recorded lookahead guesses (the reuse policy then has none)",
-    )
     add_load_arguments(p)
     p.set_defaults(func=run)

@@ -92,7 +92,7 @@ typedef struct colibri_context_params {
      * cache, scratch, expert slots; see colibri_memory_plan). 0: no limit, every weight
      * resident (mapped). A budget too small for the minimum working set gives COLIBRI_E_BUDGET. */
     uint64_t memory_budget;
-    int32_t expert_policy;  /* COLIBRI_POLICY_REUSE (default), _LFU, _LRU or _REUSE_LOOKAHEAD */
+    int32_t expert_policy;  /* COLIBRI_POLICY_REUSE (default), _LFU or _LRU */
     int32_t prefetch;       /* bit set of COLIBRI_PREFETCH_*; default NONE (see docs/memory.md) */
     int32_t kv_type;        /* COLIBRI_KV_* */
     /* Expert slots counted in experts instead of bytes: > 0 gives the store exactly this many
@@ -152,9 +152,6 @@ typedef struct colibri_context_params {
 #define COLIBRI_POLICY_LFU 0  /* frequency with exponential decay (half-life 32 tokens) */
 #define COLIBRI_POLICY_LRU 1  /* least recently used */
 #define COLIBRI_POLICY_REUSE 2  /* predicted reuse: gap statistics, the token's routing so far (docs/memory.md) */
-/* REUSE plus the lookahead predictor's guesses for the layers the token has not reached (computed every
- * decode step; replayed from a trace that recorded them). Measured no better than REUSE (docs/memory.md). */
-#define COLIBRI_POLICY_REUSE_LOOKAHEAD 3
 /* Expert predictors feeding the loader thread. */
 #define COLIBRI_PREFETCH_NONE 0
 #define COLIBRI_PREFETCH_LOOKAHEAD 1  /* layer l+1's router applied to layer l's FFN input */
@@ -381,17 +378,9 @@ COLIBRI_API colibri_status colibri_get_stats(const colibri_context *ctx, colibri
 COLIBRI_API colibri_status colibri_replay_routing(colibri_model *model, const colibri_context_params *params,
                                                   const int32_t *tokens, const int32_t *expert_ids,
                                                   int32_t n_tokens, colibri_stats *out);
-/* The same, with the lookahead predictor's guesses that a live decode step hands the reuse policy
- * (colibri_get_lookahead's layout: lookahead_ids[n_tokens][n_layer][lookahead_depth][k], -1 for none),
- * given to the store at the point of the step a live run gives them. lookahead_ids NULL or
- * lookahead_depth 0: as colibri_replay_routing. Depths past the engine's (8) are not used. */
-COLIBRI_API colibri_status colibri_replay_routing_lookahead(colibri_model *model, const colibri_context_params *params,
-                                                            const int32_t *tokens, const int32_t *expert_ids,
-                                                            const int32_t *lookahead_ids, int32_t lookahead_depth,
-                                                            int32_t n_tokens, colibri_stats *out);
 /* Record, from the next colibri_eval on, the lookahead predictor's guesses for every token: for each layer l
  * and depth d = 1..depth, the top k experts of layer l+d's router on layer l's FFN input and their router
- * probabilities (for routing traces and colibri_replay_routing_lookahead). depth 1..8; 0 stops recording.
+ * probabilities (for routing traces: how well the lookahead predicts the layers ahead). depth 1..8; 0 stops recording.
  * Allocates the record now (n_ctx tokens); costs depth router products per token and layer while on. */
 COLIBRI_API colibri_status colibri_record_lookahead(colibri_context *ctx, int32_t depth);
 /* The last evaluation's record: expert_ids and probs [n][n_layer][depth][k] for n = *n_written tokens

@@ -214,15 +214,7 @@ colibri_status colibri_replay_routing(colibri_model *model, const colibri_contex
                                       const int32_t *tokens, const int32_t *expert_ids, int32_t n_tokens,
                                       colibri_stats *out) {
     if (!model || !out) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_replay_routing: NULL argument");
-    return replay_routing(model, params, tokens, expert_ids, NULL, 0, n_tokens, out);
-}
-
-colibri_status colibri_replay_routing_lookahead(colibri_model *model, const colibri_context_params *params,
-                                                const int32_t *tokens, const int32_t *expert_ids,
-                                                const int32_t *lookahead_ids, int32_t lookahead_depth,
-                                                int32_t n_tokens, colibri_stats *out) {
-    if (!model || !out) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_replay_routing_lookahead: NULL argument");
-    return replay_routing(model, params, tokens, expert_ids, lookahead_ids, lookahead_depth, n_tokens, out);
+    return replay_routing(model, params, tokens, expert_ids, n_tokens, out);
 }
 
 void colibri_reset_stats(colibri_context *ctx) {

@@ -196,9 +196,8 @@ colibri_status context_resolve_params(const struct colibri_model *m, const colib
     if (p.n_batch > MAX_BATCH) p.n_batch = MAX_BATCH;
     if (p.n_batch > p.n_ctx) p.n_batch = p.n_ctx;
     if (p.expert_policy != COLIBRI_POLICY_LFU && p.expert_policy != COLIBRI_POLICY_LRU &&
-        p.expert_policy != COLIBRI_POLICY_REUSE && p.expert_policy != COLIBRI_POLICY_REUSE_LOOKAHEAD)
-        return cb_error(COLIBRI_E_INVALID_ARG,
-                        "expert_policy %d is not COLIBRI_POLICY_LFU, _LRU, _REUSE or _REUSE_LOOKAHEAD",
+        p.expert_policy != COLIBRI_POLICY_REUSE)
+        return cb_error(COLIBRI_E_INVALID_ARG, "expert_policy %d is not COLIBRI_POLICY_LFU, _LRU or _REUSE",
                         (int)p.expert_policy);
     if (p.prefetch < 0 ||
         p.prefetch > (COLIBRI_PREFETCH_LOOKAHEAD | COLIBRI_PREFETCH_TEMPORAL | COLIBRI_PREFETCH_HASHED))
@@ -569,10 +568,7 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
             context_destroy(c);
             return st;
         }
-        /* this policy reads the lookahead's guesses (store_hint) whether or not anything is prefetched */
-        if (p.expert_policy == COLIBRI_POLICY_REUSE_LOOKAHEAD)
-            c->hint_depth = hp->n_layer - 1 < STORE_HINT_DEPTH ? hp->n_layer - 1 : STORE_HINT_DEPTH;
-        if (p.prefetch || c->hint_depth) {
+        if (p.prefetch) {
             c->pred = cb_calloc(1, sizeof *c->pred);
             if (!c->pred) {
                 context_destroy(c);

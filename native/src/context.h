@@ -142,7 +142,6 @@ struct colibri_context {
     int32_t *wave_ids;       /* [n_expert] their ids */
     int32_t *pf_wait;        /* [n_expert] a decode step's experts still loading (ffn.c) */
     int32_t *pf_ids;         /* [2 * n_expert_used] experts to prefetch */
-    int hint_depth;          /* layers ahead the lookahead's guesses go to the store (store_hint); 0: none */
     struct lookahead_record *la_rec; /* the lookahead guesses of every evaluated token, or NULL (lookahead_record.h) */
     int resident_locked;     /* this context holds one of model->resident_locks */
     int experts_held;        /* this context holds the model's experts resident (resident.c) */

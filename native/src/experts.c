@@ -79,8 +79,7 @@ typedef struct counters {
 struct expert_store {
     const struct colibri_model *m;
     int n_layer, n_expert, n_slots, policy, floor;
-    int reuse;              /* policy REUSE or REUSE_LOOKAHEAD: its tables below exist */
-    int hints;              /* policy REUSE_LOOKAHEAD: the hint tables exist too (store_hint) */
+    int reuse;              /* policy REUSE: its tables below exist */
     size_t slot_bytes;
     size_t region_off[STORE_REGIONS]; /* offset of each region inside a slot (region_bytes) */
     int fd, fd_direct;      /* fd_direct = -1 when O_DIRECT is unavailable */
@@ -126,16 +125,6 @@ struct expert_store {
                                once per token step so that a step's decisions do not depend on its use order */
     float *follow;          /* [n_layer - 1][n_expert][n_expert] decode tokens that chose c at layer l, then e at l+1 */
     float *follow_n;        /* [n_layer - 1][n_expert] decode tokens that chose c at layer l */
-    /* COLIBRI_POLICY_REUSE_LOOKAHEAD only (NULL otherwise): the lookahead predictor's guesses for the current
-       decode token (store_hint) and how often each kind came true; a kind is (layer, depth, rank), rank k
-       standing for "not guessed at a guessed layer" */
-    uint64_t *hint_seen;    /* [n_layer][n_expert] step (tick + 1) of the expert's latest guess */
-    uint16_t *hint_code;    /* [n_layer][n_expert] that guess: depth << 8 | rank */
-    uint64_t *hint_step;    /* [n_layer][2] step of the layer's nearest guess, step its guesses were scored in */
-    int32_t *hint_depth;    /* [n_layer] depth of the layer's nearest guess this step */
-    double *hint_hit;       /* [n_layer][STORE_HINT_DEPTH][k + 1] guesses of each kind that were chosen (+ prior) */
-    double *hint_all;       /* [n_layer][STORE_HINT_DEPTH][k + 1] guesses of each kind */
-    double *hint_p;         /* [n_layer][STORE_HINT_DEPTH][k + 1] hint_hit / hint_all as of the step start */
 };
 
 static double now_s(void) {
@@ -188,21 +177,18 @@ size_t store_slot_bytes(const struct colibri_model *m) {
 
 static int store_io_threads(void);
 
-/* The reuse policy's statistics (struct expert_store: seen .. follow_n; with hints also hint_seen .. hint_p). */
-static size_t reuse_table_bytes(const struct colibri_model *m, int hints) {
+/* The reuse policy's statistics (struct expert_store: seen .. follow_n). */
+static size_t reuse_table_bytes(const struct colibri_model *m) {
     const size_t L = (size_t)m->hp.n_layer, X = (size_t)m->hp.n_expert;
     return L * X * (sizeof(uint64_t) + sizeof(double)) + L * (2 * STORE_REUSE_GAPS + 3) * sizeof(double) +
-           ((L - 1) * X * (X + 1) + 2) * sizeof(float) +
-           (hints ? L * X * (sizeof(uint64_t) + sizeof(uint16_t)) + L * (2 * sizeof(uint64_t) + sizeof(int32_t)) +
-                        3 * L * STORE_HINT_DEPTH * ((size_t)m->hp.n_expert_used + 1) * sizeof(double)
-                  : 0);
+           ((L - 1) * X * (X + 1) + 2) * sizeof(float);
 }
 
 size_t store_table_bytes(const struct colibri_model *m, int n_slots, int policy) {
     const size_t n = (size_t)m->hp.n_layer * (size_t)m->hp.n_expert;
-    const int hints = policy == COLIBRI_POLICY_REUSE_LOOKAHEAD, reuse = hints || policy == COLIBRI_POLICY_REUSE;
+    const int reuse = policy == COLIBRI_POLICY_REUSE;
     return sizeof(struct expert_store) + (size_t)n_slots * sizeof(slot) + n * (sizeof(int32_t) + sizeof(counters)) +
-           (size_t)m->hp.n_layer * sizeof(int32_t) + (reuse ? reuse_table_bytes(m, hints) : 0) +
+           (size_t)m->hp.n_layer * sizeof(int32_t) + (reuse ? reuse_table_bytes(m) : 0) +
            (size_t)m->hp.n_expert_used * sizeof(aside) +
            (size_t)store_io_threads() * 16 * 1024 /* I/O thread stacks in use: pread and a few calls deep */;
 }
@@ -492,8 +478,7 @@ colibri_status store_create(const struct colibri_model *m, int n_slots, int poli
     s->n_expert = m->hp.n_expert;
     s->n_slots = n_slots;
     s->policy = policy;
-    s->reuse = policy == COLIBRI_POLICY_REUSE || policy == COLIBRI_POLICY_REUSE_LOOKAHEAD;
-    s->hints = policy == COLIBRI_POLICY_REUSE_LOOKAHEAD;
+    s->reuse = policy == COLIBRI_POLICY_REUSE;
     s->fd = s->fd_direct = -1;
     /* Per-layer floor: a layer keeps min(k, slots/layers) experts, so a budget below one
      * token's worth of experts cannot fall into the cycle where every access misses. */
@@ -583,13 +568,6 @@ void store_destroy(expert_store *s) {
     cb_free(s->surv);
     cb_free(s->follow);
     cb_free(s->follow_n);
-    cb_free(s->hint_seen);
-    cb_free(s->hint_code);
-    cb_free(s->hint_step);
-    cb_free(s->hint_depth);
-    cb_free(s->hint_hit);
-    cb_free(s->hint_all);
-    cb_free(s->hint_p);
     cb_free(s);
 }
 
@@ -624,8 +602,6 @@ static void reuse_refresh(expert_store *s) {
         for (int j = STORE_REUSE_GAPS; j >= 0; j--) sv[j] = acc += g[j]; /* sv[j]: gaps of j + 1 tokens or more */
         sv[STORE_REUSE_GAPS + 1] = 0.0;
     }
-    const int kinds = s->hints ? s->n_layer * STORE_HINT_DEPTH * (s->m->hp.n_expert_used + 1) : 0;
-    for (int i = 0; i < kinds; i++) s->hint_p[i] = s->hint_hit[i] / s->hint_all[i];
 }
 
 /* The tables reuse_table_bytes counts; 1 when they were allocated (store_destroy frees what was). */
@@ -637,18 +613,7 @@ static int reuse_alloc(expert_store *s) {
     s->surv = cb_calloc(L * (STORE_REUSE_GAPS + 2), sizeof *s->surv);
     s->follow = cb_calloc((L - 1) * X * X + 1, sizeof *s->follow);
     s->follow_n = cb_calloc((L - 1) * X + 1, sizeof *s->follow_n);
-    const int base = s->seen && s->rate && s->gap && s->surv && s->follow && s->follow_n;
-    if (!s->hints) return base;
-    const size_t kinds = L * STORE_HINT_DEPTH * ((size_t)s->m->hp.n_expert_used + 1);
-    s->hint_seen = cb_calloc(n, sizeof *s->hint_seen);
-    s->hint_code = cb_calloc(n, sizeof *s->hint_code);
-    s->hint_step = cb_calloc(2 * L, sizeof *s->hint_step);
-    s->hint_depth = cb_calloc(L, sizeof *s->hint_depth);
-    s->hint_hit = cb_calloc(kinds, sizeof *s->hint_hit);
-    s->hint_all = cb_calloc(kinds, sizeof *s->hint_all);
-    s->hint_p = cb_calloc(kinds, sizeof *s->hint_p);
-    return base && s->hint_seen && s->hint_code && s->hint_step && s->hint_depth && s->hint_hit && s->hint_all &&
-           s->hint_p;
+    return s->seen && s->rate && s->gap && s->surv && s->follow && s->follow_n;
 }
 
 /* Start from what a router choosing k of X uniformly would give: gaps geometric with p = k / X, worth
@@ -663,35 +628,7 @@ static void reuse_init(expert_store *s) {
         }
         g[STORE_REUSE_GAPS] = STORE_REUSE_PRIOR * left;
     }
-    /* every kind of guess starts as good as no guess (k / X), worth STORE_REUSE_PRIOR tokens */
-    for (int i = 0; s->hints && i < s->n_layer * STORE_HINT_DEPTH * (s->m->hp.n_expert_used + 1); i++) {
-        s->hint_hit[i] = STORE_REUSE_PRIOR * q;
-        s->hint_all[i] = STORE_REUSE_PRIOR;
-    }
     reuse_refresh(s);
-}
-
-/* Expert e of layer l is chosen by the current decode token: score the layer's nearest guess, if it has
- * one (every kind it holds once per step, then the kind of e). */
-static void hint_observe(expert_store *s, int l, int e) {
-    const uint64_t now = s->tick + 1;
-    if (!s->hints || s->hint_step[2 * l] != now) return;
-    const int k = s->m->hp.n_expert_used, d = s->hint_depth[l];
-    const size_t kind0 = ((size_t)l * STORE_HINT_DEPTH + (size_t)(d - 1)) * (k + 1);
-    double *hit = s->hint_hit + kind0, *all = s->hint_all + kind0;
-    const size_t row = (size_t)l * s->n_expert;
-    if (s->hint_step[2 * l + 1] != now) {
-        s->hint_step[2 * l + 1] = now;
-        int guessed = 0;
-        for (int x = 0; x < s->n_expert; x++)
-            if (s->hint_seen[row + x] == now && (s->hint_code[row + x] >> 8) == d) {
-                all[s->hint_code[row + x] & 0xff] += 1.0;
-                guessed++;
-            }
-        all[k] += (double)(s->n_expert - guessed);
-    }
-    const int hinted = s->hint_seen[row + e] == now && (s->hint_code[row + e] >> 8) == d;
-    hit[hinted ? s->hint_code[row + e] & 0xff : k] += 1.0;
 }
 
 /* Expert e of layer l is used by the current step (once per step, however many waves name it); only the
@@ -709,7 +646,6 @@ static void reuse_observe(expert_store *s, int l, int e) {
         s->rate[id] = 1.0;
     s->seen[id] = now;
     if (!s->decode_step) return; /* a prefill wave holds many tokens: no order between its layers */
-    hint_observe(s, l, e);
     if (l + 1 < s->n_layer) s->follow_n[id] += 1.0f;
     if (l > 0) {
         const uint64_t *prev = s->seen + (size_t)(l - 1) * X;
@@ -740,14 +676,7 @@ static double reuse_score(const expert_store *s, const slot *sl, int for_layer) 
     const int ahead = s->decode_step && l > for_layer && age > 0;
     const uint64_t g0 = ahead ? age : age + 1;
     double p = reuse_window(s, l, g0, STORE_REUSE_HORIZON);
-    if (ahead && s->hints && s->hint_step[2 * l] == now) {
-        /* the lookahead's guess for this token: how often a guess of this kind came true */
-        const int k = s->m->hp.n_expert_used, d = s->hint_depth[l];
-        const int hinted = s->hint_seen[id] == now && (s->hint_code[id] >> 8) == d;
-        const size_t kind0 = ((size_t)l * STORE_HINT_DEPTH + (size_t)(d - 1)) * (k + 1);
-        const double q = s->hint_p[kind0 + (hinted ? (s->hint_code[id] & 0xff) : k)];
-        p = q + (1.0 - q) * reuse_window(s, l, g0 + 1, STORE_REUSE_HORIZON - 1);
-    } else if (ahead && l == for_layer + 1) {
+    if (ahead && l == for_layer + 1) {
         const uint64_t *cur = s->seen + (size_t)for_layer * X;
         const float *f = s->follow + (size_t)for_layer * X * X, *fn = s->follow_n + (size_t)for_layer * X;
         double best = -1.0;
@@ -1009,23 +938,6 @@ void store_prefetch(expert_store *s, int layer, int e) {
     s->cnt[id].pf_issued++;
     s->cnt[id].bytes_read += expert_bytes(s, layer);
     queue_load(s, v);
-}
-
-void store_hint(expert_store *s, int layer, int depth, const int32_t *ids, int n) {
-    if (!s->hints || !s->decode_step || depth < 1 || depth > STORE_HINT_DEPTH || layer < 0 || layer >= s->n_layer)
-        return;
-    const uint64_t now = s->tick + 1;
-    if (s->hint_step[2 * layer] == now && s->hint_depth[layer] <= depth) return; /* a nearer guess is in */
-    if (s->hint_step[2 * layer + 1] == now) return; /* the layer has routed this token already */
-    const int k = s->m->hp.n_expert_used;
-    s->hint_step[2 * layer] = now;
-    s->hint_depth[layer] = depth;
-    const size_t row = (size_t)layer * s->n_expert;
-    for (int i = 0; i < n && i < k; i++) {
-        if (ids[i] < 0 || ids[i] >= s->n_expert) continue;
-        s->hint_seen[row + ids[i]] = now;
-        s->hint_code[row + ids[i]] = (uint16_t)(depth << 8 | i);
-    }
 }
 
 static int names(const int32_t *ids, int k, int e) {

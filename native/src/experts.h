@@ -32,7 +32,6 @@
 #define STORE_REUSE_GAPS 32       /* reuse policy: reuse gaps (tokens) told apart per layer; longer ones pooled */
 #define STORE_REUSE_HORIZON 2     /* reuse policy: an expert is kept for its use within this many chances */
 #define STORE_REUSE_PRIOR 8.0     /* reuse policy: weight, in observed gaps per layer, of the uniform prior */
-#define STORE_HINT_DEPTH 8        /* reuse policy: layers ahead the lookahead hints reach (store_hint) */
 
 typedef struct expert_store expert_store;
 
@@ -65,11 +64,6 @@ void store_hold(expert_store *s, int layer, int e);
 /* Ask the loader thread for expert e of layer l if it is not resident and a slot can be
  * given up for it (never one pinned by the current wave, never one still loading). */
 void store_prefetch(expert_store *s, int layer, int e);
-/* COLIBRI_POLICY_REUSE_LOOKAHEAD: the lookahead predictor expects the current decode token to choose ids[0..n) (most
- * likely first) at `layer`, guessed `depth` layers ahead (1: from the layer just before). Only the
- * nearest guess of a step counts; the policy learns online how often each (depth, rank) is chosen
- * and keeps what is likely. Decides residency only; a no-op under other policies and in prefill. */
-void store_hint(expert_store *s, int layer, int depth, const int32_t *ids, int n);
 int store_is_resident(const expert_store *s, int layer, int e);
 /* Decode steps, once layer `layer` has routed to chosen[0..k): prefetches of this layer it did not
  * choose, and of layers before it, are dropped if no piece of them has been read yet, so a guess the

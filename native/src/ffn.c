@@ -79,15 +79,6 @@ static void issue_prefetch(struct colibri_context *c, int il) {
     if (il + 1 < c->model->hp.n_layer) ffn_prefetch_layer(c, il + 1, c->s.xn);
 }
 
-/* The reuse policy keeps what the lookahead expects this token to use in the layers ahead (store_hint):
- * the guesses from layer il's FFN input go in before layer il's misses pick their victims. */
-static void issue_hints(struct colibri_context *c, int il) {
-    int quantized = 0;
-    for (int d = 1; d <= c->hint_depth && il + d < c->model->hp.n_layer; d++)
-        if (predictor_lookahead(c->pred, il + d, c->s.xn, &quantized, c->pf_ids, NULL))
-            store_hint(c->store, il + d, d, c->pf_ids, c->model->hp.n_expert_used);
-}
-
 /* Lossy, opt-in (expert_lowbit.h): start reading the low-bit copies of low[0..n) into scratch copies
  * 0..n (n <= lowbit_slots) on the store's I/O threads. */
 static colibri_status issue_lowbit(struct colibri_context *c, int il, const int32_t *low, int n) {
@@ -159,7 +150,6 @@ static colibri_status decode_experts(struct colibri_context *c, int il, int has_
     const int n_low = c->lowbit ? lowbit_pick(c, il, 1, low) : 0; /* at most top-k: one token's experts */
     for (int i = 0; i < n_low; i++) low_mark[low[i]] = 1;
     store_wave_begin(c->store);
-    if (c->pred) issue_hints(c, il);
     colibri_status st = issue_lowbit(c, il, low, n_low);
     if (st) return st;
     for (int h = 0; h < X; h++)

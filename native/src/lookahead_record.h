@@ -2,9 +2,8 @@
  *
  * With a record armed (colibri_record_lookahead), every evaluation stores, next to the routing record,
  * for each token t, layer l and depth d = 1 .. depth the top k experts that layer l+d's router gives on
- * layer l's FFN input row (predict.h, predictor_lookahead) and their router probabilities: exactly the
- * guesses a decode step hands the reuse policy (store_hint), so a replay can drive the store with them
- * (colibri_replay_routing_lookahead). Layout [n_ctx][n_layer][depth][k]; -1 / 0 where l+d is past the
+ * layer l's FFN input row (predict.h, predictor_lookahead) and their router probabilities: what the
+ * lookahead prefetch would guess, kept in traces to measure how well it predicts. Layout [n_ctx][n_layer][depth][k]; -1 / 0 where l+d is past the
  * last layer or has no router, and in every row of a layer without a router. Costs depth router products per
  * token and layer while armed; nothing when not. */
 #ifndef COLIBRI_LOOKAHEAD_RECORD_H

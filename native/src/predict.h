@@ -75,7 +75,7 @@ int predictor_predict(predictor *p, int next, const float *xn, int32_t token, in
 /* The lookahead's guess for `layer` from xn (an FFN input row of an earlier layer): the top k of its
  * router into ids[k], most likely first, and their router probabilities into probs[k] (may be NULL).
  * *quantized: 0 before the first call on a new row (the row is quantized once). Returns k, or 0 for a
- * layer without a router (nothing written). Used for the store's hints and a trace's record of them. */
+ * layer without a router (nothing written). Used for a trace's record of the guesses (lookahead_record.c). */
 int predictor_lookahead(predictor *p, int layer, const float *xn, int *quantized, int32_t *ids, float *probs);
 void predictor_fill_stats(const predictor *p, colibri_stats *o);
 void predictor_reset_stats(predictor *p);

@@ -9,9 +9,7 @@
  * routing would see. Nothing is computed between acquiring a layer's experts and the next
  * layer, so the loader has less time than in a live run: a prefetch still in flight when its
  * expert is needed is waited for (a hit, its wait counted as stall time in real time), as it
- * would be live. The lookahead predictor needs hidden states: its guesses come from the trace when it
- * recorded them (colibri_replay_routing_lookahead), handed to the reuse policy (store_hint) where a live
- * decode step hands them over, and are not prefetched (the lookahead prefetch is not replayed). The trace
+ * would be live. The lookahead predictor needs hidden states: it is not replayed. The trace
  * already holds the routing drop_cold_share or the pre-filter gave; the hashed guesses here do
  * not skip dropped experts as a live run's do (the dropped set is forward.c's). */
 #include "replay.h"
@@ -73,30 +71,6 @@ static colibri_status check_trace(const struct colibri_model *m, const int32_t *
     return COLIBRI_OK;
 }
 
-/* Every guess in [-1, n_expert) (-1: none); a row that names an expert names k distinct ones. */
-static colibri_status check_lookahead(const model_hparams *hp, const int32_t *la, int D, int32_t n_tokens) {
-    if (!la) return COLIBRI_OK;
-    const int k = hp->n_expert_used;
-    const size_t rows = (size_t)n_tokens * hp->n_layer * D;
-    for (size_t r = 0; r < rows; r++) {
-        const int32_t *g = la + r * k;
-        const int none = g[0] < 0;
-        for (int j = 0; j < k; j++) {
-            if (g[j] < -1 || g[j] >= hp->n_expert || none != (g[j] < 0))
-                return cb_error(COLIBRI_E_INVALID_ARG,
-                                "colibri_replay_routing_lookahead: guess row %zu names %d (want k ids in [0, %d), "
-                                "or all -1)",
-                                r, (int)g[j], (int)hp->n_expert);
-            for (int i = 0; i < j; i++)
-                if (!none && g[i] == g[j])
-                    return cb_error(COLIBRI_E_INVALID_ARG,
-                                    "colibri_replay_routing_lookahead: guess row %zu names expert %d twice", r,
-                                    (int)g[j]);
-        }
-    }
-    return COLIBRI_OK;
-}
-
 /* Prefetch what the predictors expect at layer `next` (flat ids, see predictor_predict). */
 static void prefetch_layer(const struct colibri_model *m, predictor *pred, expert_store *s, int n_expert, int next,
                            int32_t token, int32_t *ids) {
@@ -112,22 +86,9 @@ static int is_chosen(const int32_t *chosen, int k, int e) {
 }
 
 /* The replay itself, on a store and predictor (pred may be NULL) already set up. */
-/* The recorded lookahead guesses of token t made at layer l (la [T][L][D][k]) to the store, as ffn.c's
- * issue_prefetch does live: depth d for layer l + d, up to the depth a live context uses. */
-static void hint_layers(const model_hparams *hp, expert_store *s, const int32_t *la, int D, int live_depth, int32_t t,
-                        int l) {
-    const int L = hp->n_layer, k = hp->n_expert_used;
-    for (int d = 1; d <= D && d <= live_depth && l + d < L; d++) {
-        const int32_t *g = la + ((((size_t)t * L + l) * D) + (size_t)(d - 1)) * k;
-        if (g[0] >= 0) store_hint(s, l + d, d, g, k);
-    }
-}
-
 static colibri_status run_trace(const struct colibri_model *m, expert_store *s, predictor *pred, int32_t *pf_ids,
-                                const int32_t *tokens, const int32_t *ids, const int32_t *la, int la_depth,
-                                int32_t n_tokens) {
+                                const int32_t *tokens, const int32_t *ids, int32_t n_tokens) {
     const model_hparams *hp = &m->hp;
-    const int live_depth = hp->n_layer - 1 < STORE_HINT_DEPTH ? hp->n_layer - 1 : STORE_HINT_DEPTH;
     const int L = hp->n_layer, k = hp->n_expert_used, X = hp->n_expert;
     const int hashed = pred && (pred->flags & COLIBRI_PREFETCH_HASHED);
     for (int32_t t = 0; t < n_tokens; t++) {
@@ -142,8 +103,6 @@ static colibri_status run_trace(const struct colibri_model *m, expert_store *s, 
                 predictor_observe(pred, l, chosen);
             }
             store_wave_begin(s);
-            /* the lookahead's guesses from this layer's FFN input go in before its misses pick victims */
-            if (la) hint_layers(hp, s, la, la_depth, live_depth, t, l);
             /* as ffn.c does a decode step: hold every chosen expert (misses start loading and take
              * their slots, in increasing expert id, so a replay matches a live run), drop stale
              * prefetches, prefetch the next layer, then acquire (LRU stamps follow the id whatever
@@ -169,8 +128,7 @@ static colibri_status run_trace(const struct colibri_model *m, expert_store *s, 
 }
 
 colibri_status replay_routing(struct colibri_model *m, const colibri_context_params *params, const int32_t *tokens,
-                              const int32_t *expert_ids, const int32_t *lookahead_ids, int32_t lookahead_depth,
-                              int32_t n_tokens, colibri_stats *out) {
+                              const int32_t *expert_ids, int32_t n_tokens, colibri_stats *out) {
     const model_hparams *hp = &m->hp;
     if (hp->n_expert == 0)
         return cb_error(COLIBRI_E_INVALID_ARG, "colibri_replay_routing: the model has no experts to replay");
@@ -188,11 +146,6 @@ colibri_status replay_routing(struct colibri_model *m, const colibri_context_par
         return cb_error(COLIBRI_E_INVALID_ARG,
                         "colibri_replay_routing: the hashed predictor needs the token ids (tokens is NULL)");
     if ((st = check_trace(m, tokens, hashed, expert_ids, n_tokens))) return st;
-    if (lookahead_depth < 0 || lookahead_depth > PRED_MAX_DEPTH)
-        return cb_error(COLIBRI_E_INVALID_ARG, "colibri_replay_routing_lookahead: depth %d is outside [0, %d]",
-                        (int)lookahead_depth, PRED_MAX_DEPTH);
-    if (lookahead_depth == 0) lookahead_ids = NULL;
-    if ((st = check_lookahead(hp, lookahead_ids, lookahead_depth, n_tokens))) return st;
 
     colibri_memory_plan plan;
     if ((st = ledger_plan(m, &p, &plan))) return st;
@@ -225,8 +178,7 @@ colibri_status replay_routing(struct colibri_model *m, const colibri_context_par
         }
     }
     t0 = now_seconds();
-    if ((st = run_trace(m, s, have_pred ? &pred : NULL, pf_ids, tokens, expert_ids, lookahead_ids, lookahead_depth,
-                        n_tokens)))
+    if ((st = run_trace(m, s, have_pred ? &pred : NULL, pf_ids, tokens, expert_ids, n_tokens)))
         goto done;
 
     memset(out, 0, sizeof *out);

@@ -7,7 +7,6 @@
 
 /* See colibri_replay_routing in colibri.h. model and out are non-NULL. */
 colibri_status replay_routing(struct colibri_model *m, const colibri_context_params *params, const int32_t *tokens,
-                              const int32_t *expert_ids, const int32_t *lookahead_ids, int32_t lookahead_depth,
-                              int32_t n_tokens, colibri_stats *out);
+                              const int32_t *expert_ids, int32_t n_tokens, colibri_stats *out);
 
 #endif

@@ -212,8 +212,8 @@ int main(void) {
 
     /* the reuse policy's statistics are counted (and allocated) for it alone: the other policies' tables
      * are smaller by exactly their size, so the same budget gives them at least as many slots */
-    uint64_t policy_min[4], policy_tables[4], policy_other[4];
-    for (int policy = 0; policy < 4; policy++) {
+    uint64_t policy_min[3], policy_tables[3], policy_other[3];
+    for (int policy = 0; policy < 3; policy++) {
         p.expert_policy = policy;
         p.memory_budget = min_budget + (uint64_t)(L * X / 2 - K) * store_slot_bytes(m); /* streaming */
         CHECK_OK(colibri_plan(path, &p, &plan));
@@ -225,19 +225,12 @@ int main(void) {
     }
     const uint64_t reuse_tables = (uint64_t)L * X * (8 + 8) + (uint64_t)L * (2 * STORE_REUSE_GAPS + 3) * 8 +
                                   ((uint64_t)(L - 1) * X * (X + 1) + 2) * 4;
-    /* reuse-lookahead: the reuse tables plus the hints (seen, code; per layer two steps and a depth; three
-     * counts per layer, depth and rank 0..k) */
-    const uint64_t hint_tables =
-        (uint64_t)L * X * (8 + 2) + (uint64_t)L * (2 * 8 + 4) + 3ull * L * STORE_HINT_DEPTH * (K + 1) * 8;
-    CHECK(policy_tables[COLIBRI_POLICY_REUSE_LOOKAHEAD] - policy_tables[COLIBRI_POLICY_REUSE] == hint_tables);
-    CHECK(policy_min[COLIBRI_POLICY_REUSE_LOOKAHEAD] - policy_min[COLIBRI_POLICY_REUSE] == hint_tables);
-    CHECK(policy_other[0] == policy_other[1] && policy_other[1] == policy_other[2] &&
-          policy_other[2] == policy_other[3]);
+    CHECK(policy_other[0] == policy_other[1] && policy_other[1] == policy_other[2]);
     CHECK(policy_tables[COLIBRI_POLICY_LFU] == policy_tables[COLIBRI_POLICY_LRU]);
     CHECK(policy_tables[COLIBRI_POLICY_REUSE] - policy_tables[COLIBRI_POLICY_LFU] == reuse_tables);
     CHECK(policy_min[COLIBRI_POLICY_REUSE] - policy_min[COLIBRI_POLICY_LFU] == reuse_tables);
     CHECK(policy_min[COLIBRI_POLICY_REUSE] == min_budget); /* reuse is the default policy */
-    for (int policy = 0; policy < 4; policy++) { /* each policy's minimum is exact */
+    for (int policy = 0; policy < 3; policy++) { /* each policy's minimum is exact */
         p.expert_policy = policy;
         p.memory_budget = policy_min[policy] - 1;
         CHECK(colibri_context_new(m, &p, &bad) == COLIBRI_E_BUDGET && bad == NULL);
@@ -247,7 +240,7 @@ int main(void) {
     /* bit-identical at each policy's minimum (K slots) and at about half the experts, every policy,
      * prefetch on and off */
     for (int b = 0; b < 2; b++)
-        for (int policy = 0; policy < 4; policy++) /* LFU, LRU, reuse, reuse-lookahead */
+        for (int policy = 0; policy < 3; policy++) /* LFU, LRU, reuse */
             for (int pf = 0; pf <= 3; pf += 3) {
                 /* each slot also costs a little bookkeeping (well under 256 bytes) */
                 const uint64_t budget =

@@ -48,7 +48,7 @@ static void usage(FILE *o, const char *argv0) {
             "memory and expert streaming (docs/memory.md):\n"
             "      --memory-budget S  bytes the engine may hold: 512M, 1.5G, bytes; 0 = unlimited (default)\n"
             "      --expert-slots N   expert slots, as a count or a share such as 40%%\n"
-            "      --expert-policy P  reuse (default), lfu, lru or reuse-lookahead\n"
+            "      --expert-policy P  reuse (default), lfu or lru\n"
             "      --prefetch LIST    lookahead, temporal, hashed (comma list), both, all or none\n"
             "      --lookahead-depth N layers the lookahead predictor looks ahead (1..8)\n"
             "      --routing-profile PATH  a routing profile written by `colibri profile`\n"
@@ -228,7 +228,6 @@ static int parse_args(int argc, char **argv, options *o) {
             if (!strcasecmp(v, "lfu")) o->cp.expert_policy = COLIBRI_POLICY_LFU;
             else if (!strcasecmp(v, "lru")) o->cp.expert_policy = COLIBRI_POLICY_LRU;
             else if (!strcasecmp(v, "reuse")) o->cp.expert_policy = COLIBRI_POLICY_REUSE;
-            else if (!strcasecmp(v, "reuse-lookahead")) o->cp.expert_policy = COLIBRI_POLICY_REUSE_LOOKAHEAD;
             else bad = 1;
         } else if (!strcmp(a, "--prefetch")) {
             bad = parse_prefetch(v, &o->cp.prefetch);

@@ -757,25 +757,16 @@ SPECS += [
         notes="LFM2-MoE: conv kernel 4, no dense lead, no expert bias, top-k not renormalised, routed scale "
         "1.7, head_dim 24 != hidden/heads, GQA 4, 8 experts top-3, untied",
     ),
+]
+SPECS += [
     TinySpec(
         "lfm2moe_bias",
         "lfm2_moe",
-        dict(
-            _LFM2MOE,
+        dict(  # lfm2moe's config with four layers and the short convolutions' biases
+            next(s.config for s in SPECS if s.name == "lfm2moe"),
             conv_bias=True,
             num_hidden_layers=4,
             layer_types=["conv", "full_attention", "conv", "full_attention"],
-            num_key_value_heads=2,
-            num_dense_layers=1,
-            num_experts=6,
-            num_experts_per_tok=2,
-            conv_L_cache=3,
-            use_expert_bias=True,
-            norm_topk_prob=True,
-            routed_scaling_factor=1.0,
-            vocab_size=1013,
-            tie_word_embeddings=True,
-            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         ),
         seed=31,
         # llama.cpp's converter squeezes every conv.conv tensor's dimension 1, which the 1-D conv bias lacks

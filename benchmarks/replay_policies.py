@@ -46,8 +46,8 @@ def lookahead_recall(trace: Any) -> list[float]:
 
 
 def store_options(size: str, policy: str, prefetch: str = "none") -> dict[str, str]:
-    """The expert store of one cell, as replay_routing and colibri_backend.load take it: a live decode with
-    these options is what the replay reproduces (benchmarks/replay_live.py, tests/test_lookahead_record.py)."""
+    """The expert store of one cell, as replay_routing and colibri_backend.load take it: a live decode
+    with these options is what the replay reproduces (replay_live.py, tests/test_lookahead_record.py)."""
     return {"expert_slots": size, "expert_policy": policy, "prefetch": prefetch}
 
 

@@ -183,6 +183,38 @@ def batch_counters(base: str) -> dict[str, float]:
     return out
 
 
+STORE_STATS = ("expert_calls", "expert_hits", "expert_misses", "expert_bytes_read", "expert_stall_seconds")
+
+
+def store_counters(base: str) -> dict[str, float]:
+    """The engine's expert store counters (colibri_engine_*, the stats the server took after the last
+    request ended): both modes have them, the one-at-a-time server has no batch counters."""
+    out: dict[str, float] = {}
+    for line in httpx.get(base + "/metrics", timeout=60).text.splitlines():
+        name = line.split("{", 1)[0].removeprefix("colibri_engine_")
+        if line.startswith("colibri_engine_") and name in STORE_STATS:
+            out[name] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def store_figures(before: dict[str, float], after: dict[str, float], tokens: int) -> dict:
+    """The expert store over one round: misses, MiB read and stall seconds, in all and per completion
+    token (prompt tokens included in the reads; the round's whole work over what it produced)."""
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in STORE_STATS}
+    if not d["expert_calls"]:
+        return {}
+    per = max(1, tokens)
+    return {
+        "expert_calls": int(d["expert_calls"]),
+        "expert_misses": int(d["expert_misses"]),
+        "expert_hit_rate": d["expert_hits"] / d["expert_calls"],
+        "expert_mib_read": d["expert_bytes_read"] / 2**20,
+        "expert_stall_s": d["expert_stall_seconds"],
+        "expert_mib_read_per_token": d["expert_bytes_read"] / 2**20 / per,
+        "expert_stall_ms_per_token": 1e3 * d["expert_stall_seconds"] / per,
+    }
+
+
 def step_figures(before: dict[str, float], after: dict[str, float], wall: float) -> dict:
     """Per batched step of one round: tokens, engine ms, ms between steps, partial steps; the share
     of the round's wall time the engine was stepping; and, where the server counts them (not before
@@ -209,6 +241,14 @@ def step_figures(before: dict[str, float], after: dict[str, float], wall: float)
         out["prefill_step_ms"] = 1e3 * d["prefill_step_engine_seconds"] / pre if pre else 0.0
         out["decode_step_ms"] = 1e3 * dec_s / dec if dec else 0.0
         out["decode_step_tokens"] = (d["step_tokens"] - d["step_prompt_tokens"]) / steps
+    if "prefill_step_expert_bytes_read" in d:  # the store during each kind of step (experts streamed)
+        for kind, n in (
+            ("prefill", d.get("prefill_steps", 0.0)),
+            ("decode", steps - d.get("prefill_steps", 0.0)),
+        ):
+            out[f"{kind}_step_mib_read"] = d[f"{kind}_step_expert_bytes_read"] / 2**20 / n if n else 0.0
+            out[f"{kind}_step_stall_ms"] = 1e3 * d[f"{kind}_step_expert_stall_seconds"] / n if n else 0.0
+            out[f"{kind}_step_misses"] = d[f"{kind}_step_expert_misses"] / n if n else 0.0
     return out
 
 
@@ -224,6 +264,7 @@ def run_clients(server: Server, n: int, args: argparse.Namespace, first: int) ->
     # milliseconds to make (its SSL context), which is the client's cost, not the server's.
     https = [httpx.Client(base_url=server.base, timeout=3600) for _ in range(n)]
     counters = batch_counters(server.base)
+    store = store_counters(server.base)
     start = threading.Barrier(n + 1)
 
     def client(i: int) -> dict:
@@ -255,6 +296,7 @@ def run_clients(server: Server, n: int, args: argparse.Namespace, first: int) ->
         "ttft_p99_s": percentile(ttfts, 99),
         "texts": [r["text"] for r in results],
         "steps": step_figures(counters, batch_counters(server.base), wall),
+        "store": store_figures(store, store_counters(server.base), tokens),
     }
 
 
@@ -348,6 +390,28 @@ def main() -> int:
                     f"{100 * st['prefill_step_engine_share_of_wall']:5.1f}% | {st['decode_step_ms']:8.2f} ms"
                 )
             print(line)
+    if any(r["store"] for rows in report["modes"].values() for r in rows):
+        print(
+            "expert store per round: hit rate, MiB read, stall s, per completion token MiB / stall ms;"
+            " batched steps with prompt tokens / decode-only: MiB read and stall ms per step"
+        )
+        for i, n in enumerate(args.clients):
+            for mode in ("one_at_a_time", "batched"):
+                r = report["modes"][mode][i]
+                st, steps = r["store"], r["steps"]
+                if not st:
+                    continue
+                line = (
+                    f"{n:>7} {mode.replace('_', ' '):>14} {st['expert_hit_rate']:6.3f} "
+                    f"{st['expert_mib_read']:9.1f} {st['expert_stall_s']:7.2f} "
+                    f"{st['expert_mib_read_per_token']:7.2f} {st['expert_stall_ms_per_token']:7.1f}"
+                )
+                if "prefill_step_mib_read" in steps:
+                    line += (
+                        f" | {steps['prefill_step_mib_read']:7.1f} {steps['prefill_step_stall_ms']:8.1f}"
+                        f" | {steps['decode_step_mib_read']:7.1f} {steps['decode_step_stall_ms']:8.1f}"
+                    )
+                print(line)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     same = all(r["identical_to_one_at_a_time"] for r in report["modes"]["batched"])

@@ -234,3 +234,45 @@ def test_scheduler_outputs_equal_alone_and_cancel_mid_prefill(checkpoint: Path) 
         with pytest.raises(Cancelled):
             with sched.sequence() as seq:
                 seq.prefill(prompts[0])
+
+
+def test_scheduler_with_streamed_experts_takes_large_prompt_chunks(checkpoint: Path) -> None:
+    """A quarter of the experts in the store's slots: the scheduler takes prompt tokens up to the batch
+    size while others decode (one read of the experts for a whole chunk), outputs stay the same as alone,
+    and the per-kind store counters add up to what the engine counted in the steps."""
+    greedy = SamplingParams(temperature=0.0)
+    with load(checkpoint, 3, expert_slots="25%") as m:
+        prompts = [m.tokenize(p) for p in PROMPTS]
+        ref = [_generate(m, ids, greedy) for ids in prompts[:3]]
+        sched = BatchScheduler(m, prefill_chunk=2)
+        assert sched.streams_experts and sched.busy_chunk == sched.idle_chunk == 8
+        stats0 = m.stats()
+        try:
+            got: list = [None] * 3
+
+            def run(i: int) -> None:
+                deadline = time.time() + 30
+                # the others arrive once the first decodes: their prompts come in beside its tokens
+                while i and sched.steps == sched.prefill_steps and time.time() < deadline:
+                    time.sleep(0.001)
+                with sched.sequence() as seq:
+                    got[i] = _generate(m, prompts[i], greedy, steps=seq)
+
+            threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+            assert got == ref
+            stats1 = m.stats()
+            # the later prompts came in beside decodes in chunks of up to 8 tokens, not prefill_chunk's 2
+            first, later = len(prompts[0]), len(prompts[1]) + len(prompts[2])
+            assert sched.prefill_steps <= -(-first // 8) + -(-later // 8) + 1 < later // 2
+            for key in ("expert_misses", "expert_bytes_read", "expert_stall_seconds"):
+                counted = sched.store["prefill"][key] + sched.store["decode"][key]
+                assert counted == pytest.approx(stats1[key] - stats0[key])
+            assert (
+                sched.store["prefill"]["expert_bytes_read"] > 0 and sched.store["decode"]["expert_misses"] > 0
+            )
+        finally:
+            sched.close()

@@ -129,15 +129,33 @@ class _BatchSteps:
         ),
     )
 
+    # The expert store during the steps (scheduler.BatchScheduler.store; zero where experts do not
+    # stream), per kind of step: colibri_batch_{prefill,decode}_step_{counter}_total.
+    STORE = (
+        ("expert_misses", "Expert store misses"),
+        ("expert_bytes_read", "Bytes the expert store read"),
+        ("expert_stall_seconds", "Seconds waited for the expert store's reads"),
+    )
+    KINDS = (("prefill", "that carried prompt tokens"), ("decode", "with decode tokens only"))
+
     def __init__(self) -> None:
         self.families = [
             CounterMetricFamily(f"colibri_batch_{name}", doc, labels=["model"])
             for _, name, doc in self.FIELDS
         ]
+        self.store_families = {
+            (kind, key): CounterMetricFamily(
+                f"colibri_batch_{kind}_step_{key}", f"{doc} in the batched steps {which}.", labels=["model"]
+            )
+            for kind, which in self.KINDS
+            for key, doc in self.STORE
+        }
 
     def add(self, alias: str, scheduler: Any) -> None:
         for family, (attr, _, _) in zip(self.families, self.FIELDS, strict=True):
             family.add_metric([alias], float(getattr(scheduler, attr)))
+        for (kind, key), family in self.store_families.items():
+            family.add_metric([alias], float(scheduler.store[kind][key]))
 
 
 class _LiveCollector(Collector):
@@ -182,6 +200,7 @@ class _LiveCollector(Collector):
                 engine.setdefault(key, []).append((alias, value))
         yield from (depth, flight, batch, ready)
         yield from steps.families
+        yield from steps.store_families.values()
         for key in sorted(engine):
             family = GaugeMetricFamily(
                 f"colibri_engine_{key}",

@@ -19,6 +19,13 @@ request whose ``cancel`` event is set (its client went away) leaves at the next 
 of its prompt included. Logits are bit-identical to the same request served alone (the engine's
 batch invariance, native/tests/test_batch.c), so batching never changes an output.
 
+When the expert store holds only part of the experts (a memory budget; the model streams the rest from
+its file), the prompt tokens of a step are bounded by the model's batch size instead of
+``prefill_chunk``: there a step reads every expert its prompt tokens route to, whatever their number,
+so one large chunk reads the experts once where 64-token chunks read them once each. The store's
+misses, bytes read and stall seconds are counted per step, split between the steps with prompt
+tokens and the decode-only ones (/metrics), to see where a capped step's time goes.
+
 A joining request first restores the prefix cache's longest state for its prompt into its own sequence
 (colibri_seq_state_load) and prefills only the rest; its own prompt's state is stored as its prefill
 passes the save point (the whole prompt, or for a recurrent state its last whole block: prefix_cache), so
@@ -43,6 +50,8 @@ DEFAULT_GATHER_S = 0.005
 MAX_GATHER_S = 0.05
 # How often a waiting thread looks at cancellation and shutdown.
 _POLL_S = 0.05
+# The expert store's counters of the engine's stats() that the steps account for (BatchScheduler.store).
+STORE_COUNTERS = ("expert_misses", "expert_bytes_read", "expert_stall_seconds")
 
 
 class Cancelled(Exception):
@@ -85,6 +94,12 @@ class BatchScheduler:
         self.n_seq = int(model.max_concurrency)
         self.prefill_chunk = prefill_chunk
         self.idle_chunk = max(prefill_chunk, int(getattr(model, "batch_size", prefill_chunk)))
+        # A model whose expert store holds only part of its experts reads the rest per step: it takes
+        # prompt tokens up to idle_chunk a step (module docstring), and its store counters are read
+        # after every step.
+        plan = model.memory_plan() if hasattr(model, "memory_plan") else {}
+        self.streams_experts = not plan.get("all_resident", 1)
+        self.busy_chunk = self.idle_chunk if self.streams_experts else prefill_chunk
         self.gather_s = gather_s
         self._cond = threading.Condition()
         self._free = list(range(self.n_seq))  # sequence ids no request holds
@@ -105,6 +120,12 @@ class BatchScheduler:
         self.engine_seconds = 0.0
         self.between_seconds = 0.0
         self.partial_steps = 0
+        # The expert store's misses, bytes read and stall seconds during the steps, per kind of step
+        # ("prefill": steps with prompt tokens, "decode": the others); counted where experts stream.
+        self.store: dict[str, dict[str, float]] = {
+            kind: dict.fromkeys(STORE_COUNTERS, 0.0) for kind in ("prefill", "decode")
+        }
+        self._store_last = self._store_counters()
         self._last_end: float | None = None  # when the last step ended, if sequences were held then
         self._last_step_s = 0.0  # the last step's seconds in the engine
         self._thread = threading.Thread(target=self._loop, name="colibri-batch", daemon=True)
@@ -192,7 +213,7 @@ class BatchScheduler:
             # one-token work (decodes, and one-token prompts) first; the prompt chunk after it, no
             # larger than the engine takes in one call (n_ctx tokens)
             step: list[tuple[_Work, int]] = [(w, 1) for w in self._pending.values() if len(w.tokens) == 1]
-            chunk = self.prefill_chunk if step else self.idle_chunk
+            chunk = self.busy_chunk if step else self.idle_chunk
             budget = min(chunk, self.model.context_length - len(step))
             for w in self._pending.values():
                 if budget <= 0:
@@ -211,6 +232,13 @@ class BatchScheduler:
         more than MAX_GATHER_S."""
         share = self._last_step_s / max(1, len(self._held))
         return min(MAX_GATHER_S, max(self.gather_s, share))
+
+    def _store_counters(self) -> dict[str, float]:
+        """The store's counters now (zeros where experts do not stream: nothing to count)."""
+        if not self.streams_experts:
+            return dict.fromkeys(STORE_COUNTERS, 0.0)
+        stats = self.model.stats()
+        return {key: float(stats[key]) for key in STORE_COUNTERS}
 
     def _loop(self) -> None:
         while True:
@@ -252,6 +280,12 @@ class BatchScheduler:
             self.prefill_steps += 1
             self.prefill_engine_seconds += t1 - t0
         self._last_step_s = t1 - t0
+        if self.streams_experts:
+            now = self._store_counters()
+            kind = self.store["prefill" if prompt_tokens else "decode"]
+            for key in STORE_COUNTERS:
+                kind[key] += now[key] - self._store_last[key]
+            self._store_last = now
         r = 0
         with self._cond:
             for w, take in step:

@@ -13,8 +13,9 @@ Two modes:
           --fractions 1,0.5,0.25 --max-tokens 32
 
   capped   (root) The issue's capped sweep: for each fraction, benchmarks/bench.py runs Colibri and llama.cpp
-           in a fresh cgroup whose memory limit is fraction * size (page cache dropped first, cgroup removed
-           afterwards, both done by bench.py). Colibri gets its budget through COLIBRI_MEMORY_BUDGET =
+           in a fresh cgroup whose memory limit is fraction * size (the model file evicted from the page cache
+           first, cgroup removed afterwards, both done by bench.py; --cold-start drop-caches drops the whole
+           page cache instead, for a quiet machine). Colibri gets its budget through COLIBRI_MEMORY_BUDGET =
            cap - --overhead (the Python process itself lives in the same cgroup).
 
       python benchmarks/capped_sweep.py capped --model bench-a --fractions 1,0.6,0.4,0.25 --runs 1
@@ -250,6 +251,8 @@ def capped_sweep(args: argparse.Namespace) -> int:
             str(args.batch),
             "--memory-cap",
             str(cap),
+            "--cold-start",
+            args.cold_start,
             "--json",
             str(out),
             "--markdown",
@@ -395,6 +398,12 @@ def main(argv: list[str] | None = None) -> int:
                 type=float,
                 default=80.0,
                 help="memory left to the Python process inside the cgroup (MiB)",
+            )
+            p.add_argument(
+                "--cold-start",
+                choices=["evict", "drop-caches"],
+                default="evict",
+                help="bench.py --cold-start: evict the model file only (default) or drop the page cache",
             )
             p.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "colibri" / "bench")
             p.add_argument("--out-dir", default=".")

@@ -236,6 +236,66 @@ def test_parse_size() -> None:
             bench.parse_size(bad)
 
 
+def _cached_pages(path: Path) -> int:
+    """Pages of `path` in the page cache (mincore over a read-only mapping)."""
+    import ctypes
+    import mmap
+    import os
+
+    size = path.stat().st_size
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value)
+        n = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+        vec = ctypes.create_string_buffer(n)
+        assert libc.mincore(addr, size, vec) == 0
+        libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+    return sum(b & 1 for b in vec.raw)
+
+
+def _fs_type(path: Path) -> str:
+    """The file system type of the mount holding `path` (/proc/mounts: the longest mount point above it)."""
+    best, kind = "", ""
+    for line in Path("/proc/mounts").read_text().splitlines():
+        _, mnt, fstype = line.split()[:3]
+        if str(path).startswith(mnt.rstrip("/") + "/") and len(mnt) > len(best):
+            best, kind = mnt, fstype
+    return kind
+
+
+def test_evict_model_drops_the_file_and_its_sidecars_only(tmp_path: Path) -> None:
+    """--cold-start evict (the capped runs' default) makes the model and its sidecars cold and leaves
+    another file's pages cached."""
+    if _fs_type(tmp_path.resolve()) in ("tmpfs", "ramfs"):
+        pytest.skip("tmpfs pages cannot be evicted")
+    import mmap
+
+    model, side, other = tmp_path / "m.gguf", tmp_path / "m.gguf.lowbit", tmp_path / "other.bin"
+    for f in (model, side, other):
+        f.write_bytes(np.random.default_rng(0).bytes(1 << 20))
+        f.read_bytes()
+    assert _cached_pages(other) == (1 << 20) // mmap.PAGESIZE
+    bench.evict_model(model)
+    assert _cached_pages(model) == 0
+    assert _cached_pages(side) == 0
+    assert _cached_pages(other) == (1 << 20) // mmap.PAGESIZE
+
+
 def test_ab_lib_prefill_on_a_tiny_model(tiny_models, capsys: pytest.CaptureFixture[str]) -> None:
     """The same library on both sides: equal logits (exit 0) and one timing line per round and side."""
     import ab_lib_prefill

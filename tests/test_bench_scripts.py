@@ -183,6 +183,10 @@ def test_worker_and_runner_on_a_tiny_model(tiny_models, tmp_path: Path) -> None:
     assert r["ttft_s"] > 0 and r["decode_tps"] > 0 and r["prefill_tps"] == pytest.approx(16 / r["ttft_s"])
     assert r["peak_rss_bytes"] >= r["rss_after_load_bytes"] > 0
     assert r["engine_stats"]["allocs_last_eval"] == 0
+    # the counters once the prompt is in (the decode steps' own figures are the difference)
+    first = r["engine_stats_at_first_token"]
+    assert first["n_prompt_tokens"] == 16 and first["n_decode_tokens"] == 0
+    assert r["engine_stats"]["n_decode_tokens"] == 11
 
     out = tmp_path / "bench.json"
     proc = subprocess.run(
@@ -364,3 +368,34 @@ def test_scheduler_overhead_script(capsys: pytest.CaptureFixture[str]) -> None:
     assert 21 <= steps <= 3 * 21  # a prompt and 20 decodes each, shared by the steps or not
     with pytest.raises(SystemExit):
         scheduler_overhead.main(["--seqs", "0"])
+
+
+def test_capped_report_counts_decode_steps_alone() -> None:
+    """capped_sweep.py's decode figures are the counters' growth after the first token, not the run's
+    totals over prompt + decoded tokens (the prompt's chunked reads would dilute what a token costs)."""
+    import capped_sweep
+
+    first = {
+        "n_decode_tokens": 0,
+        "expert_calls": 100,
+        "expert_hits": 10,
+        "expert_bytes_read": 1000 << 20,
+        "decode_seconds": 0.0,
+        "expert_stall_decode_seconds": 0.0,
+    }
+    end = {
+        "n_decode_tokens": 10,
+        "expert_calls": 420,
+        "expert_hits": 26,
+        "expert_bytes_read": 3700 << 20,
+        "decode_seconds": 2.0,
+        "expert_stall_decode_seconds": 1.5,
+    }
+    d = capped_sweep.decode_figures({"engine_stats_at_first_token": first, "engine_stats": end})
+    assert d == {
+        "hit": pytest.approx(5.0),
+        "mib_per_token": pytest.approx(270.0),
+        "read_mb_s": pytest.approx((2700 << 20) / 2.0 / 1e6),
+        "stall": pytest.approx(75.0),
+    }
+    assert capped_sweep.decode_figures({"engine_stats": end}) is None

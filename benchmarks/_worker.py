@@ -137,7 +137,15 @@ def run_colibri(args: argparse.Namespace, prompt: list[int]) -> dict:
     events = model.generate_tokens(
         prompt, max_tokens=args.max_tokens, sampling=sampling, stop=None, logprobs=None
     )
-    ids, times, t0 = time_generation((ev.token_id for ev in events), args.max_tokens)
+    at_first: dict = {}  # the counters once the prompt is in: the decode steps' own are the difference
+
+    def token_ids() -> Iterator[int]:
+        for i, ev in enumerate(events):
+            if i == 0:
+                at_first.update(model.stats())
+            yield ev.token_id
+
+    ids, times, t0 = time_generation(token_ids(), args.max_tokens)
     events.close()  # releases the sampler; the clock has stopped
     stats = dict(model.stats())
     model.close()
@@ -149,6 +157,9 @@ def run_colibri(args: argparse.Namespace, prompt: list[int]) -> dict:
         "rss_loaded": rss_loaded,
         "rss_before_load": rss_before_load,
         "engine_stats": jsonable(stats),
+        "engine_stats_at_first_token": jsonable(
+            {k: v for k, v in at_first.items() if isinstance(v, (int, float))}
+        ),
         "banned": banned,
         "backend": _native.cpu_backend(),
         "load_major_faults": load_faults,
@@ -311,6 +322,7 @@ def summarize(engine: str, args: argparse.Namespace, prompt: list[int], raw: dic
         "routing_trace": args.routing_trace,
         "prefetch": args.prefetch,
         "engine_stats": raw["engine_stats"],
+        "engine_stats_at_first_token": raw.get("engine_stats_at_first_token"),
     }
 
 

@@ -8,7 +8,10 @@ weights repeat themselves under greedy decoding, which would flatter any cache.
 
 Capped mode (--memory-cap SIZE) runs each child inside a fresh cgroup with a memory limit (cgroup v2
 memory.max, or v1 memory.limit_in_bytes where only v1 has the memory controller, as on this machine), after
-dropping the page cache, and removes the cgroup afterwards. It needs root.
+making the model cold, and removes the cgroup afterwards. It needs root. Cold means the model file and its
+sidecars (.lowbit, .digests) are evicted from the page cache (posix_fadvise DONTNEED on those files only,
+so other processes on the machine keep theirs); `--cold-start drop-caches` drops the whole page cache
+instead (`echo 3 > /proc/sys/vm/drop_caches`), for a quiet machine.
 
     python benchmarks/bench.py --model smollm2 --model bench-a --model bench-b --runs 3 \
         --json out.json --markdown
@@ -180,6 +183,28 @@ def drop_page_cache() -> None:
         f.write("3\n")
 
 
+def evict_model(path: Path) -> None:
+    """Drop the model file and its sidecars from the page cache, and nothing else (--cold-start evict).
+    Clean pages of a file nobody maps go at once; the kernel keeps pages another process maps or locks."""
+    for f in (path, path.with_name(path.name + ".lowbit"), path.with_name(path.name + ".digests")):
+        try:
+            fd = os.open(f, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def make_cold(path: Path, method: str) -> None:
+    if method == "drop-caches":
+        drop_page_cache()
+    else:
+        evict_model(path)
+
+
 class MemoryCgroup:
     """A cgroup with a memory limit that one child process joins; removed on exit.
 
@@ -320,7 +345,7 @@ def run_worker(
     cgroup_ctx: contextlib.AbstractContextManager = contextlib.nullcontext()
     cgroup = None
     if args.memory_cap:
-        drop_page_cache()
+        make_cold(req.model_path, args.cold_start)
         name = f"colibri-bench-{os.getpid()}-{cap_index}"
         cgroup = MemoryCgroup(args.memory_cap, name, args.cgroup_version)
         cgroup_ctx = cgroup
@@ -600,7 +625,14 @@ def main(argv: list[str] | None = None) -> int:
         "--memory-cap",
         type=parse_size,
         default=None,
-        help="run each child in a cgroup with this memory limit, page cache dropped first (root)",
+        help="run each child in a cgroup with this memory limit, the model made cold first (root)",
+    )
+    ap.add_argument(
+        "--cold-start",
+        choices=["evict", "drop-caches"],
+        default="evict",
+        help="how a capped run starts cold: evict the model file and its sidecars from the page cache "
+        "(default; leaves other processes' pages alone) or drop the whole page cache (quiet machine only)",
     )
     ap.add_argument("--cgroup-version", choices=["auto", "v1", "v2"], default="auto")
     ap.add_argument("--no-prewarm", action="store_true", help="do not read each model once before its runs")
@@ -698,6 +730,7 @@ def main(argv: list[str] | None = None) -> int:
                         "sampled_temperature": SAMPLING_MODES["sampled"],
                         "seed": args.seed,
                         "memory_cap_bytes": args.memory_cap,
+                        "cold_start": args.cold_start if args.memory_cap else None,
                         "prompt_text": PROMPT_TEXT,
                         "llama_extra_bufts": args.llama_extra_bufts,
                         "omp_wait_policy": args.omp_wait_policy,

@@ -13,8 +13,9 @@ Two modes:
           --fractions 1,0.5,0.25 --max-tokens 32
 
   capped   (root) The issue's capped sweep: for each fraction, benchmarks/bench.py runs Colibri and llama.cpp
-           in a fresh cgroup whose memory limit is fraction * size (page cache dropped first, cgroup removed
-           afterwards, both done by bench.py). Colibri gets its budget through COLIBRI_MEMORY_BUDGET =
+           in a fresh cgroup whose memory limit is fraction * size (the model file evicted from the page cache
+           first, cgroup removed afterwards, both done by bench.py; --cold-start drop-caches drops the whole
+           page cache instead, for a quiet machine). Colibri gets its budget through COLIBRI_MEMORY_BUDGET =
            cap - --overhead (the Python process itself lives in the same cgroup).
 
       python benchmarks/capped_sweep.py capped --model bench-a --fractions 1,0.6,0.4,0.25 --runs 1
@@ -250,6 +251,8 @@ def capped_sweep(args: argparse.Namespace) -> int:
             str(args.batch),
             "--memory-cap",
             str(cap),
+            "--cold-start",
+            args.cold_start,
             "--json",
             str(out),
             "--markdown",
@@ -269,6 +272,28 @@ def capped_sweep(args: argparse.Namespace) -> int:
         results.append({"fraction": f, "prefetch": mode, "cap": cap, "rc": proc.returncode, "json": str(out)})
     print(json.dumps(results, indent=2))
     return 0 if all(r["rc"] == 0 for r in results) else 1
+
+
+def decode_figures(run: dict) -> dict | None:
+    """The decode steps' own store figures of one bench.py run: the counters at the end less those at the
+    first token (the prompt's chunked reads are another pattern, and dividing all bytes by prompt + decoded
+    tokens hides what a decoded token costs). None for a run without the first token's counters."""
+    a, b = run.get("engine_stats_at_first_token"), run["engine_stats"]
+    if not a:
+        return None
+    n = b["n_decode_tokens"] - a["n_decode_tokens"]
+    calls = b["expert_calls"] - a["expert_calls"]
+    read = b["expert_bytes_read"] - a["expert_bytes_read"]
+    secs = b["decode_seconds"] - a["decode_seconds"]
+    stall = b["expert_stall_decode_seconds"] - a["expert_stall_decode_seconds"]
+    if n <= 0 or secs <= 0:
+        return None
+    return {
+        "hit": 100 * ratio(b["expert_hits"] - a["expert_hits"], calls),
+        "mib_per_token": read / 2**20 / n,
+        "read_mb_s": read / secs / 1e6,
+        "stall": 100 * stall / secs,
+    }
 
 
 def capped_report(args: argparse.Namespace) -> int:
@@ -297,10 +322,11 @@ def capped_report(args: argparse.Namespace) -> int:
     }
     print(
         "| cap | prefetch | sampling | Colibri decode tok/s | llama.cpp decode tok/s | ratio "
-        "| Colibri / own uncapped | hit % | MiB read / token | stall % | major faults / token (C / L) "
+        "| Colibri / own uncapped | decode hit % | MiB read / decoded token | read MB/s while decoding "
+        "| decode stall % | MiB read / token, prompt included | major faults / token (C / L) "
         "| faults, first 8 tokens (C / L) | plan MiB | RSS growth MiB (/ plan) | cgroup peak MiB (C / L) |"
     )
-    print("|" + "---|" * 15)
+    print("|" + "---|" * 17)
     order = sorted(rows, key=lambda k: (k[0] != "none", -float(k[0]) if k[0] != "none" else 0, k[1], k[2]))
     for label, pf, sampling in order:
         e = rows[(label, pf, sampling)]
@@ -317,15 +343,21 @@ def capped_report(args: argparse.Namespace) -> int:
         if c:
             st = c[0]["engine_stats"]
             n_tok = st["n_prompt_tokens"] + st["n_decode_tokens"]
-            busy = st["prefill_seconds"] + st["decode_seconds"]
             streaming = st.get("expert_calls", 0) > 0
-            cells += [
-                f"{100 * ratio(st['expert_hits'], st['expert_calls']):.1f}" if streaming else "all resident",
-                f"{st['expert_bytes_read'] / 2**20 / max(n_tok, 1):.1f}",
-                f"{100 * ratio(st['expert_stall_seconds'], busy):.0f}",
-            ]
+            dec = [decode_figures(r) for r in c]
+            dec = [d for d in dec if d]
+            if streaming and dec:
+                cells += [
+                    f"{median(d['hit'] for d in dec):.1f}",
+                    f"{median(d['mib_per_token'] for d in dec):.1f}",
+                    f"{median(d['read_mb_s'] for d in dec):.0f}",
+                    f"{median(d['stall'] for d in dec):.0f}",
+                ]
+            else:
+                cells += ["all resident" if not streaming else "-", "-", "-", "-"]
+            cells.append(f"{st['expert_bytes_read'] / 2**20 / max(n_tok, 1):.1f}")
         else:
-            cells += ["-"] * 3
+            cells += ["-"] * 5
         cells.append(" / ".join("-" if v is None else f"{v:.1f}" for v in faults))
         cells.append(" / ".join("-" if v is None else f"{v:.0f}" for v in early))
         if c:
@@ -395,6 +427,12 @@ def main(argv: list[str] | None = None) -> int:
                 type=float,
                 default=80.0,
                 help="memory left to the Python process inside the cgroup (MiB)",
+            )
+            p.add_argument(
+                "--cold-start",
+                choices=["evict", "drop-caches"],
+                default="evict",
+                help="bench.py --cold-start: evict the model file only (default) or drop the page cache",
             )
             p.add_argument("--cache-dir", type=Path, default=Path.home() / ".cache" / "colibri" / "bench")
             p.add_argument("--out-dir", default=".")

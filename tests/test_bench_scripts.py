@@ -183,6 +183,10 @@ def test_worker_and_runner_on_a_tiny_model(tiny_models, tmp_path: Path) -> None:
     assert r["ttft_s"] > 0 and r["decode_tps"] > 0 and r["prefill_tps"] == pytest.approx(16 / r["ttft_s"])
     assert r["peak_rss_bytes"] >= r["rss_after_load_bytes"] > 0
     assert r["engine_stats"]["allocs_last_eval"] == 0
+    # the counters once the prompt is in (the decode steps' own figures are the difference)
+    first = r["engine_stats_at_first_token"]
+    assert first["n_prompt_tokens"] == 16 and first["n_decode_tokens"] == 0
+    assert r["engine_stats"]["n_decode_tokens"] == 11
 
     out = tmp_path / "bench.json"
     proc = subprocess.run(
@@ -234,6 +238,66 @@ def test_parse_size() -> None:
     for bad in ("lots", "12XB", "-1G", ""):
         with pytest.raises(Exception, match="cannot parse"):
             bench.parse_size(bad)
+
+
+def _cached_pages(path: Path) -> int:
+    """Pages of `path` in the page cache (mincore over a read-only mapping)."""
+    import ctypes
+    import mmap
+    import os
+
+    size = path.stat().st_size
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert addr not in (None, ctypes.c_void_p(-1).value)
+        n = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+        vec = ctypes.create_string_buffer(n)
+        assert libc.mincore(addr, size, vec) == 0
+        libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+    return sum(b & 1 for b in vec.raw)
+
+
+def _fs_type(path: Path) -> str:
+    """The file system type of the mount holding `path` (/proc/mounts: the longest mount point above it)."""
+    best, kind = "", ""
+    for line in Path("/proc/mounts").read_text().splitlines():
+        _, mnt, fstype = line.split()[:3]
+        if str(path).startswith(mnt.rstrip("/") + "/") and len(mnt) > len(best):
+            best, kind = mnt, fstype
+    return kind
+
+
+def test_evict_model_drops_the_file_and_its_sidecars_only(tmp_path: Path) -> None:
+    """--cold-start evict (the capped runs' default) makes the model and its sidecars cold and leaves
+    another file's pages cached."""
+    if _fs_type(tmp_path.resolve()) in ("tmpfs", "ramfs"):
+        pytest.skip("tmpfs pages cannot be evicted")
+    import mmap
+
+    model, side, other = tmp_path / "m.gguf", tmp_path / "m.gguf.lowbit", tmp_path / "other.bin"
+    for f in (model, side, other):
+        f.write_bytes(np.random.default_rng(0).bytes(1 << 20))
+        f.read_bytes()
+    assert _cached_pages(other) == (1 << 20) // mmap.PAGESIZE
+    bench.evict_model(model)
+    assert _cached_pages(model) == 0
+    assert _cached_pages(side) == 0
+    assert _cached_pages(other) == (1 << 20) // mmap.PAGESIZE
 
 
 def test_ab_lib_prefill_on_a_tiny_model(tiny_models, capsys: pytest.CaptureFixture[str]) -> None:
@@ -304,3 +368,34 @@ def test_scheduler_overhead_script(capsys: pytest.CaptureFixture[str]) -> None:
     assert 21 <= steps <= 3 * 21  # a prompt and 20 decodes each, shared by the steps or not
     with pytest.raises(SystemExit):
         scheduler_overhead.main(["--seqs", "0"])
+
+
+def test_capped_report_counts_decode_steps_alone() -> None:
+    """capped_sweep.py's decode figures are the counters' growth after the first token, not the run's
+    totals over prompt + decoded tokens (the prompt's chunked reads would dilute what a token costs)."""
+    import capped_sweep
+
+    first = {
+        "n_decode_tokens": 0,
+        "expert_calls": 100,
+        "expert_hits": 10,
+        "expert_bytes_read": 1000 << 20,
+        "decode_seconds": 0.0,
+        "expert_stall_decode_seconds": 0.0,
+    }
+    end = {
+        "n_decode_tokens": 10,
+        "expert_calls": 420,
+        "expert_hits": 26,
+        "expert_bytes_read": 3700 << 20,
+        "decode_seconds": 2.0,
+        "expert_stall_decode_seconds": 1.5,
+    }
+    d = capped_sweep.decode_figures({"engine_stats_at_first_token": first, "engine_stats": end})
+    assert d == {
+        "hit": pytest.approx(5.0),
+        "mib_per_token": pytest.approx(270.0),
+        "read_mb_s": pytest.approx((2700 << 20) / 2.0 / 1e6),
+        "stall": pytest.approx(75.0),
+    }
+    assert capped_sweep.decode_figures({"engine_stats": end}) is None

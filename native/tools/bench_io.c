@@ -2,12 +2,16 @@
  * 1 MiB pieces from a shared counter) against io_uring (one thread, D pieces in flight, raw system calls),
  * so the store can keep whichever reads faster on this machine's storage.
  *
- *   bench-io FILE [--expert-mib M] [--experts N] [--seed S]
+ *   bench-io FILE [--expert-mib M] [--experts N] [--seed S] [--piece-kib K] [--first-pass]
  *
  * Each round reads N expert-sized ranges (M MiB, default 8.8 like a bench-A Q8_0 expert) at random
- * 4 KiB-aligned offsets of FILE with O_DIRECT, split into 1 MiB pieces as experts.c splits a load. Every
- * configuration reads the same ranges; configurations alternate over three rounds and the median GB/s is
- * printed. O_DIRECT keeps the page cache out of it (a file system that refuses it is an error here). */
+ * 4 KiB-aligned offsets of FILE with O_DIRECT, split into K KiB pieces (default 1024, STORE_IO_CHUNK) as
+ * experts.c splits a load. Every configuration reads the same ranges; configurations alternate over three
+ * rounds and the median GB/s is printed. O_DIRECT keeps the guest's page cache out of it (a file system that
+ * refuses it is an error here), but a virtual disk's host may still cache what was read: the rounds after
+ * the first then measure that cache. --first-pass reads each configuration's ranges once, fresh ones for
+ * every configuration (seeds S, S + 1, ...), and prints that single pass: what a cold expert costs, as far
+ * as the host has not seen those bytes yet. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -24,7 +28,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define PIECE (1u << 20)
 #define ALIGN 4096u
 #define MAX_DEPTH 64
 
@@ -35,7 +38,7 @@ typedef struct job {
     int n_pieces;
     _Atomic int next;
     _Atomic int failed;
-    unsigned char *buf; /* [threads or depth][PIECE] */
+    unsigned char *buf; /* [threads or depth][len] */
 } job;
 
 static double now_s(void) {
@@ -74,7 +77,7 @@ static int run_pread(job *j, int threads) {
     worker w[MAX_DEPTH];
     atomic_store(&j->next, 0);
     for (int i = 0; i < threads; i++) {
-        w[i] = (worker){j, j->buf + (size_t)i * PIECE};
+        w[i] = (worker){j, j->buf + (size_t)i * j->len};
         if (pthread_create(&t[i], NULL, pread_worker, &w[i]) != 0) return EAGAIN;
     }
     for (int i = 0; i < threads; i++) pthread_join(t[i], NULL);
@@ -131,7 +134,7 @@ static void ring_read(ring *r, const job *j, int p, int b) {
     memset(e, 0, sizeof *e);
     e->opcode = IORING_OP_READ;
     e->fd = j->fd;
-    e->addr = (uint64_t)(uintptr_t)(j->buf + (size_t)b * PIECE);
+    e->addr = (uint64_t)(uintptr_t)(j->buf + (size_t)b * j->len);
     e->len = j->len;
     e->off = j->off[p];
     e->user_data = (uint64_t)b;
@@ -184,18 +187,38 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* Whole pieces at random aligned expert starts (the tail piece is read in full: same bytes for all). */
+static void place(uint64_t *off, int n_experts, int per, uint32_t piece, uint64_t file_size, uint64_t seed) {
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (int e = 0; e < n_experts; e++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        const uint64_t start = (x >> 11) % ((file_size - (uint64_t)per * piece) / ALIGN) * ALIGN;
+        for (int p = 0; p < per; p++) off[e * per + p] = start + (uint64_t)p * piece;
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
-        fprintf(stderr, "usage: bench-io FILE [--expert-mib M] [--experts N] [--seed S]\n");
+        fprintf(stderr, "usage: bench-io FILE [--expert-mib M] [--experts N] [--seed S] [--piece-kib K] "
+                        "[--first-pass]\n");
         return 2;
     }
     double expert_mib = 8.8;
-    int n_experts = 64;
+    int n_experts = 64, piece_kib = 1024, first_pass = 0;
     uint64_t seed = 1;
-    for (int i = 2; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--expert-mib")) expert_mib = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "--experts")) n_experts = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--seed")) seed = strtoull(argv[i + 1], NULL, 10);
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--first-pass")) {
+            first_pass = 1;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "bench-io: %s needs a value\n", argv[i]);
+            return 2;
+        }
+        if (!strcmp(argv[i], "--expert-mib")) expert_mib = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--experts")) n_experts = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--seed")) seed = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--piece-kib")) piece_kib = atoi(argv[++i]);
         else {
             fprintf(stderr, "bench-io: unknown option %s\n", argv[i]);
             return 2;
@@ -207,30 +230,29 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench-io: cannot open %s with O_DIRECT: %s\n", argv[1], strerror(errno));
         return 1;
     }
+    const uint32_t piece = (uint32_t)piece_kib << 10;
     const uint64_t expert = (uint64_t)(expert_mib * (1 << 20)) / ALIGN * ALIGN;
-    const int per = (int)((expert + PIECE - 1) / PIECE);
-    if (expert_mib <= 0 || n_experts < 1 || n_experts > 4096 || (uint64_t)st.st_size < 2 * expert) {
-        fprintf(stderr, "bench-io: need 0 < expert size, 1..4096 experts, a file of at least two experts\n");
+    const int per = piece ? (int)((expert + piece - 1) / piece) : 0;
+    if (expert_mib <= 0 || n_experts < 1 || n_experts > 4096 || piece_kib < 4 || piece_kib % 4 ||
+        piece_kib > 16384 || (uint64_t)st.st_size < 2 * (uint64_t)per * piece) {
+        fprintf(stderr, "bench-io: need 0 < expert size, 1..4096 experts, pieces of 4..16384 KiB (a multiple "
+                        "of 4), a file of at least two experts\n");
         return 2;
     }
-    job j = {.fd = fd, .len = PIECE, .n_pieces = n_experts * per};
+    job j = {.fd = fd, .len = piece, .n_pieces = n_experts * per};
     uint64_t *off = malloc((size_t)j.n_pieces * sizeof *off);
-    j.buf = aligned_alloc(ALIGN, (size_t)MAX_DEPTH * PIECE);
+    j.buf = aligned_alloc(ALIGN, (size_t)16 * piece); /* the deepest level below */
     if (!off || !j.buf) return 1;
-    /* whole pieces at random aligned expert starts (the tail piece is read in full: same bytes for all) */
-    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
-    for (int e = 0; e < n_experts; e++) {
-        x = x * 6364136223846793005ull + 1442695040888963407ull;
-        const uint64_t start = (x >> 11) % (((uint64_t)st.st_size - (uint64_t)per * PIECE) / ALIGN) * ALIGN;
-        for (int p = 0; p < per; p++) off[e * per + p] = start + (uint64_t)p * PIECE;
-    }
+    place(off, n_experts, per, piece, (uint64_t)st.st_size, seed);
     j.off = off;
     static const int levels[] = {1, 2, 4, 8, 16};
     const int n_levels = (int)(sizeof levels / sizeof levels[0]);
+    const int rounds = first_pass ? 1 : 3;
     double gbs[2][5][3];
-    for (int round = 0; round < 3; round++)
+    for (int round = 0; round < rounds; round++)
         for (int li = 0; li < n_levels; li++)
             for (int kind = 0; kind < 2; kind++) {
+                if (first_pass) place(off, n_experts, per, piece, (uint64_t)st.st_size, seed + 1 + 2 * li + kind);
                 const double t0 = now_s();
                 const int err = kind == 0 ? run_pread(&j, levels[li]) : run_uring(&j, levels[li]);
                 const double dt = now_s() - t0;
@@ -238,15 +260,16 @@ int main(int argc, char **argv) {
                     fprintf(stderr, "bench-io: %s failed: %s\n", kind ? "io_uring" : "pread", strerror(err));
                     return 1;
                 }
-                gbs[kind][li][round] = (double)j.n_pieces * PIECE / dt / 1e9;
+                gbs[kind][li][round] = (double)j.n_pieces * piece / dt / 1e9;
             }
-    printf("%s: %d experts of %.1f MiB, 1 MiB O_DIRECT pieces, median of 3 alternating rounds (GB/s)\n",
-           argv[1], n_experts, (double)expert / (1 << 20));
+    printf("%s: %d experts of %.1f MiB, %d KiB O_DIRECT pieces, %s (GB/s)\n", argv[1], n_experts,
+           (double)expert / (1 << 20), piece_kib,
+           first_pass ? "one pass over fresh ranges per configuration" : "median of 3 alternating rounds");
     printf("in flight | pread pool (threads) | io_uring (1 thread)\n");
     for (int li = 0; li < n_levels; li++) {
-        qsort(gbs[0][li], 3, sizeof(double), cmp_double);
-        qsort(gbs[1][li], 3, sizeof(double), cmp_double);
-        printf("%9d | %20.2f | %19.2f\n", levels[li], gbs[0][li][1], gbs[1][li][1]);
+        qsort(gbs[0][li], (size_t)rounds, sizeof(double), cmp_double);
+        qsort(gbs[1][li], (size_t)rounds, sizeof(double), cmp_double);
+        printf("%9d | %20.2f | %19.2f\n", levels[li], gbs[0][li][rounds / 2], gbs[1][li][rounds / 2]);
     }
     free(off);
     free(j.buf);

@@ -15,6 +15,7 @@
 #include "loader.h"
 #include "ops.h"
 #include "predict.h"
+#include "steptime.h"
 #include "types.h"
 
 void block_ffn_dense(struct colibri_context *c, int il, int n) {
@@ -53,7 +54,9 @@ static void expert_wave(struct colibri_context *c, int il, int n, const int32_t 
     if (with_shared)
         s->glu[nj++] = glu_act(glu(&w->sh_gate, &w->sh_up, s->xn, s->xnq, n, s->sh_gate, s->sh_up, sh_actq), hp,
                                NULL, NULL);
+    ST_T(t_glu);
     run_glu(c, s->glu, nj);
+    ST_ADD(n == 1, ST_GLU, t_glu);
 
     nj = 0;
     for (int i = 0; i < n_ids; i++) {
@@ -62,7 +65,9 @@ static void expert_wave(struct colibri_context *c, int il, int n, const int32_t 
                             s->down + (size_t)start * E, E);
     }
     if (with_shared) s->jobs[nj++] = job(&w->sh_down, s->sh_gate, sh_actq, n, s->sh_down, E);
+    ST_T(t_down);
     run_jobs(c, s->jobs, nj);
+    ST_ADD(n == 1, ST_DOWN, t_down);
 }
 
 void ffn_prefetch_layer(struct colibri_context *c, int next, const float *xn) {
@@ -238,10 +243,14 @@ colibri_status block_ffn_moe(struct colibri_context *c, int il, int n) {
     const int q_in =
         mat_wants_q8a(&w->router) || (has_sh && (mat_wants_q8a(&w->sh_gate) || mat_wants_q8a(&w->sh_up)));
     const int q_exp = kernel_wants_q8a(w->gate_exps.type) || kernel_wants_q8a(w->up_exps.type);
+    ST_T(t_q);
     if (q_in || q_exp) quantize_activations(c, s->xn, s->xnq, n, E);
+    ST_ADD(n == 1, ST_QIN, t_q);
 
     /* 1-2. router logits, top-k and weights into s.sel / s.selw */
+    ST_T(t_r);
     router_select(c, il, n);
+    ST_ADD(n == 1, ST_ROUTER, t_r);
     return block_moe_experts(c, il, n);
 }
 
@@ -261,6 +270,7 @@ colibri_status block_moe_experts(struct colibri_context *c, int il, int n) {
     /* 3. group the (token, expert) pairs by expert: cnt[e] becomes the end offset of
      *    expert e's pairs (start = end of e-1), pairs keep token order within an expert; a pair
      *    expert_mass left out (-1) has none */
+    ST_T(t_g);
     int32_t *cnt = s->cnt;
     memset(cnt, 0, (size_t)(X + 1) * sizeof *cnt);
     for (int i = 0; i < n * k; i++)
@@ -277,6 +287,8 @@ colibri_status block_moe_experts(struct colibri_context *c, int il, int n) {
             if (q_exp) memcpy(s->xgq + (size_t)p * nbE, s->xnq + (size_t)t * nbE, (size_t)nbE * sizeof(block_q8a));
         }
     }
+
+    ST_ADD(n == 1, ST_GROUP, t_g);
 
     /* 4-5. SwiGLU of every expert that has tokens (and of the shared expert), then their down
      *      projections: from the mapped file in one wave, or from the expert store */
@@ -295,6 +307,7 @@ colibri_status block_moe_experts(struct colibri_context *c, int il, int n) {
         expert_wave(c, il, n, c->wave_ids, c->views, nw, has_sh, q_down, sh_actq);
     }
 
+    ST_T(t_c);
     /* 6. y = sum_j w_j * (expert_j(x) [+ down bias]) [+ g * shared(x), g = sigmoid(x . w_sg) or 1
      *    without a gate] */
     for (int t = 0; t < n; t++) {
@@ -311,6 +324,7 @@ colibri_status block_moe_experts(struct colibri_context *c, int il, int n) {
             op_axpy(y, g, s->sh_down + (size_t)t * E, E);
         }
     }
+    ST_ADD(n == 1, ST_COMBINE, t_c);
     return COLIBRI_OK;
 }
 

@@ -18,6 +18,7 @@
 #include "error.h"
 #include "experts.h"
 #include "ops.h"
+#include "steptime.h"
 #include "types.h"
 
 static double now_seconds(void) {
@@ -63,13 +64,23 @@ colibri_status layer_pre_norm(struct colibri_context *c, int il, int n) {
     const struct colibri_model *m = c->model;
     const layer_weights *w = &m->layers[il];
     const block_mixer mix = w->recurrent ? m->arch->recurrent_mixer : m->arch->mixer ? m->arch->mixer : block_attention;
+    ST_T(t0);
     block_norm_rows(c, w->attn_norm, n);
+    ST_ADD(n == 1, ST_NORM, t0);
+    ST_T(t1);
     mix(c, il, n);
+    ST_ADD(n == 1, ST_MIXER, t1);
+    ST_T(t2);
     residual_add(c, n);
+    ST_ADD(n == 1, ST_RESID, t2);
+    ST_T(t3);
     block_norm_rows(c, w->ffn_norm, n);
+    ST_ADD(n == 1, ST_NORM, t3);
     colibri_status st = block_ffn(c, il, n);
     if (st) return st;
+    ST_T(t4);
     residual_add(c, n);
+    ST_ADD(n == 1, ST_RESID, t4);
     return COLIBRI_OK;
 }
 
@@ -84,6 +95,8 @@ static colibri_status eval_chunk(struct colibri_context *c, const int32_t *tok, 
     const int E = hp->n_embd;
     c->chunk_tokens = tok;
     *n_rows = 0;
+    ST_T(t_step);
+    ST_T(t_embed);
 
     for (int t = 0; t < n; t++)
         dequantize_row(m->tok_embd.type, (const char *)m->tok_embd.data + (size_t)tok[t] * m->tok_embd.row_bytes,
@@ -96,6 +109,7 @@ static colibri_status eval_chunk(struct colibri_context *c, const int32_t *tok, 
         for (size_t i = 0; i < (size_t)n * hp->n_rot; i++) s->rope_cs[i] *= hp->rope_attn_factor;
     if (c->store) store_tick(c->store, n);
     if (c->pred && n == 1) ffn_prefetch_layer(c, 0, NULL); /* decode step start: temporal and hashed */
+    ST_ADD(n == 1, ST_EMBED, t_embed);
 
     for (int il = 0; il < hp->n_layer; il++) {
         colibri_status st = m->arch->layer ? m->arch->layer(c, il, n) : layer_pre_norm(c, il, n);
@@ -103,20 +117,25 @@ static colibri_status eval_chunk(struct colibri_context *c, const int32_t *tok, 
     }
 
     if (!logits) return COLIBRI_OK;
+    ST_T(t_head);
     int nr = 0;
     for (int t = 0; t < n; t++)
         if (s->want[t])
             op_rmsnorm(s->x + (size_t)t * E, m->output_norm, s->xn + (size_t)nr++ * E, E, hp->norm_eps);
     if (nr == 0) return COLIBRI_OK;
     if (mat_wants_q8a(&m->output)) quantize_activations(c, s->xn, s->xnq, nr, E);
+    ST_ADD(n == 1, ST_HEAD, t_head);
+    ST_T(t_out);
     mm_job o = job(&m->output, s->xn, s->xnq, nr, logits, hp->n_vocab);
     run_jobs(c, &o, 1);
+    ST_ADD(n == 1, ST_OUTPUT, t_out);
     if (hp->logit_scale != 1.0f) /* a division, as transformers' logits / logits_scaling */
         for (size_t i = 0; i < (size_t)nr * hp->n_vocab; i++) logits[i] /= hp->logit_scale;
     *n_rows = nr;
     if (hp->final_softcap > 0.0f) /* as transformers: tanh(logits / cap) * cap */
         for (size_t i = 0; i < (size_t)nr * hp->n_vocab; i++)
             logits[i] = tanhf(logits[i] / hp->final_softcap) * hp->final_softcap;
+    ST_ADD(n == 1, ST_STEP, t_step);
     return COLIBRI_OK;
 }
 

@@ -543,6 +543,28 @@ static colibri_status parse(gguf_file *f) {
     return check_tensor_data(f);
 }
 
+/* The file mapped at a 2 MiB boundary (MAP_FAILED and errno on failure). The resident copy takes
+ * the map's place (resident.c) and can only keep transparent huge pages where the two addresses
+ * agree modulo 2 MiB, so the map starts on one: a reservation 2 MiB longer, trimmed around the
+ * mapping placed in it. */
+static void *map_aligned(int fd, size_t size) {
+    const size_t huge = (size_t)2 << 20;
+    unsigned char *res = mmap(NULL, size + huge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (res == MAP_FAILED) return MAP_FAILED;
+    unsigned char *at = (unsigned char *)(((uintptr_t)res + huge - 1) & ~(uintptr_t)(huge - 1));
+    void *m = mmap(at, size, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0);
+    if (m == MAP_FAILED) {
+        const int e = errno;
+        munmap(res, size + huge);
+        errno = e;
+        return MAP_FAILED;
+    }
+    if (at > res) munmap(res, (size_t)(at - res));
+    const size_t tail = (size_t)(res + size + huge - (at + size));
+    if (tail) munmap(at + size, tail);
+    return m;
+}
+
 colibri_status gguf_open(const char *path, gguf_file *out) {
     if (!out) return cb_error(COLIBRI_E_INVALID_ARG, "gguf_open: NULL output");
     memset(out, 0, sizeof *out);
@@ -569,7 +591,7 @@ colibri_status gguf_open(const char *path, gguf_file *out) {
         close(fd);
         return cb_error(COLIBRI_E_IO, "'%s' is too large to map on this system", path);
     }
-    void *m = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void *m = map_aligned(fd, (size_t)sb.st_size);
     int e = errno;
     close(fd);   /* the mapping keeps the file alive */
     if (m == MAP_FAILED) return cb_error(COLIBRI_E_IO, "cannot map '%s': %s", path, strerror(e));

@@ -8,8 +8,9 @@
  * dot product, a conversion, a broadcast and a multiply-add. Here a sub-block's integer dot
  * product is finished first (exact), and one conversion and one multiply-add serve eight
  * sub-block results at once:
- *   decode   per row and super-block, the 8 sub-blocks' int32 partial vectors are summed
- *            across lanes together (kg_reduce8), so lane j holds sub-block j; the row's 8
+ *   decode   per row and super-block, the 8 sub-blocks' int32 partial vectors (in pairs, one
+ *            512-bit vpdpbusd each) are summed across lanes together (kg_reduce8z), so lane j
+ *            holds sub-block j; the row's 8
  *            scale products and minimum terms are then one multiply and two multiply-adds;
  *   prefill  lanes = 8 tokens: the activations of 8 tokens are interleaved (8 columns per
  *            token per qword) into a stack buffer once per column chunk, and each 8-column
@@ -45,15 +46,6 @@
 #define KG_PREFILL_ROWS 4
 #define KG_CHUNK 96
 
-/* Lane i = the sum of v[i]'s 8 int32 lanes (exact: integer adds). */
-KX_INLINE __m256i kg_reduce8(const __m256i v[8]) {
-    const __m256i a0 = _mm256_hadd_epi32(v[0], v[1]), a1 = _mm256_hadd_epi32(v[2], v[3]);
-    const __m256i a2 = _mm256_hadd_epi32(v[4], v[5]), a3 = _mm256_hadd_epi32(v[6], v[7]);
-    const __m256i b0 = _mm256_hadd_epi32(a0, a1), b1 = _mm256_hadd_epi32(a2, a3);
-    /* b0: 128-bit lane 0 holds v[0..3]'s sums over their lanes 0..3, lane 1 over lanes 4..7 */
-    return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20), _mm256_permute2x128_si256(b0, b1, 0x31));
-}
-
 /* ---- decode: up to 8 rows, one to three tokens ---------------------------------- */
 
 /* Tokens per multi-token decode tile at most. Its tiles keep KG_ROWS rows: 8 x 3 accumulators
@@ -61,10 +53,54 @@ KX_INLINE __m256i kg_reduce8(const __m256i v[8]) {
  * (the rows share the scale gathers and the prefetch; docs/benchmarks.md, session 5). */
 #define KG_DEC_TOKS 3
 
+/* Sub-blocks 2p and 2p + 1 of a super-block in one 512-bit vector, as its two 256-bit halves
+ * (the weights' unsigned quants; the activations' quants for the matching operand). A pair
+ * takes one vpdpbusd instead of two and kg_reduce8z's shuffles serve twice the lanes of
+ * a 256-bit reduction's; the integer sums are the same exact ones. */
+KX_INLINE __m512i kg_pair_x(const block_q8a *x, int p) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)x[2 * p].qs)),
+                              _mm256_loadu_si256((const __m256i *)x[2 * p + 1].qs), 1);
+}
+
+/* Q4_K: the 32 bytes of qs that hold sub-blocks 2p (low nibbles) and 2p + 1 (high ones), loaded
+ * into both halves and shifted by 0 and 4. Q5_K: the same and bit j of qh as bit 4. */
+KX_INLINE __m512i kg_pair_w(uint32_t type, const char *blk, int p) {
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    const __m512i half4 = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
+    if (type == GGML_TYPE_Q4_K) {
+        const uint8_t *qs = ((const block_q4_K *)blk)->qs + 32 * p;
+        const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qs));
+        return _mm512_and_si512(_mm512_srlv_epi64(v, half4), nib);
+    }
+    const block_q5_K *b = (const block_q5_K *)blk;
+    const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qs + 32 * p)));
+    const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)b->qh));
+    const __m512i hb = _mm512_slli_epi64(_mm512_srlv_epi64(h, _mm512_add_epi64(_mm512_set1_epi64(2 * p),
+                                                                                _mm512_srli_epi64(half4, 2))),
+                                         4); /* bit 2p (low half), 2p + 1 (high half) of each byte, at bit 4 */
+    return _mm512_or_si512(_mm512_and_si512(_mm512_srlv_epi64(v, half4), nib),
+                           _mm512_and_si512(hb, _mm512_set1_epi8(0x10)));
+}
+
+/* Lane j = the sum of the 8 int32 lanes of sub-block j, from the pairs z[p] (sub-block 2p in
+ * the low half, 2p + 1 in the high one): two rounds of unpack-and-add leave, per 128-bit lane,
+ * the 4-lane sums of z[0..3]; adding the 128-bit lanes in pairs and one permute put them in
+ * sub-block order. Exact (integer adds): the 8 sums do not depend on how they are formed. */
+KX_INLINE __m256i kg_reduce8z(const __m512i z[4]) {
+    const __m512i t0 = _mm512_add_epi32(_mm512_unpacklo_epi32(z[0], z[1]), _mm512_unpackhi_epi32(z[0], z[1]));
+    const __m512i t1 = _mm512_add_epi32(_mm512_unpacklo_epi32(z[2], z[3]), _mm512_unpackhi_epi32(z[2], z[3]));
+    /* u: 128-bit lane L, element q = the sum of z[q]'s 128-bit lane L */
+    const __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(t0, t1), _mm512_unpackhi_epi64(t0, t1));
+    /* v: 128-bit lane 0 element q = sub-block 2q, lane 2 element q = sub-block 2q + 1 */
+    const __m512i v = _mm512_add_epi32(u, _mm512_shuffle_i32x4(u, u, _MM_SHUFFLE(2, 3, 0, 1)));
+    const __m512i order = _mm512_setr_epi32(0, 8, 1, 9, 2, 10, 3, 11, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_castsi512_si256(_mm512_permutexvar_epi32(order, v));
+}
+
 /* Y[t * ldy + r0 + i] for i < n (n <= KG_ROWS), t < T. Per row and super-block the 8 sub-blocks'
- * int32 partial vectors are reduced together, so lane j of a (row, token) accumulator is
- * sub-block j's. A sub-block is unpacked once per row and used for the T tokens (a batched
- * step's n_tok 2, 3): the arithmetic of each (row, token) is the one-token tile's. */
+ * int32 partial vectors, in pairs (kg_pair_w), are reduced together, so lane j of a (row, token)
+ * accumulator is sub-block j's. A pair is unpacked once per row and used for the T tokens (a
+ * batched step's n_tok 2, 3): the arithmetic of each (row, token) is the one-token tile's. */
 KX_INLINE void kg_decode_tile(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *x, float *Y,
                               int ldy, int r0, int r_end, const int n, const int T) {
     const size_t bb = kx_k_bytes(type);
@@ -74,31 +110,31 @@ KX_INLINE void kg_decode_tile(uint32_t type, const char *W, size_t row_bytes, in
     __m256 acc[KG_ROWS][KG_DEC_TOKS];
     for (int i = 0; i < n; i++)
         for (int t = 0; t < T; t++) acc[i][t] = _mm256_setzero_ps();
-    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + KG_ROWS, r_end, KG_ROWS, nb / 8);
+    /* the next tile's rows, a few lines per row of this one (bursts of a whole super-block's
+     * share measured slower cold: docs/benchmarks.md, kdecode session 6) */
+    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + KG_ROWS, r_end, KG_ROWS, nb);
     for (int b = 0; b < nb / 8; b++) {
-        kx_pf_step(&pf, b);
         __m256 dx[KG_DEC_TOKS], sx[KG_DEC_TOKS];
+        __m512i X[KG_DEC_TOKS][4];
         for (int t = 0; t < T; t++) {
             const block_q8a *x8 = x + (size_t)t * nb + (size_t)b * 8;
             dx[t] = _mm256_i32gather_ps(&x8->d, xidx, 1);
             sx[t] = min8 ? _mm256_i32gather_ps(&x8->s, xidx, 1) : _mm256_setzero_ps();
+            for (int p = 0; p < 4; p++) X[t][p] = kg_pair_x(x8, p);
         }
         for (int i = 0; i < n; i++) {
+            kx_pf_step(&pf, b * 8 + i);
             const char *blk = W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb;
             kx_khdr hdr;
             kx_khdr_load(type, blk, &hdr);
-            __m256i L[KG_DEC_TOKS][8];
-            for (int j = 0; j < 8; j++) {
-                kx_ksub sub;
-                kx_ksub_load(type, blk, j, &hdr, 0, &sub);
-                for (int t = 0; t < T; t++) {
-                    const __m256i xv = _mm256_loadu_si256((const __m256i *)x[(size_t)t * nb + (size_t)b * 8 + j].qs);
-                    L[t][j] = kx_k_lanes(type, &sub, xv, xv, 0);
-                }
+            __m512i L[KG_DEC_TOKS][4];
+            for (int p = 0; p < 4; p++) {
+                const __m512i w = kg_pair_w(type, blk, p);
+                for (int t = 0; t < T; t++) L[t][p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, X[t][p]);
             }
             const __m256 dsc = _mm256_loadu_ps(hdr.dsc);
             for (int t = 0; t < T; t++) {
-                const __m256 isum = _mm256_cvtepi32_ps(kg_reduce8(L[t]));
+                const __m256 isum = _mm256_cvtepi32_ps(kg_reduce8z(L[t]));
                 acc[i][t] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dsc, dx[t]), acc[i][t]);
                 if (min8) acc[i][t] = _mm256_fmadd_ps(_mm256_loadu_ps(hdr.dm8), sx[t], acc[i][t]);
             }

@@ -36,6 +36,13 @@ static int is_expert(const struct colibri_model *m, const gguf_tensor *t) {
     return model_streamed_tensor(m, t->name);
 }
 
+static int is_resident(const struct colibri_model *m, const gguf_tensor *t) { return !is_expert(m, t); }
+
+/* The expert tensors resident_experts_acquire copies. */
+static int is_run_expert(const struct colibri_model *m, const gguf_tensor *t) {
+    return is_expert(m, t) && model_tensor_runs(m, t);
+}
+
 static int pread_exact(int fd, unsigned char *dst, size_t n, uint64_t off) {
     size_t got = 0;
     while (got < n) {
@@ -68,6 +75,38 @@ static int copy_range(struct resident_state *r, unsigned char *base, uint64_t of
     return pread_exact(r->fd, base + off, (size_t)len, off);
 }
 
+/* Transparent huge pages (advice; nothing changes where THP is off) for the whole 2 MiB pages
+ * inside [off, off + len) of the copy: a decode step streams every resident byte, and 4 KiB pages
+ * cost it a TLB miss per 4 KiB (docs/benchmarks.md, "kdecode (session 6)": +10% decode on bench-A
+ * Q4_K_M). Only pages inside bytes about to be copied: a huge page never takes memory for bytes
+ * left out (the experts of a budgeted run). base is 2 MiB aligned (gguf.c maps it so). */
+#define HUGE_PAGE ((uint64_t)2 << 20)
+
+static void advise_huge(unsigned char *base, uint64_t off, uint64_t len) {
+    const uint64_t lo = (off + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE, hi = (off + len) / HUGE_PAGE * HUGE_PAGE;
+    if (hi > lo) madvise(base + lo, (size_t)(hi - lo), MADV_HUGEPAGE);
+}
+
+/* advise_huge over the runs of consecutive tensors that `pick` takes (gaps of alignment padding
+ * only: a tensor not taken ends a run). */
+static void advise_runs(const struct colibri_model *m, unsigned char *base,
+                        int (*pick)(const struct colibri_model *, const gguf_tensor *)) {
+    const gguf_file *f = &m->file;
+    uint64_t a = 0, b = 0;
+    for (uint64_t i = 0; i < f->n_tensors; i++) {
+        const gguf_tensor *t = &f->tensors[i];
+        const int take = pick(m, t) && t->nbytes > 0;
+        if (take && b > a && t->offset >= b && t->offset <= b + 64) {
+            b = t->offset + t->nbytes;
+            continue;
+        }
+        if (b > a) advise_huge(base, a, b - a);
+        a = b = 0;
+        if (take) a = t->offset, b = t->offset + t->nbytes;
+    }
+    if (b > a) advise_huge(base, a, b - a);
+}
+
 static colibri_status read_error(const struct colibri_model *m, const char *what, int err) {
     if (err == ENODATA)
         return cb_error(COLIBRI_E_IO, "reading %s of %s: the file is shorter than when it was opened (truncated?)",
@@ -96,9 +135,14 @@ colibri_status resident_load(struct colibri_model *m) {
     r->ino = sb.st_ino;
     if (O_DIRECT) r->fd_direct = resident_reopen(m, O_RDONLY | O_CLOEXEC | O_DIRECT);
 
-    unsigned char *anon = mmap(NULL, (size_t)f->size, PROT_READ | PROT_WRITE,
-                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (anon == MAP_FAILED) return cb_error(COLIBRI_E_NOMEM, "cannot reserve %llu bytes for the model", (unsigned long long)f->size);
+    /* reserved 2 MiB longer and trimmed to a 2 MiB boundary, as the map (advise_huge) */
+    unsigned char *res = mmap(NULL, (size_t)(f->size + HUGE_PAGE), PROT_READ | PROT_WRITE,
+                              MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (res == MAP_FAILED) return cb_error(COLIBRI_E_NOMEM, "cannot reserve %llu bytes for the model", (unsigned long long)f->size);
+    unsigned char *anon = (unsigned char *)(((uintptr_t)res + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+    if (anon > res) munmap(res, (size_t)(anon - res));
+    munmap(anon + f->size, (size_t)(res + f->size + HUGE_PAGE - (anon + f->size)));
+    advise_runs(m, anon, is_resident);
     int err = copy_range(r, anon, 0, f->data_offset);
     const char *what = "the metadata";
     for (uint64_t i = 0; !err && i < f->n_tensors; i++) {
@@ -193,6 +237,7 @@ colibri_status resident_experts_acquire(struct colibri_model *m) {
     }
     const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
     unsigned char *base = (unsigned char *)f->map;
+    advise_runs(m, base, is_run_expert);
     colibri_status st = COLIBRI_OK;
     for (uint64_t i = 0; !st && i < f->n_tensors; i++) {
         const gguf_tensor *t = &f->tensors[i];

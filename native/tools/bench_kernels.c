@@ -2,7 +2,7 @@
  * thread count, on the matrix shapes of the benchmark models.
  *
  *   bench-kernels [--backend scalar|avx2|avx512|all|best] [--threads N] [--ntok N] [--hot]
- *                 [--rows N] [--seconds S] [--quick] [--types Q4_K,Q6_K,...]
+ *                 [--rows N] [--seconds S] [--quick] [--types Q4_K,Q6_K,...] [--ring-mib N] [--thp]
  *
  * --types replaces the shape list by the two bench expert shapes (2816x1024 gate/up and
  * 1024x2816 down) for each named type (names as in GGUF: Q4_K, IQ4_XS, ...).
@@ -13,8 +13,14 @@
  * touches hundreds of MB per token); --hot reuses one copy (cache-resident). GB/s counts
  * weight bytes read; GFLOP/s counts 2 * rows * cols * n_tok. Each figure is the median
  * of several timed repetitions. Activation quantization is outside the timing (it is
- * timed on its own line). */
+ * timed on its own line).
+ *
+ * --ring-mib sets the ring's size (default 640 MiB, above the reference machine's 480 MiB
+ * last-level cache; a decode step's 200-400 MB of weights fit in it, so a smaller ring is
+ * closer to a real step on a quiet machine); --thp asks for transparent huge pages on the
+ * ring (madvise MADV_HUGEPAGE), to see what the 4 KiB pages' TLB misses cost. */
 #include <math.h>
+#include <sys/mman.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -174,6 +180,8 @@ typedef struct options {
     int rows;             /* > 0: override every shape's row count (with --hot: a cache-resident matrix) */
     double seconds;       /* per measurement */
     const char *types;    /* NULL: the SHAPES list; else comma-separated type names */
+    int ring_mib;         /* cold ring size */
+    int thp;              /* madvise(MADV_HUGEPAGE) on the ring */
 } options;
 
 /* The shapes to run: SHAPES, or the two bench expert shapes for every type in o->types.
@@ -259,14 +267,16 @@ static int run_backend(const char *backend, const options *o) {
         const shape *s = &sh;
         const size_t rb = row_bytes_of(s->type, s->cols);
         const size_t mat_bytes = ((rb * s->rows) + 63) / 64 * 64;
-        /* ring: more bytes than the last-level cache (480 MiB on the reference machine) */
-        const size_t ring_target = (size_t)640 << 20;
+        /* ring: by default more bytes than the last-level cache (480 MiB on the reference machine) */
+        const size_t ring_target = (size_t)o->ring_mib << 20;
         size_t copies = o->hot ? 1 : (ring_target + mat_bytes - 1) / mat_bytes;
-        unsigned char *ring = aligned_alloc(64, copies * mat_bytes);
+        const size_t huge = (size_t)2 << 20, ring_bytes = (copies * mat_bytes + huge - 1) / huge * huge;
+        unsigned char *ring = aligned_alloc(huge, ring_bytes);
         if (!ring) {
             fprintf(stderr, "out of memory for %zu MB\n", copies * mat_bytes >> 20);
             return 1;
         }
+        if (o->thp && madvise(ring, ring_bytes, MADV_HUGEPAGE) != 0) perror("madvise(MADV_HUGEPAGE)");
         /* every copy with its own random contents: identical pages might be merged by the
          * host and then be served from cache */
         for (size_t c = 0; c < copies; c++) fill_matrix(s->type, ring + c * mat_bytes, s->rows, s->cols);
@@ -332,7 +342,7 @@ static int run_backend(const char *backend, const options *o) {
 }
 
 int main(int argc, char **argv) {
-    options o = {NULL, 0, 0, 0, 0, 0.7, NULL};
+    options o = {NULL, 0, 0, 0, 0, 0.7, NULL, 640, 0};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--backend") && i + 1 < argc) o.backend = argv[++i];
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) o.threads = atoi(argv[++i]);
@@ -342,16 +352,18 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--rows") && i + 1 < argc) o.rows = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick")) o.seconds = 0.15;
         else if (!strcmp(argv[i], "--types") && i + 1 < argc) o.types = argv[++i];
+        else if (!strcmp(argv[i], "--ring-mib") && i + 1 < argc) o.ring_mib = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--thp")) o.thp = 1;
         else {
             fprintf(stderr,
                     "usage: %s [--backend scalar|avx2|avx512|all|best] [--threads N] [--ntok N] [--hot] "
-                    "[--rows N] [--seconds S] [--quick] [--types Q4_K,Q6_K,...]\n",
+                    "[--rows N] [--seconds S] [--quick] [--types Q4_K,Q6_K,...] [--ring-mib N] [--thp]\n",
                     argv[0]);
             return 2;
         }
     }
-    if (o.threads < 0 || o.ntok < 0 || o.ntok > 64 || o.rows < 0 || !(o.seconds > 0)) {
-        fprintf(stderr, "bad arguments (threads >= 1, 1 <= ntok <= 64, rows >= 1, seconds > 0)\n");
+    if (o.threads < 0 || o.ntok < 0 || o.ntok > 64 || o.rows < 0 || !(o.seconds > 0) || o.ring_mib < 1) {
+        fprintf(stderr, "bad arguments (threads >= 1, 1 <= ntok <= 64, rows >= 1, seconds > 0, ring-mib >= 1)\n");
         return 2;
     }
     printf("best kernel set: %s\n", (kernels_select(NULL), kernels_backend_name()));

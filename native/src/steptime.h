@@ -1,0 +1,35 @@
+/* steptime.h — wall-clock time per phase of one-token eval chunks (decode steps), on the thread
+ * that runs the step, to find where a step's time goes (docs/benchmarks.md, kdecode session 6).
+ * Compiled in only with -DCOLIBRI_STEP_TIMERS (e.g. CMAKE_C_FLAGS); without it every macro is
+ * empty and nothing is timed. With it, the totals go to stderr when the process exits. */
+#ifndef COLIBRI_STEPTIME_H
+#define COLIBRI_STEPTIME_H
+
+enum {
+    ST_EMBED,    /* embedding rows and rope angles */
+    ST_NORM,     /* the two RMS norms of each layer */
+    ST_MIXER,    /* the token mixer: attention with its projections */
+    ST_RESID,    /* the residual adds */
+    ST_QIN,      /* quantizing the FFN input */
+    ST_ROUTER,   /* router logits and top-k */
+    ST_GROUP,    /* grouping tokens by expert */
+    ST_GLU,      /* expert gate/up products and the activation (one pool run) */
+    ST_DOWN,     /* expert down products (one pool run) */
+    ST_COMBINE,  /* the weighted sum of the experts' outputs */
+    ST_HEAD,     /* output norm and quantization */
+    ST_OUTPUT,   /* output projection */
+    ST_STEP,     /* the whole chunk */
+    ST_N
+};
+
+#ifdef COLIBRI_STEP_TIMERS
+double steptime_now(void);
+void steptime_add(int phase, double since);
+#define ST_T(v) const double v = steptime_now()
+#define ST_ADD(on, phase, v) ((on) ? steptime_add(phase, v) : (void)0)
+#else
+#define ST_T(v) ((void)0)
+#define ST_ADD(on, phase, v) ((void)0)
+#endif
+
+#endif

@@ -360,11 +360,12 @@ KX_INLINE void kg_decode_any(uint32_t type, const char *W, size_t row_bytes, int
     else kg_decode_rows(type, W, row_bytes, nb, Xq, Y, ldy, r0, r1, t0, T);
 }
 
-/* Rows r .. r + R - 1 of a chunk on the type's kg_xblk prefill tile. */
+/* Rows r .. r + R - 1 of a chunk of nt tokens on the type's kg_xblk prefill tile. */
 KX_INLINE void kg_prefill_any(uint32_t type, const char *W, size_t row_bytes, const kg_xblk *xp, int c0, int cn,
-                              int r, int pf_end, __m256 (*acc)[8], const int R) {
-    if (kl_type(type)) kl_prefill_tile(type, W, row_bytes, xp, c0, cn, r, pf_end, acc, R);
-    else kg_prefill_tile(type, W, row_bytes, xp, c0, cn, r, pf_end, acc, R);
+                              int r, int pf_end, __m256 (*acc)[8], const int R, int nt) {
+    if (!kl_type(type)) kg_prefill_tile(type, W, row_bytes, xp, c0, cn, r, pf_end, acc, R);
+    else if (nt <= KG_TOKS / 2) kl_prefill_tile(type, W, row_bytes, xp, c0, cn, r, pf_end, acc, R, 1);
+    else kl_prefill_tile(type, W, row_bytes, xp, c0, cn, r, pf_end, acc, R, 2);
 }
 
 /* The walk of every type here and in kernels_x86_lane.h.
@@ -417,8 +418,8 @@ KX_INLINE void kg_matmul(uint32_t type, const char *W, size_t row_bytes, int nb,
                     continue;
                 }
                 for (; r + KG_PREFILL_ROWS <= re; r += KG_PREFILL_ROWS)
-                    kg_prefill_any(type, W, row_bytes, xk, c0, cn, r, pf_end, &accs[r - rb], KG_PREFILL_ROWS);
-                for (; r < re; r++) kg_prefill_any(type, W, row_bytes, xk, c0, cn, r, pf_end, &accs[r - rb], 1);
+                    kg_prefill_any(type, W, row_bytes, xk, c0, cn, r, pf_end, &accs[r - rb], KG_PREFILL_ROWS, nt);
+                for (; r < re; r++) kg_prefill_any(type, W, row_bytes, xk, c0, cn, r, pf_end, &accs[r - rb], 1, nt);
             }
             for (int r = rb; r < re; r++) kg_store_col(Y, ldy, t0, nt, r, accs[r - rb]);
         }

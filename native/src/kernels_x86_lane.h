@@ -97,9 +97,12 @@ KX_INLINE void kl_decode_tile(uint32_t type, const char *W, size_t row_bytes, in
     for (int i = 0; i < n; i++)
         for (int t = 0; t < T; t++) acc[i][t] = _mm256_setzero_ps();
     const int ng = (nb + 7) / 8;
-    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + KG_ROWS, r_end, KG_ROWS, ng);
+    /* prefetch steps per group: Q8_0's twice longer rows take theirs spread over the group's rows
+     * (cold n_tok 1 measured 8-12% faster than one burst per group); the nibble formats keep one
+     * burst per group (spreading measured 7% slower on 1024 x 2816; docs/benchmarks.md, session 6) */
+    const int ps = q8 ? KG_ROWS : 1;
+    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + KG_ROWS, r_end, KG_ROWS, ng * ps);
     for (int g = 0; g < ng; g++) {
-        kx_pf_step(&pf, g);
         const int b0 = 8 * g, nk = nb - b0 < 8 ? nb - b0 : 8, np = (nk + 1) / 2;
         __m256 dx[KG_DEC_TOKS], sx[KG_DEC_TOKS];
         __m256i xl[KG_DEC_TOKS][4], xh[KG_DEC_TOKS][4]; /* pair p: columns 0..15, 16..31 of 2p, 2p + 1 */
@@ -122,6 +125,7 @@ KX_INLINE void kl_decode_tile(uint32_t type, const char *W, size_t row_bytes, in
             xc[t] = off ? _mm256_sub_epi32(_mm256_setzero_si256(), kl_pair_sum(C)) : _mm256_setzero_si256();
         }
         for (int i = 0; i < n; i++) {
+            if (i < ps) kx_pf_step(&pf, g * ps + i);
             const char *row = W + (size_t)(r0 + i) * row_bytes + (size_t)b0 * bb;
             const __m256i h = kl_gather8(row, (int)bb, nk); /* d (Q4_1: and m above it) */
             const __m256 dw = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(h));
@@ -173,9 +177,10 @@ KX_INLINE void kl_decode_rows(uint32_t type, const char *W, size_t row_bytes, in
 /* Rows r0 .. r0 + R - 1 against the 8 tokens of xp (kg_pack_x with the type: blocks
  * [c0, c0 + cn), c0 a multiple of 8), the next R rows prefetched up to pf_end (kx_pf, one
  * step per block). acc[i][j] lane l carries the blocks = j mod 8 of (row r0 + i, token
- * kg_lane_tok[l]). */
+ * kg_lane_tok[l]). H: the token halves of xp that hold tokens (1 when the group has at most 4,
+ * which skips the other half's all-zero vpdpbusd: the same int32 sums, half the dot products). */
 KX_INLINE void kl_prefill_tile(uint32_t type, const char *W, size_t row_bytes, const kg_xblk *xp, int c0, int cn,
-                               int r0, int pf_end, __m256 (*acc)[8], const int R) {
+                               int r0, int pf_end, __m256 (*acc)[8], const int R, const int H) {
     const size_t bb = kl_block_bytes(type);
     const int q41 = type == GGML_TYPE_Q4_1;
     const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, pf_end, R, cn);
@@ -186,7 +191,7 @@ KX_INLINE void kl_prefill_tile(uint32_t type, const char *W, size_t row_bytes, c
             const kg_xblk *xb = &xp[b - c0];
             __m256i X[4][2];
             for (int p = 0; p < 4; p++)
-                for (int h = 0; h < 2; h++) X[p][h] = _mm256_loadu_si256((const __m256i *)xb->q[p][h]);
+                for (int h = 0; h < H; h++) X[p][h] = _mm256_loadu_si256((const __m256i *)xb->q[p][h]);
             const __m256 dx = _mm256_loadu_ps(xb->d);
             const __m256i xc = _mm256_loadu_si256((const __m256i *)xb->c);
             for (int i = 0; i < R; i++) {
@@ -198,7 +203,7 @@ KX_INLINE void kl_prefill_tile(uint32_t type, const char *W, size_t row_bytes, c
                 for (int p = 0; p < 4; p++) {
                     const __m256i w = _mm256_set1_epi64x(wq[p]);
                     s0 = _mm256_dpbusd_epi32(s0, w, X[p][0]);
-                    s1 = _mm256_dpbusd_epi32(s1, w, X[p][1]);
+                    if (H == 2) s1 = _mm256_dpbusd_epi32(s1, w, X[p][1]);
                 }
                 const __m256i isum = _mm256_add_epi32(_mm256_hadd_epi32(s0, s1), xc);
                 acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(kx_half_bcast(hdr[0]), dx),

@@ -98,7 +98,7 @@ KX_INLINE void kl_decode_tile(uint32_t type, const char *W, size_t row_bytes, in
         for (int t = 0; t < T; t++) acc[i][t] = _mm256_setzero_ps();
     const int ng = (nb + 7) / 8;
     /* prefetch steps per group: Q8_0's twice longer rows take theirs spread over the group's rows
-     * (cold n_tok 1 measured 8-12% faster than one burst per group); the nibble formats keep one
+     * (cold n_tok 1 measured 10-20% faster than one burst per group); the nibble formats keep one
      * burst per group (spreading measured 7% slower on 1024 x 2816; docs/benchmarks.md, session 6) */
     const int ps = q8 ? KG_ROWS : 1;
     const kx_pf pf = kx_pf_init(W, row_bytes, r0 + KG_ROWS, r_end, KG_ROWS, ng * ps);

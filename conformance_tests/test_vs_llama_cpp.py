@@ -4,7 +4,10 @@
   (this Python installation's LICENSE.txt, read at test time): the same top token at >= 99% of positions and
   mean KL(llama.cpp || Colibri) <= 0.01; greedy continuations of a few prompts identical, or the first
   divergence at a near-tie of llama.cpp's own logits.
-* The tiny random checkpoints converted to F16 and Q8_0: the same thresholds over 256 positions.
+* The tiny random checkpoints converted to F16 and Q8_0: the same thresholds over 1024 positions, four
+  fresh sequences of 256 tokens of different text (the tiny models' context is 512). On 256 positions one
+  position is 0.39 points of top-1 agreement and the binomial standard error of an 84% agreement is 2.3
+  points, coarser than the 2-point bar below; on 1024 it is 1.1 points.
 Quantized files (SmolLM2's Q4_1, the tiny Q8_0 files) are held to a second, decisive bar besides the
 issue's raw figures: neither engine computes the file's exact math (both quantize activations to int8
 blocks, in different summation orders), and SmolLM2's near-tied logits turn those rounding differences into
@@ -21,6 +24,7 @@ checking that the GGUF is byte-identical to the one they were recorded on.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +33,8 @@ import pytest
 import tiny_models as tm
 
 SMOL_N = 320  # teacher-forced positions on SmolLM2 (the issue asks for >= 256)
-TINY_N = 256
+TINY_N = 256  # positions per window of text
+TINY_SEEDS = (1, 2, 3, 4)  # tm.token_ids seeds: windows of different text, each a fresh sequence
 TOP1_MIN = 0.99
 KL_MEAN_MAX = 0.01
 GREEDY_PROMPTS = (
@@ -58,14 +63,35 @@ FAITHFUL_KL_FACTOR = 1.5
 FAITHFUL_KL_SLACK = 1e-3
 
 
+def tiny_windows(ckpt: Path) -> list[list[int]]:
+    """The token ids of the tiny-model comparisons: one window of TINY_N tokens per seed."""
+    return [tm.token_ids(ckpt, TINY_N, seed=s) for s in TINY_SEEDS]
+
+
+def colibri_logits(colibri: Any, gguf: Path, windows: list[list[int]]) -> np.ndarray:
+    """Teacher-forced logits of each window as a fresh sequence, stacked [sum of lengths, vocab]."""
+    n_ctx = max(64, *(len(w) for w in windows))
+    with colibri.load(gguf, threads=tm.ENGINE_THREADS, context_length=n_ctx) as model:
+        return np.concatenate([model.logits(w) for w in windows])
+
+
+def llama_cpp_windows(gguf: Path, windows: list[list[int]], n_batch: int | None = None) -> np.ndarray:
+    """llama.cpp's teacher-forced logits of each window (fresh sequences), stacked as colibri_logits."""
+    return np.concatenate([tm.llama_cpp_logits(gguf, w, n_batch=n_batch) for w in windows])
+
+
 def exact_logits(colibri: Any, gguf: Path, ids: list[int], tmp_dir: Path) -> np.ndarray:
     """Logits of the file's own weights without activation quantization: the file dequantized to F32."""
+    return exact_windows(colibri, gguf, [ids], tmp_dir)
+
+
+def exact_windows(colibri: Any, gguf: Path, windows: list[list[int]], tmp_dir: Path) -> np.ndarray:
+    """exact_logits of each window (fresh sequences), stacked as colibri_logits."""
     from reference.quantization_error import dequantized_copy
 
     exact_file = dequantized_copy(gguf, tmp_dir / f"{gguf.stem}.exact-f32.gguf")
     try:
-        with colibri.load(exact_file, threads=tm.ENGINE_THREADS, context_length=max(64, len(ids))) as model:
-            return model.logits(ids)
+        return colibri_logits(colibri, exact_file, windows)
     finally:
         exact_file.unlink()
 
@@ -86,6 +112,17 @@ def _check_quantized(
     assert ours_vs_exact.kl_mean <= kl_ceiling, (
         f"{label}: KL(exact || Colibri) {ours_vs_exact.kl_mean:.4g} > {kl_ceiling:.4g} "
         f"(llama.cpp's {theirs_vs_exact.kl_mean:.4g})"
+    )
+
+
+def recorded_vs_exact(rec: dict[str, np.ndarray], out_type: str, exact: np.ndarray) -> tm.Comparison:
+    """llama.cpp against exact math from a tiny record: the positions' figures from its top-K logits, the
+    bar's top-1 and KL as recorded from full logits (the top-K record alone bounds that KL from below)."""
+    cmp = tm.compare_to_record(_sub(rec, f"llama_{out_type}"), exact)
+    return dataclasses.replace(
+        cmp,
+        top1_agreement=float(rec[f"llama_{out_type}_exact_top1"]),
+        kl_mean=float(rec[f"llama_{out_type}_exact_kl"]),
     )
 
 
@@ -224,12 +261,11 @@ def _check_self_noise(
 def test_tiny_models_same_file(tiny_zoo: Any, colibri: Any, name: str, out_type: str, tmp_path: Path) -> None:
     ckpt = tiny_zoo.checkpoint(name)
     gguf = tiny_zoo.gguf(name, out_type)
-    ids = tm.token_ids(ckpt, TINY_N, seed=1)
-    with colibri.load(gguf, threads=tm.ENGINE_THREADS, context_length=TINY_N) as model:
-        ours = model.logits(ids)
+    windows = tiny_windows(ckpt)
+    ours = colibri_logits(colibri, gguf, windows)
     if tm.reference_engine("llama_cpp") is not None:
         theirs_rec = None
-        theirs = tm.llama_cpp_logits(gguf, ids)
+        theirs = llama_cpp_windows(gguf, windows)
         cmp = tm.compare(theirs, ours)
         source = "live"
     else:
@@ -238,29 +274,29 @@ def test_tiny_models_same_file(tiny_zoo: Any, colibri: Any, name: str, out_type:
             "the converter's output changed since llama.cpp's outputs were recorded; rerun "
             "conformance_tests/reference/regenerate.py where llama-cpp-python is installed"
         )
-        assert rec["ids256"].tolist() == ids
+        assert rec["tiny_windows"].tolist() == windows, "recorded on other token windows (TINY_N, TINY_SEEDS)"
         theirs_rec = _sub(rec, f"llama_{out_type}")
         cmp = tm.compare_to_record(theirs_rec, ours)
         source = "recorded"
     label = f"{name} {out_type.upper()} ({source})"
     if out_type == "f16" and tm.SPEC_BY_NAME[name].extra.get("f16_bar") == "self_noise":
         if theirs_rec is None:
-            self_noise = tm.compare(theirs, tm.llama_cpp_logits(gguf, ids, n_batch=1))
+            self_noise = tm.compare(theirs, llama_cpp_windows(gguf, windows, n_batch=1))
             self_kl, self_top1 = self_noise.kl_mean, self_noise.top1_agreement
         else:
             self_kl, self_top1 = float(rec["llama_f16_self_kl"]), float(rec["llama_f16_self_top1"])
-        exact = exact_logits(colibri, gguf, ids, tmp_path)
+        exact = exact_windows(colibri, gguf, windows, tmp_path)
         theirs_vs_exact = (
-            tm.compare(exact, theirs) if theirs_rec is None else tm.compare_to_record(theirs_rec, exact)
+            tm.compare(exact, theirs) if theirs_rec is None else recorded_vs_exact(rec, out_type, exact)
         )
         _check_self_noise(cmp, self_kl, self_top1, theirs_vs_exact, label)
         return
     if out_type == "f16" and not tm.SPEC_BY_NAME[name].extra.get("f16_vs_exact"):
         _check(cmp, f"{label} Colibri vs llama.cpp")
         return
-    exact = exact_logits(colibri, gguf, ids, tmp_path)
+    exact = exact_windows(colibri, gguf, windows, tmp_path)
     theirs_vs_exact = (
-        tm.compare(exact, theirs) if theirs_rec is None else tm.compare_to_record(theirs_rec, exact)
+        tm.compare(exact, theirs) if theirs_rec is None else recorded_vs_exact(rec, out_type, exact)
     )
     _check_quantized(cmp, tm.compare(exact, ours), theirs_vs_exact, label)
 
@@ -277,11 +313,10 @@ def test_gpt_oss_mxfp4_experts_same_file(tiny_zoo: Any, colibri: Any, name: str,
     gguf = tm.llama_cpp_quantize(src, tmp_path / f"{name}.mxfp4.gguf", "MXFP4_MOE")
     types = {t.name: t.tensor_type.name for t in GGUFReader(gguf).tensors}
     assert types["blk.0.ffn_gate_exps.weight"] == "MXFP4" and types["blk.1.ffn_down_exps.weight"] == "MXFP4"
-    ids = tm.token_ids(tiny_zoo.checkpoint(name), TINY_N, seed=1)
-    with colibri.load(gguf, threads=tm.ENGINE_THREADS, context_length=TINY_N) as model:
-        ours = model.logits(ids)
-    theirs = tm.llama_cpp_logits(gguf, ids)
-    exact = exact_logits(colibri, gguf, ids, tmp_path)
+    windows = tiny_windows(tiny_zoo.checkpoint(name))
+    ours = colibri_logits(colibri, gguf, windows)
+    theirs = llama_cpp_windows(gguf, windows)
+    exact = exact_windows(colibri, gguf, windows, tmp_path)
     _check_quantized(
         tm.compare(theirs, ours), tm.compare(exact, ours), tm.compare(exact, theirs), f"{name} MXFP4"
     )

@@ -9,8 +9,9 @@ Writes, next to this script:
   tiny_layout.json   tensor names/shapes transformers' save_pretrained writes for each tiny spec
   tiny_<name>.npz    per tiny checkpoint: its fingerprint; transformers' top-K logits over 128 positions
                      and greedy 32-token continuation (ids + log-probabilities); for llama.cpp-compatible
-                     specs, llama.cpp's top-K logits on our F32 (F32 KV cache), F16 and Q8_0 files, with
-                     the files' hashes
+                     specs, llama.cpp's top-K logits on our F32 (F32 KV cache) file, and on our F16 and
+                     Q8_0 files over test_vs_llama_cpp's token windows (tiny_windows) with its top-1 and
+                     KL against the files' exact math (needs the Colibri engine), with the files' hashes
   smollm2_q4_1.npz   llama.cpp on SmolLM2-135M-Instruct Q4_1: token ids of the English text, top-K
                      logits, greedy continuations of the test prompts with llama.cpp's top-2 margins
 The tests use these only where a reference engine is not installed (never under CI=true).
@@ -42,6 +43,8 @@ def _put(out: dict[str, np.ndarray], prefix: str, rec: dict[str, np.ndarray]) ->
 
 def tiny(root: Path, names: set[str] | None = None) -> None:
     """Every tiny spec's records, or those of `names` (the layout file keeps the others' entries)."""
+    import colibri_backend as colibri
+
     zoo = TinyZoo(root)
     specs = [s for s in tm.SPECS if names is None or s.name in names]
     layout_path = HERE / "tiny_layout.json"
@@ -65,12 +68,23 @@ def tiny(root: Path, names: set[str] | None = None) -> None:
             f32 = zoo.gguf(spec.name, "f32")
             out["gguf_sha_f32"] = np.array(tm.file_sha(f32))
             _put(out, "llama_f32kv", tm.record(tm.llama_cpp_logits(f32, ids, f32_kv=True)))
-            ids256 = tm.token_ids(ckpt, tl.TINY_N, seed=1)
-            out["ids256"] = np.array(ids256, dtype=np.int32)
+            windows = tl.tiny_windows(ckpt)
+            out["tiny_windows"] = np.array(windows, dtype=np.int32)
             for out_type in ("f16", "q8_0"):
                 g = zoo.gguf(spec.name, out_type)
                 out[f"gguf_sha_{out_type}"] = np.array(tm.file_sha(g))
-                _put(out, f"llama_{out_type}", tm.record(tm.llama_cpp_logits(g, ids256)))
+                theirs = tl.llama_cpp_windows(g, windows)
+                _put(out, f"llama_{out_type}", tm.record(theirs))
+                # llama.cpp against the file's exact math, from full logits (a top-K record gives only a
+                # lower bound of that KL, which would tighten the faithfulness bar)
+                vs_exact = tm.compare(tl.exact_windows(colibri, g, windows, root), theirs)
+                out[f"llama_{out_type}_exact_top1"] = np.array(vs_exact.top1_agreement)
+                out[f"llama_{out_type}_exact_kl"] = np.array(vs_exact.kl_mean)
+                if out_type == "f16" and spec.extra.get("f16_bar") == "self_noise":
+                    # llama.cpp's batched against its token-by-token pass (test_vs_llama_cpp's self noise)
+                    self_noise = tm.compare(theirs, tl.llama_cpp_windows(g, windows, n_batch=1))
+                    out["llama_f16_self_kl"] = np.array(self_noise.kl_mean)
+                    out["llama_f16_self_top1"] = np.array(self_noise.top1_agreement)
         if spec.name == "llama":
             texts = [*tc.TOKENIZER_SAMPLES, tm.corpus_text()[5000:9000]]
             toks = tm.llama_cpp_tokenize(zoo.gguf("llama", "f32"), texts)

@@ -1,11 +1,12 @@
 /* kernels_x86.h — the x86 SIMD kernels, written once and compiled twice: kernels_avx2.c
  * includes it with X86_VNNI 0 (AVX2 + FMA + F16C), kernels_avx512.c with X86_VNNI 1
- * (AVX-512 F/BW/VL/DQ + VNNI). With AVX-512 the quantized formats use their own tile
- * (two blocks per 512-bit vector, further down); the float formats, the activation
- * quantization and the attention helpers are the same 256-bit code in both. Only those
- * two files may include this header: the code needs their -m flags.
+ * (AVX-512 F/BW/VL/DQ + VNNI). The AVX-512 table runs Q8_0, Q4_0 and Q4_1 on the lane tiles
+ * of kernels_x86_lane.h (through kernels_x86_gemm.h), so this file's quantized tile is the
+ * AVX2 table's only; the float formats, the activation quantization and the attention
+ * helpers are the same 256-bit code in both. Only those two files may include this header:
+ * the code needs their -m flags.
  *
- * Shapes of the work (the AVX-512 quantized tile differs in the details, not the plan):
+ * Shapes of the work:
  *   matmul_rows walks the rows in tiles of R rows and, inside each, the tokens in tiles of
  *   T tokens; every (row, token) pair has its own 8-lane float accumulator. A weight block
  *   is loaded (and unpacked) once per tile and used for all T tokens, so prefill reuses
@@ -35,8 +36,8 @@
 
 /* Tile sizes: rows per tile for decode (one token) and prefill, tokens per prefill tile.
  * Chosen by measurement: AVX2 keeps its R * T accumulators within 16 ymm registers;
- * AVX-512 (32 registers, two blocks per zmm, see below) runs 8-row decode tiles, which
- * share each activation load and scale gather across more rows, and 4 x 4 prefill tiles. */
+ * AVX-512 (32 registers) runs 8-row decode tiles, which share each activation load and
+ * scale gather across more rows, and 4 x 4 prefill tiles (its float and K-quant tiles). */
 #if X86_VNNI
 #define KX_DECODE_ROWS 8
 #define KX_PREFILL_ROWS 4
@@ -123,7 +124,8 @@ KX_INLINE void kx_pf_step(const kx_pf *pf, int k) {
         _mm_prefetch(pf->base + o, _MM_HINT_T0);
 }
 
-/* ---- quantized tile ----------------------------------------------------------- */
+#if !X86_VNNI
+/* ---- quantized tile (AVX2 table) ------------------------------------------------ */
 
 /* Per-row state of the current block, loaded once and used for every token of the tile. */
 typedef struct kx_wblock {
@@ -188,6 +190,7 @@ KX_INLINE void kx_tile_q(uint32_t type, const char *W, size_t row_bytes, int nb,
 
 /* The tile shapes, instantiated with constant sizes so the accumulators live in registers. */
 #define KX_Q_TILE(TYPE, R, T) kx_tile_q(TYPE, W, row_bytes, nb, Xq, Y, ldy, r, KX_PF_END(T), t, R, T)
+#endif
 
 /* The prefetch limit of the tile at rows r.., tokens t.. of KX_WALK: one-token tiles and the
  * first token tile of a row tile in a chunk prefetch the rows after it (up to r1), the other
@@ -232,158 +235,17 @@ KX_INLINE void kx_tile_q(uint32_t type, const char *W, size_t row_bytes, int nb,
         }                                                                                                   \
     }
 
+#if !X86_VNNI
 #define KX_Q_DRIVER(NAME, TYPE)                                                                             \
     static void NAME(const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok, float *Y,    \
                      int ldy, int r0, int r1) {                                                              \
         KX_WALK(KX_Q_TILE, TYPE, (size_t)nb * sizeof(block_q8a))                                           \
     }
 
-#if X86_VNNI
-/* ---- AVX-512 quantized tile: two blocks per 512-bit vector ------------------------
- *
- * Per chunk of 16 blocks, the 16 weight scales of a row (and the 16 activation scales of
- * a token) are fetched with one gather and converted together; their products S are
- * spread over the lanes of each block pair by a permute. Per block pair and (row, token):
- *   Q8_0  lanes = vpdpbusd(-128 * sum(w), x + 128, w)    (x + 128 is unsigned)
- *   Q4_0  lanes = vpdpbusd(-8 * sum(x), q, x)            (q = w + 8 is unsigned)
- *   Q4_1  lanes = vpdpbusd(0, q, x);  sum(dm * s) is a per-chunk dot product on the side
- *   acc  += float(lanes) * S[pair pattern]
- * The corrections -128 sum(w) (per row) and -8 sum(x) (per token) are shared across the
- * tile. The nibble formats keep ggml's order inside the vector: [lo(b), lo(b+1), hi(b),
- * hi(b+1)] in 128-bit lanes, with the activations permuted to match.
- * The AVX-512 table (kg_matmul_rows) sends only Q8_0 here: Q4_0 and Q4_1 run the per-block
- * lane tiles of kernels_x86_lane.h, and this tile's nibble paths serve this file's own
- * drivers only (kx_matmul_rows), as kernels_x86_kq.h's Q4_K tiles do for the K-quants. */
-
-typedef struct kz_perm_tables {
-    int32_t q8[8][16];  /* pair p: lanes 0-7 from scale 2p, 8-15 from 2p+1 */
-    int32_t q4[8][16];  /* pair p: 4 lanes 2p, 4 lanes 2p+1, 4 lanes 2p, 4 lanes 2p+1 */
-} kz_perm_tables;
-
-static const kz_perm_tables kz_perm = {
-#define KZ_Q8(p) {2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p, 2 * p,                                     \
-                  2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1}
-#define KZ_Q4(p) {2 * p, 2 * p, 2 * p, 2 * p, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1,                     \
-                  2 * p, 2 * p, 2 * p, 2 * p, 2 * p + 1, 2 * p + 1, 2 * p + 1, 2 * p + 1}
-    {KZ_Q8(0), KZ_Q8(1), KZ_Q8(2), KZ_Q8(3), KZ_Q8(4), KZ_Q8(5), KZ_Q8(6), KZ_Q8(7)},
-    {KZ_Q4(0), KZ_Q4(1), KZ_Q4(2), KZ_Q4(3), KZ_Q4(4), KZ_Q4(5), KZ_Q4(6), KZ_Q4(7)},
-#undef KZ_Q8
-#undef KZ_Q4
-};
-
-KX_INLINE float kz_hsum(__m512 v) {
-    return kx_hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
-}
-
-KX_INLINE size_t kz_block_bytes(uint32_t type) {
-    return type == GGML_TYPE_Q8_0 ? sizeof(block_q8_0) : type == GGML_TYPE_Q4_0 ? sizeof(block_q4_0)
-                                                                                : sizeof(block_q4_1);
-}
-
-/* Weight quants of blocks b (and b + 1 if two) as 64 bytes, in the order described above. */
-KX_INLINE __m512i kz_load_wpair(uint32_t type, const char *row, int b, int two) {
-    if (type == GGML_TYPE_Q8_0) {
-        const block_q8_0 *blk = (const block_q8_0 *)row + b;
-        __m512i w = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)blk[0].qs));
-        if (two) w = _mm512_inserti64x4(w, _mm256_loadu_si256((const __m256i *)blk[1].qs), 1);
-        return w;
-    }
-    const size_t bb = kz_block_bytes(type);
-    const size_t qoff = type == GGML_TYPE_Q4_0 ? offsetof(block_q4_0, qs) : offsetof(block_q4_1, qs);
-    const char *q0 = row + (size_t)b * bb + qoff;
-    __m256i y = _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)q0));
-    if (two) y = _mm256_inserti128_si256(y, _mm_loadu_si128((const __m128i *)(q0 + bb)), 1);
-    const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(y), _mm256_srli_epi16(y, 4), 1);
-    return _mm512_and_si512(z, _mm512_set1_epi8(0x0f));
-}
-
-/* Activation quants of blocks b (and b + 1) of one token, matching kz_load_wpair. */
-KX_INLINE __m512i kz_load_xpair(uint32_t type, const block_q8a *x, int two) {
-    __m512i v = _mm512_zextsi256_si512(_mm256_loadu_si256((const __m256i *)x[0].qs));
-    if (two) v = _mm512_inserti64x4(v, _mm256_loadu_si256((const __m256i *)x[1].qs), 1);
-    if (type == GGML_TYPE_Q8_0) return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80)); /* x + 128 */
-    return _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(3, 1, 2, 0)); /* [lo b, lo b+1, hi b, hi b+1] */
-}
-
-KX_INLINE void kz_tile_q(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, float *Y,
-                         int ldy, int r0, int pf_end, int t0, const int R, const int T) {
-    enum { MR = KX_PREFILL_ROWS > KX_DECODE_ROWS ? KX_PREFILL_ROWS : KX_DECODE_ROWS, MT = KX_PREFILL_TOKS };
-    const int q41 = type == GGML_TYPE_Q4_1;
-    const size_t bb = kz_block_bytes(type);
-    __m512 acc[MR][MT], accm[MR][MT];
-    for (int i = 0; i < R; i++)
-        for (int j = 0; j < T; j++) acc[i][j] = accm[i][j] = _mm512_setzero_ps();
-    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i idx_w = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)bb));
-    const __m512i idx_x = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int)sizeof(block_q8a)));
-    const block_q8a *xt = Xq + (size_t)t0 * nb;
-
-    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, pf_end, R, (nb + 1) / 2);
-    for (int c0 = 0; c0 < nb; c0 += 16) {
-        const int nc = nb - c0 < 16 ? nb - c0 : 16;
-        const __mmask16 m = (__mmask16)((1u << nc) - 1);
-        __m512 S[MR][MT];
-        __m512 dx[MT];
-        for (int j = 0; j < T; j++)
-            dx[j] = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx_x, &xt[(size_t)j * nb + c0].d, 1);
-        for (int i = 0; i < R; i++) {
-            const char *blk0 = W + (size_t)(r0 + i) * row_bytes + (size_t)c0 * bb;
-            const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), m, idx_w, blk0, 1);
-            const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(g));
-            for (int j = 0; j < T; j++) S[i][j] = _mm512_mul_ps(dw, dx[j]);
-            if (q41) {
-                const __m512 dm = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(g, 16)));
-                for (int j = 0; j < T; j++) {
-                    const __m512 sx = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, idx_x,
-                                                               &xt[(size_t)j * nb + c0].s, 1);
-                    accm[i][j] = _mm512_fmadd_ps(dm, sx, accm[i][j]);
-                }
-            }
-        }
-        for (int p = 0; 2 * p < nc; p++) {
-            const int b = c0 + 2 * p, two = 2 * p + 1 < nc;
-            kx_pf_step(&pf, b / 2);
-            const __m512i perm = _mm512_loadu_si512(type == GGML_TYPE_Q8_0 ? kz_perm.q8[p] : kz_perm.q4[p]);
-            __m512i X[MT], xc[MT];
-            for (int j = 0; j < T; j++) {
-                X[j] = kz_load_xpair(type, xt + (size_t)j * nb + b, two);
-                if (type == GGML_TYPE_Q4_0) /* -8 * sum(x), per 4-byte group */
-                    xc[j] = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                             _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(8), X[j]));
-                else
-                    xc[j] = _mm512_setzero_si512();
-            }
-            for (int i = 0; i < R; i++) {
-                const __m512i w = kz_load_wpair(type, W + (size_t)(r0 + i) * row_bytes, b, two);
-                __m512i wc = _mm512_setzero_si512();
-                if (type == GGML_TYPE_Q8_0) /* -128 * sum(w), per 4-byte group */
-                    wc = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                          _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), w));
-                for (int j = 0; j < T; j++) {
-                    __m512i lanes;
-                    if (type == GGML_TYPE_Q8_0) lanes = _mm512_dpbusd_epi32(wc, X[j], w);
-                    else lanes = _mm512_dpbusd_epi32(xc[j], w, X[j]);
-                    const __m512 sc = _mm512_permutexvar_ps(perm, S[i][j]);
-                    acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lanes), sc, acc[i][j]);
-                }
-            }
-        }
-    }
-    for (int i = 0; i < R; i++)
-        for (int j = 0; j < T; j++) {
-            float v = kz_hsum(acc[i][j]);
-            if (q41) v += kz_hsum(accm[i][j]);
-            Y[(size_t)(t0 + j) * ldy + r0 + i] = v;
-        }
-}
-
-#undef KX_Q_TILE
-#define KX_Q_TILE(TYPE, R, T) kz_tile_q(TYPE, W, row_bytes, nb, Xq, Y, ldy, r, KX_PF_END(T), t, R, T)
-#endif
-
 KX_Q_DRIVER(kx_matmul_q8_0, GGML_TYPE_Q8_0)
 KX_Q_DRIVER(kx_matmul_q4_0, GGML_TYPE_Q4_0)
 KX_Q_DRIVER(kx_matmul_q4_1, GGML_TYPE_Q4_1)
+#endif
 
 #include "kernels_x86_kq.h"
 
@@ -448,9 +310,11 @@ static void kx_matmul_rows(uint32_t type, const void *W, size_t row_bytes, int n
     case GGML_TYPE_F32: kx_matmul_f32(w, row_bytes, n_cols, X, n_tok, Y, ldy, r0, r1); break;
     case GGML_TYPE_F16: kx_matmul_f16(w, row_bytes, n_cols, X, n_tok, Y, ldy, r0, r1); break;
     case GGML_TYPE_BF16: kx_matmul_bf16(w, row_bytes, n_cols, X, n_tok, Y, ldy, r0, r1); break;
+#if !X86_VNNI /* AVX-512: kg_matmul_rows takes these three */
     case GGML_TYPE_Q8_0: kx_matmul_q8_0(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     case GGML_TYPE_Q4_0: kx_matmul_q4_0(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     case GGML_TYPE_Q4_1: kx_matmul_q4_1(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+#endif
     default:
         if (kx_matmul_kq(type, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1)) break;
         /* callers check types at load; NaN makes a slip visible */

@@ -170,9 +170,9 @@ typedef struct kg_xblk {
     int32_t c[8];       /* per lane: -kg_x_off(type) * sum(qs) (kernels_x86_lane.h; 0 for the K-quants) */
 } kg_xblk;              /* 352 bytes */
 
-/* The offset of Q4_0's unsigned weight operand (q = w + 8) in kernels_x86_lane.h, whose lane
- * sums start from -offset * sum(x); 0 for every other type. */
-KX_INLINE int kg_x_off(uint32_t type) { return type == GGML_TYPE_Q4_0 ? 8 : 0; }
+/* The offset of the unsigned weight operand of Q8_0 (w + 128) and Q4_0 (q = w + 8) in
+ * kernels_x86_lane.h, whose lane sums start from -offset * sum(x); 0 for every other type. */
+KX_INLINE int kg_x_off(uint32_t type) { return type == GGML_TYPE_Q8_0 ? 128 : type == GGML_TYPE_Q4_0 ? 8 : 0; }
 
 /* Interleave blocks [c0, c0 + cn) of tokens t0 .. t0 + nt - 1 (nt <= 8; missing tokens are zeros). */
 KX_INLINE void kg_pack_x(uint32_t type, const block_q8a *Xq, int nb, int t0, int nt, int c0, int cn, kg_xblk *out) {
@@ -368,6 +368,8 @@ KX_INLINE void kg_store_col(float *Y, int ldy, int t0, int nt, int r, const __m2
         if (kg_lane_tok[l] < nt) Y[(size_t)(t0 + kg_lane_tok[l]) * ldy + r] = tmp[l];
 }
 
+#include "kernels_x86_lane.h" /* Q8_0, Q4_0, Q4_1 on this layout (kl_type) */
+
 /* Below this many tokens prefill runs the decode tiles, up to KG_DEC_TOKS tokens each (same
  * results): the interleaved group pays for itself only with several tokens in its lanes. */
 #define KG_MIN_PREFILL_TOKS 4
@@ -387,7 +389,23 @@ KX_INLINE void kg_pack(uint32_t type, const block_q8a *Xq, int nb, int t0, int n
     else kg_pack_x(type, Xq, nb, t0, nt, c0, cn, (kg_xblk *)xp);
 }
 
-/* xp: the driver's interleave buffer, KG_CHUNK blocks of the type's kind (kg_dword_tile). */
+/* Tokens [t0, t0 + T) against rows [r0, r1) on the type's decode tiles. */
+KX_INLINE void kg_decode_any(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, float *Y,
+                             int ldy, int r0, int r1, int t0, const int T) {
+    if (kl_type(type)) kl_decode_rows(type, W, row_bytes, nb, Xq, Y, ldy, r0, r1, t0, T);
+    else kg_decode_rows(type, W, row_bytes, nb, Xq, Y, ldy, r0, r1, t0, T);
+}
+
+/* Rows r .. r + R - 1 of a chunk of nt tokens on the type's kg_xblk prefill tile. */
+KX_INLINE void kg_prefill_any(uint32_t type, const char *W, size_t row_bytes, const kg_xblk *xp, int c0, int cn,
+                              int r, int pf_end, __m256 (*acc)[8], const int R, int nt) {
+    if (!kl_type(type)) kg_prefill_tile(type, W, row_bytes, xp, c0, cn, r, pf_end, acc, R);
+    else if (nt <= KG_TOKS / 2) kl_prefill_tile(type, W, row_bytes, xp, c0, cn, r, pf_end, acc, R, 1);
+    else kl_prefill_tile(type, W, row_bytes, xp, c0, cn, r, pf_end, acc, R, 2);
+}
+
+/* The walk of every type here and in kernels_x86_lane.h.
+ * xp: the driver's interleave buffer, KG_CHUNK blocks of the type's kind (kg_dword_tile). */
 KX_INLINE void kg_matmul(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok,
                          float *Y, int ldy, int r0, int r1, void *xp) {
     if (n_tok < (kg_dword_tile(type) ? KG_DW_MIN_TOKS : KG_MIN_PREFILL_TOKS)) {
@@ -400,14 +418,14 @@ KX_INLINE void kg_matmul(uint32_t type, const char *W, size_t row_bytes, int nb,
             return;
         }
         if (n_tok == 1) {
-            kg_decode_rows(type, W, row_bytes, nb, Xq, Y, ldy, r0, r1, 0, 1);
+            kg_decode_any(type, W, row_bytes, nb, Xq, Y, ldy, r0, r1, 0, 1);
             return;
         }
         int t = 0;
         for (; t + KG_DEC_TOKS <= n_tok; t += KG_DEC_TOKS)
-            kg_decode_rows(type, W, row_bytes, nb, Xq, Y, ldy, r0, r1, t, KG_DEC_TOKS);
-        if (n_tok - t == 2) kg_decode_rows(type, W, row_bytes, nb, Xq, Y, ldy, r0, r1, t, 2);
-        else if (n_tok - t == 1) kg_decode_rows(type, W, row_bytes, nb, Xq, Y, ldy, r0, r1, t, 1);
+            kg_decode_any(type, W, row_bytes, nb, Xq, Y, ldy, r0, r1, t, KG_DEC_TOKS);
+        if (n_tok - t == 2) kg_decode_any(type, W, row_bytes, nb, Xq, Y, ldy, r0, r1, t, 2);
+        else if (n_tok - t == 1) kg_decode_any(type, W, row_bytes, nb, Xq, Y, ldy, r0, r1, t, 1);
         return;
     }
     const kg_xblk *xk = xp;  /* the one the type uses */
@@ -436,8 +454,8 @@ KX_INLINE void kg_matmul(uint32_t type, const char *W, size_t row_bytes, int nb,
                     continue;
                 }
                 for (; r + KG_PREFILL_ROWS <= re; r += KG_PREFILL_ROWS)
-                    kg_prefill_tile(type, W, row_bytes, xk, c0, cn, r, pf_end, &accs[r - rb], KG_PREFILL_ROWS);
-                for (; r < re; r++) kg_prefill_tile(type, W, row_bytes, xk, c0, cn, r, pf_end, &accs[r - rb], 1);
+                    kg_prefill_any(type, W, row_bytes, xk, c0, cn, r, pf_end, &accs[r - rb], KG_PREFILL_ROWS, nt);
+                for (; r < re; r++) kg_prefill_any(type, W, row_bytes, xk, c0, cn, r, pf_end, &accs[r - rb], 1, nt);
             }
             for (int r = rb; r < re; r++) kg_store_col(Y, ldy, t0, nt, r, accs[r - rb]);
         }
@@ -456,8 +474,9 @@ KG_DRIVER(kg_matmul_q4_k, GGML_TYPE_Q4_K, kg_xblk)
 KG_DRIVER(kg_matmul_q5_k, GGML_TYPE_Q5_K, kg_xblk)
 KG_DRIVER(kg_matmul_q6_k, GGML_TYPE_Q6_K, kg_xdblk)
 KG_DRIVER(kg_matmul_iq4_xs, GGML_TYPE_IQ4_XS, kg_xdblk)
-
-#include "kernels_x86_lane.h" /* Q4_0, Q4_1 on this layout */
+KG_DRIVER(kg_matmul_q8_0, GGML_TYPE_Q8_0, kg_xblk)
+KG_DRIVER(kg_matmul_q4_0, GGML_TYPE_Q4_0, kg_xblk)
+KG_DRIVER(kg_matmul_q4_1, GGML_TYPE_Q4_1, kg_xblk)
 
 /* The AVX-512 table's entry: these tiles for their types, kernels_x86.h's for the rest. */
 static void kg_matmul_rows(uint32_t type, const void *W, size_t row_bytes, int n_cols, const float *X,
@@ -469,8 +488,9 @@ static void kg_matmul_rows(uint32_t type, const void *W, size_t row_bytes, int n
     case GGML_TYPE_Q5_K: kg_matmul_q5_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     case GGML_TYPE_Q6_K: kg_matmul_q6_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     case GGML_TYPE_IQ4_XS: kg_matmul_iq4_xs(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
-    case GGML_TYPE_Q4_0: kl_matmul_q4_0(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
-    case GGML_TYPE_Q4_1: kl_matmul_q4_1(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_Q8_0: kg_matmul_q8_0(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_Q4_0: kg_matmul_q4_0(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_Q4_1: kg_matmul_q4_1(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     default: kx_matmul_rows(type, W, row_bytes, n_cols, X, Xq, n_tok, Y, ldy, r0, r1); break;
     }
 }

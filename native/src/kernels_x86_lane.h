@@ -1,46 +1,59 @@
-/* kernels_x86_lane.h — AVX-512 VNNI tiles for the 32-weight nibble formats Q4_0 and Q4_1 on
- * the layout of kernels_x86_gemm.h: one finished block sum per lane, a row's 8 consecutive
- * blocks in decode, 8 tokens in prefill. Included by kernels_x86_gemm.h only (it needs
- * kg_reduce8, kg_pack_x, kg_store_col and that file's sizes).
+/* kernels_x86_lane.h — AVX-512 VNNI tiles for the 32-weight block formats Q8_0, Q4_0 and
+ * Q4_1 on the layout of kernels_x86_gemm.h: one finished block sum per lane, a row's 8
+ * consecutive blocks in decode, 8 tokens in prefill. Included by kernels_x86_gemm.h only,
+ * before its walk (kg_matmul), which calls these tiles for these types (it needs kg_xblk,
+ * kx_pf and that file's sizes).
  *
  * Why: the tile these formats had (kz_tile_q: two blocks per 512-bit vector, 4 rows x 4
- * tokens) keeps int32 partials per 4-byte group and pays a scale permute, a conversion and a
- * multiply-add per (row, token, block pair), and gathers 16 scales per row and per token every
+ * tokens) kept int32 partials per 4-byte group and paid a scale permute, a conversion and a
+ * multiply-add per (row, token, block pair), and gathered 16 scales per row and per token every
  * 16 blocks: 8 tokens cost 4-8x one token. Here 8 tokens share each weight qword broadcast and
  * one vpdpbusd takes four tokens, as in the Q4_K / Q5_K prefill tile.
  *
- * Q8_0 ran on these tiles too (w + 128 as the unsigned operand, offset 128) at 1.6-1.75x the
- * old tile's speed for 8-64 tokens, and is not kept: its new rounding order (that of the
- * scalar kernels) moves the qwen35moe_tied Q8_0 conformance file from 211 to 208 of 256 top-1
- * agreements with exact math, under the bar of 210 (docs/benchmarks.md, session 5).
- *
  * Integer part, per block of 32 weights (exact, whichever tile): with u the unsigned weight
  * operand in column order and off its offset,
- *   Q4_0  u = q (w = q - 8), off = 8      Q4_1  u = q, off = 0
+ *   Q8_0  u = w + 128, off = 128      Q4_0  u = q (w = q - 8), off = 8      Q4_1  u = q, off = 0
  *   isum = dot(u, x) - off * sum(x)   = dot(w, x)  (Q4_1: dot(q, x))
  * Float part of one output (row r, token t), the same in both tiles, so a result never depends
  * on n_tok, on the tile it lands in or on the row range: for blocks b in order, into a_{b % 8}
  *   a    = fma(float(isum_b), dw_b * dx_b, a)
  *   Q4_1 a    = fma(m_b, s_b, a)            (s = dx * sum(x), block_q8a; w = q * dw + m)
  *   result = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))   (kx_hsum's order)
+ * (|isum| <= 32 * 128 * 127 < 2^24, so float(isum) is exact.) This is another rounding order
+ * than kz_tile_q's (float partials per 4-byte group) and the scalar kernels'; for Q8_0 it was
+ * held back in session 5 by a conformance bar measured on 256 positions, finer than that
+ * measurement's noise, and kept once the bar was measured on 1024 (docs/benchmarks.md, session 6).
  * A decode tile's lanes past the last block of a row get fma(0, 0, a) = a: the a's start at
  * +0 and an fma can only give -0 from a -0 addend, so those lanes never change. */
 #ifndef COLIBRI_KERNELS_X86_LANE_H
 #define COLIBRI_KERNELS_X86_LANE_H
 
+KX_INLINE int kl_type(uint32_t type) {
+    return type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_1;
+}
+
 KX_INLINE size_t kl_block_bytes(uint32_t type) {
-    return type == GGML_TYPE_Q4_0 ? sizeof(block_q4_0) : sizeof(block_q4_1);
+    return type == GGML_TYPE_Q8_0 ? sizeof(block_q8_0) : type == GGML_TYPE_Q4_0 ? sizeof(block_q4_0)
+                                                                                : sizeof(block_q4_1);
+}
+
+/* Offset of the quants in a block (after d, Q4_1: d and m). */
+KX_INLINE size_t kl_qoff(uint32_t type) {
+    return type == GGML_TYPE_Q8_0 ? offsetof(block_q8_0, qs) : type == GGML_TYPE_Q4_0 ? offsetof(block_q4_0, qs)
+                                                                                      : offsetof(block_q4_1, qs);
 }
 
 /* Block b of a row: its 32 unsigned weight quants u in column order. */
 KX_INLINE __m256i kl_wu(uint32_t type, const char *row, int b) {
-    const char *blk = row + (size_t)b * kl_block_bytes(type);
-    const size_t qoff = type == GGML_TYPE_Q4_0 ? offsetof(block_q4_0, qs) : offsetof(block_q4_1, qs);
-    return kx_unpack_nibbles((const uint8_t *)blk + qoff);
+    const uint8_t *q = (const uint8_t *)row + (size_t)b * kl_block_bytes(type) + kl_qoff(type);
+    if (type == GGML_TYPE_Q8_0)
+        return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)q), _mm256_set1_epi8((char)0x80));
+    return kx_unpack_nibbles(q);
 }
 
-/* Decode keeps blocks in pairs: a vector holds blocks 2p (lanes 0-3) and 2p + 1 (lanes 4-7), low
- * nibbles against columns 0..15 and high ones against 16..31, so one unpack serves two blocks.
+/* Decode keeps blocks in pairs: a vector holds blocks 2p (lanes 0-3) and 2p + 1 (lanes 4-7), one
+ * against columns 0..15 and one against 16..31 (the nibble formats: low and high nibbles of the
+ * same 16 bytes, so one unpack serves two blocks; Q8_0: bytes 0..15 and 16..31).
  * kl_pair_sum then leaves block kl_lane_blk[l] in lane l, and the accumulators keep that order
  * until kl_lane_unperm puts them back in block order for kx_hsum. */
 static const int kl_lane_blk[8] = {0, 2, 4, 6, 1, 3, 5, 7};
@@ -77,16 +90,19 @@ KX_INLINE __m256i kl_load2(const void *lo, const void *hi) {
 KX_INLINE void kl_decode_tile(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *x, float *Y,
                               int ldy, int r0, int r_end, const int n, const int T) {
     const size_t bb = kl_block_bytes(type);
-    const size_t qoff = type == GGML_TYPE_Q4_0 ? offsetof(block_q4_0, qs) : offsetof(block_q4_1, qs);
-    const int q41 = type == GGML_TYPE_Q4_1, off = kg_x_off(type);
+    const size_t qoff = kl_qoff(type);
+    const int q41 = type == GGML_TYPE_Q4_1, q8 = type == GGML_TYPE_Q8_0, off = kg_x_off(type);
     const __m256i nib = _mm256_set1_epi8(0x0f);
     __m256 acc[KG_ROWS][KG_DEC_TOKS];
     for (int i = 0; i < n; i++)
         for (int t = 0; t < T; t++) acc[i][t] = _mm256_setzero_ps();
     const int ng = (nb + 7) / 8;
-    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + KG_ROWS, r_end, KG_ROWS, ng);
+    /* prefetch steps per group: Q8_0's twice longer rows take theirs spread over the group's rows
+     * (cold n_tok 1 measured 10-20% faster than one burst per group); the nibble formats keep one
+     * burst per group (spreading measured 7% slower on 1024 x 2816; docs/benchmarks.md, session 6) */
+    const int ps = q8 ? KG_ROWS : 1;
+    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + KG_ROWS, r_end, KG_ROWS, ng * ps);
     for (int g = 0; g < ng; g++) {
-        kx_pf_step(&pf, g);
         const int b0 = 8 * g, nk = nb - b0 < 8 ? nb - b0 : 8, np = (nk + 1) / 2;
         __m256 dx[KG_DEC_TOKS], sx[KG_DEC_TOKS];
         __m256i xl[KG_DEC_TOKS][4], xh[KG_DEC_TOKS][4]; /* pair p: columns 0..15, 16..31 of 2p, 2p + 1 */
@@ -109,6 +125,7 @@ KX_INLINE void kl_decode_tile(uint32_t type, const char *W, size_t row_bytes, in
             xc[t] = off ? _mm256_sub_epi32(_mm256_setzero_si256(), kl_pair_sum(C)) : _mm256_setzero_si256();
         }
         for (int i = 0; i < n; i++) {
+            if (i < ps) kx_pf_step(&pf, g * ps + i);
             const char *row = W + (size_t)(r0 + i) * row_bytes + (size_t)b0 * bb;
             const __m256i h = kl_gather8(row, (int)bb, nk); /* d (Q4_1: and m above it) */
             const __m256 dw = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(h));
@@ -118,9 +135,17 @@ KX_INLINE void kl_decode_tile(uint32_t type, const char *W, size_t row_bytes, in
                     for (int t = 0; t < T; t++) V[t][p] = _mm256_setzero_si256();
                     continue;
                 }
-                const char *q = row + (size_t)(2 * p) * bb + qoff;
-                const __m256i v = kl_load2(q, 2 * p + 1 < nk ? q + bb : NULL);
-                const __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                const char *q = row + (size_t)(2 * p) * bb + qoff, *q1 = 2 * p + 1 < nk ? q + bb : NULL;
+                __m256i lo, hi;
+                if (q8) { /* w + 128; a missing second block meets zero activations */
+                    const __m256i k80 = _mm256_set1_epi8((char)0x80);
+                    lo = _mm256_xor_si256(kl_load2(q, q1), k80);
+                    hi = _mm256_xor_si256(kl_load2(q + 16, q1 ? q1 + 16 : NULL), k80);
+                } else {
+                    const __m256i v = kl_load2(q, q1);
+                    lo = _mm256_and_si256(v, nib);
+                    hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                }
                 for (int t = 0; t < T; t++)
                     V[t][p] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, xl[t][p]), hi,
                                                   xh[t][p]);
@@ -152,9 +177,10 @@ KX_INLINE void kl_decode_rows(uint32_t type, const char *W, size_t row_bytes, in
 /* Rows r0 .. r0 + R - 1 against the 8 tokens of xp (kg_pack_x with the type: blocks
  * [c0, c0 + cn), c0 a multiple of 8), the next R rows prefetched up to pf_end (kx_pf, one
  * step per block). acc[i][j] lane l carries the blocks = j mod 8 of (row r0 + i, token
- * kg_lane_tok[l]). */
+ * kg_lane_tok[l]). H: the token halves of xp that hold tokens (1 when the group has at most 4,
+ * which skips the other half's all-zero vpdpbusd: the same int32 sums, half the dot products). */
 KX_INLINE void kl_prefill_tile(uint32_t type, const char *W, size_t row_bytes, const kg_xblk *xp, int c0, int cn,
-                               int r0, int pf_end, __m256 (*acc)[8], const int R) {
+                               int r0, int pf_end, __m256 (*acc)[8], const int R, const int H) {
     const size_t bb = kl_block_bytes(type);
     const int q41 = type == GGML_TYPE_Q4_1;
     const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, pf_end, R, cn);
@@ -165,7 +191,7 @@ KX_INLINE void kl_prefill_tile(uint32_t type, const char *W, size_t row_bytes, c
             const kg_xblk *xb = &xp[b - c0];
             __m256i X[4][2];
             for (int p = 0; p < 4; p++)
-                for (int h = 0; h < 2; h++) X[p][h] = _mm256_loadu_si256((const __m256i *)xb->q[p][h]);
+                for (int h = 0; h < H; h++) X[p][h] = _mm256_loadu_si256((const __m256i *)xb->q[p][h]);
             const __m256 dx = _mm256_loadu_ps(xb->d);
             const __m256i xc = _mm256_loadu_si256((const __m256i *)xb->c);
             for (int i = 0; i < R; i++) {
@@ -177,7 +203,7 @@ KX_INLINE void kl_prefill_tile(uint32_t type, const char *W, size_t row_bytes, c
                 for (int p = 0; p < 4; p++) {
                     const __m256i w = _mm256_set1_epi64x(wq[p]);
                     s0 = _mm256_dpbusd_epi32(s0, w, X[p][0]);
-                    s1 = _mm256_dpbusd_epi32(s1, w, X[p][1]);
+                    if (H == 2) s1 = _mm256_dpbusd_epi32(s1, w, X[p][1]);
                 }
                 const __m256i isum = _mm256_add_epi32(_mm256_hadd_epi32(s0, s1), xc);
                 acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(kx_half_bcast(hdr[0]), dx),
@@ -187,51 +213,5 @@ KX_INLINE void kl_prefill_tile(uint32_t type, const char *W, size_t row_bytes, c
         }
     }
 }
-
-/* Prefill walks 8-token groups as kg_matmul does: per group, blocks of KG_RB rows, and per row
- * block the columns in chunks of KG_CHUNK blocks, interleaved once per chunk (once per group
- * when the row fits in one). Below KG_MIN_PREFILL_TOKS tokens, the decode tiles (same results). */
-KX_INLINE void kl_matmul(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok,
-                         float *Y, int ldy, int r0, int r1, kg_xblk *xp) {
-    if (n_tok < KG_MIN_PREFILL_TOKS) {
-        int t = 0;
-        for (; t + KG_DEC_TOKS <= n_tok; t += KG_DEC_TOKS)
-            kl_decode_rows(type, W, row_bytes, nb, Xq, Y, ldy, r0, r1, t, KG_DEC_TOKS);
-        if (n_tok - t == 2) kl_decode_rows(type, W, row_bytes, nb, Xq, Y, ldy, r0, r1, t, 2);
-        else if (n_tok - t == 1) kl_decode_rows(type, W, row_bytes, nb, Xq, Y, ldy, r0, r1, t, 1);
-        return;
-    }
-    __m256 accs[KG_RB][8];
-    const int one_chunk = nb <= KG_CHUNK;
-    const int pf_end = one_chunk ? r1 : 0; /* as in kg_matmul */
-    for (int t0 = 0; t0 < n_tok; t0 += KG_TOKS) {
-        const int nt = n_tok - t0 < KG_TOKS ? n_tok - t0 : KG_TOKS;
-        if (one_chunk) kg_pack_x(type, Xq, nb, t0, nt, 0, nb, xp);
-        for (int rb = r0; rb < r1; rb += KG_RB) {
-            const int re = r1 - rb < KG_RB ? r1 : rb + KG_RB;
-            for (int r = rb; r < re; r++)
-                for (int j = 0; j < 8; j++) accs[r - rb][j] = _mm256_setzero_ps();
-            for (int c0 = 0; c0 < nb; c0 += KG_CHUNK) {
-                const int cn = nb - c0 < KG_CHUNK ? nb - c0 : KG_CHUNK;
-                if (!one_chunk) kg_pack_x(type, Xq, nb, t0, nt, c0, cn, xp);
-                int r = rb;
-                for (; r + KG_PREFILL_ROWS <= re; r += KG_PREFILL_ROWS)
-                    kl_prefill_tile(type, W, row_bytes, xp, c0, cn, r, pf_end, &accs[r - rb], KG_PREFILL_ROWS);
-                for (; r < re; r++) kl_prefill_tile(type, W, row_bytes, xp, c0, cn, r, pf_end, &accs[r - rb], 1);
-            }
-            for (int r = rb; r < re; r++) kg_store_col(Y, ldy, t0, nt, r, accs[r - rb]);
-        }
-    }
-}
-
-#define KL_DRIVER(NAME, TYPE)                                                                                    \
-    static void NAME(const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok, float *Y, int ldy, \
-                     int r0, int r1) {                                                                           \
-        kg_xblk xp[KG_CHUNK];                                                                                    \
-        kl_matmul(TYPE, W, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1, xp);                                        \
-    }
-
-KL_DRIVER(kl_matmul_q4_0, GGML_TYPE_Q4_0)
-KL_DRIVER(kl_matmul_q4_1, GGML_TYPE_Q4_1)
 
 #endif

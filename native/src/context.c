@@ -111,7 +111,7 @@ static void plan_scratch(struct colibri_context *c, planner *p) {
         s->la_ab = take(p, B * 2 * H * f);
         s->la_o = take(p, B * Di * f);
         s->la_oq = take(p, B * NB(Di) * q);
-        s->la_tmp = take(p, (size_t)c->n_threads * (Di / H) * f);
+        s->la_tmp = take(p, (size_t)c->n_threads * 2 * (Di / H) * f);
     }
 #undef NB
 }

@@ -64,7 +64,7 @@ typedef struct scratch {
     float *la_ab;        /* [B][2H] alpha then beta projections, then decay then beta */
     float *la_o;         /* [B][d_inner] delta-rule output, normed and gated */
     block_q8a *la_oq;    /* [B][d_inner/32] */
-    float *la_tmp;       /* [n_threads][dv] per-thread row of the state update */
+    float *la_tmp;       /* [n_threads][2][dv] per-thread rows of the state update (linear_attention.c) */
     /* short convolution (short_conv.c, lfm2moe) */
     float *sc_bcx;       /* [B][3 * n_embd] B, C, x of the in projection; x becomes B * x */
     float *sc_y;         /* [B][n_embd] C * conv(B * x) */

@@ -49,12 +49,72 @@ static void l2norm_scaled(float *x, int n, float scale) {
     for (int i = 0; i < n; i++) x[i] *= r;
 }
 
-/* One token through one v head's state S [dk][dv]: decay it and read what it predicts for k
- * (mem), correct it by beta (v - mem) along k, then read it out along q into o [dv]. The first
- * pass must see every row before the second can start (mem is a sum over all of them). */
-LA_CLONES static void delta_step(float *restrict S, float *restrict mem, float *restrict o, const float *restrict q,
-                                 const float *restrict k, const float *restrict v, float decay, float beta, int dk,
-                                 int dv) {
+/* Channels per unit of the convolution's work on the v channels. */
+#define LA_CONV_UNIT 64
+
+/* The causal convolution (then silu), the q/k l2norms and the gates, split across the threads by
+ * channel: each channel's conv state goes through the chunk's tokens one after another, and no
+ * channel depends on another, so a unit of channels is one thread's for the whole chunk. Units:
+ * the G q heads and G k heads of dk channels (a unit then l2-norms its head in every token, all
+ * of whose channels it owns), the v channels in pieces of LA_CONV_UNIT, and one unit for the
+ * gates. Each value sees the same operations as token by token on one thread. */
+static void conv_worker(void *arg, int ith, int nth) {
+    const la_task *t = arg;
+    struct colibri_context *c = t->c;
+    const model_hparams *hp = &c->model->hp;
+    const layer_weights *w = &c->model->layers[t->layer];
+    scratch *s = &c->s;
+    const int H = hp->ssm_dt_rank, G = hp->ssm_n_group, dk = hp->ssm_d_state;
+    const int Di = hp->ssm_d_inner, C = 2 * G * dk + Di, K = hp->ssm_conv_kernel;
+    const int n_v = (Di + LA_CONV_UNIT - 1) / LA_CONV_UNIT, n_units = 2 * G + n_v + 1;
+    const float qscale = 1.0f / sqrtf((float)dk);
+    for (int u = ith; u < n_units; u += nth) {
+        if (u == n_units - 1) { /* the gates: decay and beta per token and v head */
+            for (int tok = 0; tok < t->n_tok; tok++) {
+                float *ab = s->la_ab + (size_t)tok * 2 * H;
+                for (int h = 0; h < H; h++) {
+                    ab[h] = expf(w->la_a[h] * softplus(ab[h] + w->la_dt[h]));
+                    ab[H + h] = op_sigmoid(ab[H + h]);
+                }
+            }
+            continue;
+        }
+        const int ch0 = u < 2 * G ? u * dk : 2 * G * dk + (u - 2 * G) * LA_CONV_UNIT;
+        const int ch1 = u < 2 * G ? ch0 + dk : (ch0 + LA_CONV_UNIT < C ? ch0 + LA_CONV_UNIT : C);
+        for (int tok = 0; tok < t->n_tok; tok++) {
+            float *conv = rs_layer(c, s->seq[tok], t->layer)->conv;
+            /* taps 0..K-2 on the previous inputs, tap K-1 on this token's; then the state shifts */
+            float *x = s->la_qkv + (size_t)tok * C;
+            for (int ch = ch0; ch < ch1; ch++) {
+                const float *wc = w->la_conv + (size_t)ch * K;
+                float *st = conv + (size_t)ch * (K - 1);
+                float acc = 0.0f;
+                for (int j = 0; j < K - 1; j++) acc += wc[j] * st[j];
+                acc += wc[K - 1] * x[ch];
+                if (K > 1) { /* a few floats: an inline shift, not a library call per channel */
+                    for (int j = 0; j < K - 2; j++) st[j] = st[j + 1];
+                    st[K - 2] = x[ch];
+                }
+                x[ch] = acc * op_sigmoid(acc);
+            }
+            if (u < 2 * G) l2norm_scaled(x + ch0, dk, u < G ? qscale : 1.0f); /* q heads first, then k */
+        }
+    }
+}
+
+/* One v head's state S [dk][dv] through a run of tokens of one sequence. A token decays S and
+ * reads what it predicts for k (mem), corrects S by beta (v - mem) along k, then reads it out
+ * along q into o [dv]. The first pass must see every row before the correction can start (mem
+ * is a sum over all of them), so a token takes two passes over S; but the second pass of token
+ * t and the first of token t + 1 touch the rows in the same order, so a run makes them one
+ * sweep (n + 1 passes over the state for n tokens, not 2n: the state, dk * dv floats, is read
+ * from L2 and written back once per token instead of twice). Every element still sees the same
+ * operations in the same order and every sum adds its rows in the same order: the same bits as
+ * token by token. */
+
+/* The first pass: S *= decay, mem = S^T k. */
+LA_CLONES static void delta_decay_read(float *restrict S, float *restrict mem, const float *restrict k, float decay,
+                                       int dk, int dv) {
     for (int j = 0; j < dv; j++) mem[j] = 0.0f;
     for (int i = 0; i < dk; i++) {
         float *restrict Si = S + (size_t)i * dv;
@@ -64,16 +124,34 @@ LA_CLONES static void delta_step(float *restrict S, float *restrict mem, float *
             mem[j] += ki * Si[j];
         }
     }
-    for (int j = 0; j < dv; j++) {
-        mem[j] = (v[j] - mem[j]) * beta; /* the correction (delta) */
-        o[j] = 0.0f;
+}
+
+/* The second pass: S += k delta^T, o = S^T q; with k2 (the run's next token) also that token's
+ * first pass, S *= decay2 and mem2 = S^T k2, on each row right after its update. */
+LA_CLONES static void delta_update_out(float *restrict S, const float *restrict delta, float *restrict o,
+                                       const float *restrict q, const float *restrict k, float *restrict mem2,
+                                       const float *restrict k2, float decay2, int dk, int dv) {
+    for (int j = 0; j < dv; j++) o[j] = 0.0f;
+    if (!k2) {
+        for (int i = 0; i < dk; i++) {
+            float *restrict Si = S + (size_t)i * dv;
+            const float ki = k[i], qi = q[i];
+            for (int j = 0; j < dv; j++) {
+                Si[j] += ki * delta[j];
+                o[j] += qi * Si[j];
+            }
+        }
+        return;
     }
+    for (int j = 0; j < dv; j++) mem2[j] = 0.0f;
     for (int i = 0; i < dk; i++) {
         float *restrict Si = S + (size_t)i * dv;
-        const float ki = k[i], qi = q[i];
+        const float ki = k[i], qi = q[i], k2i = k2[i];
         for (int j = 0; j < dv; j++) {
-            Si[j] += ki * mem[j];
+            Si[j] += ki * delta[j];
             o[j] += qi * Si[j];
+            Si[j] *= decay2;
+            mem2[j] += k2i * Si[j];
         }
     }
 }
@@ -85,17 +163,27 @@ static void delta_rule_worker(void *arg, int ith, int nth) {
     const layer_weights *w = &c->model->layers[t->layer];
     const int H = hp->ssm_dt_rank, G = hp->ssm_n_group, dk = hp->ssm_d_state, Di = hp->ssm_d_inner;
     const int dv = Di / H, C = 2 * G * dk + Di;
-    float *mem = c->s.la_tmp + (size_t)ith * dv;
+    float *mem[2] = {c->s.la_tmp + (size_t)ith * 2 * dv, c->s.la_tmp + (size_t)ith * 2 * dv + dv};
     for (int h = ith; h < H; h += nth) {
         const int g = h % G;
-        for (int tok = 0; tok < t->n_tok; tok++) {
-            /* each token moves its own sequence's state (batch rows of several sequences) */
-            float *S = rs_layer(c, c->s.seq[tok], t->layer)->ssm + (size_t)h * dk * dv;
+        for (int tok = 0, cur = 0; tok < t->n_tok; tok++) {
+            /* each token moves its own sequence's state (batch rows of several sequences); a run of
+             * one sequence's tokens shares the sweeps */
+            const int seq = c->s.seq[tok];
+            float *S = rs_layer(c, seq, t->layer)->ssm + (size_t)h * dk * dv;
             const float *row = c->s.la_qkv + (size_t)tok * C;
             const float *q = row + (size_t)g * dk, *k = row + (size_t)(G + g) * dk, *v = row + 2 * G * dk + h * dv;
             const float decay = c->s.la_ab[(size_t)tok * 2 * H + h], beta = c->s.la_ab[(size_t)tok * 2 * H + H + h];
+            const int first = tok == 0 || c->s.seq[tok - 1] != seq;
+            if (first) delta_decay_read(S, mem[cur], k, decay, dk, dv);
+            float *delta = mem[cur];
+            for (int j = 0; j < dv; j++) delta[j] = (v[j] - delta[j]) * beta;
+            const int next = tok + 1 < t->n_tok && c->s.seq[tok + 1] == seq;
+            const float *k2 = next ? c->s.la_qkv + (size_t)(tok + 1) * C + (size_t)(G + g) * dk : NULL;
+            const float decay2 = next ? c->s.la_ab[(size_t)(tok + 1) * 2 * H + h] : 0.0f;
             float *o = c->s.la_o + (size_t)tok * Di + (size_t)h * dv;
-            delta_step(S, mem, o, q, k, v, decay, beta, dk, dv);
+            delta_update_out(S, delta, o, q, k, mem[cur ^ 1], k2, decay2, dk, dv);
+            cur ^= 1;
             /* gated RMSNorm of the head's output */
             const float *z = c->s.la_z + (size_t)tok * Di + (size_t)h * dv;
             op_rmsnorm(o, w->la_norm, o, dv, hp->norm_eps);
@@ -110,7 +198,7 @@ void block_linear_attention(struct colibri_context *c, int il, int n) {
     const layer_weights *w = &m->layers[il];
     scratch *s = &c->s;
     const int E = hp->n_embd, H = hp->ssm_dt_rank, G = hp->ssm_n_group, dk = hp->ssm_d_state;
-    const int Di = hp->ssm_d_inner, C = 2 * G * dk + Di, K = hp->ssm_conv_kernel;
+    const int Di = hp->ssm_d_inner, C = 2 * G * dk + Di;
 
     if (mat_wants_q8a(&w->la_qkv) || mat_wants_q8a(&w->la_z) || mat_wants_q8a(&w->la_alpha) ||
         mat_wants_q8a(&w->la_beta))
@@ -123,36 +211,9 @@ void block_linear_attention(struct colibri_context *c, int il, int n) {
     };
     run_jobs(c, jobs, 4);
 
-    const float qscale = 1.0f / sqrtf((float)dk);
-    for (int t = 0; t < n; t++) {
-        float *conv = rs_layer(c, s->seq[t], il)->conv;
-        /* the causal convolution through the conv state: taps 0..K-2 on the previous inputs,
-         * tap K-1 on this token's; then the state shifts by one */
-        float *x = s->la_qkv + (size_t)t * C;
-        for (int ch = 0; ch < C; ch++) {
-            const float *wc = w->la_conv + (size_t)ch * K;
-            float *st = conv + (size_t)ch * (K - 1);
-            float acc = 0.0f;
-            for (int j = 0; j < K - 1; j++) acc += wc[j] * st[j];
-            acc += wc[K - 1] * x[ch];
-            if (K > 1) { /* a few floats: an inline shift, not a library call per channel */
-                for (int j = 0; j < K - 2; j++) st[j] = st[j + 1];
-                st[K - 2] = x[ch];
-            }
-            x[ch] = acc * op_sigmoid(acc);
-        }
-        for (int g = 0; g < G; g++) {
-            l2norm_scaled(x + (size_t)g * dk, dk, qscale);
-            l2norm_scaled(x + (size_t)(G + g) * dk, dk, 1.0f);
-        }
-        float *ab = s->la_ab + (size_t)t * 2 * H;
-        for (int h = 0; h < H; h++) {
-            ab[h] = expf(w->la_a[h] * softplus(ab[h] + w->la_dt[h]));
-            ab[H + h] = op_sigmoid(ab[H + h]);
-        }
-    }
-
+    /* the convolution, the l2norms and the gates, then the recurrence */
     la_task task = {c, il, n};
+    pool_run(c->pool, conv_worker, &task);
     pool_run(c->pool, delta_rule_worker, &task);
 
     const block_q8a *oq = NULL;

@@ -399,3 +399,58 @@ def test_capped_report_counts_decode_steps_alone() -> None:
         "stall": pytest.approx(75.0),
     }
     assert capped_sweep.decode_figures({"engine_stats": end}) is None
+
+
+def _fake_runner(path: Path, rate: float, fail: bool = False) -> str:
+    """An executable that answers as colibri-run does: its report line on stderr, or an error and exit 1."""
+    body = (
+        "sys.stderr.write('error: cannot open model\\n'); sys.exit(1)"
+        if fail
+        else (
+            "sys.stderr.write('prompt: 5 tokens in 0.1 s (50.0 tok/s)\\n"
+            f"generated: 128 tokens, time to first token 0.02 s, decode {rate} tok/s\\n')"
+        )
+    )
+    path.write_text(f"#!{sys.executable}\nimport sys\n{body}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_ab_decode_alternates_builds_and_reports_ratios(tmp_path: Path) -> None:
+    import ab_decode
+
+    base, new = _fake_runner(tmp_path / "base", 40.0), _fake_runner(tmp_path / "new", 50.0)
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"")
+    out = tmp_path / "ab.json"
+    assert (
+        ab_decode.main(
+            [
+                "--build",
+                f"base={base}",
+                "--build",
+                f"new={new}",
+                "--model",
+                str(model),
+                "--rounds",
+                "3",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    report = json.loads(out.read_text())
+    assert [len(report["runs"]["m.gguf"][b]) for b in ("base", "new")] == [3, 3]
+    by_build = {row["build"]: row for row in report["summary"]}
+    assert by_build["base"]["ratio"] == 1.0
+    assert by_build["new"]["median"] == 50.0
+    assert by_build["new"]["ratio"] == pytest.approx(1.25)
+
+
+def test_ab_decode_names_a_failing_build(tmp_path: Path) -> None:
+    import ab_decode
+
+    bad = _fake_runner(tmp_path / "bad", 0.0, fail=True)
+    with pytest.raises(RuntimeError, match="cannot open model"):
+        ab_decode.main(["--build", f"bad={bad}", "--model", str(tmp_path / "m.gguf"), "--rounds", "1"])

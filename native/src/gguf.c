@@ -560,8 +560,10 @@ static void *map_aligned(int fd, size_t size) {
         return MAP_FAILED;
     }
     if (at > res) munmap(res, (size_t)(at - res));
-    const size_t tail = (size_t)(res + size + huge - (at + size));
-    if (tail) munmap(at + size, tail);
+    /* the mapping ends on a page boundary; munmap takes only page-aligned addresses */
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    unsigned char *end = at + (size + page - 1) / page * page;
+    if (res + size + huge > end) munmap(end, (size_t)(res + size + huge - end));
     return m;
 }
 

@@ -141,7 +141,9 @@ colibri_status resident_load(struct colibri_model *m) {
     if (res == MAP_FAILED) return cb_error(COLIBRI_E_NOMEM, "cannot reserve %llu bytes for the model", (unsigned long long)f->size);
     unsigned char *anon = (unsigned char *)(((uintptr_t)res + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
     if (anon > res) munmap(res, (size_t)(anon - res));
-    munmap(anon + f->size, (size_t)(res + f->size + HUGE_PAGE - (anon + f->size)));
+    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE); /* munmap takes page-aligned addresses only */
+    unsigned char *end = anon + (f->size + page - 1) / page * page;
+    if (res + f->size + HUGE_PAGE > end) munmap(end, (size_t)(res + f->size + HUGE_PAGE - end));
     advise_runs(m, anon, is_resident);
     int err = copy_range(r, anon, 0, f->data_offset);
     const char *what = "the metadata";

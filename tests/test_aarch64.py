@@ -5,9 +5,9 @@
   against the scalar kernels and a double-precision reference for every tensor type;
 * the kernel table follows the CPU's hardware capability bits (qemu's -cpu picks the CPU model);
 * conformance subset: the bundled model and tiny models of each architecture (F16, Q8_0, Q4_0) give the
-  same greedy tokens through the aarch64 and the x86 colibri-run, with logits within LOGIT_TOL of x86's
-  (relative to the largest logit), and the scalar kernels agree across the two architectures to
-  SCALAR_TOL;
+  same greedy tokens through the aarch64 and the x86 colibri-run; the scalar kernels agree across the
+  two architectures to SCALAR_TOL, each architecture's SIMD kernels are within LOGIT_TOL of its own
+  scalar ones (relative to the largest logit), so NEON and x86 within 2 x LOGIT_TOL of each other;
 * colibri-run links static for both architectures, at most 2 MB each;
 * the NEON kernels execute fewer instructions than the scalar ones (benchmarks/neon_insn_ratio.py, a qemu
   instruction-counting plugin): an instruction-count ratio, the only ARM figure an emulator gives.
@@ -256,16 +256,19 @@ def test_conformance_aarch64_against_x86(
         assert a_log.size == x_log.size and a_log.size % N_PREDICT == 0, name
         greedy_a = a_log.reshape(N_PREDICT, -1).argmax(1)
         assert np.array_equal(greedy_a, x_log.reshape(N_PREDICT, -1).argmax(1)), name
-        d = _rel_diff(a_log, x_log)
-        assert d <= LOGIT_TOL, (name, d)
-        worst = max(worst, d)
-        # the reference kernels on both architectures, and NEON against them on aarch64
+        # the reference kernels agree across the two architectures; each architecture's SIMD kernels
+        # are within LOGIT_TOL of its own reference kernels, so the two SIMD sets within 2 x LOGIT_TOL
+        # of each other (their rounding orders differ: NEON's Q8_0 is not AVX-512's lane order)
         _, as_log = _run(a64, path, tmp_path / "as.bin", "--cpu-backend", "scalar")
         _, xs_log = _run(x86, path, tmp_path / "xs.bin", "--cpu-backend", "scalar")
         ds = _rel_diff(as_log, xs_log)
         assert ds <= SCALAR_TOL, (name, ds)
         worst_scalar = max(worst_scalar, ds)
-        assert _rel_diff(a_log, as_log) <= LOGIT_TOL, name
+        assert _rel_diff(a_log, as_log) <= LOGIT_TOL, (name, "neon vs scalar", _rel_diff(a_log, as_log))
+        assert _rel_diff(x_log, xs_log) <= LOGIT_TOL, (name, "x86 simd vs scalar", _rel_diff(x_log, xs_log))
+        d = _rel_diff(a_log, x_log)
+        assert d <= 2 * LOGIT_TOL, (name, d)
+        worst = max(worst, d)
     print(f"aarch64 vs x86: worst logit difference {worst:.2e}, scalar {worst_scalar:.2e}", file=sys.stderr)
 
 

@@ -216,12 +216,25 @@ def test_scheduler_outputs_equal_alone_and_cancel_mid_prefill(checkpoint: Path) 
                     except Cancelled:
                         outcome.append(("cancelled", m.seq_n_past(seq.seq)))
 
-            before = sched.steps
-            t = threading.Thread(target=doomed)
-            t.start()
-            while sched.steps < before + 3:  # three chunks of the prompt are in
-                time.sleep(0.001)
-            cancel.set()
+            # the client goes away once three chunks of the prompt are in: set from the step itself, so
+            # the test does not race the scheduler's thread (a test thread starved by a loaded machine
+            # used to see the whole prompt in before it cancelled)
+            eval_batch, steps_in = m.eval_batch, [0]
+
+            def eval_and_cancel(*args):
+                rows = eval_batch(*args)
+                steps_in[0] += 1
+                if steps_in[0] == 3:
+                    cancel.set()
+                return rows
+
+            m.eval_batch = eval_and_cancel
+            try:
+                t = threading.Thread(target=doomed)
+                t.start()
+                cancel.wait(30)
+            finally:
+                m.eval_batch = eval_batch
             with sched.sequence() as seq:
                 other = _generate(m, cases[0][0], cases[0][1], steps=seq)
             t.join(30)

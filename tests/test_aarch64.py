@@ -40,7 +40,7 @@ MAX_RUN_BYTES = 2_000_000
 # Measured (docs/portability.md): x86 AVX-512 against aarch64 NEON-i8mm, worst 1.9e-3 of the largest logit
 # (the bundled model, then v1; with v2 the worst of all models is 1.1e-4); the scalar kernels agree bit for
 # bit across the two architectures.
-LOGIT_TOL = 5e-3
+LOGIT_TOL = 1e-2  # docs/portability.md: a SIMD rounding order reaches 5.4e-3 on tiny llama Q8_0
 SCALAR_TOL = 1e-5
 TINY_ARCHS = ("llama", "mixtral", "qwen2moe", "qwen3moe", "olmoe")
 TINY_TYPES = ("f16", "q8_0", "q4_0")

@@ -1,7 +1,8 @@
 /* steptime.h — wall-clock time per phase of one-token eval chunks (decode steps), on the thread
  * that runs the step, to find where a step's time goes (docs/benchmarks.md, kdecode session 6).
  * Compiled in only with -DCOLIBRI_STEP_TIMERS (e.g. CMAKE_C_FLAGS); without it every macro is
- * empty and nothing is timed. With it, the totals go to stderr when the process exits. */
+ * empty and nothing is timed. With it, the totals go to stderr when the process exits
+ * (tests/test_step_timers.py builds colibri-run so and checks them). */
 #ifndef COLIBRI_STEPTIME_H
 #define COLIBRI_STEPTIME_H
 

@@ -1,6 +1,6 @@
-/* kernels_x86_gemm.h — AVX-512 VNNI tiles for Q4_K and Q5_K with one finished
- * sub-block sum per lane: a row's 8 sub-blocks in decode, 8 tokens in prefill; and a Q6_K
- * prefill tile with 8 tokens per lane in Q6_K's own rounding order (further down). Included by
+/* kernels_x86_gemm.h — AVX-512 VNNI tiles for Q4_K, Q5_K and Q6_K with one finished
+ * sub-block sum per lane: a row's 8 sub-blocks in decode, 8 tokens in prefill; and an IQ4_XS
+ * prefill tile with 8 tokens per lane in its decode tile's rounding order (further down). Included by
  * kernels_avx512.c only, after kernels_x86.h (it needs that file's flags and helpers).
  *
  * Why: the tiles of kernels_x86_kq.h keep, per (row, token), eight int32 lanes of partial
@@ -21,14 +21,15 @@
  * The arithmetic of one output (row r, token t), the same in both tiles (so a result never
  * depends on n_tok, on the tile it lands in or on the row range):
  *   for each super-block, for each 32-element sub-block j, into an accumulator a_j:
- *     isum  = exact int32 dot product of the quants with the activation quants
+ *     isum  = exact int32 dot product of the quants with the activation quants (Q6_K: the
+ *             two 16-element halves' exact sums weighed by their int8 scales, still exact)
  *     a_j   = fma(float(isum), dsc_r[j] * dx_t[j], a_j)     (dsc = d * sc_j)
  *     a_j   = fma(-dmin_r * m_r[j], s_t[j], a_j)            (s = dx * sum(qx), block_q8a)
  *   result = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))   (kx_hsum's order)
  * which is the scalar reference's sum in another rounding order (the tests bound both).
- * Q6_K and IQ4_XS were measured with this arithmetic and not kept (docs/benchmarks.md): Q6_K's
- * decode lost 10% and the new rounding order moved one near-tie past a conformance bar; so
- * Q6_K decodes on kernels_x86_kq.h's tile and its prefill tile here keeps that tile's order. */
+ * (dsc = d for Q6_K, no minimum). IQ4_XS was measured with this arithmetic and not kept
+ * (docs/benchmarks.md); it decodes on kernels_x86_kq.h's tile and its prefill tile here keeps
+ * that tile's order. Q6_K moved to it in session 6 (q6pre), decode and prefill together. */
 #ifndef COLIBRI_KERNELS_X86_GEMM_H
 #define COLIBRI_KERNELS_X86_GEMM_H
 
@@ -65,6 +66,10 @@ KX_INLINE __m512i kg_pair_x(const block_q8a *x, int p) {
 /* Q4_K: the 32 bytes of qs that hold sub-blocks 2p (low nibbles) and 2p + 1 (high ones), loaded
  * into both halves and shifted by 0 and 4. Q5_K: the same and bit j of qh as bit 4. */
 KX_INLINE __m512i kg_pair_w(uint32_t type, const char *blk, int p) {
+    if (type == GGML_TYPE_Q6_K) { /* q + 32, unsigned (kx_q6k_u) */
+        const block_q6_K *b6 = (const block_q6_K *)blk;
+        return _mm512_inserti64x4(_mm512_castsi256_si512(kx_q6k_u(b6, 2 * p)), kx_q6k_u(b6, 2 * p + 1), 1);
+    }
     const __m512i nib = _mm512_set1_epi8(0x0f);
     const __m512i half4 = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
     if (type == GGML_TYPE_Q4_K) {
@@ -105,6 +110,8 @@ KX_INLINE void kg_decode_tile(uint32_t type, const char *W, size_t row_bytes, in
                               int ldy, int r0, int r_end, const int n, const int T) {
     const size_t bb = kx_k_bytes(type);
     const int min8 = kx_k_min8(type);
+    const int q6 = type == GGML_TYPE_Q6_K;
+    const __m512i lane16 = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m256i xidx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                                             _mm256_set1_epi32((int)sizeof(block_q8a)));
     __m256 acc[KG_ROWS][KG_DEC_TOKS];
@@ -115,12 +122,16 @@ KX_INLINE void kg_decode_tile(uint32_t type, const char *W, size_t row_bytes, in
     const kx_pf pf = kx_pf_init(W, row_bytes, r0 + KG_ROWS, r_end, KG_ROWS, nb);
     for (int b = 0; b < nb / 8; b++) {
         __m256 dx[KG_DEC_TOKS], sx[KG_DEC_TOKS];
-        __m512i X[KG_DEC_TOKS][4];
+        __m512i X[KG_DEC_TOKS][4], C[KG_DEC_TOKS][4]; /* C: Q6_K, -32 * (sums of 4 activations) */
         for (int t = 0; t < T; t++) {
             const block_q8a *x8 = x + (size_t)t * nb + (size_t)b * 8;
             dx[t] = _mm256_i32gather_ps(&x8->d, xidx, 1);
             sx[t] = min8 ? _mm256_i32gather_ps(&x8->s, xidx, 1) : _mm256_setzero_ps();
-            for (int p = 0; p < 4; p++) X[t][p] = kg_pair_x(x8, p);
+            for (int p = 0; p < 4; p++) {
+                X[t][p] = kg_pair_x(x8, p);
+                const __m512i s32 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(32), X[t][p]);
+                C[t][p] = q6 ? _mm512_sub_epi32(_mm512_setzero_si512(), s32) : _mm512_setzero_si512();
+            }
         }
         for (int i = 0; i < n; i++) {
             kx_pf_step(&pf, b * 8 + i);
@@ -128,9 +139,17 @@ KX_INLINE void kg_decode_tile(uint32_t type, const char *W, size_t row_bytes, in
             kx_khdr hdr;
             kx_khdr_load(type, blk, &hdr);
             __m512i L[KG_DEC_TOKS][4];
+            /* Q6_K: the 16 half scales as int32, lane 4p + i / 4 of pair p for its lane i */
+            const __m512i sc32 = q6 ? _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)hdr.sc))
+                                    : _mm512_setzero_si512();
             for (int p = 0; p < 4; p++) {
                 const __m512i w = kg_pair_w(type, blk, p);
-                for (int t = 0; t < T; t++) L[t][p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, X[t][p]);
+                const __m512i pick = _mm512_add_epi32(_mm512_srli_epi32(lane16, 2), _mm512_set1_epi32(4 * p));
+                const __m512i scp = q6 ? _mm512_permutexvar_epi32(pick, sc32) : sc32;
+                for (int t = 0; t < T; t++) {
+                    L[t][p] = _mm512_dpbusd_epi32(C[t][p], w, X[t][p]);
+                    if (q6) L[t][p] = _mm512_mullo_epi32(L[t][p], scp);
+                }
             }
             const __m256 dsc = _mm256_loadu_ps(hdr.dsc);
             for (int t = 0; t < T; t++) {
@@ -204,6 +223,41 @@ KX_INLINE void kg_pack_x(uint32_t type, const block_q8a *Xq, int nb, int t0, int
     }
 }
 
+/* Q6_K's sub-block j of super-block b in the prefill tile, rows r0 .. r0 + R - 1. The weights
+ * are u = w + 32 (unsigned), so each 16-element half's dot products start from the tokens'
+ * -32 * (sum of that half's activations), formed here once for the R rows; the halves' exact
+ * int32 sums hA, hB (|.| <= 16 * 32 * 127) are weighed by their scales in float, which is
+ * exact: |sc * h| <= 128 * 65024 and |sc0 * hA + sc1 * hB| < 2^24, so p is float(isum) as in
+ * kg_decode_tile's integer weighing (vpmulld there; two conversions and a multiply-add here
+ * cost less than two vpmulld). */
+KX_INLINE void kg_q6_sub(const char *W, size_t row_bytes, int b, size_t bb, int j, const __m256i X[4][2], __m256 dx,
+                         const kx_khdr *hdr, int r0, __m256 (*acc)[8], const int R) {
+    const __m256i k32 = _mm256_set1_epi8(32);
+    __m256i cc[2][2]; /* [half][token half h] */
+    for (int hf = 0; hf < 2; hf++)
+        for (int h = 0; h < 2; h++)
+            cc[hf][h] = _mm256_sub_epi32(
+                _mm256_setzero_si256(),
+                _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), k32, X[2 * hf][h]), k32,
+                                    X[2 * hf + 1][h]));
+    for (int i = 0; i < R; i++) {
+        const block_q6_K *blk = (const block_q6_K *)(W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb);
+        int64_t wq[4] __attribute__((aligned(32)));
+        _mm256_store_si256((__m256i *)wq, kx_q6k_u(blk, j)); /* 8 quants per qword */
+        __m256i s[2][2];
+        for (int hf = 0; hf < 2; hf++) {
+            const __m256i w0 = _mm256_set1_epi64x(wq[2 * hf]), w1 = _mm256_set1_epi64x(wq[2 * hf + 1]);
+            for (int h = 0; h < 2; h++)
+                s[hf][h] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(cc[hf][h], w0, X[2 * hf][h]), w1, X[2 * hf + 1][h]);
+        }
+        const __m256 hA = _mm256_cvtepi32_ps(_mm256_hadd_epi32(s[0][0], s[0][1]));
+        const __m256 hB = _mm256_cvtepi32_ps(_mm256_hadd_epi32(s[1][0], s[1][1]));
+        const __m256 p = _mm256_fmadd_ps(hA, _mm256_set1_ps((float)hdr[i].sc[2 * j]),
+                                         _mm256_mul_ps(hB, _mm256_set1_ps((float)hdr[i].sc[2 * j + 1])));
+        acc[i][j] = _mm256_fmadd_ps(p, _mm256_mul_ps(_mm256_set1_ps(hdr[i].dsc[j]), dx), acc[i][j]);
+    }
+}
+
 /* Rows r0 .. r0 + R - 1 against the 8 tokens of xp (blocks [c0, c0 + cn) of the rows), the
  * next R rows prefetched up to pf_end (0: none; kx_pf, one step per sub-block).
  * acc[i][j] lane l carries sub-block j's share of (row r0 + i, token kg_lane_tok[l]). */
@@ -222,6 +276,10 @@ KX_INLINE void kg_prefill_tile(uint32_t type, const char *W, size_t row_bytes, c
             for (int p = 0; p < 4; p++)
                 for (int h = 0; h < 2; h++) X[p][h] = _mm256_loadu_si256((const __m256i *)xb->q[p][h]);
             const __m256 dx = _mm256_loadu_ps(xb->d);
+            if (type == GGML_TYPE_Q6_K) {
+                kg_q6_sub(W, row_bytes, b, bb, j, X, dx, hdr, r0, acc, R);
+                continue;
+            }
             for (int i = 0; i < R; i++) {
                 kx_ksub sub;
                 kx_ksub_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, j, &hdr[i], 0, &sub);
@@ -243,33 +301,29 @@ KX_INLINE void kg_prefill_tile(uint32_t type, const char *W, size_t row_bytes, c
     }
 }
 
-/* ---- Q6_K and IQ4_XS prefill: 8 tokens per lane, kernels_x86_kq.h's rounding order ----
+/* ---- IQ4_XS prefill: 8 tokens per lane, kernels_x86_kq.h's rounding order ----
  *
- * These two keep the arithmetic of kx_tile_k (their decode tile, and the tile the
- * conformance bars were set on): per (row, token) eight float accumulators a_k, k = the
- * 4-byte group of a sub-block, and per super-block and sub-block j
- *   Q6_K    a_k = fma(float(sc_h * dot4_k(w, x)), d * dx_j, a_k)   (h = k / 4: 16-element half)
- *   IQ4_XS  a_k = fma(float(dot4_k(w, x)), (d * sc_j) * dx_j, a_k)
+ * IQ4_XS keeps the arithmetic of kx_tile_k (its decode tile, and the tile the conformance
+ * bars were set on): per (row, token) eight float accumulators a_k, k = the 4-byte group of
+ * a sub-block, and per super-block and sub-block j
+ *   a_k = fma(float(dot4_k(w, x)), (d * sc_j) * dx_j, a_k)
  * then kx_hsum's order over k. Only the layout changes: a lane is a token, so one vpdpbusd
- * takes a row's 4 quants (broadcast, offset to unsigned: u = w + 32, w + 128) against 8
- * tokens' 4 activation quants, starting from the token's -off * sum(x) (computed once in the
- * interleave), which leaves the exact int32 dot4. For Q6_K, float(sc * dot) is float(dot) *
- * float(sc) exactly (|sc * dot| <= 128 * 4 * 32 * 128 < 2^24). So every output is
- * bit-identical to kx_tile_k's, whatever n_tok (test_kernels checks it per token). */
+ * takes a row's 4 quants (broadcast, offset to unsigned: u = w + 128) against 8 tokens' 4
+ * activation quants, starting from the token's -128 * sum(x) (computed once in the
+ * interleave), which leaves the exact int32 dot4. So every output is bit-identical to
+ * kx_tile_k's, whatever n_tok (test_kernels checks it per token). */
 
 /* One q8a block of 8 tokens: x[k] lane l = bytes 4k..4k+3 of token kg_lane_tok[l]. */
 typedef struct kg_xdblk {
     int32_t x[8][8]; /* [byte group k][lane]: 4 activation quants */
-    int32_t c[8][8]; /* [k][lane]: -off * their sum (kg_dw_off) */
+    int32_t c[8][8]; /* [k][lane]: -128 * their sum */
     float d[8];      /* per lane: the block's scale */
 } kg_xdblk;          /* 544 bytes */
 
 /* Rows per tile: 2 rows x 8 groups of accumulators fill 16 of the 32 registers. */
 #define KG_DW_ROWS 2
 
-KX_INLINE int kg_dw_off(uint32_t type) { return type == GGML_TYPE_Q6_K ? 32 : 128; }
-
-KX_INLINE void kg_pack_xd(uint32_t type, const block_q8a *Xq, int nb, int t0, int nt, int c0, int cn,
+KX_INLINE void kg_pack_xd(const block_q8a *Xq, int nb, int t0, int nt, int c0, int cn,
                           kg_xdblk *out) {
     for (int c = 0; c < cn; c++) {
         kg_xdblk *o = &out[c];
@@ -281,29 +335,22 @@ KX_INLINE void kg_pack_xd(uint32_t type, const block_q8a *Xq, int nb, int t0, in
             o->d[l] = t < nt ? Xq[(size_t)(t0 + t) * nb + c0 + c].d : 0.0f;
         }
         for (int k = 0; k < 8; k++) {
-            const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)kg_dw_off(type)),
+            const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)128),
                                                   _mm256_loadu_si256((const __m256i *)o->x[k]));
             _mm256_storeu_si256((__m256i *)o->c[k], _mm256_sub_epi32(_mm256_setzero_si256(), s));
         }
     }
 }
 
-/* Row r's super-block b: the 8 sub-blocks' unsigned quants into wd, the scale products'
- * row factors into dsc (d, or d * sc_j) and, Q6_K, the 16 half scales into sc. */
-KX_INLINE void kg_dw_unpack(uint32_t type, const char *blk, int32_t (*wd)[8], float *dsc, float *sc) {
+/* Row r's super-block b: the 8 sub-blocks' unsigned quants (the level table with the + 128
+ * folded in, kx_nibble_table) into wd, the scale products' row factors d * sc_j into dsc. */
+KX_INLINE void kg_dw_unpack(const char *blk, int32_t (*wd)[8], float *dsc) {
     kx_khdr h;
-    kx_khdr_load(type, blk, &h);
+    kx_khdr_load(GGML_TYPE_IQ4_XS, blk, &h);
     for (int j = 0; j < 8; j++) dsc[j] = h.dsc[j];
-    if (type == GGML_TYPE_Q6_K) {
-        const __m128i s8 = _mm_loadu_si128((const __m128i *)((const block_q6_K *)blk)->scales);
-        _mm256_storeu_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)));
-        _mm256_storeu_ps(sc + 8, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))));
-        for (int j = 0; j < 8; j++) _mm256_store_si256((__m256i *)wd[j], kx_q6k_u((const block_q6_K *)blk, j));
-    } else { /* IQ4_XS: the level table with the + 128 folded in (kx_nibble_table) */
-        for (int j = 0; j < 8; j++)
-            _mm256_store_si256((__m256i *)wd[j],
-                               kx_nibble_table(((const block_iq4_xs *)blk)->qs + 16 * j, IQ4_NL_VALUES, 1));
-    }
+    for (int j = 0; j < 8; j++)
+        _mm256_store_si256((__m256i *)wd[j],
+                           kx_nibble_table(((const block_iq4_xs *)blk)->qs + 16 * j, IQ4_NL_VALUES, 1));
 }
 
 /* Rows r0 .. r0 + R - 1 (R <= KG_DW_ROWS) against the 8 tokens of xp, blocks [c0, c0 + cn),
@@ -318,9 +365,8 @@ KX_INLINE void kg_prefill_tile_dw(uint32_t type, const char *W, size_t row_bytes
         for (int k = 0; k < 8; k++) a[i][k] = acc[i][k];
     for (int b = c0 / 8; b < (c0 + cn) / 8; b++) {
         int32_t wd[KG_DW_ROWS][8][8] __attribute__((aligned(32)));
-        float dsc[KG_DW_ROWS][8], sc[KG_DW_ROWS][16];
-        for (int i = 0; i < R; i++)
-            kg_dw_unpack(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, wd[i], dsc[i], sc[i]);
+        float dsc[KG_DW_ROWS][8];
+        for (int i = 0; i < R; i++) kg_dw_unpack(W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, wd[i], dsc[i]);
         /* keeps the compiler from turning the broadcasts of wd back into lane shuffles, which
          * would compete with the dot products for the vector ports (a load port is free) */
         __asm__ volatile("" : : "r"(wd) : "memory");
@@ -328,14 +374,8 @@ KX_INLINE void kg_prefill_tile_dw(uint32_t type, const char *W, size_t row_bytes
             kx_pf_step(&pf, b * 8 + j - c0);
             const kg_xdblk *xb = &xp[b * 8 + j - c0];
             const __m256 dx = _mm256_loadu_ps(xb->d);
-            __m256 S[KG_DW_ROWS], sh[KG_DW_ROWS][2]; /* sh: Q6_K, the halves' scales */
-            for (int i = 0; i < R; i++) {
-                S[i] = _mm256_mul_ps(_mm256_set1_ps(dsc[i][j]), dx);
-                if (type == GGML_TYPE_Q6_K) {
-                    sh[i][0] = _mm256_set1_ps(sc[i][2 * j]);
-                    sh[i][1] = _mm256_set1_ps(sc[i][2 * j + 1]);
-                }
-            }
+            __m256 S[KG_DW_ROWS];
+            for (int i = 0; i < R; i++) S[i] = _mm256_mul_ps(_mm256_set1_ps(dsc[i][j]), dx);
             /* the rows inside: each group's activations and correction are loaded once per tile
              * (the empty asm keeps them in registers; the compiler would load them per row, and
              * the loads, three per group and row, are what bounds this loop) */
@@ -344,8 +384,7 @@ KX_INLINE void kg_prefill_tile_dw(uint32_t type, const char *W, size_t row_bytes
                 __m256i x = _mm256_loadu_si256((const __m256i *)xb->x[k]);
                 __asm__("" : "+v"(c), "+v"(x));
                 for (int i = 0; i < R; i++) {
-                    __m256 p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(c, _mm256_set1_epi32(wd[i][j][k]), x));
-                    if (type == GGML_TYPE_Q6_K) p = _mm256_mul_ps(p, sh[i][k >> 2]);
+                    const __m256 p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(c, _mm256_set1_epi32(wd[i][j][k]), x));
                     a[i][k] = _mm256_fmadd_ps(p, S[i], a[i][k]);
                 }
             }
@@ -355,7 +394,7 @@ KX_INLINE void kg_prefill_tile_dw(uint32_t type, const char *W, size_t row_bytes
         for (int k = 0; k < 8; k++) acc[i][k] = a[i][k];
 }
 
-KX_INLINE int kg_dword_tile(uint32_t type) { return type == GGML_TYPE_Q6_K || type == GGML_TYPE_IQ4_XS; }
+KX_INLINE int kg_dword_tile(uint32_t type) { return type == GGML_TYPE_IQ4_XS; }
 
 /* The sub-block shares of 8 tokens summed in kx_hsum's order (the decode tile's), lane l to
  * Y[(t0 + kg_lane_tok[l]) * ldy + r] for the tokens < nt. */
@@ -385,7 +424,7 @@ KX_INLINE void kg_store_col(float *Y, int ldy, int t0, int nt, int r, const __m2
 
 /* The interleave of the type's tile. */
 KX_INLINE void kg_pack(uint32_t type, const block_q8a *Xq, int nb, int t0, int nt, int c0, int cn, void *xp) {
-    if (kg_dword_tile(type)) kg_pack_xd(type, Xq, nb, t0, nt, c0, cn, (kg_xdblk *)xp);
+    if (kg_dword_tile(type)) kg_pack_xd(Xq, nb, t0, nt, c0, cn, (kg_xdblk *)xp);
     else kg_pack_x(type, Xq, nb, t0, nt, c0, cn, (kg_xblk *)xp);
 }
 
@@ -409,11 +448,7 @@ KX_INLINE void kg_prefill_any(uint32_t type, const char *W, size_t row_bytes, co
 KX_INLINE void kg_matmul(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok,
                          float *Y, int ldy, int r0, int r1, void *xp) {
     if (n_tok < (kg_dword_tile(type) ? KG_DW_MIN_TOKS : KG_MIN_PREFILL_TOKS)) {
-        if (type == GGML_TYPE_Q6_K) { /* their own decode tiles (kg_decode_tile's order is not theirs) */
-            kx_matmul_q6_k(W, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1);
-            return;
-        }
-        if (type == GGML_TYPE_IQ4_XS) {
+        if (type == GGML_TYPE_IQ4_XS) { /* its own decode tile (kg_decode_tile's order is not its) */
             kx_matmul_iq4_xs(W, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1);
             return;
         }
@@ -472,7 +507,7 @@ KX_INLINE void kg_matmul(uint32_t type, const char *W, size_t row_bytes, int nb,
 
 KG_DRIVER(kg_matmul_q4_k, GGML_TYPE_Q4_K, kg_xblk)
 KG_DRIVER(kg_matmul_q5_k, GGML_TYPE_Q5_K, kg_xblk)
-KG_DRIVER(kg_matmul_q6_k, GGML_TYPE_Q6_K, kg_xdblk)
+KG_DRIVER(kg_matmul_q6_k, GGML_TYPE_Q6_K, kg_xblk)
 KG_DRIVER(kg_matmul_iq4_xs, GGML_TYPE_IQ4_XS, kg_xdblk)
 KG_DRIVER(kg_matmul_q8_0, GGML_TYPE_Q8_0, kg_xblk)
 KG_DRIVER(kg_matmul_q4_0, GGML_TYPE_Q4_0, kg_xblk)

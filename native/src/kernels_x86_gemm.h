@@ -223,15 +223,44 @@ KX_INLINE void kg_pack_x(uint32_t type, const block_q8a *Xq, int nb, int t0, int
     }
 }
 
-/* Q6_K's sub-block j of super-block b in the prefill tile, rows r0 .. r0 + R - 1. The weights
- * are u = w + 32 (unsigned), so each 16-element half's dot products start from the tokens'
- * -32 * (sum of that half's activations), formed here once for the R rows; the halves' exact
- * int32 sums hA, hB (|.| <= 16 * 32 * 127) are weighed by their scales in float, which is
- * exact: |sc * h| <= 128 * 65024 and |sc0 * hA + sc1 * hB| < 2^24, so p is float(isum) as in
- * kg_decode_tile's integer weighing (vpmulld there; two conversions and a multiply-add here
+/* Q6_K's super-block in the prefill tile, unpacked once per row: the 8 sub-blocks' quants as
+ * u = q + 32 (kx_q6k_u's bytes) in wq, 8 per qword, and the 16 half scales as floats in sc (the
+ * tile broadcasts both from memory, a load each, where unpacking and converting per sub-block
+ * cost vector and shuffle ops). The unpack works on sub-block pairs in 512-bit vectors: ql's 64
+ * bytes at 64p hold sub-blocks 4p, 4p + 1 in their low nibbles and 4p + 2, 4p + 3 in their high
+ * ones; qh's 32 bytes at 32p hold their top two bits at bits 0, 2, 4, 6 of each byte. */
+typedef struct kg_q6row {
+    int64_t wq[8][4]; /* [sub-block][qword]: u of 8 consecutive quants */
+    float sc[16];     /* the half scales */
+} kg_q6row;
+
+KX_INLINE void kg_q6_unpack(const block_q6_K *b, kg_q6row *o) {
+    const __m512i nib = _mm512_set1_epi8(0x0f), top = _mm512_set1_epi8(0x30);
+    /* bits 2r, 2r + 1 to bits 4, 5 for r = 0, 1 (a left shift by 4, 2) and r = 2, 3 (right by 0, 2);
+     * the bits a 64-bit shift carries across bytes fall outside the mask */
+    const __m512i sl01 = _mm512_setr_epi64(4, 4, 4, 4, 2, 2, 2, 2), sr23 = _mm512_setr_epi64(0, 0, 0, 0, 2, 2, 2, 2);
+    for (int p = 0; p < 2; p++) {
+        const __m512i v = _mm512_loadu_si512((const void *)(b->ql + 64 * p));
+        const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(b->qh + 32 * p)));
+        /* (lo & 0x0f) | hb, hb already masked to bits 4, 5 (ternary-logic table 0xEC) */
+        const __m512i u01 = _mm512_ternarylogic_epi32(v, _mm512_and_si512(_mm512_sllv_epi64(h, sl01), top), nib, 0xEC);
+        const __m512i u23 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 4),
+                                                      _mm512_and_si512(_mm512_srlv_epi64(h, sr23), top), nib, 0xEC);
+        _mm512_storeu_si512((void *)o->wq[4 * p], u01);     /* sub-blocks 4p, 4p + 1 */
+        _mm512_storeu_si512((void *)o->wq[4 * p + 2], u23); /* 4p + 2, 4p + 3 */
+    }
+    _mm512_storeu_ps(o->sc, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b->scales))));
+}
+
+/* Q6_K's sub-block j in the prefill tile, rows r0 .. r0 + R - 1 (their super-block in q6). The
+ * weights are u = w + 32 (unsigned), so each 16-element half's dot products start from the
+ * tokens' -32 * (sum of that half's activations), formed here once for the R rows; the halves'
+ * exact int32 sums hA, hB (|.| <= 16 * 32 * 127) are weighed by their scales in float, which
+ * is exact: |sc * h| <= 128 * 65024 and |sc0 * hA + sc1 * hB| < 2^24, so p is float(isum) as
+ * in kg_decode_tile's integer weighing (vpmulld there; two conversions and a multiply-add here
  * cost less than two vpmulld). */
-KX_INLINE void kg_q6_sub(const char *W, size_t row_bytes, int b, size_t bb, int j, const __m256i X[4][2], __m256 dx,
-                         const kx_khdr *hdr, int r0, __m256 (*acc)[8], const int R) {
+KX_INLINE void kg_q6_sub(const kg_q6row *q6, int j, const __m256i X[4][2], __m256 dx, const kx_khdr *hdr,
+                         __m256 (*acc)[8], const int R) {
     const __m256i k32 = _mm256_set1_epi8(32);
     __m256i cc[2][2]; /* [half][token half h] */
     for (int hf = 0; hf < 2; hf++)
@@ -241,9 +270,7 @@ KX_INLINE void kg_q6_sub(const char *W, size_t row_bytes, int b, size_t bb, int 
                 _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), k32, X[2 * hf][h]), k32,
                                     X[2 * hf + 1][h]));
     for (int i = 0; i < R; i++) {
-        const block_q6_K *blk = (const block_q6_K *)(W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb);
-        int64_t wq[4] __attribute__((aligned(32)));
-        _mm256_store_si256((__m256i *)wq, kx_q6k_u(blk, j)); /* 8 quants per qword */
+        const int64_t *wq = q6[i].wq[j];
         __m256i s[2][2];
         for (int hf = 0; hf < 2; hf++) {
             const __m256i w0 = _mm256_set1_epi64x(wq[2 * hf]), w1 = _mm256_set1_epi64x(wq[2 * hf + 1]);
@@ -252,8 +279,8 @@ KX_INLINE void kg_q6_sub(const char *W, size_t row_bytes, int b, size_t bb, int 
         }
         const __m256 hA = _mm256_cvtepi32_ps(_mm256_hadd_epi32(s[0][0], s[0][1]));
         const __m256 hB = _mm256_cvtepi32_ps(_mm256_hadd_epi32(s[1][0], s[1][1]));
-        const __m256 p = _mm256_fmadd_ps(hA, _mm256_set1_ps((float)hdr[i].sc[2 * j]),
-                                         _mm256_mul_ps(hB, _mm256_set1_ps((float)hdr[i].sc[2 * j + 1])));
+        const __m256 p = _mm256_fmadd_ps(hA, _mm256_broadcast_ss(&q6[i].sc[2 * j]),
+                                         _mm256_mul_ps(hB, _mm256_broadcast_ss(&q6[i].sc[2 * j + 1])));
         acc[i][j] = _mm256_fmadd_ps(p, _mm256_mul_ps(_mm256_set1_ps(hdr[i].dsc[j]), dx), acc[i][j]);
     }
 }
@@ -268,7 +295,12 @@ KX_INLINE void kg_prefill_tile(uint32_t type, const char *W, size_t row_bytes, c
     const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, pf_end, R, cn);
     for (int b = c0 / 8; b < (c0 + cn) / 8; b++) {
         kx_khdr hdr[KG_PREFILL_ROWS];
-        for (int i = 0; i < R; i++) kx_khdr_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, &hdr[i]);
+        kg_q6row q6[KG_PREFILL_ROWS] __attribute__((aligned(64)));
+        for (int i = 0; i < R; i++) {
+            const char *blk = W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb;
+            kx_khdr_load(type, blk, &hdr[i]);
+            if (type == GGML_TYPE_Q6_K) kg_q6_unpack((const block_q6_K *)blk, &q6[i]);
+        }
         for (int j = 0; j < 8; j++) {
             kx_pf_step(&pf, b * 8 + j - c0);
             const kg_xblk *xb = &xp[b * 8 + j - c0];
@@ -277,7 +309,7 @@ KX_INLINE void kg_prefill_tile(uint32_t type, const char *W, size_t row_bytes, c
                 for (int h = 0; h < 2; h++) X[p][h] = _mm256_loadu_si256((const __m256i *)xb->q[p][h]);
             const __m256 dx = _mm256_loadu_ps(xb->d);
             if (type == GGML_TYPE_Q6_K) {
-                kg_q6_sub(W, row_bytes, b, bb, j, X, dx, hdr, r0, acc, R);
+                kg_q6_sub(q6, j, X, dx, hdr, acc, R);
                 continue;
             }
             for (int i = 0; i < R; i++) {

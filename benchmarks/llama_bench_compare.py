@@ -9,9 +9,14 @@
     python benchmarks/llama_bench_compare.py --model bench-qwen35 --runs 3 --modes warm --json qwen35.json
     python benchmarks/llama_bench_compare.py --model bench-deepseek2 --runs 3 --modes warm --json ds2.json
 
-Per model and mode (warm: the file in the page cache, read once before the first run; cold: the page
-cache dropped with `echo 3 > /proc/sys/vm/drop_caches` before every run, which needs root), runs alternate
-llama.cpp, Colibri, llama.cpp, Colibri, ... each a fresh process:
+Per model and mode (warm: the file in the page cache, read once before the first run; cold: the file
+out of the page cache before every run), runs alternate llama.cpp, Colibri, llama.cpp, Colibri, ... each a
+fresh process. A cold run starts with `--cold-start evict` (the default: posix_fadvise DONTNEED on the model
+file and its sidecars only, as bench.py does, so other processes keep their cached files) or `--cold-start
+drop-caches` (`echo 3 > /proc/sys/vm/drop_caches`, the whole page cache, which needs root and disturbs
+everything else on the machine). Both engines time prefill and decode after their load, so a cold run's
+tok/s differ from a warm one's only where the weights are still read from the file while it runs; each
+run's process wall time (`wall_s`, load included) is recorded next to them:
 
 * llama.cpp: `llama-bench -m FILE -t 2 -p 64 -n 128 -r 1 -o json` (prefill pp64 and decode tg128 in one
   process, its default buffer types, REPACK included);
@@ -32,6 +37,8 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -39,8 +46,8 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from bench import (  # noqa: E402
-    drop_page_cache,
     environment,
+    make_cold,
     median,
     prewarm_page_cache,
     prompt_ids,
@@ -97,10 +104,12 @@ def run_llama_bench(exe: Path, model: Path, timeout: float) -> dict:
         "-o",
         "json",
     ]
+    t0 = time.monotonic()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    wall = time.monotonic() - t0
     if p.returncode != 0:
         return {"ok": False, "error": (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]}
-    out: dict = {"ok": True}
+    out: dict = {"ok": True, "wall_s": wall}
     for test in json.loads(p.stdout):
         if test.get("n_prompt") == N_PROMPT and test.get("n_gen") == 0:
             out["prefill_tps"] = float(test["avg_ts"])
@@ -125,9 +134,11 @@ def run_colibri(exe: Path, model: Path, prompt_file: Path, seed: int, timeout: f
         "0.8",
     ]
     # the generated text of a random-weight model need not be valid UTF-8 where a run is cut off
+    t0 = time.monotonic()
     p = subprocess.run(
         [*cmd, "--seed", str(seed)], capture_output=True, text=True, errors="replace", timeout=timeout
     )
+    wall = time.monotonic() - t0
     m = _COLIBRI_RE.search(p.stderr)
     if p.returncode != 0 or m is None:
         return {"ok": False, "error": (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]}
@@ -138,6 +149,7 @@ def run_colibri(exe: Path, model: Path, prompt_file: Path, seed: int, timeout: f
         "generated": int(m.group(3)),
         "ttft_s": float(m.group(4)),
         "decode_tps": float(m.group(5)),
+        "wall_s": wall,
     }
     if out["generated"] < N_GEN:  # an end token came early: too few steps to time like tg128
         out.update(ok=False, error=f"generated {out['generated']} of {N_GEN} tokens")
@@ -154,8 +166,8 @@ def summarize(runs: list[dict]) -> list[dict]:
                 r for r in runs if (r["model"], r["mode"], r["engine"]) == (model, mode, engine) and r["ok"]
             ]
             e: dict = {"runs_ok": len(ok)}
-            for k in ("decode_tps", "prefill_tps"):
-                vals = [r[k] for r in ok]
+            for k in ("decode_tps", "prefill_tps", "wall_s"):
+                vals = [r[k] for r in ok if k in r]
                 e[k] = median(vals)
                 e[f"{k}_range"] = [min(vals), max(vals)] if vals else None
             row["engines"][engine] = e
@@ -172,8 +184,8 @@ def _fmt(x: float | None, d: int = 1) -> str:
 def table(rows: list[dict]) -> str:
     lines = [
         "| model | mode | llama-bench tg128 | colibri-run decode | ratio | llama-bench pp64 "
-        "| colibri-run prefill | ratio |",
-        "|---|---|---|---|---|---|---|---|",
+        "| colibri-run prefill | ratio | wall s llama-bench / colibri-run |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ll, c = r["engines"]["llama_bench"], r["engines"]["colibri_run"]
@@ -185,9 +197,40 @@ def table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['model']} | {r['mode']} | {cell(ll, 'decode_tps')} | {cell(c, 'decode_tps')} | "
             f"{_fmt(r['ratio']['decode_tps'], 2)}× | {cell(ll, 'prefill_tps')} | {cell(c, 'prefill_tps')} | "
-            f"{_fmt(r['ratio']['prefill_tps'], 2)}× |"
+            f"{_fmt(r['ratio']['prefill_tps'], 2)}× | {_fmt(ll['wall_s'])} / {_fmt(c['wall_s'])} |"
         )
     return "\n".join(lines)
+
+
+def measure(
+    models: list[tuple[str, Path]],
+    modes: list[str],
+    n_runs: int,
+    cold_start: str,
+    engines: dict[str, Callable[[str, Path, int], dict]],
+) -> list[dict]:
+    """Every engine on every model and mode, alternating engines run by run; a cold run first takes the
+    file out of the page cache (make_cold: `evict` or `drop-caches`), a warm mode reads it in once."""
+    runs: list[dict] = []
+    for label, path in models:
+        for mode in modes:
+            if mode == "warm":
+                prewarm_page_cache(path)
+            for i in range(n_runs):
+                for engine, run in engines.items():
+                    if mode == "cold":
+                        make_cold(path, cold_start)
+                    r = run(label, path, i)
+                    r.update(model=label, path=str(path), mode=mode, engine=engine, run=i)
+                    runs.append(r)
+                    status = (
+                        f"decode {r['decode_tps']:.1f} tok/s, prefill {r['prefill_tps']:.1f} tok/s, "
+                        f"wall {r['wall_s']:.1f} s"
+                        if r["ok"]
+                        else f"FAILED: {r['error']}"
+                    )
+                    print(f"{label} {mode} {engine} run {i + 1}: {status}", file=sys.stderr, flush=True)
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,7 +244,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bench-type", default="q8_0", help="type of the bench model files (default q8_0)")
     ap.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR)
     ap.add_argument("--runs", type=int, default=3, help="runs per engine, mode and model (default 3)")
-    ap.add_argument("--modes", default="warm,cold", help="warm, cold or warm,cold (cold needs root)")
+    ap.add_argument("--modes", default="warm,cold", help="warm, cold or warm,cold")
+    ap.add_argument(
+        "--cold-start",
+        choices=["evict", "drop-caches"],
+        default="evict",
+        help="how a cold run starts: evict the model file and its sidecars from the page cache (default) "
+        "or drop the whole page cache (root; disturbs every other process on the machine)",
+    )
     ap.add_argument(
         "--llama-bench", type=Path, default=None, help="llama-bench (default: build_llama_bench.sh's)"
     )
@@ -225,37 +275,29 @@ def main(argv: list[str] | None = None) -> int:
         if not path.is_file():
             ap.error(f"model file not found: {path}")
 
-    runs: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for label, path in models:
-            from colibri_backend.adapters.tokenizer import Tokenizer
+        from colibri_backend.adapters.tokenizer import Tokenizer
 
-            prompt = Path(tmp) / f"prompt-{len(runs)}.txt"
-            prompt.write_text(Tokenizer.from_gguf(path).decode(prompt_ids(path, N_PROMPT)), encoding="utf-8")
-            for mode in modes:
-                if mode == "warm":
-                    prewarm_page_cache(path)
-                for i in range(args.runs):
-                    for engine in ENGINES:
-                        if mode == "cold":
-                            drop_page_cache()
-                        if engine == "llama_bench":
-                            r = run_llama_bench(lb, path, args.timeout)
-                        else:
-                            r = run_colibri(cr, path, prompt, seed=i + 1, timeout=args.timeout)
-                        r.update(model=label, path=str(path), mode=mode, engine=engine, run=i)
-                        runs.append(r)
-                        status = (
-                            f"decode {r['decode_tps']:.1f} tok/s, prefill {r['prefill_tps']:.1f} tok/s"
-                            if r["ok"]
-                            else f"FAILED: {r['error']}"
-                        )
-                        print(f"{label} {mode} {engine} run {i + 1}: {status}", file=sys.stderr, flush=True)
+        prompts = {}
+        for n, (label, path) in enumerate(models):
+            prompts[label] = Path(tmp) / f"prompt-{n}.txt"
+            text = Tokenizer.from_gguf(path).decode(prompt_ids(path, N_PROMPT))
+            prompts[label].write_text(text, encoding="utf-8")
+        engines: dict[str, Callable[[str, Path, int], dict]] = {
+            "llama_bench": lambda label, path, i: run_llama_bench(lb, path, args.timeout),
+            "colibri_run": lambda label, path, i: run_colibri(
+                cr, path, prompts[label], seed=i + 1, timeout=args.timeout
+            ),
+        }
+        runs = measure(models, modes, args.runs, args.cold_start, engines)
     rows = summarize(runs)
     print(table(rows))
     if args.json is not None:
         args.json.write_text(
-            json.dumps({"environment": environment(), "summary": rows, "runs": runs}, indent=2),
+            json.dumps(
+                {"environment": environment(), "cold_start": args.cold_start, "summary": rows, "runs": runs},
+                indent=2,
+            ),
             encoding="utf-8",
         )
     return 0 if all(r["ok"] for r in runs) else 1

@@ -54,3 +54,41 @@ def test_colibri_run_report_is_parsed() -> None:
     m = lbc._COLIBRI_RE.search(stderr)
     assert m is not None
     assert (int(m.group(1)), float(m.group(2)), int(m.group(3)), float(m.group(5))) == (64, 520.3, 128, 41.7)
+
+
+def test_cold_runs_start_with_the_model_evicted_and_warm_runs_with_it_cached(tmp_path: Path) -> None:
+    """--cold-start evict (the default) takes the model file out of the page cache before every cold run
+    of either engine and leaves other files cached; a warm mode reads the file in once before its runs."""
+    import mmap
+
+    import numpy as np
+    import pytest
+    from test_bench_scripts import _cached_pages, _fs_type
+
+    if _fs_type(tmp_path.resolve()) in ("tmpfs", "ramfs"):
+        pytest.skip("tmpfs pages cannot be evicted")
+    model, other = tmp_path / "m.gguf", tmp_path / "other.bin"
+    for f in (model, other):
+        f.write_bytes(np.random.default_rng(0).bytes(1 << 20))
+    pages = (1 << 20) // mmap.PAGESIZE
+    seen: list[tuple[str, int, int]] = []
+
+    def engine(name: str):
+        def run(label: str, path: Path, i: int) -> dict:
+            seen.append((name, _cached_pages(path), _cached_pages(other)))
+            path.read_bytes()  # an engine reads the whole file, as a load does
+            return {"ok": True, "decode_tps": 1.0, "prefill_tps": 1.0, "wall_s": 0.1}
+
+        return run
+
+    other.read_bytes()
+    engines = {"llama_bench": engine("llama_bench"), "colibri_run": engine("colibri_run")}
+    runs = lbc.measure([("m", model)], ["cold", "warm"], 2, "evict", engines)
+    assert [(r["mode"], r["engine"], r["run"]) for r in runs[:4]] == [
+        ("cold", "llama_bench", 0),
+        ("cold", "colibri_run", 0),
+        ("cold", "llama_bench", 1),
+        ("cold", "colibri_run", 1),
+    ]
+    assert seen[:4] == [(n, 0, pages) for n in ("llama_bench", "colibri_run") * 2]
+    assert [s[1] for s in seen[4:]] == [pages] * 4  # warm: cached from the first run on

@@ -3,6 +3,7 @@ continuous batching (--max-concurrency) against the same requests served one at 
 
     python benchmarks/concurrency.py --model ~/.cache/colibri/bench/bench-a-q8_0.gguf
     python benchmarks/concurrency.py --model smollm2 --clients 1,4,8,16 --max-tokens 64
+    python benchmarks/concurrency.py --clients 1,8 --max-tokens 32,128,256   # several completion lengths
     sudo python benchmarks/concurrency.py --model ... --memory-cap 50%   # in a cgroup (bench.py's)
 
 For each mode, one server on loopback: "batched" with --max-concurrency max(--clients), "one at a time"
@@ -20,6 +21,8 @@ greedy), and the script reports
 
 --memory-cap SIZE (or P% of the model file) runs each server in a fresh memory cgroup (root needed);
 the engine's default budget then follows the cgroup limit. --json FILE writes the figures.
+--max-tokens takes a comma list: each length is measured in turn on fresh servers, and the JSON then holds
+one report per length under "runs" (a single length writes its report as before).
 """
 
 from __future__ import annotations
@@ -257,8 +260,8 @@ def percentile(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
 
 
-def run_clients(server: Server, n: int, args: argparse.Namespace, first: int) -> dict:
-    """n clients at once, sending prompts first .. first+n-1."""
+def run_clients(server: Server, n: int, args: argparse.Namespace, first: int, max_tokens: int) -> dict:
+    """n clients at once, sending prompts first .. first+n-1, each asking for max_tokens tokens."""
     texts = [prompt(first + i, args.prompt_words) for i in range(n)]
     # The clients and their threads exist before the clock starts: an httpx.Client takes tens of
     # milliseconds to make (its SSL context), which is the client's cost, not the server's.
@@ -269,7 +272,7 @@ def run_clients(server: Server, n: int, args: argparse.Namespace, first: int) ->
 
     def client(i: int) -> dict:
         start.wait()
-        return one_request(https[i], server.alias, texts[i], args.max_tokens)
+        return one_request(https[i], server.alias, texts[i], max_tokens)
 
     try:
         with ThreadPoolExecutor(n) as pool:
@@ -300,56 +303,20 @@ def run_clients(server: Server, n: int, args: argparse.Namespace, first: int) ->
     }
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(Path.home() / ".cache/colibri/bench/bench-a-q8_0.gguf"))
-    ap.add_argument("--clients", default="1,4,8,16", help="comma list of concurrent client counts")
-    ap.add_argument("--max-tokens", type=int, default=64, help="tokens per request")
-    ap.add_argument("--prompt-words", type=int, default=60, help="about this many words per prompt")
-    ap.add_argument("--context-length", type=int, default=512)
-    ap.add_argument("--threads", type=int, default=0, help="engine threads (default: all CPUs)")
-    ap.add_argument(
-        "--memory-cap", default=None, metavar="SIZE|P%", help="run each server in a memory cgroup"
-    )
-    ap.add_argument("--json", type=Path, default=None, help="write the figures here")
-    ap.add_argument(
-        "--profile",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="run each server's event loop under cProfile, writing DIR/<mode>.prof",
-    )
-    args = ap.parse_args()
-    if args.profile:
-        args.profile.mkdir(parents=True, exist_ok=True)
-    try:
-        args.clients = sorted({int(c) for c in args.clients.split(",")})
-    except ValueError:
-        ap.error(f"--clients: {args.clients!r} is not a comma list of numbers")
-    if not args.clients or min(args.clients) < 1:
-        ap.error("--clients: counts must be at least 1")
-    cap = None
-    if args.memory_cap:
-        if args.memory_cap.endswith("%"):
-            model = Path(args.model).expanduser()
-            if not model.is_file():
-                ap.error("--memory-cap P% needs --model to be a file")
-            cap = int(model.stat().st_size * float(args.memory_cap[:-1]) / 100)
-        else:
-            cap = parse_size(args.memory_cap)
-
-    report: dict = {"model": args.model, "memory_cap": cap, "max_tokens": args.max_tokens, "modes": {}}
+def measure(args: argparse.Namespace, cap: int | None, max_tokens: int) -> dict:
+    """Both modes at every client count for completions of max_tokens tokens; prints the tables."""
+    report: dict = {"model": args.model, "memory_cap": cap, "max_tokens": max_tokens, "modes": {}}
     for mode, concurrency in (("one_at_a_time", 1), ("batched", max(args.clients))):
         server = Server(args, concurrency, cap, mode)
         try:
-            run_clients(server, 1, args, 10_000)  # warm-up (page cache, expert slots)
+            run_clients(server, 1, args, 10_000, max_tokens)  # warm-up (page cache, expert slots)
             starts = [sum(args.clients[:k]) for k in range(len(args.clients))]
             report["modes"][mode] = [
-                run_clients(server, n, args, s) for n, s in zip(args.clients, starts, strict=True)
+                run_clients(server, n, args, s, max_tokens) for n, s in zip(args.clients, starts, strict=True)
             ]
         finally:
             server.stop()
-    print(f"{args.model}  cap={cap or 'none'}  max_tokens={args.max_tokens}")
+    print(f"{args.model}  cap={cap or 'none'}  max_tokens={max_tokens}")
     print(
         f"{'clients':>7} {'mode':>14} {'agg tok/s':>10} {'decode tok/s':>12} {'ttft p50':>9} {'ttft p99':>9} "
         f"{'speedup':>8} {'decode':>7} same"
@@ -412,9 +379,58 @@ def main() -> int:
                         f" | {steps['decode_step_mib_read']:7.1f} {steps['decode_step_stall_ms']:8.1f}"
                     )
                 print(line)
+    return report
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=str(Path.home() / ".cache/colibri/bench/bench-a-q8_0.gguf"))
+    ap.add_argument("--clients", default="1,4,8,16", help="comma list of concurrent client counts")
+    ap.add_argument("--max-tokens", default="64", help="tokens per request (a comma list: each in turn)")
+    ap.add_argument("--prompt-words", type=int, default=60, help="about this many words per prompt")
+    ap.add_argument("--context-length", type=int, default=512)
+    ap.add_argument("--threads", type=int, default=0, help="engine threads (default: all CPUs)")
+    ap.add_argument(
+        "--memory-cap", default=None, metavar="SIZE|P%", help="run each server in a memory cgroup"
+    )
+    ap.add_argument("--json", type=Path, default=None, help="write the figures here")
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="run each server's event loop under cProfile, writing DIR/<mode>.prof",
+    )
+    args = ap.parse_args()
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+    try:
+        args.clients = sorted({int(c) for c in args.clients.split(",")})
+    except ValueError:
+        ap.error(f"--clients: {args.clients!r} is not a comma list of numbers")
+    if not args.clients or min(args.clients) < 1:
+        ap.error("--clients: counts must be at least 1")
+    try:
+        lengths = [int(c) for c in args.max_tokens.split(",")]
+    except ValueError:
+        ap.error(f"--max-tokens: {args.max_tokens!r} is not a comma list of numbers")
+    if min(lengths) < 1:
+        ap.error("--max-tokens: lengths must be at least 1")
+    cap = None
+    if args.memory_cap:
+        if args.memory_cap.endswith("%"):
+            model = Path(args.model).expanduser()
+            if not model.is_file():
+                ap.error("--memory-cap P% needs --model to be a file")
+            cap = int(model.stat().st_size * float(args.memory_cap[:-1]) / 100)
+        else:
+            cap = parse_size(args.memory_cap)
+
+    reports = [measure(args, cap, n) for n in lengths]
     if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    same = all(r["identical_to_one_at_a_time"] for r in report["modes"]["batched"])
+        out = reports[0] if len(reports) == 1 else {"model": args.model, "memory_cap": cap, "runs": reports}
+        args.json.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
+    same = all(r["identical_to_one_at_a_time"] for rep in reports for r in rep["modes"]["batched"])
     return 0 if same else 1
 
 

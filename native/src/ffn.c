@@ -56,7 +56,7 @@ static void expert_wave(struct colibri_context *c, int il, int n, const int32_t 
                                NULL, NULL);
     ST_T(t_glu);
     run_glu(c, s->glu, nj);
-    ST_ADD(n == 1, ST_GLU, t_glu);
+    ST_ADD(ST_GLU, t_glu);
 
     nj = 0;
     for (int i = 0; i < n_ids; i++) {
@@ -67,7 +67,7 @@ static void expert_wave(struct colibri_context *c, int il, int n, const int32_t 
     if (with_shared) s->jobs[nj++] = job(&w->sh_down, s->sh_gate, sh_actq, n, s->sh_down, E);
     ST_T(t_down);
     run_jobs(c, s->jobs, nj);
-    ST_ADD(n == 1, ST_DOWN, t_down);
+    ST_ADD(ST_DOWN, t_down);
 }
 
 void ffn_prefetch_layer(struct colibri_context *c, int next, const float *xn) {
@@ -245,12 +245,12 @@ colibri_status block_ffn_moe(struct colibri_context *c, int il, int n) {
     const int q_exp = kernel_wants_q8a(w->gate_exps.type) || kernel_wants_q8a(w->up_exps.type);
     ST_T(t_q);
     if (q_in || q_exp) quantize_activations(c, s->xn, s->xnq, n, E);
-    ST_ADD(n == 1, ST_QIN, t_q);
+    ST_ADD(ST_QIN, t_q);
 
     /* 1-2. router logits, top-k and weights into s.sel / s.selw */
     ST_T(t_r);
     router_select(c, il, n);
-    ST_ADD(n == 1, ST_ROUTER, t_r);
+    ST_ADD(ST_ROUTER, t_r);
     return block_moe_experts(c, il, n);
 }
 
@@ -288,7 +288,7 @@ colibri_status block_moe_experts(struct colibri_context *c, int il, int n) {
         }
     }
 
-    ST_ADD(n == 1, ST_GROUP, t_g);
+    ST_ADD(ST_GROUP, t_g);
 
     /* 4-5. SwiGLU of every expert that has tokens (and of the shared expert), then their down
      *      projections: from the mapped file in one wave, or from the expert store */
@@ -324,7 +324,7 @@ colibri_status block_moe_experts(struct colibri_context *c, int il, int n) {
             op_axpy(y, g, s->sh_down + (size_t)t * E, E);
         }
     }
-    ST_ADD(n == 1, ST_COMBINE, t_c);
+    ST_ADD(ST_COMBINE, t_c);
     return COLIBRI_OK;
 }
 

@@ -66,21 +66,21 @@ colibri_status layer_pre_norm(struct colibri_context *c, int il, int n) {
     const block_mixer mix = w->recurrent ? m->arch->recurrent_mixer : m->arch->mixer ? m->arch->mixer : block_attention;
     ST_T(t0);
     block_norm_rows(c, w->attn_norm, n);
-    ST_ADD(n == 1, ST_NORM, t0);
+    ST_ADD(ST_NORM, t0);
     ST_T(t1);
     mix(c, il, n);
-    ST_ADD(n == 1, ST_MIXER, t1);
+    ST_ADD(ST_MIXER, t1);
     ST_T(t2);
     residual_add(c, n);
-    ST_ADD(n == 1, ST_RESID, t2);
+    ST_ADD(ST_RESID, t2);
     ST_T(t3);
     block_norm_rows(c, w->ffn_norm, n);
-    ST_ADD(n == 1, ST_NORM, t3);
+    ST_ADD(ST_NORM, t3);
     colibri_status st = block_ffn(c, il, n);
     if (st) return st;
     ST_T(t4);
     residual_add(c, n);
-    ST_ADD(n == 1, ST_RESID, t4);
+    ST_ADD(ST_RESID, t4);
     return COLIBRI_OK;
 }
 
@@ -109,7 +109,7 @@ static colibri_status eval_chunk(struct colibri_context *c, const int32_t *tok, 
         for (size_t i = 0; i < (size_t)n * hp->n_rot; i++) s->rope_cs[i] *= hp->rope_attn_factor;
     if (c->store) store_tick(c->store, n);
     if (c->pred && n == 1) ffn_prefetch_layer(c, 0, NULL); /* decode step start: temporal and hashed */
-    ST_ADD(n == 1, ST_EMBED, t_embed);
+    ST_ADD(ST_EMBED, t_embed);
 
     for (int il = 0; il < hp->n_layer; il++) {
         colibri_status st = m->arch->layer ? m->arch->layer(c, il, n) : layer_pre_norm(c, il, n);
@@ -124,18 +124,18 @@ static colibri_status eval_chunk(struct colibri_context *c, const int32_t *tok, 
             op_rmsnorm(s->x + (size_t)t * E, m->output_norm, s->xn + (size_t)nr++ * E, E, hp->norm_eps);
     if (nr == 0) return COLIBRI_OK;
     if (mat_wants_q8a(&m->output)) quantize_activations(c, s->xn, s->xnq, nr, E);
-    ST_ADD(n == 1, ST_HEAD, t_head);
+    ST_ADD(ST_HEAD, t_head);
     ST_T(t_out);
     mm_job o = job(&m->output, s->xn, s->xnq, nr, logits, hp->n_vocab);
     run_jobs(c, &o, 1);
-    ST_ADD(n == 1, ST_OUTPUT, t_out);
+    ST_ADD(ST_OUTPUT, t_out);
     if (hp->logit_scale != 1.0f) /* a division, as transformers' logits / logits_scaling */
         for (size_t i = 0; i < (size_t)nr * hp->n_vocab; i++) logits[i] /= hp->logit_scale;
     *n_rows = nr;
     if (hp->final_softcap > 0.0f) /* as transformers: tanh(logits / cap) * cap */
         for (size_t i = 0; i < (size_t)nr * hp->n_vocab; i++)
             logits[i] = tanhf(logits[i] / hp->final_softcap) * hp->final_softcap;
-    ST_ADD(n == 1, ST_STEP, t_step);
+    ST_ADD(ST_STEP, t_step);
     return COLIBRI_OK;
 }
 
@@ -184,6 +184,7 @@ static colibri_status eval_tokens(struct colibri_context *c, const int32_t *seq_
                         (int)c->seq_last[q], (int)c->seq_past[q], (int)c->n_ctx);
     }
     for (int32_t i = 0; i < n_tokens; i++) c->seq_last[seq_ids ? seq_ids[i] : 0] = i;
+    ST_EVAL(n_tokens == n_seqs, n_tokens);
 
     const uint64_t allocs0 = cb_alloc_count();
     const uint64_t faults0 = major_faults();

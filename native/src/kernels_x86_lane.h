@@ -174,15 +174,42 @@ KX_INLINE void kl_decode_rows(uint32_t type, const char *W, size_t row_bytes, in
 
 /* ---- prefill: rows x 8 tokens ------------------------------------------------- */
 
+/* The float scales of blocks [c0, c0 + cn) of rows r0 .. r0 + R - 1: dw[i][b - c0] = d (Q4_1:
+ * dm[i][b - c0] = m), converted 8 blocks per gather. The tile below then takes a block's scale
+ * with one broadcast load instead of a scalar half conversion per (row, block) (whose moves and
+ * conversion took the shuffle port the dot products' reductions need); the values are the same
+ * vcvtph2ps results, so nothing downstream changes. */
+KX_INLINE void kl_row_scales(uint32_t type, const char *W, size_t row_bytes, int c0, int cn, int r0, const int R,
+                             float (*dw)[KG_CHUNK], float (*dm)[KG_CHUNK]) {
+    const size_t bb = kl_block_bytes(type);
+    const __m256i idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)bb));
+    for (int i = 0; i < R; i++) {
+        const char *row = W + (size_t)(r0 + i) * row_bytes;
+        for (int b = 0; b < cn; b += 8) {
+            const int nk = cn - b < 8 ? cn - b : 8;
+            const __m256i h = _mm256_mmask_i32gather_epi32(_mm256_setzero_si256(), (__mmask8)((1u << nk) - 1u), idx,
+                                                           row + (size_t)(c0 + b) * bb, 1);
+            _mm256_storeu_ps(&dw[i][b], _mm256_cvtph_ps(_mm256_cvtepi32_epi16(h)));
+            if (type == GGML_TYPE_Q4_1)
+                _mm256_storeu_ps(&dm[i][b], _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(h, 16))));
+        }
+    }
+}
+
 /* Rows r0 .. r0 + R - 1 against the 8 tokens of xp (kg_pack_x with the type: blocks
  * [c0, c0 + cn), c0 a multiple of 8), the next R rows prefetched up to pf_end (kx_pf, one
  * step per block). acc[i][j] lane l carries the blocks = j mod 8 of (row r0 + i, token
  * kg_lane_tok[l]). H: the token halves of xp that hold tokens (1 when the group has at most 4,
- * which skips the other half's all-zero vpdpbusd: the same int32 sums, half the dot products). */
+ * which skips the other half's all-zero vpdpbusd: the same int32 sums, half the dot products).
+ * Q8_0's weight qwords are broadcast straight from the row and offset in the register; the
+ * nibble formats unpack a block once (kl_wu) and broadcast its qwords from the stack. */
 KX_INLINE void kl_prefill_tile(uint32_t type, const char *W, size_t row_bytes, const kg_xblk *xp, int c0, int cn,
                                int r0, int pf_end, __m256 (*acc)[8], const int R, const int H) {
     const size_t bb = kl_block_bytes(type);
-    const int q41 = type == GGML_TYPE_Q4_1;
+    const int q41 = type == GGML_TYPE_Q4_1, q8 = type == GGML_TYPE_Q8_0;
+    float dw[KG_PREFILL_ROWS][KG_CHUNK], dm[KG_PREFILL_ROWS][KG_CHUNK];
+    kl_row_scales(type, W, row_bytes, c0, cn, r0, R, dw, dm);
+    const __m256i k80 = _mm256_set1_epi8((char)0x80);
     const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, pf_end, R, cn);
     for (int g = c0; g < c0 + cn; g += 8) {
         for (int j = 0; j < 8 && g + j < c0 + cn; j++) {
@@ -196,19 +223,21 @@ KX_INLINE void kl_prefill_tile(uint32_t type, const char *W, size_t row_bytes, c
             const __m256i xc = _mm256_loadu_si256((const __m256i *)xb->c);
             for (int i = 0; i < R; i++) {
                 const char *row = W + (size_t)(r0 + i) * row_bytes;
-                const uint16_t *hdr = (const uint16_t *)(row + (size_t)b * bb); /* d, then Q4_1's m */
                 int64_t wq[4] __attribute__((aligned(32)));
-                _mm256_store_si256((__m256i *)wq, kl_wu(type, row, b)); /* 8 quants per qword */
+                if (!q8) _mm256_store_si256((__m256i *)wq, kl_wu(type, row, b)); /* 8 quants per qword */
+                const char *q = row + (size_t)b * bb + kl_qoff(type);
                 __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
                 for (int p = 0; p < 4; p++) {
-                    const __m256i w = _mm256_set1_epi64x(wq[p]);
+                    const __m256i w =
+                        q8 ? _mm256_xor_si256(_mm256_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)(q + 8 * p))), k80)
+                           : _mm256_set1_epi64x(wq[p]);
                     s0 = _mm256_dpbusd_epi32(s0, w, X[p][0]);
                     if (H == 2) s1 = _mm256_dpbusd_epi32(s1, w, X[p][1]);
                 }
                 const __m256i isum = _mm256_add_epi32(_mm256_hadd_epi32(s0, s1), xc);
-                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(kx_half_bcast(hdr[0]), dx),
+                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(_mm256_set1_ps(dw[i][b - c0]), dx),
                                             acc[i][j]);
-                if (q41) acc[i][j] = _mm256_fmadd_ps(kx_half_bcast(hdr[1]), _mm256_loadu_ps(xb->s), acc[i][j]);
+                if (q41) acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(dm[i][b - c0]), _mm256_loadu_ps(xb->s), acc[i][j]);
             }
         }
     }

@@ -194,10 +194,15 @@ class ChatPlan:
     parallel: bool
     prompt_text: str = ""
     token_to_id: Any = None
+    vocabulary: Any = None  # token text by id: the harmony parser's o200k file, offline
 
     def parser(self) -> OutputParser:
         return new_output_parser(
-            self.template, tools=self.parse_tools, token_to_id=self.token_to_id, prompt_text=self.prompt_text
+            self.template,
+            tools=self.parse_tools,
+            token_to_id=self.token_to_id,
+            prompt_text=self.prompt_text,
+            vocabulary=self.vocabulary,
         )
 
 
@@ -213,6 +218,11 @@ def _token_to_id(model: Any) -> Any:
         return tid if isinstance(tid, int) and tid != unk else None
 
     return lookup
+
+
+def _vocabulary(model: Any) -> Any:
+    tok = getattr(model, "tokenizer", None)
+    return getattr(tok, "id_to_token", None) or getattr(tok, "convert_ids_to_tokens", None)
 
 
 def chat_logprobs(req: ChatRequest, backend: str, reports_logprobs: bool) -> int | None:
@@ -248,7 +258,13 @@ async def prepare_chat(state: ServerState, req: ChatRequest, request: Request) -
     chars = sum(len(m["content"]) + len(json.dumps(m.get("tool_calls", ""))) for m in messages)
     check_prompt_chars(state, checked, chars + len(json.dumps(offered or "")))
     template = getattr(model, "chat_template", None)
-    plan = ChatPlan(template, offered is not None, parallel, token_to_id=_token_to_id(model))
+    plan = ChatPlan(
+        template,
+        offered is not None,
+        parallel,
+        token_to_id=_token_to_id(model),
+        vocabulary=_vocabulary(model),
+    )
     grammar: list[Any] = []
 
     def tokenize() -> list[list[int]]:

@@ -19,12 +19,17 @@ partial markup never reaches the answer's deltas; a call is emitted once it is c
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import os
+import threading
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Literal
 
 
@@ -299,23 +304,135 @@ class MarkupOutput(OutputParser):
         return False
 
 
-@lru_cache(maxsize=1)
-def _harmony_encoding() -> Any:
+# ---------------------------------------------------------------- harmony's vocabulary
+
+# openai-harmony reads o200k_base.tiktoken (one ``base64(token bytes) rank`` line per token, ranks 0..199997)
+# from $TIKTOKEN_ENCODINGS_BASE, or downloads it. Offline, Colibri writes that file from the gpt-oss model's
+# own vocabulary, whose first 199998 tokens are o200k_base's ranks in byte-level form, and accepts it only
+# when its SHA-256 is tiktoken's published hash for o200k_base: a file that loads is then the real one.
+O200K_FILE = "o200k_base.tiktoken"
+O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
+O200K_RANKS = 199998
+_harmony_lock = threading.Lock()
+
+
+def _byte_level_decoder() -> dict[str, int]:
+    """Byte-level BPE's character for each byte, inverted: printable Latin-1 bytes stand for themselves,
+    the other 68 are shifted to U+0100 onwards in byte order."""
+    kept = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars = {b: chr(b) for b in kept}
+    shifted = [b for b in range(256) if b not in chars]
+    chars.update({b: chr(256 + i) for i, b in enumerate(shifted)})
+    return {c: b for b, c in chars.items()}
+
+
+def o200k_from_vocabulary(id_to_token: Callable[[int], str | None]) -> bytes:
+    """o200k_base.tiktoken's contents from a gpt-oss vocabulary (token text by id, byte-level form);
+    ValueError unless the result is, byte for byte, the published o200k_base file."""
+    decoder = _byte_level_decoder()
+    lines = []
+    for rank in range(O200K_RANKS):
+        text = id_to_token(rank)
+        try:
+            raw = bytes(decoder[c] for c in text or "")
+        except KeyError:
+            raw = b""
+        if not raw:
+            raise ValueError(f"token {rank} ({text!r}) is not a byte-level o200k_base token")
+        lines.append(base64.b64encode(raw) + b" " + str(rank).encode() + b"\n")
+    data = b"".join(lines)
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != O200K_SHA256:
+        raise ValueError(
+            f"the model's first {O200K_RANKS} tokens are not o200k_base (SHA-256 {digest}, "
+            f"expected {O200K_SHA256})"
+        )
+    return data
+
+
+def _o200k_cache() -> Path:
+    from colibri_backend.models import cache_dir
+
+    return cache_dir() / "tiktoken" / O200K_FILE
+
+
+def _sha256_of(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _load_harmony(base: str | None) -> Any:
+    """HARMONY_GPT_OSS with TIKTOKEN_ENCODINGS_BASE set to `base` for the load only (None: as the
+    environment has it; openai-harmony then downloads the file when it has no copy)."""
     from openai_harmony import HarmonyEncodingName, load_harmony_encoding
 
+    if base is None:
+        return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+    before = os.environ.get("TIKTOKEN_ENCODINGS_BASE")
+    os.environ["TIKTOKEN_ENCODINGS_BASE"] = base
     try:
         return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
-    except Exception as exc:  # its vocabulary file is fetched on first use (TIKTOKEN_ENCODINGS_BASE)
-        raise ValueError(f"openai-harmony cannot load the gpt-oss encoding: {exc}") from None
+    finally:
+        if before is None:
+            del os.environ["TIKTOKEN_ENCODINGS_BASE"]
+        else:
+            os.environ["TIKTOKEN_ENCODINGS_BASE"] = before
+
+
+@lru_cache(maxsize=1)
+def _harmony_encoding() -> Any:
+    """The encoding from $TIKTOKEN_ENCODINGS_BASE when set, else from Colibri's cache when it holds the
+    checked file; ValueError when neither has it and the download fails."""
+    errors = []
+    if os.environ.get("TIKTOKEN_ENCODINGS_BASE"):
+        try:
+            return _load_harmony(None)
+        except Exception as exc:
+            errors.append(f"TIKTOKEN_ENCODINGS_BASE={os.environ['TIKTOKEN_ENCODINGS_BASE']}: {exc}")
+    cached = _o200k_cache()
+    if _sha256_of(cached) == O200K_SHA256:
+        return _load_harmony(str(cached.parent))
+    if not errors:
+        try:
+            return _load_harmony(None)
+        except Exception as exc:  # no network: the file cannot be fetched
+            errors.append(str(exc))
+    raise ValueError(f"openai-harmony cannot load the gpt-oss encoding (o200k_base): {'; '.join(errors)}")
+
+
+def harmony_encoding(vocabulary: Callable[[int], str | None] | None = None) -> Any:
+    """openai-harmony's gpt-oss encoding. Where it cannot find o200k_base.tiktoken and `vocabulary` (the
+    model's token text by id) is given, the file is written from that vocabulary into Colibri's cache,
+    checked against the published hash, and loaded from there; ValueError naming both failures otherwise."""
+    with _harmony_lock:
+        try:
+            return _harmony_encoding()
+        except ValueError as exc:
+            if vocabulary is None:
+                raise
+            first = exc
+        try:
+            data = o200k_from_vocabulary(vocabulary)
+        except ValueError as exc:
+            raise ValueError(f"{first}; and the model's vocabulary cannot stand in for it: {exc}") from None
+        path = _o200k_cache()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        tmp.replace(path)
+        _harmony_encoding.cache_clear()
+        return _harmony_encoding()
 
 
 class HarmonyOutput(OutputParser):
     """gpt-oss output through openai-harmony's streaming parser (token ids in, channels out)."""
 
-    def __init__(self, tools: bool) -> None:
+    def __init__(self, tools: bool, vocabulary: Callable[[int], str | None] | None = None) -> None:
         from openai_harmony import Role, StreamableParser
 
-        self.parser = StreamableParser(_harmony_encoding(), role=Role.ASSISTANT)
+        self.parser = StreamableParser(harmony_encoding(vocabulary), role=Role.ASSISTANT)
         self.tools = tools
         self.n_messages = 0
 
@@ -361,13 +478,15 @@ def new_output_parser(
     tools: bool,
     token_to_id: Callable[[str], int | None] | None = None,
     prompt_text: str = "",
+    vocabulary: Callable[[int], str | None] | None = None,
 ) -> OutputParser:
     """The parser for a model's output: tool calls when ``tools`` (the request offered tools and did not
-    say ``tool_choice: none``), reasoning when the template thinks."""
+    say ``tool_choice: none``), reasoning when the template thinks. ``vocabulary`` (token text by id)
+    lets the harmony parser find its o200k file offline (:func:`harmony_encoding`)."""
     family = family_of(template)
     reasoning = thinks(template)
     if family == "harmony":
-        return HarmonyOutput(tools)
+        return HarmonyOutput(tools, vocabulary)
     if not tools and not reasoning:
         return PlainOutput()
     special: dict[int, str] = {}

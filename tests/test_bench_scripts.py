@@ -401,6 +401,58 @@ def test_capped_report_counts_decode_steps_alone() -> None:
     assert capped_sweep.decode_figures({"engine_stats": end}) is None
 
 
+def test_capped_sweep_caps_of_another_file(tmp_path: Path, monkeypatch, capsys) -> None:
+    """--cap-of FILE: the caps are shares of FILE's size, not the model's; the result files name the basis
+    and the report labels the cells with it and the cap in MiB."""
+    import capped_sweep
+
+    model, other = tmp_path / "small.gguf", tmp_path / "big-q8_0.gguf"
+    model.write_bytes(b"\0" * (3 << 20))
+    other.write_bytes(b"\0" * (8 << 20))
+    calls: list[tuple[list[str], dict]] = []
+
+    def fake_run(cmd: list[str], env: dict, text: bool, timeout: float) -> subprocess.CompletedProcess:
+        calls.append((cmd, env))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(capped_sweep.subprocess, "run", fake_run)
+    argv = ["capped", "--model", str(model), "--fractions", "0.5,0.25", "--engines", "colibri"]
+    argv += ["--overhead-mib", "1", "--out-dir", str(tmp_path)]
+    assert capped_sweep.main([*argv, "--cap-of", str(other)]) == 0
+    caps = [int(c[c.index("--memory-cap") + 1]) for c, _ in calls]
+    assert caps == [4 << 20, 2 << 20]  # of the other file's 8 MiB, not the model's 3
+    assert [int(e["COLIBRI_MEMORY_BUDGET"]) for _, e in calls] == [3 << 20, 1 << 20]
+    outs = [Path(c[c.index("--json") + 1]).name for c, _ in calls]
+    assert outs == ["capped_0.50_of-big-q8_0.json", "capped_0.25_of-big-q8_0.json"]
+    calls.clear()
+    assert capped_sweep.main(argv) == 0  # without it, shares of the model's own size
+    assert [int(c[c.index("--memory-cap") + 1]) for c, _ in calls] == [
+        int(0.5 * (3 << 20)),
+        int(0.25 * (3 << 20)),
+    ]
+    assert Path(calls[0][0][calls[0][0].index("--json") + 1]).name == "capped_0.50.json"
+
+    assert capped_sweep.parse_label("capped_0.25_of-big-q8_0_pf-none") == ("0.25", "big-q8_0", "none")
+    assert capped_sweep.parse_label("capped_0.60") == ("0.60", "", "default")
+    assert capped_sweep.parse_label("capped_none") == ("none", "", "default")
+
+    def run(engine: str, tps: float) -> dict:
+        return {"ok": True, "engine": engine, "sampling": "sampled", "decode_tps": tps}
+
+    report = tmp_path / "report"
+    report.mkdir()
+    for name, cap, runs in (
+        ("capped_0.25_of-big-q8_0.json", 2 << 20, [run("llama_cpp", 1.0), run("llama_cpp", 2.0)]),
+        ("capped_0.50.json", 6 << 20, [run("llama_cpp", 4.0)]),
+    ):
+        (report / name).write_text(json.dumps({"protocol": {"memory_cap_bytes": cap}, "runs": runs}))
+    capsys.readouterr()
+    assert capped_sweep.main(["report", str(report)]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ")][1:]
+    assert [ln.split(" | ")[0] for ln in lines] == ["| 50% (6 MiB)", "| 25% of big-q8_0 (2 MiB)"]
+    assert lines[1].split(" | ")[4] == "1.50"  # the llama.cpp median of the two runs
+
+
 def _fake_runner(path: Path, rate: float, fail: bool = False) -> str:
     """An executable that answers as colibri-run does: its report line on stderr, or an error and exit 1."""
     body = (

@@ -453,6 +453,52 @@ def test_capped_sweep_caps_of_another_file(tmp_path: Path, monkeypatch, capsys) 
     assert lines[1].split(" | ")[4] == "1.50"  # the llama.cpp median of the two runs
 
 
+def test_cap_bounds_on_a_tiny_model(tiny_models, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/cap_bounds.py: an expert's bytes from the file, Belady's optimum on the decode steps'
+    routing of a run (the rows of its prompt + generated ids but the last), and the speeds the disk allows."""
+    import cap_bounds
+
+    from colibri_backend.optimum import belady
+    from colibri_backend.trace import record_trace
+
+    _, gguf = tiny_models["bench-a"]
+    spec = tiny("bench-a")
+    assert cap_bounds.expert_bytes(str(gguf)) == [3 * spec.hidden * spec.n_ff_exp * 4] * spec.n_layer  # f32
+    prompt, generated = list(range(40, 60)), [7, 300, 9, 41, 8, 12, 500, 3, 77, 31, 2000, 5]
+    model = colibri_backend.load(str(gguf), threads=2, context_length=128)
+    full = record_trace(model, token_ids=prompt + generated).ids
+    model.close()
+    opt = belady(full[len(prompt) : len(prompt) + len(generated) - 1], spec.n_expert, 3)
+
+    def stats(n: int, read: int) -> dict:
+        return {"n_decode_tokens": n, "expert_bytes_read": read, "expert_slots": 3}
+
+    def run(engine: str, tps: float, capped: bool) -> dict:
+        r = {"ok": True, "engine": engine, "model": str(gguf), "decode_tps": tps, "generated_ids": generated}
+        if capped and engine == "colibri":
+            r |= {"engine_stats_at_first_token": stats(0, 0), "engine_stats": stats(11, 11 << 20)}
+        return r
+
+    protocol = {"prompt_ids": {str(gguf): prompt}}
+    for name, runs in (
+        ("capped_none.json", [run("colibri", 10.0, False)]),
+        ("capped_0.25_of-big_pf-none.json", [run("colibri", 4.0, True), run("llama_cpp", 0.5, True)]),
+    ):
+        (tmp_path / name).write_text(json.dumps({"protocol": protocol, "runs": runs}))
+    out = tmp_path / "bounds.json"
+    assert cap_bounds.main([str(tmp_path), "--disk-gbs", "0.001", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["cap"] == "0.25 of big" and row["prefetch"] == "none" and row["slots"] == 3
+    assert row["opt_hit"] == pytest.approx(opt.hit_rate_preloaded)
+    mib = opt.misses_preloaded * 3 * spec.hidden * spec.n_ff_exp * 4 / 2**20 / (len(generated) - 1)
+    assert row["opt_mib_per_token"] == pytest.approx(mib)
+    assert row["run_mib_per_token"] == pytest.approx(1.0) and row["llama_tps"] == 0.5
+    io_s = mib * 2**20 / 1e6
+    assert row["best_overlap_tps"] == pytest.approx(1 / max(0.1, io_s))
+    assert row["best_serial_tps"] == pytest.approx(1 / (0.1 + io_s))
+    assert "| 0.25 of big | none | 3 | 4.00 |" in capsys.readouterr().out
+
+
 def _fake_runner(path: Path, rate: float, fail: bool = False) -> str:
     """An executable that answers as colibri-run does: its report line on stderr, or an error and exit 1."""
     body = (

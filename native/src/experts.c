@@ -1196,6 +1196,13 @@ void store_fail_next_reads(expert_store *s, int n) { atomic_store(&s->fail_reads
 
 void store_delay_reads(expert_store *s, double seconds) { atomic_store(&s->delay_ns, (long)(seconds * 1e9)); }
 
+int store_pieces_taken(const expert_store *s, int layer, int e) {
+    const int i = s->where[(size_t)layer * s->n_expert + e];
+    if (i < 0 || atomic_load_explicit(&s->slots[i].state, memory_order_acquire) != SLOT_LOADING) return 0;
+    const int n = atomic_load_explicit(&s->slots[i].next_piece, memory_order_acquire);
+    return n < s->slots[i].n_pieces ? n : s->slots[i].n_pieces;
+}
+
 /* ---- counters --------------------------------------------------------- */
 
 void store_fill_stats(const expert_store *s, colibri_stats *o) {

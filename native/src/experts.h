@@ -133,5 +133,8 @@ void store_fail_next_reads(expert_store *s, int n);
 /* For tests: every piece of a slot's read waits `seconds` before it starts (0: none), so a wait for a read
  * just issued finds it unfinished however fast the disk is. */
 void store_delay_reads(expert_store *s, double seconds);
+/* For tests: pieces of the load of expert (layer, e) that readers have taken so far (0 when it is not in a
+ * slot or not loading), so a test can act once a read is under way. */
+int store_pieces_taken(const expert_store *s, int layer, int e);
 
 #endif

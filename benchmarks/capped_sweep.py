@@ -20,6 +20,13 @@ Two modes:
 
       python benchmarks/capped_sweep.py capped --model bench-a --fractions 1,0.6,0.4,0.25 --runs 1
 
+  --cap-of FILE (both modes) takes the fractions of FILE's size instead of the model's, so two
+  quantizations of one model run under the same caps: bench-A Q4_K_M under 25% and 50% of bench-A Q8_0's
+  size, next to Q8_0 itself (the result files are then named capped_0.25_of-STEM*.json).
+
+      python benchmarks/capped_sweep.py capped --model ~/.cache/colibri/bench/bench-a-q4_k_m.gguf \\
+          --cap-of ~/.cache/colibri/bench/bench-a-q8_0.gguf --fractions 0.5,0.25 --runs 3
+
   Realistic routing: --routing-trace TRACE (both modes) makes Colibri follow a trained model's recorded
   routing on a random-weight file with the same layer and expert counts (bench-r, made by
   make_bench_models.py; the override is for benchmarks only, colibri_backend.trace.impose_trace).
@@ -156,15 +163,33 @@ def ratio(a: float, b: float) -> float:
     return a / b if b else 0.0
 
 
+def cap_basis(model: Path, cap_of: Path | None) -> tuple[int, str]:
+    """The size the fractions are taken of, and the label's suffix naming it: the model's own size (no
+    suffix), or that of another file (--cap-of; e.g. Q4_K_M under a share of Q8_0's size)."""
+    if cap_of is None:
+        return model.stat().st_size, ""
+    return cap_of.expanduser().stat().st_size, f"_of-{cap_of.name.removesuffix('.gguf')}"
+
+
+def parse_label(stem: str) -> tuple[str, str, str]:
+    """(fraction, basis, prefetch set) of a result file's stem, capped_0.25[_of-STEM][_pf-MODE]; the basis
+    is "" for the model's own size and the fraction is "none" for the uncapped run."""
+    label, _, pf = stem.removeprefix("capped_").partition("_pf-")
+    frac, _, basis = label.partition("_of-")
+    return frac, basis, pf or "default"
+
+
 def budget_sweep(args: argparse.Namespace) -> int:
-    size = os.path.getsize(args.model)
+    size, basis = cap_basis(Path(args.model), args.cap_of)
+    of = f" of {basis.removeprefix('_of-')}" if basis else ""
     fractions = [float(f) for f in args.fractions.split(",")]
     ref = run_point(args, 0, True)
     rows = [("unbudgeted", ref)]
     for f in fractions:
-        rows.append((f"{f:.0%}", run_point(args, int(size * f), True)))
+        rows.append((f"{f:.0%}{of}", run_point(args, int(size * f), True)))
     print(
-        f"model {args.model} ({size / 2**20:.1f} MiB), {args.max_tokens} greedy tokens, "
+        f"model {args.model} ({os.path.getsize(args.model) / 2**20:.1f} MiB), budgets of {size / 2**20:.1f} "
+        f"MiB{of}, {args.max_tokens} greedy tokens, "
         f"policy {args.policy}, prefetch {args.prefetch}, threads {args.threads}"
         + (f", routing of {args.routing_trace}" if args.routing_trace else "")
     )
@@ -219,7 +244,7 @@ def capped_sweep(args: argparse.Namespace) -> int:
     from make_bench_models import gguf_path  # noqa: E402  (the bench model's file, to size the caps)
 
     path = Path(args.model) if Path(args.model).is_file() else gguf_path(args.cache_dir, args.model, "q8_0")
-    size = path.stat().st_size
+    size, basis = cap_basis(path, args.cap_of)
     overhead = int(args.overhead_mib * 2**20)
     results = []
     modes = [m.strip() for m in args.prefetch_modes.split("/")] if args.prefetch_modes else [None]
@@ -229,7 +254,7 @@ def capped_sweep(args: argparse.Namespace) -> int:
         cap = int(size * f)
         env = dict(os.environ, COLIBRI_MEMORY_BUDGET=str(max(cap - overhead, 1)))
         tag = f"_pf-{mode.replace(',', '+')}" if mode else ""
-        out = Path(args.out_dir) / f"capped_{f:.2f}{tag}.json"
+        out = Path(args.out_dir) / f"capped_{f:.2f}{basis}{tag}.json"
         cmd = [
             sys.executable,
             str(HERE / "bench.py"),
@@ -264,12 +289,16 @@ def capped_sweep(args: argparse.Namespace) -> int:
         for option in args.colibri_option:
             cmd += ["--colibri-option", option]
         print(
-            f"== cap {f:.0%} of {size / 2**20:.0f} MiB = {cap / 2**20:.0f} MiB, Colibri budget "
+            f"== cap {f:.0%} of {size / 2**20:.0f} MiB{' (' + basis[4:] + ')' if basis else ''} = "
+            f"{cap / 2**20:.0f} MiB, Colibri budget "
             f"{(cap - overhead) / 2**20:.0f} MiB" + (f", prefetch {mode}" if mode else ""),
             flush=True,
         )
         proc = subprocess.run(cmd, env=env, text=True, timeout=args.timeout)
-        results.append({"fraction": f, "prefetch": mode, "cap": cap, "rc": proc.returncode, "json": str(out)})
+        of = basis.removeprefix("_of-") or None
+        results.append(
+            {"fraction": f, "of": of, "prefetch": mode, "cap": cap, "rc": proc.returncode, "json": str(out)}
+        )
     print(json.dumps(results, indent=2))
     return 0 if all(r["rc"] == 0 for r in results) else 1
 
@@ -303,13 +332,22 @@ def capped_report(args: argparse.Namespace) -> int:
     from statistics import median
 
     rows: dict[tuple[str, str, str], dict[str, list[dict]]] = {}
+    caps: dict[str, int] = {}
     for f in sorted(Path(args.dir).glob("capped_*.json")):
-        label, _, pf = f.stem.removeprefix("capped_").partition("_pf-")
-        for r in json.loads(f.read_text())["runs"]:
+        frac, basis, pf = parse_label(f.stem)
+        label = frac + (f"_of-{basis}" if basis else "")
+        doc = json.loads(f.read_text())
+        caps[label] = doc.get("protocol", {}).get("memory_cap_bytes") or 0
+        for r in doc["runs"]:
             if r.get("ok"):
-                rows.setdefault((label, pf or "default", r["sampling"]), {}).setdefault(
-                    r["engine"], []
-                ).append(r)
+                rows.setdefault((label, pf, r["sampling"]), {}).setdefault(r["engine"], []).append(r)
+
+    def cap_cell(label: str) -> str:
+        frac, _, basis = label.partition("_of-")
+        if frac == "none":
+            return "none"
+        mib = f" ({caps[label] / 2**20:.0f} MiB)" if caps.get(label) else ""
+        return f"{float(frac):.0%}" + (f" of {basis}" if basis else "") + mib
 
     def med(runs: list[dict], key: str) -> float | None:
         vals = [r[key] for r in runs if r.get(key) is not None]
@@ -327,13 +365,18 @@ def capped_report(args: argparse.Namespace) -> int:
         "| faults, first 8 tokens (C / L) | plan MiB | RSS growth MiB (/ plan) | cgroup peak MiB (C / L) |"
     )
     print("|" + "---|" * 17)
-    order = sorted(rows, key=lambda k: (k[0] != "none", -float(k[0]) if k[0] != "none" else 0, k[1], k[2]))
+
+    def order_key(k: tuple[str, str, str]) -> tuple:
+        frac, _, basis = k[0].partition("_of-")
+        return (frac != "none", basis, -float(frac) if frac != "none" else 0, k[1], k[2])
+
+    order = sorted(rows, key=order_key)
     for label, pf, sampling in order:
         e = rows[(label, pf, sampling)]
         c, ll = e.get("colibri", []), e.get("llama_cpp", [])
         ctps = med(c, "decode_tps") if c else None
         ltps = med(ll, "decode_tps") if ll else None
-        cells = [label if label == "none" else f"{float(label):.0%}", pf, sampling]
+        cells = [cap_cell(label), pf, sampling]
         cells += [f"{ctps:.2f}" if ctps else "-", f"{ltps:.2f}" if ltps else "-"]
         cells.append(f"{ctps / ltps:.1f}x" if ctps and ltps else "-")
         own = uncapped.get((pf, sampling)) or uncapped.get(("default", sampling))
@@ -400,6 +443,15 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--max-tokens", type=int, default=32)
         p.add_argument("--timeout", type=float, default=1800.0)
         p.add_argument("--batch", type=int, default=64)
+        if name != "child":
+            p.add_argument(
+                "--cap-of",
+                type=Path,
+                default=None,
+                metavar="FILE",
+                help="take the fractions of FILE's size instead of the model's (e.g. Q4_K_M under shares "
+                "of Q8_0's size)",
+            )
         if name != "capped":
             p.add_argument("--prompt-tokens", type=int, default=32)
             p.add_argument("--seed", type=int, default=1234)

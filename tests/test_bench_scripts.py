@@ -401,6 +401,104 @@ def test_capped_report_counts_decode_steps_alone() -> None:
     assert capped_sweep.decode_figures({"engine_stats": end}) is None
 
 
+def test_capped_sweep_caps_of_another_file(tmp_path: Path, monkeypatch, capsys) -> None:
+    """--cap-of FILE: the caps are shares of FILE's size, not the model's; the result files name the basis
+    and the report labels the cells with it and the cap in MiB."""
+    import capped_sweep
+
+    model, other = tmp_path / "small.gguf", tmp_path / "big-q8_0.gguf"
+    model.write_bytes(b"\0" * (3 << 20))
+    other.write_bytes(b"\0" * (8 << 20))
+    calls: list[tuple[list[str], dict]] = []
+
+    def fake_run(cmd: list[str], env: dict, text: bool, timeout: float) -> subprocess.CompletedProcess:
+        calls.append((cmd, env))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(capped_sweep.subprocess, "run", fake_run)
+    argv = ["capped", "--model", str(model), "--fractions", "0.5,0.25", "--engines", "colibri"]
+    argv += ["--overhead-mib", "1", "--out-dir", str(tmp_path)]
+    assert capped_sweep.main([*argv, "--cap-of", str(other)]) == 0
+    caps = [int(c[c.index("--memory-cap") + 1]) for c, _ in calls]
+    assert caps == [4 << 20, 2 << 20]  # of the other file's 8 MiB, not the model's 3
+    assert [int(e["COLIBRI_MEMORY_BUDGET"]) for _, e in calls] == [3 << 20, 1 << 20]
+    outs = [Path(c[c.index("--json") + 1]).name for c, _ in calls]
+    assert outs == ["capped_0.50_of-big-q8_0.json", "capped_0.25_of-big-q8_0.json"]
+    calls.clear()
+    assert capped_sweep.main(argv) == 0  # without it, shares of the model's own size
+    assert [int(c[c.index("--memory-cap") + 1]) for c, _ in calls] == [
+        int(0.5 * (3 << 20)),
+        int(0.25 * (3 << 20)),
+    ]
+    assert Path(calls[0][0][calls[0][0].index("--json") + 1]).name == "capped_0.50.json"
+
+    assert capped_sweep.parse_label("capped_0.25_of-big-q8_0_pf-none") == ("0.25", "big-q8_0", "none")
+    assert capped_sweep.parse_label("capped_0.60") == ("0.60", "", "default")
+    assert capped_sweep.parse_label("capped_none") == ("none", "", "default")
+
+    def run(engine: str, tps: float) -> dict:
+        return {"ok": True, "engine": engine, "sampling": "sampled", "decode_tps": tps}
+
+    report = tmp_path / "report"
+    report.mkdir()
+    for name, cap, runs in (
+        ("capped_0.25_of-big-q8_0.json", 2 << 20, [run("llama_cpp", 1.0), run("llama_cpp", 2.0)]),
+        ("capped_0.50.json", 6 << 20, [run("llama_cpp", 4.0)]),
+    ):
+        (report / name).write_text(json.dumps({"protocol": {"memory_cap_bytes": cap}, "runs": runs}))
+    capsys.readouterr()
+    assert capped_sweep.main(["report", str(report)]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ")][1:]
+    assert [ln.split(" | ")[0] for ln in lines] == ["| 50% (6 MiB)", "| 25% of big-q8_0 (2 MiB)"]
+    assert lines[1].split(" | ")[4] == "1.50"  # the llama.cpp median of the two runs
+
+
+def test_cap_bounds_on_a_tiny_model(tiny_models, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/cap_bounds.py: an expert's bytes from the file, Belady's optimum on the decode steps'
+    routing of a run (the rows of its prompt + generated ids but the last), and the speeds the disk allows."""
+    import cap_bounds
+
+    from colibri_backend.optimum import belady
+    from colibri_backend.trace import record_trace
+
+    _, gguf = tiny_models["bench-a"]
+    spec = tiny("bench-a")
+    assert cap_bounds.expert_bytes(str(gguf)) == [3 * spec.hidden * spec.n_ff_exp * 4] * spec.n_layer  # f32
+    prompt, generated = list(range(40, 60)), [7, 300, 9, 41, 8, 12, 500, 3, 77, 31, 2000, 5]
+    model = colibri_backend.load(str(gguf), threads=2, context_length=128)
+    full = record_trace(model, token_ids=prompt + generated).ids
+    model.close()
+    opt = belady(full[len(prompt) : len(prompt) + len(generated) - 1], spec.n_expert, 3)
+
+    def stats(n: int, read: int) -> dict:
+        return {"n_decode_tokens": n, "expert_bytes_read": read, "expert_slots": 3}
+
+    def run(engine: str, tps: float, capped: bool) -> dict:
+        r = {"ok": True, "engine": engine, "model": str(gguf), "decode_tps": tps, "generated_ids": generated}
+        if capped and engine == "colibri":
+            r |= {"engine_stats_at_first_token": stats(0, 0), "engine_stats": stats(11, 11 << 20)}
+        return r
+
+    protocol = {"prompt_ids": {str(gguf): prompt}}
+    for name, runs in (
+        ("capped_none.json", [run("colibri", 10.0, False)]),
+        ("capped_0.25_of-big_pf-none.json", [run("colibri", 4.0, True), run("llama_cpp", 0.5, True)]),
+    ):
+        (tmp_path / name).write_text(json.dumps({"protocol": protocol, "runs": runs}))
+    out = tmp_path / "bounds.json"
+    assert cap_bounds.main([str(tmp_path), "--disk-gbs", "0.001", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["cap"] == "0.25 of big" and row["prefetch"] == "none" and row["slots"] == 3
+    assert row["opt_hit"] == pytest.approx(opt.hit_rate_preloaded)
+    mib = opt.misses_preloaded * 3 * spec.hidden * spec.n_ff_exp * 4 / 2**20 / (len(generated) - 1)
+    assert row["opt_mib_per_token"] == pytest.approx(mib)
+    assert row["run_mib_per_token"] == pytest.approx(1.0) and row["llama_tps"] == 0.5
+    io_s = mib * 2**20 / 1e6
+    assert row["best_overlap_tps"] == pytest.approx(1 / max(0.1, io_s))
+    assert row["best_serial_tps"] == pytest.approx(1 / (0.1 + io_s))
+    assert "| 0.25 of big | none | 3 | 4.00 |" in capsys.readouterr().out
+
+
 def _fake_runner(path: Path, rate: float, fail: bool = False) -> str:
     """An executable that answers as colibri-run does: its report line on stderr, or an error and exit 1."""
     body = (

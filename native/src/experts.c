@@ -242,19 +242,35 @@ static int wait_slot(const slot *sl) {
     return st;
 }
 
-/* Piece `piece` of expert (l, e) into slot memory mem; returns 0 or an errno. The region of
- * projection p holds the page-aligned window around its bytes: byte x of the file lands at
- * mem + region_off[p] + (x - aligned start), whether it was read with O_DIRECT or buffered, so
- * the pieces of one expert may be read either way. */
-static int read_piece(expert_store *s, int l, int e, unsigned char *mem, int piece) {
+/* The region and file range [*lo, *hi) of piece `piece` of expert (l, e), as read_piece reads it (the page
+ * below the expert's first byte included); 0 for a piece past its region's window (nothing to read). *from
+ * is the first byte of the expert's own in it: the piece's share of the expert's bytes is hi - from. */
+static int piece_range(const expert_store *s, int l, int e, int piece, int *region, uint64_t *lo, uint64_t *hi,
+                       uint64_t *from) {
     int p = 0;
     while (piece >= s->chunks[p]) piece -= s->chunks[p++];
     uint64_t off, len;
     expert_range(s->m, l, e, p, &off, &len);
     const uint64_t a = off & ~(uint64_t)(STORE_IO_ALIGN - 1), end = off + len;
-    const uint64_t lo = a + (uint64_t)piece * STORE_IO_CHUNK;
-    if (lo >= end) return 0;  /* regions are sized for the largest window: this piece is past it */
-    const uint64_t hi = lo + STORE_IO_CHUNK < end ? lo + STORE_IO_CHUNK : end;
+    *region = p;
+    *lo = a + (uint64_t)piece * STORE_IO_CHUNK;
+    if (*lo >= end) return 0;  /* regions are sized for the largest window: this piece is past it */
+    *hi = *lo + STORE_IO_CHUNK < end ? *lo + STORE_IO_CHUNK : end;
+    *from = *lo > off ? *lo : off;
+    return 1;
+}
+
+/* Piece `piece` of expert (l, e) into slot memory mem; returns 0 or an errno. The region of
+ * projection p holds the page-aligned window around its bytes: byte x of the file lands at
+ * mem + region_off[p] + (x - aligned start), whether it was read with O_DIRECT or buffered, so
+ * the pieces of one expert may be read either way. */
+static int read_piece(expert_store *s, int l, int e, unsigned char *mem, int piece) {
+    int p;
+    uint64_t lo, hi, from;
+    if (!piece_range(s, l, e, piece, &p, &lo, &hi, &from)) return 0;
+    uint64_t off, len;
+    expert_range(s->m, l, e, p, &off, &len);
+    const uint64_t a = off & ~(uint64_t)(STORE_IO_ALIGN - 1);
     unsigned char *dst = mem + s->region_off[p] + (lo - a);
     int err = EINVAL;
     if (s->fd_direct >= 0 && atomic_load_explicit(&s->direct_ok, memory_order_relaxed)) {
@@ -262,7 +278,6 @@ static int read_piece(expert_store *s, int l, int e, unsigned char *mem, int pie
         if (err == EINVAL) atomic_store(&s->direct_ok, 0);  /* this file system refuses it */
     }
     if (err == EINVAL) {
-        const uint64_t from = lo > off ? lo : off;
         err = pread_full(s->fd, mem + s->region_off[p] + (from - a), (size_t)(hi - from), from, (size_t)(hi - from));
         if (!err) drop_cached(s->fd, from, hi - from); /* the bytes now live in the slot */
     }
@@ -901,7 +916,11 @@ static int queue_full(const expert_store *s) {
 void store_hold(expert_store *s, int layer, int e) {
     const size_t id = (size_t)layer * s->n_expert + e;
     reuse_observe(s, layer, e); /* the step names it now: later victims of this wave know it */
-    const int i = s->where[id];
+    int i = s->where[id];
+    if (i >= 0 && atomic_load_explicit(&s->slots[i].state, memory_order_acquire) == SLOT_FAILED) {
+        release_slot(s, i); /* a prefetch cut short (store_drop_stale) or failed: read it again, queued */
+        i = -1;
+    }
     if (i >= 0) {
         s->slots[i].pinned_wave = s->wave;
         /* a prefetch still in flight is now a read the step waits for: its pieces go first */
@@ -946,15 +965,47 @@ static int names(const int32_t *ids, int k, int e) {
     return 0;
 }
 
+/* Stale prefetch sl had pieces [0, taken) given to readers when store_drop_stale took the rest: those are
+ * never read. The load ends FAILED (ECANCELED) once the pieces in flight are in, whoever finishes last
+ * publishing it, and the slot is then reused as any failed one is (pick_victim, claim; an acquire of it
+ * reads the expert again). Until then the readers still write into it, so it stays LOADING and owned. Its
+ * bytes read are the taken pieces', counted as a wasted prefetch. */
+static void cut_load(expert_store *s, slot *sl, int taken) {
+    const size_t id = (size_t)sl->layer * s->n_expert + sl->expert;
+    uint64_t unread = 0;
+    for (int q = taken; q < sl->n_pieces; q++) {
+        int p;
+        uint64_t lo, hi, from;
+        if (piece_range(s, sl->layer, sl->expert, q, &p, &lo, &hi, &from)) unread += hi - from;
+    }
+    s->cnt[id].bytes_read -= unread;
+    s->cnt[id].pf_wasted++;
+    s->cnt[id].pf_wasted_bytes += expert_bytes(s, sl->layer) - unread;
+    sl->prefetched = 0; /* counted here, not again when the slot is released */
+    int none = 0;
+    atomic_compare_exchange_strong(&sl->io_errno, &none, ECANCELED); /* before the count: the last reader sees it */
+    const int cut = sl->n_pieces - taken;
+    if (atomic_fetch_sub_explicit(&sl->pieces_left, cut, memory_order_acq_rel) == cut)
+        atomic_store_explicit(&sl->state, SLOT_FAILED, memory_order_release);
+}
+
 void store_drop_stale(expert_store *s, int layer, const int32_t *chosen, int k) {
     for (int i = 0; i < s->n_slots; i++) {
         slot *sl = &s->slots[i];
         if (!sl->prefetched || sl->layer < 0 || sl->layer > layer || sl->pinned_wave == s->wave) continue;
         if (sl->layer == layer && names(chosen, k, sl->expert)) continue;  /* chosen after all */
         if (atomic_load_explicit(&sl->state, memory_order_acquire) != SLOT_LOADING) continue;
-        /* take every piece at once; an I/O thread that got to piece 0 first keeps the load */
-        int none = 0;
-        if (!atomic_compare_exchange_strong(&sl->next_piece, &none, sl->n_pieces)) continue;
+        /* take every piece nobody has taken yet; those an I/O thread already took are read to the end */
+        int taken = atomic_load_explicit(&sl->next_piece, memory_order_acquire);
+        while (taken < sl->n_pieces &&
+               !atomic_compare_exchange_weak_explicit(&sl->next_piece, &taken, sl->n_pieces, memory_order_acq_rel,
+                                                      memory_order_acquire)) {
+        }
+        if (taken >= sl->n_pieces) continue; /* every piece read or being read: it completes */
+        if (taken > 0) {
+            cut_load(s, sl, taken);
+            continue;
+        }
         const size_t id = (size_t)sl->layer * s->n_expert + sl->expert;
         s->cnt[id].pf_dropped++;
         s->cnt[id].bytes_read -= expert_bytes(s, sl->layer);  /* counted when issued, never read */
@@ -1144,6 +1195,13 @@ int store_direct_reads(const expert_store *s) {
 void store_fail_next_reads(expert_store *s, int n) { atomic_store(&s->fail_reads, n); }
 
 void store_delay_reads(expert_store *s, double seconds) { atomic_store(&s->delay_ns, (long)(seconds * 1e9)); }
+
+int store_pieces_taken(const expert_store *s, int layer, int e) {
+    const int i = s->where[(size_t)layer * s->n_expert + e];
+    if (i < 0 || atomic_load_explicit(&s->slots[i].state, memory_order_acquire) != SLOT_LOADING) return 0;
+    const int n = atomic_load_explicit(&s->slots[i].next_piece, memory_order_acquire);
+    return n < s->slots[i].n_pieces ? n : s->slots[i].n_pieces;
+}
 
 /* ---- counters --------------------------------------------------------- */
 

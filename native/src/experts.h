@@ -66,9 +66,10 @@ void store_hold(expert_store *s, int layer, int e);
 void store_prefetch(expert_store *s, int layer, int e);
 int store_is_resident(const expert_store *s, int layer, int e);
 /* Decode steps, once layer `layer` has routed to chosen[0..k): prefetches of this layer it did not
- * choose, and of layers before it, are dropped if no piece of them has been read yet, so a guess the
- * step no longer needs gives its slot and its disk time back. Counted in prefetch_dropped, not in bytes
- * read. */
+ * choose, and of layers before it, stop reading, so a guess the step no longer needs gives its disk time
+ * back. One no piece of which was taken yet gives its slot back at once (counted in prefetch_dropped, not
+ * in bytes read); one partly read keeps only the pieces already in flight, and its slot is free once they
+ * are in (counted as wasted, with the bytes of those pieces). */
 void store_drop_stale(expert_store *s, int layer, const int32_t *chosen, int k);
 /* 1: expert e of layer l is in a slot and its bytes are there (or its load failed: store_acquire says
  * so); 0: its load is in flight; -1: it has no slot (store_acquire reads it now). */
@@ -132,5 +133,8 @@ void store_fail_next_reads(expert_store *s, int n);
 /* For tests: every piece of a slot's read waits `seconds` before it starts (0: none), so a wait for a read
  * just issued finds it unfinished however fast the disk is. */
 void store_delay_reads(expert_store *s, double seconds);
+/* For tests: pieces of the load of expert (layer, e) that readers have taken so far (0 when it is not in a
+ * slot or not loading), so a test can act once a read is under way. */
+int store_pieces_taken(const expert_store *s, int layer, int e);
 
 #endif

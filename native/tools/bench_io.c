@@ -2,7 +2,7 @@
  * 1 MiB pieces from a shared counter) against io_uring (one thread, D pieces in flight, raw system calls),
  * so the store can keep whichever reads faster on this machine's storage.
  *
- *   bench-io FILE [--expert-mib M] [--experts N] [--seed S] [--piece-kib K] [--first-pass]
+ *   bench-io FILE [--expert-mib M] [--experts N] [--seed S] [--piece-kib K] [--first-pass] [--lone]
  *
  * Each round reads N expert-sized ranges (M MiB, default 8.8 like a bench-A Q8_0 expert) at random
  * 4 KiB-aligned offsets of FILE with O_DIRECT, split into K KiB pieces (default 1024, STORE_IO_CHUNK) as
@@ -11,7 +11,15 @@
  * refuses it is an error here), but a virtual disk's host may still cache what was read: the rounds after
  * the first then measure that cache. --first-pass reads each configuration's ranges once, fresh ones for
  * every configuration (seeds S, S + 1, ...), and prints that single pass: what a cold expert costs, as far
- * as the host has not seen those bytes yet. */
+ * as the host has not seen those bytes yet.
+ *
+ * By default the N experts' pieces form one stream (the next expert's first piece starts while the last
+ * pieces of this one are read), the pattern of a 25% cap where a token misses nearly every expert. --lone
+ * reads them one at a time, each expert's pieces shared by the threads (or the ring) and the next expert
+ * started only once the last piece is in: a lone demand miss, as at a 60% cap where a layer misses ~0.4
+ * experts. Its tail (the last wave of pieces, fewer than the threads) is what the stream hides; the
+ * per-expert thread start (or ring setup) is in the time too, a few tens of microseconds a read. It also
+ * prints the median milliseconds per expert. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -200,15 +208,19 @@ static void place(uint64_t *off, int n_experts, int per, uint32_t piece, uint64_
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: bench-io FILE [--expert-mib M] [--experts N] [--seed S] [--piece-kib K] "
-                        "[--first-pass]\n");
+                        "[--first-pass] [--lone]\n");
         return 2;
     }
     double expert_mib = 8.8;
-    int n_experts = 64, piece_kib = 1024, first_pass = 0;
+    int n_experts = 64, piece_kib = 1024, first_pass = 0, lone = 0;
     uint64_t seed = 1;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--first-pass")) {
             first_pass = 1;
+            continue;
+        }
+        if (!strcmp(argv[i], "--lone")) {
+            lone = 1;
             continue;
         }
         if (i + 1 >= argc) {
@@ -248,28 +260,40 @@ int main(int argc, char **argv) {
     static const int levels[] = {1, 2, 4, 8, 16};
     const int n_levels = (int)(sizeof levels / sizeof levels[0]);
     const int rounds = first_pass ? 1 : 3;
-    double gbs[2][5][3];
+    double gbs[2][5][3], ms[2][5][3];
     for (int round = 0; round < rounds; round++)
         for (int li = 0; li < n_levels; li++)
             for (int kind = 0; kind < 2; kind++) {
                 if (first_pass) place(off, n_experts, per, piece, (uint64_t)st.st_size, seed + 1 + 2 * li + kind);
+                int err = 0;
                 const double t0 = now_s();
-                const int err = kind == 0 ? run_pread(&j, levels[li]) : run_uring(&j, levels[li]);
+                if (lone) /* one expert's pieces at a time: the view j.off + e * per, per pieces */
+                    for (int e = 0; e < n_experts && !err; e++) {
+                        job one = {.fd = fd, .off = off + (size_t)e * per, .len = piece, .n_pieces = per, .buf = j.buf};
+                        err = kind == 0 ? run_pread(&one, levels[li]) : run_uring(&one, levels[li]);
+                    }
+                else
+                    err = kind == 0 ? run_pread(&j, levels[li]) : run_uring(&j, levels[li]);
                 const double dt = now_s() - t0;
                 if (err) {
                     fprintf(stderr, "bench-io: %s failed: %s\n", kind ? "io_uring" : "pread", strerror(err));
                     return 1;
                 }
                 gbs[kind][li][round] = (double)j.n_pieces * piece / dt / 1e9;
+                ms[kind][li][round] = 1e3 * dt / n_experts;
             }
-    printf("%s: %d experts of %.1f MiB, %d KiB O_DIRECT pieces, %s (GB/s)\n", argv[1], n_experts,
-           (double)expert / (1 << 20), piece_kib,
+    printf("%s: %d experts of %.1f MiB (%d pieces of %d KiB, O_DIRECT), %s, %s (GB/s, ms per expert)\n",
+           argv[1], n_experts, (double)expert / (1 << 20), per, piece_kib,
+           lone ? "one expert at a time" : "one stream of pieces",
            first_pass ? "one pass over fresh ranges per configuration" : "median of 3 alternating rounds");
     printf("in flight | pread pool (threads) | io_uring (1 thread)\n");
     for (int li = 0; li < n_levels; li++) {
-        qsort(gbs[0][li], (size_t)rounds, sizeof(double), cmp_double);
-        qsort(gbs[1][li], (size_t)rounds, sizeof(double), cmp_double);
-        printf("%9d | %20.2f | %19.2f\n", levels[li], gbs[0][li][rounds / 2], gbs[1][li][rounds / 2]);
+        for (int kind = 0; kind < 2; kind++) {
+            qsort(gbs[kind][li], (size_t)rounds, sizeof(double), cmp_double);
+            qsort(ms[kind][li], (size_t)rounds, sizeof(double), cmp_double);
+        }
+        printf("%9d | %9.2f GB/s %5.2f ms | %8.2f GB/s %5.2f ms\n", levels[li], gbs[0][li][rounds / 2],
+               ms[0][li][rounds / 2], gbs[1][li][rounds / 2], ms[1][li][rounds / 2]);
     }
     free(off);
     free(j.buf);

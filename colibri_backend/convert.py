@@ -1501,16 +1501,27 @@ def _pre_tokenizer_name(pre: dict[str, Any] | None) -> str:
 
         if regex == PRE_TOKENIZER_REGEXES["gpt-4o"][0]:  # o200k, as gpt-oss's tokenizer.json writes it
             return "gpt-4o"
-    if len(kinds) > 2 and set(kinds[:-1]) == {"Split"} and not last.get("use_regex", True):
-        # several regex splits in sequence (DeepSeek-V3's three, DeepSeek-LLM / V2's six), as tokenizer.json
+    splits = kinds[:-1]
+    if splits and splits[-1] == "Digits" and steps[-2].get("individual_digits"):
+        # DeepSeek-LLM / V2 end their splits with Digits(individual_digits): llama.cpp's \p{N}+ in its place
+        # gives the same tokens, as their vocabularies merge no digits
+        splits = splits[:-1]
+    if len(splits) > 1 and set(splits) == {"Split"} and not last.get("use_regex", True):
+        # several regex splits in sequence (DeepSeek-V3's three, DeepSeek-LLM / V2's five), as tokenizer.json
         # spells them
         from colibri_backend.adapters.tokenizer import PRE_TOKENIZER_REGEXES
 
-        regexes = [st.get("pattern", {}).get("Regex") for st in steps[:-1]]
-        behaviours = {str(st.get("behavior", "")).lower() for st in steps[:-1]}
-        if behaviours == {"isolated"} and not any(st.get("invert") for st in steps[:-1]):
+        def spelled(rx: str | None) -> str | None:
+            # a carriage return or newline written as itself (DeepSeek-V3's tokenizer.json) or as an escape
+            return rx.replace("\r", "\\r").replace("\n", "\\n") if rx else rx
+
+        regexes = [spelled(st.get("pattern", {}).get("Regex")) for st in steps[: len(splits)]]
+        if len(splits) < len(kinds) - 1:
+            regexes.append(PRE_TOKENIZER_REGEXES["deepseek-llm"][-1])
+        behaviours = {str(st.get("behavior", "")).lower() for st in steps[: len(splits)]}
+        if behaviours == {"isolated"} and not any(st.get("invert") for st in steps[: len(splits)]):
             for name in ("deepseek-v3", "deepseek-llm"):
-                if regexes == PRE_TOKENIZER_REGEXES[name]:
+                if regexes == [spelled(rx) for rx in PRE_TOKENIZER_REGEXES[name]]:
                     return name
     raise ConversionError(
         f"unrecognised byte-level pre-tokenizer {json.dumps(pre)[:300]}; "

@@ -4,7 +4,10 @@ The template comes from the GGUF (tokenizer.chat_template) or from tokenizer_con
 (chat_template, a string or a list of named templates). The environment matches
 transformers' apply_chat_template: a sandboxed, immutable Jinja environment with trim_blocks
 and lstrip_blocks, loop controls, a `tojson` filter that keeps non-ASCII text, the globals
-raise_exception() and strftime_now(), and the {% generation %} block tag.
+raise_exception() and strftime_now(), and the {% generation %} block tag. The messages are prepared
+as apply_chat_template prepares them: keys whose value is None are dropped, a message's reasoning
+given as `reasoning_content`, `thinking` or `reasoning` is passed under both `reasoning_content` and
+`thinking`, and `tools` and `documents` are always defined (None when not given).
 """
 
 from __future__ import annotations
@@ -101,6 +104,20 @@ def template_from_tokenizer_config(path: str | os.PathLike[str], name: str | Non
     return template if isinstance(template, str) else None
 
 
+# The names a message's reasoning comes under; templates read `reasoning_content` (Qwen3, GLM, DeepSeek)
+# or `thinking` (gpt-oss), so it is passed under both, as transformers does.
+_REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
+
+
+def _prepare_message(message: Mapping[str, Any]) -> dict[str, Any]:
+    """One message as apply_chat_template hands it to the template."""
+    m = {k: v for k, v in message.items() if v is not None}
+    reasoning = next((m[k] for k in _REASONING_KEYS if k in m), None)
+    if reasoning is not None:
+        m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
+    return m
+
+
 class ChatTemplate:
     """A compiled chat template plus the special tokens it may refer to."""
 
@@ -126,14 +143,14 @@ class ChatTemplate:
             if not isinstance(m, Mapping) or "role" not in m:
                 raise ChatTemplateError(f"message {i} must be a dict with a 'role'")
         context: dict[str, Any] = {
-            "messages": [dict(m) for m in messages],
-            "add_generation_prompt": add_generation_prompt,
             "bos_token": self.bos_token,
             "eos_token": self.eos_token,
+            **extra,
+            "messages": [_prepare_message(m) for m in messages],
+            "tools": list(tools) if tools is not None else None,
+            "documents": extra.get("documents"),
+            "add_generation_prompt": add_generation_prompt,
         }
-        if tools is not None:
-            context["tools"] = list(tools)
-        context.update(extra)
         try:
             return self._template.render(**context)
         except jinja2.exceptions.TemplateError as exc:

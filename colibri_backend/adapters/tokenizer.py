@@ -99,6 +99,9 @@ PRE_TOKENIZER_REGEXES: dict[str, list[str]] = {
     "deepseek-r1-qwen": [_QWEN2],
     "gpt-4o": [_O200K],
     "deepseek-v3": _DEEPSEEK_V3,
+    # llama.cpp's converter names DeepSeek-V3's own tokenizer this (by its hash, under transformers 5) and
+    # splits it with DeepSeek-V3's regexes
+    "joyai-llm": _DEEPSEEK_V3,
     "deepseek-llm": _DEEPSEEK_LLM,
 }
 

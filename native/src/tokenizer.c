@@ -1,4 +1,4 @@
-/* tokenizer.c — the two BPE flavours of GGUF vocabularies, for colibri-run.
+/* tokenizer.c — the three BPE flavours of GGUF vocabularies, for colibri-run.
  *
  * tokenizer.ggml.model "gpt2": byte-level BPE with ranked merges (SmolLM2, Qwen, OLMoE, ...).
  * Encoding, as Hugging Face's tokenizers does it for these vocabularies:
@@ -31,6 +31,14 @@
  * U+2581; the fragment is split into UTF-8 characters, and the adjacent pair whose concatenation is
  * the token with the highest score is merged (leftmost on ties) until no concatenation is a token;
  * characters that are not tokens become their bytes' <0xXX> tokens. BOS is added by default.
+ *
+ * tokenizer.ggml.model "gemma4": Gemma 4's BPE, as Hugging Face's GemmaTokenizer runs it (normalizer:
+ * every space becomes U+2581, no space prefix; BPE over UTF-8 characters with ranked merges and byte
+ * fallback). Special tokens are cut out first; the text between them is split into runs of newlines and
+ * runs of anything else (no merge in the vocabulary crosses that boundary); a newline run that is itself
+ * a token is taken whole; in every other run the adjacent pair with the lowest merge rank is merged
+ * (leftmost on ties) until no pair has a rank; symbols that are not tokens become their bytes' <0xXX>
+ * tokens. BOS is added by default.
  *
  * Memory: tables are built once in tokenizer_load (strings stay in the GGUF map); encode uses
  * scratch buffers sized by the text, allocated and freed per call (it is not on the decode path). */
@@ -66,6 +74,7 @@ struct cb_tokenizer {
     int add_bos;
     pre_kind pre;
     int spm;                /* 1: SentencePiece ("llama"), 0: byte-level BPE ("gpt2") */
+    int gemma4;             /* 1: Gemma 4's BPE on raw UTF-8 with ranked merges ("gemma4") */
     int add_space_prefix;   /* SentencePiece: prepend a space to each text fragment */
     const uint8_t *scores;  /* SentencePiece: [n_vocab] little-endian float32 scores, in the map */
     int32_t byte_tok[256];  /* SentencePiece: id of <0xXX> per byte, -1 if absent */
@@ -276,10 +285,11 @@ colibri_status tokenizer_load(const gguf_file *f, cb_tokenizer **out) {
     char model[32] = "", pre[64] = "default";
     if (gguf_get_str(f, "tokenizer.ggml.model", model, sizeof model) != 1)
         return cb_error(COLIBRI_E_FORMAT, "tokenizer: tokenizer.ggml.model is missing");
-    const int spm = strcmp(model, "llama") == 0;
-    if (strcmp(model, "gpt2") != 0 && !spm)
+    const int spm = strcmp(model, "llama") == 0, gemma4 = strcmp(model, "gemma4") == 0;
+    if (strcmp(model, "gpt2") != 0 && !spm && !gemma4)
         return cb_error(COLIBRI_E_UNSUPPORTED,
-                        "tokenizer: model '%s' is not supported (gpt2 byte-level BPE and llama SentencePiece are)",
+                        "tokenizer: model '%s' is not supported (gpt2 byte-level BPE, llama SentencePiece and "
+                        "gemma4 are)",
                         model);
     gguf_get_str(f, "tokenizer.ggml.pre", pre, sizeof pre);
 
@@ -308,6 +318,7 @@ colibri_status tokenizer_load(const gguf_file *f, cb_tokenizer **out) {
     t->n_merges = spm ? 0 : (int32_t)kmerge->arr_len;   /* SentencePiece merges by score, not by list */
     t->pre = pre_from_name(pre);
     t->spm = spm;
+    t->gemma4 = gemma4;
     t->scores = spm ? kscore->arr_data : NULL;
     colibri_status st = COLIBRI_E_NOMEM;
     t->tok = cb_malloc((size_t)t->n_vocab * sizeof *t->tok);
@@ -350,7 +361,8 @@ colibri_status tokenizer_load(const gguf_file *f, cb_tokenizer **out) {
     t->unk = -1;
     if (gguf_get_i32(f, "tokenizer.ggml.unknown_token_id", &v) == 1 && v >= 0 && v < t->n_vocab) t->unk = v;
     int b;
-    t->add_bos = gguf_get_bool(f, "tokenizer.ggml.add_bos_token", &b) == 1 ? b : spm;   /* SentencePiece: on */
+    /* SentencePiece and Gemma 4: on unless the file says otherwise */
+    t->add_bos = gguf_get_bool(f, "tokenizer.ggml.add_bos_token", &b) == 1 ? b : spm || gemma4;
     t->add_space_prefix = gguf_get_bool(f, "tokenizer.ggml.add_space_prefix", &b) == 1 ? b : 1;
     for (int x = 0; x < 256; x++) {
         char name[8];
@@ -604,7 +616,7 @@ static void encode_text(enc *e, const unsigned char *s, size_t n) {
     }
 }
 
-/* ---- SentencePiece ---------------------------------------------------------------------- */
+/* ---- SentencePiece and Gemma 4: merges over UTF-8 characters ------------------------------ */
 
 static float spm_score(const cb_tokenizer *t, int32_t id) {
     const uint8_t *p = t->scores + 4 * (size_t)id;
@@ -615,9 +627,10 @@ static float spm_score(const cb_tokenizer *t, int32_t id) {
 }
 
 /* A candidate merge of symbol `left` with its right neighbour, valid while both still have the
- * lengths they had when it was queued. */
+ * lengths they had when it was queued. SentencePiece scores it by the merged piece's score, Gemma 4
+ * by minus its merge rank (a double holds every rank exactly). */
 typedef struct bigram {
-    float score;
+    double score;
     int32_t left, right;
     int32_t size;   /* bytes of the merged text */
 } bigram;
@@ -629,13 +642,14 @@ static int bigram_before(const bigram *a, const bigram *b) {
 
 typedef struct spm_state {
     const char *text;   /* escaped fragment */
+    char *key;          /* Gemma 4: "left right" lookup key, as long as the text plus one */
     int32_t *start, *len, *prev, *next;   /* [n_sym] symbols as a linked list over the text */
     bigram *heap;       /* [cap] */
     int32_t n_heap, cap;
 } spm_state;
 
 static void heap_push(spm_state *st, bigram b) {
-    if (st->n_heap == st->cap) return;   /* cannot happen: cap bounds every push (see spm_encode) */
+    if (st->n_heap == st->cap) return;   /* cannot happen: cap bounds every push (see merge_symbols) */
     int32_t i = st->n_heap++;
     while (i > 0) {
         int32_t parent = (i - 1) / 2;
@@ -664,25 +678,28 @@ static bigram heap_pop(spm_state *st) {
 static void try_bigram(const cb_tokenizer *t, spm_state *st, int32_t left, int32_t right) {
     if (left < 0 || right < 0) return;
     int32_t size = st->len[left] + st->len[right];
-    int32_t id = strtab_get(&t->vocab, t->tok, t->tok_len, st->text + st->start[left], (size_t)size);
-    if (id < 0) return;
-    heap_push(st, (bigram){spm_score(t, id), left, right, size});
+    double score;
+    if (t->gemma4) {   /* symbols are adjacent in the text: right starts where left ends */
+        size_t l1 = (size_t)st->len[left], l2 = (size_t)st->len[right];
+        memcpy(st->key, st->text + st->start[left], l1);
+        st->key[l1] = ' ';
+        memcpy(st->key + l1 + 1, st->text + st->start[right], l2);
+        int32_t rank = strtab_get(&t->merges, t->merge, t->merge_len, st->key, l1 + 1 + l2);
+        if (rank < 0) return;
+        score = -(double)rank;
+    } else {
+        int32_t id = strtab_get(&t->vocab, t->tok, t->tok_len, st->text + st->start[left], (size_t)size);
+        if (id < 0) return;
+        score = spm_score(t, id);
+    }
+    heap_push(st, (bigram){score, left, right, size});
 }
 
-/* Encodes one raw-text fragment (no specials in it); `lead_space`: prepend a space. */
-static int spm_encode(enc *e, const char *s, size_t n, int lead_space) {
+/* Merges the m escaped bytes in e->mapped (split into UTF-8 characters) and emits the result:
+ * each final symbol as its token, or as its bytes' <0xXX> tokens (the unknown token for a byte
+ * without one) when it is not a token. */
+static int merge_symbols(enc *e, size_t m) {
     const cb_tokenizer *t = e->t;
-    /* escape: optional leading space, then ' ' -> U+2581 (3 bytes) */
-    size_t m = 0;
-    for (size_t i = 0; i < n + (lead_space ? 1 : 0); i++) {
-        char ch = lead_space ? (i == 0 ? ' ' : s[i - 1]) : s[i];
-        if (ch == ' ') {
-            memcpy(e->mapped + m, "\xe2\x96\x81", 3);
-            m += 3;
-        } else {
-            e->mapped[m++] = ch;
-        }
-    }
     if (m == 0) return 0;
     /* symbols: UTF-8 characters; every merge removes one symbol and queues at most two bigrams */
     int32_t ns = 0;
@@ -691,7 +708,7 @@ static int spm_encode(enc *e, const char *s, size_t n, int lead_space) {
         size_t l = get_utf8((const unsigned char *)e->mapped + i, m - i, &cp);
         i += l;
     }
-    spm_state st = {e->mapped, NULL, NULL, NULL, NULL, NULL, 0, 3 * ns + 1};
+    spm_state st = {e->mapped, e->key, NULL, NULL, NULL, NULL, NULL, 0, 3 * ns + 1};
     st.start = cb_malloc((size_t)ns * 4 * sizeof(int32_t));
     st.heap = cb_malloc((size_t)st.cap * sizeof *st.heap);
     if (!st.start || !st.heap) {
@@ -743,6 +760,46 @@ static int spm_encode(enc *e, const char *s, size_t n, int lead_space) {
     return 0;
 }
 
+/* Writes s[0..n) into e->mapped with every space as U+2581 (after one more if lead_space); returns
+ * the length written. */
+static size_t escape_spaces(enc *e, const char *s, size_t n, int lead_space) {
+    size_t m = 0;
+    if (lead_space) {
+        memcpy(e->mapped, "\xe2\x96\x81", 3);
+        m = 3;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == ' ') {
+            memcpy(e->mapped + m, "\xe2\x96\x81", 3);
+            m += 3;
+        } else {
+            e->mapped[m++] = s[i];
+        }
+    }
+    return m;
+}
+
+/* SentencePiece: one raw-text fragment (no specials in it); `lead_space`: prepend a space. */
+static int spm_encode(enc *e, const char *s, size_t n, int lead_space) {
+    return merge_symbols(e, escape_spaces(e, s, n, lead_space));
+}
+
+/* Gemma 4: one raw-text fragment (no specials in it), run by run: newlines, then anything else. */
+static int gemma4_encode(enc *e, const char *s, size_t n) {
+    const cb_tokenizer *t = e->t;
+    for (size_t i = 0; i < n;) {
+        const int newlines = s[i] == '\n';
+        size_t j = i;
+        while (j < n && (s[j] == '\n') == newlines) j++;
+        size_t m = escape_spaces(e, s + i, j - i, 0);
+        int32_t whole = newlines ? strtab_get(&t->vocab, t->tok, t->tok_len, e->mapped, m) : -1;
+        if (whole >= 0) emit(e, whole);
+        else if (merge_symbols(e, m) != 0) return -1;
+        i = j;
+    }
+    return 0;
+}
+
 int32_t tokenizer_encode(const cb_tokenizer *t, const char *text, size_t len, int add_bos, int parse_special,
                          int32_t *out, int32_t cap) {
     if (!t || (!text && len) || (!out && cap > 0) || cap < 0) {
@@ -756,7 +813,7 @@ int32_t tokenizer_encode(const cb_tokenizer *t, const char *text, size_t len, in
     enc e = {t, out, cap, 0, NULL, NULL, NULL};
     e.mapped = cb_malloc(3 * len + 4);   /* byte alphabet: <= 2 bytes per byte; SentencePiece: <= 3 */
     e.sym = cb_malloc((len + 2) * sizeof *e.sym);
-    e.key = cb_malloc(2 * len + 3);
+    e.key = cb_malloc(3 * len + 5);   /* a merge key: two symbols of the mapped text and a space */
     if (!e.mapped || !e.sym || !e.key) {
         cb_free(e.mapped);
         cb_free(e.sym);
@@ -787,6 +844,7 @@ int32_t tokenizer_encode(const cb_tokenizer *t, const char *text, size_t len, in
         }
         if (i > seg) {   /* the raw text before the special (or before the end) */
             if (t->spm) failed = spm_encode(&e, text + seg, i - seg, t->add_space_prefix && prev_special) != 0;
+            else if (t->gemma4) failed = gemma4_encode(&e, text + seg, i - seg) != 0;
             else encode_text(&e, s + seg, i - seg);
             prev_special = 0;
         }
@@ -828,7 +886,7 @@ int32_t tokenizer_decode(const cb_tokenizer *t, int32_t id, int show_special, ch
         if (cap > 0) buf[0] = (char)v;
         return 1;
     }
-    if (t->spm) {   /* normal SentencePiece token: U+2581 is a space */
+    if (t->spm || t->gemma4) {   /* normal SentencePiece or Gemma 4 token: U+2581 is a space */
         for (size_t i = 0; i < n;) {
             if (i + 3 <= n && s[i] == 0xe2 && s[i + 1] == 0x96 && s[i + 2] == 0x81) {
                 if (w < cap) buf[w] = ' ';

@@ -4,8 +4,9 @@
  * Python can turn a prompt into tokens and tokens back into text. It reads
  * tokenizer.ggml.{model, pre, tokens, token_type, merges, scores, bos_token_id, eos_token_id,
  * unknown_token_id, add_bos_token, add_space_prefix} from a gguf_file. Models "gpt2" (byte-level
- * BPE with ranked merges) and "llama" (SentencePiece BPE with scores and byte fallback) are
- * supported; see tokenizer.c for the exact rules.
+ * BPE with ranked merges), "llama" (SentencePiece BPE with scores and byte fallback) and "gemma4"
+ * (BPE on UTF-8 characters with ranked merges and byte fallback) are supported; see tokenizer.c for
+ * the exact rules.
  * The tokenizer borrows the strings of the gguf_file, which must stay open while it is used. */
 #ifndef COLIBRI_TOKENIZER_H
 #define COLIBRI_TOKENIZER_H

@@ -2,7 +2,8 @@
  * every byte string round-trips, merges apply by rank (not left to right), merges never cross the
  * pre-tokenizer's word boundaries, digits are isolated for "smollm", special tokens are cut out,
  * BOS is added on request. SentencePiece: merges by score with leftmost ties, byte fallback,
- * the space prefix after specials. (Agreement with Hugging Face tokenizers on a real vocabulary is
+ * the space prefix after specials. Gemma 4: spaces as U+2581 without a prefix, merges by rank, newline
+ * runs, byte fallback. (Agreement with Hugging Face tokenizers on a real vocabulary is
  * checked against SmolLM2 outside the unit tests; see the io report.) */
 #include <stdio.h>
 #include <stdlib.h>
@@ -315,11 +316,112 @@ static void test_spm(void) {
     gguf_close(&f);
 }
 
+/* Gemma 4: <pad> <eos> <bos> <unk>, the 256 byte tokens, then pieces; merges ranked as listed. */
+static const char *G4_PIECES[] = {"\xe2\x96\x81", "h", "e", "l", "o", "\n", "\n\n", "ll", "he", "hell", "hello",
+                                  "\xe2\x96\x81hello", "o\xe2\x96\x81", "o\n"};
+static const char *G4_MERGES[] = {"l l", "h e", "he ll", "hell o", "\xe2\x96\x81 hello", "o \xe2\x96\x81",
+                                  "\n \n", "o \n"};
+#define N_G4_PIECES 14
+#define N_G4_MERGES 8
+#define G4_FIRST 260
+
+static void write_gemma4_vocab(void) {
+    const int n = G4_FIRST + N_G4_PIECES;
+    static const char *head[] = {"<pad>", "<eos>", "<bos>", "<unk>"};
+    buf b = {0};
+    put_u32(&b, 0x46554747u);
+    put_u32(&b, 3);
+    put_u64(&b, 0);
+    put_u64(&b, 6);
+    put_str(&b, "tokenizer.ggml.model");
+    put_u32(&b, GGUF_VT_STRING);
+    put_str(&b, "gemma4");
+    put_str(&b, "tokenizer.ggml.tokens");
+    put_u32(&b, GGUF_VT_ARRAY);
+    put_u32(&b, GGUF_VT_STRING);
+    put_u64(&b, (uint64_t)n);
+    for (int i = 0; i < 4; i++) put_str(&b, head[i]);
+    for (int x = 0; x < 256; x++) {
+        char name[8];
+        snprintf(name, sizeof name, "<0x%02X>", x);
+        put_str(&b, name);
+    }
+    for (int i = 0; i < N_G4_PIECES; i++) put_str(&b, G4_PIECES[i]);
+    put_str(&b, "tokenizer.ggml.token_type");
+    put_u32(&b, GGUF_VT_ARRAY);
+    put_u32(&b, GGUF_VT_INT32);
+    put_u64(&b, (uint64_t)n);
+    for (int i = 0; i < 3; i++) put_u32(&b, TOKEN_TYPE_CONTROL);
+    put_u32(&b, TOKEN_TYPE_UNKNOWN);
+    for (int x = 0; x < 256; x++) put_u32(&b, TOKEN_TYPE_BYTE);
+    for (int i = 0; i < N_G4_PIECES; i++) put_u32(&b, TOKEN_TYPE_NORMAL);
+    put_str(&b, "tokenizer.ggml.merges");
+    put_u32(&b, GGUF_VT_ARRAY);
+    put_u32(&b, GGUF_VT_STRING);
+    put_u64(&b, N_G4_MERGES);
+    for (int i = 0; i < N_G4_MERGES; i++) put_str(&b, G4_MERGES[i]);
+    put_str(&b, "tokenizer.ggml.bos_token_id");
+    put_u32(&b, GGUF_VT_UINT32);
+    put_u32(&b, 2);
+    put_str(&b, "tokenizer.ggml.unknown_token_id");
+    put_u32(&b, GGUF_VT_UINT32);
+    put_u32(&b, 3);
+    FILE *fp = fopen(tmp_path, "wb");
+    if (!fp || fwrite(b.p, 1, b.n, fp) != b.n) abort();
+    fclose(fp);
+    free(b.p);
+}
+
+static void test_gemma4(void) {
+    write_gemma4_vocab();
+    gguf_file f;
+    cb_tokenizer *t = NULL;
+    CHECK(gguf_open(tmp_path, &f) == COLIBRI_OK);
+    CHECK(tokenizer_load(&f, &t) == COLIBRI_OK);
+    if (!t) {
+        fprintf(stderr, "gemma4 load: %s\n", cb_last_error());
+        failures++;
+        gguf_close(&f);
+        return;
+    }
+    CHECK(tokenizer_add_bos(t) == 1);   /* Gemma 4 default */
+    const int32_t P = G4_FIRST;         /* ids: ▁ h e l o \n \n\n ll he hell hello ▁hello o▁ o\n = P+0 .. P+13 */
+    const int32_t B = 4;                /* <0x00> */
+    int32_t ids[64];
+    /* no space prefix; merges by rank: ll, he, hell, hello */
+    int n = tokenizer_encode(t, "hello", 5, 1, 1, ids, 64);
+    CHECK(same(ids, n, (int32_t[]){2, P + 10}, 2));
+    /* a space is U+2581 and merges like any character */
+    n = tokenizer_encode(t, " hello", 6, 0, 1, ids, 64);
+    CHECK(same(ids, n, (int32_t[]){P + 11}, 1));
+    /* the lower rank wins over the earlier position: "hell o" (3) before "o ▁" (5) */
+    n = tokenizer_encode(t, "hello ", 6, 0, 1, ids, 64);
+    CHECK(same(ids, n, (int32_t[]){P + 10, P + 0}, 2));
+    /* a newline run that is a token is taken whole; a longer one merges leftmost first */
+    n = tokenizer_encode(t, "\n\n", 2, 0, 1, ids, 64);
+    CHECK(same(ids, n, (int32_t[]){P + 6}, 1));
+    n = tokenizer_encode(t, "\n\n\n", 3, 0, 1, ids, 64);
+    CHECK(same(ids, n, (int32_t[]){P + 6, P + 5}, 2));
+    /* no merge crosses a newline run's edge, though "o \n" is a merge */
+    n = tokenizer_encode(t, "o\nl", 3, 0, 1, ids, 64);
+    CHECK(same(ids, n, (int32_t[]){P + 4, P + 5, P + 3}, 3));
+    /* characters without a token fall back to their bytes; specials are cut out first */
+    n = tokenizer_encode(t, "<bos>\xc3\xa9x", 8, 0, 1, ids, 64);
+    CHECK(same(ids, n, (int32_t[]){2, B + 0xc3, B + 0xa9, B + 'x'}, 4));
+    char d[16];
+    CHECK(tokenizer_decode(t, P + 11, 0, d, sizeof d) == 6 && memcmp(d, " hello", 6) == 0);
+    CHECK(tokenizer_decode(t, P + 6, 0, d, sizeof d) == 2 && memcmp(d, "\n\n", 2) == 0);
+    CHECK(tokenizer_decode(t, B + 0xc3, 0, d, sizeof d) == 1 && (unsigned char)d[0] == 0xc3);
+    tokenizer_free(t);
+    gguf_close(&f);
+}
+
 int main(void) {
     snprintf(tmp_path, sizeof tmp_path, "/tmp/colibri_test_tokenizer_%d.gguf", (int)getpid());
     test_gpt2();
     test_digits_and_unsupported();
     test_spm();
+    test_gemma4();
     unlink(tmp_path);
     return test_summary("test_tokenizer");
 }

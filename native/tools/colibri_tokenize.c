@@ -1,0 +1,104 @@
+/* colibri-tokenize — the runner's tokenizer (tokenizer.c) on texts read from stdin, for conformance
+ * tests that compare it with Hugging Face's and llama.cpp's on real vocabularies.
+ *
+ *   colibri-tokenize [--bos] [--no-special] VOCAB.gguf < texts
+ *
+ * Input: any number of records "<byte length>\n<bytes>" (the bytes may hold newlines or anything
+ * else). Output, per record: a line with the token ids separated by spaces, then a line with the
+ * hex of the bytes the ids decode to (control tokens shown as their text), so a caller checks the
+ * encoding and the decode round trip together. --bos prepends BOS where the vocabulary has one;
+ * --no-special encodes special-token texts as plain text. Only the GGUF's metadata is read, so a
+ * vocabulary-only file (no tensors) works. Exit status: 0, 1 on a tokenizer error, 2 on bad usage
+ * or input. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "colibri.h"
+#include "error.h"
+#include "gguf.h"
+#include "tokenizer.h"
+
+/* Reads one "<length>\n<bytes>" record; returns 1 and a malloc'd buffer, 0 at the end, -1 if malformed. */
+static int read_record(char **text, size_t *len) {
+    unsigned long long n;
+    int c = fscanf(stdin, "%llu", &n);
+    if (c == EOF) return 0;
+    if (c != 1 || fgetc(stdin) != '\n' || n > (1ull << 30)) return -1;
+    char *buf = malloc(n ? n : 1);
+    if (!buf || fread(buf, 1, n, stdin) != n) {
+        free(buf);
+        return -1;
+    }
+    *text = buf;
+    *len = n;
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    int add_bos = 0, parse_special = 1;
+    const char *path = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--bos")) add_bos = 1;
+        else if (!strcmp(argv[i], "--no-special")) parse_special = 0;
+        else if (!path && argv[i][0] != '-') path = argv[i];
+        else path = NULL, i = argc;
+    }
+    if (!path) {
+        fprintf(stderr, "usage: colibri-tokenize [--bos] [--no-special] VOCAB.gguf < records\n");
+        return 2;
+    }
+    gguf_file f;
+    memset(&f, 0, sizeof f);
+    cb_tokenizer *tok = NULL;
+    colibri_status st = gguf_open(path, &f);
+    if (st == COLIBRI_OK) st = tokenizer_load(&f, &tok);
+    if (st != COLIBRI_OK) {
+        fprintf(stderr, "colibri-tokenize: %s: %s\n", colibri_status_name(st), cb_last_error());
+        gguf_close(&f);
+        return 1;
+    }
+    int rc = 0;
+    char *text = NULL;
+    size_t len = 0;
+    int32_t *ids = NULL;
+    int r;
+    while ((r = read_record(&text, &len)) == 1) {
+        int32_t cap = (int32_t)(3 * len + 4);
+        ids = malloc((size_t)cap * sizeof *ids);
+        int32_t n = ids ? tokenizer_encode(tok, text, len, add_bos, parse_special, ids, cap) : -1;
+        if (n < 0 || n > cap) {
+            fprintf(stderr, "colibri-tokenize: %s\n", n < 0 ? cb_last_error() : "more ids than the bound");
+            rc = 1;
+            break;
+        }
+        for (int32_t k = 0; k < n; k++) printf(k ? " %d" : "%d", (int)ids[k]);
+        putchar('\n');
+        for (int32_t k = 0; k < n; k++) {
+            char piece[256];
+            int32_t l = tokenizer_decode(tok, ids[k], 1, piece, sizeof piece);
+            if (l < 0 || (size_t)l > sizeof piece) {
+                fprintf(stderr, "colibri-tokenize: token %d does not decode into %zu bytes\n", (int)ids[k],
+                        sizeof piece);
+                rc = 1;
+                break;
+            }
+            for (int32_t b = 0; b < l; b++) printf("%02x", (unsigned char)piece[b]);
+        }
+        putchar('\n');
+        free(ids);
+        free(text);
+        ids = NULL;
+        text = NULL;
+        if (rc) break;
+    }
+    if (r < 0) {
+        fprintf(stderr, "colibri-tokenize: malformed input record\n");
+        rc = 2;
+    }
+    free(ids);
+    free(text);
+    tokenizer_free(tok);
+    gguf_close(&f);
+    return rc;
+}

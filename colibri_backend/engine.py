@@ -57,9 +57,9 @@ from colibri_backend.generation import (
 from colibri_backend.load_options import LoadOptions
 from colibri_backend.models import resolve_model
 from colibri_backend.optimum import belady
-from colibri_backend.replay import interleave
 from colibri_backend.prefix_cache import Entry, PrefixCache, save_point
 from colibri_backend.profile import profile_path
+from colibri_backend.replay import interleave
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ def _next_use(keys: np.ndarray) -> np.ndarray:
 
 
 def belady(ids: np.ndarray, n_expert: int, n_slots: int) -> Optimum:
-    """Belady's MIN on a routing trace for a cache of `n_slots` experts (ids as access_sequence takes them)."""
+    """Belady's MIN on a routing trace for a cache of `n_slots` experts (ids: see access_sequence)."""
     if n_slots < 1:
         raise ValueError(f"the cache needs at least one slot, got {n_slots}")
     keys = access_sequence(ids, n_expert)

@@ -23,4 +23,5 @@ def interleave(ids: np.ndarray, n_streams: int) -> np.ndarray:
     steps = ids.shape[0] // n_streams
     if steps == 0:
         raise ValueError(f"{ids.shape[0]} tokens cannot make {n_streams} streams of one token or more")
-    return np.ascontiguousarray(ids[: steps * n_streams].reshape(n_streams, steps, *ids.shape[1:]).swapaxes(0, 1))
+    per_stream = ids[: steps * n_streams].reshape(n_streams, steps, *ids.shape[1:])
+    return np.ascontiguousarray(per_stream.swapaxes(0, 1))

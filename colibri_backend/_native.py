@@ -331,6 +331,10 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
         c_int,
         [c_void_p, POINTER(ContextParamsC), POINTER(c_int32), POINTER(c_int32), c_int32, POINTER(StatsC)],
     ),
+    "colibri_replay_routing_batched": (
+        c_int,
+        [c_void_p, POINTER(ContextParamsC), POINTER(c_int32), c_int32, c_int32, POINTER(StatsC)],
+    ),
     "colibri_record_lookahead": (c_int, [c_void_p, c_int32]),
     "colibri_get_lookahead": (c_int, [c_void_p, _i32p, _f32p, c_int32, _i32p, _i32p]),
     "colibri_reset_stats": (None, [c_void_p]),

@@ -59,6 +59,7 @@ from colibri_backend.models import resolve_model
 from colibri_backend.optimum import belady
 from colibri_backend.prefix_cache import Entry, PrefixCache, save_point
 from colibri_backend.profile import profile_path
+from colibri_backend.replay import interleave
 
 
 @dataclass(frozen=True)
@@ -1075,6 +1076,8 @@ def replay_routing(
     tokens: Sequence[int] | np.ndarray,
     expert_ids: np.ndarray,
     options: LoadOptions | None = None,
+    *,
+    streams: int = 1,
     **keywords: Any,
 ) -> dict[str, Any]:
     """Replay a recorded routing (expert_ids [T, n_layer, k], tokens [T]; a RoutingTrace's ids and
@@ -1084,13 +1087,19 @@ def replay_routing(
     expert_stall_seconds, hashed_*, ...). The lookahead predictor needs hidden states: it is not
     replayed. The store
     must stream: give expert_slots or a memory_budget smaller than the model (the default here is 0,
-    which holds every expert and is refused)."""
+    which holds every expert and is refused).
+
+    ``streams`` N > 1 replays the routing as N sequences decoding together (colibri_backend.replay.interleave:
+    N consecutive parts of the trace, one token of each per step), every step one batched decode step whose
+    layers take the union of the N tokens' experts (colibri_replay_routing_batched; no prefetch, as live).
+    The optimum is then Belady's on those unions."""
     opts = _options(options, keywords, LoadOptions(memory_budget=0))
     path = resolve_model(model).gguf
     ids = np.ascontiguousarray(expert_ids, dtype=np.int32)
     toks = np.ascontiguousarray(tokens, dtype=np.int32)
     if ids.ndim != 3 or toks.shape != (ids.shape[0],):
         raise ValueError(f"expert_ids {ids.shape} and tokens {toks.shape} must be [T, n_layer, k] and [T]")
+    batch = interleave(ids, streams) if streams > 1 else None
     with _OpenModel(path) as m:
         if opts.verify:
             verify_model(m.handle, path)
@@ -1105,16 +1114,20 @@ def replay_routing(
         params, profile = store_params(m.lib, m.handle, info, path, opts)
         carve_prefix_cache(m.lib, m.handle, params, opts)  # the serving engine's expert budget
         out = _native.StatsC()
-        m.lib.check(
-            m.lib.colibri_replay_routing(
+        if batch is None:
+            status = m.lib.colibri_replay_routing(
                 m.handle, byref(params), _native.i32_ptr(toks), _native.i32_ptr(ids), toks.size, byref(out)
-            ),
-            "replay",
-        )
+            )
+        else:
+            status = m.lib.colibri_replay_routing_batched(
+                m.handle, byref(params), _native.i32_ptr(batch), batch.shape[0], streams, byref(out)
+            )
+        m.lib.check(status, "replay")
         result = stats_to_dict(out)
-        result["n_tokens"] = int(toks.size)
+        result["n_tokens"] = int(toks.size if batch is None else batch.shape[0] * streams)
+        result["streams"] = streams
         result["routing_profile"] = str(profile) if profile else None
-        best = belady(ids, info.n_expert, int(result["expert_slots"]))
+        best = belady(ids if batch is None else batch, info.n_expert, int(result["expert_slots"]))
         result["optimal_misses"] = best.misses
         result["optimal_hit_rate"] = best.hit_rate
         result["optimal_hit_rate_preloaded"] = best.hit_rate_preloaded

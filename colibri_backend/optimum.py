@@ -44,8 +44,19 @@ class Optimum:
 def access_sequence(ids: np.ndarray, n_expert: int) -> np.ndarray:
     """Flatten routing ids [tokens, layers, k] into cache keys layer * n_expert + expert, in the order a
     decode step uses them (each layer's experts sorted by id). A (token, layer) of -1 throughout is a
-    layer without a router (DeepSeek's leading dense ones, as the engine records them): no access."""
+    layer without a router (DeepSeek's leading dense ones, as the engine records them): no access.
+    Batched steps, ids [steps, sequences, layers, k]: per step and layer the union of the sequences'
+    experts, each once, by increasing id (what a step of several tokens acquires)."""
     ids = np.asarray(ids)
+    if ids.ndim == 4:
+        if ids.size and (ids.max() >= n_expert or ids.min() < -1):
+            raise ValueError(f"routing ids must lie in [0, {n_expert}), got {ids.min()}..{ids.max()}")
+        steps, _, n_layer, _ = ids.shape
+        used = np.zeros((steps, n_layer, n_expert + 1), dtype=bool)  # the last column: -1, no router
+        s, _, layer, _ = np.indices(ids.shape, sparse=True)
+        used[s, layer, ids] = True
+        step, layer, expert = np.nonzero(used[:, :, :n_expert])  # row-major: step, then layer, then id
+        return layer.astype(np.int64) * n_expert + expert
     if ids.ndim != 3:
         raise ValueError(f"routing ids must be [tokens, layers, k], got shape {ids.shape}")
     dense = (ids == -1).all(axis=2)
@@ -67,7 +78,7 @@ def _next_use(keys: np.ndarray) -> np.ndarray:
 
 
 def belady(ids: np.ndarray, n_expert: int, n_slots: int) -> Optimum:
-    """Belady's MIN on a routing trace for a cache of `n_slots` experts."""
+    """Belady's MIN on a routing trace for a cache of `n_slots` experts (ids: see access_sequence)."""
     if n_slots < 1:
         raise ValueError(f"the cache needs at least one slot, got {n_slots}")
     keys = access_sequence(ids, n_expert)

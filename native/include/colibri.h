@@ -378,6 +378,14 @@ COLIBRI_API colibri_status colibri_get_stats(const colibri_context *ctx, colibri
 COLIBRI_API colibri_status colibri_replay_routing(colibri_model *model, const colibri_context_params *params,
                                                   const int32_t *tokens, const int32_t *expert_ids,
                                                   int32_t n_tokens, colibri_stats *out);
+/* The same for n_seq sequences decoding together: expert_ids[n_steps][n_seq][n_layer][k], each step one
+ * batched decode step of n_seq tokens, whose layers take the union of the tokens' experts in increasing id,
+ * in waves of as many as the store's slots hold at once (what colibri_eval_batch does with several decode
+ * tokens). A step of several tokens does not prefetch: params->prefetch must be none. n_seq 1 is
+ * colibri_replay_routing without the token ids. */
+COLIBRI_API colibri_status colibri_replay_routing_batched(colibri_model *model, const colibri_context_params *params,
+                                                          const int32_t *expert_ids, int32_t n_steps, int32_t n_seq,
+                                                          colibri_stats *out);
 /* Record, from the next colibri_eval on, the lookahead predictor's guesses for every token: for each layer l
  * and depth d = 1..depth, the top k experts of layer l+d's router on layer l's FFN input and their router
  * probabilities (for routing traces: how well the lookahead predicts the layers ahead). depth 1..8; 0 stops recording.

@@ -51,6 +51,7 @@ typedef struct slot {
     _Atomic int pieces_left;/* pieces not finished yet */
     _Atomic int urgent_load;/* 1: a demand read (store_hold), served before every queued prefetch */
     uint64_t pinned_wave;   /* == store->wave: needed by the wave being computed */
+    uint64_t loaded;        /* store->step when its expert was claimed (the reuse policy's scan guard) */
     double freq;            /* LFU score at last_tick */
     uint64_t last_tick;     /* token step of the last use */
     uint64_t last_use;      /* LRU order: value of store->use_clock at the last use */
@@ -93,6 +94,7 @@ struct expert_store {
     int32_t *layer_count;   /* [n_layer] slots owned by each layer */
     counters *cnt;          /* [n_layer][n_expert] */
     uint64_t tick, wave, use_clock;
+    uint64_t step;          /* forward passes (store_tick calls), whatever their token count: the reuse policy's clock */
     uint64_t use_base;      /* use_clock when the current wave began */
     double decay;           /* per-token LFU decay factor */
     int decode_step;        /* the current step (store_tick) is one token */
@@ -117,9 +119,9 @@ struct expert_store {
     int overlap;            /* decode steps compute experts as they arrive (COLIBRI_DECODE_OVERLAP=0: off) */
     /* COLIBRI_POLICY_REUSE's statistics, learned online (reuse_observe); allocated for that policy only, NULL
        under LFU and LRU, which never read them */
-    uint64_t *seen;         /* [n_layer][n_expert] token step of the last use + 1 (0: never used) */
-    double *rate;           /* [n_layer][n_expert] decayed use count at seen - 1 (half-life STORE_LFU_HALF_LIFE) */
-    double *gap;            /* [n_layer][STORE_REUSE_GAPS + 1] count of reuse gaps 1 .. GAPS (tokens between two uses
+    uint64_t *seen;         /* [n_layer][n_expert] step of the last use + 1 (0: never used) */
+    double *rate;           /* [n_layer][n_expert] decayed use count at seen - 1 (half-life STORE_LFU_HALF_LIFE steps) */
+    double *gap;            /* [n_layer][STORE_REUSE_GAPS + 1] count of reuse gaps 1 .. GAPS (steps between two uses
                                of one expert of that layer), after a uniform prior; the last cell: every longer gap */
     double *surv;           /* [n_layer][STORE_REUSE_GAPS + 2] surv[g - 1] = gaps of g tokens or more, summed from `gap`
                                once per token step so that a step's decisions do not depend on its use order */
@@ -651,7 +653,7 @@ static void reuse_init(expert_store *s) {
 static void reuse_observe(expert_store *s, int l, int e) {
     if (!s->reuse) return;
     const size_t X = (size_t)s->n_expert, id = (size_t)l * X + (size_t)e;
-    const uint64_t now = s->tick + 1;
+    const uint64_t now = s->step + 1;
     if (s->seen[id] == now) return;
     if (s->seen[id]) {
         const uint64_t g = now - s->seen[id];
@@ -660,7 +662,7 @@ static void reuse_observe(expert_store *s, int l, int e) {
     } else
         s->rate[id] = 1.0;
     s->seen[id] = now;
-    if (!s->decode_step) return; /* a prefill wave holds many tokens: no order between its layers */
+    if (!s->decode_step) return; /* a step of many tokens: its layers' unions say little about one token's path */
     if (l + 1 < s->n_layer) s->follow_n[id] += 1.0f;
     if (l > 0) {
         const uint64_t *prev = s->seen + (size_t)(l - 1) * X;
@@ -685,13 +687,13 @@ static double reuse_window(const expert_store *s, int l, uint64_t g0, int h) {
 static double reuse_score(const expert_store *s, const slot *sl, int for_layer) {
     const int l = sl->layer, X = s->n_expert;
     const size_t id = (size_t)l * X + (size_t)sl->expert;
-    const uint64_t now = s->tick + 1, seen = s->seen[id];
-    const uint64_t age = seen ? now - seen : STORE_REUSE_GAPS + 1; /* tokens since the last use; 0: this one */
-    /* this token's chance is still ahead for a layer it has not reached */
-    const int ahead = s->decode_step && l > for_layer && age > 0;
+    const uint64_t now = s->step + 1, seen = s->seen[id];
+    const uint64_t age = seen ? now - seen : STORE_REUSE_GAPS + 1; /* steps since the last use; 0: this one */
+    /* this step's chance is still ahead for a layer it has not reached */
+    const int ahead = l > for_layer && age > 0;
     const uint64_t g0 = ahead ? age : age + 1;
     double p = reuse_window(s, l, g0, STORE_REUSE_HORIZON);
-    if (ahead && l == for_layer + 1) {
+    if (ahead && l == for_layer + 1 && s->decode_step) {
         const uint64_t *cur = s->seen + (size_t)for_layer * X;
         const float *f = s->follow + (size_t)for_layer * X * X, *fn = s->follow_n + (size_t)for_layer * X;
         double best = -1.0;
@@ -711,6 +713,7 @@ static double reuse_score(const expert_store *s, const slot *sl, int for_layer) 
 
 void store_tick(expert_store *s, int n_tokens) {
     s->tick += (uint64_t)(n_tokens > 0 ? n_tokens : 1);
+    s->step++;
     s->decode_step = n_tokens == 1;
     if (s->reuse) reuse_refresh(s);
 }
@@ -764,10 +767,19 @@ static void release_slot(expert_store *s, int i) {
 /* A slot to (re)use, or -1. Order: free slots, prefetched-never-used ones, then the policy's
  * lowest score; never a slot pinned by the current wave, pinned from the profile, or still
  * loading. The per-layer floor protects a layer's last few experts from other layers (first
- * pass only). */
+ * pass only).
+ *
+ * The reuse policy's scan guard: in a step of several tokens (a batched decode step, a prefill chunk) the
+ * layers take the union of the tokens' experts, often more than the slots, in the same layer order every
+ * step. An expert read earlier in this step is not needed again before the next step, when every expert
+ * kept from before this step is needed as well, and sooner the earlier its layer; so the experts read in
+ * this step go first, the one read last first (Belady's choice on a loop), and the slots holding experts
+ * from before the step keep them across steps instead of the step evicting, layer by layer, what the next
+ * step's first layers need (replayed: docs/memory.md, "Batched steps"). */
 static int pick_victim(expert_store *s, int for_layer) {
+    const int guard = s->reuse && !s->decode_step;
     for (int pass = 0; pass < 2; pass++) {
-        int best = -1, best_class = 2;
+        int best = -1, best_class = 3;
         double best_score = 0.0;
         for (int i = 0; i < s->n_slots; i++) {
             slot *sl = &s->slots[i];
@@ -777,9 +789,10 @@ static int pick_victim(expert_store *s, int for_layer) {
             /* an expert a prefetch named in this wave or the one before is expected by the layer
              * being acquired or the next one: evicting it for another would throw a read away */
             if (pass == 0 && sl->wanted && s->wave + 1 - sl->wanted <= 1) continue;
-            const int cls = sl->prefetched ? 0 : 1;
-            if (pass == 0 && cls == 1 && sl->layer != for_layer && s->layer_count[sl->layer] <= s->floor) continue;
-            const double score = s->policy == COLIBRI_POLICY_LRU     ? (double)sl->last_use
+            const int cls = sl->prefetched ? 0 : guard && sl->loaded == s->step ? 1 : 2;
+            if (pass == 0 && cls > 0 && sl->layer != for_layer && s->layer_count[sl->layer] <= s->floor) continue;
+            const double score = cls == 1                            ? -(double)sl->last_use /* the latest read first */
+                                 : s->policy == COLIBRI_POLICY_LRU   ? (double)sl->last_use
                                  : s->reuse                          ? reuse_score(s, sl, for_layer)
                                                                      : lfu_score(s, sl);
             if (best < 0 || cls < best_class || (cls == best_class && score < best_score)) {
@@ -804,6 +817,7 @@ static void claim(expert_store *s, int i, int layer, int e) {
     if (sl->layer >= 0 || atomic_load_explicit(&sl->state, memory_order_relaxed) == SLOT_FAILED) release_slot(s, i);
     sl->layer = layer;
     sl->expert = e;
+    sl->loaded = s->step;
     sl->freq = 0.0;
     sl->last_tick = s->tick;
     s->where[(size_t)layer * s->n_expert + e] = i;
@@ -1164,7 +1178,7 @@ colibri_status store_warm(expert_store *s, const routing_profile *p, int n_pin) 
             sl->last_use = s->use_clock + (uint64_t)(n - i);
             /* the reuse policy sees it as used now, at the steady-state rate of its share */
             if (s->reuse) {
-                s->seen[id] = s->tick + 1;
+                s->seen[id] = s->step + 1;
                 s->rate[id] = order[i].share / (1.0 - s->decay);
             }
         }

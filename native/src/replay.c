@@ -11,7 +11,11 @@
  * expert is needed is waited for (a hit, its wait counted as stall time in real time), as it
  * would be live. The lookahead predictor needs hidden states: it is not replayed. The trace
  * already holds the routing drop_cold_share or the pre-filter gave; the hashed guesses here do
- * not skip dropped experts as a live run's do (the dropped set is forward.c's). */
+ * not skip dropped experts as a live run's do (the dropped set is forward.c's).
+ *
+ * colibri_replay_routing_batched replays n_seq sequences stepping together: each step is one forward of
+ * n_seq tokens, whose layers take the union of the tokens' experts in waves (run_batched), as a batched
+ * decode step does live; such a step predicts nothing, so neither does its replay. */
 #include "replay.h"
 
 #include <string.h>
@@ -127,13 +131,60 @@ static colibri_status run_trace(const struct colibri_model *m, expert_store *s, 
     return COLIBRI_OK;
 }
 
+/* Batched decode steps of n_seq tokens each (ids: [n_steps][n_seq][L][k]), as ffn.c's chunk_experts serves a
+ * step of several tokens: per layer, the union of the tokens' experts in increasing id, in waves of as many
+ * as the slots not pinned by the wave can take (a wave is computed, then the next one acquires). used:
+ * [n_expert] scratch. */
+static colibri_status run_batched(const struct colibri_model *m, expert_store *s, const int32_t *ids,
+                                  int32_t n_steps, int n_seq, uint8_t *used) {
+    const model_hparams *hp = &m->hp;
+    const int L = hp->n_layer, k = hp->n_expert_used, X = hp->n_expert;
+    for (int32_t t = 0; t < n_steps; t++) {
+        store_tick(s, n_seq);
+        for (int l = 0; l < L; l++) {
+            if (!routed(m, l)) continue;
+            memset(used, 0, (size_t)X);
+            for (int q = 0; q < n_seq; q++) {
+                const int32_t *c = ids + (((size_t)t * n_seq + q) * L + l) * k;
+                for (int j = 0; j < k; j++) used[c[j]] = 1;
+            }
+            int e = 0, first = 1;
+            while (first || e < X) {
+                store_wave_begin(s);
+                int nw = 0;
+                for (; e < X; e++) {
+                    if (!used[e]) continue;
+                    expert_view view;
+                    int got;
+                    colibri_status st = store_acquire(s, l, e, &view, &got);
+                    if (st) return st;
+                    if (!got) break;
+                    nw++;
+                }
+                if (nw == 0 && e < X)
+                    return cb_error(COLIBRI_E_INTERNAL, "replay: no slot for expert %d of layer %d (step %d)", e, l,
+                                    (int)t);
+                first = 0;
+            }
+        }
+    }
+    return COLIBRI_OK;
+}
+
 colibri_status replay_routing(struct colibri_model *m, const colibri_context_params *params, const int32_t *tokens,
-                              const int32_t *expert_ids, int32_t n_tokens, colibri_stats *out) {
+                              const int32_t *expert_ids, int32_t n_tokens, int32_t n_seq, colibri_stats *out) {
     const model_hparams *hp = &m->hp;
     if (hp->n_expert == 0)
         return cb_error(COLIBRI_E_INVALID_ARG, "colibri_replay_routing: the model has no experts to replay");
     if (n_tokens < 0)
         return cb_error(COLIBRI_E_INVALID_ARG, "colibri_replay_routing: n_tokens is negative (%d)", (int)n_tokens);
+    if (n_seq < 1)
+        return cb_error(COLIBRI_E_INVALID_ARG, "colibri_replay_routing_batched: n_seq must be >= 1, got %d",
+                        (int)n_seq);
+    if (n_tokens % n_seq)
+        return cb_error(COLIBRI_E_INVALID_ARG,
+                        "colibri_replay_routing_batched: %d tokens are not whole steps of %d sequences",
+                        (int)n_tokens, (int)n_seq);
     if (n_tokens > 0 && !expert_ids)
         return cb_error(COLIBRI_E_INVALID_ARG, "colibri_replay_routing: expert_ids is NULL");
     colibri_context_params p;
@@ -142,6 +193,10 @@ colibri_status replay_routing(struct colibri_model *m, const colibri_context_par
     /* LOOKAHEAD needs the hidden states a trace does not have */
     const int flags = p.prefetch & (COLIBRI_PREFETCH_TEMPORAL | COLIBRI_PREFETCH_HASHED);
     const int hashed = (flags & COLIBRI_PREFETCH_HASHED) != 0;
+    if (flags && n_seq > 1)
+        return cb_error(COLIBRI_E_INVALID_ARG,
+                        "colibri_replay_routing_batched: a step of several tokens does not prefetch (the "
+                        "predictors serve single-token steps), so give prefetch none");
     if (hashed && n_tokens > 0 && !tokens)
         return cb_error(COLIBRI_E_INVALID_ARG,
                         "colibri_replay_routing: the hashed predictor needs the token ids (tokens is NULL)");
@@ -161,6 +216,7 @@ colibri_status replay_routing(struct colibri_model *m, const colibri_context_par
     predictor pred;
     memset(&pred, 0, sizeof pred);
     int32_t *pf_ids = NULL;
+    uint8_t *used = NULL;
     int have_pred = 0;
     double t0;
     if ((st = store_create(m, plan.n_expert_slots, p.expert_policy, &s))) goto done;
@@ -177,9 +233,14 @@ colibri_status replay_routing(struct colibri_model *m, const colibri_context_par
             goto done;
         }
     }
-    t0 = now_seconds();
-    if ((st = run_trace(m, s, have_pred ? &pred : NULL, pf_ids, tokens, expert_ids, n_tokens)))
+    if (n_seq > 1 && !(used = cb_malloc((size_t)hp->n_expert))) {
+        st = cb_error(COLIBRI_E_NOMEM, "out of memory");
         goto done;
+    }
+    t0 = now_seconds();
+    st = n_seq > 1 ? run_batched(m, s, expert_ids, n_tokens / n_seq, n_seq, used)
+                   : run_trace(m, s, have_pred ? &pred : NULL, pf_ids, tokens, expert_ids, n_tokens);
+    if (st) goto done;
 
     memset(out, 0, sizeof *out);
     store_fill_stats(s, out);
@@ -191,6 +252,7 @@ colibri_status replay_routing(struct colibri_model *m, const colibri_context_par
     out->planned_bytes = plan.total_bytes;
     out->expert_slots = (uint64_t)plan.n_expert_slots;
 done:
+    cb_free(used);
     cb_free(pf_ids);
     if (have_pred) predictor_free(&pred);
     store_destroy(s);

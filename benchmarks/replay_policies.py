@@ -10,7 +10,10 @@ against Belady's optimum (docs/memory.md, "The reuse policy"; docs/benchmarks.md
 v1.gguf: the model bundled before v2,
 `git show 0c1345a:colibri_backend/models/colibri-moe-q8_0.gguf > v1.gguf`.)
 A trace that holds the lookahead predictor's guesses (`colibri trace` records them) also gets their recall
-by depth.
+by depth. `--streams 1,8,16` also replays each trace as N sequences decoding together (batched steps, the
+union of N tokens' experts per layer; no prefetch, as live), against Belady's optimum on those unions.
+The figures depend on the model's shape only (layers, experts, top-k), so a tiny model of the same shape
+replays them in seconds where the real file's reads take minutes.
 Each cell is one `colibri_replay_routing` run (the same C store the engine decodes with, reading the
 experts' bytes from the model file, computing nothing else) at --sizes of the model's routed experts; it
 prints the hit rate, the hit rate as a share of Belady's optimum for the same slot count (from an empty
@@ -51,14 +54,17 @@ def store_options(size: str, policy: str, prefetch: str = "none") -> dict[str, s
     return {"expert_slots": size, "expert_policy": policy, "prefetch": prefetch}
 
 
-def replay(model: str | Path, trace: Any, size: str, policy: str, prefetch: str = "none") -> dict[str, Any]:
-    """replay_routing's counters for the trace through the store_options store."""
+def replay(
+    model: str | Path, trace: Any, size: str, policy: str, prefetch: str = "none", streams: int = 1
+) -> dict[str, Any]:
+    """replay_routing's counters for the trace through the store_options store (streams: sequences
+    stepping together)."""
     options = store_options(size, policy, prefetch)
-    return colibri_backend.replay_routing(model, trace.tokens, trace.ids, **options)
+    return colibri_backend.replay_routing(model, trace.tokens, trace.ids, streams=streams, **options)
 
 
-def cell(model: Path, trace: Any, size: str, policy: str, prefetch: str) -> dict[str, Any]:
-    s = replay(model, trace, size, policy, prefetch)
+def cell(model: Path, trace: Any, size: str, policy: str, prefetch: str, streams: int = 1) -> dict[str, Any]:
+    s = replay(model, trace, size, policy, prefetch, streams)
     return {
         "slots": s["expert_slots"],
         "hit_rate": s["expert_hit_rate"],
@@ -67,6 +73,8 @@ def cell(model: Path, trace: Any, size: str, policy: str, prefetch: str) -> dict
         "prefetch_issued": s["prefetch_issued"],
         "prefetch_wasted_bytes": s["prefetch_wasted_bytes"],
         "bytes_read": s["expert_bytes_read"],
+        "misses": s["expert_misses"],
+        "calls": s["expert_hits"] + s["expert_misses"],
     }
 
 
@@ -80,9 +88,11 @@ def main(argv: list[str] | None = None) -> int:
         help="a routing trace and the model file (or known name) it was recorded with; repeat for more",
     )
     ap.add_argument("--sizes", default="25%,40%,60%", help="expert slots, comma-separated (%(default)s)")
+    ap.add_argument("--streams", default="1", help="batched: sequences stepping together (%(default)s)")
     ap.add_argument("--json", type=Path, help="also write every cell here")
     args = ap.parse_args(argv)
     sizes = [x.strip() for x in args.sizes.split(",") if x.strip()]
+    stream_counts = [int(x) for x in args.streams.split(",") if x.strip()]
     results: list[dict[str, Any]] = []
     for spec in args.trace:
         name, sep, rest = spec.partition("=")
@@ -96,28 +106,42 @@ def main(argv: list[str] | None = None) -> int:
             recall = lookahead_recall(trace)
             results.append({"trace": name, "lookahead_recall_by_depth": recall})
             print("lookahead recall (= precision) by depth: " + ", ".join(f"{100 * r:.1f}%" for r in recall))
-        cols = [f"{p}{'' if f == 'none' else ' + ' + f}" for p in POLICIES for f in PREFETCH]
-        print("| slots | Belady | " + " | ".join(cols) + " |")
-        print("|---" * (len(cols) + 2) + "|")
-        for size in sizes:
-            row: list[str] = []
-            first: dict[str, Any] | None = None
-            for policy in POLICIES:
-                for prefetch in PREFETCH:
-                    r = cell(model, trace, size, policy, prefetch)
-                    first = first or r
-                    results.append({"trace": name, "size": size, "policy": policy, "prefetch": prefetch, **r})
-                    text = f"{100 * r['hit_rate']:.1f}% ({100 * r['share_of_optimum']:.1f}%)"
-                    if prefetch != "none":
-                        text += f", {r['prefetch_wasted_bytes'] / (1 << 20):.0f} MiB wasted"
-                    row.append(text)
-            assert first is not None
-            head = f"| {size} ({first['slots']}) | {100 * first['optimal_hit_rate']:.1f}% | "
-            print(head + " | ".join(row) + " |")
-            sys.stdout.flush()
+        for streams in stream_counts:
+            table(name, model, trace, sizes, streams, results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0
+
+
+def table(
+    name: str, model: Path, trace: Any, sizes: list[str], streams: int, results: list[dict[str, Any]]
+) -> None:
+    """One markdown table: every policy (with temporal prefetch too where single steps can prefetch) at
+    every size."""
+    prefetches = PREFETCH if streams == 1 else ("none",)
+    if streams > 1:
+        print(f"\n{streams} streams of {trace.n_tokens // streams} tokens, batched steps:")
+    cols = [f"{p}{'' if f == 'none' else ' + ' + f}" for p in POLICIES for f in prefetches]
+    print("| slots | Belady | " + " | ".join(cols) + " |")
+    print("|---" * (len(cols) + 2) + "|")
+    for size in sizes:
+        row: list[str] = []
+        first: dict[str, Any] | None = None
+        for policy in POLICIES:
+            for prefetch in prefetches:
+                r = cell(model, trace, size, policy, prefetch, streams)
+                first = first or r
+                key = {"trace": name, "size": size, "streams": streams, "policy": policy}
+                key["prefetch"] = prefetch
+                results.append({**key, **r})
+                text = f"{100 * r['hit_rate']:.1f}% ({100 * r['share_of_optimum']:.1f}%)"
+                if prefetch != "none":
+                    text += f", {r['prefetch_wasted_bytes'] / (1 << 20):.0f} MiB wasted"
+                row.append(text)
+        assert first is not None
+        head = f"| {size} ({first['slots']}) | {100 * first['optimal_hit_rate']:.1f}% | "
+        print(head + " | ".join(row) + " |")
+        sys.stdout.flush()
 
 
 if __name__ == "__main__":

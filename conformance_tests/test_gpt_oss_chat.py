@@ -23,42 +23,14 @@ from typing import Any
 
 import gpt_oss_vocab as gv
 import pytest
+import tool_fixtures as tf
 
 from colibri_backend.adapters.chat_template import render_chat
 from colibri_backend.adapters.gguf_metadata import read_metadata
 from colibri_backend.adapters.tokenizer import Tokenizer
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "description": "City name"},
-                "unit": {"type": "string", "enum": ["c", "f"]},
-            },
-            "required": ["city"],
-        },
-    },
-}
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "description": "The time in a time zone",
-        "parameters": {
-            "type": "object",
-            "properties": {"zone": {"type": "string"}, "hour24": {"type": "boolean"}},
-        },
-    },
-}
-NO_ARGS = {"type": "function", "function": {"name": "ping", "description": "Liveness", "parameters": {}}}
-
-
-def call(name: str, args: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": name, "arguments": args}}
+WEATHER, TIME, NO_ARGS = tf.WEATHER_DOC, tf.TIME_DOC, tf.PING
+call = tf.call
 
 
 @dataclass
@@ -135,7 +107,7 @@ def _result(h: Any, name: str, text: str) -> Any:
     )
 
 
-ASK = "What is the weather in Oslo?"
+ASK = tf.ASK
 CASES = [
     Case("user_only", [{"role": "user", "content": "Hi"}], lambda h: [_user(h, "Hi")]),
     Case(
@@ -184,7 +156,7 @@ CASES = [
             {
                 "role": "assistant",
                 "thinking": "Need the tool.",
-                "tool_calls": [call("get_weather", {"city": "Oslo"})],
+                "tool_calls": [call("get_weather", {"city": "Paris"})],
             },
             {"role": "tool", "content": "18C, clear"},
         ],
@@ -192,7 +164,7 @@ CASES = [
             _developer(h, "Be brief.", [WEATHER]),
             _user(h, ASK),
             _assistant(h, "Need the tool.", "analysis"),
-            _call(h, "get_weather", {"city": "Oslo"}),
+            _call(h, "get_weather", {"city": "Paris"}),
             _result(h, "get_weather", "18C, clear"),
         ],
         tools=[WEATHER],
@@ -204,7 +176,7 @@ CASES = [
             {
                 "role": "assistant",
                 "content": "Checking.",
-                "tool_calls": [call("get_weather", {"city": "Oslo"})],
+                "tool_calls": [call("get_weather", {"city": "Paris"})],
             },
             {"role": "tool", "content": '{"t": 18}'},
         ],
@@ -212,7 +184,7 @@ CASES = [
             _developer(h, None, [WEATHER]),
             _user(h, ASK),
             _assistant(h, "Checking.", "analysis"),
-            _call(h, "get_weather", {"city": "Oslo"}),
+            _call(h, "get_weather", {"city": "Paris"}),
             _result(h, "get_weather", '{"t": 18}'),
         ],
         tools=[WEATHER],
@@ -224,18 +196,18 @@ CASES = [
             {
                 "role": "assistant",
                 "thinking": "Need the tool.",
-                "tool_calls": [call("get_weather", {"city": "Oslo"})],
+                "tool_calls": [call("get_weather", {"city": "Paris"})],
             },
             {"role": "tool", "content": "18C"},
-            {"role": "assistant", "content": "It is 18C in Oslo."},
+            {"role": "assistant", "content": "It is 18C in Paris."},
             {"role": "user", "content": "And the time?"},
         ],
         lambda h: [
             _developer(h, None, [WEATHER, TIME]),
             _user(h, ASK),
-            _call(h, "get_weather", {"city": "Oslo"}),  # the analysis before a later final is dropped
+            _call(h, "get_weather", {"city": "Paris"}),  # the analysis before a later final is dropped
             _result(h, "get_weather", "18C"),
-            _assistant(h, "It is 18C in Oslo.", "final"),
+            _assistant(h, "It is 18C in Paris.", "final"),
             _user(h, "And the time?"),
         ],
         tools=[WEATHER, TIME],
@@ -390,7 +362,7 @@ def test_several_calls_in_one_message_render_the_first_only(template: str) -> No
         {"role": "user", "content": ASK},
         {
             "role": "assistant",
-            "tool_calls": [call("get_weather", {"city": "Oslo"}), call("get_time", {"zone": "CET"})],
+            "tool_calls": [call("get_weather", {"city": "Paris"}), call("get_time", {"zone": "CET"})],
         },
     ]
     text = render_chat(template, messages, tools=[WEATHER, TIME])

@@ -19,29 +19,14 @@ from typing import Any
 
 import pytest
 import tiny_models as tm
+import tool_fixtures as tf
 
 from colibri_backend.adapters.chat_template import render_chat
 from colibri_backend.adapters.gguf_metadata import read_metadata
 
 DS_BOS, DS_EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Weather of a city",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "city": {"type": "string", "description": "City name"},
-                    "unit": {"type": "string", "enum": ["c", "f"]},
-                },
-                "required": ["city"],
-            },
-        },
-    }
-]
+TOOLS = [tf.WEATHER_DOC]
 CALL = {
     "role": "assistant",
     "content": "",

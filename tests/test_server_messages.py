@@ -4,20 +4,21 @@ fed back, token counting, the ``x-api-key`` header, and Anthropic-shaped errors 
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import anthropic
 import pytest
 from api_server import API_KEY, Server, server_fixture
 
-WEATHER = {
-    "name": "get_weather",
-    "description": "The current weather in a city",
-    "input_schema": {
-        "type": "object",
-        "properties": {"city": {"type": "string", "maxLength": 30}},
-        "required": ["city"],
-    },
-}
-ASK = [{"role": "user", "content": "What is the weather in Lisbon?"}]
+CONFORMANCE = Path(__file__).resolve().parent.parent / "conformance_tests"
+if str(CONFORMANCE) not in sys.path:
+    sys.path.insert(0, str(CONFORMANCE))
+
+import tool_fixtures as tf  # noqa: E402
+
+WEATHER = tf.messages_tool(tf.WEATHER_FN)
+ASK = tf.ask()
 
 
 server = server_fixture("messages")

@@ -5,21 +5,20 @@ structured output through ``text.format``, and malformed requests answered with 
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import jsonschema
 import pytest
 from api_server import Server, server_fixture
 
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "The current weather in a city",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string", "maxLength": 30}},
-        "required": ["city"],
-    },
-}
+CONFORMANCE = Path(__file__).resolve().parent.parent / "conformance_tests"
+if str(CONFORMANCE) not in sys.path:
+    sys.path.insert(0, str(CONFORMANCE))
+
+import tool_fixtures as tf  # noqa: E402
+
+WEATHER = tf.responses_tool(tf.WEATHER_FN)
 
 
 server = server_fixture("responses")
@@ -61,7 +60,7 @@ def test_text_response_and_its_stream_agree(server: Server) -> None:
 
 
 def test_function_call_then_function_call_output(server: Server) -> None:
-    question = [{"role": "user", "content": "What is the weather in Madrid?"}]
+    question = tf.ask()
     r = server.client.responses.create(
         model="tools",
         input=question,

@@ -6,7 +6,9 @@ output checks the parser's streaming (deltas, reasoning, parallel calls) and wha
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -19,31 +21,14 @@ from colibri_backend.config import Config, ModelConfig
 from colibri_backend.generation import GenerationEvent
 from colibri_backend.server import ServerState, create_app
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 30}},
-            "required": ["city"],
-        },
-    },
-}
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "description": "The time in a time zone",
-        "parameters": {
-            "type": "object",
-            "properties": {"zone": {"type": "string", "maxLength": 20}},
-            "required": ["zone"],
-        },
-    },
-}
-ASK = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
+CONFORMANCE = Path(__file__).resolve().parent.parent / "conformance_tests"
+if str(CONFORMANCE) not in sys.path:
+    sys.path.insert(0, str(CONFORMANCE))
+
+import tool_fixtures as tf  # noqa: E402
+
+WEATHER, TIME = tf.WEATHER, tf.TIME
+ASK = tf.ask()
 
 
 server = server_fixture("tools")

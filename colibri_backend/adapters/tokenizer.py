@@ -118,6 +118,13 @@ _END_OF_TURN_TEXTS = (
     "</s>",
 )
 
+# Harmony (gpt-oss) ends an assistant *message* with <|end|> and the *turn* with <|return|> (an answer) or
+# <|call|> (a tool call): an analysis message ends in <|end|> and the final answer follows it, so in a
+# vocabulary that has both turn ends <|end|> does not stop generation and they do (openai-harmony's
+# stop_tokens_for_assistant_actions; llama.cpp makes the same exception).
+_HARMONY_TURN_ENDS = ("<|return|>", "<|call|>")
+_HARMONY_MESSAGE_END = "<|end|>"
+
 
 def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
     try:
@@ -256,16 +263,18 @@ class Tokenizer:
         self.eos_token_id = eos_token_id
         self.add_bos = add_bos
         self.source = source
-        specials = {t.content for t in hf.get_added_tokens_decoder().values() if t.special}
-        self.special_token_ids: set[int] = {i for i, t in hf.get_added_tokens_decoder().items() if t.special}
-        self.special_tokens: set[str] = specials
+        added = hf.get_added_tokens_decoder()
+        self.special_token_ids: set[int] = {i for i, t in added.items() if t.special}
+        self.special_tokens: set[str] = {t.content for t in added.values() if t.special}
+        wanted = (*_END_OF_TURN_TEXTS, *_HARMONY_TURN_ENDS, _HARMONY_MESSAGE_END)
+        special_ids = {t: i for t in wanted if (i := hf.token_to_id(t)) in self.special_token_ids}
         stop = set(end_of_turn_ids)
         if eos_token_id is not None:
             stop.add(eos_token_id)
-        for text in _END_OF_TURN_TEXTS:
-            tid = hf.token_to_id(text)
-            if tid is not None and tid in self.special_token_ids:
-                stop.add(tid)
+        stop.update(special_ids[t] for t in _END_OF_TURN_TEXTS if t in special_ids)
+        if all(t in special_ids for t in _HARMONY_TURN_ENDS):
+            stop.discard(special_ids.get(_HARMONY_MESSAGE_END, -1))
+            stop.update(special_ids[t] for t in _HARMONY_TURN_ENDS)
         # Ids that end generation: EOS plus end-of-turn control tokens such as <|im_end|>.
         self.stop_token_ids: frozenset[int] = frozenset(stop)
 

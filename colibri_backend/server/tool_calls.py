@@ -427,18 +427,40 @@ def harmony_encoding(vocabulary: Callable[[int], str | None] | None = None) -> A
 
 
 class HarmonyOutput(OutputParser):
-    """gpt-oss output through openai-harmony's streaming parser (token ids in, channels out)."""
+    """gpt-oss output through openai-harmony's streaming parser (token ids in, channels out).
+
+    Output that leaves the format is not lost: text written where a message header should be, with no
+    header token in it (a model that answers without a channel), is the answer's text at the end; and
+    from a token the parser refuses (text after a message's end, say) on, the rest is answer text."""
+
+    HEADER_TOKENS = ("<|start|>", "<|channel|>", "<|constrain|>", "<|message|>")
 
     def __init__(self, tools: bool, vocabulary: Callable[[int], str | None] | None = None) -> None:
-        from openai_harmony import Role, StreamableParser
+        from openai_harmony import HarmonyError, Role, StreamableParser, StreamState
 
-        self.parser = StreamableParser(harmony_encoding(vocabulary), role=Role.ASSISTANT)
+        encoding = harmony_encoding(vocabulary)
+        self.parser = StreamableParser(encoding, role=Role.ASSISTANT)
+        self.harmony_error = HarmonyError
+        self.content_state = StreamState.CONTENT
+        self.header_ids = {encoding.encode(t, allowed_special="all")[0] for t in self.HEADER_TOKENS}
         self.tools = tools
         self.n_messages = 0
+        self.header: list[tuple[int, str]] = []  # (id, text) fed since the last message's content began
+        self.left_format = False
 
     def feed(self, token_id: int, text: str) -> list[Part]:
+        if self.left_format:
+            return [Part("content", text)] if text else []
         p = self.parser
-        p.process(int(token_id))
+        try:
+            p.process(int(token_id))
+        except self.harmony_error:
+            self.left_format = True
+            return self._header_text(also=text)
+        if p.state == self.content_state:
+            self.header.clear()
+        else:
+            self.header.append((int(token_id), text))
         out: list[Part] = []
         delta = p.last_content_delta or ""
         recipient = p.current_recipient or ""
@@ -452,23 +474,36 @@ class HarmonyOutput(OutputParser):
         out += self._completed()
         return out
 
+    def _header_text(self, also: str = "") -> list[Part]:
+        """What was fed where a header should be, as answer text, when no header token is in it."""
+        if any(tid in self.header_ids for tid, _ in self.header):
+            text = also
+        else:
+            text = "".join(t for _, t in self.header) + also
+        self.header.clear()
+        return [Part("content", text)] if text else []
+
     def _completed(self) -> list[Part]:
         out: list[Part] = []
         for msg in self.parser.messages[self.n_messages :]:
             recipient = msg.recipient or ""
             if self.tools and recipient.startswith("functions."):
-                args = "".join(getattr(c, "text", "") for c in msg.content) or "{}"
-                call = _call_from({"name": recipient[len("functions.") :], "arguments": args})
-                if call is not None:
-                    out.append(Part("tool_call", call=call))
+                text = "".join(getattr(c, "text", "") for c in msg.content)
+                call = _call_from({"name": recipient[len("functions.") :], "arguments": text or "{}"})
+                # Arguments that are not a JSON object (cut off by max_tokens, or malformed) are the
+                # model's text, as the other families return an unfinished call: not dropped.
+                out.append(Part("tool_call", call=call) if call is not None else Part("content", text))
         self.n_messages = len(self.parser.messages)
         return out
 
     def finish(self) -> list[Part]:
-        try:
-            self.parser.process_eos()
-        except Exception:  # a truncated message: what was complete has been reported
+        if self.left_format:
             return []
+        try:
+            # ends a message cut off in its content (max_tokens) as openai-harmony's one-shot parse does
+            self.parser.process_eos()
+        except self.harmony_error:  # cut off before a message's content: a header, or text in its place
+            return self._header_text()
         return self._completed()
 
 

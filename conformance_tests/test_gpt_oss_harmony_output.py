@@ -370,16 +370,28 @@ def test_served_reasoning_then_answer(served: tuple[Forced, Any], enc: Any) -> N
     r = client.responses.create(model="g", input=tf.ask(), max_output_tokens=200, temperature=0)
     assert [i.type for i in r.output] == ["reasoning", "message"] and r.status == "completed"
     assert r.output[0].content[0].text == want.reasoning and r.output_text == want.content
+    deltas: dict[str, str] = {}
+    for ev in client.responses.create(model="g", input=tf.ask(), max_output_tokens=200, stream=True):
+        if ev.type.endswith("_text.delta"):
+            deltas[ev.type] = deltas.get(ev.type, "") + ev.delta
+    assert deltas == {
+        "response.reasoning_text.delta": want.reasoning,
+        "response.output_text.delta": want.content,
+    }
 
     import anthropic
 
     claude = anthropic.Anthropic(base_url="http://testserver", api_key="x", http_client=http, max_retries=0)
     m = claude.messages.create(model="g", max_tokens=200, messages=tf.ask())
-    assert [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in m.content] == [
-        ("thinking", want.reasoning),
-        ("text", want.content),
-    ]
+    blocks = [(b.type, getattr(b, "thinking", None) or getattr(b, "text", None)) for b in m.content]
+    assert blocks == [("thinking", want.reasoning), ("text", want.content)]
     assert m.stop_reason == "end_turn"
+    pieces: dict[str, str] = {}
+    for ev in claude.messages.create(model="g", max_tokens=200, messages=tf.ask(), stream=True):
+        if ev.type == "content_block_delta" and ev.delta.type in ("thinking_delta", "text_delta"):
+            text = getattr(ev.delta, "thinking", None) or getattr(ev.delta, "text", None) or ""
+            pieces[ev.delta.type] = pieces.get(ev.delta.type, "") + text
+    assert pieces == {"thinking_delta": want.reasoning, "text_delta": want.content}
 
 
 def test_served_tool_call(served: tuple[Forced, Any], enc: Any) -> None:
@@ -405,6 +417,18 @@ def test_served_tool_call(served: tuple[Forced, Any], enc: Any) -> None:
     )
     assert [i.type for i in r.output] == ["reasoning", "function_call"]
     assert r.output[1].name == "get_weather" and json.loads(r.output[1].arguments) == WEATHER_CALL
+    done = [
+        ev.arguments
+        for ev in client.responses.create(
+            model="g",
+            input=tf.ask(),
+            tools=[tf.responses_tool(tf.WEATHER_FN)],
+            max_output_tokens=200,
+            stream=True,
+        )
+        if ev.type == "response.function_call_arguments.done"
+    ]
+    assert [json.loads(a) for a in done] == [WEATHER_CALL]
 
     import anthropic
 
@@ -414,6 +438,12 @@ def test_served_tool_call(served: tuple[Forced, Any], enc: Any) -> None:
     )
     assert [b.type for b in m.content] == ["thinking", "tool_use"] and m.stop_reason == "tool_use"
     assert m.content[1].name == "get_weather" and m.content[1].input == WEATHER_CALL
+    with claude.messages.stream(
+        model="g", max_tokens=200, messages=tf.ask(), tools=[tf.messages_tool(tf.WEATHER_FN)]
+    ) as stream:
+        streamed_message = stream.get_final_message()
+    assert [b.type for b in streamed_message.content] == ["thinking", "tool_use"]
+    assert streamed_message.content[1].input == WEATHER_CALL and streamed_message.stop_reason == "tool_use"
 
 
 def test_served_call_cut_by_max_tokens(served: tuple[Forced, Any], enc: Any) -> None:

@@ -254,11 +254,14 @@ def test_without_tools_offered_no_call_is_reported(enc: Any) -> None:
 # ------------------------------------------------------------------ where generation stops
 
 
-def test_the_gguf_tokenizer_stops_where_harmony_ends_a_turn(built: gv.Built, enc: Any) -> None:
+@pytest.mark.parametrize("converter", ["colibri", "llama.cpp"])
+def test_the_gguf_tokenizer_stops_where_harmony_ends_a_turn(
+    built: gv.Built, enc: Any, converter: str
+) -> None:
     from colibri_backend.adapters.gguf_metadata import read_metadata
     from colibri_backend.adapters.tokenizer import Tokenizer
 
-    path = built.gguf("colibri")
+    path = built.gguf(converter)
     tok = Tokenizer.from_gguf_metadata(read_metadata(path), source=str(path))
     turn_ends = set(enc.stop_tokens_for_assistant_actions())  # <|call|>, <|return|>
     (end,) = enc.encode("<|end|>", allowed_special="all")

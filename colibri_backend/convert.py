@@ -1466,6 +1466,11 @@ _LLAMA3_RE = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Qwen3.5 / 3.6: qwen2's with combining marks kept in words (\p{M} beside \p{L})
+_QWEN35_RE = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 def _pre_tokenizer_name(pre: dict[str, Any] | None) -> str:
@@ -1493,6 +1498,8 @@ def _pre_tokenizer_name(pre: dict[str, Any] | None) -> str:
         regex = pattern.get("Regex", pattern.get("String"))
         if regex == _QWEN2_RE:
             return "qwen2"
+        if regex == _QWEN35_RE:
+            return "qwen35"
         if regex == _LLAMA3_RE:
             return "llama-bpe"
         if regex == _GPT2_RE:

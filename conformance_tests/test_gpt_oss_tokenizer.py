@@ -15,6 +15,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+import c_tokenizer as ct
 import gpt_oss_vocab as gv
 import pytest
 import tiny_models as tm
@@ -162,6 +163,30 @@ def test_colibri_gguf_tokenizer_matches_harmony_and_hf(
     for s, ids in zip(CORPUS, got, strict=True):
         assert ours.decode(ids) == s
     assert ours.eos_token == "<|return|>"
+
+
+@pytest.mark.parametrize("converter", CONVERTERS)
+def test_c_tokenizer_matches_harmony(built: gv.Built, expected: list[list[int]], converter: str) -> None:
+    """colibri-run's C tokenizer (native/src/tokenizer.c, its "gpt-4o" pre-tokenizer in pretokenize.c) on the
+    GGUF gives openai-harmony's ids for every string, and decodes them back to the string."""
+    got = ct.c_tokenize(built.gguf(converter), CORPUS)
+    n_bad, first = _first_mismatch(expected, [ids for ids, _ in got])
+    tm.report(
+        f"gpt-oss o200k ({converter} GGUF), C tokenizer: {len(CORPUS) - n_bad} of {len(CORPUS)} as harmony"
+    )
+    assert n_bad == 0, f"{n_bad} of {len(CORPUS)} differ; first: {first!r}"
+    assert [text for _, text in got] == CORPUS
+
+
+def test_c_pretokenizer_matches_o200k_split(hf: Any) -> None:
+    """The C "gpt-4o" pre-tokenizer splits the corpus and 3000 random strings into the words of the Hugging
+    Face tokenizer's pre_tokenizer (o200k's regex, as transformers' TikTokenConverter writes it)."""
+    texts = CORPUS + ct.random_texts(3000, seed=11)
+    want = ct.hf_pretokenize(hf.backend_tokenizer.pre_tokenizer, texts)
+    got = ct.c_pretokenize("gpt-4o", texts)
+    bad = [(t, w, g) for t, w, g in zip(texts, want, got, strict=True) if w != g]
+    tm.report(f"o200k pre-tokenizer words: C {len(texts) - len(bad)} of {len(texts)} equal to HF's")
+    assert not bad, f"{len(bad)} differ; first {bad[0]!r}"
 
 
 @pytest.mark.parametrize("converter", CONVERTERS)

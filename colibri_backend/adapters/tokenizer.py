@@ -46,6 +46,11 @@ _QWEN2 = (
     r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Qwen3.5 / 3.6, as their tokenizer.json writes it: qwen2's with combining marks kept in words
+_QWEN35 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 # o200k (gpt-oss, GPT-4o): case-aware word pieces with optional contractions, digits in threes.
 _O200K = (
@@ -97,6 +102,7 @@ PRE_TOKENIZER_REGEXES: dict[str, list[str]] = {
     "qwen2": [_QWEN2],
     "stablelm2": [_QWEN2],
     "deepseek-r1-qwen": [_QWEN2],
+    "qwen35": [_QWEN35],
     "gpt-4o": [_O200K],
     "deepseek-v3": _DEEPSEEK_V3,
     # llama.cpp's converter names DeepSeek-V3's own tokenizer this (by its hash, under transformers 5) and

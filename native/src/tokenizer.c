@@ -4,26 +4,15 @@
  * Encoding, as Hugging Face's tokenizers does it for these vocabularies:
  *   1. special tokens: control / user-defined token strings found literally in the text are cut
  *      out first and become their ids (longest match wins);
- *   2. pre-tokenizer: the text between them is split into words by the regex the vocabulary names
- *      in tokenizer.ggml.pre, implemented by hand (no regex engine in libc):
- *        gpt2 family   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
- *                      ("smollm", "starcoder", ... first isolate every digit: Digits(individual))
- *        llama3 family (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}
- *                      | ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+   (qwen2: \p{N} alone)
- *      Unknown pre-tokenizer names use the gpt2 regex.
+ *   2. pre-tokenizer: the text between them is split into words by the regexes the vocabulary names
+ *      in tokenizer.ggml.pre (gpt2, llama3, qwen2, qwen35, gpt-4o, deepseek-llm, deepseek-v3, ...),
+ *      matched by hand in pretokenize.c with exact Unicode categories (unicode_class.c); a name it
+ *      does not list is split as gpt2.
  *   3. each word's bytes are mapped to the GPT-2 byte alphabet (printable bytes stand for
  *      themselves, the others for U+0100 + n), split into characters and merged pairwise,
  *      always merging the adjacent pair with the lowest rank in tokenizer.ggml.merges (leftmost
  *      on ties) until no pair has a rank; each remaining symbol is one token. (llama-3
  *      vocabularies first look the whole word up, as their tokenizer.json's ignore_merges says.)
- *
- * The approximation: Unicode categories. \p{L}, \p{N} and \s are exact for ASCII. Beyond it a
- * code point counts as whitespace or a number only in the ranges listed in char_class() (the
- * common Unicode spaces, Latin-1 superscripts and fractions, Arabic-Indic, Devanagari and fullwidth
- * digits, number forms, circled numbers), as punctuation/symbol in the listed punctuation, symbol,
- * combining-mark and emoji ranges, and as a letter otherwise. Text in Latin, Greek, Cyrillic, CJK
- * and most other scripts therefore splits exactly as the reference does; rare symbols and marks
- * outside those ranges may split differently (the token ids still decode to the same text).
  *
  * tokenizer.ggml.model "llama": SentencePiece BPE with scores (Mixtral, Llama 2), as llama.cpp
  * encodes it: special tokens cut out first; each text fragment gets a leading space when it starts
@@ -49,8 +38,8 @@
 
 #include "alloc.h"
 #include "error.h"
-
-typedef enum { PRE_GPT2, PRE_GPT2_DIGITS, PRE_LLAMA3, PRE_QWEN2 } pre_kind;
+#include "pretokenize.h"
+#include "unicode_class.h"
 
 typedef struct strtab {
     int32_t *slots;     /* [cap] index into the string list, -1 empty */
@@ -73,6 +62,8 @@ struct cb_tokenizer {
     int32_t bos, eos;
     int add_bos;
     pre_kind pre;
+    int pre_known;          /* tokenizer.ggml.pre names a pre-tokenizer of pretokenize.c */
+    char pre_name[64];
     int spm;                /* 1: SentencePiece ("llama"), 0: byte-level BPE ("gpt2") */
     int gemma4;             /* 1: Gemma 4's BPE on raw UTF-8 with ranked merges ("gemma4") */
     int add_space_prefix;   /* SentencePiece: prepend a space to each text fragment */
@@ -109,74 +100,6 @@ static size_t put_utf8(uint32_t cp, char *o) {
     o[0] = (char)(0xf0 | (cp >> 18)); o[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
     o[2] = (char)(0x80 | ((cp >> 6) & 0x3f)); o[3] = (char)(0x80 | (cp & 0x3f));
     return 4;
-}
-
-/* Decodes one UTF-8 character at s[0..n); invalid or truncated sequences count as one byte
- * with code point U+FFFD (classified as a symbol). Returns its length in bytes (>= 1). */
-static size_t get_utf8(const unsigned char *s, size_t n, uint32_t *cp) {
-    unsigned c = s[0];
-    size_t len;
-    uint32_t v, min;
-    if (c < 0x80) { *cp = c; return 1; }
-    if ((c & 0xe0) == 0xc0) { len = 2; v = c & 0x1f; min = 0x80; }
-    else if ((c & 0xf0) == 0xe0) { len = 3; v = c & 0x0f; min = 0x800; }
-    else if ((c & 0xf8) == 0xf0) { len = 4; v = c & 0x07; min = 0x10000; }
-    else { *cp = 0xfffd; return 1; }
-    if (len > n) { *cp = 0xfffd; return 1; }
-    for (size_t k = 1; k < len; k++) {
-        if ((s[k] & 0xc0) != 0x80) { *cp = 0xfffd; return 1; }
-        v = (v << 6) | (s[k] & 0x3f);
-    }
-    if (v < min || v > 0x10ffff || (v >= 0xd800 && v <= 0xdfff)) { *cp = 0xfffd; return 1; }
-    *cp = v;
-    return len;
-}
-
-/* ---- character classes (see the approximation note at the top) ----------------------- */
-
-typedef enum { C_LETTER, C_NUMBER, C_SPACE, C_OTHER } char_class_t;
-
-static int in(uint32_t c, uint32_t lo, uint32_t hi) { return c >= lo && c <= hi; }
-
-static char_class_t char_class(uint32_t c) {
-    if (c < 0x80) {
-        if ((c | 0x20) >= 'a' && (c | 0x20) <= 'z') return C_LETTER;
-        if (c >= '0' && c <= '9') return C_NUMBER;
-        if (c == ' ' || in(c, 0x09, 0x0d)) return C_SPACE;
-        return C_OTHER;
-    }
-    /* whitespace */
-    if (c == 0x85 || c == 0xa0 || c == 0x1680 || in(c, 0x2000, 0x200a) || c == 0x2028 || c == 0x2029 ||
-        c == 0x202f || c == 0x205f || c == 0x3000)
-        return C_SPACE;
-    /* numbers (Nd, Nl, No) */
-    if (c == 0xb2 || c == 0xb3 || c == 0xb9 || in(c, 0xbc, 0xbe) || in(c, 0x660, 0x669) || in(c, 0x6f0, 0x6f9) ||
-        in(c, 0x966, 0x96f) || in(c, 0x9e6, 0x9ef) || in(c, 0xe50, 0xe59) || c == 0x2070 || in(c, 0x2074, 0x2079) ||
-        in(c, 0x2080, 0x2089) || in(c, 0x2150, 0x2182) || in(c, 0x2185, 0x2189) || in(c, 0x2460, 0x249b) ||
-        in(c, 0x24ea, 0x24ff) || in(c, 0x2776, 0x2793) || c == 0x3007 || in(c, 0x3021, 0x3029) ||
-        in(c, 0xff10, 0xff19))
-        return C_NUMBER;
-    /* punctuation, symbols, combining marks, format characters, emoji: neither L nor N */
-    if ((in(c, 0xa1, 0xbf) && c != 0xaa && c != 0xb5 && c != 0xba) || c == 0xd7 || c == 0xf7 ||
-        in(c, 0x2c2, 0x2c5) || in(c, 0x2d2, 0x2df) || in(c, 0x2e5, 0x2eb) || c == 0x2ed || in(c, 0x2ef, 0x2ff) ||
-        in(c, 0x300, 0x36f) || c == 0x37e || c == 0x387 || in(c, 0x483, 0x489) || in(c, 0x55a, 0x55f) ||
-        in(c, 0x591, 0x5c7) || in(c, 0x5f3, 0x5f4) || in(c, 0x600, 0x61f) || in(c, 0x64b, 0x65f) ||
-        in(c, 0x6d4, 0x6ed) || in(c, 0x900, 0x903) || in(c, 0x93a, 0x94f) || in(c, 0x951, 0x957) ||
-        in(c, 0x962, 0x965) || in(c, 0x970, 0x970) || in(c, 0xe31, 0xe31) || in(c, 0xe34, 0xe3a) ||
-        in(c, 0xe47, 0xe4f) || in(c, 0x1ab0, 0x1aff) || in(c, 0x1dc0, 0x1dff) || in(c, 0x200b, 0x200f) ||
-        in(c, 0x2010, 0x2027) || in(c, 0x202a, 0x202e) || in(c, 0x2030, 0x205e) || in(c, 0x2060, 0x206f) ||
-        in(c, 0x207a, 0x207e) || in(c, 0x208a, 0x208e) || in(c, 0x20a0, 0x20ff) || in(c, 0x2100, 0x2101) ||
-        in(c, 0x2103, 0x2106) || in(c, 0x2108, 0x2109) || c == 0x2114 || in(c, 0x2116, 0x2118) ||
-        in(c, 0x211e, 0x2123) || c == 0x2125 || c == 0x2127 || c == 0x2129 || c == 0x212e || in(c, 0x213a, 0x213b) ||
-        in(c, 0x2140, 0x2144) || in(c, 0x214a, 0x214d) || c == 0x214f || in(c, 0x218a, 0x218b) ||
-        in(c, 0x2190, 0x245f) || in(c, 0x249c, 0x24e9) || in(c, 0x2500, 0x2775) || in(c, 0x2794, 0x2bff) ||
-        in(c, 0x2e00, 0x2e7f) || in(c, 0x3001, 0x3004) || in(c, 0x3008, 0x3020) || in(c, 0x302a, 0x3030) ||
-        in(c, 0x3036, 0x3037) || in(c, 0x303d, 0x303f) || in(c, 0x3099, 0x309c) || c == 0x30a0 || c == 0x30fb ||
-        in(c, 0xfe00, 0xfe0f) || in(c, 0xfe10, 0xfe19) || in(c, 0xfe20, 0xfe6f) || c == 0xfeff ||
-        in(c, 0xff01, 0xff0f) || in(c, 0xff1a, 0xff20) || in(c, 0xff3b, 0xff40) || in(c, 0xff5b, 0xff65) ||
-        in(c, 0xffe0, 0xffee) || in(c, 0xfff9, 0xfffd) || in(c, 0x1f000, 0x1faff) || in(c, 0xe0000, 0xe007f))
-        return C_OTHER;
-    return C_LETTER;
 }
 
 /* ---- string hash tables ----------------------------------------------------------------- */
@@ -254,16 +177,6 @@ static colibri_status read_str_array(const gguf_kv *kv, const char *key, int32_t
     return COLIBRI_OK;
 }
 
-static pre_kind pre_from_name(const char *s) {
-    static const char *digits[] = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"};
-    static const char *llama3[] = {"llama-bpe", "llama3", "dbrx", "smaug-bpe", "falcon3", "pixtral"};
-    static const char *qwen2[] = {"qwen2", "stablelm2", "deepseek-r1-qwen", "megrez", "hunyuan"};
-    for (size_t i = 0; i < sizeof digits / sizeof *digits; i++) if (!strcmp(s, digits[i])) return PRE_GPT2_DIGITS;
-    for (size_t i = 0; i < sizeof llama3 / sizeof *llama3; i++) if (!strcmp(s, llama3[i])) return PRE_LLAMA3;
-    for (size_t i = 0; i < sizeof qwen2 / sizeof *qwen2; i++) if (!strcmp(s, qwen2[i])) return PRE_QWEN2;
-    return PRE_GPT2;
-}
-
 /* Orders the special tokens longest first (then by id) so the longest literal match wins.
  * Insertion sort: there are few of them, and it needs the tokenizer as context. */
 static void sort_specials(cb_tokenizer *t) {
@@ -316,7 +229,8 @@ colibri_status tokenizer_load(const gguf_file *f, cb_tokenizer **out) {
     t->f = f;
     t->n_vocab = (int32_t)ktok->arr_len;
     t->n_merges = spm ? 0 : (int32_t)kmerge->arr_len;   /* SentencePiece merges by score, not by list */
-    t->pre = pre_from_name(pre);
+    t->pre = pre_from_name(pre, &t->pre_known);
+    memcpy(t->pre_name, pre, sizeof t->pre_name);
     t->spm = spm;
     t->gemma4 = gemma4;
     t->scores = spm ? kscore->arr_data : NULL;
@@ -381,6 +295,9 @@ int32_t tokenizer_n_vocab(const cb_tokenizer *t) { return t ? t->n_vocab : 0; }
 int32_t tokenizer_bos(const cb_tokenizer *t) { return t ? t->bos : -1; }
 int32_t tokenizer_eos(const cb_tokenizer *t) { return t ? t->eos : -1; }
 int tokenizer_add_bos(const cb_tokenizer *t) { return t ? t->add_bos : 0; }
+const char *tokenizer_unknown_pre(const cb_tokenizer *t) {
+    return t && !t->spm && !t->gemma4 && !t->pre_known ? t->pre_name : NULL;
+}
 int tokenizer_token_type(const cb_tokenizer *t, int32_t id) {
     return t && id >= 0 && id < t->n_vocab ? t->tok_type[id] : 0;
 }
@@ -451,7 +368,7 @@ static void bpe_word(enc *e, const unsigned char *w, size_t n) {
         /* not in the vocabulary (an incomplete vocabulary): fall back to one token per character */
         for (size_t o = 0; o < l;) {
             uint32_t cp;
-            size_t cl = get_utf8((const unsigned char *)s + o, l - o, &cp);
+            size_t cl = uc_decode_utf8((const unsigned char *)s + o, l - o, &cp);
             id = strtab_get(&t->vocab, t->tok, t->tok_len, s + o, cl);
             if (id >= 0) emit(e, id);
             o += cl;
@@ -459,162 +376,10 @@ static void bpe_word(enc *e, const unsigned char *w, size_t n) {
     }
 }
 
-typedef struct cur {
-    const unsigned char *s;
-    size_t n;
-} cur;
-
-/* Character at byte offset i (i < n): its code point, class and length. */
-static size_t at(const cur *c, size_t i, uint32_t *cp, char_class_t *cls) {
-    size_t l = get_utf8(c->s + i, c->n - i, cp);
-    *cls = char_class(*cp);
-    return l;
-}
-
-/* Byte offset after the run of characters of class k starting at i. */
-static size_t run_of(const cur *c, size_t i, char_class_t k) {
-    while (i < c->n) {
-        uint32_t cp;
-        char_class_t cl;
-        size_t l = at(c, i, &cp, &cl);
-        if (cl != k) break;
-        i += l;
-    }
-    return i;
-}
-
-static int lower_ascii(uint32_t cp) { return cp < 0x80 ? (int)(cp | 0x20) : -1; }
-
-/* Length of a contraction ('s 't 're 've 'm 'll 'd) at i, 0 if none. */
-static size_t contraction(const cur *c, size_t i, int case_insensitive) {
-    if (c->s[i] != '\'' || i + 1 >= c->n) return 0;
-    int a = c->s[i + 1], b = i + 2 < c->n ? c->s[i + 2] : 0;
-    if (case_insensitive) {
-        a = lower_ascii((uint32_t)a);
-        b = b ? lower_ascii((uint32_t)b) : 0;
-    }
-    if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
-    if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 3;
-    return 0;
-}
-
-static int is_crlf(uint32_t cp) { return cp == '\r' || cp == '\n'; }
-
-/* Whitespace alternatives shared by both regex families, at a whitespace character i:
- *   (llama3 only) \s*[\r\n]+  — up to and including the last newline of the run
- *   \s+(?!\S)                 — the run, minus its last character if a non-space follows
- *   \s+                       — a single whitespace character followed by a non-space */
-static size_t whitespace_match(const cur *c, size_t i, int newline_rule) {
-    size_t end = run_of(c, i, C_SPACE);
-    if (newline_rule) {
-        size_t last_nl = 0, found = 0;
-        for (size_t k = i; k < end; k++)
-            if (is_crlf(c->s[k])) {
-                last_nl = k;
-                found = 1;
-            }
-        if (found) return last_nl + 1 - i;
-    }
-    if (end == c->n) return end - i;
-    /* followed by a non-space: give back the last whitespace character if there are two or more */
-    size_t last = i, k = i;
-    while (k < end) {
-        last = k;
-        uint32_t cp;
-        char_class_t cl;
-        k += at(c, k, &cp, &cl);
-    }
-    return last > i ? last - i : end - i;
-}
-
-/* One match of the gpt2 regex at i; returns its length (>= 1). */
-static size_t match_gpt2(const cur *c, size_t i) {
-    size_t l = contraction(c, i, 0);
-    if (l) return l;
-    uint32_t cp, cp2;
-    char_class_t cl, cl2 = C_SPACE;
-    at(c, i, &cp, &cl);
-    if (cp == ' ' && i + 1 < c->n) {
-        at(c, i + 1, &cp2, &cl2);
-        if (cl2 == C_LETTER || cl2 == C_NUMBER || cl2 == C_OTHER) return run_of(c, i + 1, cl2) - i;
-    }
-    if (cl == C_LETTER || cl == C_NUMBER || cl == C_OTHER) return run_of(c, i, cl) - i;
-    return whitespace_match(c, i, 0);
-}
-
-/* One match of the llama3 regex at i (max_digits: 3, or 1 for qwen2). */
-static size_t match_llama3(const cur *c, size_t i, int max_digits) {
-    size_t l = contraction(c, i, 1);
-    if (l) return l;
-    uint32_t cp, cp2;
-    char_class_t cl, cl2 = C_SPACE;
-    size_t l0 = at(c, i, &cp, &cl);
-    if (cl == C_LETTER) return run_of(c, i, C_LETTER) - i;
-    /* [^\r\n\p{L}\p{N}]?\p{L}+ with the optional character present */
-    if (cl != C_NUMBER && !is_crlf(cp) && i + l0 < c->n) {
-        at(c, i + l0, &cp2, &cl2);
-        if (cl2 == C_LETTER) return run_of(c, i + l0, C_LETTER) - i;
-    }
-    if (cl == C_NUMBER) {
-        size_t k = i;
-        for (int d = 0; d < max_digits && k < c->n; d++) {
-            uint32_t x;
-            char_class_t xc;
-            size_t xl = at(c, k, &x, &xc);
-            if (xc != C_NUMBER) break;
-            k += xl;
-        }
-        return k - i;
-    }
-    /* ' ?[^\s\p{L}\p{N}]+[\r\n]*' */
-    size_t start = i;
-    if (cp == ' ' && i + 1 < c->n) {
-        at(c, i + 1, &cp2, &cl2);
-        if (cl2 == C_OTHER) start = i + 1;
-    }
-    at(c, start, &cp2, &cl2);
-    if (cl2 == C_OTHER) {
-        size_t k = run_of(c, start, C_OTHER);
-        while (k < c->n && is_crlf(c->s[k])) k++;
-        return k - i;
-    }
-    return whitespace_match(c, i, 1);
-}
+static void word_cb(void *ctx, const unsigned char *w, size_t n) { bpe_word(ctx, w, n); }
 
 /* Pre-tokenizes and encodes a piece of text that holds no special tokens. */
-static void encode_text(enc *e, const unsigned char *s, size_t n) {
-    const pre_kind pk = e->t->pre;
-    size_t i = 0;
-    while (i < n) {
-        /* Digits(individual_digits): every digit is a word of its own, the regex runs between them */
-        size_t end = n;
-        if (pk == PRE_GPT2_DIGITS) {
-            cur whole = {s, n};
-            uint32_t cp;
-            char_class_t cl;
-            size_t l = at(&whole, i, &cp, &cl);
-            if (cl == C_NUMBER) {
-                bpe_word(e, s + i, l);
-                i += l;
-                continue;
-            }
-            end = i;
-            while (end < n) {
-                size_t ll = at(&whole, end, &cp, &cl);
-                if (cl == C_NUMBER) break;
-                end += ll;
-            }
-        }
-        cur c = {s, end};
-        while (i < end) {
-            size_t l = pk == PRE_LLAMA3 ? match_llama3(&c, i, 3)
-                       : pk == PRE_QWEN2 ? match_llama3(&c, i, 1)
-                                         : match_gpt2(&c, i);
-            bpe_word(e, s + i, l);
-            i += l;
-        }
-    }
-}
+static void encode_text(enc *e, const unsigned char *s, size_t n) { pretokenize(e->t->pre, s, n, word_cb, e); }
 
 /* ---- SentencePiece and Gemma 4: merges over UTF-8 characters ------------------------------ */
 
@@ -705,7 +470,7 @@ static int merge_symbols(enc *e, size_t m) {
     int32_t ns = 0;
     for (size_t i = 0; i < m; ns++) {
         uint32_t cp;
-        size_t l = get_utf8((const unsigned char *)e->mapped + i, m - i, &cp);
+        size_t l = uc_decode_utf8((const unsigned char *)e->mapped + i, m - i, &cp);
         i += l;
     }
     spm_state st = {e->mapped, e->key, NULL, NULL, NULL, NULL, NULL, 0, 3 * ns + 1};
@@ -723,7 +488,7 @@ static int merge_symbols(enc *e, size_t m) {
     size_t off = 0;
     for (int32_t k = 0; k < ns; k++) {
         uint32_t cp;
-        size_t l = get_utf8((const unsigned char *)e->mapped + off, m - off, &cp);
+        size_t l = uc_decode_utf8((const unsigned char *)e->mapped + off, m - off, &cp);
         st.start[k] = (int32_t)off;
         st.len[k] = (int32_t)l;
         st.prev[k] = k - 1;
@@ -903,7 +668,7 @@ int32_t tokenizer_decode(const cb_tokenizer *t, int32_t id, int show_special, ch
     /* normal token: map the byte alphabet back to bytes; characters outside it are copied */
     for (size_t i = 0; i < n;) {
         uint32_t cp;
-        size_t l = get_utf8(s + i, n - i, &cp);
+        size_t l = uc_decode_utf8(s + i, n - i, &cp);
         int b = cp < 324 ? t->cp_byte[cp] : -1;
         if (b >= 0) {
             if (w < cap) buf[w] = (char)b;

@@ -38,6 +38,10 @@ int32_t tokenizer_eos(const cb_tokenizer *t);       /* -1 if none */
 int tokenizer_add_bos(const cb_tokenizer *t);        /* tokenizer.ggml.add_bos_token (default: 0 for gpt2,
                                                         1 for SentencePiece) */
 int tokenizer_token_type(const cb_tokenizer *t, int32_t id);   /* 0 if out of range */
+/* A byte-level BPE vocabulary's tokenizer.ggml.pre name when pretokenize.c does not know it (the text is
+ * then split as gpt2's regex splits it, and ids may differ from the model's own tokenizer's); NULL when the
+ * name is known or the vocabulary is not byte-level BPE. */
+const char *tokenizer_unknown_pre(const cb_tokenizer *t);
 
 /* Encodes len bytes of text. Control, user-defined and unknown tokens written literally in the text
  * (e.g. "<|im_start|>") become those tokens when parse_special is set. A BOS is prepended

@@ -54,52 +54,102 @@ static const char *MERGES[] = {"l l", "h e", "he ll", "hell o", "Ġ w", "o r", "
 
 static char tmp_path[256];
 
-static void write_vocab(const char *pre, int add_bos) {
+/* A vocabulary for write_test_vocab: a NULL pointer or a negative value leaves its key out. */
+typedef struct test_vocab {
+    const char *model;
+    const char *pre;
+    const char *const *tokens;
+    int n_tokens;
+    const int32_t *types;
+    const char *const *merges;
+    int n_merges;
+    const float *scores;
+    int32_t bos, unk;
+    int add_bos;
+} test_vocab;
+
+static void kv_key(buf *b, const char *key, uint32_t type) {
+    put_str(b, key);
+    put_u32(b, type);
+}
+static void kv_str_array(buf *b, const char *key, const char *const *s, int n) {
+    kv_key(b, key, GGUF_VT_ARRAY);
+    put_u32(b, GGUF_VT_STRING);
+    put_u64(b, (uint64_t)n);
+    for (int i = 0; i < n; i++) put_str(b, s[i]);
+}
+
+/* Writes v as a metadata-only GGUF file at tmp_path. */
+static void write_test_vocab(const test_vocab *v) {
+    const int n_kv = 2 + (v->pre != NULL) + (v->types != NULL) + (v->merges != NULL) + (v->scores != NULL) +
+                     (v->bos >= 0) + (v->unk >= 0) + (v->add_bos >= 0);
     buf b = {0};
     put_u32(&b, 0x46554747u);
     put_u32(&b, 3);
     put_u64(&b, 0);
-    put_u64(&b, 7);
-    put_str(&b, "tokenizer.ggml.model");
-    put_u32(&b, GGUF_VT_STRING);
-    put_str(&b, "gpt2");
-    put_str(&b, "tokenizer.ggml.pre");
-    put_u32(&b, GGUF_VT_STRING);
-    put_str(&b, pre);
-    put_str(&b, "tokenizer.ggml.tokens");
-    put_u32(&b, GGUF_VT_ARRAY);
-    put_u32(&b, GGUF_VT_STRING);
-    put_u64(&b, ID_SPECIAL + 2);
-    for (unsigned x = 0; x < 256; x++) {
-        char s[4];
-        put_strn(&b, s, utf8(alphabet_cp(x), s));
+    put_u64(&b, (uint64_t)n_kv);
+    kv_key(&b, "tokenizer.ggml.model", GGUF_VT_STRING);
+    put_str(&b, v->model);
+    if (v->pre) {
+        kv_key(&b, "tokenizer.ggml.pre", GGUF_VT_STRING);
+        put_str(&b, v->pre);
     }
-    for (int i = 0; i < N_MERGED; i++) put_str(&b, MERGED[i]);
-    put_str(&b, "<|s|>");
-    put_str(&b, "<|s|>x");   /* longer special sharing a prefix: longest match wins */
-    put_str(&b, "tokenizer.ggml.token_type");
-    put_u32(&b, GGUF_VT_ARRAY);
-    put_u32(&b, GGUF_VT_INT32);
-    put_u64(&b, ID_SPECIAL + 2);
-    for (int i = 0; i < ID_SPECIAL; i++) put_u32(&b, TOKEN_TYPE_NORMAL);
-    put_u32(&b, TOKEN_TYPE_CONTROL);
-    put_u32(&b, TOKEN_TYPE_USER_DEFINED);
-    put_str(&b, "tokenizer.ggml.merges");
-    put_u32(&b, GGUF_VT_ARRAY);
-    put_u32(&b, GGUF_VT_STRING);
-    put_u64(&b, N_MERGED);
-    for (int i = 0; i < N_MERGED; i++) put_str(&b, MERGES[i]);
-    put_str(&b, "tokenizer.ggml.bos_token_id");
-    put_u32(&b, GGUF_VT_UINT32);
-    put_u32(&b, ID_SPECIAL);
-    put_str(&b, "tokenizer.ggml.add_bos_token");
-    put_u32(&b, GGUF_VT_BOOL);
-    unsigned char one = (unsigned char)add_bos;
-    buf_put(&b, &one, 1);
+    kv_str_array(&b, "tokenizer.ggml.tokens", v->tokens, v->n_tokens);
+    if (v->types) {
+        kv_key(&b, "tokenizer.ggml.token_type", GGUF_VT_ARRAY);
+        put_u32(&b, GGUF_VT_INT32);
+        put_u64(&b, (uint64_t)v->n_tokens);
+        for (int i = 0; i < v->n_tokens; i++) put_u32(&b, (uint32_t)v->types[i]);
+    }
+    if (v->merges) kv_str_array(&b, "tokenizer.ggml.merges", v->merges, v->n_merges);
+    if (v->scores) {
+        kv_key(&b, "tokenizer.ggml.scores", GGUF_VT_ARRAY);
+        put_u32(&b, GGUF_VT_FLOAT32);
+        put_u64(&b, (uint64_t)v->n_tokens);
+        for (int i = 0; i < v->n_tokens; i++) {
+            uint32_t u;
+            memcpy(&u, &v->scores[i], 4);
+            put_u32(&b, u);
+        }
+    }
+    if (v->bos >= 0) {
+        kv_key(&b, "tokenizer.ggml.bos_token_id", GGUF_VT_UINT32);
+        put_u32(&b, (uint32_t)v->bos);
+    }
+    if (v->unk >= 0) {
+        kv_key(&b, "tokenizer.ggml.unknown_token_id", GGUF_VT_UINT32);
+        put_u32(&b, (uint32_t)v->unk);
+    }
+    if (v->add_bos >= 0) {
+        kv_key(&b, "tokenizer.ggml.add_bos_token", GGUF_VT_BOOL);
+        unsigned char one = (unsigned char)v->add_bos;
+        buf_put(&b, &one, 1);
+    }
     FILE *fp = fopen(tmp_path, "wb");
     if (!fp || fwrite(b.p, 1, b.n, fp) != b.n) abort();
     fclose(fp);
     free(b.p);
+}
+
+/* The 256 "<0xXX>" byte-token names, for the SentencePiece and Gemma 4 vocabularies. */
+static char byte_names[256][8];
+
+static void write_vocab(const char *pre, int add_bos) {
+    static char alphabet[256][4];
+    static const char *tokens[ID_SPECIAL + 2];
+    static int32_t types[ID_SPECIAL + 2];
+    for (unsigned x = 0; x < 256; x++) {
+        alphabet[x][utf8(alphabet_cp(x), alphabet[x])] = 0;
+        tokens[x] = alphabet[x];
+    }
+    for (int i = 0; i < N_MERGED; i++) tokens[256 + i] = MERGED[i];
+    tokens[ID_SPECIAL] = "<|s|>";
+    tokens[ID_SPECIAL + 1] = "<|s|>x";   /* longer special sharing a prefix: longest match wins */
+    for (int i = 0; i < ID_SPECIAL; i++) types[i] = TOKEN_TYPE_NORMAL;
+    types[ID_SPECIAL] = TOKEN_TYPE_CONTROL;
+    types[ID_SPECIAL + 1] = TOKEN_TYPE_USER_DEFINED;
+    test_vocab v = {"gpt2", pre, tokens, ID_SPECIAL + 2, types, MERGES, N_MERGED, NULL, ID_SPECIAL, -1, add_bos};
+    write_test_vocab(&v);
 }
 
 static int encode(cb_tokenizer *t, const char *s, int32_t *ids, int32_t cap) {
@@ -204,18 +254,8 @@ static void test_digits_and_unsupported(void) {
     gguf_close(&f);
 
     /* an unknown tokenizer model is refused clearly */
-    buf b = {0};
-    put_u32(&b, 0x46554747u);
-    put_u32(&b, 3);
-    put_u64(&b, 0);
-    put_u64(&b, 1);
-    put_str(&b, "tokenizer.ggml.model");
-    put_u32(&b, GGUF_VT_STRING);
-    put_str(&b, "bert");
-    FILE *fp = fopen(tmp_path, "wb");
-    if (!fp || fwrite(b.p, 1, b.n, fp) != b.n) abort();
-    fclose(fp);
-    free(b.p);
+    static const char *one_token[] = {"a"};
+    write_test_vocab(&(test_vocab){"bert", NULL, one_token, 1, NULL, NULL, 0, NULL, -1, -1, -1});
     CHECK(gguf_open(tmp_path, &f) == COLIBRI_OK);
     CHECK(tokenizer_load(&f, &t) == COLIBRI_E_UNSUPPORTED && strstr(cb_last_error(), "bert"));
     gguf_close(&f);
@@ -228,57 +268,25 @@ static const char *SPM_PIECES[] = {"\xe2\x96\x81", "h", "e", "l", "o", "ll", "he
 #define SPM_FIRST 259
 
 static void write_spm_vocab(void) {
-    const int n = SPM_FIRST + N_SPM_PIECES;
-    buf b = {0};
-    put_u32(&b, 0x46554747u);
-    put_u32(&b, 3);
-    put_u64(&b, 0);
-    put_u64(&b, 6);
-    put_str(&b, "tokenizer.ggml.model");
-    put_u32(&b, GGUF_VT_STRING);
-    put_str(&b, "llama");
-    put_str(&b, "tokenizer.ggml.tokens");
-    put_u32(&b, GGUF_VT_ARRAY);
-    put_u32(&b, GGUF_VT_STRING);
-    put_u64(&b, (uint64_t)n);
-    put_str(&b, "<unk>");
-    put_str(&b, "<s>");
-    put_str(&b, "</s>");
+    enum { N = SPM_FIRST + N_SPM_PIECES };
+    static const char *tokens[N];
+    static int32_t types[N];
+    static float scores[N];
+    tokens[0] = "<unk>";
+    tokens[1] = "<s>";
+    tokens[2] = "</s>";
+    types[0] = TOKEN_TYPE_UNKNOWN;
+    types[1] = types[2] = TOKEN_TYPE_CONTROL;
     for (int x = 0; x < 256; x++) {
-        char name[8];
-        snprintf(name, sizeof name, "<0x%02X>", x);
-        put_str(&b, name);
+        tokens[3 + x] = byte_names[x];
+        types[3 + x] = TOKEN_TYPE_BYTE;
     }
-    for (int i = 0; i < N_SPM_PIECES; i++) put_str(&b, SPM_PIECES[i]);
-    put_str(&b, "tokenizer.ggml.token_type");
-    put_u32(&b, GGUF_VT_ARRAY);
-    put_u32(&b, GGUF_VT_INT32);
-    put_u64(&b, (uint64_t)n);
-    put_u32(&b, TOKEN_TYPE_UNKNOWN);
-    put_u32(&b, TOKEN_TYPE_CONTROL);
-    put_u32(&b, TOKEN_TYPE_CONTROL);
-    for (int x = 0; x < 256; x++) put_u32(&b, TOKEN_TYPE_BYTE);
-    for (int i = 0; i < N_SPM_PIECES; i++) put_u32(&b, TOKEN_TYPE_NORMAL);
-    put_str(&b, "tokenizer.ggml.scores");
-    put_u32(&b, GGUF_VT_ARRAY);
-    put_u32(&b, GGUF_VT_FLOAT32);
-    put_u64(&b, (uint64_t)n);
-    for (int i = 0; i < n; i++) {
-        float sc = i < SPM_FIRST ? 0.0f : -1.0f - (float)(i - SPM_FIRST);
-        uint32_t u;
-        memcpy(&u, &sc, 4);
-        put_u32(&b, u);
+    for (int i = 0; i < N_SPM_PIECES; i++) {
+        tokens[SPM_FIRST + i] = SPM_PIECES[i];
+        types[SPM_FIRST + i] = TOKEN_TYPE_NORMAL;
     }
-    put_str(&b, "tokenizer.ggml.bos_token_id");
-    put_u32(&b, GGUF_VT_UINT32);
-    put_u32(&b, 1);
-    put_str(&b, "tokenizer.ggml.unknown_token_id");
-    put_u32(&b, GGUF_VT_UINT32);
-    put_u32(&b, 0);
-    FILE *fp = fopen(tmp_path, "wb");
-    if (!fp || fwrite(b.p, 1, b.n, fp) != b.n) abort();
-    fclose(fp);
-    free(b.p);
+    for (int i = 0; i < N; i++) scores[i] = i < SPM_FIRST ? 0.0f : -1.0f - (float)(i - SPM_FIRST);
+    write_test_vocab(&(test_vocab){"llama", NULL, tokens, N, types, NULL, 0, scores, 1, 0, -1});
 }
 
 static void test_spm(void) {
@@ -326,50 +334,18 @@ static const char *G4_MERGES[] = {"l l", "h e", "he ll", "hell o", "\xe2\x96\x81
 #define G4_FIRST 260
 
 static void write_gemma4_vocab(void) {
-    const int n = G4_FIRST + N_G4_PIECES;
-    static const char *head[] = {"<pad>", "<eos>", "<bos>", "<unk>"};
-    buf b = {0};
-    put_u32(&b, 0x46554747u);
-    put_u32(&b, 3);
-    put_u64(&b, 0);
-    put_u64(&b, 6);
-    put_str(&b, "tokenizer.ggml.model");
-    put_u32(&b, GGUF_VT_STRING);
-    put_str(&b, "gemma4");
-    put_str(&b, "tokenizer.ggml.tokens");
-    put_u32(&b, GGUF_VT_ARRAY);
-    put_u32(&b, GGUF_VT_STRING);
-    put_u64(&b, (uint64_t)n);
-    for (int i = 0; i < 4; i++) put_str(&b, head[i]);
+    enum { N = G4_FIRST + N_G4_PIECES };
+    static const char *tokens[N] = {"<pad>", "<eos>", "<bos>", "<unk>"};
+    static int32_t types[N] = {TOKEN_TYPE_CONTROL, TOKEN_TYPE_CONTROL, TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN};
     for (int x = 0; x < 256; x++) {
-        char name[8];
-        snprintf(name, sizeof name, "<0x%02X>", x);
-        put_str(&b, name);
+        tokens[4 + x] = byte_names[x];
+        types[4 + x] = TOKEN_TYPE_BYTE;
     }
-    for (int i = 0; i < N_G4_PIECES; i++) put_str(&b, G4_PIECES[i]);
-    put_str(&b, "tokenizer.ggml.token_type");
-    put_u32(&b, GGUF_VT_ARRAY);
-    put_u32(&b, GGUF_VT_INT32);
-    put_u64(&b, (uint64_t)n);
-    for (int i = 0; i < 3; i++) put_u32(&b, TOKEN_TYPE_CONTROL);
-    put_u32(&b, TOKEN_TYPE_UNKNOWN);
-    for (int x = 0; x < 256; x++) put_u32(&b, TOKEN_TYPE_BYTE);
-    for (int i = 0; i < N_G4_PIECES; i++) put_u32(&b, TOKEN_TYPE_NORMAL);
-    put_str(&b, "tokenizer.ggml.merges");
-    put_u32(&b, GGUF_VT_ARRAY);
-    put_u32(&b, GGUF_VT_STRING);
-    put_u64(&b, N_G4_MERGES);
-    for (int i = 0; i < N_G4_MERGES; i++) put_str(&b, G4_MERGES[i]);
-    put_str(&b, "tokenizer.ggml.bos_token_id");
-    put_u32(&b, GGUF_VT_UINT32);
-    put_u32(&b, 2);
-    put_str(&b, "tokenizer.ggml.unknown_token_id");
-    put_u32(&b, GGUF_VT_UINT32);
-    put_u32(&b, 3);
-    FILE *fp = fopen(tmp_path, "wb");
-    if (!fp || fwrite(b.p, 1, b.n, fp) != b.n) abort();
-    fclose(fp);
-    free(b.p);
+    for (int i = 0; i < N_G4_PIECES; i++) {
+        tokens[G4_FIRST + i] = G4_PIECES[i];
+        types[G4_FIRST + i] = TOKEN_TYPE_NORMAL;
+    }
+    write_test_vocab(&(test_vocab){"gemma4", NULL, tokens, N, types, G4_MERGES, N_G4_MERGES, NULL, 2, 3, -1});
 }
 
 static void test_gemma4(void) {
@@ -418,6 +394,7 @@ static void test_gemma4(void) {
 
 int main(void) {
     snprintf(tmp_path, sizeof tmp_path, "/tmp/colibri_test_tokenizer_%d.gguf", (int)getpid());
+    for (int x = 0; x < 256; x++) snprintf(byte_names[x], sizeof byte_names[x], "<0x%02X>", x);
     test_gpt2();
     test_digits_and_unsupported();
     test_spm();

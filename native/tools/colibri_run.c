@@ -424,6 +424,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "colibri-run: %s: %s\n", colibri_status_name(st), cb_last_error());
         goto out;
     }
+    if (tokenizer_unknown_pre(tok))
+        fprintf(stderr, "colibri-run: warning: tokenizer.ggml.pre '%s' is not known; the prompt is split as gpt2 "
+                "splits it, which may give other ids than the model's tokenizer\n", tokenizer_unknown_pre(tok));
     size_t tlen = 0;
     text = build_text(&o, &f, prompt, plen, &tlen);
     if (!text) goto out;

@@ -2,6 +2,7 @@
  * tests that compare it with Hugging Face's and llama.cpp's on real vocabularies.
  *
  *   colibri-tokenize [--bos] [--no-special] VOCAB.gguf < texts
+ *   colibri-tokenize --words PRE < texts
  *
  * Input: any number of records "<byte length>\n<bytes>" (the bytes may hold newlines or anything
  * else). Output, per record: a line with the token ids separated by spaces, then a line with the
@@ -9,7 +10,11 @@
  * encoding and the decode round trip together. --bos prepends BOS where the vocabulary has one;
  * --no-special encodes special-token texts as plain text. Only the GGUF's metadata is read, so a
  * vocabulary-only file (no tensors) works. Exit status: 0, 1 on a tokenizer error, 2 on bad usage
- * or input. */
+ * or input.
+ *
+ * --words PRE: no vocabulary; each text is split by the pre-tokenizer of the tokenizer.ggml.pre name PRE
+ * (pretokenize.c) and written as one line, each word's bytes in hex, the words separated by spaces (exit
+ * status 1 for a name pretokenize.c does not know). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +22,7 @@
 #include "colibri.h"
 #include "error.h"
 #include "gguf.h"
+#include "pretokenize.h"
 #include "tokenizer.h"
 
 /* Reads one "<length>\n<bytes>" record; returns 1 and a malloc'd buffer, 0 at the end, -1 if malformed. */
@@ -35,7 +41,39 @@ static int read_record(char **text, size_t *len) {
     return 1;
 }
 
+static void print_word(void *ctx, const unsigned char *w, size_t n) {
+    int *first = ctx;
+    if (!*first) putchar(' ');
+    *first = 0;
+    for (size_t k = 0; k < n; k++) printf("%02x", w[k]);
+}
+
+/* --words: the pre-tokenizer's words of every record. */
+static int words(const char *pre) {
+    int known;
+    pre_kind kind = pre_from_name(pre, &known);
+    if (!known) {
+        fprintf(stderr, "colibri-tokenize: tokenizer.ggml.pre '%s' is not known\n", pre);
+        return 1;
+    }
+    char *text;
+    size_t len;
+    int r;
+    while ((r = read_record(&text, &len)) == 1) {
+        int first = 1;
+        pretokenize(kind, (const unsigned char *)text, len, print_word, &first);
+        putchar('\n');
+        free(text);
+    }
+    if (r < 0) {
+        fprintf(stderr, "colibri-tokenize: malformed input record\n");
+        return 2;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 3 && !strcmp(argv[1], "--words")) return words(argv[2]);
     int add_bos = 0, parse_special = 1;
     const char *path = NULL;
     for (int i = 1; i < argc; i++) {
@@ -45,7 +83,8 @@ int main(int argc, char **argv) {
         else path = NULL, i = argc;
     }
     if (!path) {
-        fprintf(stderr, "usage: colibri-tokenize [--bos] [--no-special] VOCAB.gguf < records\n");
+        fprintf(stderr, "usage: colibri-tokenize [--bos] [--no-special] VOCAB.gguf < records\n"
+                        "       colibri-tokenize --words PRE < records\n");
         return 2;
     }
     gguf_file f;
@@ -58,6 +97,9 @@ int main(int argc, char **argv) {
         gguf_close(&f);
         return 1;
     }
+    if (tokenizer_unknown_pre(tok))
+        fprintf(stderr, "colibri-tokenize: warning: tokenizer.ggml.pre '%s' is not known; split as gpt2\n",
+                tokenizer_unknown_pre(tok));
     int rc = 0;
     char *text = NULL;
     size_t len = 0;

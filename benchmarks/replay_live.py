@@ -1,6 +1,9 @@
 """A live run against its replay: every token of a routing trace decoded one step at a time (teacher
 forced, in the trace's windows, each from an empty KV cache as it was recorded), then the same trace
-replayed through the same store; prints both counters (docs/benchmarks.md, storage section).
+replayed through the same store, and the routing the live decode made (Model.routing after every step)
+replayed too; prints the three counters (docs/benchmarks.md, storage section). The trace was recorded in
+prefill windows and a decode step's routing can differ from it now and then; the replay of the live
+routing must match the live counters exactly.
 
     python benchmarks/replay_live.py --trace benchmarks/traces/colibri-moe-v2-heldout-bundled.npz \
         --policies lru,reuse --sizes 25%,40%
@@ -26,14 +29,22 @@ import colibri_backend
 from colibri_backend.trace import load_trace
 
 
-def live_counts(model: str, tokens: list[int], window: int, size: str, policy: str) -> tuple[int, int]:
+def live_counts(
+    model: str, tokens: list[int], window: int, size: str, policy: str
+) -> tuple[int, int, np.ndarray]:
+    """Hits and misses of the live decode, and the routing it made [T, L, k]."""
+    routes = []
     with colibri_backend.load(model, **store_options(size, policy), threads=2) as m:
         for start in range(0, len(tokens), window):
             chunk = tokens[start : start + window]
             for i in range(len(chunk)):
                 m.next_logits(chunk[: i + 1])  # one decode step: the cache holds the rest
+                ids = m.routing()[0]
+                if ids.shape[0] != 1:
+                    raise RuntimeError(f"step {start + i} evaluated {ids.shape[0]} tokens, not one")
+                routes.append(ids[0])
         s = m.stats()
-    return int(s["expert_hits"]), int(s["expert_misses"])
+    return int(s["expert_hits"]), int(s["expert_misses"]), np.stack(routes)
 
 
 def live_batched(model: str, tokens: np.ndarray, size: str, policy: str) -> tuple[dict, np.ndarray]:
@@ -114,17 +125,28 @@ def main(argv: list[str] | None = None) -> int:
     tokens = tr.tokens.tolist()[: args.tokens or None]
     for policy in policies:
         for size in sizes:
-            hits, misses = live_counts(args.model, tokens, window, size, policy)
+            hits, misses, live_ids = live_counts(args.model, tokens, window, size, policy)
+            n = len(tokens)
             r = (
                 replay(args.model, tr, size, policy)
                 if not args.tokens
                 else colibri_backend.replay_routing(
-                    args.model, tr.tokens[: args.tokens], tr.ids[: args.tokens], **store_options(size, policy)
+                    args.model, tr.tokens[:n], tr.ids[:n], **store_options(size, policy)
                 )
             )
+            # the trace was recorded in prefill windows, the live run decodes token by token: where the
+            # two routings differ, so may the counts; the live routing's own replay must match exactly
+            own = colibri_backend.replay_routing(
+                args.model, tr.tokens[:n], live_ids, **store_options(size, policy)
+            )
+            same = float((np.sort(live_ids, -1) == np.sort(tr.ids[:n], -1)).mean())
+            mine = (own["expert_hits"], own["expert_misses"])
             print(
                 f"{policy} {size}: live {hits} hits / {misses} misses ({100 * hits / (hits + misses):.2f}%), "
-                f"replay {r['expert_hits']} / {r['expert_misses']}",
+                f"replay of the trace {r['expert_hits']} / {r['expert_misses']}, replay of the live routing "
+                f"{own['expert_hits']} / {own['expert_misses']} "
+                f"({'equal' if (hits, misses) == mine else 'DIFFERENT'}); "
+                f"live routing = trace's on {100 * same:.2f}% of the ids",
                 flush=True,
             )
     return 0

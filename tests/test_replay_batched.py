@@ -1,13 +1,15 @@
 """Batched-step replay (colibri_replay_routing with n_seq > 1) against a simulator of the expert store's
 eviction written here, and against Belady's optimum on the same unions.
 
-The simulator restates experts.c's policy from its description (docs/memory.md, "The reuse policy" and
-"Batched steps"): slots taken free-first in index order; per wave the chosen experts pinned; the per-layer
-floor on the first pass; LRU stamps by expert id per wave; LFU's decayed counts; the reuse policy's gap
-histograms, follow table and use rates; and in a step of several tokens the scan guard (experts read in this
-step go first, the latest read first). A decode step (one token) holds every chosen expert before it acquires
-them (ffn.c's decode_experts), a step of several tokens acquires the union in waves (chunk_experts). No
-prefetch, no profile: what the replay then counts is deterministic, so the test asks for equal counts.
+The simulator restates, in plain Python and without I/O, the eviction rules of experts.c (docs/memory.md,
+"The reuse policy" and "Batched steps"): slots taken free-first in index order; per wave the chosen experts
+pinned; the per-layer floor on the first pass; LRU stamps by expert id per wave; LFU's decayed counts; the
+reuse policy's gap histograms, follow table and use rates; and in a step of several tokens the scan guard
+(experts read in this step go first, the latest read first). A decode step (one token) holds every chosen
+expert before it acquires them (ffn.c's decode_experts), a step of several tokens acquires the union in waves
+(chunk_experts). No prefetch, no profile: what the replay then counts is deterministic, so the test asks for
+equal counts. The reuse scores are compared as doubles computed in the same order as the C code; experts.c is
+built without FMA contraction on x86-64 (no -mfma), so they are the same numbers.
 """
 
 from __future__ import annotations

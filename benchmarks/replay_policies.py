@@ -10,7 +10,8 @@ against Belady's optimum (docs/memory.md, "The reuse policy"; docs/benchmarks.md
 v1.gguf: the model bundled before v2,
 `git show 0c1345a:colibri_backend/models/colibri-moe-q8_0.gguf > v1.gguf`.)
 A trace that holds the lookahead predictor's guesses (`colibri trace` records them) also gets their recall
-by depth. `--streams 1,8,16` also replays each trace as N sequences decoding together (batched steps, the
+by depth. `--prefetch none` leaves the temporal columns out. `--streams 1,8,16` also replays each trace
+as N sequences decoding together (batched steps, the
 union of N tokens' experts per layer; no prefetch, as live), against Belady's optimum on those unions.
 The figures depend on the model's shape only (layers, experts, top-k), so a tiny model of the same shape
 replays them in seconds where the real file's reads take minutes.
@@ -89,10 +90,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--sizes", default="25%,40%,60%", help="expert slots, comma-separated (%(default)s)")
     ap.add_argument("--streams", default="1", help="batched: sequences stepping together (%(default)s)")
+    ap.add_argument(
+        "--prefetch",
+        default="none,temporal",
+        help="prefetch modes of the one-stream tables, comma-separated (%(default)s; batched: none)",
+    )
     ap.add_argument("--json", type=Path, help="also write every cell here")
     args = ap.parse_args(argv)
     sizes = [x.strip() for x in args.sizes.split(",") if x.strip()]
     stream_counts = [int(x) for x in args.streams.split(",") if x.strip()]
+    prefetches = tuple(x.strip() for x in args.prefetch.split(",") if x.strip())
+    if not prefetches or any(p not in PREFETCH for p in prefetches):
+        ap.error(f"--prefetch takes {', '.join(PREFETCH)}, got {args.prefetch!r}")
     results: list[dict[str, Any]] = []
     for spec in args.trace:
         name, sep, rest = spec.partition("=")
@@ -107,18 +116,24 @@ def main(argv: list[str] | None = None) -> int:
             results.append({"trace": name, "lookahead_recall_by_depth": recall})
             print("lookahead recall (= precision) by depth: " + ", ".join(f"{100 * r:.1f}%" for r in recall))
         for streams in stream_counts:
-            table(name, model, trace, sizes, streams, results)
+            table(name, model, trace, sizes, streams, results, prefetches)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0
 
 
 def table(
-    name: str, model: Path, trace: Any, sizes: list[str], streams: int, results: list[dict[str, Any]]
+    name: str,
+    model: Path,
+    trace: Any,
+    sizes: list[str],
+    streams: int,
+    results: list[dict[str, Any]],
+    prefetches: tuple[str, ...] = PREFETCH,
 ) -> None:
-    """One markdown table: every policy (with temporal prefetch too where single steps can prefetch) at
+    """One markdown table: every policy (with each of `prefetches` where single steps can prefetch) at
     every size."""
-    prefetches = PREFETCH if streams == 1 else ("none",)
+    prefetches = prefetches if streams == 1 else ("none",)
     if streams > 1:
         print(f"\n{streams} streams of {trace.n_tokens // streams} tokens, batched steps:")
     cols = [f"{p}{'' if f == 'none' else ' + ' + f}" for p in POLICIES for f in prefetches]

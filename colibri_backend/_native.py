@@ -42,7 +42,7 @@ from colibri_backend.errors import (
     UnsupportedModelError,
 )
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 LIB_NAME = "libcolibri.so"
 
 # colibri_status values
@@ -327,13 +327,18 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "colibri_seq_truncate": (c_int, [c_void_p, c_int32, c_int32]),
     "colibri_get_routing": (c_int, [c_void_p, _i32p, _f32p, c_int32, _i32p]),
     "colibri_get_stats": (c_int, [c_void_p, POINTER(StatsC)]),
+    # (model, params, tokens or NULL, expert_ids [n_tokens][L][k], n_tokens, n_seq, out)
     "colibri_replay_routing": (
         c_int,
-        [c_void_p, POINTER(ContextParamsC), POINTER(c_int32), POINTER(c_int32), c_int32, POINTER(StatsC)],
-    ),
-    "colibri_replay_routing_batched": (
-        c_int,
-        [c_void_p, POINTER(ContextParamsC), POINTER(c_int32), c_int32, c_int32, POINTER(StatsC)],
+        [
+            c_void_p,
+            POINTER(ContextParamsC),
+            POINTER(c_int32),
+            POINTER(c_int32),
+            c_int32,
+            c_int32,
+            POINTER(StatsC),
+        ],
     ),
     "colibri_record_lookahead": (c_int, [c_void_p, c_int32]),
     "colibri_get_lookahead": (c_int, [c_void_p, _i32p, _f32p, c_int32, _i32p, _i32p]),

@@ -1091,7 +1091,8 @@ def replay_routing(
 
     ``streams`` N > 1 replays the routing as N sequences decoding together (colibri_backend.replay.interleave:
     N consecutive parts of the trace, one token of each per step), every step one batched decode step whose
-    layers take the union of the N tokens' experts (colibri_replay_routing_batched; no prefetch, as live).
+    layers take the union of the N tokens' experts (colibri_replay_routing with n_seq N; no prefetch, as
+    live).
     The optimum is then Belady's on those unions."""
     opts = _options(options, keywords, LoadOptions(memory_budget=0))
     path = resolve_model(model).gguf
@@ -1099,6 +1100,8 @@ def replay_routing(
     toks = np.ascontiguousarray(tokens, dtype=np.int32)
     if ids.ndim != 3 or toks.shape != (ids.shape[0],):
         raise ValueError(f"expert_ids {ids.shape} and tokens {toks.shape} must be [T, n_layer, k] and [T]")
+    if streams < 1:
+        raise ValueError(f"streams must be at least 1, got {streams}")
     batch = interleave(ids, streams) if streams > 1 else None
     with _OpenModel(path) as m:
         if opts.verify:
@@ -1114,13 +1117,14 @@ def replay_routing(
         params, profile = store_params(m.lib, m.handle, info, path, opts)
         carve_prefix_cache(m.lib, m.handle, params, opts)  # the serving engine's expert budget
         out = _native.StatsC()
-        if batch is None:
+        if batch is None:  # one decode step per token: the token ids serve the hashed predictor
             status = m.lib.colibri_replay_routing(
-                m.handle, byref(params), _native.i32_ptr(toks), _native.i32_ptr(ids), toks.size, byref(out)
+                m.handle, byref(params), _native.i32_ptr(toks), _native.i32_ptr(ids), toks.size, 1, byref(out)
             )
         else:
-            status = m.lib.colibri_replay_routing_batched(
-                m.handle, byref(params), _native.i32_ptr(batch), batch.shape[0], streams, byref(out)
+            n = batch.shape[0] * streams
+            status = m.lib.colibri_replay_routing(
+                m.handle, byref(params), None, _native.i32_ptr(batch), n, streams, byref(out)
             )
         m.lib.check(status, "replay")
         result = stats_to_dict(out)

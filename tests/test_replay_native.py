@@ -1,5 +1,6 @@
-"""Routing-trace replay (colibri_replay_routing), the hashed token-table predictor and the lookahead
-depth, through the C API (ctypes) on tiny MoE GGUF files.
+"""Routing-trace replay (colibri_replay_routing, one decode step per token; batched steps in
+test_replay_batched.py), the hashed token-table predictor and the lookahead depth, through the C API
+(ctypes) on tiny MoE GGUF files.
 
 Replay runs a recorded routing through a real expert store (real reads from the model file), so
 its hit and miss counts are what a live run with that routing would see; with prefetching off they
@@ -74,7 +75,10 @@ class Model:
         LIB.check(LIB.colibri_plan_model(self.handle, ctypes.byref(p), ctypes.byref(out)))
         return out
 
-    def replay(self, p: N.ContextParamsC, ids: np.ndarray, tokens: np.ndarray | None = None) -> N.StatsC:
+    def replay(
+        self, p: N.ContextParamsC, ids: np.ndarray, tokens: np.ndarray | None = None, n_seq: int = 1
+    ) -> N.StatsC:
+        """colibri_replay_routing of ids [n_tokens, L, k] (step-major: n_tokens / n_seq steps of n_seq)."""
         ids = np.ascontiguousarray(ids, dtype=np.int32)
         assert ids.shape[1:] == (self.info.n_layer, self.info.n_expert_used)
         tok_ptr = None
@@ -85,7 +89,7 @@ class Model:
         ids_ptr = ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
         LIB.check(
             LIB.colibri_replay_routing(
-                self.handle, ctypes.byref(p), tok_ptr, ids_ptr, len(ids), ctypes.byref(out)
+                self.handle, ctypes.byref(p), tok_ptr, ids_ptr, len(ids), n_seq, ctypes.byref(out)
             )
         )
         return out
@@ -294,13 +298,13 @@ def test_bad_traces_and_arguments_are_rejected(model: Model) -> None:
     out = N.StatsC()
     ids_ptr = good.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
     assert (
-        LIB.colibri_replay_routing(None, ctypes.byref(p), None, ids_ptr, 3, ctypes.byref(out))
+        LIB.colibri_replay_routing(None, ctypes.byref(p), None, ids_ptr, 3, 1, ctypes.byref(out))
         == N.E_INVALID_ARG
     )
     assert LIB.colibri_replay_routing(
-        model.handle, ctypes.byref(p), None, ids_ptr, -1, ctypes.byref(out)
+        model.handle, ctypes.byref(p), None, ids_ptr, -1, 1, ctypes.byref(out)
     ) == (N.E_INVALID_ARG)
-    assert LIB.colibri_replay_routing(model.handle, ctypes.byref(p), None, None, 3, ctypes.byref(out)) == (
+    assert LIB.colibri_replay_routing(model.handle, ctypes.byref(p), None, None, 3, 1, ctypes.byref(out)) == (
         N.E_INVALID_ARG
     )
 

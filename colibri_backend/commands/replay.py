@@ -27,6 +27,7 @@ def summary(s: dict[str, Any]) -> dict[str, Any]:
     """The figures `colibri replay` reports, from replay_routing's counters."""
     out: dict[str, Any] = {
         "tokens": s["n_tokens"],
+        "streams": s["streams"],
         "expert_slots": s["expert_slots"],
         "calls": s["expert_calls"],
         "hits": s["expert_hits"],
@@ -59,7 +60,9 @@ def summary(s: dict[str, Any]) -> dict[str, Any]:
 def format_summary(r: dict[str, Any]) -> str:
     mib = 1 << 20
     lines = [
-        f"tokens replayed: {r['tokens']}  expert slots: {r['expert_slots']}  pinned: {r['experts_pinned']}"
+        f"tokens replayed: {r['tokens']}"
+        + (f" as {r['streams']} streams in batched steps" if r["streams"] > 1 else "")
+        + f"  expert slots: {r['expert_slots']}  pinned: {r['experts_pinned']}"
         + (f"  profile: {r['routing_profile']}" if r["routing_profile"] else ""),
         f"hit rate: {100 * r['hit_rate']:.1f}%  "
         f"({r['hits']} hits, {r['misses']} misses of {r['calls']} uses)",
@@ -111,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
                 f"(sha256 {meta_sha[:12]}) than {path}",
                 file=sys.stderr,
             )
-    stats = colibri_backend.replay_routing(path, trace.tokens, trace.ids, options)
+    stats = colibri_backend.replay_routing(path, trace.tokens, trace.ids, options, streams=args.streams)
     result = summary(stats)
     if args.json:
         print(
@@ -138,5 +141,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("model", help="a .gguf file, a Hugging Face checkpoint directory, or a known name")
     p.add_argument("trace", type=Path, help="a routing trace (.npz or .jsonl) from `colibri trace`")
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.add_argument(
+        "--streams",
+        type=int,
+        default=1,
+        metavar="N",
+        help="replay the trace as N sequences decoding together (N consecutive parts, one token of each "
+        "per batched step, the union of their experts per layer; needs --prefetch none), against Belady's "
+        "optimum on those unions (default 1: one decode step per token)",
+    )
     add_load_arguments(p)
     p.set_defaults(func=run)

@@ -48,7 +48,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         memcpy(&ids[(size_t)t * FZ_L * FZ_K], r + 4, 4 * FZ_L * FZ_K);
     }
     colibri_stats st;
-    if (colibri_replay_routing(model, &p, tokens, ids, n, &st) == COLIBRI_OK) {
+    if (colibri_replay_routing(model, &p, tokens, ids, n, 1, &st) == COLIBRI_OK) {
         /* every choice of every token counted once, as a hit or a miss */
         if (st.expert_calls != (uint64_t)n * FZ_L * FZ_K || st.expert_hits + st.expert_misses != st.expert_calls) abort();
     }

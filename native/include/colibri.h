@@ -18,7 +18,7 @@
 extern "C" {
 #endif
 
-#define COLIBRI_ABI_VERSION 5
+#define COLIBRI_ABI_VERSION 6
 
 #if defined(_WIN32)
 #define COLIBRI_API __declspec(dllexport)
@@ -369,23 +369,21 @@ COLIBRI_API colibri_status colibri_get_stats(const colibri_context *ctx, colibri
 
 /* Replay a recorded routing trace through an expert store set up as `params` would set it up
  * (memory_budget or expert_slots, expert_policy, routing_profile, pin_experts), reading the
- * experts from the model file as a live run does, without computing anything else. Every token
- * is one decode step. tokens[n_tokens] are the input token ids (for the hashed predictor);
- * expert_ids[n_tokens][n_layer][k] the recorded choices (colibri_get_routing's layout).
+ * experts from the model file as a live run does, without computing anything else. The trace is
+ * n_tokens / n_seq steps of n_seq sequences decoding together: expert_ids[n_tokens][n_layer][k]
+ * (colibri_get_routing's layout), step-major (token q of step t at t * n_seq + q), and
+ * tokens[n_tokens] the input token ids (for the hashed predictor; may be NULL without it).
+ * n_seq 1: every token is one decode step, as colibri_eval of one token runs it. n_seq > 1: every
+ * step is one batched decode step of n_seq tokens, whose layers take the union of the tokens'
+ * experts in increasing id, in waves of as many as the store's slots hold at once (what
+ * colibri_eval_batch does with several decode tokens); such a step does not prefetch, so
+ * params->prefetch must be none. n_seq < 1, or n_tokens not a multiple of it: COLIBRI_E_INVALID_ARG.
  * Predictors: TEMPORAL and HASHED replay exactly; LOOKAHEAD needs hidden states, so it is
  * ignored here. Counters (hits, misses, prefetches, bytes, stall time, predictor accuracy) go
  * to *out. A budget that holds every expert leaves nothing to stream: COLIBRI_E_INVALID_ARG. */
 COLIBRI_API colibri_status colibri_replay_routing(colibri_model *model, const colibri_context_params *params,
                                                   const int32_t *tokens, const int32_t *expert_ids,
-                                                  int32_t n_tokens, colibri_stats *out);
-/* The same for n_seq sequences decoding together: expert_ids[n_steps][n_seq][n_layer][k], each step one
- * batched decode step of n_seq tokens, whose layers take the union of the tokens' experts in increasing id,
- * in waves of as many as the store's slots hold at once (what colibri_eval_batch does with several decode
- * tokens). A step of several tokens does not prefetch: params->prefetch must be none. n_seq 1 is
- * colibri_replay_routing without the token ids. */
-COLIBRI_API colibri_status colibri_replay_routing_batched(colibri_model *model, const colibri_context_params *params,
-                                                          const int32_t *expert_ids, int32_t n_steps, int32_t n_seq,
-                                                          colibri_stats *out);
+                                                  int32_t n_tokens, int32_t n_seq, colibri_stats *out);
 /* Record, from the next colibri_eval on, the lookahead predictor's guesses for every token: for each layer l
  * and depth d = 1..depth, the top k experts of layer l+d's router on layer l's FFN input and their router
  * probabilities (for routing traces: how well the lookahead predicts the layers ahead). depth 1..8; 0 stops recording.

@@ -212,19 +212,9 @@ colibri_status colibri_get_stats(const colibri_context *ctx, colibri_stats *out)
 
 colibri_status colibri_replay_routing(colibri_model *model, const colibri_context_params *params,
                                       const int32_t *tokens, const int32_t *expert_ids, int32_t n_tokens,
-                                      colibri_stats *out) {
+                                      int32_t n_seq, colibri_stats *out) {
     if (!model || !out) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_replay_routing: NULL argument");
-    return replay_routing(model, params, tokens, expert_ids, n_tokens, 1, out);
-}
-
-colibri_status colibri_replay_routing_batched(colibri_model *model, const colibri_context_params *params,
-                                              const int32_t *expert_ids, int32_t n_steps, int32_t n_seq,
-                                              colibri_stats *out) {
-    if (!model || !out) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_replay_routing_batched: NULL argument");
-    if (n_steps < 0 || n_seq < 1 || (int64_t)n_steps * n_seq > INT32_MAX)
-        return cb_error(COLIBRI_E_INVALID_ARG, "colibri_replay_routing_batched: %d steps of %d sequences",
-                        (int)n_steps, (int)n_seq);
-    return replay_routing(model, params, NULL, expert_ids, n_steps * n_seq, n_seq, out);
+    return replay_routing(model, params, tokens, expert_ids, n_tokens, n_seq, out);
 }
 
 void colibri_reset_stats(colibri_context *ctx) {

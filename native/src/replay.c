@@ -13,9 +13,10 @@
  * already holds the routing drop_cold_share or the pre-filter gave; the hashed guesses here do
  * not skip dropped experts as a live run's do (the dropped set is forward.c's).
  *
- * colibri_replay_routing_batched replays n_seq sequences stepping together: each step is one forward of
- * n_seq tokens, whose layers take the union of the tokens' experts in waves (run_batched), as a batched
- * decode step does live; such a step predicts nothing, so neither does its replay. */
+ * With n_seq > 1 the trace is n_seq sequences stepping together: each step is one forward of n_seq tokens,
+ * whose layers take the union of the tokens' experts in waves (chunk_layer), as a batched decode step does
+ * live; such a step predicts nothing, so neither does its replay. n_seq 1 is the decode step above
+ * (decode_layer): one loop (run_steps) serves both, choosing per step as ffn.c does. */
 #include "replay.h"
 
 #include <string.h>
@@ -83,89 +84,89 @@ static void prefetch_layer(const struct colibri_model *m, predictor *pred, exper
     for (int i = 0; i < n; i++) store_prefetch(s, ids[i] / n_expert, ids[i] % n_expert);
 }
 
-static int is_chosen(const int32_t *chosen, int k, int e) {
-    for (int j = 0; j < k; j++)
-        if (chosen[j] == e) return 1;
-    return 0;
-}
-
-/* The replay itself, on a store and predictor (pred may be NULL) already set up. */
-static colibri_status run_trace(const struct colibri_model *m, expert_store *s, predictor *pred, int32_t *pf_ids,
-                                const int32_t *tokens, const int32_t *ids, int32_t n_tokens) {
-    const model_hparams *hp = &m->hp;
-    const int L = hp->n_layer, k = hp->n_expert_used, X = hp->n_expert;
-    const int hashed = pred && (pred->flags & COLIBRI_PREFETCH_HASHED);
-    for (int32_t t = 0; t < n_tokens; t++) {
-        const int32_t token = hashed ? tokens[t] : -1;
-        store_tick(s, 1);
-        if (pred) prefetch_layer(m, pred, s, X, 0, token, pf_ids);
-        for (int l = 0; l < L; l++) {
-            const int32_t *chosen = ids + ((size_t)t * L + l) * k;
-            if (!routed(m, l)) continue; /* a dense layer: the store is not involved */
-            if (pred) {
-                predictor_score(pred, l, chosen);
-                predictor_observe(pred, l, chosen);
-            }
-            store_wave_begin(s);
-            /* as ffn.c does a decode step: hold every chosen expert (misses start loading and take
-             * their slots, in increasing expert id, so a replay matches a live run), drop stale
-             * prefetches, prefetch the next layer, then acquire (LRU stamps follow the id whatever
-             * the order, see store_wave_begin) */
-            for (int e = 0; e < X; e++)
-                if (is_chosen(chosen, k, e)) store_hold(s, l, e);
-            store_drop_stale(s, l, chosen, k);
-            if (pred && l + 1 < L) prefetch_layer(m, pred, s, X, l + 1, token, pf_ids);
-            for (int e = 0; e < X; e++) {
-                if (!is_chosen(chosen, k, e)) continue;
-                expert_view view;
-                int got;
-                colibri_status st = store_acquire(s, l, e, &view, &got);
-                if (st) return st;
-                /* the ledger guarantees k slots, so one token's k experts always fit one wave */
-                if (!got)
-                    return cb_error(COLIBRI_E_INTERNAL, "replay: no slot for expert %d of layer %d (token %d)", e,
-                                    l, (int)t);
-            }
-        }
+/* One decode step's layer l as ffn.c's decode_experts serves it: hold every chosen expert (misses start
+ * loading and take their slots, in increasing expert id, so a replay matches a live run), drop stale
+ * prefetches, prefetch the next layer, then acquire (LRU stamps follow the id whatever the order, see
+ * store_wave_begin). used: [n_expert], 1 for the k chosen. */
+static colibri_status decode_layer(const struct colibri_model *m, expert_store *s, predictor *pred, int32_t *pf_ids,
+                                   int l, const int32_t *chosen, const uint8_t *used, int32_t token, int32_t step) {
+    const int L = m->hp.n_layer, k = m->hp.n_expert_used, X = m->hp.n_expert;
+    if (pred) {
+        predictor_score(pred, l, chosen);
+        predictor_observe(pred, l, chosen);
+    }
+    store_wave_begin(s);
+    for (int e = 0; e < X; e++)
+        if (used[e]) store_hold(s, l, e);
+    store_drop_stale(s, l, chosen, k);
+    if (pred && l + 1 < L) prefetch_layer(m, pred, s, X, l + 1, token, pf_ids);
+    for (int e = 0; e < X; e++) {
+        if (!used[e]) continue;
+        expert_view view;
+        int got;
+        colibri_status st = store_acquire(s, l, e, &view, &got);
+        if (st) return st;
+        /* the ledger guarantees k slots, so one token's k experts always fit one wave */
+        if (!got)
+            return cb_error(COLIBRI_E_INTERNAL, "replay: no slot for expert %d of layer %d (step %d)", e, l,
+                            (int)step);
     }
     return COLIBRI_OK;
 }
 
-/* Batched decode steps of n_seq tokens each (ids: [n_steps][n_seq][L][k]), as ffn.c's chunk_experts serves a
- * step of several tokens: per layer, the union of the tokens' experts in increasing id, in waves of as many
- * as the slots not pinned by the wave can take (a wave is computed, then the next one acquires). used:
+/* A step of several tokens' layer l as ffn.c's chunk_experts serves it: the union of the tokens' experts
+ * (used) in increasing id, in waves of as many as the slots not pinned by the wave can take (a wave is
+ * computed, then the next one acquires). */
+static colibri_status chunk_layer(const struct colibri_model *m, expert_store *s, int l, const uint8_t *used,
+                                  int32_t step) {
+    const int X = m->hp.n_expert;
+    int e = 0, first = 1;
+    while (first || e < X) {
+        store_wave_begin(s);
+        int nw = 0;
+        for (; e < X; e++) {
+            if (!used[e]) continue;
+            expert_view view;
+            int got;
+            colibri_status st = store_acquire(s, l, e, &view, &got);
+            if (st) return st;
+            if (!got) break;
+            nw++;
+        }
+        if (nw == 0 && e < X)
+            return cb_error(COLIBRI_E_INTERNAL, "replay: no slot for expert %d of layer %d (step %d)", e, l,
+                            (int)step);
+        first = 0;
+    }
+    return COLIBRI_OK;
+}
+
+/* The replay itself, on a store and predictor (pred may be NULL; only with n_seq 1) already set up: n_steps
+ * steps of n_seq tokens (ids: [n_steps][n_seq][L][k]), each step as forward.c runs one: the step start (tick,
+ * layer 0 prefetch), then per layer the union of the step's experts, one token's as a decode step
+ * (decode_layer), several tokens' in waves (chunk_layer), as ffn.c's streamed_experts chooses. used:
  * [n_expert] scratch. */
-static colibri_status run_batched(const struct colibri_model *m, expert_store *s, const int32_t *ids,
-                                  int32_t n_steps, int n_seq, uint8_t *used) {
+static colibri_status run_steps(const struct colibri_model *m, expert_store *s, predictor *pred, int32_t *pf_ids,
+                                const int32_t *tokens, const int32_t *ids, int32_t n_steps, int n_seq,
+                                uint8_t *used) {
     const model_hparams *hp = &m->hp;
     const int L = hp->n_layer, k = hp->n_expert_used, X = hp->n_expert;
+    const int hashed = pred && (pred->flags & COLIBRI_PREFETCH_HASHED);
     for (int32_t t = 0; t < n_steps; t++) {
+        const int32_t token = hashed ? tokens[t] : -1;
         store_tick(s, n_seq);
+        if (pred) prefetch_layer(m, pred, s, X, 0, token, pf_ids);
         for (int l = 0; l < L; l++) {
-            if (!routed(m, l)) continue;
+            if (!routed(m, l)) continue; /* a dense layer: the store is not involved */
             memset(used, 0, (size_t)X);
             for (int q = 0; q < n_seq; q++) {
                 const int32_t *c = ids + (((size_t)t * n_seq + q) * L + l) * k;
                 for (int j = 0; j < k; j++) used[c[j]] = 1;
             }
-            int e = 0, first = 1;
-            while (first || e < X) {
-                store_wave_begin(s);
-                int nw = 0;
-                for (; e < X; e++) {
-                    if (!used[e]) continue;
-                    expert_view view;
-                    int got;
-                    colibri_status st = store_acquire(s, l, e, &view, &got);
-                    if (st) return st;
-                    if (!got) break;
-                    nw++;
-                }
-                if (nw == 0 && e < X)
-                    return cb_error(COLIBRI_E_INTERNAL, "replay: no slot for expert %d of layer %d (step %d)", e, l,
-                                    (int)t);
-                first = 0;
-            }
+            const int32_t *chosen = ids + ((size_t)t * n_seq * L + l) * k; /* the step's only token if n_seq 1 */
+            colibri_status st = n_seq == 1 ? decode_layer(m, s, pred, pf_ids, l, chosen, used, token, t)
+                                           : chunk_layer(m, s, l, used, t);
+            if (st) return st;
         }
     }
     return COLIBRI_OK;
@@ -179,11 +180,11 @@ colibri_status replay_routing(struct colibri_model *m, const colibri_context_par
     if (n_tokens < 0)
         return cb_error(COLIBRI_E_INVALID_ARG, "colibri_replay_routing: n_tokens is negative (%d)", (int)n_tokens);
     if (n_seq < 1)
-        return cb_error(COLIBRI_E_INVALID_ARG, "colibri_replay_routing_batched: n_seq must be >= 1, got %d",
+        return cb_error(COLIBRI_E_INVALID_ARG, "colibri_replay_routing: n_seq must be >= 1, got %d",
                         (int)n_seq);
     if (n_tokens % n_seq)
         return cb_error(COLIBRI_E_INVALID_ARG,
-                        "colibri_replay_routing_batched: %d tokens are not whole steps of %d sequences",
+                        "colibri_replay_routing: n_tokens %d is not a whole number of steps of n_seq %d tokens",
                         (int)n_tokens, (int)n_seq);
     if (n_tokens > 0 && !expert_ids)
         return cb_error(COLIBRI_E_INVALID_ARG, "colibri_replay_routing: expert_ids is NULL");
@@ -195,8 +196,9 @@ colibri_status replay_routing(struct colibri_model *m, const colibri_context_par
     const int hashed = (flags & COLIBRI_PREFETCH_HASHED) != 0;
     if (flags && n_seq > 1)
         return cb_error(COLIBRI_E_INVALID_ARG,
-                        "colibri_replay_routing_batched: a step of several tokens does not prefetch (the "
-                        "predictors serve single-token steps), so give prefetch none");
+                        "colibri_replay_routing: a step of several tokens (n_seq %d) does not prefetch (the "
+                        "predictors serve single-token steps), so give prefetch none",
+                        (int)n_seq);
     if (hashed && n_tokens > 0 && !tokens)
         return cb_error(COLIBRI_E_INVALID_ARG,
                         "colibri_replay_routing: the hashed predictor needs the token ids (tokens is NULL)");
@@ -233,13 +235,12 @@ colibri_status replay_routing(struct colibri_model *m, const colibri_context_par
             goto done;
         }
     }
-    if (n_seq > 1 && !(used = cb_malloc((size_t)hp->n_expert))) {
+    if (!(used = cb_malloc((size_t)hp->n_expert))) {
         st = cb_error(COLIBRI_E_NOMEM, "out of memory");
         goto done;
     }
     t0 = now_seconds();
-    st = n_seq > 1 ? run_batched(m, s, expert_ids, n_tokens / n_seq, n_seq, used)
-                   : run_trace(m, s, have_pred ? &pred : NULL, pf_ids, tokens, expert_ids, n_tokens);
+    st = run_steps(m, s, have_pred ? &pred : NULL, pf_ids, tokens, expert_ids, n_tokens / n_seq, n_seq, used);
     if (st) goto done;
 
     memset(out, 0, sizeof *out);

@@ -5,8 +5,7 @@
 #include "colibri.h"
 #include "model.h"
 
-/* See colibri_replay_routing and colibri_replay_routing_batched in colibri.h (n_seq 1: the former). model and out
- * are non-NULL. */
+/* See colibri_replay_routing in colibri.h. model and out are non-NULL. */
 colibri_status replay_routing(struct colibri_model *m, const colibri_context_params *params, const int32_t *tokens,
                               const int32_t *expert_ids, int32_t n_tokens, int32_t n_seq, colibri_stats *out);
 

@@ -75,7 +75,7 @@ static uint64_t periodic_misses(colibri_model *m, int policy, int slots, int n) 
     p.expert_slots = slots;
     p.expert_policy = policy;
     colibri_stats s;
-    CHECK_OK(colibri_replay_routing(m, &p, NULL, &ids[0][0][0], n, &s));
+    CHECK_OK(colibri_replay_routing(m, &p, NULL, &ids[0][0][0], n, 1, &s));
     CHECK(s.expert_calls == (uint64_t)n * L * K);
     return s.expert_misses;
 }

@@ -227,3 +227,34 @@ def test_serve_stops_at_start_when_its_model_cannot_load(tmp_path: Path) -> None
     assert (
         serve.returncode == 1 and "past end of file" in serve.stderr and len(serve.stderr.splitlines()) == 1
     )
+
+
+def test_chat_sends_reasoning_to_stderr_and_keeps_the_answer(capsys: pytest.CaptureFixture[str]) -> None:
+    """`colibri chat` on a model that thinks: the <think> block goes to stderr, the answer to stdout, and
+    only the answer is returned for the conversation's next turn."""
+    from colibri_backend.cli import build_parser
+    from colibri_backend.commands.run import stream_to_stdout
+    from colibri_backend.generation import GenerationEvent
+    from colibri_backend.server.tool_calls import output_parser_for
+
+    pieces = ["<think>", "add ", "them", "</think>", "2+2", " is 4"]
+
+    class Thinking:
+        chat_template = "{% for m in messages %}<think></think>{{ m.content }}{% endfor %}"
+        tokenizer = None
+
+        def generate_tokens(self, ids: list[int], **_: object):  # noqa: ANN202
+            for i, text in enumerate(pieces):
+                yield GenerationEvent(i, text, finish_reason="stop" if i == len(pieces) - 1 else None)
+
+        def stats(self) -> dict:
+            return {"last": {"prompt_tokens": 3, "cached_prompt_tokens": 0, "prefill_seconds": 0.0}}
+
+    args = build_parser().parse_args(["chat", "-n", "8"])
+    model = Thinking()
+    fig, reply = stream_to_stdout(model, [1, 2, 3], args, output_parser_for(model, tools=False))
+    out = capsys.readouterr()
+    assert reply == "2+2 is 4"
+    assert out.out == "2+2 is 4"
+    assert "add them" in out.err and "<think>" not in out.out
+    assert fig["generated"] == len(pieces) and fig["finish"] == "stop"

@@ -1,8 +1,9 @@
 """`colibri chat`: an interactive conversation using the model's chat template.
 
 Each turn re-renders the whole conversation; the engine reuses the KV cache for the part that
-has not changed, so only the new message is evaluated. /reset starts over, /exit (or Ctrl-D)
-quits.
+has not changed, so only the new message is evaluated. A model's reasoning (`<think>` blocks,
+gpt-oss's analysis channel) is written to stderr and left out of the conversation. /reset starts
+over, /exit (or Ctrl-D) quits.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from colibri_backend.commands.run import add_model_arguments, load_model, report_speed, stream_to_stdout
 from colibri_backend.errors import ColibriError
+from colibri_backend.server.tool_calls import output_parser_for
 
 HELP = "commands: /reset (forget the conversation), /system TEXT (set the system message), /exit"
 
@@ -56,7 +58,10 @@ def run(args: argparse.Namespace) -> int:
                     convo = ([{"role": "system", "content": system}] if system else []) + messages
                     ids = model.chat_prompt_ids(convo)
             try:
-                fig, reply = stream_to_stdout(model, ids, args)
+                # The model's reasoning (<think>, harmony's analysis channel) goes to stderr; the
+                # conversation keeps the answer only, as chat templates expect of earlier turns.
+                parser = output_parser_for(model, tools=False, prompt_text=model.render_chat(convo))
+                fig, reply = stream_to_stdout(model, ids, args, parser)
             except ColibriError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 messages.pop()

@@ -72,9 +72,12 @@ def sampling_from_args(args: argparse.Namespace) -> Any:
 
 
 def stream_to_stdout(
-    model: Any, prompt_ids: list[int], args: argparse.Namespace
+    model: Any, prompt_ids: list[int], args: argparse.Namespace, parser: Any = None
 ) -> tuple[dict[str, Any], str]:
-    """Generate, writing text as it comes; return the timing figures and the whole text."""
+    """Generate, writing text as it comes; return the timing figures and the whole text.
+
+    With ``parser`` (an output parser of colibri_backend.server.tool_calls) the model's reasoning goes to
+    stderr and only the answer to stdout, and the text returned is the answer."""
     sp = sampling_from_args(args)
     t0 = time.perf_counter()
     t_first = t_end = t0
@@ -86,11 +89,16 @@ def stream_to_stdout(
         if n_gen == 0:
             t_first = time.perf_counter()
         n_gen += 1
-        if ev.text:
-            out.write(ev.text)
-            out.flush()
-            pieces.append(ev.text)
+        if parser is None:
+            if ev.text:
+                out.write(ev.text)
+                out.flush()
+                pieces.append(ev.text)
+        else:
+            _write_parts(parser.feed(ev.token_id, ev.text), pieces)
         finish = ev.finish_reason
+    if parser is not None:
+        _write_parts(parser.finish(), pieces)
     t_end = time.perf_counter()
     last = model.stats()["last"]
     n_prompt_eval = last["prompt_tokens"] - last["cached_prompt_tokens"]
@@ -104,6 +112,17 @@ def stream_to_stdout(
         "finish": finish or ("none (prefill only)" if not n_gen else ""),
     }
     return fig, "".join(pieces)
+
+
+def _write_parts(parts: list[Any], answer: list[str]) -> None:
+    for part in parts:
+        if part.kind == "reasoning":
+            sys.stderr.write(part.text)
+            sys.stderr.flush()
+        elif part.kind == "content":
+            sys.stdout.write(part.text)
+            sys.stdout.flush()
+            answer.append(part.text)
 
 
 def report_speed(fig: dict[str, Any]) -> None:

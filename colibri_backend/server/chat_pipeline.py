@@ -31,6 +31,8 @@ from colibri_backend.server.tool_calls import (
     family_of,
     forced_call_grammar,
     new_output_parser,
+    token_lookup,
+    vocabulary_of,
 )
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -206,25 +208,6 @@ class ChatPlan:
         )
 
 
-def _token_to_id(model: Any) -> Any:
-    tok = getattr(model, "tokenizer", None)
-    fn = getattr(tok, "token_to_id", None) or getattr(tok, "convert_tokens_to_ids", None)
-    if fn is None:
-        return None
-
-    def lookup(text: str) -> int | None:
-        tid = fn(text)
-        unk = getattr(tok, "unk_token_id", None)
-        return tid if isinstance(tid, int) and tid != unk else None
-
-    return lookup
-
-
-def _vocabulary(model: Any) -> Any:
-    tok = getattr(model, "tokenizer", None)
-    return getattr(tok, "id_to_token", None) or getattr(tok, "convert_ids_to_tokens", None)
-
-
 def chat_logprobs(req: ChatRequest, backend: str, reports_logprobs: bool) -> int | None:
     if req.top_logprobs is not None:
         if not req.logprobs:
@@ -262,8 +245,8 @@ async def prepare_chat(state: ServerState, req: ChatRequest, request: Request) -
         template,
         offered is not None,
         parallel,
-        token_to_id=_token_to_id(model),
-        vocabulary=_vocabulary(model),
+        token_to_id=token_lookup(model),
+        vocabulary=vocabulary_of(model),
     )
     grammar: list[Any] = []
 

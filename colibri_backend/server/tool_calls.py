@@ -534,6 +534,38 @@ def new_output_parser(
     return MarkupOutput(family, tools=tools, reasoning=reasoning, special=special, start_in_reasoning=start)
 
 
+def token_lookup(model: Any) -> Callable[[str], int | None] | None:
+    """A model's token id by its text (None where it has no such token), or None without a tokenizer."""
+    tok = getattr(model, "tokenizer", None)
+    fn = getattr(tok, "token_to_id", None) or getattr(tok, "convert_tokens_to_ids", None)
+    if fn is None:
+        return None
+
+    def lookup(text: str) -> int | None:
+        tid = fn(text)
+        unk = getattr(tok, "unk_token_id", None)
+        return tid if isinstance(tid, int) and tid != unk else None
+
+    return lookup
+
+
+def vocabulary_of(model: Any) -> Callable[[int], str | None] | None:
+    """A model's token text by id (what the harmony parser writes its o200k file from), if it has one."""
+    tok = getattr(model, "tokenizer", None)
+    return getattr(tok, "id_to_token", None) or getattr(tok, "convert_ids_to_tokens", None)
+
+
+def output_parser_for(model: Any, *, tools: bool, prompt_text: str = "") -> OutputParser:
+    """:func:`new_output_parser` for ``model``'s own chat template and tokenizer."""
+    return new_output_parser(
+        getattr(model, "chat_template", None),
+        tools=tools,
+        token_to_id=token_lookup(model),
+        prompt_text=prompt_text,
+        vocabulary=vocabulary_of(model),
+    )
+
+
 def forced_call_grammar(family: str, tools: list[dict[str, Any]], parallel: bool) -> str | None:
     """A Lark grammar that makes the model write one (or, when ``parallel``, up to one per tool) call(s)
     to ``tools`` in ``family``'s markup: ``tool_choice`` ``required`` or a named function. None for a

@@ -289,3 +289,43 @@ def test_scheduler_with_streamed_experts_takes_large_prompt_chunks(checkpoint: P
             )
         finally:
             sched.close()
+
+
+def test_scheduler_stop_string_after_a_handed_over_token(checkpoint: Path) -> None:
+    """The generation loop hands each sampled token to the scheduler before detokenizing it
+    (generation.Step.submit); a stop string found after that ends the request all the same: its text
+    and tokens are as alone, the token handed over is withdrawn or its step waited for, and the
+    sequence is freed empty for the next request, which again gives what it gives alone."""
+    greedy = SamplingParams(temperature=0.0)
+    with load(checkpoint, 2) as m:
+        prompts = [m.tokenize(p) for p in PROMPTS[:2]]
+        _, _, full = _generate(m, prompts[0], greedy)
+        stop = full[len(full) // 2 : len(full) // 2 + 2]
+        assert stop and full.index(stop) > 0
+
+        def gen(ids: list[int], stops: list[str] | None, steps=None) -> tuple[list[int], str]:
+            extra = {"steps": steps} if steps is not None else {}
+            evs = list(m.generate_tokens(ids, max_tokens=12, sampling=greedy, stop=stops, **extra))
+            return [e.token_id for e in evs], "".join(e.text for e in evs)
+
+        ref_stop, ref_other = gen(prompts[0], [stop]), gen(prompts[1], None)
+        assert ref_stop[1] == full[: full.index(stop)] and len(ref_stop[0]) < 12
+        sched = BatchScheduler(m, prefill_chunk=4)
+        try:
+            for _ in range(3):  # the first stopped sequence's id is reused by the later rounds
+                got: list = [None, None]
+
+                def run(i: int) -> None:
+                    with sched.sequence() as seq:
+                        got[i] = gen(prompts[i], [stop] if i == 0 else None, steps=seq)
+
+                threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join(60)
+                assert got == [ref_stop, ref_other]
+                assert sched.active == 0 and not sched._pending
+                assert all(m.seq_n_past(s) == 0 for s in range(2))
+        finally:
+            sched.close()

@@ -36,10 +36,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from colibri_backend.server.thread_names import STEP_THREAD, name_this_thread
 
 # Prompt tokens per step, shared by the sequences prefilling: bounds how long a step takes while a
 # long prompt comes in, so the sequences decoding beside it keep their pace.
@@ -67,6 +70,7 @@ class _Work:
     tokens: list[int]
     cancel: threading.Event
     prompt: bool = False  # prompt tokens (a prefill), not a decode token
+    taken: bool = False  # in a step that is running (or has run): it can no longer be withdrawn
     done: threading.Event = field(default_factory=threading.Event)
     result: np.ndarray | None = None
     error: BaseException | None = None
@@ -120,6 +124,9 @@ class BatchScheduler:
         self.engine_seconds = 0.0
         self.between_seconds = 0.0
         self.partial_steps = 0
+        # Decode tokens of the decode-only steps: over their count (steps - prefill_steps), how many
+        # sequences a decode step carried on average (fewer than held at a wave's start and end).
+        self.decode_only_tokens = 0
         # The expert store's misses, bytes read and stall seconds during the steps, per kind of step
         # ("prefill": steps with prompt tokens, "decode": the others); counted where experts stream.
         self.store: dict[str, dict[str, float]] = {
@@ -171,17 +178,34 @@ class BatchScheduler:
     def _submit(
         self, seq: int, tokens: list[int], cancel: threading.Event, prompt: bool = False
     ) -> np.ndarray:
+        return self._collect(self._start(seq, tokens, cancel, prompt))
+
+    def _start(self, seq: int, tokens: list[int], cancel: threading.Event, prompt: bool = False) -> _Work:
+        """Queue tokens of ``seq`` for the next step; _collect waits for them."""
         work = _Work(seq, tokens, cancel, prompt)
         with self._cond:
             if self._closed:
                 raise Cancelled("the scheduler is closed")
             self._pending[seq] = work
             self._cond.notify_all()
+        return work
+
+    @staticmethod
+    def _collect(work: _Work) -> np.ndarray:
         work.done.wait()
         if work.error is not None:
             raise work.error
         assert work.result is not None
         return work.result
+
+    def _withdraw(self, work: _Work) -> None:
+        """Take back work nobody will collect (its generation ended first): out of the queue if no step
+        has taken it yet, else wait for its step, so the sequence is idle when it is freed."""
+        with self._cond:
+            if not work.taken and self._pending.get(work.seq) is work:
+                del self._pending[work.seq]
+                work.finish(error=Cancelled("withdrawn"))
+        work.done.wait()
 
     # ---- the step thread -------------------------------------------------------------------
 
@@ -222,6 +246,8 @@ class BatchScheduler:
                     take = min(budget, len(w.tokens))
                     step.append((w, take))
                     budget -= take
+            for w, _ in step:
+                w.taken = True
             return step
 
     def _gather_s(self) -> float:
@@ -241,6 +267,7 @@ class BatchScheduler:
         return {key: float(stats[key]) for key in STORE_COUNTERS}
 
     def _loop(self) -> None:
+        name_this_thread(STEP_THREAD)
         while True:
             with self._cond:
                 step = self._next_step()
@@ -279,6 +306,8 @@ class BatchScheduler:
             self.prompt_tokens += prompt_tokens
             self.prefill_steps += 1
             self.prefill_engine_seconds += t1 - t0
+        else:
+            self.decode_only_tokens += len(tokens)
         self._last_step_s = t1 - t0
         if self.streams_experts:
             now = self._store_counters()
@@ -307,6 +336,7 @@ class Sequence:
         self.cancel = cancel
         self.seq: int | None = None
         self.cached_tokens = 0
+        self._outstanding: _Work | None = None  # a decode token handed over and not collected
 
     def prefill(self, prompt: list[int]) -> np.ndarray:
         """Restore the prefix cache's longest state for ``prompt`` into the sequence, prefill the rest in
@@ -331,11 +361,26 @@ class Sequence:
         return logits
 
     def decode(self, token: int) -> np.ndarray:
+        return self.submit(token)()
+
+    def submit(self, token: int) -> Callable[[], np.ndarray]:
+        """Queue ``token`` for the next step now; the returned call waits for its logits. The
+        generation loop samples, hands the token over, and then detokenizes and sends while the step
+        runs (generation.Step.submit), so that work is off the path from one step to the next."""
         if self.seq is None:
             raise RuntimeError("decode before prefill")
-        return self.scheduler._submit(self.seq, [int(token)], self.cancel)
+        work = self._outstanding = self.scheduler._start(self.seq, [int(token)], self.cancel)
+
+        def collect() -> np.ndarray:
+            self._outstanding = None
+            return self.scheduler._collect(work)
+
+        return collect
 
     def close(self) -> None:
+        if self._outstanding is not None:  # a token handed over after which the generation stopped
+            work, self._outstanding = self._outstanding, None
+            self.scheduler._withdraw(work)
         if self.seq is not None:
             seq, self.seq = self.seq, None
             self.scheduler._release(seq)

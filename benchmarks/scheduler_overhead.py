@@ -8,11 +8,6 @@ and returns zero logits. Reported per step: wall ms, the scheduler's own between
 idle while the sequences hand their next token over), process CPU ms, partial steps, and how often the
 step thread woke from its condition (each wake is a thread switch and a GIL hand-off). What it measures
 is the scheduler's floor; the generation loop (sampling, detokenizing, SSE) comes on top.
-
---work-ms W adds W ms of Python work per token in each sequence's thread (a busy loop holding the GIL,
-standing in for detokenizing, stop matching and sending the event), done after the token is handed to
-the scheduler (``Sequence.submit``, what the generation loop does) or, with --work-first, before it (the
-loop before session 8): the difference is how much of that work sits between two steps.
 """
 
 from __future__ import annotations
@@ -62,8 +57,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seqs", type=int, default=8)
     ap.add_argument("--steps", type=int, default=300, help="decode tokens per sequence")
     ap.add_argument("--step-ms", type=float, default=5.0, help="the stand-in engine's step")
-    ap.add_argument("--work-ms", type=float, default=0.0, help="Python work per token and sequence")
-    ap.add_argument("--work-first", action="store_true", help="do the work before handing the token over")
     args = ap.parse_args(argv)
     if args.seqs < 1 or args.steps < 1 or args.step_ms < 0:
         ap.error("--seqs and --steps must be at least 1, --step-ms at least 0")
@@ -78,24 +71,11 @@ def main(argv: list[str] | None = None) -> int:
 
     sched._cond.wait = counted  # type: ignore[method-assign]
 
-    work_s = args.work_ms / 1e3
-
-    def work() -> None:
-        end = time.perf_counter() + work_s
-        while time.perf_counter() < end:
-            pass
-
     def generate() -> None:
         with sched.sequence() as seq:
             seq.prefill([1, 2, 3])
             for _ in range(args.steps):
-                if args.work_first:
-                    work()
-                    seq.decode(1)
-                else:
-                    collect = seq.submit(1)
-                    work()
-                    collect()
+                seq.decode(1)
 
     threads = [threading.Thread(target=generate) for _ in range(args.seqs)]
     t0, c0 = time.perf_counter(), time.process_time()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -51,9 +51,6 @@ class SequenceSteps(Protocol):
     def prefill(self, prompt: list[int]) -> np.ndarray: ...
 
     def decode(self, token: int) -> np.ndarray: ...
-
-    # Queues one token for the next step and returns what waits for its logits (generation.Step.submit).
-    def submit(self, token: int) -> Callable[[], np.ndarray]: ...
 
 
 @dataclass(frozen=True)

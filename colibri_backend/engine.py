@@ -18,7 +18,7 @@ import hashlib
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from ctypes import byref, c_char, c_int32, c_size_t, c_void_p
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -882,18 +882,6 @@ class Model(BaseModel):
                 last["decode_seconds"] += time.perf_counter() - t0
                 return logits
 
-            def submit(token: int) -> Callable[[], np.ndarray]:
-                assert steps is not None
-                t0 = time.perf_counter()
-                collect = steps.submit(token)
-
-                def wait() -> np.ndarray:
-                    logits = collect()
-                    last["decode_seconds"] += time.perf_counter() - t0
-                    return logits
-
-                return wait
-
             def first_token() -> None:
                 last["time_to_first_token"] = time.perf_counter() - t_start
 
@@ -908,7 +896,6 @@ class Model(BaseModel):
                     first_token,
                     constraint,
                     lambda: last["cached_prompt_tokens"],
-                    submit if steps is not None else None,
                 )
                 for ev in generation_events(
                     step,

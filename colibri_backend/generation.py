@@ -275,12 +275,6 @@ class Step:
     constraint: Any = None
     # Prompt tokens the prefill reused from a cache (reported on the first event), for backends that know.
     cached_tokens: Callable[[], int] | None = None
-    # Starts the forward step of one token and returns what waits for its logits, for backends whose
-    # steps run elsewhere (a batch scheduler's sequence): the loop hands a token over as soon as it is
-    # sampled, so its detokenizing, stop matching and event run while the step does, not between steps.
-    # A token a stop string then ends on was evaluated for nothing (the backend frees it with the
-    # sequence); the tokens and text are the same as with ``decode``.
-    submit: Callable[[int], Callable[[], np.ndarray]] | None = None
 
 
 def generation_events(
@@ -311,9 +305,6 @@ def generation_events(
         if n == 1 and step.on_first_token is not None:
             step.on_first_token()
         step.sampler.accept(tok)
-        complete = constraint is not None and constraint.done
-        last = tok in step.stop_ids or complete or n == max_tokens or cached >= context_length
-        pending = step.submit(tok) if step.submit is not None and not last else None
         lp = top = None
         reused = cached_tokens if n == 1 else None
         if logprobs is not None:
@@ -326,6 +317,7 @@ def generation_events(
         if stopped:
             yield GenerationEvent(tok, text, lp, top, "stop", reused)
             return
+        complete = constraint is not None and constraint.done
         if complete or n == max_tokens or cached >= context_length:
             tail, stopped = matcher.feed(step.decoder.flush())
             text += tail
@@ -334,5 +326,5 @@ def generation_events(
             yield GenerationEvent(tok, text, lp, top, "stop" if stopped or complete else "length", reused)
             return
         yield GenerationEvent(tok, text, lp, top, None, reused)
-        logits = pending() if pending is not None else step.decode(tok)
+        logits = step.decode(tok)
         cached += 1

@@ -24,6 +24,7 @@ import colibri_backend
 from colibri_backend.adapters.sampling import SamplingParams
 from colibri_backend.errors import ContextFullError, EngineError
 from colibri_backend.server.scheduler import BatchScheduler, Cancelled
+from colibri_backend.server.thread_names import STEP_THREAD
 
 CTX = 96
 
@@ -202,6 +203,14 @@ def test_scheduler_outputs_equal_alone_and_cancel_mid_prefill(checkpoint: Path) 
             assert sched.step_tokens - sched.prompt_tokens == decoded
             assert 0 < sched.prefill_steps < sched.steps
             assert 0 < sched.prefill_engine_seconds < sched.engine_seconds
+            # decode-only steps: each carried at least one token and at most one per sequence, and their
+            # tokens are the decode tokens the prompt-carrying steps did not carry
+            decode_only = sched.steps - sched.prefill_steps
+            assert decode_only <= sched.decode_only_tokens <= min(decoded, 3 * decode_only)
+            # the step thread names itself for per-thread CPU figures (top -H, concurrency.py)
+            comm = Path(f"/proc/self/task/{sched._thread.native_id}/comm")
+            if comm.exists():
+                assert comm.read_text().strip() == STEP_THREAD
 
             # cancel in the middle of a long prompt, while another request decodes
             long_prompt = (prompts[2] * 6)[: CTX - 20]
@@ -287,45 +296,5 @@ def test_scheduler_with_streamed_experts_takes_large_prompt_chunks(checkpoint: P
             assert (
                 sched.store["prefill"]["expert_bytes_read"] > 0 and sched.store["decode"]["expert_misses"] > 0
             )
-        finally:
-            sched.close()
-
-
-def test_scheduler_stop_string_after_a_handed_over_token(checkpoint: Path) -> None:
-    """The generation loop hands each sampled token to the scheduler before detokenizing it
-    (generation.Step.submit); a stop string found after that ends the request all the same: its text
-    and tokens are as alone, the token handed over is withdrawn or its step waited for, and the
-    sequence is freed empty for the next request, which again gives what it gives alone."""
-    greedy = SamplingParams(temperature=0.0)
-    with load(checkpoint, 2) as m:
-        prompts = [m.tokenize(p) for p in PROMPTS[:2]]
-        _, _, full = _generate(m, prompts[0], greedy)
-        stop = full[len(full) // 2 : len(full) // 2 + 2]
-        assert stop and full.index(stop) > 0
-
-        def gen(ids: list[int], stops: list[str] | None, steps=None) -> tuple[list[int], str]:
-            extra = {"steps": steps} if steps is not None else {}
-            evs = list(m.generate_tokens(ids, max_tokens=12, sampling=greedy, stop=stops, **extra))
-            return [e.token_id for e in evs], "".join(e.text for e in evs)
-
-        ref_stop, ref_other = gen(prompts[0], [stop]), gen(prompts[1], None)
-        assert ref_stop[1] == full[: full.index(stop)] and len(ref_stop[0]) < 12
-        sched = BatchScheduler(m, prefill_chunk=4)
-        try:
-            for _ in range(3):  # the first stopped sequence's id is reused by the later rounds
-                got: list = [None, None]
-
-                def run(i: int) -> None:
-                    with sched.sequence() as seq:
-                        got[i] = gen(prompts[i], [stop] if i == 0 else None, steps=seq)
-
-                threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join(60)
-                assert got == [ref_stop, ref_other]
-                assert sched.active == 0 and not sched._pending
-                assert all(m.seq_n_past(s) == 0 for s in range(2))
         finally:
             sched.close()

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,7 +69,6 @@ class _Work:
     tokens: list[int]
     cancel: threading.Event
     prompt: bool = False  # prompt tokens (a prefill), not a decode token
-    taken: bool = False  # in a step that is running (or has run): it can no longer be withdrawn
     done: threading.Event = field(default_factory=threading.Event)
     result: np.ndarray | None = None
     error: BaseException | None = None
@@ -178,34 +176,17 @@ class BatchScheduler:
     def _submit(
         self, seq: int, tokens: list[int], cancel: threading.Event, prompt: bool = False
     ) -> np.ndarray:
-        return self._collect(self._start(seq, tokens, cancel, prompt))
-
-    def _start(self, seq: int, tokens: list[int], cancel: threading.Event, prompt: bool = False) -> _Work:
-        """Queue tokens of ``seq`` for the next step; _collect waits for them."""
         work = _Work(seq, tokens, cancel, prompt)
         with self._cond:
             if self._closed:
                 raise Cancelled("the scheduler is closed")
             self._pending[seq] = work
             self._cond.notify_all()
-        return work
-
-    @staticmethod
-    def _collect(work: _Work) -> np.ndarray:
         work.done.wait()
         if work.error is not None:
             raise work.error
         assert work.result is not None
         return work.result
-
-    def _withdraw(self, work: _Work) -> None:
-        """Take back work nobody will collect (its generation ended first): out of the queue if no step
-        has taken it yet, else wait for its step, so the sequence is idle when it is freed."""
-        with self._cond:
-            if not work.taken and self._pending.get(work.seq) is work:
-                del self._pending[work.seq]
-                work.finish(error=Cancelled("withdrawn"))
-        work.done.wait()
 
     # ---- the step thread -------------------------------------------------------------------
 
@@ -246,8 +227,6 @@ class BatchScheduler:
                     take = min(budget, len(w.tokens))
                     step.append((w, take))
                     budget -= take
-            for w, _ in step:
-                w.taken = True
             return step
 
     def _gather_s(self) -> float:
@@ -336,7 +315,6 @@ class Sequence:
         self.cancel = cancel
         self.seq: int | None = None
         self.cached_tokens = 0
-        self._outstanding: _Work | None = None  # a decode token handed over and not collected
 
     def prefill(self, prompt: list[int]) -> np.ndarray:
         """Restore the prefix cache's longest state for ``prompt`` into the sequence, prefill the rest in
@@ -361,26 +339,11 @@ class Sequence:
         return logits
 
     def decode(self, token: int) -> np.ndarray:
-        return self.submit(token)()
-
-    def submit(self, token: int) -> Callable[[], np.ndarray]:
-        """Queue ``token`` for the next step now; the returned call waits for its logits. The
-        generation loop samples, hands the token over, and then detokenizes and sends while the step
-        runs (generation.Step.submit), so that work is off the path from one step to the next."""
         if self.seq is None:
             raise RuntimeError("decode before prefill")
-        work = self._outstanding = self.scheduler._start(self.seq, [int(token)], self.cancel)
-
-        def collect() -> np.ndarray:
-            self._outstanding = None
-            return self.scheduler._collect(work)
-
-        return collect
+        return self.scheduler._submit(self.seq, [int(token)], self.cancel)
 
     def close(self) -> None:
-        if self._outstanding is not None:  # a token handed over after which the generation stopped
-            work, self._outstanding = self._outstanding, None
-            self.scheduler._withdraw(work)
         if self.seq is not None:
             seq, self.seq = self.seq, None
             self.scheduler._release(seq)

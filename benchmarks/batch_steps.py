@@ -17,6 +17,13 @@ batched token equals the one-at-a-time token (batch invariance). --json FILE wri
 of one sequence, logits for the last only; --repeats times each, alternating the sizes), in wall and in
 process CPU milliseconds per token: the CPU time moves less with the machine's load. It says what a
 batched step's prompt chunk costs beside its decode tokens, and what prefill costs at all.
+
+--joint N adds what N whole prompts cost per token prefilled together (sequences 0..N-1 from empty, in
+steps of up to n_batch tokens spanning the prompts, as the server's idle-engine step takes them) against
+the same N prompts in 64-token chunks (the server's chunk beside decodes; each a step of its own), --repeats
+times alternating, in wall and process CPU ms per prompt token. A single sequence's chunk of T tokens
+attends over its own T positions; N prompts in one step attend each over its own, so this is the figure
+for requests that arrive together.
 """
 
 from __future__ import annotations
@@ -107,6 +114,55 @@ def chunk_costs(model: colibri_backend.Model, ids: list[int], sizes: list[int], 
     return rows
 
 
+def joint_costs(model: colibri_backend.Model, ids: list[list[int]], repeats: int, chunk: int = 64) -> dict:
+    """Per prompt-token wall and CPU ms of the prompts ``ids`` prefilled together (steps of up to n_batch
+    tokens across them) and one after another in ``chunk``-token steps."""
+    n_batch = int(model.batch_size)
+    plans = {
+        "together": [
+            [(q, t) for q in range(len(ids)) for t in ids[q]][i : i + n_batch]
+            for i in range(0, sum(map(len, ids)), n_batch)
+        ],
+        f"chunks_of_{chunk}": [
+            [(q, t) for t in ids[q][i : i + chunk]]
+            for q in range(len(ids))
+            for i in range(0, len(ids[q]), chunk)
+        ],
+    }
+    total = sum(map(len, ids))
+    wall: dict[str, list[float]] = {k: [] for k in plans}
+    cpu: dict[str, list[float]] = {k: [] for k in plans}
+    for _ in range(repeats):
+        for name, steps in plans.items():
+            for q in range(len(ids)):
+                model.seq_truncate(q, 0)
+            w0, c0 = time.perf_counter(), time.process_time()
+            for step in steps:
+                seqs = np.array([q for q, _ in step], dtype=np.int32)
+                toks = np.array([t for _, t in step], dtype=np.int32)
+                model.eval_batch(seqs, toks, np.zeros(len(step), dtype=np.uint8))
+            wall[name].append(1e3 * (time.perf_counter() - w0) / total)
+            cpu[name].append(1e3 * (time.process_time() - c0) / total)
+    for q in range(len(ids)):
+        model.seq_truncate(q, 0)
+    out = {}
+    print(f"{len(ids)} prompts, {total} tokens: wall / cpu ms per prompt token (median, min-max)")
+    for name in plans:
+        out[name] = {
+            "steps": len(plans[name]),
+            "wall_ms_per_token": statistics.median(wall[name]),
+            "wall_range": [min(wall[name]), max(wall[name])],
+            "cpu_ms_per_token": statistics.median(cpu[name]),
+            "cpu_range": [min(cpu[name]), max(cpu[name])],
+        }
+        print(
+            f"{name:>14} {len(plans[name]):>3} steps {out[name]['wall_ms_per_token']:7.2f} "
+            f"({min(wall[name]):.2f}-{max(wall[name]):.2f}) {out[name]['cpu_ms_per_token']:7.2f} "
+            f"({min(cpu[name]):.2f}-{max(cpu[name]):.2f})"
+        )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=str(Path.home() / ".cache/colibri/bench/bench-a-q8_0.gguf"))
@@ -117,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="engine threads (default: all CPUs)")
     ap.add_argument("--chunks", default="", help="comma list of prompt chunk sizes to cost per token")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each chunk size (--chunks)")
+    ap.add_argument("--joint", type=int, default=0, help="N prompts prefilled together against in chunks")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     try:
@@ -131,11 +188,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--chunks: {args.chunks!r} is not a comma list of numbers")
     if chunks and (min(chunks) < 1 or max(chunks) > args.context_length or args.repeats < 1):
         ap.error("--chunks sizes must be within 1..--context-length, --repeats at least 1")
+    if args.joint < 0:
+        ap.error("--joint must be at least 0")
     kw = {"threads": args.threads} if args.threads else {}
     model = colibri_backend.load(
-        args.model, context_length=args.context_length, max_concurrency=max(counts), **kw
+        args.model, context_length=args.context_length, max_concurrency=max(*counts, args.joint), **kw
     )
-    ids = [model.tokenize(prompt(i, args.prompt_words)) for i in range(max(counts))]
+    ids = [model.tokenize(prompt(i, args.prompt_words)) for i in range(max(*counts, args.joint))]
     firsts = [prefill(model, q, ids[q]) for q in range(max(counts))]
     decode_steps(model, [0], [firsts[0]], 4)  # warm-up: page cache, expert slots
 
@@ -175,9 +234,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['experts_per_layer_step']:13.2f} {row['identical']}"
         )
     chunk_rows = chunk_costs(model, ids[0], chunks, args.repeats) if chunks else []
+    joint = joint_costs(model, ids[: args.joint], args.repeats) if args.joint else {}
     model.close()
     if args.json:
-        out = {"model": args.model, "steps": args.steps, "rows": report, "chunks": chunk_rows}
+        out = {"model": args.model, "steps": args.steps, "rows": report, "chunks": chunk_rows, "joint": joint}
         args.json.write_text(json.dumps(out, indent=2) + "\n")
     return 0 if all(r["identical"] for r in report) else 1
 

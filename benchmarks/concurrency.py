@@ -244,6 +244,9 @@ def step_figures(before: dict[str, float], after: dict[str, float], wall: float)
         out["prefill_step_ms"] = 1e3 * d["prefill_step_engine_seconds"] / pre if pre else 0.0
         out["decode_step_ms"] = 1e3 * dec_s / dec if dec else 0.0
         out["decode_step_tokens"] = (d["step_tokens"] - d["step_prompt_tokens"]) / steps
+        if "decode_only_step_tokens" in d:  # sequences per decode-only step (not before session 8)
+            out["decode_only_steps"] = int(dec)
+            out["decode_only_step_seqs"] = d["decode_only_step_tokens"] / dec if dec else 0.0
     if "prefill_step_expert_bytes_read" in d:  # the store during each kind of step (experts streamed)
         for kind, n in (
             ("prefill", d.get("prefill_steps", 0.0)),
@@ -252,6 +255,42 @@ def step_figures(before: dict[str, float], after: dict[str, float], wall: float)
             out[f"{kind}_step_mib_read"] = d[f"{kind}_step_expert_bytes_read"] / 2**20 / n if n else 0.0
             out[f"{kind}_step_stall_ms"] = 1e3 * d[f"{kind}_step_expert_stall_seconds"] / n if n else 0.0
             out[f"{kind}_step_misses"] = d[f"{kind}_step_expert_misses"] / n if n else 0.0
+    return out
+
+
+# Server threads by OS name (colibri_backend.server.thread_names); the main thread runs the event loop
+# (HTTP, SSE, the response builders); what is left is the engine's worker threads (and the few helper
+# threads the server starts: tokenizing off the loop, the model loader).
+THREAD_CLASSES = {"colibri-batch": "step_thread", "colibri-req": "request_threads"}
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) so far of the server's threads, summed per kind of thread."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = dict.fromkeys(("event_loop", "step_thread", "request_threads", "engine_workers"), 0.0)
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:  # the thread ended meanwhile
+            continue
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        secs = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        kind = "event_loop" if int(task.name) == pid else THREAD_CLASSES.get(comm, "engine_workers")
+        out[kind] += secs
+    return out
+
+
+def cpu_figures(before: dict[str, float], after: dict[str, float], wall: float, tokens: int) -> dict:
+    """Per kind of server thread over one round: CPU seconds, share of the round's wall time (on 2
+    CPUs the most is 2.0 in all), and ms per completion token."""
+    out: dict = {}
+    for kind in after:
+        secs = after[kind] - before.get(kind, 0.0)
+        out[kind] = {"cpu_s": secs, "per_wall": secs / wall, "ms_per_token": 1e3 * secs / max(1, tokens)}
+    # All threads together: what a completion token costs the server in CPU time, which moves much less
+    # with the machine's load than the wall time does (engine spin-waits included).
+    out["all_ms_per_token"] = 1e3 * sum(after[k] - before.get(k, 0.0) for k in after) / max(1, tokens)
     return out
 
 
@@ -268,6 +307,7 @@ def run_clients(server: Server, n: int, args: argparse.Namespace, first: int, ma
     https = [httpx.Client(base_url=server.base, timeout=3600) for _ in range(n)]
     counters = batch_counters(server.base)
     store = store_counters(server.base)
+    cpu = thread_cpu(server.proc.pid)
     start = threading.Barrier(n + 1)
 
     def client(i: int) -> dict:
@@ -280,6 +320,7 @@ def run_clients(server: Server, n: int, args: argparse.Namespace, first: int, ma
             start.wait()
             t0 = time.perf_counter()
             results = [f.result() for f in futures]
+        cpu_after = thread_cpu(server.proc.pid)
     finally:
         for http in https:
             http.close()
@@ -300,6 +341,7 @@ def run_clients(server: Server, n: int, args: argparse.Namespace, first: int, ma
         "texts": [r["text"] for r in results],
         "steps": step_figures(counters, batch_counters(server.base), wall),
         "store": store_figures(store, store_counters(server.base), tokens),
+        "cpu": cpu_figures(cpu, cpu_after, wall, tokens),
     }
 
 
@@ -356,6 +398,32 @@ def measure(args: argparse.Namespace, cap: int | None, max_tokens: int) -> dict:
                     f" | {st['prefill_steps']:>4} {st['prefill_step_ms']:8.2f} ms "
                     f"{100 * st['prefill_step_engine_share_of_wall']:5.1f}% | {st['decode_step_ms']:8.2f} ms"
                 )
+            print(line)
+    print(
+        "server CPU per round (thread kind: CPU s / wall s; event loop, request threads, step thread,"
+        " engine workers) and ms of event loop + request threads per completion token; all threads' CPU"
+        " ms per completion token (batched: and one at a time's over it, the load-robust speed-up);"
+        " batched decode-only steps: count, sequences each"
+    )
+    for i, n in enumerate(args.clients):
+        for mode in ("one_at_a_time", "batched"):
+            r = report["modes"][mode][i]
+            c, st = r["cpu"], r["steps"]
+            py = c["event_loop"]["ms_per_token"] + c["request_threads"]["ms_per_token"]
+            line = (
+                f"{n:>7} {mode.replace('_', ' '):>14} "
+                + " ".join(
+                    f"{c[k]['per_wall']:5.2f}"
+                    for k in ("event_loop", "request_threads", "step_thread", "engine_workers")
+                )
+                + f"  python {py:6.2f} ms/token  all {c['all_ms_per_token']:7.2f} ms/token"
+            )
+            if mode == "batched":
+                one = report["modes"]["one_at_a_time"][i]["cpu"]["all_ms_per_token"]
+                r["cpu_speedup"] = one / c["all_ms_per_token"] if c["all_ms_per_token"] else float("nan")
+                line += f" ({r['cpu_speedup']:.2f}x)"
+            if "decode_only_steps" in st:
+                line += f" | {st['decode_only_steps']:>5} {st['decode_only_step_seqs']:5.2f}"
             print(line)
     if any(r["store"] for rows in report["modes"].values() for r in rows):
         print(

@@ -24,6 +24,7 @@ import colibri_backend
 from colibri_backend.adapters.sampling import SamplingParams
 from colibri_backend.errors import ContextFullError, EngineError
 from colibri_backend.server.scheduler import BatchScheduler, Cancelled
+from colibri_backend.server.thread_names import STEP_THREAD
 
 CTX = 96
 
@@ -202,6 +203,14 @@ def test_scheduler_outputs_equal_alone_and_cancel_mid_prefill(checkpoint: Path) 
             assert sched.step_tokens - sched.prompt_tokens == decoded
             assert 0 < sched.prefill_steps < sched.steps
             assert 0 < sched.prefill_engine_seconds < sched.engine_seconds
+            # decode-only steps: each carried at least one token and at most one per sequence, and their
+            # tokens are the decode tokens the prompt-carrying steps did not carry
+            decode_only = sched.steps - sched.prefill_steps
+            assert decode_only <= sched.decode_only_tokens <= min(decoded, 3 * decode_only)
+            # the step thread names itself for per-thread CPU figures (top -H, concurrency.py)
+            comm = Path(f"/proc/self/task/{sched._thread.native_id}/comm")
+            if comm.exists():
+                assert comm.read_text().strip() == STEP_THREAD
 
             # cancel in the middle of a long prompt, while another request decodes
             long_prompt = (prompts[2] * 6)[: CTX - 20]

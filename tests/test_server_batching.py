@@ -95,6 +95,7 @@ def test_concurrent_streams_equal_alone(server: Server) -> None:
         "step_prompt_tokens",
         "prefill_steps",
         "prefill_step_engine_seconds",
+        "decode_only_step_tokens",
     )
     before = {n: metric(server, f"colibri_batch_{n}_total") for n in names}
     watcher = threading.Thread(target=watch)
@@ -116,6 +117,9 @@ def test_concurrent_streams_equal_alone(server: Server) -> None:
     assert d["step_tokens"] > d["step_prompt_tokens"] > 0
     assert 0 < d["prefill_steps"] < d["steps"]
     assert 0 < d["prefill_step_engine_seconds"] < d["step_engine_seconds"]
+    # the decode-only steps' tokens: at least one a step, and no more than the decode tokens of all steps
+    decode_only = d["steps"] - d["prefill_steps"]
+    assert decode_only <= d["decode_only_step_tokens"] <= d["step_tokens"] - d["step_prompt_tokens"]
 
 
 def test_cancel_mid_prefill_and_queue_overflow(server: Server) -> None:

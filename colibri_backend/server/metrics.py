@@ -127,6 +127,11 @@ class _BatchSteps:
             "prefill_step_engine_seconds",
             "Seconds in the engine of the batched steps that carried prompt tokens.",
         ),
+        (
+            "decode_only_tokens",
+            "decode_only_step_tokens",
+            "Decode tokens of the batched steps that carried no prompt tokens.",
+        ),
     )
 
     # The expert store during the steps (scheduler.BatchScheduler.store; zero where experts do not

@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from colibri_backend.server.thread_names import STEP_THREAD, name_this_thread
+
 # Prompt tokens per step, shared by the sequences prefilling: bounds how long a step takes while a
 # long prompt comes in, so the sequences decoding beside it keep their pace.
 DEFAULT_PREFILL_CHUNK = 64
@@ -120,6 +122,9 @@ class BatchScheduler:
         self.engine_seconds = 0.0
         self.between_seconds = 0.0
         self.partial_steps = 0
+        # Decode tokens of the decode-only steps: over their count (steps - prefill_steps), how many
+        # sequences a decode step carried on average (fewer than held at a wave's start and end).
+        self.decode_only_tokens = 0
         # The expert store's misses, bytes read and stall seconds during the steps, per kind of step
         # ("prefill": steps with prompt tokens, "decode": the others); counted where experts stream.
         self.store: dict[str, dict[str, float]] = {
@@ -241,6 +246,7 @@ class BatchScheduler:
         return {key: float(stats[key]) for key in STORE_COUNTERS}
 
     def _loop(self) -> None:
+        name_this_thread(STEP_THREAD)
         while True:
             with self._cond:
                 step = self._next_step()
@@ -279,6 +285,8 @@ class BatchScheduler:
             self.prompt_tokens += prompt_tokens
             self.prefill_steps += 1
             self.prefill_engine_seconds += t1 - t0
+        else:
+            self.decode_only_tokens += len(tokens)
         self._last_step_s = t1 - t0
         if self.streams_experts:
             now = self._store_counters()

@@ -25,6 +25,7 @@ from colibri_backend.config import Config, ModelConfig
 from colibri_backend.server.errors import APIError
 from colibri_backend.server.metrics import Metrics
 from colibri_backend.server.scheduler import BatchScheduler, Cancelled
+from colibri_backend.server.thread_names import REQUEST_THREAD, name_this_thread
 
 # Seconds a client told 429 should wait: one short generation on two cores.
 RETRY_AFTER_S = 2
@@ -62,7 +63,12 @@ class ModelSlot:
         self.state: Literal["loading", "ready", "error", "closed"] = "loading"
         self.error: str | None = None
         self.created = int(time.time())
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"colibri-{cfg.alias}")
+        self.executor = ThreadPoolExecutor(
+            max_workers=1,
+            thread_name_prefix=f"colibri-{cfg.alias}",
+            initializer=name_this_thread,
+            initargs=(REQUEST_THREAD,),
+        )
         self.in_flight = 0  # requests admitted and not finished (running + waiting)
         self.running = 0  # sequences being decoded now (the batch size)
         self.concurrency = 1  # requests that run at once (the others wait)
@@ -91,7 +97,12 @@ class ModelSlot:
                 self.concurrency = n
                 old, self.executor = (
                     self.executor,
-                    ThreadPoolExecutor(max_workers=n, thread_name_prefix=f"colibri-{self.cfg.alias}"),
+                    ThreadPoolExecutor(
+                        max_workers=n,
+                        thread_name_prefix=f"colibri-{self.cfg.alias}",
+                        initializer=name_this_thread,
+                        initargs=(REQUEST_THREAD,),
+                    ),
                 )
                 old.shutdown(wait=False)
             self.state = "ready"

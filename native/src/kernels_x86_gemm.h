@@ -1,7 +1,8 @@
-/* kernels_x86_gemm.h — AVX-512 VNNI tiles for Q4_K, Q5_K and Q6_K with one finished
- * sub-block sum per lane: a row's 8 sub-blocks in decode, 8 tokens in prefill; and an IQ4_XS
- * prefill tile with 8 tokens per lane in its decode tile's rounding order (further down). Included by
- * kernels_avx512.c only, after kernels_x86.h (it needs that file's flags and helpers).
+/* kernels_x86_gemm.h — AVX-512 VNNI decode tiles for Q4_K, Q5_K and Q6_K with one finished
+ * sub-block sum per lane (a row's 8 sub-blocks), and the walk (kg_matmul) that sends prefill to
+ * the row-pair tiles of kernels_x86_pair.h (these types and IQ4_XS) or to kernels_x86_lane.h's
+ * (Q8_0, Q4_0, Q4_1). Included by kernels_avx512.c only, after kernels_x86.h (it needs that
+ * file's flags and helpers).
  *
  * Why: the tiles of kernels_x86_kq.h keep, per (row, token), eight int32 lanes of partial
  * sums and convert and scale them per 32 weights, so every (row, token, sub-block) costs a
@@ -12,11 +13,9 @@
  *            512-bit vpdpbusd each) are summed across lanes together (kg_reduce8z), so lane j
  *            holds sub-block j; the row's 8
  *            scale products and minimum terms are then one multiply and two multiply-adds;
- *   prefill  lanes = 8 tokens: the activations of 8 tokens are interleaved (8 columns per
- *            token per qword) into a stack buffer once per column chunk, and each 8-column
- *            octet of a weight row is broadcast against 4 tokens per vpdpbusd: the weight
- *            quants are the unsigned operand (0..15, 0..31), the activations the signed
- *            one, so no correction is needed.
+ *   prefill  kernels_x86_pair.h: lanes = 8 tokens x 2 rows, the same sums (see there); the
+ *            weight quants are the unsigned operand (0..15, 0..31; Q6_K q + 32), the
+ *            activations the signed one.
  *
  * The arithmetic of one output (row r, token t), the same in both tiles (so a result never
  * depends on n_tok, on the tile it lands in or on the row range):
@@ -28,7 +27,7 @@
  *   result = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))   (kx_hsum's order)
  * which is the scalar reference's sum in another rounding order (the tests bound both).
  * (dsc = d for Q6_K, no minimum). IQ4_XS was measured with this arithmetic and not kept
- * (docs/benchmarks.md); it decodes on kernels_x86_kq.h's tile and its prefill tile here keeps
+ * (docs/benchmarks.md); it decodes on kernels_x86_kq.h's tile and its prefill tile keeps
  * that tile's order. Q6_K moved to it in session 6 (q6pre), decode and prefill together. */
 #ifndef COLIBRI_KERNELS_X86_GEMM_H
 #define COLIBRI_KERNELS_X86_GEMM_H
@@ -38,10 +37,10 @@
 #endif
 
 /* Rows per decode tile (they share the activation loads and the prefetch), tokens per prefill
- * group (one per lane), rows per
- * prefill tile (they share the group's activation vectors) and q8a blocks per prefill
- * column chunk (the interleaved activations of one chunk: 96 * sizeof(kg_xblk) = 30 KiB, in
- * L2 next to the weights streaming through; 96 blocks hold a 2816-column row in one chunk). */
+ * group, rows per kl prefill tile (they share the group's activation vectors) and q8a blocks
+ * per prefill column chunk (the interleaved activations of one chunk: 96 * sizeof(kg_xblk) =
+ * 30 KiB, 96 * sizeof(kg_xz) = 72 KiB, in L2 next to the weights streaming through; 96 blocks
+ * hold a 2816-column row in one chunk). */
 #define KG_ROWS 8
 #define KG_TOKS 8
 #define KG_PREFILL_ROWS 4
@@ -252,181 +251,7 @@ KX_INLINE void kg_q6_unpack(const block_q6_K *b, kg_q6row *o) {
     _mm512_storeu_ps(o->sc, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)b->scales))));
 }
 
-/* Q6_K's sub-block j in the prefill tile, rows r0 .. r0 + R - 1 (their super-block in q6). The
- * weights are u = w + 32 (unsigned), so each 16-element half's dot products start from the
- * tokens' -32 * (sum of that half's activations), formed here once for the R rows; the halves'
- * exact int32 sums hA, hB (|.| <= 16 * 32 * 127) are weighed by their scales in float, which
- * is exact: |sc * h| <= 128 * 65024 and |sc0 * hA + sc1 * hB| < 2^24, so p is float(isum) as
- * in kg_decode_tile's integer weighing (vpmulld there; two conversions and a multiply-add here
- * cost less than two vpmulld). */
-KX_INLINE void kg_q6_sub(const kg_q6row *q6, int j, const __m256i X[4][2], __m256 dx, const kx_khdr *hdr,
-                         __m256 (*acc)[8], const int R) {
-    const __m256i k32 = _mm256_set1_epi8(32);
-    __m256i cc[2][2]; /* [half][token half h] */
-    for (int hf = 0; hf < 2; hf++)
-        for (int h = 0; h < 2; h++)
-            cc[hf][h] = _mm256_sub_epi32(
-                _mm256_setzero_si256(),
-                _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), k32, X[2 * hf][h]), k32,
-                                    X[2 * hf + 1][h]));
-    for (int i = 0; i < R; i++) {
-        const int64_t *wq = q6[i].wq[j];
-        __m256i s[2][2];
-        for (int hf = 0; hf < 2; hf++) {
-            const __m256i w0 = _mm256_set1_epi64x(wq[2 * hf]), w1 = _mm256_set1_epi64x(wq[2 * hf + 1]);
-            for (int h = 0; h < 2; h++)
-                s[hf][h] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(cc[hf][h], w0, X[2 * hf][h]), w1, X[2 * hf + 1][h]);
-        }
-        const __m256 hA = _mm256_cvtepi32_ps(_mm256_hadd_epi32(s[0][0], s[0][1]));
-        const __m256 hB = _mm256_cvtepi32_ps(_mm256_hadd_epi32(s[1][0], s[1][1]));
-        const __m256 p = _mm256_fmadd_ps(hA, _mm256_broadcast_ss(&q6[i].sc[2 * j]),
-                                         _mm256_mul_ps(hB, _mm256_broadcast_ss(&q6[i].sc[2 * j + 1])));
-        acc[i][j] = _mm256_fmadd_ps(p, _mm256_mul_ps(_mm256_set1_ps(hdr[i].dsc[j]), dx), acc[i][j]);
-    }
-}
 
-/* Rows r0 .. r0 + R - 1 against the 8 tokens of xp (blocks [c0, c0 + cn) of the rows), the
- * next R rows prefetched up to pf_end (0: none; kx_pf, one step per sub-block).
- * acc[i][j] lane l carries sub-block j's share of (row r0 + i, token kg_lane_tok[l]). */
-KX_INLINE void kg_prefill_tile(uint32_t type, const char *W, size_t row_bytes, const kg_xblk *xp, int c0, int cn,
-                               int r0, int pf_end, __m256 (*acc)[8], const int R) {
-    const size_t bb = kx_k_bytes(type);
-    const int min8 = kx_k_min8(type);
-    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, pf_end, R, cn);
-    for (int b = c0 / 8; b < (c0 + cn) / 8; b++) {
-        kx_khdr hdr[KG_PREFILL_ROWS];
-        kg_q6row q6[KG_PREFILL_ROWS] __attribute__((aligned(64)));
-        for (int i = 0; i < R; i++) {
-            const char *blk = W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb;
-            kx_khdr_load(type, blk, &hdr[i]);
-            if (type == GGML_TYPE_Q6_K) kg_q6_unpack((const block_q6_K *)blk, &q6[i]);
-        }
-        for (int j = 0; j < 8; j++) {
-            kx_pf_step(&pf, b * 8 + j - c0);
-            const kg_xblk *xb = &xp[b * 8 + j - c0];
-            __m256i X[4][2];
-            for (int p = 0; p < 4; p++)
-                for (int h = 0; h < 2; h++) X[p][h] = _mm256_loadu_si256((const __m256i *)xb->q[p][h]);
-            const __m256 dx = _mm256_loadu_ps(xb->d);
-            if (type == GGML_TYPE_Q6_K) {
-                kg_q6_sub(q6, j, X, dx, hdr, acc, R);
-                continue;
-            }
-            for (int i = 0; i < R; i++) {
-                kx_ksub sub;
-                kx_ksub_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, j, &hdr[i], 0, &sub);
-                int64_t wq[4] __attribute__((aligned(32)));
-                _mm256_store_si256((__m256i *)wq, sub.u); /* the unsigned quants, 8 per qword */
-                __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-                for (int p = 0; p < 4; p++) {
-                    const __m256i w = _mm256_set1_epi64x(wq[p]);
-                    s0 = _mm256_dpbusd_epi32(s0, w, X[p][0]);
-                    s1 = _mm256_dpbusd_epi32(s1, w, X[p][1]);
-                }
-                const __m256i isum = _mm256_hadd_epi32(s0, s1);
-                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum),
-                                            _mm256_mul_ps(_mm256_set1_ps(hdr[i].dsc[j]), dx), acc[i][j]);
-                if (min8)
-                    acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(hdr[i].dm8[j]), _mm256_loadu_ps(xb->s), acc[i][j]);
-            }
-        }
-    }
-}
-
-/* ---- IQ4_XS prefill: 8 tokens per lane, kernels_x86_kq.h's rounding order ----
- *
- * IQ4_XS keeps the arithmetic of kx_tile_k (its decode tile, and the tile the conformance
- * bars were set on): per (row, token) eight float accumulators a_k, k = the 4-byte group of
- * a sub-block, and per super-block and sub-block j
- *   a_k = fma(float(dot4_k(w, x)), (d * sc_j) * dx_j, a_k)
- * then kx_hsum's order over k. Only the layout changes: a lane is a token, so one vpdpbusd
- * takes a row's 4 quants (broadcast, offset to unsigned: u = w + 128) against 8 tokens' 4
- * activation quants, starting from the token's -128 * sum(x) (computed once in the
- * interleave), which leaves the exact int32 dot4. So every output is bit-identical to
- * kx_tile_k's, whatever n_tok (test_kernels checks it per token). */
-
-/* One q8a block of 8 tokens: x[k] lane l = bytes 4k..4k+3 of token kg_lane_tok[l]. */
-typedef struct kg_xdblk {
-    int32_t x[8][8]; /* [byte group k][lane]: 4 activation quants */
-    int32_t c[8][8]; /* [k][lane]: -128 * their sum */
-    float d[8];      /* per lane: the block's scale */
-} kg_xdblk;          /* 544 bytes */
-
-/* Rows per tile: 2 rows x 8 groups of accumulators fill 16 of the 32 registers. */
-#define KG_DW_ROWS 2
-
-KX_INLINE void kg_pack_xd(const block_q8a *Xq, int nb, int t0, int nt, int c0, int cn,
-                          kg_xdblk *out) {
-    for (int c = 0; c < cn; c++) {
-        kg_xdblk *o = &out[c];
-        for (int l = 0; l < 8; l++) {
-            const int t = kg_lane_tok[l];
-            int32_t g[8] = {0};
-            if (t < nt) memcpy(g, Xq[(size_t)(t0 + t) * nb + c0 + c].qs, sizeof g);
-            for (int k = 0; k < 8; k++) o->x[k][l] = g[k];
-            o->d[l] = t < nt ? Xq[(size_t)(t0 + t) * nb + c0 + c].d : 0.0f;
-        }
-        for (int k = 0; k < 8; k++) {
-            const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)128),
-                                                  _mm256_loadu_si256((const __m256i *)o->x[k]));
-            _mm256_storeu_si256((__m256i *)o->c[k], _mm256_sub_epi32(_mm256_setzero_si256(), s));
-        }
-    }
-}
-
-/* Row r's super-block b: the 8 sub-blocks' unsigned quants (the level table with the + 128
- * folded in, kx_nibble_table) into wd, the scale products' row factors d * sc_j into dsc. */
-KX_INLINE void kg_dw_unpack(const char *blk, int32_t (*wd)[8], float *dsc) {
-    kx_khdr h;
-    kx_khdr_load(GGML_TYPE_IQ4_XS, blk, &h);
-    for (int j = 0; j < 8; j++) dsc[j] = h.dsc[j];
-    for (int j = 0; j < 8; j++)
-        _mm256_store_si256((__m256i *)wd[j],
-                           kx_nibble_table(((const block_iq4_xs *)blk)->qs + 16 * j, IQ4_NL_VALUES, 1));
-}
-
-/* Rows r0 .. r0 + R - 1 (R <= KG_DW_ROWS) against the 8 tokens of xp, blocks [c0, c0 + cn),
- * the next R rows prefetched up to pf_end as in kg_prefill_tile.
- * acc[i][k] lane l carries group k's share of (row r0 + i, token kg_lane_tok[l]). */
-KX_INLINE void kg_prefill_tile_dw(uint32_t type, const char *W, size_t row_bytes, const kg_xdblk *xp, int c0,
-                                  int cn, int r0, int pf_end, __m256 (*acc)[8], const int R) {
-    const size_t bb = kx_k_bytes(type);
-    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, pf_end, R, cn);
-    __m256 a[KG_DW_ROWS][8]; /* in registers for the tile, not through the pointer */
-    for (int i = 0; i < R; i++)
-        for (int k = 0; k < 8; k++) a[i][k] = acc[i][k];
-    for (int b = c0 / 8; b < (c0 + cn) / 8; b++) {
-        int32_t wd[KG_DW_ROWS][8][8] __attribute__((aligned(32)));
-        float dsc[KG_DW_ROWS][8];
-        for (int i = 0; i < R; i++) kg_dw_unpack(W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, wd[i], dsc[i]);
-        /* keeps the compiler from turning the broadcasts of wd back into lane shuffles, which
-         * would compete with the dot products for the vector ports (a load port is free) */
-        __asm__ volatile("" : : "r"(wd) : "memory");
-        for (int j = 0; j < 8; j++) {
-            kx_pf_step(&pf, b * 8 + j - c0);
-            const kg_xdblk *xb = &xp[b * 8 + j - c0];
-            const __m256 dx = _mm256_loadu_ps(xb->d);
-            __m256 S[KG_DW_ROWS];
-            for (int i = 0; i < R; i++) S[i] = _mm256_mul_ps(_mm256_set1_ps(dsc[i][j]), dx);
-            /* the rows inside: each group's activations and correction are loaded once per tile
-             * (the empty asm keeps them in registers; the compiler would load them per row, and
-             * the loads, three per group and row, are what bounds this loop) */
-            for (int k = 0; k < 8; k++) {
-                __m256i c = _mm256_loadu_si256((const __m256i *)xb->c[k]);
-                __m256i x = _mm256_loadu_si256((const __m256i *)xb->x[k]);
-                __asm__("" : "+v"(c), "+v"(x));
-                for (int i = 0; i < R; i++) {
-                    const __m256 p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(c, _mm256_set1_epi32(wd[i][j][k]), x));
-                    a[i][k] = _mm256_fmadd_ps(p, S[i], a[i][k]);
-                }
-            }
-        }
-    }
-    for (int i = 0; i < R; i++)
-        for (int k = 0; k < 8; k++) acc[i][k] = a[i][k];
-}
-
-KX_INLINE int kg_dword_tile(uint32_t type) { return type == GGML_TYPE_IQ4_XS; }
 
 /* The sub-block shares of 8 tokens summed in kx_hsum's order (the decode tile's), lane l to
  * Y[(t0 + kg_lane_tok[l]) * ldy + r] for the tokens < nt. */
@@ -442,11 +267,13 @@ KX_INLINE void kg_store_col(float *Y, int ldy, int t0, int nt, int r, const __m2
 #include "kernels_x86_lane.h" /* Q8_0, Q4_0, Q4_1 on this layout (kl_type) */
 
 /* Below this many tokens prefill runs the decode tiles, up to KG_DEC_TOKS tokens each (same
- * results): the interleaved group pays for itself only with several tokens in its lanes. */
+ * results): the interleaved group pays for itself only with several tokens in its lanes.
+ * Q8_0, Q4_0, Q4_1 (kl_type); the K-quants and IQ4_XS on the row-pair tiles of
+ * kernels_x86_pair.h; IQ4_XS below its threshold on kx_tile_k. The last two measured on AMD
+ * Zen 5 (kernel-repeat --min-tsc, 512 x 1024, n_tok 4..7; docs/benchmarks.md, branch `kq`). */
 #define KG_MIN_PREFILL_TOKS 4
-/* The same for the dword tiles of Q6_K and IQ4_XS against kx_tile_k's 4 x 4 tiles (same
- * results): at 4 tokens, half of the 8 lanes idle, the old tiles ran 1.5-2x faster. */
-#define KG_DW_MIN_TOKS 8
+#define KG_Z_MIN_TOKS 6
+#define KG_Z_MIN_TOKS_IQ4 5
 
 /* Prefill walks 8-token groups; per group, blocks of KG_RB rows, and per row block the
  * columns in chunks of KG_CHUNK q8a blocks (interleaved once per chunk; when the row fits
@@ -454,11 +281,7 @@ KX_INLINE void kg_store_col(float *Y, int ldy, int t0, int nt, int r, const __m2
  * accs between chunks (KG_RB * 8 vectors = 8 KiB). */
 #define KG_RB 32
 
-/* The interleave of the type's tile. */
-KX_INLINE void kg_pack(uint32_t type, const block_q8a *Xq, int nb, int t0, int nt, int c0, int cn, void *xp) {
-    if (kg_dword_tile(type)) kg_pack_xd(Xq, nb, t0, nt, c0, cn, (kg_xdblk *)xp);
-    else kg_pack_x(type, Xq, nb, t0, nt, c0, cn, (kg_xblk *)xp);
-}
+#include "kernels_x86_pair.h" /* Q4_K, Q5_K, Q6_K, IQ4_XS prefill: two rows per 512-bit vector */
 
 /* Tokens [t0, t0 + T) against rows [r0, r1) on the type's decode tiles. */
 KX_INLINE void kg_decode_any(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, float *Y,
@@ -467,19 +290,22 @@ KX_INLINE void kg_decode_any(uint32_t type, const char *W, size_t row_bytes, int
     else kg_decode_rows(type, W, row_bytes, nb, Xq, Y, ldy, r0, r1, t0, T);
 }
 
-/* Rows r .. r + R - 1 of a chunk of nt tokens on the type's kg_xblk prefill tile. */
+/* Rows r .. r + R - 1 of a chunk of nt tokens on the type's kg_xblk prefill tile (kl_type). */
 KX_INLINE void kg_prefill_any(uint32_t type, const char *W, size_t row_bytes, const kg_xblk *xp, int c0, int cn,
                               int r, int pf_end, __m256 (*acc)[8], const int R, int nt) {
-    if (!kl_type(type)) kg_prefill_tile(type, W, row_bytes, xp, c0, cn, r, pf_end, acc, R);
-    else if (nt <= KG_TOKS / 2) kl_prefill_tile(type, W, row_bytes, xp, c0, cn, r, pf_end, acc, R, 1);
+    if (nt <= KG_TOKS / 2) kl_prefill_tile(type, W, row_bytes, xp, c0, cn, r, pf_end, acc, R, 1);
     else kl_prefill_tile(type, W, row_bytes, xp, c0, cn, r, pf_end, acc, R, 2);
 }
 
-/* The walk of every type here and in kernels_x86_lane.h.
- * xp: the driver's interleave buffer, KG_CHUNK blocks of the type's kind (kg_dword_tile). */
+KX_INLINE int kg_min_prefill_toks(uint32_t type) {
+    return type == GGML_TYPE_IQ4_XS ? KG_Z_MIN_TOKS_IQ4 : kg_z_type(type) ? KG_Z_MIN_TOKS : KG_MIN_PREFILL_TOKS;
+}
+
+/* The walk of every type here and in kernels_x86_lane.h and kernels_x86_pair.h.
+ * xp: the driver's interleave buffer, kg_xblk (KG_CHUNK) or kg_xz (KG_Z_GROUPS * KG_CHUNK). */
 KX_INLINE void kg_matmul(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok,
                          float *Y, int ldy, int r0, int r1, void *xp) {
-    if (n_tok < (kg_dword_tile(type) ? KG_DW_MIN_TOKS : KG_MIN_PREFILL_TOKS)) {
+    if (n_tok < kg_min_prefill_toks(type)) {
         if (type == GGML_TYPE_IQ4_XS) { /* its own decode tile (kg_decode_tile's order is not its) */
             kx_matmul_iq4_xs(W, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1);
             return;
@@ -495,8 +321,11 @@ KX_INLINE void kg_matmul(uint32_t type, const char *W, size_t row_bytes, int nb,
         else if (n_tok - t == 1) kg_decode_any(type, W, row_bytes, nb, Xq, Y, ldy, r0, r1, t, 1);
         return;
     }
-    const kg_xblk *xk = xp;  /* the one the type uses */
-    const kg_xdblk *xd = xp;
+    if (kg_z_type(type)) {
+        kg_matmul_z(type, W, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1, (kg_xz *)xp);
+        return;
+    }
+    const kg_xblk *xk = xp;
     __m256 accs[KG_RB][8];
     const int one_chunk = nb <= KG_CHUNK;
     /* a tile prefetches the next tile's rows (kx_pf) when they are its successor and contiguous:
@@ -505,21 +334,15 @@ KX_INLINE void kg_matmul(uint32_t type, const char *W, size_t row_bytes, int nb,
     const int pf_end = one_chunk ? r1 : 0;
     for (int t0 = 0; t0 < n_tok; t0 += KG_TOKS) {
         const int nt = n_tok - t0 < KG_TOKS ? n_tok - t0 : KG_TOKS;
-        if (one_chunk) kg_pack(type, Xq, nb, t0, nt, 0, nb, xp);
+        if (one_chunk) kg_pack_x(type, Xq, nb, t0, nt, 0, nb, xp);
         for (int rb = r0; rb < r1; rb += KG_RB) {
             const int re = r1 - rb < KG_RB ? r1 : rb + KG_RB;
             for (int r = rb; r < re; r++)
                 for (int j = 0; j < 8; j++) accs[r - rb][j] = _mm256_setzero_ps();
             for (int c0 = 0; c0 < nb; c0 += KG_CHUNK) {
                 const int cn = nb - c0 < KG_CHUNK ? nb - c0 : KG_CHUNK;
-                if (!one_chunk) kg_pack(type, Xq, nb, t0, nt, c0, cn, xp);
+                if (!one_chunk) kg_pack_x(type, Xq, nb, t0, nt, c0, cn, xp);
                 int r = rb;
-                if (kg_dword_tile(type)) {
-                    for (; r + KG_DW_ROWS <= re; r += KG_DW_ROWS)
-                        kg_prefill_tile_dw(type, W, row_bytes, xd, c0, cn, r, pf_end, &accs[r - rb], KG_DW_ROWS);
-                    for (; r < re; r++) kg_prefill_tile_dw(type, W, row_bytes, xd, c0, cn, r, pf_end, &accs[r - rb], 1);
-                    continue;
-                }
                 for (; r + KG_PREFILL_ROWS <= re; r += KG_PREFILL_ROWS)
                     kg_prefill_any(type, W, row_bytes, xk, c0, cn, r, pf_end, &accs[r - rb], KG_PREFILL_ROWS, nt);
                 for (; r < re; r++) kg_prefill_any(type, W, row_bytes, xk, c0, cn, r, pf_end, &accs[r - rb], 1, nt);
@@ -529,21 +352,22 @@ KX_INLINE void kg_matmul(uint32_t type, const char *W, size_t row_bytes, int nb,
     }
 }
 
-/* XBLK: the type's interleaved block (kg_xblk 30 KiB a chunk, kg_xdblk 52 KiB), on the stack. */
-#define KG_DRIVER(NAME, TYPE, XBLK)                                                                              \
+/* XBLK: the type's interleaved block, GROUPS chunks of it on the stack (kg_xblk 30 KiB, kg_xz
+ * 2 x 72 KiB). */
+#define KG_DRIVER(NAME, TYPE, XBLK, GROUPS)                                                                              \
     static void NAME(const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok, float *Y, int ldy, \
                      int r0, int r1) {                                                                           \
-        XBLK xp[KG_CHUNK];                                                                                       \
+        XBLK xp[(GROUPS) * KG_CHUNK];                                                                                 \
         kg_matmul(TYPE, W, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1, xp);                                        \
     }
 
-KG_DRIVER(kg_matmul_q4_k, GGML_TYPE_Q4_K, kg_xblk)
-KG_DRIVER(kg_matmul_q5_k, GGML_TYPE_Q5_K, kg_xblk)
-KG_DRIVER(kg_matmul_q6_k, GGML_TYPE_Q6_K, kg_xblk)
-KG_DRIVER(kg_matmul_iq4_xs, GGML_TYPE_IQ4_XS, kg_xdblk)
-KG_DRIVER(kg_matmul_q8_0, GGML_TYPE_Q8_0, kg_xblk)
-KG_DRIVER(kg_matmul_q4_0, GGML_TYPE_Q4_0, kg_xblk)
-KG_DRIVER(kg_matmul_q4_1, GGML_TYPE_Q4_1, kg_xblk)
+KG_DRIVER(kg_matmul_q4_k, GGML_TYPE_Q4_K, kg_xz, KG_Z_GROUPS)
+KG_DRIVER(kg_matmul_q5_k, GGML_TYPE_Q5_K, kg_xz, KG_Z_GROUPS)
+KG_DRIVER(kg_matmul_q6_k, GGML_TYPE_Q6_K, kg_xz, KG_Z_GROUPS)
+KG_DRIVER(kg_matmul_iq4_xs, GGML_TYPE_IQ4_XS, kg_xz, KG_Z_GROUPS)
+KG_DRIVER(kg_matmul_q8_0, GGML_TYPE_Q8_0, kg_xblk, 1)
+KG_DRIVER(kg_matmul_q4_0, GGML_TYPE_Q4_0, kg_xblk, 1)
+KG_DRIVER(kg_matmul_q4_1, GGML_TYPE_Q4_1, kg_xblk, 1)
 
 /* The AVX-512 table's entry: these tiles for their types, kernels_x86.h's for the rest. */
 static void kg_matmul_rows(uint32_t type, const void *W, size_t row_bytes, int n_cols, const float *X,

@@ -278,18 +278,7 @@ KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr
     case GGML_TYPE_Q5_K: {
         const block_q5_K *b = (const block_q5_K *)blk;
         const __m256i lo = kx_nibbles(b->qs + 32 * (j >> 1), j & 1); /* shifts by immediates */
-#if X86_VNNI
-        /* bit j of qh as + 16 on the nibble: a byte test against bit j (broadcast from memory)
-         * into a mask and a masked add. In the prefill tile j is not a constant, and a shift by
-         * a register count is two micro-ops on this core where an immediate one is one. */
-        static const int32_t bit_j[8] = {0x01010101, 0x02020202, 0x04040404, 0x08080808,
-                                         0x10101010, 0x20202020, 0x40404040, (int32_t)0x80808080};
-        const __mmask32 hb =
-            _mm256_test_epi8_mask(_mm256_loadu_si256((const __m256i *)b->qh), _mm256_set1_epi32(bit_j[j]));
-        w = _mm256_mask_add_epi8(lo, hb, lo, _mm256_set1_epi8(16));
-#else
         w = _mm256_or_si256(lo, _mm256_slli_epi16(kx_bits(b->qh, j, 1), 4));
-#endif
         break;
     }
     case GGML_TYPE_Q6_K: {

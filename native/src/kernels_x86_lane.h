@@ -8,7 +8,7 @@
  * tokens) kept int32 partials per 4-byte group and paid a scale permute, a conversion and a
  * multiply-add per (row, token, block pair), and gathered 16 scales per row and per token every
  * 16 blocks: 8 tokens cost 4-8x one token. Here 8 tokens share each weight qword broadcast and
- * one vpdpbusd takes four tokens, as in the Q4_K / Q5_K prefill tile.
+ * one vpdpbusd takes four tokens (the layout the Q4_K / Q5_K prefill tile had until session 8).
  *
  * Integer part, per block of 32 weights (exact, whichever tile): with u the unsigned weight
  * operand in column order and off its offset,

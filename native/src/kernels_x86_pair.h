@@ -1,0 +1,302 @@
+/* kernels_x86_pair.h — AVX-512 VNNI prefill tiles for Q4_K, Q5_K, Q6_K and IQ4_XS on 512-bit
+ * vectors, two weight rows per vector. Included by kernels_x86_gemm.h only (after kg_pair_w and
+ * kg_q6_unpack, which it uses, and the KG_ constants).
+ *
+ * Why: the tiles these replace (session 7: kg_prefill_tile, kg_prefill_tile_dw) held 8 tokens
+ * in a 256-bit vector. On a core whose vector units are 512 bits wide (AMD Zen 5) a 512-bit
+ * vpdpbusd costs what a 256-bit one does, and the vphaddd that tile needed to add a token's two
+ * int32 lanes costs about four vpdpbusd there (docs/benchmarks.md, branch `kq`). Here a
+ * vector's 16 lanes are 8 tokens x 2 rows: lane 2t is (row A, token t), lane 2t + 1 (row B,
+ * token t). The activations are packed once per column chunk with each token's 4-byte group k
+ * in both of its lanes (kg_xz.x[k]); a row pair's super-block is unpacked and interleaved once
+ * for up to KG_Z_GROUPS groups of 8 tokens, so that group k of rows A and B is one 64-bit
+ * broadcast (wz[j][k]); one vpdpbusd then takes 4 weights of each row against 8 tokens, and a
+ * sub-block's 8 groups summed into one lane need no horizontal add.
+ *
+ * The arithmetic of one output (row, token) is the one kernels_x86_gemm.h states (the decode
+ * tiles'), so results are bit-identical to kg_decode_tile whatever n_tok or the row range:
+ *   K-quants  per sub-block j the exact int32 isum (Q6_K: its two halves' exact sums weighed
+ *             by the half scales in float, exact as in kg_decode_tile's integer weighing:
+ *             |sc * h| <= 128 * 65024 and the weighed sum < 2^24), then
+ *             a_j = fma(float(isum), dsc_j * dx_j, a_j) and a_j = fma(dm8_j, s_j, a_j) (Q4_K, Q5_K)
+ *   IQ4_XS    kx_tile_k's order (its decode tile): per 4-byte group k
+ *             a_k = fma(float(dot4_k), dsc_j * dx_j, a_k)
+ *   result    ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))
+ * Only the integer sums are formed in another grouping, and integer addition does not round. */
+#ifndef COLIBRI_KERNELS_X86_PAIR_H
+#define COLIBRI_KERNELS_X86_PAIR_H
+
+/* One q8a block of 8 tokens for these tiles. */
+typedef struct __attribute__((aligned(64))) kg_xz {
+    int32_t x[8][16]; /* [4-byte group k][lane]: activation quants 4k..4k+3 of token lane / 2 (IQ4_XS:
+                       * each + 128, the unsigned operand, see kg_z_unpack) */
+    int32_t c[2][16]; /* Q6_K: c[h][lane] = -32 * the sum of half h (groups 4h..4h+3) of the token */
+    float d[16];      /* per lane: the token's block scale */
+    float s[16];      /* per lane: d * sum(qs) (Q4_K, Q5_K minimum) */
+} kg_xz;              /* 768 bytes */
+
+/* Row pairs per tile: 2 pairs x 8 accumulators and the 8 activation vectors of a sub-block
+ * fill 24 of the 32 registers. Token groups per tile: a row pair's super-block is unpacked
+ * once for up to this many groups of 8 tokens (the unpack and interleave cost about half the
+ * tile's vector work when they serve 8 tokens only). */
+#define KG_Z_PAIRS 2
+#define KG_Z_GROUPS 2
+
+KX_INLINE int kg_z_type(uint32_t type) {
+    return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K || type == GGML_TYPE_IQ4_XS;
+}
+
+/* Interleave blocks [c0, c0 + cn) of tokens t0 .. t0 + nt - 1 (nt <= 8; missing tokens are zeros). */
+KX_INLINE void kg_pack_xz(uint32_t type, const block_q8a *Xq, int nb, int t0, int nt, int c0, int cn, kg_xz *out) {
+    /* token t's dword k to lanes 2t, 2t + 1: from the 8 tokens' rows g[t] (8 dwords each) */
+    const __m512i dup = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    for (int c = 0; c < cn; c++) {
+        kg_xz *o = &out[c];
+        int32_t g[8][8]; /* [k][t] */
+        float d[8], s[8];
+        for (int t = 0; t < 8; t++) {
+            int32_t q[8] = {0};
+            d[t] = s[t] = 0.0f;
+            if (t < nt) {
+                const block_q8a *xb = &Xq[(size_t)(t0 + t) * nb + c0 + c];
+                memcpy(q, xb->qs, sizeof q);
+                d[t] = xb->d;
+                s[t] = xb->s;
+            }
+            for (int k = 0; k < 8; k++) g[k][t] = q[k];
+        }
+        for (int k = 0; k < 8; k++) {
+            const __m512i v = _mm512_permutexvar_epi32(dup, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)g[k])));
+            _mm512_store_si512((void *)o->x[k], v);
+        }
+        _mm512_store_ps(o->d, _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(d))));
+        _mm512_store_ps(o->s, _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(s))));
+        if (type == GGML_TYPE_IQ4_XS) {
+            for (int k = 0; k < 8; k++)
+                _mm512_store_si512((void *)o->x[k], _mm512_xor_si512(_mm512_load_si512((const void *)o->x[k]),
+                                                                     _mm512_set1_epi8((char)0x80)));
+        } else if (type == GGML_TYPE_Q6_K) {
+            for (int h = 0; h < 2; h++) {
+                __m512i sum = _mm512_setzero_si512();
+                for (int k = 4 * h; k < 4 * h + 4; k++)
+                    sum = _mm512_dpbusd_epi32(sum, _mm512_set1_epi8(32), _mm512_load_si512((const void *)o->x[k]));
+                _mm512_store_si512((void *)o->c[h], _mm512_sub_epi32(_mm512_setzero_si512(), sum));
+            }
+        }
+    }
+}
+
+/* A row pair's super-block: wz[j][k] = group k of sub-block j, row A's 4 bytes then row B's
+ * (one 64-bit broadcast gives the vpdpbusd operand); f[...] = row A's float then row B's. */
+typedef struct __attribute__((aligned(64))) kg_zrow {
+    int64_t wz[8][8];
+    int64_t cz[8][8]; /* IQ4_XS: -128 * the sum of group k's 4 levels, row A's then row B's */
+    float f1[8][2];   /* Q4_K, Q5_K, IQ4_XS: dsc_j; Q6_K: d */
+    float f2[8][2];   /* Q4_K, Q5_K: dm8_j */
+    float sc[16][2];  /* Q6_K: the half scales */
+} kg_zrow;
+
+/* Dwords of 512-bit a, b alternated: lanes 0..7 of each (sub-block 2p) and lanes 8..15 (2p + 1). */
+KX_INLINE void kg_z_interleave(__m512i a, __m512i b, int64_t *lo, int64_t *hi) {
+    const __m512i i0 = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(8));
+    _mm512_store_si512((void *)lo, _mm512_permutex2var_epi32(a, i0, b));
+    _mm512_store_si512((void *)hi, _mm512_permutex2var_epi32(a, i1, b));
+}
+
+/* 8 floats of a and 8 of b alternated into out (a[0], b[0], a[1], b[1], ...). */
+KX_INLINE void kg_z_fpair(const float *a, const float *b, float (*out)[2]) {
+    const __m512i i0 = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    _mm512_store_ps((void *)out, _mm512_permutex2var_ps(_mm512_castps256_ps512(_mm256_loadu_ps(a)), i0,
+                                                        _mm512_castps256_ps512(_mm256_loadu_ps(b))));
+}
+
+/* Rows A, B's super-block into z (their unsigned quants as the tiles above form them). */
+KX_INLINE void kg_z_unpack(uint32_t type, const char *ba, const char *bb, kg_zrow *z) {
+    if (type == GGML_TYPE_IQ4_XS) {
+        /* The levels stay signed and the activations carry the + 128 (kg_pack_xz), so the
+         * correction is the row's, -128 * sum(w), formed here once per row and group for
+         * every token (the packed activations stay one vector per group); the int32 result is
+         * the exact dot4 either way. */
+        kx_khdr h[2];
+        const char *blk[2] = {ba, bb};
+        __m512i w[2][4], c[2][4];
+        for (int i = 0; i < 2; i++) {
+            kx_khdr_load(type, blk[i], &h[i]);
+            const uint8_t *qs = ((const block_iq4_xs *)blk[i])->qs;
+            for (int p = 0; p < 4; p++) {
+                w[i][p] = _mm512_inserti64x4(
+                    _mm512_castsi256_si512(kx_nibble_table(qs + 32 * p, IQ4_NL_VALUES, 0)),
+                    kx_nibble_table(qs + 32 * p + 16, IQ4_NL_VALUES, 0), 1);
+                c[i][p] = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                           _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80),
+                                                               w[i][p]));
+            }
+        }
+        for (int p = 0; p < 4; p++) {
+            kg_z_interleave(w[0][p], w[1][p], z->wz[2 * p], z->wz[2 * p + 1]);
+            kg_z_interleave(c[0][p], c[1][p], z->cz[2 * p], z->cz[2 * p + 1]);
+        }
+        kg_z_fpair(h[0].dsc, h[1].dsc, z->f1);
+        return;
+    }
+    kx_khdr ha, hb;
+    kx_khdr_load(type, ba, &ha);
+    kx_khdr_load(type, bb, &hb);
+    if (type == GGML_TYPE_Q6_K) {
+        kg_q6row qa, qb;
+        kg_q6_unpack((const block_q6_K *)ba, &qa);
+        kg_q6_unpack((const block_q6_K *)bb, &qb);
+        for (int p = 0; p < 4; p++)
+            kg_z_interleave(_mm512_loadu_si512((const void *)qa.wq[2 * p]), _mm512_loadu_si512((const void *)qb.wq[2 * p]),
+                            z->wz[2 * p], z->wz[2 * p + 1]);
+        kg_z_fpair(qa.sc, qb.sc, z->sc);
+        kg_z_fpair(qa.sc + 8, qb.sc + 8, z->sc + 8);
+    } else {
+        for (int p = 0; p < 4; p++)
+            kg_z_interleave(kg_pair_w(type, ba, p), kg_pair_w(type, bb, p), z->wz[2 * p], z->wz[2 * p + 1]);
+        kg_z_fpair(ha.dm8, hb.dm8, z->f2);
+    }
+    kg_z_fpair(ha.dsc, hb.dsc, z->f1);
+}
+
+/* The 64-bit pair at p in all 8 qwords. */
+KX_INLINE __m512i kg_z_b64(const void *p) {
+    int64_t v;
+    memcpy(&v, p, sizeof v);
+    return _mm512_set1_epi64(v);
+}
+
+/* The sub-block j (IQ4_XS: all 8, by group) of the row pairs z[q < P] against one group of 8
+ * tokens (xb: its block), into a[q][.]. */
+KX_INLINE void kg_z_sub(uint32_t type, const kg_zrow *z, const kg_xz *xb, int j, __m512 (*a)[8], const int P) {
+    const __m512 dx = _mm512_load_ps(xb->d);
+    if (type == GGML_TYPE_IQ4_XS) { /* a_k per group k */
+        __m512 S[KG_Z_PAIRS];
+        for (int q = 0; q < P; q++) S[q] = _mm512_mul_ps(_mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].f1[j]))), dx);
+        for (int k = 0; k < 8; k++) {
+            const __m512i x = _mm512_load_si512((const void *)xb->x[k]);
+            for (int q = 0; q < P; q++) {
+                const __m512i d4 = _mm512_dpbusd_epi32(kg_z_b64(&z[q].cz[j][k]), x, kg_z_b64(&z[q].wz[j][k]));
+                a[q][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d4), S[q], a[q][k]);
+            }
+        }
+        return;
+    }
+    __m512i X[8];
+    for (int k = 0; k < 8; k++) X[k] = _mm512_load_si512((const void *)xb->x[k]);
+    /* each integer sum in two chains (even and odd groups) added at the end: shorter
+     * dependency chains, the same exact int32 */
+    if (type == GGML_TYPE_Q6_K) { /* halves weighed in float */
+        const __m512i c0 = _mm512_load_si512((const void *)xb->c[0]);
+        const __m512i c1 = _mm512_load_si512((const void *)xb->c[1]);
+        for (int q = 0; q < P; q++) {
+            __m512i h[2][2];
+            for (int hf = 0; hf < 2; hf++) {
+                h[hf][0] = _mm512_dpbusd_epi32(hf ? c1 : c0, kg_z_b64(&z[q].wz[j][4 * hf]), X[4 * hf]);
+                h[hf][1] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), kg_z_b64(&z[q].wz[j][4 * hf + 1]), X[4 * hf + 1]);
+                h[hf][0] = _mm512_dpbusd_epi32(h[hf][0], kg_z_b64(&z[q].wz[j][4 * hf + 2]), X[4 * hf + 2]);
+                h[hf][1] = _mm512_dpbusd_epi32(h[hf][1], kg_z_b64(&z[q].wz[j][4 * hf + 3]), X[4 * hf + 3]);
+            }
+            const __m512 hA = _mm512_cvtepi32_ps(_mm512_add_epi32(h[0][0], h[0][1]));
+            const __m512 hB = _mm512_cvtepi32_ps(_mm512_add_epi32(h[1][0], h[1][1]));
+            const __m512 sA = _mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].sc[2 * j])));
+            const __m512 sB = _mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].sc[2 * j + 1])));
+            const __m512 p = _mm512_fmadd_ps(hA, sA, _mm512_mul_ps(hB, sB));
+            const __m512 d = _mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].f1[j])));
+            a[q][j] = _mm512_fmadd_ps(p, _mm512_mul_ps(d, dx), a[q][j]);
+        }
+        return;
+    }
+    const __m512 sx = _mm512_load_ps(xb->s);
+    for (int q = 0; q < P; q++) {
+        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+        for (int k = 0; k < 8; k += 2) {
+            s0 = _mm512_dpbusd_epi32(s0, kg_z_b64(&z[q].wz[j][k]), X[k]);
+            s1 = _mm512_dpbusd_epi32(s1, kg_z_b64(&z[q].wz[j][k + 1]), X[k + 1]);
+        }
+        const __m512 dsc = _mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].f1[j])));
+        const __m512 dm8 = _mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].f2[j])));
+        a[q][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_mul_ps(dsc, dx), a[q][j]);
+        a[q][j] = _mm512_fmadd_ps(dm8, sx, a[q][j]);
+    }
+}
+
+/* Row pairs (rows[2q], rows[2q + 1]) for q < P against G groups of 8 tokens, blocks
+ * [c0, c0 + cn): group g's interleaved blocks at xp + g * KG_CHUNK, its accumulators at
+ * acc + g * KG_RB / 2. rows: the pairs' rows (a lone row is paired with itself); the next
+ * tile's rows prefetched one step per sub-block (kx_pf, changes no result). acc[q][j] lane 2t + i carries sub-block j's
+ * share (group j's for IQ4_XS) of (row 2q + i of the pair, token t). */
+KX_INLINE void kg_prefill_tile_z(uint32_t type, const char *const *rows, const kg_xz *xp, const int G, int c0, int cn,
+                                 const kx_pf *pf, __m512 (*acc)[8], const int P) {
+    const size_t bb = kx_k_bytes(type);
+    for (int b = c0 / 8; b < (c0 + cn) / 8; b++) {
+        kg_zrow z[KG_Z_PAIRS] __attribute__((aligned(64)));
+        for (int q = 0; q < P; q++) kg_z_unpack(type, rows[2 * q] + (size_t)b * bb, rows[2 * q + 1] + (size_t)b * bb, &z[q]);
+        for (int g = 0; g < G; g++) {
+            __m512(*ag)[8] = acc + (size_t)g * (KG_RB / 2);
+            __m512 a[KG_Z_PAIRS][8];
+            for (int q = 0; q < P; q++)
+                for (int j = 0; j < 8; j++) a[q][j] = ag[q][j];
+            for (int j = 0; j < 8; j++) {
+                if (g == 0) kx_pf_step(pf, b * 8 + j - c0);
+                kg_z_sub(type, z, &xp[(size_t)g * KG_CHUNK + b * 8 + j - c0], j, a, P);
+            }
+            for (int q = 0; q < P; q++)
+                for (int j = 0; j < 8; j++) ag[q][j] = a[q][j];
+        }
+    }
+}
+
+/* A pair's 8 accumulators summed in kx_hsum's order (kg_store_col's), lane 2t + i to
+ * Y[(t0 + t) * ldy + r + i] for the tokens < nt and the pair's n (1 or 2) rows. */
+KX_INLINE void kg_store_pair(float *Y, int ldy, int t0, int nt, int r, int n, const __m512 a[8]) {
+    const __m512 v = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
+                                   _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])));
+    float tmp[16];
+    _mm512_storeu_ps(tmp, v);
+    for (int t = 0; t < nt; t++)
+        for (int i = 0; i < n; i++) Y[(size_t)(t0 + t) * ldy + r + i] = tmp[2 * t + i];
+}
+
+/* The prefill walk of these types (n_tok >= the type's threshold in kg_matmul): per G <= KG_Z_GROUPS
+ * groups of 8 tokens, kg_matmul's row blocks and column chunks (the same prefetch rule), the
+ * accumulators of pair q of a row block at accs[g][q]. xp: KG_Z_GROUPS * KG_CHUNK blocks. */
+KX_INLINE void kg_matmul_z(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok,
+                           float *Y, int ldy, int r0, int r1, kg_xz *xp) {
+    __m512 accs[KG_Z_GROUPS][KG_RB / 2][8];
+    const int one_chunk = nb <= KG_CHUNK;
+    const int pf_end = one_chunk ? r1 : 0;
+    for (int t0 = 0; t0 < n_tok; t0 += KG_TOKS * KG_Z_GROUPS) {
+        int nt[KG_Z_GROUPS], G = 0;
+        for (; G < KG_Z_GROUPS && t0 + KG_TOKS * G < n_tok; G++)
+            nt[G] = n_tok - t0 - KG_TOKS * G < KG_TOKS ? n_tok - t0 - KG_TOKS * G : KG_TOKS;
+        if (one_chunk)
+            for (int g = 0; g < G; g++) kg_pack_xz(type, Xq, nb, t0 + KG_TOKS * g, nt[g], 0, nb, xp + g * KG_CHUNK);
+        for (int rb = r0; rb < r1; rb += KG_RB) {
+            const int re = r1 - rb < KG_RB ? r1 : rb + KG_RB;
+            for (int g = 0; g < G; g++)
+                for (int q = 0; q < (re - rb + 1) / 2; q++)
+                    for (int j = 0; j < 8; j++) accs[g][q][j] = _mm512_setzero_ps();
+            for (int c0 = 0; c0 < nb; c0 += KG_CHUNK) {
+                const int cn = nb - c0 < KG_CHUNK ? nb - c0 : KG_CHUNK;
+                if (!one_chunk)
+                    for (int g = 0; g < G; g++) kg_pack_xz(type, Xq, nb, t0 + KG_TOKS * g, nt[g], c0, cn, xp + g * KG_CHUNK);
+                for (int r = rb; r < re; r += 2 * KG_Z_PAIRS) {
+                    const int n = re - r < 2 * KG_Z_PAIRS ? re - r : 2 * KG_Z_PAIRS;
+                    const char *rows[2 * KG_Z_PAIRS];
+                    for (int i = 0; i < 2 * KG_Z_PAIRS; i++)
+                        rows[i] = W + (size_t)(r + (i < n ? i : n - 1)) * row_bytes; /* a lone row twice */
+                    const kx_pf pf = kx_pf_init(W, row_bytes, r + n, pf_end, n, cn);
+                    if (n > 2) kg_prefill_tile_z(type, rows, xp, G, c0, cn, &pf, &accs[0][(r - rb) / 2], 2);
+                    else kg_prefill_tile_z(type, rows, xp, G, c0, cn, &pf, &accs[0][(r - rb) / 2], 1);
+                }
+            }
+            for (int g = 0; g < G; g++)
+                for (int r = rb; r < re; r += 2)
+                    kg_store_pair(Y, ldy, t0 + KG_TOKS * g, nt[g], r, re - r < 2 ? 1 : 2, accs[g][(r - rb) / 2]);
+        }
+    }
+}
+
+#endif

@@ -72,7 +72,74 @@ KX_INLINE void kz_tile_mxfp4(const char *W, size_t row_bytes, int nb, const bloc
         for (int t = 0; t < T; t++) Y[(size_t)(t0 + t) * ldy + r0 + i] = kx_hsum(acc[i][t]);
 }
 
-#define KZ_MXFP4_TILE(TYPE, R, T) kz_tile_mxfp4(W, row_bytes, nb, Xq, Y, ldy, r, KX_PF_END(T), t, R, T)
+/* Rows i and i + 1 of a tile share one 512-bit register, row i in the low half, i + 1 in the
+ * high: the unpacking, the dot product, the conversion, the scale product and the fused
+ * multiply-add of a (row, token, block) run once per pair of rows, each half doing exactly
+ * what the 256-bit form does for its row, block after block, so every lane adds the same
+ * products in the same order: the same bits. The token's activations are the same in both
+ * halves (broadcast loads); only the weights' 16 bytes and scale differ (masked broadcast
+ * loads into the high half). On this AMD Zen 5 the 512-bit operations run at full width, where
+ * the 256-bit tile left half of each vector unit idle (docs/benchmarks.md, branch archspeed).
+ * A tile of odd R does its last row alone in the low half.
+ * Only the multi-token tiles take it: with one token (decode) each pair's chain of unpacking,
+ * dot product, conversion and multiply-add has a single use and the pair form measured slower
+ * than the 256-bit tile (1.5x the ticks on gpt-oss's expert shapes), with 4 or 64 tokens
+ * faster. Arguments as kz_tile_mxfp4. */
+KX_INLINE void kz_tile_mxfp4_pairs(const char *W, size_t row_bytes, int nb, const block_q8a *Xq, float *Y, int ldy,
+                                   int r0, int pf_end, int t0, const int R, const int T) {
+    enum { MR = KX_PREFILL_ROWS > KX_DECODE_ROWS ? KX_PREFILL_ROWS : KX_DECODE_ROWS, MT = KX_PREFILL_TOKS };
+    const int RP = (R + 1) / 2; /* row pairs */
+    __m512 acc[(MR + 1) / 2][MT];
+    for (int p = 0; p < RP; p++)
+        for (int t = 0; t < T; t++) acc[p][t] = _mm512_setzero_ps();
+    /* the level table offset to unsigned: every entry is looked up, so xor-ing the table is
+     * adding 128 to the result */
+    const __m512i table = _mm512_broadcast_i32x4(
+        _mm_xor_si128(_mm_loadu_si128((const __m128i *)MXFP4_VALUES), _mm_set1_epi8((char)0x80)));
+    const __m512i k128 = _mm512_set1_epi8((char)0x80), low4 = _mm512_set1_epi8(0x0f);
+    const block_q8a *xt = Xq + (size_t)t0 * nb;
+    const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, pf_end, R, nb);
+    for (int b = 0; b < nb; b++) {
+        kx_pf_step(&pf, b);
+        __m512i xv[MT], xc[MT];
+        __m512 dx[MT];
+        for (int t = 0; t < T; t++) {
+            const block_q8a *x = xt + (size_t)t * nb + b;
+            xv[t] = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)x->qs));
+            xc[t] = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                     _mm512_dpbusd_epi32(_mm512_setzero_si512(), k128, xv[t])); /* -128 * sum(x) */
+            dx[t] = _mm512_set1_ps(x->d);
+        }
+        for (int p = 0; p < RP; p++) {
+            const block_mxfp4 *b0 = (const block_mxfp4 *)(W + (size_t)(r0 + 2 * p) * row_bytes) + b;
+            __m512 dw = _mm512_set1_ps(kz_e8m0_half.f[b0->e]);
+            __m512i q = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)b0->qs));
+            if (2 * p + 1 < R) {
+                const block_mxfp4 *b1 = (const block_mxfp4 *)(W + (size_t)(r0 + 2 * p + 1) * row_bytes) + b;
+                dw = _mm512_mask_broadcastss_ps(dw, 0xff00, _mm_load_ss(&kz_e8m0_half.f[b1->e]));
+                q = _mm512_mask_broadcast_i32x4(q, 0xff00, _mm_loadu_si128((const __m128i *)b1->qs));
+            }
+            /* per 128-bit lane a row's 16 bytes: the 1st and 3rd lanes keep them (low nibbles, weights
+             * 0..15), the 2nd and 4th shift them by 4 (high nibbles, weights 16..31) */
+            q = _mm512_mask_srli_epi16(q, 0xff00ff00u, q, 4);
+            const __m512i u = _mm512_shuffle_epi8(table, _mm512_and_si512(q, low4));
+            for (int t = 0; t < T; t++) {
+                const __m512i lanes = _mm512_dpbusd_epi32(xc[t], u, xv[t]);
+                acc[p][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lanes), _mm512_mul_ps(dw, dx[t]), acc[p][t]);
+            }
+        }
+    }
+    for (int p = 0; p < RP; p++)
+        for (int t = 0; t < T; t++) {
+            float *y = Y + (size_t)(t0 + t) * ldy + r0 + 2 * p;
+            y[0] = kx_hsum(_mm512_castps512_ps256(acc[p][t]));
+            if (2 * p + 1 < R) y[1] = kx_hsum(_mm512_extractf32x8_ps(acc[p][t], 1));
+        }
+}
+
+#define KZ_MXFP4_TILE(TYPE, R, T)                                                                             \
+    ((T) == 1 || (R) == 1 ? kz_tile_mxfp4(W, row_bytes, nb, Xq, Y, ldy, r, KX_PF_END(T), t, R, T)                 \
+                          : kz_tile_mxfp4_pairs(W, row_bytes, nb, Xq, Y, ldy, r, KX_PF_END(T), t, R, T))
 
 static void kz_matmul_mxfp4(const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok, float *Y,
                             int ldy, int r0, int r1) {

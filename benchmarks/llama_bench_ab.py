@@ -23,8 +23,16 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench import environment, median, prewarm_page_cache, prompt_ids, resolve_model  # noqa: E402
-from llama_bench_compare import N_PROMPT, default_llama_bench, run_colibri, run_llama_bench  # noqa: E402
+from bench import environment, prewarm_page_cache, prompt_ids, resolve_model  # noqa: E402
+from llama_bench_compare import (  # noqa: E402
+    N_PROMPT,
+    cell,
+    default_llama_bench,
+    engine_summary,
+    fmt,
+    run_colibri,
+    run_llama_bench,
+)
 from make_bench_models import DEFAULT_CACHE_DIR  # noqa: E402
 
 ENGINES = ("llama_bench", "colibri_base", "colibri_new")
@@ -63,12 +71,7 @@ def summarize(runs: list[dict]) -> list[dict]:
         row["load_range"] = [min(loads), max(loads)]
         for engine in ENGINES:
             ok = [r for r in runs if r["model"] == model and r["engine"] == engine and r["ok"]]
-            e: dict = {"runs_ok": len(ok)}
-            for k in ("decode_tps", "prefill_tps"):
-                vals = [r[k] for r in ok]
-                e[k] = median(vals)
-                e[f"{k}_range"] = [min(vals), max(vals)] if vals else None
-            row["engines"][engine] = e
+            row["engines"][engine] = engine_summary(ok, ("decode_tps", "prefill_tps"))
         ll, b, n = (row["engines"][e] for e in ENGINES)
 
         def ratio(x: dict, y: dict, k: str) -> float | None:
@@ -82,10 +85,6 @@ def summarize(runs: list[dict]) -> list[dict]:
     return rows
 
 
-def _fmt(x: float | None, d: int = 1) -> str:
-    return "–" if x is None else f"{x:.{d}f}"
-
-
 def table(rows: list[dict]) -> str:
     """A markdown table: one line per model and measure (decode, prefill)."""
     lines = [
@@ -95,17 +94,12 @@ def table(rows: list[dict]) -> str:
     ]
     for r in rows:
         for k, name in (("decode_tps", "decode"), ("prefill_tps", "prefill")):
-
-            def cell(e: dict, k: str = k) -> str:
-                rng = e[f"{k}_range"]
-                return f"{_fmt(e[k])} ({_fmt(rng[0])}–{_fmt(rng[1])})" if rng else "–"
-
             q = r["ratio"][k]
             eng = r["engines"]
             lines.append(
-                f"| {r['model']} | {name} | {cell(eng['llama_bench'])} | {cell(eng['colibri_base'])} "
-                f"| {cell(eng['colibri_new'])} | {_fmt(q['new/llama'], 2)}× | {_fmt(q['base/llama'], 2)}× "
-                f"| {_fmt(q['new/base'], 2)}× | {_fmt(r['load_range'][0])}–{_fmt(r['load_range'][1])} |"
+                f"| {r['model']} | {name} | {cell(eng['llama_bench'], k)} | {cell(eng['colibri_base'], k)} "
+                f"| {cell(eng['colibri_new'], k)} | {fmt(q['new/llama'], 2)}× | {fmt(q['base/llama'], 2)}× "
+                f"| {fmt(q['new/base'], 2)}× | {fmt(r['load_range'][0])}–{fmt(r['load_range'][1])} |"
             )
     return "\n".join(lines)
 

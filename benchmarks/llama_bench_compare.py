@@ -156,6 +156,16 @@ def run_colibri(exe: Path, model: Path, prompt_file: Path, seed: int, timeout: f
     return out
 
 
+def engine_summary(ok: list[dict], keys: tuple[str, ...]) -> dict:
+    """One engine's successful runs: their count, and the median and (min, max) of each figure in ``keys``."""
+    e: dict = {"runs_ok": len(ok)}
+    for k in keys:
+        vals = [r[k] for r in ok if k in r]
+        e[k] = median(vals)
+        e[f"{k}_range"] = [min(vals), max(vals)] if vals else None
+    return e
+
+
 def summarize(runs: list[dict]) -> list[dict]:
     rows = []
     keys = dict.fromkeys((r["model"], r["mode"]) for r in runs)
@@ -165,20 +175,21 @@ def summarize(runs: list[dict]) -> list[dict]:
             ok = [
                 r for r in runs if (r["model"], r["mode"], r["engine"]) == (model, mode, engine) and r["ok"]
             ]
-            e: dict = {"runs_ok": len(ok)}
-            for k in ("decode_tps", "prefill_tps", "wall_s"):
-                vals = [r[k] for r in ok if k in r]
-                e[k] = median(vals)
-                e[f"{k}_range"] = [min(vals), max(vals)] if vals else None
-            row["engines"][engine] = e
+            row["engines"][engine] = engine_summary(ok, ("decode_tps", "prefill_tps", "wall_s"))
         c, ll = row["engines"]["colibri_run"], row["engines"]["llama_bench"]
         row["ratio"] = {k: (c[k] / ll[k] if c[k] and ll[k] else None) for k in ("decode_tps", "prefill_tps")}
         rows.append(row)
     return rows
 
 
-def _fmt(x: float | None, d: int = 1) -> str:
+def fmt(x: float | None, d: int = 1) -> str:
     return "–" if x is None else f"{x:.{d}f}"
+
+
+def cell(e: dict, k: str) -> str:
+    """An engine's median of figure ``k`` with its range, for a markdown table."""
+    rng = e[f"{k}_range"]
+    return f"{fmt(e[k])} ({fmt(rng[0])}–{fmt(rng[1])})" if rng else "–"
 
 
 def table(rows: list[dict]) -> str:
@@ -190,14 +201,10 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         ll, c = r["engines"]["llama_bench"], r["engines"]["colibri_run"]
 
-        def cell(e: dict, k: str) -> str:
-            rng = e[f"{k}_range"]
-            return f"{_fmt(e[k])} ({_fmt(rng[0])}–{_fmt(rng[1])})" if rng else "–"
-
         lines.append(
             f"| {r['model']} | {r['mode']} | {cell(ll, 'decode_tps')} | {cell(c, 'decode_tps')} | "
-            f"{_fmt(r['ratio']['decode_tps'], 2)}× | {cell(ll, 'prefill_tps')} | {cell(c, 'prefill_tps')} | "
-            f"{_fmt(r['ratio']['prefill_tps'], 2)}× | {_fmt(ll['wall_s'])} / {_fmt(c['wall_s'])} |"
+            f"{fmt(r['ratio']['decode_tps'], 2)}× | {cell(ll, 'prefill_tps')} | {cell(c, 'prefill_tps')} | "
+            f"{fmt(r['ratio']['prefill_tps'], 2)}× | {fmt(ll['wall_s'])} / {fmt(c['wall_s'])} |"
         )
     return "\n".join(lines)
 

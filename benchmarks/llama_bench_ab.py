@@ -23,15 +23,15 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench import environment, prewarm_page_cache, prompt_ids, resolve_model  # noqa: E402
+from bench import environment, prewarm_page_cache, resolve_model  # noqa: E402
 from llama_bench_compare import (  # noqa: E402
-    N_PROMPT,
     cell,
     default_llama_bench,
     engine_summary,
     fmt,
     run_colibri,
     run_llama_bench,
+    write_prompt_files,
 )
 from make_bench_models import DEFAULT_CACHE_DIR  # noqa: E402
 
@@ -125,17 +125,11 @@ def main(argv: list[str] | None = None) -> int:
         if not exe.is_file():
             ap.error(f"{exe} does not exist")
     models = [resolve_model(m, args.cache_dir, args.bench_type) for m in args.model]
-    for _, path in models:
-        if not path.is_file():
-            ap.error(f"model file not found: {path}")
+    missing = [str(path) for _, path in models if not path.is_file()]
+    if missing:
+        ap.error(f"model file not found: {missing[0]}")
     with tempfile.TemporaryDirectory() as tmp:
-        from colibri_backend.adapters.tokenizer import Tokenizer
-
-        prompts = {}
-        for n, (label, path) in enumerate(models):
-            prompts[label] = Path(tmp) / f"prompt-{n}.txt"
-            text = Tokenizer.from_gguf(path).decode(prompt_ids(path, N_PROMPT))
-            prompts[label].write_text(text, encoding="utf-8")
+        prompts = write_prompt_files(models, Path(tmp))
 
         def colibri(exe: Path) -> Callable[[str, Path, int], dict]:
             return lambda label, path, i: run_colibri(exe, path, prompts[label], i + 1, args.timeout)

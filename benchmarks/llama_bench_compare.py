@@ -156,6 +156,19 @@ def run_colibri(exe: Path, model: Path, prompt_file: Path, seed: int, timeout: f
     return out
 
 
+def write_prompt_files(models: list[tuple[str, Path]], directory: Path) -> dict[str, Path]:
+    """The benchmark prompt (its first N_PROMPT ids, decoded with each model's own tokenizer) written to a
+    file per model for colibri-run's -f, keyed by the model's label."""
+    from colibri_backend.adapters.tokenizer import Tokenizer
+
+    prompts = {}
+    for n, (label, path) in enumerate(models):
+        prompts[label] = directory / f"prompt-{n}.txt"
+        text = Tokenizer.from_gguf(path).decode(prompt_ids(path, N_PROMPT))
+        prompts[label].write_text(text, encoding="utf-8")
+    return prompts
+
+
 def engine_summary(ok: list[dict], keys: tuple[str, ...]) -> dict:
     """One engine's successful runs: their count, and the median and (min, max) of each figure in ``keys``."""
     e: dict = {"runs_ok": len(ok)}
@@ -278,18 +291,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"{lb} does not exist: run benchmarks/build_llama_bench.sh first (or pass --llama-bench)")
     cr = args.colibri_run or build_colibri_run(REPO / "build" / "bench")
     models = [resolve_model(m, args.cache_dir, args.bench_type) for m in args.model]
-    for _, path in models:
-        if not path.is_file():
-            ap.error(f"model file not found: {path}")
+    missing = [str(path) for _, path in models if not path.is_file()]
+    if missing:
+        ap.error(f"model file not found: {missing[0]}")
 
     with tempfile.TemporaryDirectory() as tmp:
-        from colibri_backend.adapters.tokenizer import Tokenizer
-
-        prompts = {}
-        for n, (label, path) in enumerate(models):
-            prompts[label] = Path(tmp) / f"prompt-{n}.txt"
-            text = Tokenizer.from_gguf(path).decode(prompt_ids(path, N_PROMPT))
-            prompts[label].write_text(text, encoding="utf-8")
+        prompts = write_prompt_files(models, Path(tmp))
         engines: dict[str, Callable[[str, Path, int], dict]] = {
             "llama_bench": lambda label, path, i: run_llama_bench(lb, path, args.timeout),
             "colibri_run": lambda label, path, i: run_colibri(

@@ -8,8 +8,10 @@ reuse policy's gap histograms, follow table and use rates; and in a step of seve
 (experts read in this step go first, the latest read first). A decode step (one token) holds every chosen
 expert before it acquires them (ffn.c's decode_experts), a step of several tokens acquires the union in waves
 (chunk_experts). No prefetch, no profile: what the replay then counts is deterministic, so the test asks for
-equal counts. The reuse scores are compared as doubles computed in the same order as the C code; experts.c is
-built without FMA contraction on x86-64 (no -mfma), so they are the same numbers.
+equal counts (hits and misses are integers: compared exactly). The simulator's victim choices compare LFU
+and reuse scores as doubles computed in the same order as the C code; experts.c is built with
+-ffp-contract=off (native/CMakeLists.txt), so no CPU fuses a*b+c into an FMA there and both sides round
+alike. pow() comes from the platform's libm on both sides (Python's math.pow calls it).
 """
 
 from __future__ import annotations

@@ -93,3 +93,10 @@ def random_texts(n: int, seed: int) -> list[str]:
     """n strings of 1 to 48 characters drawn from RANDOM_POOL."""
     rng = random.Random(seed)
     return ["".join(rng.choice(RANDOM_POOL) for _ in range(rng.randint(1, 48))) for _ in range(n)]
+
+
+def c_end_of_generation(vocab: Path) -> set[int]:
+    """The ids at which the C runner stops generating (colibri-tokenize --eog)."""
+    r = subprocess.run([str(c_tool()), "--eog", str(vocab)], capture_output=True, check=False)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    return {int(x) for x in r.stdout.split()}

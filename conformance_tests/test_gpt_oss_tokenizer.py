@@ -178,6 +178,20 @@ def test_c_tokenizer_matches_harmony(built: gv.Built, expected: list[list[int]],
     assert [text for _, text in got] == CORPUS
 
 
+@pytest.mark.parametrize("converter", CONVERTERS)
+def test_c_runner_stops_at_harmony_turn_ends(built: gv.Built, converter: str) -> None:
+    """colibri-run ends a gpt-oss turn at <|return|> (an answer) or <|call|> (a tool call), not at the
+    <|end|> that closes the analysis message before the final one; the Python tokenizer stops at the same
+    ids."""
+    path = built.gguf(converter)
+    py = Tokenizer.from_gguf(path)
+    got = ct.c_end_of_generation(path)
+    special = {text: py.token_to_id(text) for text in ("<|return|>", "<|call|>", "<|end|>")}
+    assert special["<|return|>"] in got and special["<|call|>"] in got
+    assert special["<|end|>"] not in got
+    assert got == set(py.stop_token_ids)
+
+
 def test_c_pretokenizer_matches_o200k_split(hf: Any) -> None:
     """The C "gpt-4o" pre-tokenizer splits the corpus and 3000 random strings into the words of the Hugging
     Face tokenizer's pre_tokenizer (o200k's regex, as transformers' TikTokenConverter writes it)."""

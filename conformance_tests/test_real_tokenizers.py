@@ -36,6 +36,7 @@ from colibri_backend.adapters.tokenizer import (
     TOKEN_USER_DEFINED,
     Tokenizer,
 )
+from colibri_backend.errors import UnsupportedModelError
 
 SEP = "\n__ggml_vocab_test__\n"
 
@@ -146,6 +147,28 @@ def test_c_tokenizer_on_vocab_test_file(name: str) -> None:
     meta = read_metadata(path)
     kind = f"{meta['tokenizer.ggml.model']}, pre {meta.get('tokenizer.ggml.pre')!r}"
     _check_equal(f"ggml-vocab-{name} ({kind}) .inp/.out", texts, want, C=[ids for ids, _ in out])
+
+
+# the pre-tokenizers only the C tokenizer has (the Python tokenizer refuses these files by name)
+PY_REFUSES = {"deepseek-coder", "falcon"}
+
+
+@pytest.mark.parametrize("name", [n for n in VOCAB_TEST_FILES if n not in C_REFUSES])
+def test_c_runner_stops_where_python_stops(name: str) -> None:
+    """colibri-run's end-of-generation ids (EOS, EOT/EOM and the control end-of-turn tokens) are the Python
+    tokenizer's stop ids on every real vocabulary both read, so `colibri-run` and `colibri run` end an
+    answer alike."""
+    path = _vocab_file(name)
+    meta = read_metadata(path)
+    got = ct.c_end_of_generation(path)
+    if name in PY_REFUSES:
+        with pytest.raises(UnsupportedModelError, match="unknown tokenizer.ggml.pre"):
+            Tokenizer.from_gguf_metadata(meta, source=str(path))
+        assert meta["tokenizer.ggml.eos_token_id"] in got
+        return
+    py = Tokenizer.from_gguf_metadata(meta, source=str(path))
+    assert got == set(py.stop_token_ids), f"C {sorted(got)} != Python {sorted(py.stop_token_ids)}"
+    assert got, "no end-of-generation id"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -60,6 +60,8 @@ struct cb_tokenizer {
     int32_t *special;       /* [n_special] ids of control/user-defined tokens, longest text first */
     int32_t n_special;
     int32_t bos, eos;
+    int32_t eog[16];        /* [n_eog] ids that end generation: EOS, EOT/EOM and control end-of-turn tokens */
+    int n_eog;
     int add_bos;
     pre_kind pre;
     int pre_known;          /* tokenizer.ggml.pre names a pre-tokenizer of pretokenize.c */
@@ -192,6 +194,45 @@ static void sort_specials(cb_tokenizer *t) {
     }
 }
 
+/* Texts of control tokens that end a turn in the chat formats we know (the same list as the Python
+ * tokenizer's _END_OF_TURN_TEXTS), so every C caller stops where Python stops. */
+static const char *const END_OF_TURN[] = {"<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>",
+                                          "<end_of_turn>", "<|end|>", "<|eom_id|>", "</s>"};
+
+static int32_t control_id(const cb_tokenizer *t, const char *text) {
+    int32_t id = strtab_get(&t->vocab, t->tok, t->tok_len, text, strlen(text));
+    return id >= 0 && t->tok_type[id] == TOKEN_TYPE_CONTROL ? id : -1;
+}
+
+static void add_eog(cb_tokenizer *t, int32_t id) {
+    if (id < 0) return;
+    for (int i = 0; i < t->n_eog; i++)
+        if (t->eog[i] == id) return;
+    t->eog[t->n_eog++] = id;
+}
+
+/* Harmony (gpt-oss) ends an assistant message with <|end|> and the turn with <|return|> or <|call|>: an
+ * analysis message ends in <|end|> and the final answer follows, so where the vocabulary has both turn
+ * ends they stop generation and <|end|> does not. */
+static void init_eog(cb_tokenizer *t, const gguf_file *f) {
+    t->n_eog = 0;
+    add_eog(t, t->eos);
+    static const char *const END_KEYS[] = {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"};
+    for (size_t i = 0; i < sizeof END_KEYS / sizeof *END_KEYS; i++) {
+        int32_t v;
+        if (gguf_get_i32(f, END_KEYS[i], &v) == 1 && v >= 0 && v < t->n_vocab) add_eog(t, v);
+    }
+    for (size_t i = 0; i < sizeof END_OF_TURN / sizeof *END_OF_TURN; i++) add_eog(t, control_id(t, END_OF_TURN[i]));
+    int32_t ret = control_id(t, "<|return|>"), call = control_id(t, "<|call|>");
+    if (ret >= 0 && call >= 0) {
+        int32_t end = control_id(t, "<|end|>");
+        for (int i = 0; i < t->n_eog; i++)
+            if (t->eog[i] == end) t->eog[i--] = t->eog[--t->n_eog];
+        add_eog(t, ret);
+        add_eog(t, call);
+    }
+}
+
 colibri_status tokenizer_load(const gguf_file *f, cb_tokenizer **out) {
     if (!f || !out) return cb_error(COLIBRI_E_INVALID_ARG, "tokenizer_load: NULL argument");
     *out = NULL;
@@ -272,6 +313,7 @@ colibri_status tokenizer_load(const gguf_file *f, cb_tokenizer **out) {
     int32_t v;
     if (gguf_get_i32(f, "tokenizer.ggml.bos_token_id", &v) == 1 && v >= 0 && v < t->n_vocab) t->bos = v;
     if (gguf_get_i32(f, "tokenizer.ggml.eos_token_id", &v) == 1 && v >= 0 && v < t->n_vocab) t->eos = v;
+    init_eog(t, f);
     t->unk = -1;
     if (gguf_get_i32(f, "tokenizer.ggml.unknown_token_id", &v) == 1 && v >= 0 && v < t->n_vocab) t->unk = v;
     int b;
@@ -294,6 +336,12 @@ fail:
 int32_t tokenizer_n_vocab(const cb_tokenizer *t) { return t ? t->n_vocab : 0; }
 int32_t tokenizer_bos(const cb_tokenizer *t) { return t ? t->bos : -1; }
 int32_t tokenizer_eos(const cb_tokenizer *t) { return t ? t->eos : -1; }
+int tokenizer_is_eog(const cb_tokenizer *t, int32_t id) {
+    if (!t || id < 0) return 0;
+    for (int i = 0; i < t->n_eog; i++)
+        if (t->eog[i] == id) return 1;
+    return 0;
+}
 int tokenizer_add_bos(const cb_tokenizer *t) { return t ? t->add_bos : 0; }
 const char *tokenizer_unknown_pre(const cb_tokenizer *t) {
     return t && !t->spm && !t->gemma4 && !t->pre_known ? t->pre_name : NULL;

@@ -35,6 +35,9 @@ void tokenizer_free(cb_tokenizer *t);
 int32_t tokenizer_n_vocab(const cb_tokenizer *t);
 int32_t tokenizer_bos(const cb_tokenizer *t);       /* -1 if none */
 int32_t tokenizer_eos(const cb_tokenizer *t);       /* -1 if none */
+/* 1 if id ends generation: the EOS token or a control end-of-turn token (<|im_end|>, <|eot_id|>, <|end|>,
+ * ...); in a harmony (gpt-oss) vocabulary <|return|> and <|call|> and not <|end|>. */
+int tokenizer_is_eog(const cb_tokenizer *t, int32_t id);
 int tokenizer_add_bos(const cb_tokenizer *t);        /* tokenizer.ggml.add_bos_token (default: 0 for gpt2,
                                                         1 for SentencePiece) */
 int tokenizer_token_type(const cb_tokenizer *t, int32_t id);   /* 0 if out of range */

@@ -529,8 +529,7 @@ int main(int argc, char **argv) {
         }
         n_gen++;
         if (n_gen == 1) t_first = now_s();
-        int ty = tokenizer_token_type(tok, next);
-        if (next == tokenizer_eos(tok) || ty == TOKEN_TYPE_CONTROL) {
+        if (tokenizer_is_eog(tok, next)) {
             if (o.show_special) {
                 int32_t l = tokenizer_decode(tok, next, 1, piece, sizeof piece);
                 if (l > 0) fwrite(piece, 1, (size_t)(l < (int32_t)sizeof piece ? l : (int32_t)sizeof piece), stdout);

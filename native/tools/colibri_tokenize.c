@@ -14,7 +14,9 @@
  *
  * --words PRE: no vocabulary; each text is split by the pre-tokenizer of the tokenizer.ggml.pre name PRE
  * (pretokenize.c) and written as one line, each word's bytes in hex, the words separated by spaces (exit
- * status 1 for a name pretokenize.c does not know). */
+ * status 1 for a name pretokenize.c does not know).
+ *
+ * --eog VOCAB.gguf: no input; one line with the ids that end generation (tokenizer_is_eog), ascending. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,17 +76,19 @@ static int words(const char *pre) {
 
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--words")) return words(argv[2]);
-    int add_bos = 0, parse_special = 1;
+    int add_bos = 0, parse_special = 1, list_eog = 0;
     const char *path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--bos")) add_bos = 1;
         else if (!strcmp(argv[i], "--no-special")) parse_special = 0;
+        else if (!strcmp(argv[i], "--eog")) list_eog = 1;
         else if (!path && argv[i][0] != '-') path = argv[i];
         else path = NULL, i = argc;
     }
     if (!path) {
         fprintf(stderr, "usage: colibri-tokenize [--bos] [--no-special] VOCAB.gguf < records\n"
-                        "       colibri-tokenize --words PRE < records\n");
+                        "       colibri-tokenize --words PRE < records\n"
+                        "       colibri-tokenize --eog VOCAB.gguf\n");
         return 2;
     }
     gguf_file f;
@@ -100,6 +104,14 @@ int main(int argc, char **argv) {
     if (tokenizer_unknown_pre(tok))
         fprintf(stderr, "colibri-tokenize: warning: tokenizer.ggml.pre '%s' is not known; split as gpt2\n",
                 tokenizer_unknown_pre(tok));
+    if (list_eog) {
+        for (int32_t id = 0, n = 0; id < tokenizer_n_vocab(tok); id++)
+            if (tokenizer_is_eog(tok, id)) printf(n++ ? " %d" : "%d", (int)id);
+        putchar('\n');
+        tokenizer_free(tok);
+        gguf_close(&f);
+        return 0;
+    }
     int rc = 0;
     char *text = NULL;
     size_t len = 0;

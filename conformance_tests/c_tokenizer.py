@@ -4,6 +4,7 @@ colibri-tokenize tool of this checkout's build/dev, and the random strings its p
 
 from __future__ import annotations
 
+import functools
 import random
 import subprocess
 from pathlib import Path
@@ -12,20 +13,22 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 
 
+@functools.cache
 def c_tool() -> Path:
-    """colibri-tokenize of this checkout's build/dev, built first if missing."""
+    """colibri-tokenize of this checkout's build/dev, brought up to date with the sources once per test run
+    (a tool left by an older checkout would test old code)."""
     exe = REPO / "build" / "dev" / "colibri-tokenize"
-    if not exe.is_file():
+    if not (exe.parent / "CMakeCache.txt").is_file():
         subprocess.run(
             ["cmake", "-S", str(REPO / "native"), "-B", str(exe.parent), "-DCMAKE_BUILD_TYPE=Release"],
             check=True,
             capture_output=True,
         )
-        subprocess.run(
-            ["cmake", "--build", str(exe.parent), "-j2", "--target", "colibri-tokenize"],
-            check=True,
-            capture_output=True,
-        )
+    subprocess.run(
+        ["cmake", "--build", str(exe.parent), "-j2", "--target", "colibri-tokenize"],
+        check=True,
+        capture_output=True,
+    )
     return exe
 
 

@@ -392,6 +392,30 @@ static void test_gemma4(void) {
     gguf_close(&f);
 }
 
+/* The end-of-generation set: a harmony (gpt-oss) vocabulary stops at <|return|> and <|call|> and not at
+ * <|end|> (an analysis message ends there and the answer follows); a vocabulary with only <|end|> (phi-style)
+ * stops at it. A normal token with an end-of-turn text is not a stop. */
+static void test_eog(int harmony) {
+    static const char *tokens[] = {"a", "<|start|>", "<|channel|>", "<|end|>", "<|return|>", "<|call|>", "<|im_end|>"};
+    int32_t types[] = {TOKEN_TYPE_NORMAL, TOKEN_TYPE_CONTROL, TOKEN_TYPE_CONTROL, TOKEN_TYPE_CONTROL,
+                       TOKEN_TYPE_CONTROL, TOKEN_TYPE_CONTROL, TOKEN_TYPE_NORMAL};
+    if (!harmony) types[4] = types[5] = TOKEN_TYPE_NORMAL;
+    static const char *merges[] = {"a a"};
+    write_test_vocab(&(test_vocab){"gpt2", "gpt2", tokens, 7, types, merges, 1, NULL, -1, -1, -1});
+    gguf_file f;
+    cb_tokenizer *t = NULL;
+    CHECK(gguf_open(tmp_path, &f) == COLIBRI_OK);
+    CHECK(tokenizer_load(&f, &t) == COLIBRI_OK);
+    if (!t) fprintf(stderr, "eog load: %s\n", cb_last_error());
+    CHECK(tokenizer_is_eog(t, 3) == !harmony);   /* <|end|> */
+    CHECK(tokenizer_is_eog(t, 4) == harmony);    /* <|return|> */
+    CHECK(tokenizer_is_eog(t, 5) == harmony);    /* <|call|> */
+    CHECK(!tokenizer_is_eog(t, 0) && !tokenizer_is_eog(t, 1) && !tokenizer_is_eog(t, 2));
+    CHECK(!tokenizer_is_eog(t, 6) && !tokenizer_is_eog(t, -1) && !tokenizer_is_eog(t, 99));
+    tokenizer_free(t);
+    gguf_close(&f);
+}
+
 int main(void) {
     snprintf(tmp_path, sizeof tmp_path, "/tmp/colibri_test_tokenizer_%d.gguf", (int)getpid());
     for (int x = 0; x < 256; x++) snprintf(byte_names[x], sizeof byte_names[x], "<0x%02X>", x);
@@ -399,6 +423,8 @@ int main(void) {
     test_digits_and_unsupported();
     test_spm();
     test_gemma4();
+    test_eog(1);
+    test_eog(0);
     unlink(tmp_path);
     return test_summary("test_tokenizer");
 }

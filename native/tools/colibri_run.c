@@ -5,7 +5,8 @@
  * The prompt is tokenized with the GGUF's own vocabulary (tokenizer.c), optionally wrapped as
  * one chat turn in the model's template family (chat_template.c), run through the model in one
  * batched prefill, then tokens are sampled one at a time and printed as they come. Generation
- * stops after N tokens, at the end-of-sequence token, or at any other control token. Speed (and
+ * stops after N tokens or at an end-of-generation token (tokenizer_is_eog: EOS, an end-of-turn control token;
+ * for gpt-oss <|return|> or <|call|>, not <|end|>); other control tokens are not printed. Speed (and
  * with --stats the engine's counters) goes to stderr. Linked against the static engine library;
  * with -DCOLIBRI_STATIC_RUN=ON the executable itself is static (docs/portability.md). */
 #include <errno.h>

@@ -204,32 +204,30 @@ static int32_t control_id(const cb_tokenizer *t, const char *text) {
     return id >= 0 && t->tok_type[id] == TOKEN_TYPE_CONTROL ? id : -1;
 }
 
-static void add_eog(cb_tokenizer *t, int32_t id) {
-    if (id < 0) return;
-    for (int i = 0; i < t->n_eog; i++)
-        if (t->eog[i] == id) return;
-    t->eog[t->n_eog++] = id;
-}
-
 /* Harmony (gpt-oss) ends an assistant message with <|end|> and the turn with <|return|> or <|call|>: an
  * analysis message ends in <|end|> and the final answer follows, so where the vocabulary has both turn
  * ends they stop generation and <|end|> does not. */
 static void init_eog(cb_tokenizer *t, const gguf_file *f) {
-    t->n_eog = 0;
-    add_eog(t, t->eos);
     static const char *const END_KEYS[] = {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"};
-    for (size_t i = 0; i < sizeof END_KEYS / sizeof *END_KEYS; i++) {
-        int32_t v;
-        if (gguf_get_i32(f, END_KEYS[i], &v) == 1 && v >= 0 && v < t->n_vocab) add_eog(t, v);
-    }
-    for (size_t i = 0; i < sizeof END_OF_TURN / sizeof *END_OF_TURN; i++) add_eog(t, control_id(t, END_OF_TURN[i]));
+    enum { N_END_KEYS = sizeof END_KEYS / sizeof *END_KEYS, N_TEXTS = sizeof END_OF_TURN / sizeof *END_OF_TURN };
+    _Static_assert(1 + N_END_KEYS + N_TEXTS + 2 <= sizeof ((cb_tokenizer *)0)->eog / sizeof(int32_t),
+                   "eog[] holds every candidate");
     int32_t ret = control_id(t, "<|return|>"), call = control_id(t, "<|call|>");
-    if (ret >= 0 && call >= 0) {
-        int32_t end = control_id(t, "<|end|>");
-        for (int i = 0; i < t->n_eog; i++)
-            if (t->eog[i] == end) t->eog[i--] = t->eog[--t->n_eog];
-        add_eog(t, ret);
-        add_eog(t, call);
+    int harmony = ret >= 0 && call >= 0;
+    int32_t message_end = harmony ? control_id(t, "<|end|>") : -1;
+    int32_t cand[1 + N_END_KEYS + N_TEXTS + 2], n = 0;
+    cand[n++] = t->eos;
+    for (int i = 0; i < N_END_KEYS; i++) {
+        int32_t v;
+        cand[n++] = gguf_get_i32(f, END_KEYS[i], &v) == 1 && v < t->n_vocab ? v : -1;
+    }
+    for (int i = 0; i < N_TEXTS; i++) cand[n++] = control_id(t, END_OF_TURN[i]);
+    cand[n++] = harmony ? ret : -1;
+    cand[n++] = harmony ? call : -1;
+    t->n_eog = 0;
+    for (int i = 0; i < n; i++) {
+        if (cand[i] < 0 || cand[i] == message_end || tokenizer_is_eog(t, cand[i])) continue;
+        t->eog[t->n_eog++] = cand[i];
     }
 }
 

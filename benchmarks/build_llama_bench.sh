@@ -5,8 +5,8 @@
 #   benchmarks/build_llama_bench.sh            # -> $XDG_CACHE_HOME/colibri/llama.cpp-0.3.36/bin/llama-bench
 #   LLAMA_SRC_DIR=/tmp/lcpp-sdist benchmarks/build_llama_bench.sh   # reuse an unpacked sdist
 #
-# The flags are the README's CMAKE_ARGS for llama-cpp-python: AVX-512 (VNNI, VBMI, BF16) without
-# -march=native, because a native build picks AMX weight buffers on this machine class and crashes.
+# The flags are the README's CMAKE_ARGS for llama-cpp-python (tools/llama_cpp_cmake_args.py): built for
+# this CPU with AMX switched off, so llama-bench is the same engine the conformance suite loads.
 # Nothing here is committed: the sources and the build live under the cache directory (or $OUT_DIR).
 # Prints the bin directory on its last line.
 set -euo pipefail
@@ -35,9 +35,9 @@ mkdir -p "$BUILD"
 # one build at a time in this directory (two makes in one tree corrupt each other's objects)
 exec 9>"$OUT_DIR/.build.lock"
 flock 9
-cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
-    -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
-    -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_BF16=ON \
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+eval "ARCH_ARGS=($(python "$ROOT/tools/llama_cpp_cmake_args.py"))"
+cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release "${ARCH_ARGS[@]}" \
     -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
     -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON >"$OUT_DIR/cmake-configure.log" 2>&1 \
     || { echo "build_llama_bench: cmake configure failed, see $OUT_DIR/cmake-configure.log" >&2; exit 1; }

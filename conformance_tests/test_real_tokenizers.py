@@ -151,12 +151,29 @@ def test_c_tokenizer_on_vocab_test_file(name: str) -> None:
 @pytest.mark.parametrize("name", [n for n in VOCAB_TEST_FILES if n not in C_REFUSES])
 def test_python_tokenizer_on_vocab_test_file(name: str) -> None:
     """The Python tokenizer built from the GGUF's metadata gives the .out file's (Hugging Face's) ids for
-    every .inp text of each vocabulary the C one reads."""
+    every .inp text of each vocabulary the C one reads. One exception: qwen35's .inp has three strings in
+    decomposed form (e + U+0301, ...) whose .out ids are those of the text as it is, while Qwen3.5's
+    tokenizer.json normalizes to NFC first (tokenizers 0.23.3 and transformers 5.24 both do:
+    test_python_tokenizer_normalizes_as_tokenizer_json), as the Python tokenizer does for that name. Those are
+    held to the ids of their NFC form instead, and reported."""
+    import unicodedata
+
+    from colibri_backend.adapters.tokenizer import _NFC_PRES
+
     path = _vocab_file(name)
-    tok = Tokenizer.from_gguf_metadata(read_metadata(path), source=str(path))
+    meta = read_metadata(path)
+    tok = Tokenizer.from_gguf_metadata(meta, source=str(path))
     cases = _vocab_tests(name)
-    texts, want = [t for t, _ in cases], [i for _, i in cases]
+    nfc = meta.get("tokenizer.ggml.pre") in _NFC_PRES
+    kept = [(t, i) for t, i in cases if not nfc or unicodedata.normalize("NFC", t) == t]
+    texts, want = [t for t, _ in kept], [i for _, i in kept]
     _check_equal(f"ggml-vocab-{name} .inp/.out", texts, want, Python=_py_ids(tok, texts))
+    changed = [t for t, _ in cases if nfc and unicodedata.normalize("NFC", t) != t]
+    if changed:
+        composed = [unicodedata.normalize("NFC", t) for t in changed]
+        assert _py_ids(tok, changed) == _py_ids(tok, composed)
+        tm.report(f"  {len(changed)} strings NFC changes: the ids of their NFC form")
+    assert len(changed) == (3 if name == "qwen35" else 0)
 
 
 @pytest.mark.parametrize("name", [n for n in VOCAB_TEST_FILES if n not in C_REFUSES])

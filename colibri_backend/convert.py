@@ -1510,12 +1510,12 @@ def _pre_tokenizer_name(pre: dict[str, Any] | None) -> str:
             return "gpt-4o"
     splits = kinds[:-1]
     if splits and splits[-1] == "Digits" and steps[-2].get("individual_digits"):
-        # DeepSeek-LLM / V2 end their splits with Digits(individual_digits): llama.cpp's \p{N}+ in its place
-        # gives the same tokens, as their vocabularies merge no digits
+        # DeepSeek-LLM / V2 and DeepSeek-Coder end their splits with Digits(individual_digits), which is the
+        # \p{N} split the tokenizer's regex list ends with
         splits = splits[:-1]
     if len(splits) > 1 and set(splits) == {"Split"} and not last.get("use_regex", True):
-        # several regex splits in sequence (DeepSeek-V3's three, DeepSeek-LLM / V2's five), as tokenizer.json
-        # spells them
+        # several regex splits in sequence (DeepSeek-V3's three, DeepSeek-LLM / V2's five, DeepSeek-Coder's
+        # four), as tokenizer.json spells them
         from colibri_backend.adapters.tokenizer import PRE_TOKENIZER_REGEXES
 
         def spelled(rx: str | None) -> str | None:
@@ -1527,7 +1527,7 @@ def _pre_tokenizer_name(pre: dict[str, Any] | None) -> str:
             regexes.append(PRE_TOKENIZER_REGEXES["deepseek-llm"][-1])
         behaviours = {str(st.get("behavior", "")).lower() for st in steps[: len(splits)]}
         if behaviours == {"isolated"} and not any(st.get("invert") for st in steps[: len(splits)]):
-            for name in ("deepseek-v3", "deepseek-llm"):
+            for name in ("deepseek-v3", "deepseek-llm", "deepseek-coder"):
                 if regexes == [spelled(rx) for rx in PRE_TOKENIZER_REGEXES[name]]:
                     return name
     raise ConversionError(

@@ -79,6 +79,14 @@ def hf_pretokenize(pre_tokenizer: Any, texts: list[str]) -> list[list[str]]:
     return [[t[a:b] for _, (a, b) in pre_tokenizer.pre_tokenize_str(t)] for t in texts]
 
 
+def py_pretokenize(pre: str, texts: list[str]) -> list[list[str]]:
+    """The words of the Python tokenizer's pre-tokenizer for the tokenizer.ggml.pre name `pre` (the one
+    Tokenizer.from_gguf_metadata builds for a byte-level BPE vocabulary)."""
+    from colibri_backend.adapters.tokenizer import _pre_tokenizer
+
+    return hf_pretokenize(_pre_tokenizer(pre), texts)
+
+
 # Characters of every class the pre-tokenizer regexes tell apart: ASCII of each kind, contractions and the
 # long s (which (?i:'s) also matches), Latin / Greek / Cyrillic letters of both cases, titlecase and modifier
 # letters, CJK, kana, Hangul, combining marks, Devanagari, Arabic and its digits, fullwidth forms, other

@@ -183,7 +183,10 @@ def test_smollm2_roundtrip_and_specials(smollm2_gguf: Path) -> None:
 # (b) tokenizers-trained BPE -> GGUF metadata -> our tokenizer == the HF tokenizer
 
 
-def _train(pre: str) -> object:
+def _train(pre: str, digit_runs: bool = False) -> object:
+    """A 1200-token BPE trained with the pre-tokenizer `pre` names. digit_runs (deepseek-llm): trained with
+    llama.cpp's \\p{N}+ in place of Digits(individual_digits), so that the vocabulary merges digits; it then
+    splits as DeepSeek's tokenizer.json does."""
     from tokenizers import Regex, decoders, pre_tokenizers, trainers
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers.models import BPE
@@ -201,10 +204,18 @@ def _train(pre: str) -> object:
             ]
         )
     else:  # the llama-3 style split(s) (DeepSeek-V3: three), written out as its tokenizer.json does
-        tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in PRE_TOKENIZER_REGEXES[pre]]
-            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        regexes = PRE_TOKENIZER_REGEXES[pre]
+        # DeepSeek-LLM's and DeepSeek-Coder's tokenizer.json end their splits with Digits(individual_digits)
+        digits = pre in ("deepseek-llm", "deepseek-coder")
+        splits = [
+            pre_tokenizers.Split(Regex(rx), behavior="isolated") for rx in regexes[: -1 if digits else None]
+        ]
+        byte_level = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        spec = pre_tokenizers.Sequence(
+            splits + ([pre_tokenizers.Digits(individual_digits=True)] if digits else []) + byte_level
         )
+        runs = [pre_tokenizers.Split(Regex(r"\p{N}+"), behavior="isolated")]
+        tok.pre_tokenizer = pre_tokenizers.Sequence(splits + runs + byte_level) if digit_runs else spec
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=1200,
@@ -217,6 +228,8 @@ def _train(pre: str) -> object:
     for path in sorted((Path(__file__).resolve().parent.parent / "colibri_backend").glob("*.py")):
         training.append(path.read_text(encoding="utf-8"))
     tok.train_from_iterator(training, trainer=trainer)
+    if digit_runs:
+        tok.pre_tokenizer = spec
     return tok
 
 
@@ -247,7 +260,19 @@ def _write_gguf(hf: object, pre: str, path: Path) -> None:
     w.close()
 
 
-@pytest.mark.parametrize("pre", ["gpt-2", "smollm", "llama-bpe", "gpt-4o", "deepseek-v3", "deepseek-llm"])
+TRAINED_PRES = [
+    "gpt-2",
+    "smollm",
+    "llama-bpe",
+    "gpt-4o",
+    "deepseek-v3",
+    "deepseek-llm",
+    "deepseek-coder",
+    "falcon",
+]
+
+
+@pytest.mark.parametrize("pre", TRAINED_PRES)
 def test_trained_bpe_via_gguf_matches_hf(pre: str, tmp_path: Path) -> None:
     hf = _train(pre)
     path = tmp_path / f"bpe-{pre}.gguf"
@@ -257,13 +282,7 @@ def test_trained_bpe_via_gguf_matches_hf(pre: str, tmp_path: Path) -> None:
     _assert_encodes_as(ours, lambda s: hf.encode(s, add_special_tokens=False).ids)  # type: ignore[attr-defined]
     for s in CORPUS:
         assert ours.decode(ours.encode(s, add_special_tokens=False)) == s
-    # the C tokenizer of colibri-run on the same file. Not for deepseek-llm: this trained vocabulary merges
-    # digits, and the regexes the HF tokenizer is trained with here end in llama.cpp's \p{N}+ where
-    # DeepSeek's tokenizer.json (and the C tokenizer, checked word for word against it in
-    # test_real_tokenizers.py) has Digits(individual_digits); DeepSeek's own vocabulary merges no digits, so
-    # both give its ids (checked there too)
-    if pre == "deepseek-llm":
-        return
+    # the C tokenizer of colibri-run on the same file
     import c_tokenizer as ct
 
     want = [hf.encode(t, add_special_tokens=False).ids for t in CORPUS]  # type: ignore[attr-defined]
@@ -273,11 +292,11 @@ def test_trained_bpe_via_gguf_matches_hf(pre: str, tmp_path: Path) -> None:
     assert not bad, f"C tokenizer: {len(bad)} of {len(CORPUS)} differ; first: {bad[0]!r}"
 
 
-@pytest.mark.parametrize("pre", ["gpt-4o", "deepseek-v3", "deepseek-llm"])
+@pytest.mark.parametrize("pre", ["gpt-4o", "deepseek-v3", "deepseek-llm", "deepseek-coder", "falcon"])
 def test_o200k_bpe_via_gguf_matches_llama_cpp(pre: str, tmp_path: Path) -> None:
-    """gpt-oss's pre-tokenizer ("gpt-4o", o200k) and DeepSeek-V3's ("deepseek-v3"): Colibri's GGUF-built
-    tokenizer against llama.cpp's own implementation of it on the same file (a BPE trained here with that
-    split, >= 200 strings)."""
+    """gpt-oss's pre-tokenizer ("gpt-4o", o200k), DeepSeek's and Falcon's: Colibri's GGUF-built tokenizer
+    against llama.cpp's own implementation of it on the same file (a BPE trained here with that split, >= 200
+    strings)."""
     import tiny_models as tm
 
     if tm.reference_engine("llama_cpp") is None:  # a failure instead under CI=true
@@ -295,6 +314,38 @@ def test_o200k_bpe_via_gguf_matches_llama_cpp(pre: str, tmp_path: Path) -> None:
         f"{pre} BPE: {len(CORPUS) - len(mismatches)} of {len(CORPUS)} strings tokenized as llama.cpp does"
     )
     assert not mismatches, f"{len(mismatches)} of {len(CORPUS)} differ; first: {mismatches[0]!r}"
+
+
+def test_deepseek_llm_digits_on_a_vocabulary_that_merges_digits(tmp_path: Path) -> None:
+    """DeepSeek-LLM / V2's tokenizer.json ends its splits with Digits(individual_digits); llama.cpp has
+    \\p{N}+ there. DeepSeek's own vocabulary merges no digits, so both give its ids; on a vocabulary that does
+    merge digits (trained here with \\p{N}+) both of Colibri's tokenizers give Hugging Face's ids for the
+    tokenizer.json's split, and llama.cpp differs, only on strings with two digits in a row."""
+    import re
+
+    import c_tokenizer as ct
+    import tiny_models as tm
+
+    hf = _train("deepseek-llm", digit_runs=True)
+    path = tmp_path / "bpe-deepseek-llm-digits.gguf"
+    _write_gguf(hf, "deepseek-llm", path)
+    assert any(t.isdigit() and len(t) > 1 for t in hf.get_vocab())  # type: ignore[attr-defined]
+    ours = Tokenizer.from_gguf_metadata(read_metadata(path), source=str(path))
+    want = [hf.encode(t, add_special_tokens=False).ids for t in CORPUS]  # type: ignore[attr-defined]
+    got = {
+        "Python": [ours.encode(t, add_special_tokens=False) for t in CORPUS],
+        "C": ct.c_ids(path, list(CORPUS)),
+    }
+    for name, ids in got.items():
+        bad = [(t, w, g) for t, w, g in zip(CORPUS, want, ids, strict=True) if w != g]
+        tm.report(f"digit-merging deepseek-llm BPE, {name}: {len(CORPUS) - len(bad)} of {len(CORPUS)} as HF")
+        assert not bad, f"{name}: {len(bad)} differ; first {bad[0]!r}"
+    if tm.reference_engine("llama_cpp") is None:
+        return
+    theirs = tm.llama_cpp_tokenize(path, list(CORPUS))
+    differ = [t for t, w, g in zip(CORPUS, want, theirs, strict=True) if w != g]
+    tm.report(f"  llama.cpp differs on {len(differ)} of {len(CORPUS)}")
+    assert differ and all(re.search(r"\d\d", t) for t in differ), differ[:1]
 
 
 def test_tokenizer_json_beside_gguf_wins(tmp_path: Path) -> None:

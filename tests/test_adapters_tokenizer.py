@@ -140,3 +140,56 @@ def test_stop_matcher_cuts_the_earliest_and_holds_possible_starts() -> None:
     assert fed("abc", ["zz"]) == ("abc", False)
     assert fed("", ["a"]) == ("", False)
     assert fed("a", ["a"]) == ("", True)  # a complete stop string is cut, not held
+
+
+# Words of the pre-tokenizers as the models' tokenizer.json files split them under Hugging Face tokenizers
+# (conformance_tests/test_real_tokenizers.py checks the same on the real files and random strings): the
+# contractions of (?i:'s|...) also match the long s U+017F, as Oniguruma folds case; DeepSeek-LLM / V2 and
+# DeepSeek-Coder end with Digits(individual_digits), one word per digit; Falcon as llama.cpp splits it.
+@pytest.mark.parametrize(
+    "pre, text, words",
+    [
+        ("llama-bpe", "it'ſx IT'S", ["it", "'ſ", "x", " IT", "'S"]),
+        ("qwen2", "we'ſx 12", ["we", "'ſ", "x", " ", "1", "2"]),
+        ("qwen35", "it'ſ", ["it", "'ſ"]),
+        ("gpt-2", "it'ſx", ["it", "'", "ſx"]),  # GPT-2's contractions are case-sensitive
+        ("deepseek-llm", "in 2024, ½", ["in", " ", "2", "0", "2", "4", ",", " ", "½"]),
+        ("deepseek-coder", "x = 12; // ok\n", ["x", " = ", "1", "2", ";", " //", " ok", "\n"]),
+        ("falcon", "a 1234567 b... $x", ["a", " ", "123", "456", "7", " b", "...", " ", "$", "x"]),
+    ],
+)
+def test_pre_tokenizer_words(pre: str, text: str, words: list[str]) -> None:
+    from colibri_backend.adapters.tokenizer import _pre_tokenizer
+
+    assert [text[a:b] for _, (a, b) in _pre_tokenizer(pre).pre_tokenize_str(text)] == words
+
+
+@pytest.mark.parametrize(
+    "pre, whole",
+    [
+        ("llama-bpe", True),
+        ("llama3", True),
+        ("falcon3", True),
+        ("pixtral", True),
+        ("dbrx", False),
+        ("qwen2", False),
+    ],
+)
+def test_whole_word_tokens_only_where_llama_cpp_ignores_merges(pre: str, whole: bool) -> None:
+    """A token no merge builds ("ab") is taken whole only for the names whose tokenizer.json says
+    ignore_merges (llama.cpp's list; dbrx splits as llama3 does but merges), as in the C tokenizer."""
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    alphabet = sorted(ByteLevel.alphabet())
+    meta = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": [*alphabet, "ab", "ac"],
+        "tokenizer.ggml.merges": ["a c"],
+    }
+    tok = Tokenizer.from_gguf_metadata(meta)
+    ab, ac = len(alphabet), len(alphabet) + 1
+    assert tok.encode("ab", add_special_tokens=False) == (
+        [ab] if whole else [alphabet.index(c) for c in "ab"]
+    )
+    assert tok.encode("ac", add_special_tokens=False) == [ac]

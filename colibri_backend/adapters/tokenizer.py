@@ -3,7 +3,8 @@
 A Tokenizer comes from a tokenizer.json (next to the GGUF or in a Hugging Face checkpoint dir),
 or is built from the GGUF's own metadata the way llama.cpp reads it:
   tokenizer.ggml.model == "gpt2": byte-level BPE over tokenizer.ggml.tokens / merges, with the
-  pre-tokenizer regexes llama.cpp uses for tokenizer.ggml.pre; control tokens (token_type 3)
+  pre-tokenizer regexes of tokenizer.ggml.pre as the models' tokenizer.json files write them (and their NFC
+  normalization for the Qwen names, which llama.cpp leaves out); control tokens (token_type 3)
   become special added tokens, user-defined ones (4) plain added tokens; BOS is prepended when
   tokenizer.ggml.add_bos_token says so.
   tokenizer.ggml.model == "llama": SentencePiece BPE over tokens and scores with byte fallback, the
@@ -38,12 +39,15 @@ TOKEN_UNUSED = 5
 TOKEN_BYTE = 6
 
 _GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+# Llama 3 and Qwen2 as their tokenizer.json files write them. llama.cpp spells the contractions
+# '[sS]|'[tT]|..., which differs from (?i:...): Oniguruma's case folding also matches U+017F (long s) for s,
+# so `it'ſx` is it 'ſ x for Hugging Face and it 'ſx for llama.cpp.
 _LLAMA3 = (
-    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _QWEN2 = (
-    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 # Qwen3.5 / 3.6, as their tokenizer.json writes it: qwen2's with combining marks kept in words
@@ -69,7 +73,10 @@ _DEEPSEEK_V3 = [
 ]
 
 # DeepSeek-LLM / DeepSeek-V2: newlines alone, Latin/Greek/Cyrillic/... letter runs with an optional leading
-# space, ASCII and full-width punctuation runs, trailing whitespace, CJK and Hangul runs, digit runs.
+# space, ASCII and full-width punctuation runs, trailing whitespace, CJK and Hangul runs, then each digit
+# alone: their tokenizer.json ends with Digits(individual_digits=true). llama.cpp has \p{N}+ there, which
+# gives the same ids on DeepSeek's vocabularies (they merge no digits) but not on one that merges digits.
+_CJK_HANGUL = "[一-龥ࠀ-一가-퟿]+"
 _DEEPSEEK_LLM = [
     "[\r\n]",
     (
@@ -79,9 +86,17 @@ _DEEPSEEK_LLM = [
     ),
     "\\s?[!-/:-~！-／：-～‘-‟　-。]+",
     "\\s+$",
-    "[一-龥ࠀ-一가-퟿]+",
-    "\\p{N}+",
+    _CJK_HANGUL,
+    r"\p{N}",
 ]
+
+# DeepSeek-Coder, as its tokenizer.json writes it: newlines alone, letter runs and punctuation runs with an
+# optional leading whitespace character, CJK and Hangul runs, each digit alone (Digits(individual_digits)).
+_DEEPSEEK_CODER = ["[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK_HANGUL, r"\p{N}"]
+
+# Falcon, as llama.cpp splits it (no Falcon tokenizer.json is at hand to check against): runs of punctuation
+# and the ASCII symbols $+<=>^~|`, then GPT-2's regex, then digits in threes.
+_FALCON = [r"[\p{P}$+<=>^~|`]+", _GPT2, r"[0-9][0-9][0-9]"]
 
 # tokenizer.ggml.pre -> the regexes applied in sequence (each splits the pieces of the one before),
 # as llama.cpp's vocabulary loader chooses them.
@@ -89,6 +104,10 @@ PRE_TOKENIZER_REGEXES: dict[str, list[str]] = {
     "default": [_LLAMA3],
     "llama-bpe": [_LLAMA3],
     "llama3": [_LLAMA3],
+    "dbrx": [_LLAMA3],
+    "smaug-bpe": [_LLAMA3],
+    "falcon3": [_LLAMA3],
+    "pixtral": [_LLAMA3],
     "gpt-2": [_GPT2],
     "gpt2": [_GPT2],
     "olmo": [_GPT2],
@@ -99,17 +118,34 @@ PRE_TOKENIZER_REGEXES: dict[str, list[str]] = {
     "refact": [r"\p{N}", _GPT2],
     "command-r": [r"\p{N}", _GPT2],
     "codeshell": [r"\p{N}", _GPT2],
+    "exaone": [r"\p{N}", _GPT2],
+    "minerva-7b": [r"\p{N}", _GPT2],
     "qwen2": [_QWEN2],
     "stablelm2": [_QWEN2],
     "deepseek-r1-qwen": [_QWEN2],
+    "megrez": [_QWEN2],
+    "hunyuan": [_QWEN2],
     "qwen35": [_QWEN35],
     "gpt-4o": [_O200K],
+    "llama4": [_O200K],
     "deepseek-v3": _DEEPSEEK_V3,
     # llama.cpp's converter names DeepSeek-V3's own tokenizer this (by its hash, under transformers 5) and
     # splits it with DeepSeek-V3's regexes
     "joyai-llm": _DEEPSEEK_V3,
     "deepseek-llm": _DEEPSEEK_LLM,
+    "deepseek-coder": _DEEPSEEK_CODER,
+    "falcon": _FALCON,
 }
+
+# The names whose tokenizer.json files normalize the text to NFC before splitting it: every Qwen2 / 2.5 / 3 /
+# QwQ / 3.5 and DeepSeek-R1-Distill-Qwen tokenizer.json does (normalizer {"type": "NFC"}), so Hugging Face
+# composes "e" + U+0301 into "é" before the regex sees it. llama.cpp does not (it ignores the normalizer), so
+# on text that is not in NFC the ids differ from llama.cpp's and follow Hugging Face's.
+_NFC_PRES = ("qwen2", "qwen35", "deepseek-r1-qwen")
+
+# The names under which llama.cpp takes a pre-token that is itself a token whole, before any merge (their
+# tokenizer.json says ignore_merges); dbrx and smaug-bpe split as llama3 does but merge every word.
+_IGNORE_MERGES = ("llama-bpe", "llama3", "falcon3", "pixtral")
 
 # Token texts that end a turn in the chat formats we know; a token with one of these texts that
 # the vocabulary marks as control also stops generation (llama.cpp calls these end-of-generation).
@@ -174,9 +210,11 @@ def _byte_level_bpe_tokenizer(
         fuse_unk=False,
         byte_fallback=False,
         # llama.cpp looks a whole pre-token up in the vocabulary first only for llama-3 vocabularies.
-        ignore_merges=pre in ("llama-bpe", "llama3"),
+        ignore_merges=pre in _IGNORE_MERGES,
     )
     hf = HFTokenizer(bpe)
+    if pre in _NFC_PRES:
+        hf.normalizer = normalizers.NFC()
     hf.pre_tokenizer = _pre_tokenizer(pre)
     hf.decoder = decoders.ByteLevel()
     return hf

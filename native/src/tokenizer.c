@@ -65,6 +65,7 @@ struct cb_tokenizer {
     int add_bos;
     pre_kind pre;
     int pre_known;          /* tokenizer.ggml.pre names a pre-tokenizer of pretokenize.c */
+    int ignore_merges;      /* a word that is a token is taken whole (see bpe_word) */
     char pre_name[64];
     int spm;                /* 1: SentencePiece ("llama"), 0: byte-level BPE ("gpt2") */
     int gemma4;             /* 1: Gemma 4's BPE on raw UTF-8 with ranked merges ("gemma4") */
@@ -231,6 +232,15 @@ static void init_eog(cb_tokenizer *t, const gguf_file *f) {
     }
 }
 
+/* The tokenizer.ggml.pre names for which llama.cpp takes a word that is itself a token whole (their
+ * tokenizer.json's ignore_merges); dbrx and smaug-bpe split as llama3 does but always merge. */
+static int takes_whole_words(const char *pre) {
+    static const char *const names[] = {"llama-bpe", "llama3", "falcon3", "pixtral"};
+    for (size_t k = 0; k < sizeof names / sizeof *names; k++)
+        if (!strcmp(pre, names[k])) return 1;
+    return 0;
+}
+
 colibri_status tokenizer_load(const gguf_file *f, cb_tokenizer **out) {
     if (!f || !out) return cb_error(COLIBRI_E_INVALID_ARG, "tokenizer_load: NULL argument");
     *out = NULL;
@@ -269,6 +279,7 @@ colibri_status tokenizer_load(const gguf_file *f, cb_tokenizer **out) {
     t->n_vocab = (int32_t)ktok->arr_len;
     t->n_merges = spm ? 0 : (int32_t)kmerge->arr_len;   /* SentencePiece merges by score, not by list */
     t->pre = pre_from_name(pre, &t->pre_known);
+    t->ignore_merges = takes_whole_words(pre);
     memcpy(t->pre_name, pre, sizeof t->pre_name);
     t->spm = spm;
     t->gemma4 = gemma4;
@@ -378,7 +389,7 @@ static void bpe_word(enc *e, const unsigned char *w, size_t n) {
 
     /* llama-3 vocabularies (ignore_merges in tokenizer.json): a word that is itself a token is
      * taken whole, even where the merges would split it differently */
-    if (t->pre == PRE_LLAMA3) {
+    if (t->ignore_merges) {
         int32_t whole = strtab_get(&t->vocab, t->tok, t->tok_len, e->mapped, m);
         if (whole >= 0) {
             emit(e, whole);

@@ -261,6 +261,43 @@ static void test_digits_and_unsupported(void) {
     gguf_close(&f);
 }
 
+/* A word that is itself a token but that no merge builds ("ab") is taken whole for the names whose
+ * tokenizer.json says ignore_merges (llama-bpe, llama3, falcon3, pixtral) and merged otherwise, even for the
+ * names that split as llama3 does (dbrx, smaug-bpe), as llama.cpp does. */
+static void test_ignore_merges(void) {
+    static char alphabet[256][4];
+    static const char *tokens[258];
+    for (unsigned x = 0; x < 256; x++) {
+        alphabet[x][utf8(alphabet_cp(x), alphabet[x])] = 0;
+        tokens[x] = alphabet[x];
+    }
+    tokens[256] = "ab";
+    tokens[257] = "ac";
+    static const char *merges[] = {"a c"};
+    static const struct {
+        const char *pre;
+        int whole;
+    } cases[] = {{"llama-bpe", 1}, {"llama3", 1}, {"falcon3", 1}, {"pixtral", 1},
+                 {"dbrx", 0},      {"smaug-bpe", 0}, {"qwen2", 0}, {"gpt2", 0}};
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        write_test_vocab(&(test_vocab){"gpt2", cases[k].pre, tokens, 258, NULL, merges, 1, NULL, -1, -1, 0});
+        gguf_file f;
+        cb_tokenizer *t = NULL;
+        CHECK(gguf_open(tmp_path, &f) == COLIBRI_OK);
+        CHECK(tokenizer_load(&f, &t) == COLIBRI_OK);
+        if (t) {
+            int32_t ids[8];
+            int n = encode(t, "ab", ids, 8);
+            if (cases[k].whole) CHECK(same(ids, n, (int32_t[]){256}, 1));
+            else CHECK(same(ids, n, (int32_t[]){'a', 'b'}, 2));
+            n = encode(t, "ac", ids, 8);
+            CHECK(same(ids, n, (int32_t[]){257}, 1));
+            tokenizer_free(t);
+        }
+        gguf_close(&f);
+    }
+}
+
 /* SentencePiece: <unk> <s> </s>, the 256 byte tokens, then pieces with falling scores. */
 static const char *SPM_PIECES[] = {"\xe2\x96\x81", "h", "e", "l", "o", "ll", "he", "\xe2\x96\x81he", "llo",
                                    "\xe2\x96\x81hello", "x"};
@@ -421,6 +458,7 @@ int main(void) {
     for (int x = 0; x < 256; x++) snprintf(byte_names[x], sizeof byte_names[x], "<0x%02X>", x);
     test_gpt2();
     test_digits_and_unsupported();
+    test_ignore_merges();
     test_spm();
     test_gemma4();
     test_eog(1);

@@ -36,6 +36,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -345,10 +346,103 @@ def run_clients(server: Server, n: int, args: argparse.Namespace, first: int, ma
     }
 
 
+MODES = ("one_at_a_time", "batched")
+
+
+def compare(report: dict, clients: list[int]) -> None:
+    """Adds to each batched row what it is against the one-at-a-time row of the same client count."""
+    for i in range(len(clients)):
+        base, bat = report["modes"]["one_at_a_time"][i], report["modes"]["batched"][i]
+        bat["identical_to_one_at_a_time"] = bat["texts"] == base["texts"]
+        bat["speedup"] = bat["aggregate_tok_s"] / base["aggregate_tok_s"]
+        bat["decode_speedup"] = bat["decode_tok_s"] / base["decode_tok_s"]
+        one, c = base["cpu"]["all_ms_per_token"], bat["cpu"]["all_ms_per_token"]
+        bat["cpu_speedup"] = one / c if c else float("nan")
+
+
+def print_rows(
+    report: dict,
+    clients: list[int],
+    line: Callable[[int, str, dict], str | None],
+    modes: tuple[str, ...] = MODES,
+) -> None:
+    """One table: per client count, each mode's row as line(clients, mode, row) puts it (None: no line)."""
+    for i, n in enumerate(clients):
+        for mode in modes:
+            text = line(n, mode, report["modes"][mode][i])
+            if text is not None:
+                print(text)
+
+
+def throughput_line(n: int, mode: str, r: dict) -> str:
+    extra = (
+        f"{r['speedup']:7.2f}x {r['decode_speedup']:6.2f}x {r['identical_to_one_at_a_time']}"
+        if mode == "batched"
+        else ""
+    )
+    return (
+        f"{n:>7} {mode.replace('_', ' '):>14} {r['aggregate_tok_s']:10.2f} {r['decode_tok_s']:12.2f} "
+        f"{r['ttft_p50_s']:8.2f}s {r['ttft_p99_s']:8.2f}s {extra}"
+    )
+
+
+def steps_line(n: int, mode: str, r: dict) -> str | None:
+    st = r["steps"]
+    if not st:
+        return None
+    line = (
+        f"{n:>7} {st['steps']:>6} steps {st['tokens_per_step']:6.2f} tok "
+        f"{st['engine_ms_per_step']:8.2f} ms {st['between_ms_per_step']:7.2f} ms "
+        f"{st['partial_steps']:>5} {100 * st['engine_share_of_wall']:5.1f}% "
+        f"{100 * st['between_share_of_wall']:4.1f}%"
+    )
+    if "prefill_steps" in st:
+        line += (
+            f" | {st['prefill_steps']:>4} {st['prefill_step_ms']:8.2f} ms "
+            f"{100 * st['prefill_step_engine_share_of_wall']:5.1f}% | {st['decode_step_ms']:8.2f} ms"
+        )
+    return line
+
+
+def cpu_line(n: int, mode: str, r: dict) -> str:
+    c, st = r["cpu"], r["steps"]
+    py = c["event_loop"]["ms_per_token"] + c["request_threads"]["ms_per_token"]
+    line = (
+        f"{n:>7} {mode.replace('_', ' '):>14} "
+        + " ".join(
+            f"{c[k]['per_wall']:5.2f}"
+            for k in ("event_loop", "request_threads", "step_thread", "engine_workers")
+        )
+        + f"  python {py:6.2f} ms/token  all {c['all_ms_per_token']:7.2f} ms/token"
+    )
+    if mode == "batched":
+        line += f" ({r['cpu_speedup']:.2f}x)"
+    if "decode_only_steps" in st:
+        line += f" | {st['decode_only_steps']:>5} {st['decode_only_step_seqs']:5.2f}"
+    return line
+
+
+def store_line(n: int, mode: str, r: dict) -> str | None:
+    st, steps = r["store"], r["steps"]
+    if not st:
+        return None
+    line = (
+        f"{n:>7} {mode.replace('_', ' '):>14} {st['expert_hit_rate']:6.3f} "
+        f"{st['expert_mib_read']:9.1f} {st['expert_stall_s']:7.2f} "
+        f"{st['expert_mib_read_per_token']:7.2f} {st['expert_stall_ms_per_token']:7.1f}"
+    )
+    if "prefill_step_mib_read" in steps:
+        line += (
+            f" | {steps['prefill_step_mib_read']:7.1f} {steps['prefill_step_stall_ms']:8.1f}"
+            f" | {steps['decode_step_mib_read']:7.1f} {steps['decode_step_stall_ms']:8.1f}"
+        )
+    return line
+
+
 def measure(args: argparse.Namespace, cap: int | None, max_tokens: int) -> dict:
     """Both modes at every client count for completions of max_tokens tokens; prints the tables."""
     report: dict = {"model": args.model, "memory_cap": cap, "max_tokens": max_tokens, "modes": {}}
-    for mode, concurrency in (("one_at_a_time", 1), ("batched", max(args.clients))):
+    for mode, concurrency in zip(MODES, (1, max(args.clients)), strict=True):
         server = Server(args, concurrency, cap, mode)
         try:
             run_clients(server, 1, args, 10_000, max_tokens)  # warm-up (page cache, expert slots)
@@ -358,95 +452,32 @@ def measure(args: argparse.Namespace, cap: int | None, max_tokens: int) -> dict:
             ]
         finally:
             server.stop()
+    compare(report, args.clients)
     print(f"{args.model}  cap={cap or 'none'}  max_tokens={max_tokens}")
     print(
         f"{'clients':>7} {'mode':>14} {'agg tok/s':>10} {'decode tok/s':>12} {'ttft p50':>9} {'ttft p99':>9} "
         f"{'speedup':>8} {'decode':>7} same"
     )
-    for i, n in enumerate(args.clients):
-        base = report["modes"]["one_at_a_time"][i]
-        bat = report["modes"]["batched"][i]
-        bat["identical_to_one_at_a_time"] = bat["texts"] == base["texts"]
-        bat["speedup"] = bat["aggregate_tok_s"] / base["aggregate_tok_s"]
-        bat["decode_speedup"] = bat["decode_tok_s"] / base["decode_tok_s"]
-        for name, r in (("one at a time", base), ("batched", bat)):
-            extra = (
-                f"{r['speedup']:7.2f}x {r['decode_speedup']:6.2f}x {r['identical_to_one_at_a_time']}"
-                if name == "batched"
-                else ""
-            )
-            print(
-                f"{n:>7} {name:>14} {r['aggregate_tok_s']:10.2f} {r['decode_tok_s']:12.2f} "
-                f"{r['ttft_p50_s']:8.2f}s {r['ttft_p99_s']:8.2f}s {extra}"
-            )
+    print_rows(report, args.clients, throughput_line)
     print(
         "batched steps (through the server): tokens/step, engine ms/step, ms between steps, partial steps,"
         " % of wall in the engine / between steps; steps with prompt tokens: count, ms each, % of wall;"
         " decode-only steps: ms each"
     )
-    for r in report["modes"]["batched"]:
-        st = r["steps"]
-        if st:
-            line = (
-                f"{r['clients']:>7} {st['steps']:>6} steps {st['tokens_per_step']:6.2f} tok "
-                f"{st['engine_ms_per_step']:8.2f} ms {st['between_ms_per_step']:7.2f} ms "
-                f"{st['partial_steps']:>5} {100 * st['engine_share_of_wall']:5.1f}% "
-                f"{100 * st['between_share_of_wall']:4.1f}%"
-            )
-            if "prefill_steps" in st:
-                line += (
-                    f" | {st['prefill_steps']:>4} {st['prefill_step_ms']:8.2f} ms "
-                    f"{100 * st['prefill_step_engine_share_of_wall']:5.1f}% | {st['decode_step_ms']:8.2f} ms"
-                )
-            print(line)
+    print_rows(report, args.clients, steps_line, modes=("batched",))
     print(
         "server CPU per round (thread kind: CPU s / wall s; event loop, request threads, step thread,"
         " engine workers) and ms of event loop + request threads per completion token; all threads' CPU"
         " ms per completion token (batched: and one at a time's over it, the load-robust speed-up);"
         " batched decode-only steps: count, sequences each"
     )
-    for i, n in enumerate(args.clients):
-        for mode in ("one_at_a_time", "batched"):
-            r = report["modes"][mode][i]
-            c, st = r["cpu"], r["steps"]
-            py = c["event_loop"]["ms_per_token"] + c["request_threads"]["ms_per_token"]
-            line = (
-                f"{n:>7} {mode.replace('_', ' '):>14} "
-                + " ".join(
-                    f"{c[k]['per_wall']:5.2f}"
-                    for k in ("event_loop", "request_threads", "step_thread", "engine_workers")
-                )
-                + f"  python {py:6.2f} ms/token  all {c['all_ms_per_token']:7.2f} ms/token"
-            )
-            if mode == "batched":
-                one = report["modes"]["one_at_a_time"][i]["cpu"]["all_ms_per_token"]
-                r["cpu_speedup"] = one / c["all_ms_per_token"] if c["all_ms_per_token"] else float("nan")
-                line += f" ({r['cpu_speedup']:.2f}x)"
-            if "decode_only_steps" in st:
-                line += f" | {st['decode_only_steps']:>5} {st['decode_only_step_seqs']:5.2f}"
-            print(line)
+    print_rows(report, args.clients, cpu_line)
     if any(r["store"] for rows in report["modes"].values() for r in rows):
         print(
             "expert store per round: hit rate, MiB read, stall s, per completion token MiB / stall ms;"
             " batched steps with prompt tokens / decode-only: MiB read and stall ms per step"
         )
-        for i, n in enumerate(args.clients):
-            for mode in ("one_at_a_time", "batched"):
-                r = report["modes"][mode][i]
-                st, steps = r["store"], r["steps"]
-                if not st:
-                    continue
-                line = (
-                    f"{n:>7} {mode.replace('_', ' '):>14} {st['expert_hit_rate']:6.3f} "
-                    f"{st['expert_mib_read']:9.1f} {st['expert_stall_s']:7.2f} "
-                    f"{st['expert_mib_read_per_token']:7.2f} {st['expert_stall_ms_per_token']:7.1f}"
-                )
-                if "prefill_step_mib_read" in steps:
-                    line += (
-                        f" | {steps['prefill_step_mib_read']:7.1f} {steps['prefill_step_stall_ms']:8.1f}"
-                        f" | {steps['decode_step_mib_read']:7.1f} {steps['decode_step_stall_ms']:8.1f}"
-                    )
-                print(line)
+        print_rows(report, args.clients, store_line)
     return report
 
 

@@ -11,13 +11,15 @@ expert before it acquires them (ffn.c's decode_experts), a step of several token
 equal counts (hits and misses are integers: compared exactly). The simulator's victim choices compare LFU
 and reuse scores as doubles computed in the same order as the C code; experts.c is built with
 -ffp-contract=off (native/CMakeLists.txt), so no CPU fuses a*b+c into an FMA there and both sides round
-alike. pow() comes from the platform's libm on both sides (Python's math.pow calls it).
+alike. The decay factors 0.5^(g / 32) come from native/src/decay_table.h on both sides (read here, scaled by
+powers of two, as experts.c's store_decay does), not from a libm pow() that may round differently per CPU.
 """
 
 from __future__ import annotations
 
 import ctypes
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,10 +38,28 @@ LIB = N.load_library()
 L, X, K = SPEC["n_layer"], SPEC["n_expert"], SPEC["n_expert_used"]
 
 # experts.h
-LFU_HALF_LIFE = 32.0
+LFU_HALF_LIFE = 32
 REUSE_GAPS = 32
 REUSE_HORIZON = 2
 REUSE_PRIOR = 8.0
+# decay_table.h: 0.5^(k / LFU_HALF_LIFE), k = 0 .. LFU_HALF_LIFE - 1
+DECAY_TABLE = [
+    float.fromhex(v)
+    for v in re.findall(
+        r"^ +(0x[0-9a-f.]+p[-+][0-9]+),",
+        (Path(__file__).resolve().parent.parent / "native" / "src" / "decay_table.h").read_text(
+            encoding="utf-8"
+        ),
+        re.M,
+    )
+]
+assert len(DECAY_TABLE) == LFU_HALF_LIFE
+
+
+def decay(g: int) -> float:
+    """experts.c's store_decay: 0.5^(g / LFU_HALF_LIFE), a table entry times a power of two (exact)."""
+    halves = g // LFU_HALF_LIFE
+    return 0.0 if halves > 1021 else math.ldexp(DECAY_TABLE[g % LFU_HALF_LIFE], -halves)
 
 
 @dataclass
@@ -64,7 +84,7 @@ class StoreSim:
         self.where: dict[tuple[int, int], int] = {}
         self.layer_count = [0] * L
         self.floor = min(n_slots // L, K)
-        self.decay = math.pow(0.5, 1.0 / LFU_HALF_LIFE)
+        self.decay = decay(1)
         self.tick = self.step = self.wave = self.use_base = self.use_clock = 0
         self.decode_step = False
         self.hits = self.misses = 0
@@ -105,7 +125,7 @@ class StoreSim:
         if self.seen[i]:
             g = now - self.seen[i]
             self.gap[layer][REUSE_GAPS if g > REUSE_GAPS else g - 1] += 1.0
-            self.rate[i] = self.rate[i] * math.pow(self.decay, g) + 1.0
+            self.rate[i] = self.rate[i] * decay(g) + 1.0
         else:
             self.rate[i] = 1.0
         self.seen[i] = now
@@ -142,13 +162,13 @@ class StoreSim:
             if best >= 0.0:
                 p = best + (1.0 - best) * self.window(sl.layer, g0 + 1, REUSE_HORIZON - 1)
         avg = K / X / (1.0 - self.decay)
-        r = self.rate[i] * math.pow(self.decay, now - seen) if seen else 0.0
+        r = self.rate[i] * decay(now - seen) if seen else 0.0
         w = (r + avg) / (2.0 * avg)
         return p * w * w
 
     # ---- slots
     def lfu_score(self, sl: Slot) -> float:
-        return sl.freq * math.pow(self.decay, self.tick - sl.last_tick)
+        return sl.freq * decay(self.tick - sl.last_tick)
 
     def pick_victim(self, for_layer: int) -> int:
         guard = self.reuse and self.guard and not self.decode_step
@@ -304,6 +324,17 @@ def test_scan_guard_changes_the_victim_and_the_replay_counts_as_the_simulator(mo
         s = replay(model, single, slots, policy)
         assert (s.expert_hits, s.expert_misses) == (hits, misses), policy
     assert StoreSim(slots, "reuse").run(single) == StoreSim(slots, "reuse", guard=False).run(single)
+
+
+def test_simulator_factor_is_the_table_scaled_exactly() -> None:
+    """decay() scales the table by whole half-lives, bit for bit (test_experts.c asks the same of
+    store_decay), and stays within an ulp or so of the true 0.5^(g / 32)."""
+    assert decay(0) == 1.0 and decay(32) == 0.5 and decay(16) == math.sqrt(0.5)
+    for g in range(1, 3000):
+        assert decay(g + 32) == decay(g) / 2  # exact: a power of two
+        assert math.isclose(decay(g), 0.5 ** (g / 32), rel_tol=3e-16, abs_tol=0.0)
+    last = 1022 * 32 - 1
+    assert decay(last) >= 2.0**-1022 and decay(last + 1) == 0.0 and decay(2**64 - 1) == 0.0
 
 
 def skewed_steps(seed: int, n_tokens: int, n_seq: int) -> np.ndarray:

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "alloc.h"
+#include "decay_table.h"
 #include "error.h"
 #include "digest.h"
 #include "profile.h"
@@ -500,7 +501,7 @@ colibri_status store_create(const struct colibri_model *m, int n_slots, int poli
     /* Per-layer floor: a layer keeps min(k, slots/layers) experts, so a budget below one
      * token's worth of experts cannot fall into the cycle where every access misses. */
     s->floor = n_slots / s->n_layer < m->hp.n_expert_used ? n_slots / s->n_layer : m->hp.n_expert_used;
-    s->decay = pow(0.5, 1.0 / STORE_LFU_HALF_LIFE);
+    s->decay = store_decay(1);
     s->region_off[0] = 0;
     for (int p = 1; p < STORE_REGIONS; p++) s->region_off[p] = s->region_off[p - 1] + region_bytes(m, p - 1);
     s->slot_bytes = store_slot_bytes(m);
@@ -590,6 +591,19 @@ void store_destroy(expert_store *s) {
 
 /* ---- policy ----------------------------------------------------------- */
 
+_Static_assert(STORE_LFU_HALF_LIFE == DECAY_HALF_LIFE, "decay_table.h is written for the store's half-life");
+
+/* The eviction scores rank slots by these factors and a replay must pick the same victims on every CPU
+ * (tests/test_replay_batched.py compares the hits exactly with a simulator that uses the same table): libm's
+ * pow() may round the last bit differently per platform, a table entry scaled by a power of two cannot.
+ * Beyond 1021 half-lives the factor would leave the normal range, where scaling rounds; 0 is as good a
+ * weight there. */
+double store_decay(uint64_t g) {
+    const uint64_t halves = g / DECAY_HALF_LIFE;
+    if (halves > 1021) return 0.0;
+    return ldexp(DECAY_TABLE[g % DECAY_HALF_LIFE], -(int)halves);
+}
+
 /* ---- the reuse policy (COLIBRI_POLICY_REUSE) ----------------------------
  *
  * Belady's MIN evicts the expert whose next use lies furthest ahead. The reuse policy estimates, for each
@@ -658,7 +672,7 @@ static void reuse_observe(expert_store *s, int l, int e) {
     if (s->seen[id]) {
         const uint64_t g = now - s->seen[id];
         s->gap[(size_t)l * (STORE_REUSE_GAPS + 1) + (g > STORE_REUSE_GAPS ? STORE_REUSE_GAPS : g - 1)] += 1.0;
-        s->rate[id] = s->rate[id] * pow(s->decay, (double)g) + 1.0;
+        s->rate[id] = s->rate[id] * store_decay(g) + 1.0;
     } else
         s->rate[id] = 1.0;
     s->seen[id] = now;
@@ -706,7 +720,7 @@ static double reuse_score(const expert_store *s, const slot *sl, int for_layer) 
     }
     /* decayed uses of an expert used k / X of the time, in steady state */
     const double avg = (double)s->m->hp.n_expert_used / (double)X / (1.0 - s->decay);
-    const double r = seen ? s->rate[id] * pow(s->decay, (double)(now - seen)) : 0.0;
+    const double r = seen ? s->rate[id] * store_decay(now - seen) : 0.0;
     const double w = (r + avg) / (2.0 * avg);
     return p * w * w; /* squared: on both traces a little better than w alone (docs/memory.md) */
 }
@@ -734,7 +748,7 @@ void store_wave_begin(expert_store *s) {
 }
 
 static double lfu_score(const expert_store *s, const slot *sl) {
-    return sl->freq * pow(s->decay, (double)(s->tick - sl->last_tick));
+    return sl->freq * store_decay(s->tick - sl->last_tick);
 }
 
 static void touch(expert_store *s, slot *sl) {

@@ -28,7 +28,7 @@
 #define STORE_IO_THREADS 4    /* I/O threads; COLIBRI_IO_THREADS (1..16) overrides. Storage serves
                                  several requests in flight faster than one (measured in docs/memory.md) */
 #define STORE_IO_THREADS_MAX 16
-#define STORE_LFU_HALF_LIFE 32.0  /* tokens after which an expert's frequency counts half */
+#define STORE_LFU_HALF_LIFE 32    /* tokens after which an expert's frequency counts half (decay_table.h's) */
 #define STORE_REUSE_GAPS 32       /* reuse policy: reuse gaps (tokens) told apart per layer; longer ones pooled */
 #define STORE_REUSE_HORIZON 2     /* reuse policy: an expert is kept for its use within this many chances */
 #define STORE_REUSE_PRIOR 8.0     /* reuse policy: weight, in observed gaps per layer, of the uniform prior */
@@ -47,6 +47,8 @@ size_t store_table_bytes(const struct colibri_model *m, int n_slots, int policy)
 colibri_status store_create(const struct colibri_model *m, int n_slots, int policy, expert_store **out);
 void store_destroy(expert_store *s);
 
+/* 0.5^(g / STORE_LFU_HALF_LIFE), the same bits on every CPU (no pow()); 0 beyond 1021 half-lives. */
+double store_decay(uint64_t g);
 /* A new token step (ages LFU frequencies). */
 void store_tick(expert_store *s, int n_tokens);
 /* A new wave: experts acquired from now on are pinned until the next wave begins. */

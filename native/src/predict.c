@@ -5,9 +5,12 @@
 #include <string.h>
 
 #include "alloc.h"
+#include "decay_table.h"
 #include "error.h"
 #include "ops.h"
 #include "profile.h"
+
+_Static_assert(DECAY_HALF_LIFE % PRED_TEMPORAL_HALF_LIFE == 0, "the temporal decay is an entry of decay_table.h");
 
 size_t predictor_bytes(const struct colibri_model *m) {
     const size_t L = (size_t)m->hp.n_layer, X = (size_t)m->hp.n_expert, k = (size_t)m->hp.n_expert_used;
@@ -38,7 +41,9 @@ colibri_status predictor_init(predictor *p, const struct colibri_model *m, int f
     p->n_layer = m->hp.n_layer;
     p->n_expert = m->hp.n_expert;
     p->k = m->hp.n_expert_used;
-    p->temporal_decay = (float)pow(0.5, 1.0 / PRED_TEMPORAL_HALF_LIFE);
+    /* the table's entry (no pow()), so a predictor's guesses, and the prefetches they start, are the same on
+     * every CPU */
+    p->temporal_decay = (float)DECAY_TABLE[DECAY_HALF_LIFE / PRED_TEMPORAL_HALF_LIFE];
     const size_t L = (size_t)p->n_layer, X = (size_t)p->n_expert, k = (size_t)p->k;
     p->logits = cb_malloc(X * sizeof(float));
     p->xq = cb_malloc(((size_t)m->hp.n_embd / QK8A + 1) * sizeof(block_q8a));

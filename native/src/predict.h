@@ -27,7 +27,7 @@
 #include "kernels.h"
 #include "model.h"
 
-#define PRED_TEMPORAL_HALF_LIFE 4.0
+#define PRED_TEMPORAL_HALF_LIFE 4 /* divides decay_table.h's DECAY_HALF_LIFE */
 #define PRED_MAX_EXPERTS 1024
 #define PRED_MAX_DEPTH 8
 enum { PRED_LOOKAHEAD = 0, PRED_TEMPORAL = 1, PRED_HASHED = 2, PRED_N_SOURCES = 3 };

@@ -5,6 +5,7 @@
  *     for LFU, LRU and reuse, with and without prefetch;
  *   - a read error while streaming returns COLIBRI_E_IO, leaves n_past untouched, and the
  *     next call succeeds with the same logits as an undisturbed run;
+ *   - store_decay, the eviction scores' 0.5^(g / 32) from a table, exact and without pow() (test_decay);
  *   - the reuse policy on a replayed periodic trace: Belady's choices once it has learned the period,
  *     where LFU and LRU miss every time (test_reuse_policy);
  *   - each policy's tables in the plan (the reuse policy's statistics only under it);
@@ -103,6 +104,25 @@ static void test_reuse_policy(colibri_model *m) {
     /* and from the first token on, fewer misses than either */
     const uint64_t reuse = periodic_misses(m, COLIBRI_POLICY_REUSE, 7, 52);
     CHECK(reuse < periodic_misses(m, COLIBRI_POLICY_LRU, 7, 52) && reuse < periodic_misses(m, COLIBRI_POLICY_LFU, 7, 52));
+}
+
+/* store_decay, the eviction scores' factor 0.5^(g / 32) without pow(): exact halves at whole half-lives,
+ * each half-life the previous one's factors halved (bit for bit), within an ulp or so of pow()'s value,
+ * falling with every token until it stops at 0 past 1021 half-lives instead of entering the subnormals. */
+static void test_decay(void) {
+    CHECK(store_decay(0) == 1.0 && store_decay(STORE_LFU_HALF_LIFE) == 0.5);
+    CHECK(store_decay(3 * STORE_LFU_HALF_LIFE) == 0.125);
+    CHECK(store_decay(STORE_LFU_HALF_LIFE / 2) == sqrt(0.5)); /* sqrt is correctly rounded everywhere */
+    int close = 1, exact_halves = 1, falling = 1;
+    for (uint64_t g = 1; g < 4000; g++) {
+        const double want = pow(0.5, (double)g / STORE_LFU_HALF_LIFE), got = store_decay(g);
+        close &= fabs(got - want) <= 2.5e-16 * want;
+        if (g >= STORE_LFU_HALF_LIFE) exact_halves &= got == 0.5 * store_decay(g - STORE_LFU_HALF_LIFE);
+    }
+    const uint64_t last = 1022u * STORE_LFU_HALF_LIFE - 1; /* the smallest factor above 0 */
+    for (uint64_t g = 1; g <= last; g++) falling &= store_decay(g) < store_decay(g - 1);
+    CHECK(close && exact_halves && falling);
+    CHECK(store_decay(last) >= 0x1p-1022 && store_decay(last + 1) == 0.0 && store_decay(UINT64_MAX) == 0.0);
 }
 
 /* Reads aside (the low-bit copies' path): the I/O threads read caller memory in STORE_IO_CHUNK pieces, a
@@ -387,6 +407,7 @@ int main(void) {
         colibri_context_free(c);
     }
 
+    test_decay();
     test_reuse_policy(m);
     test_reads_aside(m, dir);
     test_cut_prefetch(m, path, min_budget);

@@ -10,18 +10,15 @@ its simulator (and checks its factor); native/tests/test_experts.c checks expert
 from __future__ import annotations
 
 import math
-import sys
 from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from repo_tools import load_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = ROOT / "native" / "src" / "decay_table.h"
-if str(ROOT / "tools") not in sys.path:
-    sys.path.insert(0, str(ROOT / "tools"))
-
-import gen_decay_table as gen  # noqa: E402
+gen = load_tool("gen_decay_table")
 
 
 def test_header_is_what_the_generator_writes() -> None:

@@ -11,15 +11,15 @@ expert before it acquires them (ffn.c's decode_experts), a step of several token
 equal counts (hits and misses are integers: compared exactly). The simulator's victim choices compare LFU
 and reuse scores as doubles computed in the same order as the C code; experts.c is built with
 -ffp-contract=off (native/CMakeLists.txt), so no CPU fuses a*b+c into an FMA there and both sides round
-alike. The decay factors 0.5^(g / 32) come from native/src/decay_table.h on both sides (read here, scaled by
-powers of two, as experts.c's store_decay does), not from a libm pow() that may round differently per CPU.
+alike. The decay factors 0.5^(g / 32) come from native/src/decay_table.h on both sides (its generator's
+values here, scaled by powers of two, as experts.c's store_decay does), not from a libm pow() that may round
+differently per CPU.
 """
 
 from __future__ import annotations
 
 import ctypes
 import math
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from engine_reference import make_tiny_model
+from repo_tools import load_tool
 from test_replay_native import SPEC, Model
 
 from colibri_backend import _native as N
@@ -42,18 +43,9 @@ LFU_HALF_LIFE = 32
 REUSE_GAPS = 32
 REUSE_HORIZON = 2
 REUSE_PRIOR = 8.0
-# decay_table.h: 0.5^(k / LFU_HALF_LIFE), k = 0 .. LFU_HALF_LIFE - 1
-DECAY_TABLE = [
-    float.fromhex(v)
-    for v in re.findall(
-        r"^ +(0x[0-9a-f.]+p[-+][0-9]+),",
-        (Path(__file__).resolve().parent.parent / "native" / "src" / "decay_table.h").read_text(
-            encoding="utf-8"
-        ),
-        re.M,
-    )
-]
-assert len(DECAY_TABLE) == LFU_HALF_LIFE
+# decay_table.h's entries, 0.5^(k / LFU_HALF_LIFE) for k = 0 .. LFU_HALF_LIFE - 1, from the generator that
+# writes the header (tests/test_decay_table.py holds the header to its output byte for byte)
+DECAY_TABLE = load_tool("gen_decay_table").table(LFU_HALF_LIFE)
 
 
 def decay(g: int) -> float:

@@ -2,23 +2,22 @@
 
 from __future__ import annotations
 
-import importlib.util
 import platform
 import re
 import shlex
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
+
+from repo_tools import load_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tools" / "llama_cpp_cmake_args.py"
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("llama_cpp_cmake_args", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _module() -> ModuleType:
+    return load_tool("llama_cpp_cmake_args")
 
 
 def _readme_test_command() -> str:

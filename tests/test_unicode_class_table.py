@@ -9,23 +9,19 @@ other than OTHER still has that class: a newer Unicode only assigns code points 
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import unicodedata
 from pathlib import Path
 from types import ModuleType
+
+from repo_tools import load_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = ROOT / "native" / "src" / "unicode_class_table.h"
 
 
 def _generator() -> ModuleType:
-    path = ROOT / "tools" / "gen_unicode_class.py"
-    spec = importlib.util.spec_from_file_location("gen_unicode_class", path)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("gen_unicode_class")
 
 
 def _table() -> tuple[str, list[tuple[int, str]]]:

@@ -248,6 +248,9 @@ KX_Q_DRIVER(kx_matmul_q4_1, GGML_TYPE_Q4_1)
 #endif
 
 #include "kernels_x86_kq.h"
+#if !X86_VNNI
+#include "kernels_x86_sum.h" /* Q4_K, Q5_K, Q6_K: finished sub-block sums (AVX-512: kernels_x86_gemm.h) */
+#endif
 
 /* ---- float tile ------------------------------------------------------------------ */
 
@@ -314,6 +317,9 @@ static void kx_matmul_rows(uint32_t type, const void *W, size_t row_bytes, int n
     case GGML_TYPE_Q8_0: kx_matmul_q8_0(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     case GGML_TYPE_Q4_0: kx_matmul_q4_0(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
     case GGML_TYPE_Q4_1: kx_matmul_q4_1(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_Q4_K: ks_matmul_q4_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_Q5_K: ks_matmul_q5_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
+    case GGML_TYPE_Q6_K: ks_matmul_q6_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); break;
 #endif
     default:
         if (kx_matmul_kq(type, w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1)) break;

@@ -73,9 +73,10 @@ KX_INLINE void ks_load_ds(const block_q8a *x8, __m256 *d, __m256 *s) {
     *s = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
 }
 
-/* ---- decode: up to KX_DECODE_ROWS rows, one to three tokens ------------------------ */
+/* ---- decode: up to KS_DEC_ROWS rows, one to three tokens ----------------------------- */
 
 #define KS_DEC_TOKS 3
+#define KS_DEC_ROWS 8
 
 /* Y[t][r0 + i] for i < R, t in [t0, t0 + T); nb = q8a blocks per row (a multiple of 8). A row's
  * super-block is unpacked once and used for the T tokens (a batched step's n_tok 2, 3). */
@@ -85,7 +86,7 @@ KX_INLINE void ks_decode_tile(uint32_t type, const char *W, size_t row_bytes, in
     const int min8 = kx_k_min8(type);
     const int q6 = type == GGML_TYPE_Q6_K;
     const __m256i ones16 = _mm256_set1_epi16(1);
-    __m256 acc[KX_DECODE_ROWS][KS_DEC_TOKS];
+    __m256 acc[KS_DEC_ROWS][KS_DEC_TOKS];
     for (int i = 0; i < R; i++)
         for (int t = 0; t < T; t++) acc[i][t] = _mm256_setzero_ps();
     const block_q8a *xt = Xq;
@@ -129,12 +130,12 @@ KX_INLINE void ks_decode_tile(uint32_t type, const char *W, size_t row_bytes, in
         for (int t = 0; t < T; t++) Y[(size_t)t * ldy + r0 + i] = kx_hsum(acc[i][t]);
 }
 
-/* T tokens against rows [r0, r1): tiles of KX_DECODE_ROWS rows, the rest one row each. */
+/* T tokens against rows [r0, r1): tiles of KS_DEC_ROWS rows, the rest one row each. */
 KX_INLINE void ks_decode_rows(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, float *Y,
                               int ldy, int r0, int r1, const int T) {
     int r = r0;
-    for (; r + KX_DECODE_ROWS <= r1; r += KX_DECODE_ROWS)
-        ks_decode_tile(type, W, row_bytes, nb, Xq, Y, ldy, r, r1, KX_DECODE_ROWS, T);
+    for (; r + KS_DEC_ROWS <= r1; r += KS_DEC_ROWS)
+        ks_decode_tile(type, W, row_bytes, nb, Xq, Y, ldy, r, r1, KS_DEC_ROWS, T);
     for (; r < r1; r++) ks_decode_tile(type, W, row_bytes, nb, Xq, Y, ldy, r, r1, 1, T);
 }
 
@@ -259,7 +260,7 @@ KX_INLINE void ks_prefill(uint32_t type, const char *W, size_t row_bytes, int nb
 
 /* Below this many tokens prefill runs the decode tiles, up to KS_DEC_TOKS tokens each (same
  * results): a group's packing and its 8 lanes pay only with several tokens in them. */
-#define KS_MIN_PREFILL_TOKS 4
+#define KS_MIN_PREFILL_TOKS 5
 
 KX_INLINE void ks_matmul(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok,
                          float *Y, int ldy, int r0, int r1) {
@@ -268,9 +269,12 @@ KX_INLINE void ks_matmul(uint32_t type, const char *W, size_t row_bytes, int nb,
         ks_prefill(type, W, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1, xp);
         return;
     }
-    if (n_tok == 3) ks_decode_rows(type, W, row_bytes, nb, Xq, Y, ldy, r0, r1, 3);
-    else if (n_tok == 2) ks_decode_rows(type, W, row_bytes, nb, Xq, Y, ldy, r0, r1, 2);
-    else ks_decode_rows(type, W, row_bytes, nb, Xq, Y, ldy, r0, r1, 1);
+    int t = 0;
+    for (; t + KS_DEC_TOKS <= n_tok; t += KS_DEC_TOKS)
+        ks_decode_rows(type, W, row_bytes, nb, Xq + (size_t)t * nb, Y + (size_t)t * ldy, ldy, r0, r1, KS_DEC_TOKS);
+    if (n_tok - t == 2) ks_decode_rows(type, W, row_bytes, nb, Xq + (size_t)t * nb, Y + (size_t)t * ldy, ldy, r0, r1, 2);
+    else if (n_tok - t == 1)
+        ks_decode_rows(type, W, row_bytes, nb, Xq + (size_t)t * nb, Y + (size_t)t * ldy, ldy, r0, r1, 1);
 }
 
 #define KS_DRIVER(NAME, TYPE)                                                                               \

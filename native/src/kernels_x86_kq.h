@@ -1,17 +1,17 @@
 /* kernels_x86_kq.h — x86 tiles for the formats added with the K-quants: Q5_0, Q5_1, IQ4_NL,
- * MXFP4 (blocks of 32) and Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, Q8_K (super-blocks of 256).
- * Included by kernels_x86.h only (it needs that file's -m flags and helpers); compiled into
- * both the AVX2 and the AVX-512 table, where kx_dot_us is vpdpbusd.
+ * MXFP4 (blocks of 32) and Q2_K, Q3_K, IQ4_XS, Q8_K (super-blocks of 256), and the super-block
+ * header and unpack helpers that the Q4_K, Q5_K and Q6_K tiles use (kernels_x86_sum.h in the
+ * AVX2 table, kernels_x86_gemm.h in the AVX-512 one). Included by kernels_x86.h only (it needs
+ * that file's -m flags and helpers); compiled into both tables, where kx_dot_us is vpdpbusd.
  *
  * The arithmetic is the scalar reference's (kernels_scalar.c), per 32-element sub-block that
  * meets one block_q8a of the activations:
- *   u, sgn   the sub-block's 32 quants as unsigned bytes: the quant itself (Q2_K, Q4_K, Q5_K,
- *            Q5_1: no sign) or |w| with the sign moved onto the activations (the others)
+ *   u, sgn   the sub-block's 32 quants as unsigned bytes: the quant itself (Q2_K, Q5_1: no
+ *            sign) or |w| with the sign moved onto the activations (the others)
  *   lanes    int32 sums of u * q over groups of 4 bytes; formats with two 16-element halves
- *            (Q2_K, Q3_K, Q6_K) weigh the halves by their integer scales with vpmaddwd
+ *            (Q2_K, Q3_K) weigh the halves by their integer scales with vpmaddwd
  *   acc     += float(lanes) * (dsc * dx)   dsc = d, or d * sc for one scale per 32
  *   minimum: Q5_1  acc += (m / 8) * s in every lane, which sums to m * s (as Q4_1);
- *            Q4_K / Q5_K  acc += (-dmin * m_j) * s_j, lane j for sub-block j of a super-block;
  *            Q2_K  acc -= float(min lanes) * (dmin * dx)
  * A sub-block is unpacked once per tile row and used for every token of the tile; the tile
  * shapes and the driver are those of the Q4_0 family (kernels_x86.h), so a (row, token)
@@ -47,13 +47,12 @@ typedef struct kx_ksub {
  * bytes, times the half's scale), so results do not depend on which tile a token is in. */
 KX_INLINE int kx_k_offset(uint32_t type, int T);
 
-/* Q6_K and Q3_K outside those VNNI prefill tiles: w = u - c with u unsigned (c = 32, 4), and
- *   sum(sc * w * x) = madd(maddubs(u, x) - c * maddubs(1, x), sc)
- * where c * maddubs(1, x) is per token (shared by the tile's rows): no sign trick per row.
- * The int16 differences are the pair sums of w * x (|.| <= 2 * 32 * 127), exact. */
-KX_INLINE int kx_k_ushift(uint32_t type, int off) {
-    return off ? 0 : type == GGML_TYPE_Q6_K ? 5 : type == GGML_TYPE_Q3_K ? 2 : 0;
-}
+/* Q3_K outside those VNNI prefill tiles: w = u - 4 with u unsigned, and
+ *   sum(sc * w * x) = madd(maddubs(u, x) - 4 * maddubs(1, x), sc)
+ * where 4 * maddubs(1, x) is per token (shared by the tile's rows): no sign trick per row.
+ * The int16 differences are the pair sums of w * x (|.| <= 2 * 4 * 127), exact. Returns the
+ * shift that makes 4 (0: not this path). */
+KX_INLINE int kx_k_ushift(uint32_t type, int off) { return !off && type == GGML_TYPE_Q3_K ? 2 : 0; }
 
 /* The same for formats with one scale per 32: w = u - c, u unsigned, and the int32 lanes are
  * dot(u, x) - c * dot(1, x), the second per token. Q5_0 (c = 16) everywhere; with VNNI (no
@@ -73,13 +72,13 @@ KX_INLINE __m256i kx_k_xcorr(uint32_t type, int off, __m256i xv) {
 }
 
 KX_INLINE int kx_k_signed(uint32_t type) {
-    return !(type == GGML_TYPE_Q2_K || type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q5_1);
+    return !(type == GGML_TYPE_Q2_K || type == GGML_TYPE_Q5_1);
 }
 
 KX_INLINE int kx_k_offset(uint32_t type, int T) { return X86_VNNI && T > 1 && kx_k_signed(type); }
 
 KX_INLINE int kx_k_halves(uint32_t type) {
-    return type == GGML_TYPE_Q2_K || type == GGML_TYPE_Q3_K || type == GGML_TYPE_Q6_K;
+    return type == GGML_TYPE_Q2_K || type == GGML_TYPE_Q3_K;
 }
 
 KX_INLINE int kx_k_min8(uint32_t type) {
@@ -198,6 +197,36 @@ KX_INLINE void kx_khdr_load(uint32_t type, const char *blk, kx_khdr *h) {
     }
 }
 
+/* The scales d and minimum sums s of 8 consecutive q8a blocks as two vectors. AVX2: each block's
+ * (d, s) pair is one 64-bit load and two shuffles separate them, which measured faster on AMD Zen 3
+ * than two gathers (docs/benchmarks.md, branch `ks`); AVX-512 keeps the gathers (not measured). */
+KX_INLINE void kx_load_ds(const block_q8a *x8, __m256i xidx, __m256 *d, __m256 *s) {
+#if X86_VNNI
+    *d = _mm256_i32gather_ps(&x8->d, xidx, 1);
+    *s = _mm256_i32gather_ps(&x8->s, xidx, 1);
+#else
+    (void)xidx;
+    __m128 v[4];
+    for (int i = 0; i < 4; i++)
+        v[i] = _mm_loadh_pi(_mm_castpd_ps(_mm_load_sd((const double *)&x8[2 * i].d)), (const __m64 *)&x8[2 * i + 1].d);
+    const __m256 a = _mm256_insertf128_ps(_mm256_castps128_ps256(v[0]), v[2], 1); /* d0 s0 d1 s1 | d4 s4 d5 s5 */
+    const __m256 b = _mm256_insertf128_ps(_mm256_castps128_ps256(v[1]), v[3], 1); /* d2 s2 d3 s3 | d6 s6 d7 s7 */
+    *d = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+    *s = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+#endif
+}
+
+/* The scales alone (the compiler drops the unused half of the shuffles). */
+KX_INLINE __m256 kx_load_d8(const block_q8a *x8, __m256i xidx) {
+#if X86_VNNI
+    return _mm256_i32gather_ps(&x8->d, xidx, 1);
+#else
+    __m256 d, s;
+    kx_load_ds(x8, xidx, &d, &s);
+    return d;
+#endif
+}
+
 /* 16 bytes of nibbles through a 16-entry signed table: 32 bytes in element order. */
 KX_INLINE __m256i kx_nibble_table(const uint8_t *qs, const int8_t *levels, int bias) {
     __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)levels));
@@ -274,18 +303,6 @@ KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr
         if (!kx_k_ushift(type, off)) w = _mm256_sub_epi8(w, _mm256_set1_epi8(4));
         break;
     }
-    case GGML_TYPE_Q4_K: w = kx_nibbles(((const block_q4_K *)blk)->qs + 32 * (j >> 1), j & 1); break;
-    case GGML_TYPE_Q5_K: {
-        const block_q5_K *b = (const block_q5_K *)blk;
-        const __m256i lo = kx_nibbles(b->qs + 32 * (j >> 1), j & 1); /* shifts by immediates */
-        w = _mm256_or_si256(lo, _mm256_slli_epi16(kx_bits(b->qh, j, 1), 4));
-        break;
-    }
-    case GGML_TYPE_Q6_K: {
-        w = kx_q6k_u((const block_q6_K *)blk, j); /* q + 32 */
-        if (!kx_k_ushift(type, off)) w = _mm256_sub_epi8(w, _mm256_set1_epi8(32));
-        break;
-    }
     default: w = _mm256_loadu_si256((const __m256i *)(((const block_q8_K *)blk)->qs + 32 * j)); break;
     }
     if (off) {
@@ -355,8 +372,7 @@ KX_INLINE __m256 kx_k32_fma(uint32_t type, const kx_ksub *s, const kx_khdr *h, c
 }
 
 /* Super-blocks: the 8 scale products of a (row, token) pair are formed together (one vector
- * multiply, stored in S and broadcast from there per sub-block), and the minimum term of
- * Q4_K / Q5_K is one multiply-add of the 8 minimums with the 8 activation sums. */
+ * multiply, stored in S and broadcast from there per sub-block). */
 KX_INLINE __m256 kx_k256_fma(uint32_t type, const kx_ksub *s, const float *S, const float *Sm, int j, __m256i xv,
                              __m256i xc, const int off, __m256 acc) {
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(kx_k_lanes(type, s, xv, xc, off)), _mm256_broadcast_ss(&S[j]), acc);
@@ -403,11 +419,9 @@ KX_INLINE void kx_tile_k(uint32_t type, const char *W, size_t row_bytes, int nb,
         float S[MR][MT][8], Sm[MR][MT][8];
         for (int t = 0; t < T; t++) {
             const block_q8a *x8 = xt + (size_t)t * nb + (size_t)b * 8;
-            const __m256 dx = _mm256_i32gather_ps(&x8->d, xidx, 1);
-            const __m256 sx = kx_k_min8(type) ? _mm256_i32gather_ps(&x8->s, xidx, 1) : _mm256_setzero_ps();
+            const __m256 dx = kx_load_d8(x8, xidx);
             for (int i = 0; i < R; i++) {
                 _mm256_storeu_ps(S[i][t], _mm256_mul_ps(_mm256_loadu_ps(hdr[i].dsc), dx));
-                if (kx_k_min8(type)) acc[i][t] = _mm256_fmadd_ps(_mm256_loadu_ps(hdr[i].dm8), sx, acc[i][t]);
                 if (type == GGML_TYPE_Q2_K) _mm256_storeu_ps(Sm[i][t], _mm256_mul_ps(_mm256_set1_ps(hdr[i].dmin), dx));
             }
         }
@@ -451,9 +465,6 @@ KX_K_DRIVER(kx_matmul_mxfp4, GGML_TYPE_MXFP4)
 #endif
 KX_K_DRIVER(kx_matmul_q2_k, GGML_TYPE_Q2_K)
 KX_K_DRIVER(kx_matmul_q3_k, GGML_TYPE_Q3_K)
-KX_K_DRIVER(kx_matmul_q4_k, GGML_TYPE_Q4_K)
-KX_K_DRIVER(kx_matmul_q5_k, GGML_TYPE_Q5_K)
-KX_K_DRIVER(kx_matmul_q6_k, GGML_TYPE_Q6_K)
 KX_K_DRIVER(kx_matmul_iq4_xs, GGML_TYPE_IQ4_XS)
 KX_K_DRIVER(kx_matmul_q8_k, GGML_TYPE_Q8_K)
 
@@ -473,9 +484,6 @@ static int kx_matmul_kq(uint32_t type, const char *w, size_t row_bytes, int nb, 
     case GGML_TYPE_MXFP4: KX_MATMUL_MXFP4(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); return 1;
     case GGML_TYPE_Q2_K: kx_matmul_q2_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); return 1;
     case GGML_TYPE_Q3_K: kx_matmul_q3_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); return 1;
-    case GGML_TYPE_Q4_K: kx_matmul_q4_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); return 1;
-    case GGML_TYPE_Q5_K: kx_matmul_q5_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); return 1;
-    case GGML_TYPE_Q6_K: kx_matmul_q6_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); return 1;
     case GGML_TYPE_IQ4_XS: kx_matmul_iq4_xs(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); return 1;
     case GGML_TYPE_Q8_K: kx_matmul_q8_k(w, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1); return 1;
     default: return 0;

@@ -61,18 +61,6 @@ KX_INLINE void ks_q6_scales(const kx_khdr *h, __m256i D[2]) {
     D[1] = _mm256_unpackhi_epi16(s, s);
 }
 
-/* The scales d and minimum sums s of 8 consecutive q8a blocks as two vectors: each block's (d, s)
- * pair is one 64-bit load, and two shuffles separate them (cheaper than two gathers). */
-KX_INLINE void ks_load_ds(const block_q8a *x8, __m256 *d, __m256 *s) {
-    __m128 v[4];
-    for (int i = 0; i < 4; i++)
-        v[i] = _mm_loadh_pi(_mm_castpd_ps(_mm_load_sd((const double *)&x8[2 * i].d)), (const __m64 *)&x8[2 * i + 1].d);
-    const __m256 a = _mm256_insertf128_ps(_mm256_castps128_ps256(v[0]), v[2], 1); /* d0 s0 d1 s1 | d4 s4 d5 s5 */
-    const __m256 b = _mm256_insertf128_ps(_mm256_castps128_ps256(v[1]), v[3], 1); /* d2 s2 d3 s3 | d6 s6 d7 s7 */
-    *d = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
-    *s = _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
-}
-
 /* ---- decode: up to KS_DEC_ROWS rows, one to three tokens ----------------------------- */
 
 #define KS_DEC_TOKS 3
@@ -93,10 +81,10 @@ KX_INLINE void ks_decode_tile(uint32_t type, const char *W, size_t row_bytes, in
     const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, pf_end, R, nb);
     for (int b = 0; b < nb / 8; b++) {
         __m256 dx[KS_DEC_TOKS], sx[KS_DEC_TOKS];
-        __m256i xc[KS_DEC_TOKS][8]; /* Q6_K: 32 * the pair sums of the activations (kx_k_ushift) */
+        __m256i xc[KS_DEC_TOKS][8]; /* Q6_K: 32 * the pair sums of the activations */
         for (int t = 0; t < T; t++) {
             const block_q8a *x8 = xt + (size_t)t * nb + (size_t)b * 8;
-            ks_load_ds(x8, &dx[t], &sx[t]);
+            kx_load_ds(x8, _mm256_setzero_si256(), &dx[t], &sx[t]);
             if (q6)
                 for (int j = 0; j < 8; j++)
                     xc[t][j] = _mm256_slli_epi16(
@@ -152,7 +140,7 @@ KX_INLINE void ks_decode_rows(uint32_t type, const char *W, size_t row_bytes, in
  * the group k of all 8 tokens in one vpmaddubsw. */
 typedef struct __attribute__((aligned(32))) ks_xblk {
     int32_t q[8][8];  /* [group k][token]: activation quants 4k..4k+3 */
-    int16_t c[8][16]; /* Q6_K: [group k][2 * token + pair]: 32 * the pair sums of group k (kx_k_ushift) */
+    int16_t c[8][16]; /* Q6_K: [group k][2 * token + pair]: 32 * the pair sums of group k */
     float d[8];       /* per token: the block's scale */
     float s[8];       /* per token: d * sum(qs) (Q4_K, Q5_K minimum) */
 } ks_xblk;            /* 576 bytes */

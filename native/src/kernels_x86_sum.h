@@ -127,14 +127,16 @@ KX_INLINE void ks_decode_rows(uint32_t type, const char *W, size_t row_bytes, in
     for (; r < r1; r++) ks_decode_tile(type, W, row_bytes, nb, Xq, Y, ldy, r, r1, 1, T);
 }
 
-/* ---- prefill: one row x 8 tokens, a token per lane ------------------------------------ */
+/* ---- prefill: two rows x 8 tokens, a token per lane ----------------------------------- */
 
 /* Tokens per group (the lanes), q8a blocks per column chunk (its interleaved activations,
  * 96 * sizeof(ks_xblk) = 54 KiB, stay in L2 while the rows stream through; 96 blocks hold a
- * 2816-column row), rows per row block (their accumulators live in accs between chunks). */
+ * 2816-column row), rows per row block (their accumulators live in accs between chunks) and rows
+ * per tile (they share each activation load; 2 measured faster than 1 on Zen 3). */
 #define KS_TOKS 8
 #define KS_CHUNK 96
 #define KS_RB 32
+#define KS_PREFILL_ROWS 2
 
 /* One q8a block of 8 tokens, transposed so that a weight row's 4-byte group k, broadcast, meets
  * the group k of all 8 tokens in one vpmaddubsw. */
@@ -168,46 +170,54 @@ KX_INLINE void ks_pack_x(uint32_t type, const block_q8a *Xq, int nb, int t0, int
     }
 }
 
-/* Row `row`'s columns [c0, c0 + cn) (whole super-blocks) against the packed tokens, into the
- * sub-block accumulators a[j] (lane t: token t). Per sub-block, each half's four groups are summed
- * in int16 (|sum| <= 4 * 2 * 31 * 127; Q6_K's q * x pair sums, 4 * 2 * 32 * 127; Q4_K all eight,
- * 8 * 2 * 15 * 127), then widened, so isum_j is the decode tile's exact integer. */
-KX_INLINE void ks_prefill_row(uint32_t type, const char *row, const ks_xblk *xp, int c0, int cn, const kx_pf *pf,
-                              __m256 a[8]) {
+/* Rows r .. r + R - 1, columns [c0, c0 + cn) (whole super-blocks) against the packed tokens, into
+ * the sub-block accumulators acc[i][j] (lane t: token t). The R rows share each activation load.
+ * Per sub-block, each half's four groups are summed in int16 (|sum| <= 4 * 2 * 31 * 127; Q6_K's
+ * q * x pair sums, 4 * 2 * 32 * 127; Q4_K all eight, 8 * 2 * 15 * 127), then widened, so isum_j
+ * is the decode tile's exact integer. */
+KX_INLINE void ks_prefill_tile(uint32_t type, const char *W, size_t row_bytes, int r, const ks_xblk *xp, int c0,
+                               int cn, const kx_pf *pf, __m256 (*acc)[8], const int R) {
+    enum { MR = 2 };
     const size_t bb = kx_k_bytes(type);
     const int min8 = kx_k_min8(type);
     const int q6 = type == GGML_TYPE_Q6_K;
     const __m256i ones16 = _mm256_set1_epi16(1);
     for (int b = c0 / 8; b < (c0 + cn) / 8; b++) {
         kx_pf_step(pf, b - c0 / 8);
-        const char *blk = row + (size_t)b * bb;
-        kx_khdr hdr;
-        kx_khdr_load(type, blk, &hdr);
-        int32_t __attribute__((aligned(32))) ub[8][8]; /* [sub-block][group]: 4 unsigned quants */
-        for (int j = 0; j < 8; j++) _mm256_store_si256((__m256i *)ub[j], ks_unpack(type, blk, j));
+        kx_khdr hdr[MR];
+        int32_t __attribute__((aligned(32))) ub[MR][8][8]; /* [row][sub-block][group]: 4 unsigned quants */
+        for (int i = 0; i < R; i++) {
+            const char *blk = W + (size_t)(r + i) * row_bytes + (size_t)b * bb;
+            kx_khdr_load(type, blk, &hdr[i]);
+            for (int j = 0; j < 8; j++) _mm256_store_si256((__m256i *)ub[i][j], ks_unpack(type, blk, j));
+        }
         const ks_xblk *x8 = xp + (b * 8 - c0);
         for (int j = 0; j < 8; j++) {
             const ks_xblk *x = &x8[j];
-            __m256i h[2];
+            __m256i h[MR][2];
             for (int half = 0; half < 2; half++) {
-                __m256i s16 = _mm256_setzero_si256();
+                for (int i = 0; i < R; i++) h[i][half] = _mm256_setzero_si256();
                 for (int k = 4 * half; k < 4 * half + 4; k++) {
-                    __m256i p = _mm256_maddubs_epi16(_mm256_set1_epi32(ub[j][k]),
-                                                     _mm256_load_si256((const __m256i *)x->q[k]));
-                    if (q6) p = _mm256_sub_epi16(p, _mm256_load_si256((const __m256i *)x->c[k]));
-                    s16 = _mm256_add_epi16(s16, p);
+                    const __m256i xk = _mm256_load_si256((const __m256i *)x->q[k]);
+                    for (int i = 0; i < R; i++) {
+                        __m256i p = _mm256_maddubs_epi16(_mm256_set1_epi32(ub[i][j][k]), xk);
+                        if (q6) p = _mm256_sub_epi16(p, _mm256_load_si256((const __m256i *)x->c[k]));
+                        h[i][half] = _mm256_add_epi16(h[i][half], p);
+                    }
                 }
-                h[half] = s16;
             }
-            __m256i isum;
-            if (type == GGML_TYPE_Q4_K) isum = _mm256_madd_epi16(_mm256_add_epi16(h[0], h[1]), ones16);
-            else if (q6)
-                isum = _mm256_add_epi32(_mm256_madd_epi16(h[0], _mm256_set1_epi16(hdr.sc[2 * j])),
-                                        _mm256_madd_epi16(h[1], _mm256_set1_epi16(hdr.sc[2 * j + 1])));
-            else isum = _mm256_add_epi32(_mm256_madd_epi16(h[0], ones16), _mm256_madd_epi16(h[1], ones16));
-            const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(hdr.dsc[j]), _mm256_load_ps(x->d));
-            a[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, a[j]);
-            if (min8) a[j] = _mm256_fmadd_ps(_mm256_set1_ps(hdr.dm8[j]), _mm256_load_ps(x->s), a[j]);
+            for (int i = 0; i < R; i++) {
+                __m256i isum;
+                if (type == GGML_TYPE_Q4_K) isum = _mm256_madd_epi16(_mm256_add_epi16(h[i][0], h[i][1]), ones16);
+                else if (q6)
+                    isum = _mm256_add_epi32(_mm256_madd_epi16(h[i][0], _mm256_set1_epi16(hdr[i].sc[2 * j])),
+                                            _mm256_madd_epi16(h[i][1], _mm256_set1_epi16(hdr[i].sc[2 * j + 1])));
+                else
+                    isum = _mm256_add_epi32(_mm256_madd_epi16(h[i][0], ones16), _mm256_madd_epi16(h[i][1], ones16));
+                const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(hdr[i].dsc[j]), _mm256_load_ps(x->d));
+                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[i][j]);
+                if (min8) acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(hdr[i].dm8[j]), _mm256_load_ps(x->s), acc[i][j]);
+            }
         }
     }
 }
@@ -229,9 +239,15 @@ KX_INLINE void ks_prefill(uint32_t type, const char *W, size_t row_bytes, int nb
             for (int c0 = 0; c0 < nb; c0 += KS_CHUNK) {
                 const int cn = nb - c0 < KS_CHUNK ? nb - c0 : KS_CHUNK;
                 if (!one_chunk) ks_pack_x(type, Xq, nb, t0, nt, c0, cn, xp);
-                for (int r = rb; r < re; r++) {
+                int r = rb;
+                for (; r + KS_PREFILL_ROWS <= re; r += KS_PREFILL_ROWS) {
+                    const kx_pf pf = kx_pf_init(W, row_bytes, r + KS_PREFILL_ROWS, one_chunk ? r1 : 0,
+                                                KS_PREFILL_ROWS, nb / 8);
+                    ks_prefill_tile(type, W, row_bytes, r, xp, c0, cn, &pf, &accs[r - rb], KS_PREFILL_ROWS);
+                }
+                for (; r < re; r++) {
                     const kx_pf pf = kx_pf_init(W, row_bytes, r + 1, one_chunk ? r1 : 0, 1, nb / 8);
-                    ks_prefill_row(type, W + (size_t)r * row_bytes, xp, c0, cn, &pf, accs[r - rb]);
+                    ks_prefill_tile(type, W, row_bytes, r, xp, c0, cn, &pf, &accs[r - rb], 1);
                 }
             }
             for (int r = rb; r < re; r++) {

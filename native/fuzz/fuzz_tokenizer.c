@@ -4,7 +4,7 @@
  *   odd:  the rest is text, encoded (with and without special-token parsing) with a real
  *         vocabulary loaded once at start — the bundled model's, whose path CMake bakes in
  *         (COLIBRI_FUZZ_VOCAB), or $COLIBRI_FUZZ_VOCAB — and decoded back; byte-level BPE must
- *         reproduce the text exactly. */
+ *         reproduce the text exactly (its NFC form, for a vocabulary that normalizes). */
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -12,6 +12,7 @@
 #include "fuzz_util.h"
 #include "gguf.h"
 #include "tokenizer.h"
+#include "unicode_nfc.h"
 
 static char path[256];
 static gguf_file vocab_file;
@@ -19,6 +20,7 @@ static cb_tokenizer *vocab;
 static int vocab_bytelevel;   /* "gpt2" model: every byte string must decode back to itself */
 static int32_t ids[3 * 4096 + 4];
 static char text_back[4 * 4096 + 64];
+static unsigned char text_nfc[NFC_MAX_GROWTH * 4096];
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     const char *p = getenv("COLIBRI_FUZZ_VOCAB");
@@ -44,6 +46,10 @@ static void encode_decode(const cb_tokenizer *t, const char *text, size_t len, i
         if (l < 0) abort();   /* encode produced an id decode does not know */
         w += (size_t)l < sizeof text_back - w ? (size_t)l : sizeof text_back - w;
     }
+    if (exact && tokenizer_normalizes_nfc(t)) {
+        if (nfc_normalize((const unsigned char *)text, len, text_nfc, sizeof text_nfc, &len) != COLIBRI_OK) abort();
+        text = (const char *)text_nfc;
+    }
     if (exact && (w != len || memcmp(text_back, text, len) != 0)) abort();   /* lost or changed bytes */
 }
 
@@ -63,7 +69,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     cb_tokenizer *t = NULL;
     if (tokenizer_load(&f, &t) == COLIBRI_OK) {
         static const char *texts[] = {"Hello, world!", " spaced  out\n\ttabs", "<|im_start|>user\nhi<|im_end|>",
-                                      "caf\xc3\xa9 \xe2\x96\x81 \xf0\x9f\x98\x80", "\xff\xfe invalid \xc3", "1234567 x"};
+                                      "caf\xc3\xa9 \xe2\x96\x81 \xf0\x9f\x98\x80", "\xff\xfe invalid \xc3", "1234567 x",
+                                      "e\xcc\x81 \xe1\x84\x80\xe1\x85\xa1 \xe2\x84\xab q\xcc\x87\xcc\xa3\x80\xcc\x81"};
         for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
             encode_decode(t, texts[i], strlen(texts[i]), 1, 0);
             encode_decode(t, texts[i], strlen(texts[i]), 0, 0);

@@ -4,7 +4,8 @@
  * Encoding, as Hugging Face's tokenizers does it for these vocabularies:
  *   1. special tokens: control / user-defined token strings found literally in the text are cut
  *      out first and become their ids (longest match wins);
- *   2. pre-tokenizer: the text between them is split into words by the regexes the vocabulary names
+ *   2. pre-tokenizer: the text between them (in NFC first for the names whose tokenizer.json normalizes:
+ *      normalizes_to_nfc, unicode_nfc.c) is split into words by the regexes the vocabulary names
  *      in tokenizer.ggml.pre (gpt2, llama3, qwen2, qwen35, gpt-4o, deepseek-llm, deepseek-v3, ...),
  *      matched by hand in pretokenize.c with exact Unicode categories (unicode_class.c); a name it
  *      does not list is split as gpt2.
@@ -40,6 +41,7 @@
 #include "error.h"
 #include "pretokenize.h"
 #include "unicode_class.h"
+#include "unicode_nfc.h"
 
 typedef struct strtab {
     int32_t *slots;     /* [cap] index into the string list, -1 empty */
@@ -66,6 +68,7 @@ struct cb_tokenizer {
     pre_kind pre;
     int pre_known;          /* tokenizer.ggml.pre names a pre-tokenizer of pretokenize.c */
     int ignore_merges;      /* a word that is a token is taken whole (see bpe_word) */
+    int nfc;                /* the text between specials is normalized to NFC before it is split */
     char pre_name[64];
     int spm;                /* 1: SentencePiece ("llama"), 0: byte-level BPE ("gpt2") */
     int gemma4;             /* 1: Gemma 4's BPE on raw UTF-8 with ranked merges ("gemma4") */
@@ -91,18 +94,6 @@ static void init_byte_alphabet(cb_tokenizer *t) {
         t->byte_cp[b] = (uint16_t)cp;
         t->cp_byte[cp] = (int16_t)b;
     }
-}
-
-static size_t put_utf8(uint32_t cp, char *o) {
-    if (cp < 0x80) { o[0] = (char)cp; return 1; }
-    if (cp < 0x800) { o[0] = (char)(0xc0 | (cp >> 6)); o[1] = (char)(0x80 | (cp & 0x3f)); return 2; }
-    if (cp < 0x10000) {
-        o[0] = (char)(0xe0 | (cp >> 12)); o[1] = (char)(0x80 | ((cp >> 6) & 0x3f)); o[2] = (char)(0x80 | (cp & 0x3f));
-        return 3;
-    }
-    o[0] = (char)(0xf0 | (cp >> 18)); o[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-    o[2] = (char)(0x80 | ((cp >> 6) & 0x3f)); o[3] = (char)(0x80 | (cp & 0x3f));
-    return 4;
 }
 
 /* ---- string hash tables ----------------------------------------------------------------- */
@@ -241,6 +232,17 @@ static int takes_whole_words(const char *pre) {
     return 0;
 }
 
+/* The tokenizer.ggml.pre names whose tokenizer.json files normalize the text to NFC (normalizer {"type":
+ * "NFC"}: every Qwen2 / 2.5 / 3 / QwQ / 3.5 and DeepSeek-R1-Distill-Qwen one), so Hugging Face composes
+ * "e" + U+0301 into U+00E9 before the regex sees it; the same list as the Python tokenizer's _NFC_PRES.
+ * llama.cpp ignores the normalizer. */
+static int normalizes_to_nfc(const char *pre) {
+    static const char *const names[] = {"qwen2", "qwen35", "deepseek-r1-qwen"};
+    for (size_t k = 0; k < sizeof names / sizeof *names; k++)
+        if (!strcmp(pre, names[k])) return 1;
+    return 0;
+}
+
 colibri_status tokenizer_load(const gguf_file *f, cb_tokenizer **out) {
     if (!f || !out) return cb_error(COLIBRI_E_INVALID_ARG, "tokenizer_load: NULL argument");
     *out = NULL;
@@ -280,6 +282,7 @@ colibri_status tokenizer_load(const gguf_file *f, cb_tokenizer **out) {
     t->n_merges = spm ? 0 : (int32_t)kmerge->arr_len;   /* SentencePiece merges by score, not by list */
     t->pre = pre_from_name(pre, &t->pre_known);
     t->ignore_merges = takes_whole_words(pre);
+    t->nfc = !spm && !gemma4 && normalizes_to_nfc(pre);
     memcpy(t->pre_name, pre, sizeof t->pre_name);
     t->spm = spm;
     t->gemma4 = gemma4;
@@ -355,6 +358,7 @@ int tokenizer_add_bos(const cb_tokenizer *t) { return t ? t->add_bos : 0; }
 const char *tokenizer_unknown_pre(const cb_tokenizer *t) {
     return t && !t->spm && !t->gemma4 && !t->pre_known ? t->pre_name : NULL;
 }
+int tokenizer_normalizes_nfc(const cb_tokenizer *t) { return t ? t->nfc : 0; }
 int tokenizer_token_type(const cb_tokenizer *t, int32_t id) {
     return t && id >= 0 && id < t->n_vocab ? t->tok_type[id] : 0;
 }
@@ -366,10 +370,40 @@ typedef struct enc {
     int32_t *out;
     int32_t cap;
     int32_t count;
-    char *mapped;     /* [2 * len] a word in the byte alphabet */
-    int32_t *sym;     /* [len + 1] symbol start offsets into mapped */
-    char *key;        /* [2 * len + 2] "left right" lookup key */
+    size_t room;      /* the longest piece of text (bytes) the three buffers below are sized for */
+    char *mapped;     /* [3 * room + 4] a word in the byte alphabet, or an escaped SentencePiece fragment */
+    int32_t *sym;     /* [room + 2] symbol start offsets into mapped */
+    char *key;        /* [3 * room + 5] "left right" lookup key */
+    unsigned char *norm;   /* [norm_cap] the NFC form of a piece of text, when the vocabulary asks for NFC */
+    size_t norm_cap;
 } enc;
+
+/* Sizes the scratch buffers for a piece of text of n bytes (they hold one word or fragment at a time, so
+ * nothing in them is kept). */
+static int enc_reserve(enc *e, size_t n) {
+    if (e->mapped && n <= e->room) return 0;
+    if (n > (size_t)INT32_MAX / 4 - 4) {
+        cb_error(COLIBRI_E_INVALID_ARG, "tokenizer_encode: text of %zu bytes is too long", n);
+        return -1;
+    }
+    cb_free(e->mapped);
+    cb_free(e->sym);
+    cb_free(e->key);
+    e->mapped = cb_malloc(3 * n + 4);   /* byte alphabet: <= 2 bytes per byte; SentencePiece: <= 3 */
+    e->sym = cb_malloc((n + 2) * sizeof *e->sym);
+    e->key = cb_malloc(3 * n + 5);   /* a merge key: two symbols of the mapped text and a space */
+    e->room = n;
+    if (e->mapped && e->sym && e->key) return 0;
+    cb_error(COLIBRI_E_NOMEM, "tokenizer_encode: out of memory for %zu bytes of text", n);
+    return -1;
+}
+
+static void enc_free(enc *e) {
+    cb_free(e->mapped);
+    cb_free(e->sym);
+    cb_free(e->key);
+    cb_free(e->norm);
+}
 
 static void emit(enc *e, int32_t id) {
     if (e->count < e->cap) e->out[e->count] = id;
@@ -383,7 +417,7 @@ static void bpe_word(enc *e, const unsigned char *w, size_t n) {
     int32_t ns = 0;
     for (size_t i = 0; i < n; i++) {
         e->sym[ns++] = (int32_t)m;
-        m += put_utf8(t->byte_cp[w[i]], e->mapped + m);
+        m += uc_encode_utf8(t->byte_cp[w[i]], (unsigned char *)e->mapped + m);
     }
     e->sym[ns] = (int32_t)m;   /* sentinel: symbol k spans [sym[k], sym[k+1]) */
 
@@ -435,8 +469,27 @@ static void bpe_word(enc *e, const unsigned char *w, size_t n) {
 
 static void word_cb(void *ctx, const unsigned char *w, size_t n) { bpe_word(ctx, w, n); }
 
-/* Pre-tokenizes and encodes a piece of text that holds no special tokens. */
-static void encode_text(enc *e, const unsigned char *s, size_t n) { pretokenize(e->t->pre, s, n, word_cb, e); }
+/* Pre-tokenizes and encodes a piece of text that holds no special tokens, in NFC first where the vocabulary's
+ * tokenizer.json normalizes (specials are cut out before, as Hugging Face does: they are not normalized). */
+static int encode_text(enc *e, const unsigned char *s, size_t n) {
+    if (e->t->nfc && !nfc_quick_check(s, n)) {
+        size_t need = NFC_MAX_GROWTH * n, m;
+        if (need > e->norm_cap) {
+            cb_free(e->norm);
+            e->norm = cb_malloc(need);
+            e->norm_cap = e->norm ? need : 0;
+            if (!e->norm) {
+                cb_error(COLIBRI_E_NOMEM, "tokenizer_encode: out of memory to normalize %zu bytes", n);
+                return -1;
+            }
+        }
+        if (nfc_normalize(s, n, e->norm, need, &m) != COLIBRI_OK || enc_reserve(e, m) != 0) return -1;
+        s = e->norm;
+        n = m;
+    }
+    pretokenize(e->t->pre, s, n, word_cb, e);
+    return 0;
+}
 
 /* ---- SentencePiece and Gemma 4: merges over UTF-8 characters ------------------------------ */
 
@@ -632,15 +685,9 @@ int32_t tokenizer_encode(const cb_tokenizer *t, const char *text, size_t len, in
         cb_error(COLIBRI_E_INVALID_ARG, "tokenizer_encode: text of %zu bytes is too long", len);
         return -1;
     }
-    enc e = {t, out, cap, 0, NULL, NULL, NULL};
-    e.mapped = cb_malloc(3 * len + 4);   /* byte alphabet: <= 2 bytes per byte; SentencePiece: <= 3 */
-    e.sym = cb_malloc((len + 2) * sizeof *e.sym);
-    e.key = cb_malloc(3 * len + 5);   /* a merge key: two symbols of the mapped text and a space */
-    if (!e.mapped || !e.sym || !e.key) {
-        cb_free(e.mapped);
-        cb_free(e.sym);
-        cb_free(e.key);
-        cb_error(COLIBRI_E_NOMEM, "tokenizer_encode: out of memory for %zu bytes of text", len);
+    enc e = {t, out, cap, 0, 0, NULL, NULL, NULL, NULL, 0};
+    if (enc_reserve(&e, len) != 0) {
+        enc_free(&e);
         return -1;
     }
     if (add_bos && t->bos >= 0) emit(&e, t->bos);
@@ -667,7 +714,7 @@ int32_t tokenizer_encode(const cb_tokenizer *t, const char *text, size_t len, in
         if (i > seg) {   /* the raw text before the special (or before the end) */
             if (t->spm) failed = spm_encode(&e, text + seg, i - seg, t->add_space_prefix && prev_special) != 0;
             else if (t->gemma4) failed = gemma4_encode(&e, text + seg, i - seg) != 0;
-            else encode_text(&e, s + seg, i - seg);
+            else failed = encode_text(&e, s + seg, i - seg) != 0;
             prev_special = 0;
         }
         if (hit < 0) break;   /* i == len */
@@ -676,9 +723,7 @@ int32_t tokenizer_encode(const cb_tokenizer *t, const char *text, size_t len, in
         i += t->tok_len[hit];
         seg = i;
     }
-    cb_free(e.mapped);
-    cb_free(e.sym);
-    cb_free(e.key);
+    enc_free(&e);
     return failed ? -1 : e.count;
 }
 

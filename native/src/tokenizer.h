@@ -45,6 +45,10 @@ int tokenizer_token_type(const cb_tokenizer *t, int32_t id);   /* 0 if out of ra
  * then split as gpt2's regex splits it, and ids may differ from the model's own tokenizer's); NULL when the
  * name is known or the vocabulary is not byte-level BPE. */
 const char *tokenizer_unknown_pre(const cb_tokenizer *t);
+/* 1 if encoding normalizes the text between special tokens to NFC first (unicode_nfc.h), as the vocabulary's
+ * tokenizer.json does: byte-level BPE with tokenizer.ggml.pre qwen2, qwen35 or deepseek-r1-qwen. Decoding
+ * then gives the NFC form of the text back. */
+int tokenizer_normalizes_nfc(const cb_tokenizer *t);
 
 /* Encodes len bytes of text. Control, user-defined and unknown tokens written literally in the text
  * (e.g. "<|im_start|>") become those tokens when parse_special is set. A BOS is prepended

@@ -31,4 +31,7 @@ uc_class uc_class_of(uint32_t cp);
  * with code point U+FFFD. Returns its length in bytes (>= 1). */
 size_t uc_decode_utf8(const unsigned char *s, size_t n, uint32_t *cp);
 
+/* Writes code point cp (<= 0x10ffff) as UTF-8 to o[0..4); returns its length in bytes. */
+size_t uc_encode_utf8(uint32_t cp, unsigned char *o);
+
 #endif

@@ -16,7 +16,10 @@
  * (pretokenize.c) and written as one line, each word's bytes in hex, the words separated by spaces (exit
  * status 1 for a name pretokenize.c does not know).
  *
- * --eog VOCAB.gguf: no input; one line with the ids that end generation (tokenizer_is_eog), ascending. */
+ * --eog VOCAB.gguf: no input; one line with the ids that end generation (tokenizer_is_eog), ascending.
+ *
+ * --nfc: no vocabulary; per record one line: 1 or 0 (nfc_quick_check: certainly NFC or not), a space, and the
+ * hex of nfc_normalize's output (unicode_nfc.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +29,7 @@
 #include "gguf.h"
 #include "pretokenize.h"
 #include "tokenizer.h"
+#include "unicode_nfc.h"
 
 /* Reads one "<length>\n<bytes>" record; returns 1 and a malloc'd buffer, 0 at the end, -1 if malformed. */
 static int read_record(char **text, size_t *len) {
@@ -74,8 +78,43 @@ static int words(const char *pre) {
     return 0;
 }
 
+/* --nfc: the quick check and the NFC form of every record. */
+static int nfc(void) {
+    static const char hex[] = "0123456789abcdef";
+    char *text;
+    size_t len;
+    int r;
+    while ((r = read_record(&text, &len)) == 1) {
+        const unsigned char *s = (const unsigned char *)text;
+        size_t cap = NFC_MAX_GROWTH * len + 1, m = 0;
+        unsigned char *out = malloc(cap);
+        colibri_status st = out ? nfc_normalize(s, len, out, cap, &m) : COLIBRI_E_NOMEM;
+        if (st != COLIBRI_OK) {
+            fprintf(stderr, "colibri-tokenize: %s\n", out ? cb_last_error() : "out of memory");
+            free(out);
+            free(text);
+            return 1;
+        }
+        putchar(nfc_quick_check(s, len) ? '1' : '0');
+        putchar(' ');
+        for (size_t k = 0; k < m; k++) {
+            putchar(hex[out[k] >> 4]);
+            putchar(hex[out[k] & 15]);
+        }
+        putchar('\n');
+        free(out);
+        free(text);
+    }
+    if (r < 0) {
+        fprintf(stderr, "colibri-tokenize: malformed input record\n");
+        return 2;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--words")) return words(argv[2]);
+    if (argc == 2 && !strcmp(argv[1], "--nfc")) return nfc();
     int add_bos = 0, parse_special = 1, list_eog = 0;
     const char *path = NULL;
     for (int i = 1; i < argc; i++) {
@@ -88,7 +127,8 @@ int main(int argc, char **argv) {
     if (!path) {
         fprintf(stderr, "usage: colibri-tokenize [--bos] [--no-special] VOCAB.gguf < records\n"
                         "       colibri-tokenize --words PRE < records\n"
-                        "       colibri-tokenize --eog VOCAB.gguf\n");
+                        "       colibri-tokenize --eog VOCAB.gguf\n"
+                        "       colibri-tokenize --nfc < records\n");
         return 2;
     }
     gguf_file f;

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -11,7 +12,10 @@ TOOLS = Path(__file__).resolve().parent.parent / "tools"
 
 
 def load_tool(name: str) -> ModuleType:
-    """tools/NAME.py, executed once per call as a fresh module named NAME."""
+    """tools/NAME.py, executed once per call as a fresh module named NAME (with tools/ on sys.path, as
+    when the script runs, for its imports of tools/generated_header.py)."""
+    if str(TOOLS) not in sys.path:
+        sys.path.insert(0, str(TOOLS))
     spec = importlib.util.spec_from_file_location(name, TOOLS / f"{name}.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)

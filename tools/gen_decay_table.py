@@ -18,9 +18,10 @@ midpoint and the rounding is never a tie.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
+
+from generated_header import generator_main
 
 OUT = Path(__file__).resolve().parents[1] / "native" / "src" / "decay_table.h"
 HALF_LIFE = 32
@@ -70,17 +71,7 @@ def render(h: int = HALF_LIFE) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 if the checked-in table differs")
-    args = ap.parse_args()
-    text = render()
-    if args.check:
-        if OUT.read_text(encoding="utf-8") != text:
-            print(f"{OUT} is out of date: run python tools/gen_decay_table.py", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text, encoding="utf-8")
-    return 0
+    return generator_main(OUT, render, __doc__.split("\n\n")[0])
 
 
 if __name__ == "__main__":

@@ -14,10 +14,11 @@ The C side (unicode_class.c) finds a code point's class by binary search over th
 
 from __future__ import annotations
 
-import argparse
 import sys
 import unicodedata
 from pathlib import Path
+
+from generated_header import generator_main
 
 OUT = Path(__file__).resolve().parents[1] / "native" / "src" / "unicode_class_table.h"
 
@@ -66,18 +67,7 @@ def render() -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="compare with the checked-in table, write nothing")
-    args = ap.parse_args()
-    text = render()
-    if args.check:
-        same = OUT.is_file() and OUT.read_text(encoding="utf-8") == text
-        if not same:
-            print(f"{OUT} is not what {Path(__file__).name} writes (Unicode {unicodedata.unidata_version})")
-        return 0 if same else 1
-    OUT.write_text(text, encoding="utf-8")
-    print(f"wrote {OUT} (Unicode {unicodedata.unidata_version})")
-    return 0
+    return generator_main(OUT, render, __doc__.splitlines()[0], f"Unicode {unicodedata.unidata_version}")
 
 
 if __name__ == "__main__":

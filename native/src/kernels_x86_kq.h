@@ -200,12 +200,13 @@ KX_INLINE void kx_khdr_load(uint32_t type, const char *blk, kx_khdr *h) {
 /* The scales d and minimum sums s of 8 consecutive q8a blocks as two vectors. AVX2: each block's
  * (d, s) pair is one 64-bit load and two shuffles separate them, which measured faster on AMD Zen 3
  * than two gathers (docs/benchmarks.md, branch `ks`); AVX-512 keeps the gathers (not measured). */
-KX_INLINE void kx_load_ds(const block_q8a *x8, __m256i xidx, __m256 *d, __m256 *s) {
+KX_INLINE void kx_load_ds(const block_q8a *x8, __m256 *d, __m256 *s) {
 #if X86_VNNI
+    const __m256i xidx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                            _mm256_set1_epi32((int)sizeof(block_q8a)));
     *d = _mm256_i32gather_ps(&x8->d, xidx, 1);
     *s = _mm256_i32gather_ps(&x8->s, xidx, 1);
 #else
-    (void)xidx;
     __m128 v[4];
     for (int i = 0; i < 4; i++)
         v[i] = _mm_loadh_pi(_mm_castpd_ps(_mm_load_sd((const double *)&x8[2 * i].d)), (const __m64 *)&x8[2 * i + 1].d);
@@ -216,15 +217,11 @@ KX_INLINE void kx_load_ds(const block_q8a *x8, __m256i xidx, __m256 *d, __m256 *
 #endif
 }
 
-/* The scales alone (the compiler drops the unused half of the shuffles). */
-KX_INLINE __m256 kx_load_d8(const block_q8a *x8, __m256i xidx) {
-#if X86_VNNI
-    return _mm256_i32gather_ps(&x8->d, xidx, 1);
-#else
+/* The scales alone (the compiler drops the unused gather or half of the shuffles). */
+KX_INLINE __m256 kx_load_d8(const block_q8a *x8) {
     __m256 d, s;
-    kx_load_ds(x8, xidx, &d, &s);
+    kx_load_ds(x8, &d, &s);
     return d;
-#endif
 }
 
 /* 16 bytes of nibbles through a 16-entry signed table: 32 bytes in element order. */
@@ -395,9 +392,6 @@ KX_INLINE void kx_tile_k(uint32_t type, const char *W, size_t row_bytes, int nb,
     for (int i = 0; i < R; i++)
         for (int t = 0; t < T; t++) acc[i][t] = _mm256_setzero_ps();
     const block_q8a *xt = Xq + (size_t)t0 * nb;
-    /* activation fields of 8 consecutive blocks: byte offsets for the gathers */
-    const __m256i xidx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                            _mm256_set1_epi32((int)sizeof(block_q8a)));
     const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, pf_end, R, nb);
     for (int b = 0; b < nb / per; b++) {
         for (int i = 0; i < R; i++) kx_khdr_load(type, W + (size_t)(r0 + i) * row_bytes + (size_t)b * bb, &hdr[i]);
@@ -419,7 +413,7 @@ KX_INLINE void kx_tile_k(uint32_t type, const char *W, size_t row_bytes, int nb,
         float S[MR][MT][8], Sm[MR][MT][8];
         for (int t = 0; t < T; t++) {
             const block_q8a *x8 = xt + (size_t)t * nb + (size_t)b * 8;
-            const __m256 dx = kx_load_d8(x8, xidx);
+            const __m256 dx = kx_load_d8(x8);
             for (int i = 0; i < R; i++) {
                 _mm256_storeu_ps(S[i][t], _mm256_mul_ps(_mm256_loadu_ps(hdr[i].dsc), dx));
                 if (type == GGML_TYPE_Q2_K) _mm256_storeu_ps(Sm[i][t], _mm256_mul_ps(_mm256_set1_ps(hdr[i].dmin), dx));

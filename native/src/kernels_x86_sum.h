@@ -27,10 +27,6 @@
 #error "kernels_x86_sum.h is for the AVX2 table (the AVX-512 one has kernels_x86_gemm.h)"
 #endif
 
-KX_INLINE int ks_type(uint32_t type) {
-    return type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_Q6_K;
-}
-
 /* Lane j = the sum of v[j]'s 8 lanes: two rounds of vphaddd leave per 128-bit lane the 4-lane
  * sums of v[0..3] (and of v[4..7]); adding the low and high 128-bit lanes finishes them. */
 KX_INLINE __m256i ks_reduce8(const __m256i v[8]) {
@@ -66,7 +62,7 @@ KX_INLINE void ks_q6_scales(const kx_khdr *h, __m256i D[2]) {
 #define KS_DEC_TOKS 3
 #define KS_DEC_ROWS 8
 
-/* Y[t][r0 + i] for i < R, t in [t0, t0 + T); nb = q8a blocks per row (a multiple of 8). A row's
+/* Y[t * ldy + r0 + i] for i < R, t < T; nb = q8a blocks per row (a multiple of 8). A row's
  * super-block is unpacked once and used for the T tokens (a batched step's n_tok 2, 3). */
 KX_INLINE void ks_decode_tile(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, float *Y,
                               int ldy, int r0, int pf_end, const int R, const int T) {
@@ -77,14 +73,13 @@ KX_INLINE void ks_decode_tile(uint32_t type, const char *W, size_t row_bytes, in
     __m256 acc[KS_DEC_ROWS][KS_DEC_TOKS];
     for (int i = 0; i < R; i++)
         for (int t = 0; t < T; t++) acc[i][t] = _mm256_setzero_ps();
-    const block_q8a *xt = Xq;
     const kx_pf pf = kx_pf_init(W, row_bytes, r0 + R, pf_end, R, nb);
     for (int b = 0; b < nb / 8; b++) {
         __m256 dx[KS_DEC_TOKS], sx[KS_DEC_TOKS];
         __m256i xc[KS_DEC_TOKS][8]; /* Q6_K: 32 * the pair sums of the activations */
         for (int t = 0; t < T; t++) {
-            const block_q8a *x8 = xt + (size_t)t * nb + (size_t)b * 8;
-            kx_load_ds(x8, _mm256_setzero_si256(), &dx[t], &sx[t]);
+            const block_q8a *x8 = Xq + (size_t)t * nb + (size_t)b * 8;
+            kx_load_ds(x8, &dx[t], &sx[t]);
             if (q6)
                 for (int j = 0; j < 8; j++)
                     xc[t][j] = _mm256_slli_epi16(
@@ -101,7 +96,7 @@ KX_INLINE void ks_decode_tile(uint32_t type, const char *W, size_t row_bytes, in
             for (int j = 0; j < 8; j++) u[j] = ks_unpack(type, blk, j);
             const __m256 dsc = _mm256_loadu_ps(hdr.dsc);
             for (int t = 0; t < T; t++) {
-                const block_q8a *x8 = xt + (size_t)t * nb + (size_t)b * 8;
+                const block_q8a *x8 = Xq + (size_t)t * nb + (size_t)b * 8;
                 __m256i L[8];
                 for (int j = 0; j < 8; j++) {
                     const __m256i p = _mm256_maddubs_epi16(u[j], _mm256_loadu_si256((const __m256i *)x8[j].qs));

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 TOOLS = Path(__file__).resolve().parent.parent / "tools"
 
 
@@ -21,3 +23,19 @@ def load_tool(name: str) -> ModuleType:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def assert_check_mode_round_trip(
+    gen: ModuleType, stale: Path, header: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A header generator (tools/generated_header.py's command line) pointed at the stale file `stale`:
+    --check fails, a plain run rewrites it to the checked-in `header`, and --check then passes."""
+    monkeypatch.setattr(gen, "OUT", stale)
+    script = f"{gen.__name__}.py"
+    monkeypatch.setattr("sys.argv", [script, "--check"])
+    assert gen.main() == 1
+    monkeypatch.setattr("sys.argv", [script])
+    assert gen.main() == 0  # rewritten
+    assert stale.read_text(encoding="utf-8") == header.read_text(encoding="utf-8")
+    monkeypatch.setattr("sys.argv", [script, "--check"])
+    assert gen.main() == 0

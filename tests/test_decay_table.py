@@ -14,7 +14,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
-from repo_tools import load_tool
+from repo_tools import assert_check_mode_round_trip, load_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = ROOT / "native" / "src" / "decay_table.h"
@@ -45,11 +45,4 @@ def test_entries_are_the_nearest_doubles(h: int) -> None:
 def test_generator_check_mode_sees_a_stale_header(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     stale = tmp_path / "decay_table.h"
     stale.write_text(gen.render().replace("0x1.6a09e667f3bcdp-1", "0x1.6a09e667f3bccp-1"), encoding="utf-8")
-    monkeypatch.setattr(gen, "OUT", stale)
-    monkeypatch.setattr("sys.argv", ["gen_decay_table.py", "--check"])
-    assert gen.main() == 1
-    monkeypatch.setattr("sys.argv", ["gen_decay_table.py"])
-    assert gen.main() == 0  # rewritten
-    assert stale.read_text(encoding="utf-8") == HEADER.read_text(encoding="utf-8")
-    monkeypatch.setattr("sys.argv", ["gen_decay_table.py", "--check"])
-    assert gen.main() == 0
+    assert_check_mode_round_trip(gen, stale, HEADER, monkeypatch)

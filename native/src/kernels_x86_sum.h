@@ -172,7 +172,7 @@ KX_INLINE void ks_pack_x(uint32_t type, const block_q8a *Xq, int nb, int t0, int
  * is the decode tile's exact integer. */
 KX_INLINE void ks_prefill_tile(uint32_t type, const char *W, size_t row_bytes, int r, const ks_xblk *xp, int c0,
                                int cn, const kx_pf *pf, __m256 (*acc)[8], const int R) {
-    enum { MR = 2 };
+    enum { MR = KS_PREFILL_ROWS };
     const size_t bb = kx_k_bytes(type);
     const int min8 = kx_k_min8(type);
     const int q6 = type == GGML_TYPE_Q6_K;

@@ -16,7 +16,11 @@ file and its sidecars only, as bench.py does, so other processes keep their cach
 drop-caches` (`echo 3 > /proc/sys/vm/drop_caches`, the whole page cache, which needs root and disturbs
 everything else on the machine). Both engines time prefill and decode after their load, so a cold run's
 tok/s differ from a warm one's only where the weights are still read from the file while it runs; each
-run's process wall time (`wall_s`, load included) is recorded next to them:
+run's process wall time (`wall_s`, load included) is recorded next to them.
+
+`--background N --background-nice K` runs both engines beside N busy-looping processes at nice K (a
+build or a batch job on a desktop): what each engine keeps of its speed when it does not have the CPUs to
+itself. The processes start before the first run and are ended after the last. The engines:
 
 * llama.cpp: `llama-bench -m FILE -t 2 -p 64 -n 128 -r 1 -o json` (prefill pp64 and decode tg128 in one
   process, its default buffer types, REPACK included);
@@ -31,6 +35,7 @@ every run's raw figures. colibri-run is built (Release) into build/bench/ unless
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -38,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -222,6 +227,20 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+@contextlib.contextmanager
+def background_load(n: int, niceness: int) -> Iterator[list[int]]:
+    """n busy-looping Python processes at nice `niceness` for the duration of the block; their pids."""
+    code = f"import os\nos.nice({niceness})\nwhile True: pass"
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
+    try:
+        time.sleep(0.5 if procs else 0)  # let them reach the loop
+        yield [p.pid for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
 def measure(
     models: list[tuple[str, Path]],
     modes: list[str],
@@ -279,6 +298,10 @@ def main(argv: list[str] | None = None) -> int:
         "--colibri-run", type=Path, default=None, help="colibri-run (default: built in build/bench)"
     )
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per run")
+    ap.add_argument(
+        "--background", type=int, default=0, help="busy-looping processes beside both engines (default 0)"
+    )
+    ap.add_argument("--background-nice", type=int, default=10, help="their nice value (default 10)")
     ap.add_argument("--json", type=Path, default=None, help="write every run and the summary here")
     args = ap.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -286,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--modes takes warm, cold or warm,cold")
     if args.runs < 1:
         ap.error("--runs must be at least 1")
+    if args.background < 0 or not 0 <= args.background_nice <= 19:
+        ap.error("--background takes a count >= 0 and --background-nice a value in 0..19")
     lb = args.llama_bench or default_llama_bench()
     if not lb.is_file():
         ap.error(f"{lb} does not exist: run benchmarks/build_llama_bench.sh first (or pass --llama-bench)")
@@ -303,13 +328,20 @@ def main(argv: list[str] | None = None) -> int:
                 cr, path, prompts[label], seed=i + 1, timeout=args.timeout
             ),
         }
-        runs = measure(models, modes, args.runs, args.cold_start, engines)
+        with background_load(args.background, args.background_nice):
+            runs = measure(models, modes, args.runs, args.cold_start, engines)
     rows = summarize(runs)
     print(table(rows))
     if args.json is not None:
         args.json.write_text(
             json.dumps(
-                {"environment": environment(), "cold_start": args.cold_start, "summary": rows, "runs": runs},
+                {
+                    "environment": environment(),
+                    "cold_start": args.cold_start,
+                    "background": {"processes": args.background, "nice": args.background_nice},
+                    "summary": rows,
+                    "runs": runs,
+                },
                 indent=2,
             ),
             encoding="utf-8",

@@ -3,6 +3,7 @@ parsing of colibri-run's report line. The runs themselves are benchmarks (the le
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -92,3 +93,18 @@ def test_cold_runs_start_with_the_model_evicted_and_warm_runs_with_it_cached(tmp
     ]
     assert seen[:4] == [(n, 0, pages) for n in ("llama_bench", "colibri_run") * 2]
     assert [s[1] for s in seen[4:]] == [pages] * 4  # warm: cached from the first run on
+
+
+def _nice_of(pid: int) -> int:
+    # /proc/PID/stat: "pid (comm) state ..." with nice the 19th field, counted from after the comm's ")"
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[16])
+
+
+def test_background_load_runs_niced_processes_and_ends_them() -> None:
+    with lbc.background_load(2, 7) as pids:
+        assert len(pids) == 2
+        assert all(_nice_of(pid) == min(19, os.nice(0) + 7) for pid in pids)  # os.nice adds to ours
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)  # killed and reaped
+    with lbc.background_load(0, 10) as none:
+        assert none == []

@@ -16,7 +16,6 @@
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
-#include <sched.h>
 #include <semaphore.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -30,6 +29,7 @@
 #include "digest.h"
 #include "profile.h"
 #include "resident.h"
+#include "threads.h"
 #include "timeline.h"
 
 #ifndef O_DIRECT
@@ -236,11 +236,7 @@ static void drop_cached(int fd, uint64_t off, uint64_t len) {
 static int wait_slot(const slot *sl) {
     int st, spins = 0;
     while ((st = atomic_load_explicit(&sl->state, memory_order_acquire)) == SLOT_LOADING) {
-        if (++spins < 64) sched_yield();
-        else {
-            struct timespec ts = {0, 20000};
-            nanosleep(&ts, NULL);
-        }
+        spin_backoff(spins++);
     }
     return st;
 }
@@ -1062,11 +1058,7 @@ int store_wait_any(expert_store *s, int layer, const int32_t *ids, int n, const 
                 add_stall(s, &s->cnt[(size_t)a->layer * s->n_expert + a->expert], now_s() - t0);
                 return n + j;
             }
-        if (spins < 64) sched_yield();
-        else {
-            struct timespec ts = {0, 20000};
-            nanosleep(&ts, NULL);
-        }
+        spin_backoff(spins);
     }
 }
 
@@ -1081,11 +1073,7 @@ int store_aside_ready(const expert_store *s, int h) {
 int store_aside_wait(expert_store *s, int h) {
     aside *a = &s->asides[h];
     for (int spins = 0; atomic_load_explicit(&a->busy, memory_order_acquire); spins++) {
-        if (spins < 64) sched_yield();
-        else {
-            struct timespec ts = {0, 20000};
-            nanosleep(&ts, NULL);
-        }
+        spin_backoff(spins);
     }
     return atomic_load(&a->io_errno);
 }

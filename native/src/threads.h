@@ -19,6 +19,10 @@ void pool_destroy(cb_pool *pool);
 int pool_size(const cb_pool *pool);
 void pool_run(cb_pool *pool, pool_task fn, void *arg);
 
+/* One step of a wait on another thread's flag (an expert read, say), `spins` = steps so far: a short
+ * pause-only spin for the first 64, then 20 us sleeps. No sched_yield: see SPIN_NS in threads.c. */
+void spin_backoff(int spins);
+
 /* Split [0, n) into nth near-equal parts; part ith is [*begin, *end). `granule` keeps
  * boundaries multiples of it (e.g. 4 rows), except at n. */
 void pool_split(int n, int ith, int nth, int granule, int *begin, int *end);

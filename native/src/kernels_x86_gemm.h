@@ -1,6 +1,6 @@
-/* kernels_x86_gemm.h — AVX-512 VNNI decode tiles for Q4_K, Q5_K and Q6_K with one finished
+/* kernels_x86_gemm.h — AVX-512 VNNI decode tiles for Q4_K, Q5_K, Q6_K and IQ4_XS with one finished
  * sub-block sum per lane (a row's 8 sub-blocks), and the walk (kg_matmul) that sends prefill to
- * the row-pair tiles of kernels_x86_pair.h (these types and IQ4_XS) or to kernels_x86_lane.h's
+ * the row-pair tiles of kernels_x86_pair.h (these types) or to kernels_x86_lane.h's
  * (Q8_0, Q4_0, Q4_1). Included by kernels_avx512.c only, after kernels_x86.h (it needs that
  * file's flags and helpers).
  *
@@ -26,9 +26,10 @@
  *     a_j   = fma(-dmin_r * m_r[j], s_t[j], a_j)            (s = dx * sum(qx), block_q8a)
  *   result = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))   (kx_hsum's order)
  * which is the scalar reference's sum in another rounding order (the tests bound both).
- * (dsc = d for Q6_K, no minimum). IQ4_XS was measured with this arithmetic and not kept
- * (docs/benchmarks.md); it decodes on kernels_x86_kq.h's tile and its prefill tile keeps
- * that tile's order. Q6_K moved to it in session 6 (q6pre), decode and prefill together. */
+ * (dsc = d for Q6_K, no minimum; IQ4_XS: dsc = d * (ls_j - 32), its levels + 128 as the
+ * unsigned quants, the 128 taken out exactly with the activations' sums, no minimum). Q6_K
+ * moved to it in session 6 (q6pre), IQ4_XS in session 13 (decode at parity on this unpack,
+ * prefill +8-11%; docs/benchmarks.md), each decode and prefill together. */
 #ifndef COLIBRI_KERNELS_X86_GEMM_H
 #define COLIBRI_KERNELS_X86_GEMM_H
 
@@ -65,6 +66,18 @@ KX_INLINE __m512i kg_pair_x(const block_q8a *x, int p) {
 /* Q4_K: the 32 bytes of qs that hold sub-blocks 2p (low nibbles) and 2p + 1 (high ones), loaded
  * into both halves and shifted by 0 and 4. Q5_K: the same and bit j of qh as bit 4. */
 KX_INLINE __m512i kg_pair_w(uint32_t type, const char *blk, int p) {
+    if (type == GGML_TYPE_IQ4_XS) {
+        /* level + 128, unsigned (the 128 comes off in kg_decode_tile's C): sub-block 2p is the low
+         * and high nibbles of bytes 0..15, 2p + 1 those of bytes 16..31, so the 128-bit lanes
+         * are bytes 0..15, 0..15, 16..31, 16..31 shifted by 0, 4, 0, 4 */
+        const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(((const block_iq4_xs *)blk)->qs + 32 * p)));
+        const __m512i idx = _mm512_and_si512(
+            _mm512_srlv_epi64(_mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(1, 1, 0, 0)), _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)),
+            _mm512_set1_epi8(0x0f));
+        const __m512i lut = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_NL_VALUES)),
+                                             _mm512_set1_epi8((char)0x80));
+        return _mm512_shuffle_epi8(lut, idx);
+    }
     if (type == GGML_TYPE_Q6_K) { /* q + 32, unsigned (kx_q6k_u) */
         const block_q6_K *b6 = (const block_q6_K *)blk;
         return _mm512_inserti64x4(_mm512_castsi256_si512(kx_q6k_u(b6, 2 * p)), kx_q6k_u(b6, 2 * p + 1), 1);
@@ -110,6 +123,8 @@ KX_INLINE void kg_decode_tile(uint32_t type, const char *W, size_t row_bytes, in
     const size_t bb = kx_k_bytes(type);
     const int min8 = kx_k_min8(type);
     const int q6 = type == GGML_TYPE_Q6_K;
+    /* the unsigned weights' offset, taken out exactly per 4 activations: Q6_K 32, IQ4_XS 128 */
+    const int w_off = q6 ? 32 : type == GGML_TYPE_IQ4_XS ? 128 : 0;
     const __m512i lane16 = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m256i xidx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                                             _mm256_set1_epi32((int)sizeof(block_q8a)));
@@ -121,15 +136,15 @@ KX_INLINE void kg_decode_tile(uint32_t type, const char *W, size_t row_bytes, in
     const kx_pf pf = kx_pf_init(W, row_bytes, r0 + KG_ROWS, r_end, KG_ROWS, nb);
     for (int b = 0; b < nb / 8; b++) {
         __m256 dx[KG_DEC_TOKS], sx[KG_DEC_TOKS];
-        __m512i X[KG_DEC_TOKS][4], C[KG_DEC_TOKS][4]; /* C: Q6_K, -32 * (sums of 4 activations) */
+        __m512i X[KG_DEC_TOKS][4], C[KG_DEC_TOKS][4]; /* C: -w_off * (sums of 4 activations) */
         for (int t = 0; t < T; t++) {
             const block_q8a *x8 = x + (size_t)t * nb + (size_t)b * 8;
             dx[t] = _mm256_i32gather_ps(&x8->d, xidx, 1);
             sx[t] = min8 ? _mm256_i32gather_ps(&x8->s, xidx, 1) : _mm256_setzero_ps();
             for (int p = 0; p < 4; p++) {
                 X[t][p] = kg_pair_x(x8, p);
-                const __m512i s32 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(32), X[t][p]);
-                C[t][p] = q6 ? _mm512_sub_epi32(_mm512_setzero_si512(), s32) : _mm512_setzero_si512();
+                const __m512i so = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)w_off), X[t][p]);
+                C[t][p] = w_off ? _mm512_sub_epi32(_mm512_setzero_si512(), so) : _mm512_setzero_si512();
             }
         }
         for (int i = 0; i < n; i++) {
@@ -269,8 +284,9 @@ KX_INLINE void kg_store_col(float *Y, int ldy, int t0, int nt, int r, const __m2
 /* Below this many tokens prefill runs the decode tiles, up to KG_DEC_TOKS tokens each (same
  * results): the interleaved group pays for itself only with several tokens in its lanes.
  * Q8_0, Q4_0, Q4_1 (kl_type); the K-quants and IQ4_XS on the row-pair tiles of
- * kernels_x86_pair.h; IQ4_XS below its threshold on kx_tile_k. The last two measured on AMD
- * Zen 5 (kernel-repeat --min-tsc, 512 x 1024, n_tok 4..7; docs/benchmarks.md, branch `kq`). */
+ * kernels_x86_pair.h. The last two measured on AMD Zen 5 (kernel-repeat --min-tsc, 512 x 1024,
+ * n_tok 4..7; docs/benchmarks.md, branch `kq`); on Intel Sapphire Rapids the row-pair tiles
+ * already win at 4 and 5 tokens (session 13, +9-50%); the thresholds stay Zen 5's. */
 #define KG_MIN_PREFILL_TOKS 4
 #define KG_Z_MIN_TOKS 6
 #define KG_Z_MIN_TOKS_IQ4 5
@@ -304,10 +320,6 @@ KX_INLINE int kg_min_prefill_toks(uint32_t type) {
 /* Tokens [t0, n_tok) against rows [r0, r1) on the type's decode tiles, KG_DEC_TOKS at a time. */
 KX_INLINE void kg_decode_toks(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int t0,
                               int n_tok, float *Y, int ldy, int r0, int r1) {
-    if (type == GGML_TYPE_IQ4_XS) { /* its own decode tile (kg_decode_tile's order is not its) */
-        kx_matmul_iq4_xs(W, row_bytes, nb, Xq + (size_t)t0 * nb, n_tok - t0, Y + (size_t)t0 * ldy, ldy, r0, r1);
-        return;
-    }
     int t = t0;
     for (; t + KG_DEC_TOKS <= n_tok; t += KG_DEC_TOKS)
         kg_decode_any(type, W, row_bytes, nb, Xq, Y, ldy, r0, r1, t, KG_DEC_TOKS);

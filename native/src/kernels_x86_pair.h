@@ -15,13 +15,12 @@
  *
  * The arithmetic of one output (row, token) is the one kernels_x86_gemm.h states (the decode
  * tiles'), so results are bit-identical to kg_decode_tile whatever n_tok or the row range:
- *   K-quants  per sub-block j the exact int32 isum (Q6_K: its two halves' exact sums weighed
- *             by the half scales in float, exact as in kg_decode_tile's integer weighing:
- *             |sc * h| <= 128 * 65024 and the weighed sum < 2^24), then
- *             a_j = fma(float(isum), dsc_j * dx_j, a_j) and a_j = fma(dm8_j, s_j, a_j) (Q4_K, Q5_K)
- *   IQ4_XS    kx_tile_k's order (its decode tile): per 4-byte group k
- *             a_k = fma(float(dot4_k), dsc_j * dx_j, a_k)
- *   result    ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))
+ *   per sub-block j the exact int32 isum (Q6_K: its two halves' exact sums weighed by the half
+ *   scales in float, exact as in kg_decode_tile's integer weighing: |sc * h| <= 128 * 65024 and
+ *   the weighed sum < 2^24; IQ4_XS: the signed levels against the activations + 128, less
+ *   128 * the levels' sum), then
+ *   a_j = fma(float(isum), dsc_j * dx_j, a_j) and a_j = fma(dm8_j, s_j, a_j) (Q4_K, Q5_K)
+ *   result ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))
  * Only the integer sums are formed in another grouping, and integer addition does not round. */
 #ifndef COLIBRI_KERNELS_X86_PAIR_H
 #define COLIBRI_KERNELS_X86_PAIR_H
@@ -90,7 +89,7 @@ KX_INLINE void kg_pack_xz(uint32_t type, const block_q8a *Xq, int nb, int t0, in
  * (one 64-bit broadcast gives the vpdpbusd operand); f[...] = row A's float then row B's. */
 typedef struct __attribute__((aligned(64))) kg_zrow {
     int64_t wz[8][8];
-    int64_t cz[8][8]; /* IQ4_XS: -128 * the sum of group k's 4 levels, row A's then row B's */
+    int32_t cs[8][2]; /* IQ4_XS: -128 * the sum of sub-block j's 32 levels, row A's then row B's */
     float f1[8][2];   /* Q4_K, Q5_K, IQ4_XS: dsc_j; Q6_K: d */
     float f2[8][2];   /* Q4_K, Q5_K: dm8_j */
     float sc[16][2];  /* Q6_K: the half scales */
@@ -115,28 +114,28 @@ KX_INLINE void kg_z_fpair(const float *a, const float *b, float (*out)[2]) {
 KX_INLINE void kg_z_unpack(uint32_t type, const char *ba, const char *bb, kg_zrow *z) {
     if (type == GGML_TYPE_IQ4_XS) {
         /* The levels stay signed and the activations carry the + 128 (kg_pack_xz), so the
-         * correction is the row's, -128 * sum(w), formed here once per row and group for
+         * correction is the row's, -128 * sum(w) per sub-block, formed here once per row for
          * every token (the packed activations stay one vector per group); the int32 result is
-         * the exact dot4 either way. */
+         * the exact sub-block sum either way. */
         kx_khdr h[2];
         const char *blk[2] = {ba, bb};
-        __m512i w[2][4], c[2][4];
+        __m512i w[2][4];
+        __m256i cs[2];
         for (int i = 0; i < 2; i++) {
             kx_khdr_load(type, blk[i], &h[i]);
             const uint8_t *qs = ((const block_iq4_xs *)blk[i])->qs;
+            __m512i c[4]; /* 128 * the sums of 4 levels, sub-blocks 2p and 2p + 1 */
             for (int p = 0; p < 4; p++) {
-                w[i][p] = _mm512_inserti64x4(
-                    _mm512_castsi256_si512(kx_nibble_table(qs + 32 * p, IQ4_NL_VALUES, 0)),
-                    kx_nibble_table(qs + 32 * p + 16, IQ4_NL_VALUES, 0), 1);
-                c[i][p] = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                           _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80),
-                                                               w[i][p]));
+                w[i][p] = _mm512_inserti64x4(_mm512_castsi256_si512(kx_nibble_table(qs + 32 * p, IQ4_NL_VALUES, 0)),
+                                             kx_nibble_table(qs + 32 * p + 16, IQ4_NL_VALUES, 0), 1);
+                c[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), w[i][p]);
             }
+            cs[i] = _mm256_sub_epi32(_mm256_setzero_si256(), kg_reduce8z(c));
         }
-        for (int p = 0; p < 4; p++) {
-            kg_z_interleave(w[0][p], w[1][p], z->wz[2 * p], z->wz[2 * p + 1]);
-            kg_z_interleave(c[0][p], c[1][p], z->cz[2 * p], z->cz[2 * p + 1]);
-        }
+        for (int p = 0; p < 4; p++) kg_z_interleave(w[0][p], w[1][p], z->wz[2 * p], z->wz[2 * p + 1]);
+        const __m512i i0 = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+        _mm512_store_si512((void *)z->cs, _mm512_permutex2var_epi32(_mm512_castsi256_si512(cs[0]), i0,
+                                                                    _mm512_castsi256_si512(cs[1])));
         kg_z_fpair(h[0].dsc, h[1].dsc, z->f1);
         return;
     }
@@ -167,22 +166,10 @@ KX_INLINE __m512i kg_z_b64(const void *p) {
     return _mm512_set1_epi64(v);
 }
 
-/* The sub-block j (IQ4_XS: all 8, by group) of the row pairs z[q < P] against one group of 8
+/* The sub-block j of the row pairs z[q < P] against one group of 8
  * tokens (xb: its block), into a[q][.]. */
 KX_INLINE void kg_z_sub(uint32_t type, const kg_zrow *z, const kg_xz *xb, int j, __m512 (*a)[8], const int P) {
     const __m512 dx = _mm512_load_ps(xb->d);
-    if (type == GGML_TYPE_IQ4_XS) { /* a_k per group k */
-        __m512 S[KG_Z_PAIRS];
-        for (int q = 0; q < P; q++) S[q] = _mm512_mul_ps(_mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].f1[j]))), dx);
-        for (int k = 0; k < 8; k++) {
-            const __m512i x = _mm512_load_si512((const void *)xb->x[k]);
-            for (int q = 0; q < P; q++) {
-                const __m512i d4 = _mm512_dpbusd_epi32(kg_z_b64(&z[q].cz[j][k]), x, kg_z_b64(&z[q].wz[j][k]));
-                a[q][k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d4), S[q], a[q][k]);
-            }
-        }
-        return;
-    }
     __m512i X[8];
     for (int k = 0; k < 8; k++) X[k] = _mm512_load_si512((const void *)xb->x[k]);
     /* each integer sum in two chains (even and odd groups) added at the end: shorter
@@ -208,17 +195,18 @@ KX_INLINE void kg_z_sub(uint32_t type, const kg_zrow *z, const kg_xz *xb, int j,
         }
         return;
     }
-    const __m512 sx = _mm512_load_ps(xb->s);
+    const int iq4 = type == GGML_TYPE_IQ4_XS; /* signed levels against the activations + 128 */
+    const __m512 sx = iq4 ? _mm512_setzero_ps() : _mm512_load_ps(xb->s);
     for (int q = 0; q < P; q++) {
-        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+        __m512i s0 = iq4 ? kg_z_b64(z[q].cs[j]) : _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
         for (int k = 0; k < 8; k += 2) {
-            s0 = _mm512_dpbusd_epi32(s0, kg_z_b64(&z[q].wz[j][k]), X[k]);
-            s1 = _mm512_dpbusd_epi32(s1, kg_z_b64(&z[q].wz[j][k + 1]), X[k + 1]);
+            const __m512i w0 = kg_z_b64(&z[q].wz[j][k]), w1 = kg_z_b64(&z[q].wz[j][k + 1]);
+            s0 = iq4 ? _mm512_dpbusd_epi32(s0, X[k], w0) : _mm512_dpbusd_epi32(s0, w0, X[k]);
+            s1 = iq4 ? _mm512_dpbusd_epi32(s1, X[k + 1], w1) : _mm512_dpbusd_epi32(s1, w1, X[k + 1]);
         }
         const __m512 dsc = _mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].f1[j])));
-        const __m512 dm8 = _mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].f2[j])));
         a[q][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_mul_ps(dsc, dx), a[q][j]);
-        a[q][j] = _mm512_fmadd_ps(dm8, sx, a[q][j]);
+        if (!iq4) a[q][j] = _mm512_fmadd_ps(_mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].f2[j]))), sx, a[q][j]);
     }
 }
 
@@ -226,7 +214,7 @@ KX_INLINE void kg_z_sub(uint32_t type, const kg_zrow *z, const kg_xz *xb, int j,
  * [c0, c0 + cn): group g's interleaved blocks at xp + g * KG_CHUNK, its accumulators at
  * acc + g * KG_RB / 2. rows: the pairs' rows (a lone row is paired with itself); the next
  * tile's rows prefetched one step per sub-block (kx_pf, changes no result). acc[q][j] lane 2t + i carries sub-block j's
- * share (group j's for IQ4_XS) of (row 2q + i of the pair, token t). */
+ * share of (row 2q + i of the pair, token t). */
 KX_INLINE void kg_prefill_tile_z(uint32_t type, const char *const *rows, const kg_xz *xp, const int G, int c0, int cn,
                                  const kx_pf *pf, __m512 (*acc)[8], const int P) {
     const size_t bb = kx_k_bytes(type);

@@ -49,3 +49,16 @@ def test_every_c_unit_test_passes(native_build: Path) -> None:
     result = subprocess.run(command, cwd=native_build, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
     assert "100% tests passed" in result.stdout
+
+
+def test_bench_bandwidth_reads_in_the_decode_tiles_order(native_build: Path) -> None:
+    tool = native_build / "bench-bandwidth"
+    common = [str(tool), "--mib", "8", "--chunk-kib", "1584", "--seconds", "0.1"]
+    run = subprocess.run([*common, "--tile", "576,144"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("tile order: rows of 576 B, blocks of 144 B; read 8 MiB chunk 1584 KiB")
+    assert float(re.search(r"median ([0-9.]+) GB/s", run.stdout)[1]) > 0
+    # a block that is not a whole number of words, and a chunk that is not a whole number of rows
+    for bad in ("576,210", "1000,144"):
+        refused = subprocess.run([*common, "--tile", bad], capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 2 and "multiples of 8" in refused.stderr, (bad, refused.stderr)

@@ -174,12 +174,30 @@ def cpu_has_amx() -> bool:
         return False
 
 
+def built_with_amx(system_info: str) -> bool:
+    """Whether llama.cpp's system info line ("AVX512 = 1 | ... | REPACK = 1 |") lists an AMX feature."""
+    return any(
+        f.split("=")[0].strip().startswith("AMX") and f.split("=")[-1].strip() == "1"
+        for f in system_info.split("|")
+    )
+
+
+def extra_bufts_default(llama_cpp) -> bool:
+    """`--llama-extra-bufts auto`: llama.cpp's default buffer types (REPACK included) unless its AMX buffer
+    type can be chosen, which needs both an AMX CPU and a build with AMX compiled in. The README's build
+    (tools/llama_cpp_cmake_args.py) compiles AMX out, so REPACK stays on even on an AMX Xeon."""
+    return not (
+        cpu_has_amx() and built_with_amx(llama_cpp.llama_print_system_info().decode(errors="replace"))
+    )
+
+
 def llama_cpp_plain_buffers(llama_cpp) -> None:
     """Make llama-cpp-python load weights into plain CPU buffers (use_extra_bufts = false).
 
-    On CPUs with AMX, llama.cpp 0.3.36 (ggml 0.25.3) places quantized weights in its AMX buffer type and
-    segfaults in ggml_backend_amx_mul_mat on the first evaluation (seen on this machine's Xeon under
-    Firecracker). The Llama class has no parameter for it, so the default model parameters are wrapped.
+    On CPUs with AMX, a llama.cpp 0.3.36 (ggml 0.25.3) built with AMX places quantized weights in its AMX
+    buffer type and segfaults in ggml_backend_amx_mul_mat on the first evaluation (seen on this machine's
+    Xeon under Firecracker). The Llama class has no parameter for it, so the default model parameters are
+    wrapped.
     This also turns off the REPACK buffers (interleaved Q4_0/Q8_0 layouts), so llama.cpp runs its
     standard AVX-512 dot-product kernels.
     """
@@ -203,7 +221,9 @@ def run_llama_cpp(args: argparse.Namespace, prompt: list[int]) -> dict:
 
     if args.routing_trace or args.prefetch:
         raise ValueError("--routing-trace and --prefetch are Colibri options; llama.cpp has neither")
-    extra_bufts = args.llama_extra_bufts == "on" or (args.llama_extra_bufts == "auto" and not cpu_has_amx())
+    extra_bufts = args.llama_extra_bufts == "on" or (
+        args.llama_extra_bufts == "auto" and extra_bufts_default(llama_cpp)
+    )
     if not extra_bufts:
         llama_cpp_plain_buffers(llama_cpp)
     faults_before_load = major_faults()

@@ -641,7 +641,8 @@ def main(argv: list[str] | None = None) -> int:
         "--llama-extra-bufts",
         choices=["auto", "on", "off"],
         default="auto",
-        help="llama.cpp's AMX/REPACK weight buffers (auto: off on AMX CPUs, where they crash)",
+        help="llama.cpp's AMX/REPACK weight buffers (auto: on, unless llama.cpp has AMX compiled in and "
+        "the CPU has AMX, where its AMX buffers crash)",
     )
     ap.add_argument(
         "--omp-wait-policy",

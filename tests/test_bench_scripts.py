@@ -552,3 +552,19 @@ def test_ab_decode_names_a_failing_build(tmp_path: Path) -> None:
     bad = _fake_runner(tmp_path / "bad", 0.0, fail=True)
     with pytest.raises(RuntimeError, match="cannot open model"):
         ab_decode.main(["--build", f"bad={bad}", "--model", str(tmp_path / "m.gguf"), "--rounds", "1"])
+
+
+def test_llama_cpp_keeps_its_repack_buffers_unless_built_with_amx(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    import _worker
+
+    built = "CPU : AVX2 = 1 | AVX512 = 1 | AMX_INT8 = 1 | AMX_BF16 = 1 | REPACK = 1 |"
+    readme_build = "CPU : AVX2 = 1 | AVX512 = 1 | AVX512_VNNI = 1 | REPACK = 1 |"
+    assert _worker.built_with_amx(built)
+    assert not _worker.built_with_amx(readme_build)
+    assert not _worker.built_with_amx("CPU : AMX_INT8 = 0 |")
+    for cpu_amx, info, expected in ((True, built, False), (True, readme_build, True), (False, built, True)):
+        monkeypatch.setattr(_worker, "cpu_has_amx", lambda cpu_amx=cpu_amx: cpu_amx)
+        fake = types.SimpleNamespace(llama_print_system_info=lambda info=info: info.encode())
+        assert _worker.extra_bufts_default(fake) is expected, (cpu_amx, info)

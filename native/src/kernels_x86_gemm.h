@@ -70,13 +70,13 @@ KX_INLINE __m512i kg_pair_w(uint32_t type, const char *blk, int p) {
         /* level + 128, unsigned (the 128 comes off in kg_decode_tile's C): sub-block 2p is the low
          * and high nibbles of bytes 0..15, 2p + 1 those of bytes 16..31, so the 128-bit lanes
          * are bytes 0..15, 0..15, 16..31, 16..31 shifted by 0, 4, 0, 4 */
-        const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(((const block_iq4_xs *)blk)->qs + 32 * p)));
-        const __m512i idx = _mm512_and_si512(
-            _mm512_srlv_epi64(_mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(1, 1, 0, 0)), _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)),
-            _mm512_set1_epi8(0x0f));
-        const __m512i lut = _mm512_xor_si512(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_NL_VALUES)),
-                                             _mm512_set1_epi8((char)0x80));
-        return _mm512_shuffle_epi8(lut, idx);
+        const uint8_t *qs = ((const block_iq4_xs *)blk)->qs + 32 * p;
+        const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qs));
+        const __m512i lanes = _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(1, 1, 0, 0));
+        const __m512i idx = _mm512_and_si512(_mm512_srlv_epi64(lanes, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)),
+                                             _mm512_set1_epi8(0x0f));
+        const __m512i levels = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_NL_VALUES));
+        return _mm512_shuffle_epi8(_mm512_xor_si512(levels, _mm512_set1_epi8((char)0x80)), idx);
     }
     if (type == GGML_TYPE_Q6_K) { /* q + 32, unsigned (kx_q6k_u) */
         const block_q6_K *b6 = (const block_q6_K *)blk;
@@ -143,7 +143,8 @@ KX_INLINE void kg_decode_tile(uint32_t type, const char *W, size_t row_bytes, in
             sx[t] = min8 ? _mm256_i32gather_ps(&x8->s, xidx, 1) : _mm256_setzero_ps();
             for (int p = 0; p < 4; p++) {
                 X[t][p] = kg_pair_x(x8, p);
-                const __m512i so = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)w_off), X[t][p]);
+                const __m512i so = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)w_off),
+                                                       X[t][p]);
                 C[t][p] = w_off ? _mm512_sub_epi32(_mm512_setzero_si512(), so) : _mm512_setzero_si512();
             }
         }

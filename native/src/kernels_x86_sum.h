@@ -19,7 +19,9 @@
  *   result = kx_hsum(a) = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))
  * The integer sums are formed with vpmaddubsw (u unsigned: 0..15, 0..31, Q6_K q + 32; |x| <=
  * 127, so the 16-bit pair sums cannot saturate) and vpmaddwd; a tile's shape changes only which
- * registers hold them, so a result never depends on n_tok or on the row range. */
+ * registers hold them, so a result never depends on n_tok or on the row range.
+ * IQ4_XS stays on kernels_x86_kq.h's tile in this table (per 4-weight group, its own order), where
+ * the AVX-512 table moved it to the order above: the two tables differ there in the last bits. */
 #ifndef COLIBRI_KERNELS_X86_SUM_H
 #define COLIBRI_KERNELS_X86_SUM_H
 

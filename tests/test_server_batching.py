@@ -151,7 +151,11 @@ def test_cancel_mid_prefill_and_queue_overflow(server: Server) -> None:
     assert m['colibri_engine_n_decode_tokens{model="smol"}'] == decode0
 
     # three sequences busy and one request waiting: the next one is told to come back later
-    long = {**body, "prompt": "Write a very long story about a dragon.", "max_tokens": 400}
+    # SmolLM2 may answer this prompt with an end token at once (greedy, on the AVX-512 kernels it does):
+    # the end tokens are biased away, so the three sequences really are busy for 400 tokens
+    no_end = {"0": -100, "2": -100}  # <|endoftext|>, <|im_end|>
+    story = "Write a very long story about a dragon."
+    long = {**body, "prompt": story, "max_tokens": 400, "logit_bias": no_end}
     clients = [httpx.Client(base_url=server.base, timeout=60) for _ in range(4)]
     streams = []
     try:
@@ -162,6 +166,7 @@ def test_cancel_mid_prefill_and_queue_overflow(server: Server) -> None:
         deadline = time.time() + 30
         while metric(server, "colibri_requests_in_flight") < 4 and time.time() < deadline:
             time.sleep(0.05)
+        assert metric(server, "colibri_requests_in_flight") == 4  # three decoding, one queued
         full = raw(server, "/v1/completions", {**long, "stream": False, "max_tokens": 2})
         assert_error(full, 429, "queue_full")
         assert int(full.headers["Retry-After"]) >= 1

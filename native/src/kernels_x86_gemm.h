@@ -336,15 +336,13 @@ KX_INLINE void kg_decode_toks(uint32_t type, const char *W, size_t row_bytes, in
  * 11 tokens 1.15x; a tail of 4 is faster in the group). Same results either way. */
 KX_INLINE void kg_matmul(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok,
                          float *Y, int ldy, int r0, int r1, void *xp) {
-    if (n_tok < kg_min_prefill_toks(type)) {
-        kg_decode_toks(type, W, row_bytes, nb, Xq, 0, n_tok, Y, ldy, r0, r1);
-        return;
-    }
+    /* tokens [n_grp, n_tok) on the decode tiles: all of them below the type's threshold, else the tail
+     * (one call site, so each driver inlines the decode tiles once) */
     const int tail = n_tok > KG_TOKS && n_tok % KG_TOKS <= KG_DEC_TOKS ? n_tok % KG_TOKS : 0;
-    if (tail) {
-        kg_decode_toks(type, W, row_bytes, nb, Xq, n_tok - tail, n_tok, Y, ldy, r0, r1);
-        n_tok -= tail;
-    }
+    const int n_grp = n_tok < kg_min_prefill_toks(type) ? 0 : n_tok - tail;
+    if (n_grp < n_tok) kg_decode_toks(type, W, row_bytes, nb, Xq, n_grp, n_tok, Y, ldy, r0, r1);
+    if (n_grp == 0) return;
+    n_tok = n_grp;
     if (kg_z_type(type)) {
         kg_matmul_z(type, W, row_bytes, nb, Xq, n_tok, Y, ldy, r0, r1, (kg_xz *)xp);
         return;

@@ -279,14 +279,13 @@ KX_INLINE void ks_decode_toks(uint32_t type, const char *W, size_t row_bytes, in
  * Q4_K at 9 tokens 93 -> 143 GFLOP/s by the tiles' own figures). */
 KX_INLINE void ks_matmul(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok,
                          float *Y, int ldy, int r0, int r1) {
-    if (n_tok < KS_MIN_PREFILL_TOKS) {
-        ks_decode_toks(type, W, row_bytes, nb, Xq, 0, n_tok, Y, ldy, r0, r1);
-        return;
-    }
+    /* tokens [n_grp, n_tok) on the decode tiles (one call site: each driver inlines them once) */
     const int tail = n_tok > KS_TOKS && n_tok % KS_TOKS <= KS_DEC_TOKS ? n_tok % KS_TOKS : 0;
-    if (tail) ks_decode_toks(type, W, row_bytes, nb, Xq, n_tok - tail, n_tok, Y, ldy, r0, r1);
+    const int n_grp = n_tok < KS_MIN_PREFILL_TOKS ? 0 : n_tok - tail;
+    if (n_grp < n_tok) ks_decode_toks(type, W, row_bytes, nb, Xq, n_grp, n_tok, Y, ldy, r0, r1);
+    if (n_grp == 0) return;
     ks_xblk xp[KS_CHUNK];
-    ks_prefill(type, W, row_bytes, nb, Xq, n_tok - tail, Y, ldy, r0, r1, xp);
+    ks_prefill(type, W, row_bytes, nb, Xq, n_grp, Y, ldy, r0, r1, xp);
 }
 
 #define KS_DRIVER(NAME, TYPE)                                                                               \

@@ -127,6 +127,13 @@ COMPLETIONS: dict[str, Any] = {
     "preamble_then_call": lambda enc: completion(
         enc, [preamble("Let me check."), call("get_weather", WEATHER_CALL)]
     ),
+    # a call to harmony's built-in browser, which no OpenAI request can offer: its text is the answer's
+    "builtin_tool_call": lambda enc: model_text(
+        enc,
+        "<|channel|>analysis<|message|>Search it.<|end|>"
+        "<|start|>assistant<|channel|>commentary to=browser.search <|constrain|>json"
+        '<|message|>{"query":"Paris weather"}<|call|>',
+    ),
 }
 
 
@@ -216,6 +223,7 @@ def test_what_the_completions_hold(enc: Any) -> None:
     assert parse["call_recipient_after_channel"] == parse["analysis_then_call"]
     assert parse["two_calls"] == Parsed("Two lookups.", "", [weather, ("get_time", TIME_CALL)])
     assert parse["preamble_then_call"] == Parsed("", "Let me check.", [weather])
+    assert parse["builtin_tool_call"] == Parsed("Search it.", '{"query":"Paris weather"}', [])
 
 
 @pytest.mark.parametrize("name", ["analysis_then_final", "analysis_then_call", "two_calls"])

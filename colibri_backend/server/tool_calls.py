@@ -469,7 +469,9 @@ class HarmonyOutput(OutputParser):
                 pass  # a call's arguments: taken whole from the finished message
             elif p.current_channel == "analysis":
                 out.append(Part("reasoning", delta))
-            elif p.current_channel in ("final", None) or not recipient:
+            elif not recipient.startswith("functions."):
+                # the final answer, commentary to the user, and a message to a tool the request cannot
+                # have offered (harmony's built-in browser or python): the model's text, not dropped
                 out.append(Part("content", delta))
         out += self._completed()
         return out

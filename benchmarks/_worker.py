@@ -176,10 +176,8 @@ def cpu_has_amx() -> bool:
 
 def built_with_amx(system_info: str) -> bool:
     """Whether llama.cpp's system info line ("AVX512 = 1 | ... | REPACK = 1 |") lists an AMX feature."""
-    return any(
-        f.split("=")[0].strip().startswith("AMX") and f.split("=")[-1].strip() == "1"
-        for f in system_info.split("|")
-    )
+    features = (field.partition("=") for field in system_info.split("|"))
+    return any(name.strip().startswith("AMX") and value.strip() == "1" for name, _, value in features)
 
 
 def extra_bufts_default(llama_cpp) -> bool:

@@ -24,9 +24,9 @@
 #define POOL_MAX_THREADS 1024
 /* Spin this long (pause only) before sleeping. Never sched_yield while spinning: under EEVDF a
  * yield gives the rest of the slice to whatever else is runnable, so with two busy background
- * processes on the machine every job hand-off cost a slice (measured on bench-A Q4_K_M, 2 threads:
- * decode 5.6 tok/s with two nice-10 hogs and 3.1 with two nice-0 ones, against 84 and 44 without
- * the yield). A waiter whose thread cannot run goes to sleep after SPIN_NS and lets it run. */
+ * processes on the machine every job hand-off cost a slice (bench-A Q4_K_M, 2 threads, beside two
+ * busy processes at nice 10 / nice 0: decode 5.6 / 5.0 tok/s with the yield, 63.4 / 29.6 without;
+ * docs/benchmarks.md, session 13). A waiter whose thread cannot run sleeps after SPIN_NS. */
 #define SPIN_NS 200000
 #define CACHE_LINE 64
 

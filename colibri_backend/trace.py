@@ -279,6 +279,12 @@ def _load_npz(path: Path) -> RoutingTrace:
     missing = {"ids", "weights", "tokens", "meta"} - set(arrays)
     if missing:
         raise ValueError(f"{path}: routing trace lacks the arrays {sorted(missing)}")
+    # np.load gives a member that is not a .npy file as its raw bytes (found by tools/fuzz_python.py)
+    not_arrays = sorted(name for name, a in arrays.items() if not isinstance(a, np.ndarray))
+    if not_arrays:
+        raise ValueError(f"{path}: the members {not_arrays} are not arrays")
+    if arrays["meta"].ndim != 0:
+        raise ValueError(f"{path}: the meta array is not a single string")
     try:
         meta = json.loads(str(arrays["meta"][()]))
     except (json.JSONDecodeError, RecursionError) as exc:

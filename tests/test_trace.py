@@ -226,3 +226,21 @@ def test_bad_files(trace: RoutingTrace, tmp_path: Path) -> None:
         load_trace(shuffled)
     with pytest.raises(ValueError, match="shape"):
         RoutingTrace(trace.ids, trace.weights[:, :, :1], trace.tokens)
+
+
+def test_npz_members_that_are_not_arrays(tmp_path: Path) -> None:
+    """np.load hands a member that is not a .npy file back as raw bytes; a 1-d meta is no header either."""
+    import zipfile
+
+    ok = {"ids": np.zeros((1, 1, 1), np.int32), "weights": np.zeros((1, 1, 1), np.float32)}
+    ok["tokens"] = np.zeros(1, np.int32)
+    raw = tmp_path / "raw.npz"
+    np.savez(raw, **ok)
+    with zipfile.ZipFile(raw, "a") as z:
+        z.writestr("meta.npy", b"not an array")
+    with pytest.raises(ValueError, match="not arrays"):
+        load_trace(raw)
+    one_d = tmp_path / "one_d.npz"
+    np.savez(one_d, **ok, meta=np.array(["{}", "{}"]))
+    with pytest.raises(ValueError, match="not a single string"):
+        load_trace(one_d)

@@ -28,6 +28,12 @@ itself. The processes start before the first run and are ended after the last. T
   benchmarks/bench.py (sampled, so random-weight models do not stop at an end token); prefill and decode
   tok/s from its report line.
 
+Every run also records what the CPUs did meanwhile: the engine process's user and system CPU seconds
+(`cpu_user_s`, `cpu_sys_s`, from getrusage of the waited-for child) and the seconds the hypervisor stole from
+this machine's CPUs (`steal_s`, /proc/stat; null where there is no such column). A run slower than its
+neighbours with the same CPU seconds waited (I/O, a descheduled thread); one with more CPU seconds for the
+same work ran on a slower core (a busy host); steal says the host took the CPUs outright.
+
 Medians, ranges (min, max) and Colibri / llama.cpp ratios go to stdout and, with --json, to a file with
 every run's raw figures. colibri-run is built (Release) into build/bench/ unless --colibri-run names one.
 """
@@ -39,6 +45,7 @@ import contextlib
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -193,7 +200,7 @@ def summarize(runs: list[dict]) -> list[dict]:
             ok = [
                 r for r in runs if (r["model"], r["mode"], r["engine"]) == (model, mode, engine) and r["ok"]
             ]
-            row["engines"][engine] = engine_summary(ok, ("decode_tps", "prefill_tps", "wall_s"))
+            row["engines"][engine] = engine_summary(ok, ("decode_tps", "prefill_tps", "wall_s", "cpu_user_s"))
         c, ll = row["engines"]["colibri_run"], row["engines"]["llama_bench"]
         row["ratio"] = {k: (c[k] / ll[k] if c[k] and ll[k] else None) for k in ("decode_tps", "prefill_tps")}
         rows.append(row)
@@ -241,6 +248,30 @@ def background_load(n: int, niceness: int) -> Iterator[list[int]]:
             p.wait()
 
 
+def host_steal_s() -> float | None:
+    """CPU seconds the hypervisor has stolen from this machine since boot (all CPUs), or None."""
+    try:
+        # the first line: "cpu user nice system idle iowait irq softirq steal ...", in clock ticks
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
+def cpu_accounting(into: dict) -> Iterator[None]:
+    """Adds to `into` the CPU seconds of the child processes waited for inside the block (cpu_user_s,
+    cpu_sys_s) and the host's stolen seconds meanwhile (steal_s, None where unknown)."""
+    ru0, st0 = resource.getrusage(resource.RUSAGE_CHILDREN), host_steal_s()
+    yield
+    ru1, st1 = resource.getrusage(resource.RUSAGE_CHILDREN), host_steal_s()
+    into.update(
+        cpu_user_s=round(ru1.ru_utime - ru0.ru_utime, 3),
+        cpu_sys_s=round(ru1.ru_stime - ru0.ru_stime, 3),
+        steal_s=None if st0 is None or st1 is None else round(st1 - st0, 2),
+    )
+
+
 def measure(
     models: list[tuple[str, Path]],
     modes: list[str],
@@ -259,12 +290,16 @@ def measure(
                 for engine, run in engines.items():
                     if mode == "cold":
                         make_cold(path, cold_start)
-                    r = run(label, path, i)
-                    r.update(model=label, path=str(path), mode=mode, engine=engine, run=i)
+                    acct: dict = {}
+                    with cpu_accounting(acct):
+                        r = run(label, path, i)
+                    r.update(acct, model=label, path=str(path), mode=mode, engine=engine, run=i)
                     runs.append(r)
+                    steal = "–" if r["steal_s"] is None else f"{r['steal_s']:.2f}"
                     status = (
                         f"decode {r['decode_tps']:.1f} tok/s, prefill {r['prefill_tps']:.1f} tok/s, "
-                        f"wall {r['wall_s']:.1f} s"
+                        f"wall {r['wall_s']:.1f} s, cpu {r['cpu_user_s']:.2f} user + "
+                        f"{r['cpu_sys_s']:.2f} sys s, steal {steal} s"
                         if r["ok"]
                         else f"FAILED: {r['error']}"
                     )

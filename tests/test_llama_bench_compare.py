@@ -108,3 +108,34 @@ def test_background_load_runs_niced_processes_and_ends_them() -> None:
     assert not any(Path(f"/proc/{pid}").exists() for pid in pids)  # killed and reaped
     with lbc.background_load(0, 10) as none:
         assert none == []
+
+
+def test_each_run_records_its_engines_cpu_seconds_and_the_hosts_steal(tmp_path: Path) -> None:
+    """measure() charges a run with the CPU seconds of the process its engine waited for (a busy child
+    here, nothing in the other engine) and the host's stolen seconds meanwhile, which the summary keeps
+    beside the speeds: what tells a slow run on a busy host from one that waited."""
+    import subprocess
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"\0" * 4096)
+    # user-space work between clock reads (reading the process clock is a system call)
+    busy = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: sum(range(20000))"
+
+    def spawns(label: str, path: Path, i: int) -> dict:
+        subprocess.run([sys.executable, "-c", busy], check=True)
+        return {"ok": True, "decode_tps": 1.0, "prefill_tps": 1.0, "wall_s": 0.3}
+
+    def idle(label: str, path: Path, i: int) -> dict:
+        return {"ok": True, "decode_tps": 1.0, "prefill_tps": 1.0, "wall_s": 0.0}
+
+    runs = lbc.measure([("m", model)], ["warm"], 2, "evict", {"llama_bench": spawns, "colibri_run": idle})
+    busy_runs = [r for r in runs if r["engine"] == "llama_bench"]
+    idle_runs = [r for r in runs if r["engine"] == "colibri_run"]
+    assert all(r["cpu_user_s"] + r["cpu_sys_s"] >= 0.3 for r in busy_runs)
+    assert all(r["cpu_user_s"] == 0.0 and r["cpu_sys_s"] == 0.0 for r in idle_runs)
+    steal = lbc.host_steal_s()
+    assert steal is None or steal >= 0.0
+    assert all(r["steal_s"] is None if steal is None else r["steal_s"] >= 0.0 for r in runs)
+    (row,) = lbc.summarize(runs)
+    assert row["engines"]["llama_bench"]["cpu_user_s"] >= 0.2
+    assert row["engines"]["colibri_run"]["cpu_user_s"] == 0.0

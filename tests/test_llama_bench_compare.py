@@ -4,6 +4,7 @@ parsing of colibri-run's report line. The runs themselves are benchmarks (the le
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -114,8 +115,6 @@ def test_each_run_records_its_engines_cpu_seconds_and_the_hosts_steal(tmp_path: 
     """measure() charges a run with the CPU seconds of the process its engine waited for (a busy child
     here, nothing in the other engine) and the host's stolen seconds meanwhile, which the summary keeps
     beside the speeds: what tells a slow run on a busy host from one that waited."""
-    import subprocess
-
     model = tmp_path / "m.gguf"
     model.write_bytes(b"\0" * 4096)
     # user-space work between clock reads (reading the process clock is a system call)
@@ -131,7 +130,8 @@ def test_each_run_records_its_engines_cpu_seconds_and_the_hosts_steal(tmp_path: 
     runs = lbc.measure([("m", model)], ["warm"], 2, "evict", {"llama_bench": spawns, "colibri_run": idle})
     busy_runs = [r for r in runs if r["engine"] == "llama_bench"]
     idle_runs = [r for r in runs if r["engine"] == "colibri_run"]
-    assert all(r["cpu_user_s"] + r["cpu_sys_s"] >= 0.3 for r in busy_runs)
+    # the child burns 0.3 s of its own clock; getrusage may account it a clock tick apart
+    assert all(r["cpu_user_s"] + r["cpu_sys_s"] >= 0.25 for r in busy_runs)
     assert all(r["cpu_user_s"] == 0.0 and r["cpu_sys_s"] == 0.0 for r in idle_runs)
     steal = lbc.host_steal_s()
     assert steal is None or steal >= 0.0

@@ -284,13 +284,12 @@ KX_INLINE void kg_store_col(float *Y, int ldy, int t0, int nt, int r, const __m2
 
 /* Below this many tokens prefill runs the decode tiles, up to KG_DEC_TOKS tokens each (same
  * results): the interleaved group pays for itself only with several tokens in its lanes.
- * Q8_0, Q4_0, Q4_1 (kl_type); the K-quants and IQ4_XS on the row-pair tiles of
- * kernels_x86_pair.h. The last two measured on AMD Zen 5 (kernel-repeat --min-tsc, 512 x 1024,
- * n_tok 4..7; docs/benchmarks.md, branch `kq`); on Intel Sapphire Rapids the row-pair tiles
- * already win at 4 and 5 tokens (session 13, +9-50%); the thresholds stay Zen 5's. */
+ * Q8_0, Q4_0, Q4_1 (kl_type): measured on AMD Zen 5 (docs/benchmarks.md, branch `kq`).
+ * Measured on Intel Emerald Rapids for the row-pair tiles of kernels_x86_pair.h (session 16,
+ * kernel-repeat --min-tsc, 512 x 1024): at 4 tokens they beat the decode tiles by 1.2-1.7x
+ * for Q4_K, Q5_K, Q6_K and IQ4_XS; at 3 they are about even. Zen 5 had set 6 (5 for IQ4_XS)
+ * for the row-pair tiles before they shared their loads across rows and groups. */
 #define KG_MIN_PREFILL_TOKS 4
-#define KG_Z_MIN_TOKS 6
-#define KG_Z_MIN_TOKS_IQ4 5
 
 /* Prefill walks 8-token groups; per group, blocks of KG_RB rows, and per row block the
  * columns in chunks of KG_CHUNK q8a blocks (interleaved once per chunk; when the row fits
@@ -314,10 +313,6 @@ KX_INLINE void kg_prefill_any(uint32_t type, const char *W, size_t row_bytes, co
     else kl_prefill_tile(type, W, row_bytes, xp, c0, cn, r, pf_end, acc, R, 2);
 }
 
-KX_INLINE int kg_min_prefill_toks(uint32_t type) {
-    return type == GGML_TYPE_IQ4_XS ? KG_Z_MIN_TOKS_IQ4 : kg_z_type(type) ? KG_Z_MIN_TOKS : KG_MIN_PREFILL_TOKS;
-}
-
 /* Tokens [t0, n_tok) against rows [r0, r1) on the type's decode tiles, KG_DEC_TOKS at a time. */
 KX_INLINE void kg_decode_toks(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int t0,
                               int n_tok, float *Y, int ldy, int r0, int r1) {
@@ -330,16 +325,19 @@ KX_INLINE void kg_decode_toks(uint32_t type, const char *W, size_t row_bytes, in
 
 /* The walk of every type here and in kernels_x86_lane.h and kernels_x86_pair.h.
  * xp: the driver's interleave buffer, kg_xblk (KG_CHUNK) or kg_xz (KG_Z_GROUPS * KG_CHUNK).
- * Whole groups of KG_TOKS tokens run on the interleaved tiles; a tail of at most KG_DEC_TOKS
- * tokens after them runs on the decode tiles, where it costs its own tokens' share instead of a
- * whole group's (bench-kernels, 512 x 1024, one thread, hot: 9 tokens 1.29x faster for Q4_K,
- * 11 tokens 1.15x; a tail of 4 is faster in the group). Same results either way. */
+ * Whole steps of the interleaved tiles (KG_TOKS tokens; KG_Z_GROUPS groups of them on the
+ * row-pair tiles) run there; a tail of at most KG_DEC_TOKS tokens after them runs on the decode
+ * tiles, where it costs its own tokens' share instead of a whole step's (bench-kernels, 512 x
+ * 1024, one thread, hot: 9 tokens 1.29x faster for Q4_K, 11 tokens 1.15x; a tail of 4 is faster
+ * in the group). The row-pair tiles take 9 to 15 tokens in one step of two groups, which costs
+ * about what 9 tokens cost as a group and a tail (session 16). Same results either way. */
 KX_INLINE void kg_matmul(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok,
                          float *Y, int ldy, int r0, int r1, void *xp) {
-    /* tokens [n_grp, n_tok) on the decode tiles: all of them below the type's threshold, else the tail
+    /* tokens [n_grp, n_tok) on the decode tiles: all of them below the threshold, else the tail
      * (one call site, so each driver inlines the decode tiles once) */
-    const int tail = n_tok > KG_TOKS && n_tok % KG_TOKS <= KG_DEC_TOKS ? n_tok % KG_TOKS : 0;
-    const int n_grp = n_tok < kg_min_prefill_toks(type) ? 0 : n_tok - tail;
+    const int step = kg_z_type(type) ? KG_TOKS * KG_Z_GROUPS : KG_TOKS;
+    const int tail = n_tok > step && n_tok % step <= KG_DEC_TOKS ? n_tok % step : 0;
+    const int n_grp = n_tok < KG_MIN_PREFILL_TOKS ? 0 : n_tok - tail;
     if (n_grp < n_tok) kg_decode_toks(type, W, row_bytes, nb, Xq, n_grp, n_tok, Y, ldy, r0, r1);
     if (n_grp == 0) return;
     n_tok = n_grp;

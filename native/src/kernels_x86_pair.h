@@ -34,11 +34,11 @@ typedef struct __attribute__((aligned(64))) kg_xz {
     float s[16];      /* per lane: d * sum(qs) (Q4_K, Q5_K minimum) */
 } kg_xz;              /* 768 bytes */
 
-/* Row pairs per tile: 2 pairs x 8 accumulators and the 8 activation vectors of a sub-block
- * fill 24 of the 32 registers. Token groups per tile: a row pair's super-block is unpacked
- * once for up to this many groups of 8 tokens (the unpack and interleave cost about half the
- * tile's vector work when they serve 8 tokens only). */
-#define KG_Z_PAIRS 2
+/* Row pairs per tile: a sub-block's integer sums of 4 pairs x 2 token groups (two each) and
+ * the groups' activation vectors fill 19 of the 32 registers. Token groups per tile: a row
+ * pair's super-block is unpacked once for up to this many groups of 8 tokens (the unpack and
+ * interleave cost about half the tile's vector work when they serve 8 tokens only). */
+#define KG_Z_PAIRS 4
 #define KG_Z_GROUPS 2
 
 KX_INLINE int kg_z_type(uint32_t type) {
@@ -166,47 +166,57 @@ KX_INLINE __m512i kg_z_b64(const void *p) {
     return _mm512_set1_epi64(v);
 }
 
-/* The sub-block j of the row pairs z[q < P] against one group of 8
- * tokens (xb: its block), into a[q][.]. */
-KX_INLINE void kg_z_sub(uint32_t type, const kg_zrow *z, const kg_xz *xb, int j, __m512 (*a)[8], const int P) {
-    const __m512 dx = _mm512_load_ps(xb->d);
-    __m512i X[8];
-    for (int k = 0; k < 8; k++) X[k] = _mm512_load_si512((const void *)xb->x[k]);
-    /* each integer sum in two chains (even and odd groups) added at the end: shorter
-     * dependency chains, the same exact int32 */
-    if (type == GGML_TYPE_Q6_K) { /* halves weighed in float */
-        const __m512i c0 = _mm512_load_si512((const void *)xb->c[0]);
-        const __m512i c1 = _mm512_load_si512((const void *)xb->c[1]);
-        for (int q = 0; q < P; q++) {
-            __m512i h[2][2];
-            for (int hf = 0; hf < 2; hf++) {
-                h[hf][0] = _mm512_dpbusd_epi32(hf ? c1 : c0, kg_z_b64(&z[q].wz[j][4 * hf]), X[4 * hf]);
-                h[hf][1] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), kg_z_b64(&z[q].wz[j][4 * hf + 1]), X[4 * hf + 1]);
-                h[hf][0] = _mm512_dpbusd_epi32(h[hf][0], kg_z_b64(&z[q].wz[j][4 * hf + 2]), X[4 * hf + 2]);
-                h[hf][1] = _mm512_dpbusd_epi32(h[hf][1], kg_z_b64(&z[q].wz[j][4 * hf + 3]), X[4 * hf + 3]);
-            }
-            const __m512 hA = _mm512_cvtepi32_ps(_mm512_add_epi32(h[0][0], h[0][1]));
-            const __m512 hB = _mm512_cvtepi32_ps(_mm512_add_epi32(h[1][0], h[1][1]));
-            const __m512 sA = _mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].sc[2 * j])));
-            const __m512 sB = _mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].sc[2 * j + 1])));
-            const __m512 p = _mm512_fmadd_ps(hA, sA, _mm512_mul_ps(hB, sB));
-            const __m512 d = _mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].f1[j])));
-            a[q][j] = _mm512_fmadd_ps(p, _mm512_mul_ps(d, dx), a[q][j]);
-        }
-        return;
-    }
+/* Sub-block j of the row pairs z[q < P] against G groups of 8 tokens (group g's block at
+ * x0 + g * KG_CHUNK), into acc[g * KG_RB / 2 + q][j]. The integer sums of all P x G (pair, group)
+ * products are formed together, 4 bytes at a time: each group's activation vector is loaded once
+ * per 4 bytes and serves the P pairs, each pair's 64-bit weight broadcast serves the G groups.
+ * That keeps the loads near one per vpdpbusd (a tile of one pair and one group needs two, which
+ * bounds it on a core that issues two 512-bit loads a cycle; session 16, docs/benchmarks.md). */
+KX_INLINE void kg_z_sub(uint32_t type, const kg_zrow *z, const kg_xz *x0, int j, __m512 (*acc)[8], const int P,
+                        const int G) {
+    const int q6 = type == GGML_TYPE_Q6_K;
     const int iq4 = type == GGML_TYPE_IQ4_XS; /* signed levels against the activations + 128 */
-    const __m512 sx = iq4 ? _mm512_setzero_ps() : _mm512_load_ps(xb->s);
-    for (int q = 0; q < P; q++) {
-        __m512i s0 = iq4 ? kg_z_b64(z[q].cs[j]) : _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
-        for (int k = 0; k < 8; k += 2) {
-            const __m512i w0 = kg_z_b64(&z[q].wz[j][k]), w1 = kg_z_b64(&z[q].wz[j][k + 1]);
-            s0 = iq4 ? _mm512_dpbusd_epi32(s0, X[k], w0) : _mm512_dpbusd_epi32(s0, w0, X[k]);
-            s1 = iq4 ? _mm512_dpbusd_epi32(s1, X[k + 1], w1) : _mm512_dpbusd_epi32(s1, w1, X[k + 1]);
+    /* per (group, pair) two exact int32 sums: Q6_K its two halves (groups 0..3, 4..7), the
+     * others the even and odd groups (shorter dependency chains), added at the end */
+    __m512i s[KG_Z_GROUPS][KG_Z_PAIRS][2];
+    for (int g = 0; g < G; g++)
+        for (int q = 0; q < P; q++) s[g][q][0] = s[g][q][1] = _mm512_setzero_si512();
+    for (int k = 0; k < 8; k++) {
+        __m512i X[KG_Z_GROUPS];
+        for (int g = 0; g < G; g++) X[g] = _mm512_load_si512((const void *)x0[(size_t)g * KG_CHUNK].x[k]);
+        const int c = q6 ? k >> 2 : k & 1;
+        for (int q = 0; q < P; q++) {
+            const __m512i w = kg_z_b64(&z[q].wz[j][k]);
+            for (int g = 0; g < G; g++)
+                s[g][q][c] = iq4 ? _mm512_dpbusd_epi32(s[g][q][c], X[g], w) : _mm512_dpbusd_epi32(s[g][q][c], w, X[g]);
         }
-        const __m512 dsc = _mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].f1[j])));
-        a[q][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_mul_ps(dsc, dx), a[q][j]);
-        if (!iq4) a[q][j] = _mm512_fmadd_ps(_mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].f2[j]))), sx, a[q][j]);
+    }
+    for (int g = 0; g < G; g++) {
+        const kg_xz *xb = x0 + (size_t)g * KG_CHUNK;
+        const __m512 dx = _mm512_load_ps(xb->d);
+        __m512(*a)[8] = acc + (size_t)g * (KG_RB / 2);
+        if (q6) { /* halves weighed in float */
+            const __m512i c0 = _mm512_load_si512((const void *)xb->c[0]);
+            const __m512i c1 = _mm512_load_si512((const void *)xb->c[1]);
+            for (int q = 0; q < P; q++) {
+                const __m512 hA = _mm512_cvtepi32_ps(_mm512_add_epi32(s[g][q][0], c0));
+                const __m512 hB = _mm512_cvtepi32_ps(_mm512_add_epi32(s[g][q][1], c1));
+                const __m512 sA = _mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].sc[2 * j])));
+                const __m512 sB = _mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].sc[2 * j + 1])));
+                const __m512 p = _mm512_fmadd_ps(hA, sA, _mm512_mul_ps(hB, sB));
+                const __m512 d = _mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].f1[j])));
+                a[q][j] = _mm512_fmadd_ps(p, _mm512_mul_ps(d, dx), a[q][j]);
+            }
+            continue;
+        }
+        const __m512 sx = iq4 ? _mm512_setzero_ps() : _mm512_load_ps(xb->s);
+        for (int q = 0; q < P; q++) {
+            __m512i isum = _mm512_add_epi32(s[g][q][0], s[g][q][1]);
+            if (iq4) isum = _mm512_add_epi32(isum, kg_z_b64(z[q].cs[j]));
+            const __m512 dsc = _mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].f1[j])));
+            a[q][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dsc, dx), a[q][j]);
+            if (!iq4) a[q][j] = _mm512_fmadd_ps(_mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].f2[j]))), sx, a[q][j]);
+        }
     }
 }
 
@@ -221,17 +231,9 @@ KX_INLINE void kg_prefill_tile_z(uint32_t type, const char *const *rows, const k
     for (int b = c0 / 8; b < (c0 + cn) / 8; b++) {
         kg_zrow z[KG_Z_PAIRS] __attribute__((aligned(64)));
         for (int q = 0; q < P; q++) kg_z_unpack(type, rows[2 * q] + (size_t)b * bb, rows[2 * q + 1] + (size_t)b * bb, &z[q]);
-        for (int g = 0; g < G; g++) {
-            __m512(*ag)[8] = acc + (size_t)g * (KG_RB / 2);
-            __m512 a[KG_Z_PAIRS][8];
-            for (int q = 0; q < P; q++)
-                for (int j = 0; j < 8; j++) a[q][j] = ag[q][j];
-            for (int j = 0; j < 8; j++) {
-                if (g == 0) kx_pf_step(pf, b * 8 + j - c0);
-                kg_z_sub(type, z, &xp[(size_t)g * KG_CHUNK + b * 8 + j - c0], j, a, P);
-            }
-            for (int q = 0; q < P; q++)
-                for (int j = 0; j < 8; j++) ag[q][j] = a[q][j];
+        for (int j = 0; j < 8; j++) {
+            kx_pf_step(pf, b * 8 + j - c0);
+            kg_z_sub(type, z, &xp[(size_t)b * 8 + j - c0], j, acc, P, G);
         }
     }
 }
@@ -270,14 +272,23 @@ KX_INLINE void kg_matmul_z(uint32_t type, const char *W, size_t row_bytes, int n
                 const int cn = nb - c0 < KG_CHUNK ? nb - c0 : KG_CHUNK;
                 if (!one_chunk)
                     for (int g = 0; g < G; g++) kg_pack_xz(type, Xq, nb, t0 + KG_TOKS * g, nt[g], c0, cn, xp + g * KG_CHUNK);
-                for (int r = rb; r < re; r += 2 * KG_Z_PAIRS) {
-                    const int n = re - r < 2 * KG_Z_PAIRS ? re - r : 2 * KG_Z_PAIRS;
+                for (int r = rb; r < re;) {
+                    /* whole tiles of KG_Z_PAIRS pairs, then a pair (or a lone row) at a time */
+                    const int n = re - r >= 2 * KG_Z_PAIRS ? 2 * KG_Z_PAIRS : re - r < 2 ? 1 : 2;
                     const char *rows[2 * KG_Z_PAIRS];
                     for (int i = 0; i < 2 * KG_Z_PAIRS; i++)
                         rows[i] = W + (size_t)(r + (i < n ? i : n - 1)) * row_bytes; /* a lone row twice */
                     const kx_pf pf = kx_pf_init(W, row_bytes, r + n, pf_end, n, cn);
-                    if (n > 2) kg_prefill_tile_z(type, rows, xp, G, c0, cn, &pf, &accs[0][(r - rb) / 2], 2);
-                    else kg_prefill_tile_z(type, rows, xp, G, c0, cn, &pf, &accs[0][(r - rb) / 2], 1);
+                    __m512(*acc)[8] = &accs[0][(r - rb) / 2];
+                    if (n == 2 * KG_Z_PAIRS && G == KG_Z_GROUPS)
+                        kg_prefill_tile_z(type, rows, xp, KG_Z_GROUPS, c0, cn, &pf, acc, KG_Z_PAIRS);
+                    else if (n == 2 * KG_Z_PAIRS)
+                        kg_prefill_tile_z(type, rows, xp, 1, c0, cn, &pf, acc, KG_Z_PAIRS);
+                    else if (G == KG_Z_GROUPS)
+                        kg_prefill_tile_z(type, rows, xp, KG_Z_GROUPS, c0, cn, &pf, acc, 1);
+                    else
+                        kg_prefill_tile_z(type, rows, xp, 1, c0, cn, &pf, acc, 1);
+                    r += n;
                 }
             }
             for (int g = 0; g < G; g++)

@@ -17,8 +17,8 @@
  * tiles'), so results are bit-identical to kg_decode_tile whatever n_tok or the row range:
  *   per sub-block j the exact int32 isum (Q6_K: its two halves' exact sums weighed by the half
  *   scales in float, exact as in kg_decode_tile's integer weighing: |sc * h| <= 128 * 65024 and
- *   the weighed sum < 2^24; IQ4_XS: the signed levels against the activations + 128, less
- *   128 * the levels' sum), then
+ *   the weighed sum < 2^24; IQ4_XS: the levels + 128 against the activations, less 128 * the
+ *   activations' sum, as in kg_decode_tile), then
  *   a_j = fma(float(isum), dsc_j * dx_j, a_j) and a_j = fma(dm8_j, s_j, a_j) (Q4_K, Q5_K)
  *   result ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))
  * Only the integer sums are formed in another grouping, and integer addition does not round. */
@@ -27,9 +27,9 @@
 
 /* One q8a block of 8 tokens for these tiles. */
 typedef struct __attribute__((aligned(64))) kg_xz {
-    int32_t x[8][16]; /* [4-byte group k][lane]: activation quants 4k..4k+3 of token lane / 2 (IQ4_XS:
-                       * each + 128, the unsigned operand, see kg_z_unpack) */
-    int32_t c[2][16]; /* Q6_K: c[h][lane] = -32 * the sum of half h (groups 4h..4h+3) of the token */
+    int32_t x[8][16]; /* [4-byte group k][lane]: activation quants 4k..4k+3 of token lane / 2 */
+    int32_t c[2][16]; /* the weights' offset taken out per token: Q6_K c[h][lane] = -32 * the sum of
+                       * half h (groups 4h..4h+3) of the token; IQ4_XS c[0][lane] = -128 * the sum */
     float d[16];      /* per lane: the token's block scale */
     float s[16];      /* per lane: d * sum(qs) (Q4_K, Q5_K minimum) */
 } kg_xz;              /* 768 bytes */
@@ -80,9 +80,10 @@ KX_INLINE void kg_pack_xz(uint32_t type, const block_q8a *Xq, int nb, int t0, in
         _mm512_store_ps(o->d, _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(d))));
         _mm512_store_ps(o->s, _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(_mm256_loadu_ps(s))));
         if (type == GGML_TYPE_IQ4_XS) {
+            __m512i sum = _mm512_setzero_si512();
             for (int k = 0; k < 8; k++)
-                _mm512_store_si512((void *)o->x[k], _mm512_xor_si512(_mm512_load_si512((const void *)o->x[k]),
-                                                                     _mm512_set1_epi8((char)0x80)));
+                sum = _mm512_dpbusd_epi32(sum, _mm512_set1_epi8((char)0x80), _mm512_load_si512((const void *)o->x[k]));
+            _mm512_store_si512((void *)o->c[0], _mm512_sub_epi32(_mm512_setzero_si512(), sum));
         } else if (type == GGML_TYPE_Q6_K) {
             for (int h = 0; h < 2; h++) {
                 __m512i sum = _mm512_setzero_si512();
@@ -98,7 +99,6 @@ KX_INLINE void kg_pack_xz(uint32_t type, const block_q8a *Xq, int nb, int t0, in
  * (one 64-bit broadcast gives the vpdpbusd operand); f[...] = row A's float then row B's. */
 typedef struct __attribute__((aligned(64))) kg_zrow {
     int64_t wz[8][8];
-    int32_t cs[8][2]; /* IQ4_XS: -128 * the sum of sub-block j's 32 levels, row A's then row B's */
     float f1[8][2];   /* Q4_K, Q5_K, IQ4_XS: dsc_j; Q6_K: d */
     float f2[8][2];   /* Q4_K, Q5_K: dm8_j */
     float sc[16][2];  /* Q6_K: the half scales */
@@ -121,33 +121,6 @@ KX_INLINE void kg_z_fpair(const float *a, const float *b, float (*out)[2]) {
 
 /* Rows A, B's super-block into z (their unsigned quants as the tiles above form them). */
 KX_INLINE void kg_z_unpack(uint32_t type, const char *ba, const char *bb, kg_zrow *z) {
-    if (type == GGML_TYPE_IQ4_XS) {
-        /* The levels stay signed and the activations carry the + 128 (kg_pack_xz), so the
-         * correction is the row's, -128 * sum(w) per sub-block, formed here once per row for
-         * every token (the packed activations stay one vector per group); the int32 result is
-         * the exact sub-block sum either way. */
-        kx_khdr h[2];
-        const char *blk[2] = {ba, bb};
-        __m512i w[2][4];
-        __m256i cs[2];
-        for (int i = 0; i < 2; i++) {
-            kx_khdr_load(type, blk[i], &h[i]);
-            const uint8_t *qs = ((const block_iq4_xs *)blk[i])->qs;
-            __m512i c[4]; /* 128 * the sums of 4 levels, sub-blocks 2p and 2p + 1 */
-            for (int p = 0; p < 4; p++) {
-                w[i][p] = _mm512_inserti64x4(_mm512_castsi256_si512(kx_nibble_table(qs + 32 * p, IQ4_NL_VALUES, 0)),
-                                             kx_nibble_table(qs + 32 * p + 16, IQ4_NL_VALUES, 0), 1);
-                c[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), w[i][p]);
-            }
-            cs[i] = _mm256_sub_epi32(_mm256_setzero_si256(), kg_reduce8z(c));
-        }
-        for (int p = 0; p < 4; p++) kg_z_interleave(w[0][p], w[1][p], z->wz[2 * p], z->wz[2 * p + 1]);
-        const __m512i i0 = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-        _mm512_store_si512((void *)z->cs, _mm512_permutex2var_epi32(_mm512_castsi256_si512(cs[0]), i0,
-                                                                    _mm512_castsi256_si512(cs[1])));
-        kg_z_fpair(h[0].dsc, h[1].dsc, z->f1);
-        return;
-    }
     kx_khdr ha, hb;
     kx_khdr_load(type, ba, &ha);
     kx_khdr_load(type, bb, &hb);
@@ -163,7 +136,7 @@ KX_INLINE void kg_z_unpack(uint32_t type, const char *ba, const char *bb, kg_zro
     } else {
         for (int p = 0; p < 4; p++)
             kg_z_interleave(kg_pair_w(type, ba, p), kg_pair_w(type, bb, p), z->wz[2 * p], z->wz[2 * p + 1]);
-        kg_z_fpair(ha.dm8, hb.dm8, z->f2);
+        if (type != GGML_TYPE_IQ4_XS) kg_z_fpair(ha.dm8, hb.dm8, z->f2);
     }
     kg_z_fpair(ha.dsc, hb.dsc, z->f1);
 }
@@ -184,7 +157,7 @@ KX_INLINE __m512i kg_z_b64(const void *p) {
 KX_INLINE void kg_z_sub(uint32_t type, const kg_zrow *z, const kg_xz *x0, int j, __m512 (*acc)[8], const int P,
                         const int G) {
     const int q6 = type == GGML_TYPE_Q6_K;
-    const int iq4 = type == GGML_TYPE_IQ4_XS; /* signed levels against the activations + 128 */
+    const int iq4 = type == GGML_TYPE_IQ4_XS; /* levels + 128, no minimum */
     /* per (group, pair) two exact int32 sums: Q6_K its two halves (groups 0..3, 4..7), the
      * others the even and odd groups (shorter dependency chains), added at the end */
     __m512i s[KG_Z_GROUPS][KG_Z_PAIRS][2];
@@ -197,7 +170,7 @@ KX_INLINE void kg_z_sub(uint32_t type, const kg_zrow *z, const kg_xz *x0, int j,
         for (int q = 0; q < P; q++) {
             const __m512i w = kg_z_b64(&z[q].wz[j][k]);
             for (int g = 0; g < G; g++)
-                s[g][q][c] = iq4 ? _mm512_dpbusd_epi32(s[g][q][c], X[g], w) : _mm512_dpbusd_epi32(s[g][q][c], w, X[g]);
+                s[g][q][c] = _mm512_dpbusd_epi32(s[g][q][c], w, X[g]);
         }
     }
     for (int g = 0; g < G; g++) {
@@ -219,9 +192,10 @@ KX_INLINE void kg_z_sub(uint32_t type, const kg_zrow *z, const kg_xz *x0, int j,
             continue;
         }
         const __m512 sx = iq4 ? _mm512_setzero_ps() : _mm512_load_ps(xb->s);
+        const __m512i off = iq4 ? _mm512_load_si512((const void *)xb->c[0]) : _mm512_setzero_si512();
         for (int q = 0; q < P; q++) {
             __m512i isum = _mm512_add_epi32(s[g][q][0], s[g][q][1]);
-            if (iq4) isum = _mm512_add_epi32(isum, kg_z_b64(z[q].cs[j]));
+            if (iq4) isum = _mm512_add_epi32(isum, off);
             const __m512 dsc = _mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].f1[j])));
             a[q][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dsc, dx), a[q][j]);
             if (!iq4) a[q][j] = _mm512_fmadd_ps(_mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].f2[j]))), sx, a[q][j]);

@@ -161,8 +161,13 @@ KX_INLINE void kg_z_sub(uint32_t type, const kg_zrow *z, const kg_xz *x0, int j,
     /* per (group, pair) two exact int32 sums: Q6_K its two halves (groups 0..3, 4..7), the
      * others the even and odd groups (shorter dependency chains), added at the end */
     __m512i s[KG_Z_GROUPS][KG_Z_PAIRS][2];
-    for (int g = 0; g < G; g++)
-        for (int q = 0; q < P; q++) s[g][q][0] = s[g][q][1] = _mm512_setzero_si512();
+    for (int g = 0; g < G; g++) {
+        /* the sums start from the weights' offset taken out per token (kg_xz.c), if any */
+        const kg_xz *xb = x0 + (size_t)g * KG_CHUNK;
+        const __m512i c0 = q6 || iq4 ? _mm512_load_si512((const void *)xb->c[0]) : _mm512_setzero_si512();
+        const __m512i c1 = q6 ? _mm512_load_si512((const void *)xb->c[1]) : _mm512_setzero_si512();
+        for (int q = 0; q < P; q++) s[g][q][0] = c0, s[g][q][1] = c1;
+    }
     for (int k = 0; k < 8; k++) {
         __m512i X[KG_Z_GROUPS];
         for (int g = 0; g < G; g++) X[g] = _mm512_load_si512((const void *)x0[(size_t)g * KG_CHUNK].x[k]);
@@ -178,11 +183,9 @@ KX_INLINE void kg_z_sub(uint32_t type, const kg_zrow *z, const kg_xz *x0, int j,
         const __m512 dx = _mm512_load_ps(xb->d);
         __m512(*a)[8] = acc + (size_t)g * (KG_RB / 2);
         if (q6) { /* halves weighed in float */
-            const __m512i c0 = _mm512_load_si512((const void *)xb->c[0]);
-            const __m512i c1 = _mm512_load_si512((const void *)xb->c[1]);
             for (int q = 0; q < P; q++) {
-                const __m512 hA = _mm512_cvtepi32_ps(_mm512_add_epi32(s[g][q][0], c0));
-                const __m512 hB = _mm512_cvtepi32_ps(_mm512_add_epi32(s[g][q][1], c1));
+                const __m512 hA = _mm512_cvtepi32_ps(s[g][q][0]);
+                const __m512 hB = _mm512_cvtepi32_ps(s[g][q][1]);
                 const __m512 sA = _mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].sc[2 * j])));
                 const __m512 sB = _mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].sc[2 * j + 1])));
                 const __m512 p = _mm512_fmadd_ps(hA, sA, _mm512_mul_ps(hB, sB));
@@ -192,10 +195,8 @@ KX_INLINE void kg_z_sub(uint32_t type, const kg_zrow *z, const kg_xz *x0, int j,
             continue;
         }
         const __m512 sx = iq4 ? _mm512_setzero_ps() : _mm512_load_ps(xb->s);
-        const __m512i off = iq4 ? _mm512_load_si512((const void *)xb->c[0]) : _mm512_setzero_si512();
         for (int q = 0; q < P; q++) {
-            __m512i isum = _mm512_add_epi32(s[g][q][0], s[g][q][1]);
-            if (iq4) isum = _mm512_add_epi32(isum, off);
+            const __m512i isum = _mm512_add_epi32(s[g][q][0], s[g][q][1]);
             const __m512 dsc = _mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].f1[j])));
             a[q][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dsc, dx), a[q][j]);
             if (!iq4) a[q][j] = _mm512_fmadd_ps(_mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].f2[j]))), sx, a[q][j]);

@@ -162,6 +162,7 @@ class MemoryPlanC(Structure):
         ("state_bytes", c_uint64),
         ("device_buffer_bytes", c_uint64),
         ("device_staging_bytes", c_uint64),
+        ("max_expert_slots", c_int32),
     ]
 
 

@@ -309,6 +309,11 @@ def format_plan(plan: dict[str, int]) -> str:
             else f"{plan['n_expert_slots']} of {plan['n_expert_total']} experts in slots of "
             f"{format_size(plan['expert_slot_bytes'])} (streamed from the file)"
         )
+        if not plan["all_resident"] and plan.get("max_expert_slots", 0) > plan["n_expert_slots"]:
+            mode += (
+                f"; up to {plan['max_expert_slots']} slots while fewer sequences are under way"
+                " (a sequence's KV cache is taken when it starts)"
+            )
         total = format_size(plan["expert_total_bytes"])
         lines.append(f"  experts: {mode}; routed experts in the file: {total}")
     lines.append(f"  minimum budget: {format_size(plan['min_budget'])} ({plan['min_budget']} bytes)")

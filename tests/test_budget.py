@@ -130,3 +130,22 @@ def test_format_plan_verdicts() -> None:
     plan.update(fits=1, budget=0, all_resident=1, n_expert_slots=64)
     text = B.format_plan(plan)
     assert "unlimited -> fits" in text and "all experts resident" in text
+
+
+def test_format_plan_says_what_sequences_not_under_way_lend() -> None:
+    plan = {key: 1 << 20 for key, _ in B.PLAN_ROWS}
+    plan.update(
+        total_bytes=8 << 20,
+        budget=8 << 20,
+        fits=1,
+        min_budget=6 << 20,
+        n_expert_total=64,
+        n_expert_slots=24,
+        max_expert_slots=38,
+        all_resident=0,
+        expert_slot_bytes=1 << 20,
+        expert_total_bytes=64 << 20,
+    )
+    assert "24 of 64 experts" in B.format_plan(plan) and "up to 38 slots" in B.format_plan(plan)
+    plan.update(max_expert_slots=24)
+    assert "up to" not in B.format_plan(plan)

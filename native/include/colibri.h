@@ -187,6 +187,12 @@ typedef struct colibri_memory_plan {
     uint64_t device_buffer_bytes;    /* activations and results of one job */
     uint64_t device_staging_bytes;   /* experts streamed: three staging buffers, each an expert's
                                         gate + up or its down */
+    /* Streamed experts and several sequences (n_seq_max > 1, no pinned experts): a sequence's KV
+     * cache is taken when it starts, and until then its bytes hold expert slots. The store holds up
+     * to this many while one sequence is under way and gives slots back as more start, down to
+     * n_expert_slots with every sequence's cache taken (which is what total_bytes counts; the
+     * tables of store_table_bytes are sized for this many). = n_expert_slots otherwise. */
+    int32_t max_expert_slots;
 } colibri_memory_plan;
 
 /* The plan for opening `path` with `params` (NULL: defaults), without allocating the context.

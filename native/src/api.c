@@ -137,6 +137,7 @@ colibri_status colibri_truncate(colibri_context *ctx, int32_t n_past) {
     /* KV rows past n_past are simply overwritten by the next eval; a recurrent state goes back
      * to its checkpoint or to 0 (colibri_n_past tells where) */
     context_rewind(ctx, 0, n_past);
+    context_seq_released(ctx, 0);
     return COLIBRI_OK;
 }
 
@@ -156,6 +157,7 @@ colibri_status colibri_seq_truncate(colibri_context *ctx, int32_t seq, int32_t n
         return cb_error(COLIBRI_E_INVALID_ARG, "colibri_seq_truncate: n_past %d is outside [0, %d] for sequence %d",
                         (int)n_past, (int)ctx->seq_past[seq], (int)seq);
     context_rewind(ctx, seq, n_past);
+    context_seq_released(ctx, seq);
     return COLIBRI_OK;
 }
 

@@ -3,6 +3,7 @@
  * thread pool, and the expert store and predictors when not every expert is resident. */
 #include <math.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "alloc.h"
@@ -337,6 +338,47 @@ int context_ring_holds(const struct colibri_context *c, int32_t past, int32_t n)
     return 1;
 }
 
+/* Bytes a sequence under way takes: its KV cache and its recurrent state's live copy and checkpoint. */
+static uint64_t seq_bytes(const struct colibri_context *c) {
+    return (uint64_t)c->kv_bytes / (uint64_t)c->n_seq_max + 2 * (uint64_t)c->rs_bytes;
+}
+
+void context_fit_store(struct colibri_context *c, const int32_t *starting, int start) {
+    const colibri_memory_plan *pl = &c->plan;
+    if (!c->store || pl->max_expert_slots <= pl->n_expert_slots) return;
+    int active = 0;
+    for (int q = 0; q < c->n_seq_max; q++) active += c->seq_past[q] > 0 || (starting && starting[q] > 0) || q == start;
+    /* one sequence: the plan's largest store, made for the budget beside one cache; more: the sequences
+     * not under way lend their bytes to the store of every cache taken, each whole slot of them one slot */
+    const uint64_t lent = active <= 1 ? (uint64_t)pl->max_expert_slots
+                                      : (uint64_t)(c->n_seq_max - active) * seq_bytes(c) / pl->expert_slot_bytes;
+    const uint64_t n = (uint64_t)pl->n_expert_slots + lent;
+    store_set_active(c->store, n < (uint64_t)pl->max_expert_slots ? (int)n : pl->max_expert_slots);
+}
+
+/* The pages wholly inside [p, p + len) back to the system (they read as zeros when touched again). */
+static void release_pages(void *p, size_t len) {
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t lo = ((uintptr_t)p + page - 1) & ~(page - 1), hi = ((uintptr_t)p + len) & ~(page - 1);
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
+void context_seq_released(struct colibri_context *c, int seq) {
+    const colibri_memory_plan *pl = &c->plan;
+    if (!c->store || pl->max_expert_slots <= pl->n_expert_slots || c->seq_past[seq] > 0) return;
+    /* every position is written before attention reads it, so the cache needs no contents */
+    const size_t kv_seq = c->kv_bytes / (size_t)c->n_seq_max;
+    if (c->mla_cache) {
+        release_pages((char *)c->mla_cache + (size_t)seq * kv_seq, kv_seq);
+    } else {
+        const size_t elem = c->kv_kind == KV_F32 ? sizeof(float) : c->kv_kind == KV_I8 ? 1 : sizeof(uint16_t);
+        const size_t len = c->kv_seq_elems * elem; /* of K, and of V (KV_I8's scales are left) */
+        release_pages((char *)c->k_cache + (size_t)seq * len, len);
+        release_pages((char *)c->v_cache + (size_t)seq * len, len);
+    }
+    context_fit_store(c, NULL, -1);
+}
+
 int32_t context_rewind(struct colibri_context *c, int seq, int32_t n) {
     int32_t *past = &c->seq_past[seq];
     if (n >= *past) return *past;
@@ -558,7 +600,7 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
         c->experts_held = 1;
     }
     if (!plan.all_resident) {
-        if ((st = store_create(m, plan.n_expert_slots, p.expert_policy, &c->store))) {
+        if ((st = store_create(m, plan.max_expert_slots, p.expert_policy, &c->store))) {
             context_destroy(c);
             return st;
         }
@@ -591,7 +633,7 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
     c->stats.weight_bytes = m->weight_bytes;
     c->stats.memory_budget = plan.budget;
     c->stats.planned_bytes = plan.total_bytes;
-    c->stats.expert_slots = c->store ? (uint64_t)plan.n_expert_slots : 0;
+    c->stats.expert_slots = c->store ? (uint64_t)store_n_slots(c->store) : 0;
     *out = c;
     return COLIBRI_OK;
 }

@@ -220,6 +220,14 @@ static inline rstate_layer *rs_layer(const struct colibri_context *c, int seq, i
 int32_t context_rewind(struct colibri_context *c, int seq, int32_t n);
 /* Copy sequence seq's live recurrent state into its checkpoint, at its position. */
 void context_state_checkpoint(struct colibri_context *c, int seq);
+/* The expert store of a context with several sequences holds as many slots as the budget leaves beside
+ * the KV caches (and states) of the sequences under way (colibri_memory_plan.max_expert_slots): those
+ * holding tokens, and those about to (starting[q] > 0, or q == start; starting may be NULL, start -1).
+ * Call before a sequence's first token is written; it evicts what the slots given up held. */
+void context_fit_store(struct colibri_context *c, const int32_t *starting, int start);
+/* Sequence seq holds no tokens any more: its cache's memory goes back to the system and its bytes to
+ * the store's slots (context_fit_store). */
+void context_seq_released(struct colibri_context *c, int seq);
 /* Whether sequence seq, now holding `past` tokens, still has every KV ring row that resuming
  * at position n (n <= past) reads: always without a sliding-window ring. */
 int context_ring_holds(const struct colibri_context *c, int32_t past, int32_t n);

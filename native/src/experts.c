@@ -20,6 +20,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -81,6 +82,7 @@ typedef struct counters {
 struct expert_store {
     const struct colibri_model *m;
     int n_layer, n_expert, n_slots, policy, floor;
+    int n_active;           /* slots in use: the first n_active of the n_slots allocated (store_set_active) */
     int reuse;              /* policy REUSE: its tables below exist */
     size_t slot_bytes;
     size_t region_off[STORE_REGIONS]; /* offset of each region inside a slot (region_bytes) */
@@ -490,7 +492,7 @@ colibri_status store_create(const struct colibri_model *m, int n_slots, int poli
     s->m = m;
     s->n_layer = m->hp.n_layer;
     s->n_expert = m->hp.n_expert;
-    s->n_slots = n_slots;
+    s->n_slots = s->n_active = n_slots;
     s->policy = policy;
     s->reuse = policy == COLIBRI_POLICY_REUSE;
     s->fd = s->fd_direct = -1;
@@ -791,7 +793,7 @@ static int pick_victim(expert_store *s, int for_layer) {
     for (int pass = 0; pass < 2; pass++) {
         int best = -1, best_class = 3;
         double best_score = 0.0;
-        for (int i = 0; i < s->n_slots; i++) {
+        for (int i = 0; i < s->n_active; i++) {
             slot *sl = &s->slots[i];
             const int st = atomic_load_explicit(&sl->state, memory_order_acquire);
             if (st == SLOT_FREE || st == SLOT_FAILED) return i;
@@ -1121,7 +1123,7 @@ static int hotter_first(const void *a, const void *b) {
 }
 
 static int find_free_slot(const expert_store *s) {
-    for (int i = 0; i < s->n_slots; i++) {
+    for (int i = 0; i < s->n_active; i++) {
         const int st = atomic_load_explicit(&s->slots[i].state, memory_order_acquire);
         if (st == SLOT_FREE || st == SLOT_FAILED) return i;
     }
@@ -1132,7 +1134,7 @@ colibri_status store_warm(expert_store *s, const routing_profile *p, int n_pin) 
     const int k = s->m->hp.n_expert_used;
     if (p->n_layer != s->n_layer || p->n_expert != s->n_expert)
         return cb_error(COLIBRI_E_INTERNAL, "routing profile dimensions differ from the expert store's");
-    if (n_pin < 0 || n_pin > s->n_slots - k)
+    if (n_pin < 0 || n_pin > s->n_active - k)
         return cb_error(COLIBRI_E_BUDGET,
                         "cannot pin %d experts: %d expert slots must keep top-k = %d of them free, so at most %d "
                         "can be pinned",
@@ -1200,7 +1202,25 @@ int store_is_resident(const expert_store *s, int layer, int e) {
     return s->where[(size_t)layer * s->n_expert + e] >= 0;
 }
 
-int store_n_slots(const expert_store *s) { return s->n_slots; }
+int store_n_slots(const expert_store *s) { return s->n_active; }
+
+void store_set_active(expert_store *s, int n) {
+    if (n > s->n_slots) n = s->n_slots;
+    for (int i = s->n_active; i-- > n;) /* a slot pinned from the profile stays, and the ones below it */
+        if (s->slots[i].pinned) {
+            n = i + 1;
+            break;
+        }
+    if (n < 1) n = 1;
+    for (int i = n; i < s->n_active; i++) {
+        slot *sl = &s->slots[i];
+        wait_slot(sl); /* a load in flight lands first; nothing else writes the slot after that */
+        release_slot(s, i);
+        madvise(sl->mem, s->slot_bytes, MADV_DONTNEED);
+    }
+    s->n_active = n;
+    s->floor = n / s->n_layer < s->m->hp.n_expert_used ? n / s->n_layer : s->m->hp.n_expert_used;
+}
 
 int store_overlap(const expert_store *s) { return s->overlap; }
 
@@ -1222,7 +1242,7 @@ int store_pieces_taken(const expert_store *s, int layer, int e) {
 /* ---- counters --------------------------------------------------------- */
 
 void store_fill_stats(const expert_store *s, colibri_stats *o) {
-    o->expert_slots = (uint64_t)s->n_slots;
+    o->expert_slots = (uint64_t)s->n_active;
     o->expert_calls = o->expert_hits = o->expert_misses = 0;
     o->prefetch_issued = o->prefetch_used = o->prefetch_wasted = o->expert_bytes_read = 0;
     o->prefetch_wasted_bytes = 0;

@@ -114,7 +114,14 @@ struct routing_profile;
  * A read error: COLIBRI_E_IO with a message, the experts read so far stay, the store consistent. */
 colibri_status store_warm(expert_store *s, const struct routing_profile *p, int n_pin);
 
+/* Slots in use (store_set_active), at most the n_slots the store was created with. */
 int store_n_slots(const expert_store *s);
+/* Use the first n slots only (1 <= n <= the slots created; never below a slot pinned by store_warm):
+ * the experts in the slots given up are evicted, a load still in flight into one first lands, and their
+ * memory goes back to the system (madvise), so the bytes can hold something else under the same budget
+ * (context.c: the KV caches of sequences as they start). Growing back reuses the slots empty. Between
+ * forward passes only (no wave holds a slot). */
+void store_set_active(expert_store *s, int n);
 /* 1: a decode step computes the experts it has while the others load, each as it arrives (ffn.c); 0 with
  * COLIBRI_DECODE_OVERLAP=0 in the environment at store creation: it waits for all, then computes them in
  * one pool run (fewer pool runs, no overlap; for measuring one against the other). Same output either way. */

@@ -183,6 +183,7 @@ static colibri_status eval_tokens(struct colibri_context *c, const int32_t *seq_
                         "sequence %d: %d tokens do not fit: %d of its %d positions are in use", q,
                         (int)c->seq_last[q], (int)c->seq_past[q], (int)c->n_ctx);
     }
+    context_fit_store(c, c->seq_last, -1); /* sequences starting now take their caches' bytes from the store */
     for (int32_t i = 0; i < n_tokens; i++) c->seq_last[seq_ids ? seq_ids[i] : 0] = i;
     ST_EVAL(n_tokens == n_seqs, n_tokens);
 
@@ -216,6 +217,7 @@ static colibri_status eval_tokens(struct colibri_context *c, const int32_t *seq_
                 for (int q = 0; q < c->n_seq_max; q++) context_rewind(c, q, c->seq_saved[q]);
             else
                 memcpy(c->seq_past, c->seq_saved, (size_t)c->n_seq_max * sizeof *c->seq_past);
+            for (int q = 0; q < c->n_seq_max; q++) context_seq_released(c, q); /* the ones that did not start */
             c->route_n = 0;
             return st;
         }

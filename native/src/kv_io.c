@@ -402,10 +402,12 @@ colibri_status colibri_seq_state_load(colibri_context *ctx, int32_t seq, const v
     if ((st = state_check(ctx, b, size))) return st;
     const int32_t n = (int32_t)rd32(b + 40);
     const section_plan sp = plan_sections(ctx, n);
+    if (n > 0) context_fit_store(ctx, NULL, seq); /* before the cache is written: the store gives its bytes */
     /* sections_io only reads the blob in this direction. */
     sections_io(ctx, seq, n, &sp, (unsigned char *)(uintptr_t)(b + KV_HEADER_BYTES), 0);
     ctx->seq_past[seq] = n;
     if (ctx->rs_bytes) ctx->rs_ckpt_pos[seq] = -1; /* the old checkpoint described other tokens */
+    context_seq_released(ctx, seq); /* an empty blob leaves the sequence free */
     return COLIBRI_OK;
 }
 

@@ -84,7 +84,7 @@ colibri_status ledger_plan(const struct colibri_model *m, const colibri_context_
          * so its counters exist), whatever the budget would give; a nonzero budget below the
          * resulting plan is refused with the plan's total as the budget that works */
         const int32_t n = p->expert_slots < o->n_expert_total ? p->expert_slots : o->n_expert_total;
-        o->n_expert_slots = n;
+        o->n_expert_slots = o->max_expert_slots = n;
         o->store_table_bytes = store_table_bytes(m, (int)n, pol) + predictor_bytes(m);
         o->expert_bytes = (uint64_t)n * o->expert_slot_bytes;
         o->device_staging_bytes = staging;
@@ -96,7 +96,7 @@ colibri_status ledger_plan(const struct colibri_model *m, const colibri_context_
     if (hp->n_expert == 0 || o->budget == 0 || o->budget >= fixed + o->expert_total_bytes) {
         /* everything resident: experts are read from the mapped file, no store */
         o->all_resident = 1;
-        o->n_expert_slots = o->n_expert_total;
+        o->n_expert_slots = o->max_expert_slots = o->n_expert_total;
         o->expert_bytes = o->expert_total_bytes;
         o->total_bytes = fixed + o->expert_bytes;
         o->min_budget = hp->n_expert == 0 ? o->total_bytes : min_budget;
@@ -106,15 +106,28 @@ colibri_status ledger_plan(const struct colibri_model *m, const colibri_context_
     }
 
     /* streaming: the rest of the budget becomes slots (the tables grow with the slot count,
-     * so solve for n in fixed + tables(n) + n * slot <= budget) */
+     * so solve for n in fixed + tables(n) + n * slot <= budget).
+     * Several sequences: a sequence's KV cache (and state) is taken when it starts, not at open, and
+     * until then its bytes hold expert slots (context_fit_store gives them back as sequences start).
+     * The store is made for the slots that fit beside one sequence's cache (max_expert_slots, whose
+     * tables are counted); n_expert_slots is what stays with every sequence's cache taken. Not with
+     * experts pinned from a profile, which may sit in any slot. */
+    const int n_seq = p->n_seq_max > 0 ? p->n_seq_max : 1;
+    const uint64_t seq_bytes = n_seq > 1 && p->pin_experts == 0 ? context_kv_seq_bytes(m, p) + 2 * context_state_bytes(m)
+                                                                : 0;
+    const uint64_t fixed_one = fixed - (uint64_t)(n_seq - 1) * seq_bytes;
     const uint64_t tables0 = store_table_bytes(m, 0, pol) + predictor_bytes(m);
     const uint64_t per_slot = o->expert_slot_bytes + (store_table_bytes(m, 1, pol) - store_table_bytes(m, 0, pol));
-    uint64_t n = 0;
+    uint64_t n_max = 0, n = 0;
     o->device_staging_bytes = staging;
-    if (o->budget > fixed + staging + tables0) n = (o->budget - fixed - staging - tables0) / per_slot;
-    if (n > (uint64_t)o->n_expert_total) n = (uint64_t)o->n_expert_total;
+    if (o->budget > fixed_one + staging + tables0) n_max = (o->budget - fixed_one - staging - tables0) / per_slot;
+    if (n_max > (uint64_t)o->n_expert_total) n_max = (uint64_t)o->n_expert_total;
+    o->store_table_bytes = store_table_bytes(m, (int)n_max, pol) + predictor_bytes(m);
+    if (o->budget > fixed + staging + o->store_table_bytes)
+        n = (o->budget - fixed - staging - o->store_table_bytes) / o->expert_slot_bytes;
+    if (n > n_max) n = n_max;
     o->n_expert_slots = (int32_t)n;
-    o->store_table_bytes = store_table_bytes(m, (int)n, pol) + predictor_bytes(m);
+    o->max_expert_slots = (int32_t)n_max;
     o->expert_bytes = n * o->expert_slot_bytes;
     o->total_bytes = fixed + o->device_staging_bytes + o->store_table_bytes + o->expert_bytes;
     o->min_budget = min_budget;

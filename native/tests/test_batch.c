@@ -3,6 +3,8 @@
  *     between the others' decode steps, one of them reusing a freed sequence: every logits row
  *     bit-identical to the same sequence evaluated alone in a one-sequence context, for each KV
  *     type, unbudgeted and with a quarter of the experts in slots (the expert store);
+ *   - under a memory budget, the KV caches of sequences not under way hold expert slots, given back
+ *     as sequences start (outputs unchanged);
  *   - a batched step allocates nothing;
  *   - bad sequence ids, a sequence over n_ctx, bad truncations are refused and change nothing;
  *   - the KV memory of the plan grows n_seq_max times. */
@@ -134,6 +136,77 @@ static void test_invariance(colibri_model *m, const seq_case *cases, int n_cases
     colibri_context_free(many);
 }
 
+/* Slots the elastic store should hold with `active` sequences under way (colibri_memory_plan.max_expert_slots). */
+static int32_t slots_for(const colibri_memory_plan *pl, int active) {
+    if (active <= 1) return pl->max_expert_slots;
+    const uint64_t lent = (uint64_t)(NSEQ - active) * (pl->kv_bytes / NSEQ) / pl->expert_slot_bytes;
+    const uint64_t n = (uint64_t)pl->n_expert_slots + lent;
+    return n < (uint64_t)pl->max_expert_slots ? (int32_t)n : pl->max_expert_slots;
+}
+
+static uint64_t slots_now(colibri_context *c) {
+    colibri_stats s;
+    CHECK_OK(colibri_get_stats(c, &s));
+    return s.expert_slots;
+}
+
+/* A memory budget instead of a slot count, several sequences: the KV caches of the sequences not under
+ * way hold expert slots, given back as sequences start and taken again as they end; the outputs stay
+ * those of each request alone. */
+static void test_elastic(colibri_model *m, const seq_case *cases, int n_cases) {
+    colibri_context_params p;
+    base_params(&p, 256, NB); /* long caches: a sequence's cache outweighs a slot */
+    p.n_seq_max = NSEQ;
+    p.memory_budget = 1;
+    colibri_memory_plan pl;
+    CHECK_OK(colibri_plan_model(m, &p, &pl));
+    p.memory_budget = pl.min_budget + pl.expert_slot_bytes;
+    CHECK_OK(colibri_plan_model(m, &p, &pl));
+    CHECK(pl.fits && !pl.all_resident);
+    CHECK(pl.max_expert_slots > pl.n_expert_slots + 1); /* what is tested below */
+    CHECK(pl.total_bytes <= pl.budget);
+    /* with every cache taken the store is the plan's n_expert_slots, within the budget */
+    CHECK(pl.n_expert_slots == slots_for(&pl, NSEQ));
+
+    colibri_context *c = open_context(m, &p);
+    if (!c) return;
+    CHECK(slots_now(c) == (uint64_t)pl.max_expert_slots);
+    const int32_t seqs[NSEQ] = {0, 1, 2}, toks[NSEQ] = {5, 6, 7};
+    for (int a = 1; a <= NSEQ; a++) {  /* sequences 0 .. a-1 under way */
+        CHECK_OK(colibri_eval_batch(c, seqs, toks, a, NULL, NULL));
+        CHECK(slots_now(c) == (uint64_t)slots_for(&pl, a));
+    }
+    CHECK_OK(colibri_seq_truncate(c, 1, 0));
+    CHECK(slots_now(c) == (uint64_t)slots_for(&pl, NSEQ - 1));
+    CHECK_OK(colibri_seq_truncate(c, 2, 1)); /* still under way */
+    CHECK(slots_now(c) == (uint64_t)slots_for(&pl, NSEQ - 1));
+    CHECK_OK(colibri_seq_truncate(c, 2, 0));
+    CHECK_OK(colibri_truncate(c, 0));
+    CHECK(slots_now(c) == (uint64_t)pl.max_expert_slots);
+
+    /* the scheduled requests, sequences starting and ending while the store grows and shrinks,
+     * against each alone in a one-sequence context without a budget */
+    static float ref[4][GEN][V], got[4][GEN][V];
+    colibri_context *one = ctx_with(m, 1, COLIBRI_KV_DEFAULT, 0);
+    if (one) {
+        for (int i = 0; i < n_cases; i++) run_alone(one, &cases[i], &ref[i][0][0]);
+        CHECK(run_batched(c, cases, n_cases, &got[0][0][0]) == 0);
+        CHECK(memcmp(ref, got, sizeof ref) == 0);
+        CHECK(slots_now(c) == (uint64_t)pl.max_expert_slots);
+        colibri_context_free(one);
+    }
+    colibri_context_free(c);
+
+    /* one sequence, or experts counted in slots: no lending */
+    p.n_seq_max = 1;
+    CHECK_OK(colibri_plan_model(m, &p, &pl));
+    CHECK(pl.max_expert_slots == pl.n_expert_slots);
+    p.n_seq_max = NSEQ;
+    p.expert_slots = L * X / 4;
+    CHECK_OK(colibri_plan_model(m, &p, &pl));
+    CHECK(pl.max_expert_slots == pl.n_expert_slots && pl.n_expert_slots == L * X / 4);
+}
+
 static void test_errors(colibri_model *m) {
     colibri_context *c = ctx_with(m, NSEQ, COLIBRI_KV_DEFAULT, 0);
     if (!c) return;
@@ -209,6 +282,7 @@ int main(void) {
     const int kv_types[3] = {COLIBRI_KV_DEFAULT, COLIBRI_KV_F16, COLIBRI_KV_INT8};
     for (int k = 0; k < 3; k++) test_invariance(m, cases, 4, kv_types[k], 0);
     test_invariance(m, cases, 4, COLIBRI_KV_DEFAULT, L * X / 4);  /* a quarter of the experts in slots */
+    test_elastic(m, cases, 4);
     test_errors(m);
 
     colibri_model_close(m);

@@ -112,19 +112,23 @@ def test_policy_and_prefetch_names() -> None:
         B.parse_prefetch("oracle")
 
 
-def test_format_plan_verdicts() -> None:
+def _streamed_plan(**fields: int) -> dict[str, int]:
+    """A plan of 64 streamed experts in 1 MiB slots, with `fields` on top."""
     plan = {key: 1 << 20 for key, _ in B.PLAN_ROWS}
     plan.update(
         total_bytes=8 << 20,
-        budget=4 << 20,
-        fits=0,
         min_budget=6 << 20,
         n_expert_total=64,
-        n_expert_slots=1,
         all_resident=0,
         expert_slot_bytes=1 << 20,
         expert_total_bytes=64 << 20,
     )
+    plan.update(fields)
+    return plan
+
+
+def test_format_plan_verdicts() -> None:
+    plan = _streamed_plan(budget=4 << 20, fits=0, n_expert_slots=1)
     text = B.format_plan(plan)
     assert "does NOT fit" in text and str(6 << 20) in text and "1 of 64 experts" in text
     plan.update(fits=1, budget=0, all_resident=1, n_expert_slots=64)
@@ -133,19 +137,7 @@ def test_format_plan_verdicts() -> None:
 
 
 def test_format_plan_says_what_sequences_not_under_way_lend() -> None:
-    plan = {key: 1 << 20 for key, _ in B.PLAN_ROWS}
-    plan.update(
-        total_bytes=8 << 20,
-        budget=8 << 20,
-        fits=1,
-        min_budget=6 << 20,
-        n_expert_total=64,
-        n_expert_slots=24,
-        max_expert_slots=38,
-        all_resident=0,
-        expert_slot_bytes=1 << 20,
-        expert_total_bytes=64 << 20,
-    )
+    plan = _streamed_plan(budget=8 << 20, fits=1, n_expert_slots=24, max_expert_slots=38)
     assert "24 of 64 experts" in B.format_plan(plan) and "up to 38 slots" in B.format_plan(plan)
     plan.update(max_expert_slots=24)
     assert "up to" not in B.format_plan(plan)

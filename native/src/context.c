@@ -350,10 +350,12 @@ void context_fit_store(struct colibri_context *c, const int32_t *starting, int s
     for (int q = 0; q < c->n_seq_max; q++) active += c->seq_past[q] > 0 || (starting && starting[q] > 0) || q == start;
     /* one sequence: the plan's largest store, made for the budget beside one cache; more: the sequences
      * not under way lend their bytes to the store of every cache taken, each whole slot of them one slot */
-    const uint64_t lent = active <= 1 ? (uint64_t)pl->max_expert_slots
-                                      : (uint64_t)(c->n_seq_max - active) * seq_bytes(c) / pl->expert_slot_bytes;
-    const uint64_t n = (uint64_t)pl->n_expert_slots + lent;
-    store_set_active(c->store, n < (uint64_t)pl->max_expert_slots ? (int)n : pl->max_expert_slots);
+    int32_t n = pl->max_expert_slots;
+    if (active > 1) {
+        const uint64_t lent = (uint64_t)(c->n_seq_max - active) * seq_bytes(c) / pl->expert_slot_bytes;
+        if ((uint64_t)pl->n_expert_slots + lent < (uint64_t)n) n = pl->n_expert_slots + (int32_t)lent;
+    }
+    store_set_active(c->store, n);
 }
 
 /* The pages wholly inside [p, p + len) back to the system (they read as zeros when touched again). */

@@ -483,6 +483,13 @@ static int load_now(expert_store *s, int i) {
 static int reuse_alloc(expert_store *s);
 static void reuse_init(expert_store *s);
 
+/* Per-layer floor: a layer keeps min(k, slots/layers) experts, so a budget below one token's worth
+ * of experts cannot fall into the cycle where every access misses. */
+static int layer_floor(const expert_store *s, int n_slots) {
+    const int per_layer = n_slots / s->n_layer, k = s->m->hp.n_expert_used;
+    return per_layer < k ? per_layer : k;
+}
+
 colibri_status store_create(const struct colibri_model *m, int n_slots, int policy, expert_store **out) {
     *out = NULL;
     if (n_slots < 1) return cb_error(COLIBRI_E_INTERNAL, "expert store needs at least one slot");
@@ -496,9 +503,7 @@ colibri_status store_create(const struct colibri_model *m, int n_slots, int poli
     s->policy = policy;
     s->reuse = policy == COLIBRI_POLICY_REUSE;
     s->fd = s->fd_direct = -1;
-    /* Per-layer floor: a layer keeps min(k, slots/layers) experts, so a budget below one
-     * token's worth of experts cannot fall into the cycle where every access misses. */
-    s->floor = n_slots / s->n_layer < m->hp.n_expert_used ? n_slots / s->n_layer : m->hp.n_expert_used;
+    s->floor = layer_floor(s, n_slots);
     s->decay = store_decay(1);
     s->region_off[0] = 0;
     for (int p = 1; p < STORE_REGIONS; p++) s->region_off[p] = s->region_off[p - 1] + region_bytes(m, p - 1);
@@ -1219,7 +1224,7 @@ void store_set_active(expert_store *s, int n) {
         madvise(sl->mem, s->slot_bytes, MADV_DONTNEED);
     }
     s->n_active = n;
-    s->floor = n / s->n_layer < s->m->hp.n_expert_used ? n / s->n_layer : s->m->hp.n_expert_used;
+    s->floor = layer_floor(s, n);
 }
 
 int store_overlap(const expert_store *s) { return s->overlap; }

@@ -174,7 +174,7 @@ static void glu_rows(const void *jobs, int j, int r0, int r1) {
         if (jb->bu) op_add(u, jb->bu + r0, r1 - r0);
         if (jb->act == FFN_SWIGLU_OAI) op_swiglu_oai(g, u, r1 - r0, jb->alpha, jb->limit);
         else if (jb->act == FFN_GEGLU_TANH) op_gelu_tanh_mul(g, u, r1 - r0);
-        else op_silu_mul(g, u, r1 - r0);
+        else silu_mul(g, u, r1 - r0);
         if (jb->actq) quantize_row_q8a(g, jb->actq + ((size_t)tk * F + r0) / QK8A, r1 - r0);
     }
 }

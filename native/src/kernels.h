@@ -42,6 +42,9 @@ float dot_f16_f32(const uint16_t *a, const float *b, int n);         /* sum a[i]
 void axpy_f16(float *y, float alpha, const uint16_t *x, int n);      /* y += alpha * x */
 void fp32_to_fp16_row(const float *x, uint16_t *y, int n);
 float dot_f32(const float *a, const float *b, int n);
+/* SwiGLU's activation: g[i] = silu(g[i]) * u[i], silu(v) = v / (1 + exp(-v)). The x86 tables use their
+ * own exp (within a few ulp of libm's; the same bits for an element wherever a row range starts). */
+void silu_mul(float *g, const float *u, int n);
 
 /* Kernel table selection (cpu.c). */
 const char *kernels_backend_name(void);

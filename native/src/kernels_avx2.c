@@ -13,4 +13,5 @@ const kernel_table kernels_avx2 = {
     .axpy_f16 = kx_axpy_f16,
     .fp32_to_fp16_row = kx_fp32_to_fp16_row,
     .dot_f32 = kx_dot_f32,
+    .silu_mul = kx_silu_mul,
 };

@@ -51,3 +51,7 @@ void fp32_to_fp16_row(const float *x, uint16_t *y, int n) {
 float dot_f32(const float *a, const float *b, int n) {
     return kernels_current()->dot_f32(a, b, n);
 }
+
+void silu_mul(float *g, const float *u, int n) {
+    kernels_current()->silu_mul(g, u, n);
+}

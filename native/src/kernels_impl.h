@@ -39,7 +39,11 @@ typedef struct kernel_table {
     void (*axpy_f16)(float *y, float alpha, const uint16_t *x, int n);
     void (*fp32_to_fp16_row)(const float *x, uint16_t *y, int n);
     float (*dot_f32)(const float *a, const float *b, int n);
+    void (*silu_mul)(float *g, const float *u, int n);
 } kernel_table;
+
+/* The scalar tables' silu_mul (libm's expf), which the NEON tables use too. */
+void silu_mul_scalar(float *g, const float *u, int n);
 
 extern const kernel_table kernels_scalar;
 #if defined(COLIBRI_HAVE_X86)

@@ -14,6 +14,7 @@ const kernel_table kernels_neon = {
     .axpy_f16 = neon_axpy_f16,
     .fp32_to_fp16_row = neon_fp32_to_fp16_row,
     .dot_f32 = neon_dot_f32,
+    .silu_mul = silu_mul_scalar,
 };
 
 /* The three NEON tables share kernels_neon.h's type list, so this one answers for all. */

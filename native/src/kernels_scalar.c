@@ -338,6 +338,13 @@ static float dot_f32_scalar(const float *a, const float *b, int n) {
     return row_dot_f32(a, b, n);
 }
 
+void silu_mul_scalar(float *g, const float *u, int n) {
+    for (int i = 0; i < n; i++) {
+        const float v = g[i];
+        g[i] = v / (1.0f + expf(-v)) * u[i];
+    }
+}
+
 const kernel_table kernels_scalar = {
     .name = "scalar",
     .isa = KERNEL_ISA_SCALAR,
@@ -347,4 +354,5 @@ const kernel_table kernels_scalar = {
     .axpy_f16 = axpy_f16_scalar,
     .fp32_to_fp16_row = fp32_to_fp16_row_scalar,
     .dot_f32 = dot_f32_scalar,
+    .silu_mul = silu_mul_scalar,
 };

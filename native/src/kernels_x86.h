@@ -416,6 +416,37 @@ static void kx_fp32_to_fp16_row(const float *x, uint16_t *y, int n) {
     for (; i < n; i++) y[i] = kern_fp32_to_fp16(x[i]);
 }
 
+/* exp(x), 8 lanes: Cephes' expf polynomial (within about 1 ulp) on x clamped to [-87.3, 88.3], where 2^k
+ * and the result stay normal floats; a NaN passes through (min/max return their second operand then). */
+KX_INLINE __m256 kx_expf(__m256 x) {
+    x = _mm256_max_ps(_mm256_set1_ps(-87.3f), _mm256_min_ps(_mm256_set1_ps(88.3f), x));
+    const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    /* r = x - k ln 2, ln 2 in two parts so that k * the first is exact */
+    __m256 r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    /* times 2^k: k added to the exponent field */
+    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(y), _mm256_slli_epi32(_mm256_cvtps_epi32(k), 23)));
+}
+
+/* g = silu(g) * u, the scalar table's formula with kx_expf; the last n % 8 elements through masked
+ * loads and stores, so an element's result does not depend on where its row range starts. */
+static void kx_silu_mul(float *g, const float *u, int n) {
+    for (int i = 0; i < n; i += 8) {
+        const __m256i live = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - i), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256 v = _mm256_maskload_ps(g + i, live);
+        const __m256 s = _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), kx_expf(_mm256_sub_ps(_mm256_setzero_ps(), v))));
+        _mm256_maskstore_ps(g + i, live, _mm256_mul_ps(s, _mm256_maskload_ps(u + i, live)));
+    }
+}
+
 static float kx_dot_f32(const float *a, const float *b, int n) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int i = 0;

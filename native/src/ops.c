@@ -82,13 +82,6 @@ void op_gelu_tanh_mul(float *g, const float *u, int n) {
     }
 }
 
-void op_silu_mul(float *g, const float *u, int n) {
-    for (int i = 0; i < n; i++) {
-        const float v = g[i];
-        g[i] = v / (1.0f + expf(-v)) * u[i];
-    }
-}
-
 void op_add(float *y, const float *x, int n) {
     for (int i = 0; i < n; i++) y[i] += x[i];
 }

@@ -34,9 +34,6 @@ void op_swiglu_oai(float *g, const float *u, int n, float alpha, float limit);
  * torch's gelu(approximate="tanh") is (Gemma 4). */
 void op_gelu_tanh_mul(float *g, const float *u, int n);
 
-/* g[i] = silu(g[i]) * u[i] — the SwiGLU gate. */
-void op_silu_mul(float *g, const float *u, int n);
-
 /* y[i] += x[i] */
 void op_add(float *y, const float *x, int n);
 /* y[i] += a * x[i] */

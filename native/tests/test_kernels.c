@@ -755,6 +755,36 @@ static void test_kquant_x86_sets(void) {
  * where the result w * q * 2^(e - 128) is exact (subnormal for e < 2) and so must match bit for bit. */
 static int mxfp4_level(int r) { return r % 14 < 7 ? 1 + r % 14 : 2 + r % 14; } /* 1..7, 9..15: not +-0 */
 
+/* silu_mul against silu computed in double: within a few ulp over the range where SiLU's exp matters and
+ * past its clamps, a NaN kept, and an element's result the same whichever range it is computed in. */
+static void test_silu(const char *backend) {
+    enum { N = 1000 };
+    static float g[N], u[N], y[N], y2[N];
+    for (int i = 0; i < N; i++) {
+        const float t = (float)i / (N - 1);
+        g[i] = i % 3 ? -100.0f + 200.0f * t : rnd_unit() * 12.0f; /* a sweep through +-100 and a random cluster */
+        u[i] = i % 7 ? rnd_unit() * 2.0f : 1.0f;
+    }
+    memcpy(y, g, sizeof y);
+    silu_mul(y, u, N);
+    int bad = 0;
+    for (int i = 0; i < N; i++) {
+        const double v = g[i], want = v / (1.0 + exp(-v)) * u[i];
+        /* below 1e-30 nothing counts: libm's expf overflows for v < -88.7 (silu = -0), the x86 exp clamps */
+        if (!(fabs(y[i] - want) <= 8.0 / (1 << 23) * fabs(want) + 1e-30)) {
+            if (!bad++) fprintf(stderr, "  %s silu_mul(%.9g) * %.9g = %.9g, want %.9g\n", backend, g[i], u[i], y[i], want);
+        }
+    }
+    CHECK(bad == 0, "%s silu_mul: %d of %d values outside a few ulp", backend, bad, N);
+    /* the same elements in pieces of odd lengths */
+    memcpy(y2, g, sizeof y2);
+    for (int i = 0, len = 1; i < N; i += len, len = len % 13 + 2) silu_mul(y2 + i, u + i, i + len <= N ? len : N - i);
+    CHECK(memcmp(y, y2, sizeof y) == 0, "%s silu_mul: an element's result depends on the range it is in", backend);
+    float nan_g[3] = {NAN, 1.0f, -2.0f}, ones[3] = {1.0f, 1.0f, 1.0f};
+    silu_mul(nan_g, ones, 3);
+    CHECK(isnan(nan_g[0]) && !isnan(nan_g[1]) && !isnan(nan_g[2]), "%s silu_mul: NaN not kept", backend);
+}
+
 static void test_mxfp4_scales(const char *backend) {
     enum { ROWS = 241, MAX_TOK = 4 }; /* e <= 240: |1524 * 2^(e - 128)| stays below FLT_MAX */
     static block_mxfp4 w[ROWS];
@@ -814,6 +844,7 @@ int main(int argc, char **argv) {
         printf("%s:\n", backends[bi]);
         test_quantize(backends[bi]);
         test_attention_helpers(backends[bi]);
+        test_silu(backends[bi]);
         test_matmul(backends[bi]);
         test_mxfp4_scales(backends[bi]);
         tested++;

@@ -338,11 +338,6 @@ int context_ring_holds(const struct colibri_context *c, int32_t past, int32_t n)
     return 1;
 }
 
-/* Bytes a sequence under way takes: its KV cache and its recurrent state's live copy and checkpoint. */
-static uint64_t seq_bytes(const struct colibri_context *c) {
-    return (uint64_t)c->kv_bytes / (uint64_t)c->n_seq_max + 2 * (uint64_t)c->rs_bytes;
-}
-
 void context_fit_store(struct colibri_context *c, const int32_t *starting, int start) {
     const colibri_memory_plan *pl = &c->plan;
     if (!c->store || pl->max_expert_slots <= pl->n_expert_slots) return;
@@ -352,7 +347,9 @@ void context_fit_store(struct colibri_context *c, const int32_t *starting, int s
      * not under way lend their bytes to the store of every cache taken, each whole slot of them one slot */
     int32_t n = pl->max_expert_slots;
     if (active > 1) {
-        const uint64_t lent = (uint64_t)(c->n_seq_max - active) * seq_bytes(c) / pl->expert_slot_bytes;
+        /* a sequence's share of the plan's KV caches and recurrent states, as the ledger counts it */
+        const uint64_t seq_bytes = (pl->kv_bytes + pl->state_bytes) / (uint64_t)c->n_seq_max;
+        const uint64_t lent = (uint64_t)(c->n_seq_max - active) * seq_bytes / pl->expert_slot_bytes;
         if ((uint64_t)pl->n_expert_slots + lent < (uint64_t)n) n = pl->n_expert_slots + (int32_t)lent;
     }
     store_set_active(c->store, n);

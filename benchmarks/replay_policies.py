@@ -13,6 +13,9 @@ A trace that holds the lookahead predictor's guesses (`colibri trace` records th
 by depth. `--prefetch none` leaves the temporal columns out. `--streams 1,8,16` also replays each trace
 as N sequences decoding together (batched steps, the
 union of N tokens' experts per layer; no prefetch, as live), against Belady's optimum on those unions.
+`--foresight 0,1,2,4` adds a table of MIN told the routing of the current token and the next W tokens
+only (colibri_backend.optimum.foresight_min): how much of the distance to the optimum a perfect prediction
+of the next tokens' routing could close.
 The figures depend on the model's shape only (layers, experts, top-k), so a tiny model of the same shape
 replays them in seconds where the real file's reads take minutes.
 Each cell is one `colibri_replay_routing` run (the same C store the engine decodes with, reading the
@@ -32,6 +35,7 @@ from typing import Any
 
 import colibri_backend
 from colibri_backend.models import resolve_model
+from colibri_backend.optimum import belady, foresight_min
 from colibri_backend.trace import load_trace
 
 POLICIES = ("lfu", "lru", "reuse")
@@ -95,11 +99,22 @@ def main(argv: list[str] | None = None) -> int:
         default="none,temporal",
         help="prefetch modes of the one-stream tables, comma-separated (%(default)s; batched: none)",
     )
+    ap.add_argument(
+        "--foresight",
+        default="",
+        help="also MIN told the next W tokens' routing, for each W here, comma-separated (one stream only)",
+    )
     ap.add_argument("--json", type=Path, help="also write every cell here")
     args = ap.parse_args(argv)
     sizes = [x.strip() for x in args.sizes.split(",") if x.strip()]
     stream_counts = [int(x) for x in args.streams.split(",") if x.strip()]
     prefetches = tuple(x.strip() for x in args.prefetch.split(",") if x.strip())
+    try:
+        horizons = [int(x) for x in args.foresight.split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--foresight takes token counts, comma-separated, got {args.foresight!r}")
+    if any(w < 0 for w in horizons):
+        ap.error(f"--foresight takes token counts >= 0, got {args.foresight!r}")
     if not prefetches or any(p not in PREFETCH for p in prefetches):
         ap.error(f"--prefetch takes {', '.join(PREFETCH)}, got {args.prefetch!r}")
     results: list[dict[str, Any]] = []
@@ -116,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
             results.append({"trace": name, "lookahead_recall_by_depth": recall})
             print("lookahead recall (= precision) by depth: " + ", ".join(f"{100 * r:.1f}%" for r in recall))
         for streams in stream_counts:
-            table(name, model, trace, sizes, streams, results, prefetches)
+            slots = table(name, model, trace, sizes, streams, results, prefetches)
+            if horizons and streams == 1:
+                foresight_table(name, trace, slots, horizons, results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0
@@ -132,13 +149,14 @@ def table(
     prefetches: tuple[str, ...] = PREFETCH,
 ) -> None:
     """One markdown table: every policy (with each of `prefetches` where single steps can prefetch) at
-    every size."""
+    every size. Returns each size's slot count."""
     prefetches = prefetches if streams == 1 else ("none",)
     if streams > 1:
         print(f"\n{streams} streams of {trace.n_tokens // streams} tokens, batched steps:")
     cols = [f"{p}{'' if f == 'none' else ' + ' + f}" for p in POLICIES for f in prefetches]
     print("| slots | Belady | " + " | ".join(cols) + " |")
     print("|---" * (len(cols) + 2) + "|")
+    slots: dict[str, int] = {}
     for size in sizes:
         row: list[str] = []
         first: dict[str, Any] | None = None
@@ -154,8 +172,41 @@ def table(
                     text += f", {r['prefetch_wasted_bytes'] / (1 << 20):.0f} MiB wasted"
                 row.append(text)
         assert first is not None
+        slots[size] = first["slots"]
         head = f"| {size} ({first['slots']}) | {100 * first['optimal_hit_rate']:.1f}% | "
         print(head + " | ".join(row) + " |")
+        sys.stdout.flush()
+    return slots
+
+
+def foresight_table(
+    name: str, trace: Any, slots: dict[str, int], horizons: list[int], results: list[dict[str, Any]]
+) -> None:
+    """One markdown table: MIN told the current token's and the next W tokens' routing (least recently
+    used beyond them), for each W in `horizons`, at each size's slot count, beside Belady's optimum."""
+    n_expert = int(trace.meta.get("n_expert", 0))
+    if n_expert <= 0:
+        raise SystemExit(f"{name}: the trace's metadata has no n_expert")
+    print("\nMIN told the next W tokens' routing only (hit rate, share of Belady's optimum):")
+    print("| slots | Belady | " + " | ".join(f"W = {w}" for w in horizons) + " |")
+    print("|---" * (len(horizons) + 2) + "|")
+    for size, n_slots in slots.items():
+        best = belady(trace.ids, n_expert, n_slots).hit_rate
+        row = []
+        for w in horizons:
+            hit = foresight_min(trace.ids, n_expert, n_slots, w).hit_rate
+            results.append(
+                {
+                    "trace": name,
+                    "size": size,
+                    "slots": n_slots,
+                    "foresight_tokens": w,
+                    "hit_rate": hit,
+                    "optimal_hit_rate": best,
+                }
+            )
+            row.append(f"{100 * hit:.1f}% ({100 * hit / best:.1f}%)")
+        print(f"| {size} ({n_slots}) | {100 * best:.1f}% | " + " | ".join(row) + " |")
         sys.stdout.flush()
 
 

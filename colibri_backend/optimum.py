@@ -104,3 +104,72 @@ def belady(ids: np.ndarray, n_expert: int, n_slots: int) -> Optimum:
         misses=misses,
         misses_preloaded=misses - min(n_slots, distinct),
     )
+
+
+@dataclass(frozen=True)
+class Foresight:
+    """Misses of MIN told the routing of the current token and of the next `tokens_ahead` only."""
+
+    calls: int
+    n_slots: int
+    tokens_ahead: int
+    misses: int  # from an empty cache
+
+    @property
+    def hit_rate(self) -> float:
+        return 1.0 - self.misses / self.calls if self.calls else 0.0
+
+
+def foresight_min(ids: np.ndarray, n_expert: int, n_slots: int, tokens_ahead: int) -> Foresight:
+    """A policy between a real cache and Belady's optimum: on a miss with the cache full it knows every
+    use of the current token and of the next `tokens_ahead` tokens, and nothing after them (a decode loop
+    cannot know a token it has not produced, so no real predictor knows more). An expert with no use
+    within that horizon goes first, the least recently used of them, but never one the current layer
+    step has already used (the engine holds a layer's experts while it computes them); when every
+    expert has a use within the horizon, the one used furthest ahead goes, as under MIN. With a horizon
+    past the trace's end it is MIN exactly.
+
+    What it answers: how much of the distance between a cache and Belady's optimum a perfect prediction
+    of the next tokens' routing could close. ids: a single stream's routing, [tokens, layers, k]."""
+    if n_slots < 1:
+        raise ValueError(f"the cache needs at least one slot, got {n_slots}")
+    if tokens_ahead < 0:
+        raise ValueError(f"tokens_ahead must be >= 0, got {tokens_ahead}")
+    ids = np.asarray(ids)
+    if ids.ndim != 3:
+        raise ValueError(
+            f"foresight_min takes a single stream's routing, [tokens, layers, k]; got shape {ids.shape}"
+        )
+    keys = access_sequence(ids, n_expert)  # validates the ids
+    n_tok, _, k = ids.shape
+    routed = ~(ids == -1).all(axis=2)  # [tokens, layers]: a layer with a router
+    token_of = np.repeat(np.nonzero(routed)[0], k)  # the token of every access
+    layer_of = keys // n_expert
+    token_start = np.searchsorted(token_of, np.arange(n_tok + 1))  # each token's first access, and the end
+    new_step = np.ones(keys.shape[0], dtype=bool)  # the first access of a (token, layer) step
+    new_step[1:] = (token_of[1:] != token_of[:-1]) | (layer_of[1:] != layer_of[:-1])
+    step_start = np.maximum.accumulate(np.where(new_step, np.arange(keys.shape[0]), 0))
+    nxt = _next_use(keys)
+
+    # the cache as slot arrays: one numpy pass over the slots per eviction
+    slot_key = np.full(n_slots, -1, dtype=np.int64)
+    slot_next = np.zeros(n_slots, dtype=np.int64)
+    slot_last = np.zeros(n_slots, dtype=np.int64)  # index of its last access
+    slot_of: dict[int, int] = {}
+    misses = 0
+    for i, key in enumerate(keys.tolist()):
+        s = slot_of.get(key)
+        if s is None:
+            misses += 1
+            if len(slot_of) < n_slots:
+                s = len(slot_of)
+            else:
+                horizon = token_start[min(int(token_of[i]) + tokens_ahead + 1, n_tok)]
+                idle = np.nonzero((slot_next >= horizon) & (slot_last < step_start[i]))[0]
+                s = int(idle[np.argmin(slot_last[idle])]) if idle.size else int(np.argmax(slot_next))
+                del slot_of[int(slot_key[s])]
+            slot_key[s] = key
+            slot_of[key] = s
+        slot_next[s] = nxt[i]
+        slot_last[s] = i
+    return Foresight(calls=int(keys.shape[0]), n_slots=n_slots, tokens_ahead=tokens_ahead, misses=misses)

@@ -233,7 +233,8 @@ def _train(pre: str, digit_runs: bool = False) -> object:
     return tok
 
 
-def _write_gguf(hf: object, pre: str, path: Path) -> None:
+def _write_gguf(hf: object, pre: str | None, path: Path) -> None:
+    """The trained tokenizer as a GGUF vocabulary; pre None leaves tokenizer.ggml.pre out."""
     import gguf
     import numpy as np
 
@@ -246,7 +247,8 @@ def _write_gguf(hf: object, pre: str, path: Path) -> None:
     merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre)
+    if pre is not None:
+        w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
@@ -269,6 +271,7 @@ TRAINED_PRES = [
     "deepseek-llm",
     "deepseek-coder",
     "falcon",
+    "default",
 ]
 
 
@@ -292,19 +295,26 @@ def test_trained_bpe_via_gguf_matches_hf(pre: str, tmp_path: Path) -> None:
     assert not bad, f"C tokenizer: {len(bad)} of {len(CORPUS)} differ; first: {bad[0]!r}"
 
 
-@pytest.mark.parametrize("pre", ["gpt-4o", "deepseek-v3", "deepseek-llm", "deepseek-coder", "falcon"])
-def test_o200k_bpe_via_gguf_matches_llama_cpp(pre: str, tmp_path: Path) -> None:
-    """gpt-oss's pre-tokenizer ("gpt-4o", o200k), DeepSeek's and Falcon's: Colibri's GGUF-built tokenizer
+@pytest.mark.parametrize(
+    "pre", ["gpt-4o", "deepseek-v3", "deepseek-llm", "deepseek-coder", "falcon", "default", None]
+)
+def test_o200k_bpe_via_gguf_matches_llama_cpp(pre: str | None, tmp_path: Path) -> None:
+    """gpt-oss's pre-tokenizer ("gpt-4o", o200k), DeepSeek's, Falcon's and llama.cpp's "default", which it
+    also takes for a file without tokenizer.ggml.pre (None): Colibri's GGUF-built tokenizers (Python and C)
     against llama.cpp's own implementation of it on the same file (a BPE trained here with that split, >= 200
     strings)."""
+    import c_tokenizer as ct
     import tiny_models as tm
 
     if tm.reference_engine("llama_cpp") is None:  # a failure instead under CI=true
         pytest.skip("llama-cpp-python is not installed")
-    path = tmp_path / f"bpe-{pre}.gguf"
-    _write_gguf(_train(pre), pre, path)
+    path = tmp_path / f"bpe-{pre or 'no-pre'}.gguf"
+    _write_gguf(_train(pre or "default"), pre, path)
     ours = Tokenizer.from_gguf_metadata(read_metadata(path), source=str(path))
     theirs = tm.llama_cpp_tokenize(path, list(CORPUS))
+    c_ids = [ids for ids, _ in ct.c_tokenize(path, list(CORPUS))]
+    c_bad = [(s, t, c) for s, t, c in zip(CORPUS, theirs, c_ids, strict=True) if c != t]
+    assert not c_bad, f"C tokenizer: {len(c_bad)} of {len(CORPUS)} differ from llama.cpp; first: {c_bad[0]!r}"
     mismatches = [
         (s, t, ours.encode(s, add_special_tokens=False))
         for s, t in zip(CORPUS, theirs, strict=True)

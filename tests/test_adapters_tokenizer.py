@@ -145,7 +145,8 @@ def test_stop_matcher_cuts_the_earliest_and_holds_possible_starts() -> None:
 # Words of the pre-tokenizers as the models' tokenizer.json files split them under Hugging Face tokenizers
 # (conformance_tests/test_real_tokenizers.py checks the same on the real files and random strings): the
 # contractions of (?i:'s|...) also match the long s U+017F, as Oniguruma folds case; DeepSeek-LLM / V2 and
-# DeepSeek-Coder end with Digits(individual_digits), one word per digit; Falcon as llama.cpp splits it.
+# DeepSeek-Coder end with Digits(individual_digits), one word per digit; Falcon and "default" (also a
+# vocabulary without tokenizer.ggml.pre) as llama.cpp splits them.
 @pytest.mark.parametrize(
     "pre, text, words",
     [
@@ -156,6 +157,11 @@ def test_stop_matcher_cuts_the_earliest_and_holds_possible_starts() -> None:
         ("deepseek-llm", "in 2024, ½", ["in", " ", "2", "0", "2", "4", ",", " ", "½"]),
         ("deepseek-coder", "x = 12; // ok\n", ["x", " = ", "1", "2", ";", " //", " ok", "\n"]),
         ("falcon", "a 1234567 b... $x", ["a", " ", "123", "456", "7", " b", "...", " ", "$", "x"]),
+        (
+            "default",
+            "x2024ab+=1234567 `y` it's",
+            ["x", "202", "4", "ab", "+=", "123", "456", "7", " `", "y", "`", " it", "'", "s"],
+        ),
     ],
 )
 def test_pre_tokenizer_words(pre: str, text: str, words: list[str]) -> None:

@@ -98,10 +98,15 @@ _DEEPSEEK_CODER = ["[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK_HANGUL, r"\p{N}"]
 # and the ASCII symbols $+<=>^~|`, then GPT-2's regex, then digits in threes.
 _FALCON = [r"[\p{P}$+<=>^~|`]+", _GPT2, r"[0-9][0-9][0-9]"]
 
+# llama.cpp's "default", which it also uses when tokenizer.ggml.pre is missing (with a warning that generation
+# may be degraded): runs of punctuation and the ASCII symbols $+<=>^~|, then GPT-2's regex, then runs of
+# digits, then digits in threes.
+_DEFAULT = [r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"]
+
 # tokenizer.ggml.pre -> the regexes applied in sequence (each splits the pieces of the one before),
 # as llama.cpp's vocabulary loader chooses them.
 PRE_TOKENIZER_REGEXES: dict[str, list[str]] = {
-    "default": [_LLAMA3],
+    "default": _DEFAULT,
     "llama-bpe": [_LLAMA3],
     "llama3": [_LLAMA3],
     "dbrx": [_LLAMA3],

@@ -25,6 +25,8 @@
  *                 letter set: DSL_LETTERS below)
  *   deepseek-coder [\r\n]  then  \s?\p{L}+  then  \s?\p{P}+  then  [一-龥ࠀ-一가-퟿]+  then  \p{N}
  *   falcon        [\p{P}$+<=>^~|`]+  then  gpt2  then  [0-9][0-9][0-9]
+ *   default       [\p{P}$+<=>^~|]+  then  gpt2  then  \p{N}+  then  [0-9][0-9][0-9]   (llama.cpp's, also when
+ *                 tokenizer.ggml.pre is missing)
  *
  * (?i:...) in the contractions folds case as Unicode simple case folding does: 's also matches 'S and
  * U+017F LATIN SMALL LETTER LONG S. Each matcher below returns the length of the stage's match at a
@@ -342,20 +344,26 @@ static size_t match_trailing_space(const cur *c, size_t i) {
 static size_t match_dsc_letters(const cur *c, size_t i) { return space_then_class(c, i, UC_LETTER); }
 static size_t match_dsc_punct(const cur *c, size_t i) { return space_then_class(c, i, PUNCT); }
 
-/* ---- Falcon's stages -------------------------------------------------------------------------------- */
+/* ---- Falcon's stages and llama.cpp's default ------------------------------------------------------- */
 
-/* [\p{P}$+<=>^~|`]+ */
-static size_t match_falcon_punct(const cur *c, size_t i) {
+/* [\p{P}<symbols>]+ for a set of ASCII symbols */
+static size_t punct_or(const cur *c, size_t i, const char *symbols) {
     size_t k = i;
     while (k < c->n) {
         uint32_t cp;
         unsigned b;
         size_t l = at(c, k, &cp, &b);
-        if (!(b & PUNCT) && !(cp < 0x80 && cp && strchr("$+<=>^~|`", (int)cp))) break;
+        if (!(b & PUNCT) && !(cp < 0x80 && cp && strchr(symbols, (int)cp))) break;
         k += l;
     }
     return k - i;
 }
+
+static size_t match_falcon_punct(const cur *c, size_t i) { return punct_or(c, i, "$+<=>^~|`"); }
+static size_t match_default_punct(const cur *c, size_t i) { return punct_or(c, i, "$+<=>^~|"); }
+
+/* \p{N}+ */
+static size_t match_number_run(const cur *c, size_t i) { return run_of(c, i, NUMBER) - i; }
 
 static size_t match_three_digits(const cur *c, size_t i) {
     if (i + 3 > c->n) return 0;
@@ -378,6 +386,7 @@ static const stage_fn S_DEEPSEEK_LLM[] = {match_crlf,           match_dsl_letter
 static const stage_fn S_DEEPSEEK_CODER[] = {match_crlf, match_dsc_letters, match_dsc_punct, match_cjk_hangul,
                                             match_number};
 static const stage_fn S_FALCON[] = {match_falcon_punct, match_gpt2, match_three_digits};
+static const stage_fn S_DEFAULT[] = {match_default_punct, match_gpt2, match_number_run, match_three_digits};
 
 typedef struct stages {
     const stage_fn *fn;
@@ -396,6 +405,7 @@ static stages stages_of(pre_kind k) {
     case PRE_DEEPSEEK_LLM: return ST(S_DEEPSEEK_LLM);
     case PRE_DEEPSEEK_CODER: return ST(S_DEEPSEEK_CODER);
     case PRE_FALCON: return ST(S_FALCON);
+    case PRE_DEFAULT: return ST(S_DEFAULT);
     case PRE_GPT2: break;
     }
     return ST(S_GPT2);
@@ -446,7 +456,7 @@ pre_kind pre_from_name(const char *name, int *known) {
         {"deepseek-r1-qwen", PRE_QWEN2}, {"megrez", PRE_QWEN2},     {"hunyuan", PRE_QWEN2},
         {"qwen35", PRE_QWEN35},      {"gpt-4o", PRE_GPT4O},         {"llama4", PRE_GPT4O},
         {"deepseek-llm", PRE_DEEPSEEK_LLM}, {"deepseek-v3", PRE_DEEPSEEK_V3}, {"joyai-llm", PRE_DEEPSEEK_V3},
-        {"deepseek-coder", PRE_DEEPSEEK_CODER}, {"falcon", PRE_FALCON},
+        {"deepseek-coder", PRE_DEEPSEEK_CODER}, {"falcon", PRE_FALCON}, {"default", PRE_DEFAULT},
     };
     for (size_t k = 0; k < N_OF(names); k++)
         if (!strcmp(name, names[k].name)) {

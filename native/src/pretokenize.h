@@ -18,7 +18,8 @@ typedef enum {
     PRE_DEEPSEEK_LLM,  /* deepseek-llm (DeepSeek LLM, DeepSeek-V2) */
     PRE_DEEPSEEK_V3,   /* deepseek-v3 (DeepSeek-V3, R1), joyai-llm */
     PRE_DEEPSEEK_CODER,/* deepseek-coder */
-    PRE_FALCON         /* falcon */
+    PRE_FALCON,        /* falcon */
+    PRE_DEFAULT        /* default: llama.cpp's split, also for a vocabulary without tokenizer.ggml.pre */
 } pre_kind;
 
 /* The pre-tokenizer of a tokenizer.ggml.pre name; *known (if not NULL) is set to 0 for a name not listed,

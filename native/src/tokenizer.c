@@ -7,8 +7,8 @@
  *   2. pre-tokenizer: the text between them (in NFC first for the names whose tokenizer.json normalizes:
  *      normalizes_to_nfc, unicode_nfc.c) is split into words by the regexes the vocabulary names
  *      in tokenizer.ggml.pre (gpt2, llama3, qwen2, qwen35, gpt-4o, deepseek-llm, deepseek-v3, ...),
- *      matched by hand in pretokenize.c with exact Unicode categories (unicode_class.c); a name it
- *      does not list is split as gpt2.
+ *      matched by hand in pretokenize.c with exact Unicode categories (unicode_class.c); a vocabulary
+ *      without the key is split as llama.cpp's "default", and a name it does not list as gpt2.
  *   3. each word's bytes are mapped to the GPT-2 byte alphabet (printable bytes stand for
  *      themselves, the others for U+0100 + n), split into characters and merged pairwise,
  *      always merging the adjacent pair with the lowest rank in tokenizer.ggml.merges (leftmost

@@ -73,6 +73,10 @@ int main(void) {
                 "Hello|,| |\xe4\xb8\x96\xe7\x95\x8c|!| |1|2|3|  |\n|xyz|  ");
     check_split("deepseek-coder", "def f(x):\n  return x+1", "def| f|(|x|):|\n| | return| x|+|1");
     check_split("falcon", "a+b=12345 y'all", "a|+|b|=|123|45| y|'|all");
+    /* default (llama.cpp's, also without tokenizer.ggml.pre): punctuation first (the apostrophe too, so no
+     * contraction survives), digit runs in threes; the backtick (Sk) is not among its symbols, so GPT-2's
+     * regex takes it with its space */
+    check_split("default", "x2024ab+=1234567 `y` it's", "x|202|4|ab|+=|123|456|7| `|y|`| it|'|s");
     check_split("joyai-llm", "12345", "123|45");
 
     int known = 1;

@@ -202,10 +202,7 @@ def test_c_normalizes_for_the_python_tokenizers_names(tmp_path: Path) -> None:
         by_name[pre] = c_ids[:2] == c_ids[2:]
         assert by_name[pre] or all(a != b for a, b in zip(c_ids[:2], c_ids[2:], strict=True)), pre
         assert (py_ids[:2] == py_ids[2:]) == by_name[pre], pre
-        # no tokenizer.ggml.pre: split as gpt2 by C (with a warning), as llama3 by Python
-        if pre == "default":
-            assert "is not known" in err
-        else:
-            assert c_ids == py_ids, pre
+        assert "is not known" not in err, pre
+        assert c_ids == py_ids, pre
         assert c_ids[0][-3:] == [256, 0xCC, 0x81]  # the special token, then U+0301 alone: its two bytes
     assert {p for p, normalized in by_name.items() if normalized} == set(_NFC_PRES)

@@ -18,10 +18,6 @@ from test_tokenizer import corpus
 
 from colibri_backend.adapters.tokenizer import PRE_TOKENIZER_REGEXES
 
-# the one name only the Python tokenizer has: a GGUF with no tokenizer.ggml.pre. The C tokenizer splits
-# such a file as gpt-2 does, with a warning; llama.cpp uses neither split (see docs/conformance.md)
-PY_ONLY = {"default"}
-
 # the names whose split Hugging Face tokenizers has built in: tokenizer.json's pre_tokenizer
 GPT2_NAMES = {"gpt-2", "gpt2", "mpt", "olmo", "jais"}
 DIGITS_GPT2_NAMES = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"}
@@ -44,14 +40,15 @@ def _builtin_words(pre: str, texts: list[str]) -> list[list[str]] | None:
 
 
 def test_c_knows_every_python_name() -> None:
-    """Every name the Python tokenizer reads is one pretokenize.c lists (its --words refuses the others)."""
-    for pre in sorted(set(PRE_TOKENIZER_REGEXES) - PY_ONLY):
+    """Every name the Python tokenizer reads is one pretokenize.c lists (its --words refuses the others),
+    "default" (llama.cpp's split, also for a GGUF without tokenizer.ggml.pre) included."""
+    for pre in sorted(PRE_TOKENIZER_REGEXES):
         ct.c_pretokenize(pre, ["x"])
     with pytest.raises(AssertionError, match="is not known"):
-        ct.c_pretokenize("default", ["x"])
+        ct.c_pretokenize("no-such-pre", ["x"])
 
 
-@pytest.mark.parametrize("pre", sorted(set(PRE_TOKENIZER_REGEXES) - PY_ONLY))
+@pytest.mark.parametrize("pre", sorted(PRE_TOKENIZER_REGEXES))
 def test_c_and_python_pretokenizers_agree(pre: str) -> None:
     texts = _texts()
     want = ct.py_pretokenize(pre, texts)

@@ -1473,8 +1473,9 @@ _QWEN35_RE = (
 )
 
 
-def _pre_tokenizer_name(pre: dict[str, Any] | None) -> str:
-    """Name llama.cpp uses for the HF pre-tokenizer pipeline, recognised by its structure."""
+def _pre_tokenizer_name(pre: dict[str, Any] | None, normalizer: dict[str, Any] | None = None) -> str:
+    """Name llama.cpp uses for the HF pre-tokenizer pipeline, recognised by its structure (and, where two
+    tokenizers split alike, by their normalizer: MiniMax's NFC one)."""
     if not pre:
         raise ConversionError(
             "tokenizer.json has no pre_tokenizer; only byte-level BPE tokenizers are supported"
@@ -1507,7 +1508,8 @@ def _pre_tokenizer_name(pre: dict[str, Any] | None) -> str:
         from colibri_backend.adapters.tokenizer import PRE_TOKENIZER_REGEXES
 
         if regex == PRE_TOKENIZER_REGEXES["gpt-4o"][0]:  # o200k, as gpt-oss's tokenizer.json writes it
-            return "gpt-4o"
+            # MiniMax's tokenizer.json composes the text to NFC first; gpt-oss's takes it as it is
+            return "minimax-m2" if normalizer == {"type": "NFC"} else "gpt-4o"
     splits = kinds[:-1]
     if splits and splits[-1] == "Digits" and steps[-2].get("individual_digits"):
         # DeepSeek-LLM / V2 and DeepSeek-Coder end their splits with Digits(individual_digits), which is the
@@ -1606,7 +1608,7 @@ def _vocab(hf_dir: Path, cfg: dict[str, Any], n_vocab: int, gemma4: bool = False
         )
     spm = bool(model.get("byte_fallback"))
     space_prefix = _spm_space_prefix(tj) if spm else False
-    pre = "" if spm else _pre_tokenizer_name(tj.get("pre_tokenizer"))
+    pre = "" if spm else _pre_tokenizer_name(tj.get("pre_tokenizer"), tj.get("normalizer"))
     id_of: dict[str, int] = dict(model["vocab"])
     special: set[int] = set()
     added: set[int] = set()

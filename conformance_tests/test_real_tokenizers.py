@@ -434,17 +434,18 @@ REAL_PRE_TOKENIZERS = [
     ("qwen-3.5", "qwen35"),
     ("qwen-3", "qwen2"),
     ("glm-4.7-flash", "llama-bpe"),
-    ("minimax", "gpt-4o"),
+    ("minimax", "minimax-m2"),
 ]
 
 
 def _pre_tokenizer_steps(tj: dict[str, Any]) -> str:
-    """A tokenizer.json's pre-tokenizer, less ByteLevel's trim_offsets (which changes offsets, not words)."""
+    """A tokenizer.json's pre-tokenizer, less ByteLevel's trim_offsets (which changes offsets, not words), and
+    its normalizer (NFC or none tells MiniMax's tokenizer from gpt-oss's)."""
     pre = tj["pre_tokenizer"]
     steps = [dict(st) for st in (pre["pretokenizers"] if pre["type"] == "Sequence" else [pre])]
     for st in steps:
         st.pop("trim_offsets", None)
-    return json.dumps(steps, sort_keys=True)
+    return json.dumps({"normalizer": tj.get("normalizer"), "steps": steps}, sort_keys=True)
 
 
 def test_real_pre_tokenizers_are_all_listed(tmp_path: Path) -> None:
@@ -463,7 +464,7 @@ def test_real_pre_tokenizers_are_all_listed(tmp_path: Path) -> None:
         with zipfile.ZipFile(zipped) as z:
             tj = json.loads(z.read("tokenizer.json"))
         try:
-            pre = _pre_tokenizer_name(tj.get("pre_tokenizer"))
+            pre = _pre_tokenizer_name(tj.get("pre_tokenizer"), tj.get("normalizer"))
         except ConversionError:
             continue
         named += 1
@@ -536,6 +537,10 @@ def _gguf_metadata_of(tj: dict[str, Any], pre: str) -> dict[str, Any]:
         ("deepseek-r1-distill-qwen-7b", "deepseek-r1-qwen", True),
         ("glm-4.7-flash", "llama-bpe", False),
         ("deepseek-v3", "deepseek-v3", False),
+        # the names llama.cpp's converter writes for these files (by its tokenizer hash)
+        ("glm-4.7-flash", "glm4", False),
+        ("minimax", "minimax-m2", True),
+        ("minimax-m3", "minimax-m2", True),
     ],
 )
 def test_python_tokenizer_normalizes_as_tokenizer_json(

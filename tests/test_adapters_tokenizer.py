@@ -177,8 +177,11 @@ def test_pre_tokenizer_words(pre: str, text: str, words: list[str]) -> None:
         ("llama3", True),
         ("falcon3", True),
         ("pixtral", True),
+        ("glm4", True),
+        ("lfm2", True),
         ("dbrx", False),
         ("qwen2", False),
+        ("minimax-m2", False),
     ],
 )
 def test_whole_word_tokens_only_where_llama_cpp_ignores_merges(pre: str, whole: bool) -> None:

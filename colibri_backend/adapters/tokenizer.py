@@ -109,6 +109,11 @@ PRE_TOKENIZER_REGEXES: dict[str, list[str]] = {
     "default": _DEFAULT,
     "llama-bpe": [_LLAMA3],
     "llama3": [_LLAMA3],
+    "llama-v3": [_LLAMA3],
+    # GLM-4 / 4.5 / 4.7 / 5 and LFM2 (LFM2-MoE), as llama.cpp's converter names them: llama3's split
+    "glm4": [_LLAMA3],
+    "glm5": [_LLAMA3],
+    "lfm2": [_LLAMA3],
     "dbrx": [_LLAMA3],
     "smaug-bpe": [_LLAMA3],
     "falcon3": [_LLAMA3],
@@ -133,6 +138,8 @@ PRE_TOKENIZER_REGEXES: dict[str, list[str]] = {
     "qwen35": [_QWEN35],
     "gpt-4o": [_O200K],
     "llama4": [_O200K],
+    # MiniMax-M2 (and M1, Text-01: the same tokenizer.json): o200k's split after an NFC normalizer
+    "minimax-m2": [_O200K],
     "deepseek-v3": _DEEPSEEK_V3,
     # llama.cpp's converter names DeepSeek-V3's own tokenizer this (by its hash, under transformers 5) and
     # splits it with DeepSeek-V3's regexes
@@ -143,15 +150,16 @@ PRE_TOKENIZER_REGEXES: dict[str, list[str]] = {
 }
 
 # The names whose tokenizer.json files normalize the text to NFC before splitting it: every Qwen2 / 2.5 / 3 /
-# QwQ / 3.5 and DeepSeek-R1-Distill-Qwen tokenizer.json does (normalizer {"type": "NFC"}), so Hugging Face
-# composes "e" + U+0301 into "é" before the regex sees it. llama.cpp does not (it ignores the normalizer), so
-# on text that is not in NFC the ids differ from llama.cpp's and follow Hugging Face's. The C tokenizer has
-# the same list (normalizes_to_nfc in native/src/tokenizer.c); conformance_tests/test_nfc.py holds them equal.
-_NFC_PRES = ("qwen2", "qwen35", "deepseek-r1-qwen")
+# QwQ / 3.5, DeepSeek-R1-Distill-Qwen and MiniMax tokenizer.json does (normalizer {"type": "NFC"}), so
+# Hugging Face composes "e" + U+0301 into "é" before the regex sees it. llama.cpp does not (it ignores the
+# normalizer), so on text that is not in NFC the ids differ from llama.cpp's and follow Hugging Face's. The C
+# tokenizer has the same list (normalizes_to_nfc in native/src/tokenizer.c); conformance_tests/test_nfc.py
+# holds them equal.
+_NFC_PRES = ("qwen2", "qwen35", "deepseek-r1-qwen", "minimax-m2")
 
 # The names under which llama.cpp takes a pre-token that is itself a token whole, before any merge (their
 # tokenizer.json says ignore_merges); dbrx and smaug-bpe split as llama3 does but merge every word.
-_IGNORE_MERGES = ("llama-bpe", "llama3", "falcon3", "pixtral")
+_IGNORE_MERGES = ("llama-bpe", "llama3", "llama-v3", "falcon3", "pixtral", "glm4", "glm5", "lfm2")
 
 # Token texts that end a turn in the chat formats we know; a token with one of these texts that
 # the vocabulary marks as control also stops generation (llama.cpp calls these end-of-generation).

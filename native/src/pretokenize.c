@@ -451,6 +451,8 @@ pre_kind pre_from_name(const char *name, int *known) {
         {"smollm", PRE_GPT2_DIGITS}, {"starcoder", PRE_GPT2_DIGITS}, {"refact", PRE_GPT2_DIGITS},
         {"command-r", PRE_GPT2_DIGITS}, {"codeshell", PRE_GPT2_DIGITS}, {"exaone", PRE_GPT2_DIGITS},
         {"minerva-7b", PRE_GPT2_DIGITS}, {"llama-bpe", PRE_LLAMA3},     {"llama3", PRE_LLAMA3},
+        {"llama-v3", PRE_LLAMA3},    {"glm4", PRE_LLAMA3},          {"glm5", PRE_LLAMA3},
+        {"lfm2", PRE_LLAMA3},        {"minimax-m2", PRE_GPT4O},
         {"dbrx", PRE_LLAMA3},        {"smaug-bpe", PRE_LLAMA3},     {"falcon3", PRE_LLAMA3},
         {"pixtral", PRE_LLAMA3},     {"qwen2", PRE_QWEN2},          {"stablelm2", PRE_QWEN2},
         {"deepseek-r1-qwen", PRE_QWEN2}, {"megrez", PRE_QWEN2},     {"hunyuan", PRE_QWEN2},

@@ -226,18 +226,19 @@ static void init_eog(cb_tokenizer *t, const gguf_file *f) {
 /* The tokenizer.ggml.pre names for which llama.cpp takes a word that is itself a token whole (their
  * tokenizer.json's ignore_merges); dbrx and smaug-bpe split as llama3 does but always merge. */
 static int takes_whole_words(const char *pre) {
-    static const char *const names[] = {"llama-bpe", "llama3", "falcon3", "pixtral"};
+    static const char *const names[] = {"llama-bpe", "llama3", "llama-v3", "falcon3",
+                                        "pixtral",   "glm4",   "glm5",     "lfm2"};
     for (size_t k = 0; k < sizeof names / sizeof *names; k++)
         if (!strcmp(pre, names[k])) return 1;
     return 0;
 }
 
 /* The tokenizer.ggml.pre names whose tokenizer.json files normalize the text to NFC (normalizer {"type":
- * "NFC"}: every Qwen2 / 2.5 / 3 / QwQ / 3.5 and DeepSeek-R1-Distill-Qwen one), so Hugging Face composes
+ * "NFC"}: every Qwen2 / 2.5 / 3 / QwQ / 3.5, DeepSeek-R1-Distill-Qwen and MiniMax one), so Hugging Face composes
  * "e" + U+0301 into U+00E9 before the regex sees it; the same list as the Python tokenizer's _NFC_PRES.
  * llama.cpp ignores the normalizer. */
 static int normalizes_to_nfc(const char *pre) {
-    static const char *const names[] = {"qwen2", "qwen35", "deepseek-r1-qwen"};
+    static const char *const names[] = {"qwen2", "qwen35", "deepseek-r1-qwen", "minimax-m2"};
     for (size_t k = 0; k < sizeof names / sizeof *names; k++)
         if (!strcmp(pre, names[k])) return 1;
     return 0;

@@ -262,7 +262,8 @@ static void test_digits_and_unsupported(void) {
 }
 
 /* A word that is itself a token but that no merge builds ("ab") is taken whole for the names whose
- * tokenizer.json says ignore_merges (llama-bpe, llama3, falcon3, pixtral) and merged otherwise, even for the
+ * tokenizer.json says ignore_merges (llama-bpe, llama3, falcon3, pixtral; glm4, glm5, lfm2 as llama.cpp names
+ * GLM's and LFM2's) and merged otherwise, even for the
  * names that split as llama3 does (dbrx, smaug-bpe), as llama.cpp does. */
 static void test_ignore_merges(void) {
     static char alphabet[256][4];
@@ -277,8 +278,9 @@ static void test_ignore_merges(void) {
     static const struct {
         const char *pre;
         int whole;
-    } cases[] = {{"llama-bpe", 1}, {"llama3", 1}, {"falcon3", 1}, {"pixtral", 1},
-                 {"dbrx", 0},      {"smaug-bpe", 0}, {"qwen2", 0}, {"gpt2", 0}};
+    } cases[] = {{"llama-bpe", 1}, {"llama3", 1},    {"llama-v3", 1}, {"falcon3", 1}, {"pixtral", 1},
+                 {"glm4", 1},      {"glm5", 1},      {"lfm2", 1},     {"dbrx", 0},    {"smaug-bpe", 0},
+                 {"qwen2", 0},     {"minimax-m2", 0}, {"gpt2", 0}};
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         write_test_vocab(&(test_vocab){"gpt2", cases[k].pre, tokens, 258, NULL, merges, 1, NULL, -1, -1, 0});
         gguf_file f;

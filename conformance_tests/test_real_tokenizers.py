@@ -334,20 +334,21 @@ def _offline_tokenizer_dir(name: str, out: Path) -> Path:
         ("deepseek-v2", "deepseek_v2", "deepseek-llm"),
         ("deepseek-v3", "deepseek_v3", "deepseek-v3"),
         ("qwen-3.5", "qwen35moe", "qwen35"),
+        ("glm-4.7-flash", "glm4_moe_lite", "llama-bpe"),
     ],
 )
 def test_real_tokenizer_through_both_converters(name: str, spec_name: str, pre: str, tmp_path: Path) -> None:
-    """A tiny checkpoint carrying DeepSeek's or Qwen3.5's real tokenizer, converted by Colibri's converter
-    and by llama.cpp's convert_hf_to_gguf.py. Colibri's converter names the pre-tokenizer (`pre`) and both of
-    Colibri's GGUF-built tokenizers (Python, and the C one of colibri-run) give the Hugging Face tokenizer's
-    ids on more than 200 strings. On both files both give llama.cpp's ids. llama.cpp's converter knows a
-    pre-tokenizer by the hash of the ids of a fixed text: under transformers 5 it names DeepSeek-V3's
-    "joyai-llm" (split as DeepSeek-V3's, so held to HF's ids too) and does not know DeepSeek-V2's, for which
-    the conversion shim writes "gpt-2": such a file is held to llama.cpp's ids only (the report line names
-    the pre-tokenizer written). The Hugging Face reference is the tokenizers library on the tokenizer.json
-    (transformers' AutoTokenizer is compared with it). Qwen3.5's tokenizer.json normalizes to NFC, which the
-    Python tokenizer does (held to HF's ids on every string) and llama.cpp and the C tokenizer do not: they
-    are compared on the strings NFC leaves as they are."""
+    """A tiny checkpoint carrying DeepSeek's, Qwen3.5's or GLM-4.7-Flash's real tokenizer, converted by
+    Colibri's converter and by llama.cpp's convert_hf_to_gguf.py. Colibri's converter names the pre-tokenizer
+    (`pre`) and both of Colibri's GGUF-built tokenizers (Python, and the C one of colibri-run) give the
+    Hugging Face tokenizer's ids on more than 200 strings. On both files both give llama.cpp's ids.
+    llama.cpp's converter knows a pre-tokenizer by the hash of the ids of a fixed text: under transformers 5
+    it names DeepSeek-V3's "joyai-llm" (split as DeepSeek-V3's, so held to HF's ids too) and does not know
+    DeepSeek-V2's, for which the conversion shim writes "gpt-2": such a file is held to llama.cpp's ids only
+    (the report line names the pre-tokenizer written). The Hugging Face reference is the tokenizers library on
+    the tokenizer.json (transformers' AutoTokenizer is compared with it). Qwen3.5's tokenizer.json normalizes
+    to NFC, which the Python tokenizer does (held to HF's ids on every string) and llama.cpp and the C
+    tokenizer do not: they are compared on the strings NFC leaves as they are."""
     import unicodedata
 
     transformers = tm.reference_engine("transformers")
@@ -417,8 +418,9 @@ def test_real_tokenizer_through_both_converters(name: str, spec_name: str, pre: 
             # BOS as tokenizer_config.json asks (add_bos_token; transformers 5 loads these files without it,
             # and llama.cpp's converter, reading the tokenizer transformers loads, writes add_bos_token false)
             config = json.loads((tok_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
-            assert config["add_bos_token"] and ours.add_bos
-            assert ours.encode("Hi") == [hf.bos_token_id, *hf.encode("Hi", add_special_tokens=False)]
+            assert ours.add_bos == bool(config.get("add_bos_token"))  # GLM's asks for none
+            if ours.add_bos:
+                assert ours.encode("Hi") == [hf.bos_token_id, *hf.encode("Hi", add_special_tokens=False)]
         for t, ids, (c_ids, c_text) in zip(texts, got["Python"], ct.c_tokenize(path, texts), strict=True):
             assert ours.decode(ids) == hf.decode(ids), t
             assert c_ids == ids and c_text == (t if t in kept else unicodedata.normalize("NFC", t)), t

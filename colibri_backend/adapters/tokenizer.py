@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -161,25 +161,80 @@ _NFC_PRES = ("qwen2", "qwen35", "deepseek-r1-qwen", "minimax-m2")
 # tokenizer.json says ignore_merges); dbrx and smaug-bpe split as llama3 does but merge every word.
 _IGNORE_MERGES = ("llama-bpe", "llama3", "llama-v3", "falcon3", "pixtral", "glm4", "glm5", "lfm2")
 
-# Token texts that end a turn in the chat formats we know; a token with one of these texts that
-# the vocabulary marks as control also stops generation (llama.cpp calls these end-of-generation).
-_END_OF_TURN_TEXTS = (
-    "<|im_end|>",
+# Where generation ends: llama.cpp's rules (its vocabulary loader), so that a model stops where it stops under
+# llama.cpp. A token with one of these texts, whatever its type, ends generation; so do the EOS, EOT and EOM
+# ids, and the fill-in-the-middle pad, repository and file-separator tokens (their GGUF keys, else the first
+# token with one of their texts). Two exceptions: where <|return|> or <|flush|> sits beside <|call|> (or
+# <|calls|>), <|end|> ends a message, not the turn (harmony: an analysis message ends in <|end|> and the
+# answer follows; openai-harmony's stop_tokens_for_assistant_actions says the same), and where
+# <|tool_response> (Gemma 4) or <|plamo:eos|> is a stop, </s> is a normal token. native/src/tokenizer.c
+# has the same lists.
+END_OF_TURN_TEXTS = (
     "<|eot_id|>",
-    "<|endoftext|>",
-    "<|end_of_text|>",
-    "<end_of_turn>",
+    "<|im_end|>",
     "<|end|>",
-    "<|eom_id|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
     "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<｜end▁of▁sentence｜>",
+    "[e~[",
 )
+_FIM_TEXTS = {
+    "pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "sep": ("<|file_sep|>",),
+}
+FIM_KEYS = {kind: f"tokenizer.ggml.fim_{kind}_token_id" for kind in _FIM_TEXTS}
 
-# Harmony (gpt-oss) ends an assistant *message* with <|end|> and the *turn* with <|return|> (an answer) or
-# <|call|> (a tool call): an analysis message ends in <|end|> and the final answer follows it, so in a
-# vocabulary that has both turn ends <|end|> does not stop generation and they do (openai-harmony's
-# stop_tokens_for_assistant_actions; llama.cpp makes the same exception).
-_HARMONY_TURN_ENDS = ("<|return|>", "<|call|>")
-_HARMONY_MESSAGE_END = "<|end|>"
+
+def end_of_generation_ids(
+    token_to_id: Callable[[str], int | None],
+    end_ids: Iterable[int | None] = (),
+    fim_ids: Mapping[str, int] | None = None,
+) -> frozenset[int]:
+    """The ids that end generation (see END_OF_TURN_TEXTS): token_to_id looks a token up by its text;
+    end_ids: EOS, EOT, EOM (None where a vocabulary has none); fim_ids: FIM ids its metadata names."""
+    ids: set[int] = {i for i in end_ids if i is not None}
+    for kind, texts in _FIM_TEXTS.items():
+        known = (fim_ids or {}).get(kind)
+        found = [i for t in texts if (i := token_to_id(t)) is not None]
+        if known is not None:
+            ids.add(known)
+        elif found:
+            ids.add(min(found))
+    ids.update(i for t in END_OF_TURN_TEXTS if (i := token_to_id(t)) is not None)
+    # the exceptions look at the stops' texts
+    texts = (
+        "<|end|>",
+        "<|return|>",
+        "<|call|>",
+        "<|calls|>",
+        "<|flush|>",
+        "</s>",
+        "<|tool_response>",
+        "<|plamo:eos|>",
+    )
+    stop = {t: i for t in texts if (i := token_to_id(t)) is not None and i in ids}
+    call = "<|call|>" in stop or "<|calls|>" in stop
+    if "<|end|>" in stop and call and ("<|return|>" in stop or "<|flush|>" in stop):
+        ids.discard(stop["<|end|>"])
+    if "</s>" in stop and ("<|tool_response>" in stop or "<|plamo:eos|>" in stop):
+        ids.discard(stop["</s>"])
+    return frozenset(ids)
 
 
 def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
@@ -313,6 +368,7 @@ class Tokenizer:
         bos_token_id: int | None = None,
         eos_token_id: int | None = None,
         end_of_turn_ids: Iterable[int] = (),
+        fim_ids: Mapping[str, int] | None = None,
         add_bos: bool = False,
         source: str = "",
     ) -> None:
@@ -324,17 +380,10 @@ class Tokenizer:
         added = hf.get_added_tokens_decoder()
         self.special_token_ids: set[int] = {i for i, t in added.items() if t.special}
         self.special_tokens: set[str] = {t.content for t in added.values() if t.special}
-        wanted = (*_END_OF_TURN_TEXTS, *_HARMONY_TURN_ENDS, _HARMONY_MESSAGE_END)
-        special_ids = {t: i for t in wanted if (i := hf.token_to_id(t)) in self.special_token_ids}
-        stop = set(end_of_turn_ids)
-        if eos_token_id is not None:
-            stop.add(eos_token_id)
-        stop.update(special_ids[t] for t in _END_OF_TURN_TEXTS if t in special_ids)
-        if all(t in special_ids for t in _HARMONY_TURN_ENDS):
-            stop.discard(special_ids.get(_HARMONY_MESSAGE_END, -1))
-            stop.update(special_ids[t] for t in _HARMONY_TURN_ENDS)
-        # Ids that end generation: EOS plus end-of-turn control tokens such as <|im_end|>.
-        self.stop_token_ids: frozenset[int] = frozenset(stop)
+        # Ids that end generation: EOS plus end-of-turn tokens such as <|im_end|> (end_of_generation_ids).
+        self.stop_token_ids: frozenset[int] = end_of_generation_ids(
+            hf.token_to_id, (eos_token_id, *end_of_turn_ids), fim_ids
+        )
 
     # ---- construction ------------------------------------------------------------------
 
@@ -427,11 +476,13 @@ class Tokenizer:
             for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
             if meta.get(k) is not None
         ]
+        fim = {k: _as_int(meta.get(key)) for k, key in FIM_KEYS.items() if meta.get(key) is not None}
         return cls(
             hf,
             bos_token_id=bos,
             eos_token_id=eos,
             end_of_turn_ids=[e for e in eot if e is not None and 0 <= e < len(tokens)],
+            fim_ids={k: v for k, v in fim.items() if v is not None and 0 <= v < len(tokens)},
             add_bos=add_bos,
             source=source,
         )

@@ -62,7 +62,7 @@ struct cb_tokenizer {
     int32_t *special;       /* [n_special] ids of control/user-defined tokens, longest text first */
     int32_t n_special;
     int32_t bos, eos;
-    int32_t eog[16];        /* [n_eog] ids that end generation: EOS, EOT/EOM and control end-of-turn tokens */
+    int32_t eog[32];        /* [n_eog] ids that end generation (init_eog) */
     int n_eog;
     int add_bos;
     pre_kind pre;
@@ -186,41 +186,73 @@ static void sort_specials(cb_tokenizer *t) {
     }
 }
 
-/* Texts of control tokens that end a turn in the chat formats we know (the same list as the Python
- * tokenizer's _END_OF_TURN_TEXTS), so every C caller stops where Python stops. */
-static const char *const END_OF_TURN[] = {"<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>",
-                                          "<end_of_turn>", "<|end|>", "<|eom_id|>", "</s>"};
+/* Where generation ends: llama.cpp's rules, as the Python tokenizer's end_of_generation_ids states them
+ * (the same lists): a token with one of these texts, whatever its type; EOS, EOT and EOM; the FIM pad,
+ * repository and file-separator tokens (their keys, else the first token with one of their texts). <|end|>
+ * is no stop where <|return|> or <|flush|> sits beside <|call|> or <|calls|> (harmony: an analysis message
+ * ends there and the answer follows), nor </s> beside <|tool_response> (Gemma 4) or <|plamo:eos|>. */
+static const char *const END_OF_TURN[] = {
+    "<|eot_id|>",      "<|im_end|>",   "<|end|>",          "<|return|>",   "<|call|>",
+    "<|flush|>",       "<|calls|>",    "<end_of_turn>",    "<|endoftext|>", "</s>",
+    "<|eom_id|>",      "<EOT>",        "_<EOT>",           "[EOT]",         "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>",      "<turn|>",       "<|tool_response>",
+    "<\xef\xbd\x9c" "end\xe2\x96\x81" "of\xe2\x96\x81" "sentence\xef\xbd\x9c>" /* <｜end▁of▁sentence｜> */,
+    "[e~["};
+static const char *const FIM_PAD[] = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"};
+static const char *const FIM_REP[] = {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"};
+static const char *const FIM_SEP[] = {"<|file_sep|>"};
 
-static int32_t control_id(const cb_tokenizer *t, const char *text) {
-    int32_t id = strtab_get(&t->vocab, t->tok, t->tok_len, text, strlen(text));
-    return id >= 0 && t->tok_type[id] == TOKEN_TYPE_CONTROL ? id : -1;
+/* The id of the token with this text, any type; -1 if none. */
+static int32_t text_id(const cb_tokenizer *t, const char *text) {
+    return strtab_get(&t->vocab, t->tok, t->tok_len, text, strlen(text));
 }
 
-/* Harmony (gpt-oss) ends an assistant message with <|end|> and the turn with <|return|> or <|call|>: an
- * analysis message ends in <|end|> and the final answer follows, so where the vocabulary has both turn
- * ends they stop generation and <|end|> does not. */
+static void eog_add(cb_tokenizer *t, int32_t id) {
+    if (id >= 0 && id < t->n_vocab && !tokenizer_is_eog(t, id)) t->eog[t->n_eog++] = id;
+}
+
+static void eog_drop(cb_tokenizer *t, int32_t id) {
+    for (int i = 0; i < t->n_eog; i++)
+        if (t->eog[i] == id) t->eog[i--] = t->eog[--t->n_eog];
+}
+
+/* The FIM token of one kind: its key, else the lowest id whose text is in the list. */
+static int32_t fim_id(const cb_tokenizer *t, const gguf_file *f, const char *key, const char *const *texts, int n) {
+    int32_t v;
+    if (gguf_get_i32(f, key, &v) == 1 && v >= 0 && v < t->n_vocab) return v;
+    int32_t best = -1;
+    for (int i = 0; i < n; i++) {
+        int32_t id = text_id(t, texts[i]);
+        if (id >= 0 && (best < 0 || id < best)) best = id;
+    }
+    return best;
+}
+
 static void init_eog(cb_tokenizer *t, const gguf_file *f) {
     static const char *const END_KEYS[] = {"tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"};
-    enum { N_END_KEYS = sizeof END_KEYS / sizeof *END_KEYS, N_TEXTS = sizeof END_OF_TURN / sizeof *END_OF_TURN };
-    _Static_assert(1 + N_END_KEYS + N_TEXTS + 2 <= sizeof ((cb_tokenizer *)0)->eog / sizeof(int32_t),
+    enum { N_TEXTS = sizeof END_OF_TURN / sizeof *END_OF_TURN };
+    _Static_assert(3 + 2 + 1 + N_TEXTS <= sizeof ((cb_tokenizer *)0)->eog / sizeof(int32_t),
                    "eog[] holds every candidate");
-    int32_t ret = control_id(t, "<|return|>"), call = control_id(t, "<|call|>");
-    int harmony = ret >= 0 && call >= 0;
-    int32_t message_end = harmony ? control_id(t, "<|end|>") : -1;
-    int32_t cand[1 + N_END_KEYS + N_TEXTS + 2], n = 0;
-    cand[n++] = t->eos;
-    for (int i = 0; i < N_END_KEYS; i++) {
-        int32_t v;
-        cand[n++] = gguf_get_i32(f, END_KEYS[i], &v) == 1 && v < t->n_vocab ? v : -1;
-    }
-    for (int i = 0; i < N_TEXTS; i++) cand[n++] = control_id(t, END_OF_TURN[i]);
-    cand[n++] = harmony ? ret : -1;
-    cand[n++] = harmony ? call : -1;
+#define N_OF_TEXTS(a) (int)(sizeof a / sizeof *a)
     t->n_eog = 0;
-    for (int i = 0; i < n; i++) {
-        if (cand[i] < 0 || cand[i] == message_end || tokenizer_is_eog(t, cand[i])) continue;
-        t->eog[t->n_eog++] = cand[i];
+    eog_add(t, fim_id(t, f, "tokenizer.ggml.fim_pad_token_id", FIM_PAD, N_OF_TEXTS(FIM_PAD)));
+    eog_add(t, fim_id(t, f, "tokenizer.ggml.fim_rep_token_id", FIM_REP, N_OF_TEXTS(FIM_REP)));
+    eog_add(t, fim_id(t, f, "tokenizer.ggml.fim_sep_token_id", FIM_SEP, N_OF_TEXTS(FIM_SEP)));
+#undef N_OF_TEXTS
+    for (int i = 0; i < N_TEXTS; i++) eog_add(t, text_id(t, END_OF_TURN[i]));
+    eog_add(t, t->eos);
+    for (int i = 0; i < 2; i++) {
+        int32_t v;
+        if (gguf_get_i32(f, END_KEYS[i], &v) == 1) eog_add(t, v);
     }
+    /* the exceptions, on the stops' texts */
+    int32_t end = text_id(t, "<|end|>"), ret = text_id(t, "<|return|>"), flush = text_id(t, "<|flush|>");
+    int32_t call = text_id(t, "<|call|>"), calls = text_id(t, "<|calls|>"), s = text_id(t, "</s>");
+    int32_t tool_response = text_id(t, "<|tool_response>"), plamo = text_id(t, "<|plamo:eos|>");
+    const int has_call = tokenizer_is_eog(t, call) || tokenizer_is_eog(t, calls);
+    if (tokenizer_is_eog(t, end) && has_call && (tokenizer_is_eog(t, ret) || tokenizer_is_eog(t, flush)))
+        eog_drop(t, end);
+    if (tokenizer_is_eog(t, s) && (tokenizer_is_eog(t, tool_response) || tokenizer_is_eog(t, plamo))) eog_drop(t, s);
 }
 
 /* The tokenizer.ggml.pre names for which llama.cpp takes a word that is itself a token whole (their

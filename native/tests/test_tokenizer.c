@@ -431,16 +431,19 @@ static void test_gemma4(void) {
     gguf_close(&f);
 }
 
-/* The end-of-generation set: a harmony (gpt-oss) vocabulary stops at <|return|> and <|call|> and not at
- * <|end|> (an analysis message ends there and the answer follows); a vocabulary with only <|end|> (phi-style)
- * stops at it. A normal token with an end-of-turn text is not a stop. */
+/* The end-of-generation set, llama.cpp's rules: a harmony (gpt-oss) vocabulary stops at <|return|> and
+ * <|call|> and not at <|end|> (an analysis message ends there and the answer follows); a vocabulary without
+ * them (phi-style) stops at <|end|>. A token with an end-of-turn text stops whatever its type (<|im_end|> is
+ * a normal token here), as does a FIM pad token; </s> beside Gemma 4's <|tool_response> is a normal word. */
 static void test_eog(int harmony) {
-    static const char *tokens[] = {"a", "<|start|>", "<|channel|>", "<|end|>", "<|return|>", "<|call|>", "<|im_end|>"};
-    int32_t types[] = {TOKEN_TYPE_NORMAL, TOKEN_TYPE_CONTROL, TOKEN_TYPE_CONTROL, TOKEN_TYPE_CONTROL,
-                       TOKEN_TYPE_CONTROL, TOKEN_TYPE_CONTROL, TOKEN_TYPE_NORMAL};
-    if (!harmony) types[4] = types[5] = TOKEN_TYPE_NORMAL;
+    const char *tokens[] = {"a",      "<|start|>",  "<|channel|>", "<|end|>",   "<|return|>",
+                                   "<|call|>", "<|im_end|>", "<fim_pad>",   "</s>",      "<|tool_response>"};
+    int32_t types[] = {TOKEN_TYPE_NORMAL,  TOKEN_TYPE_CONTROL, TOKEN_TYPE_CONTROL, TOKEN_TYPE_CONTROL,
+                       TOKEN_TYPE_CONTROL, TOKEN_TYPE_CONTROL, TOKEN_TYPE_NORMAL,  TOKEN_TYPE_CONTROL,
+                       TOKEN_TYPE_NORMAL,  TOKEN_TYPE_CONTROL};
+    if (!harmony) tokens[4] = "<|ret|>", tokens[5] = "<|cal|>", tokens[9] = "<|tool|>";
     static const char *merges[] = {"a a"};
-    write_test_vocab(&(test_vocab){"gpt2", "gpt2", tokens, 7, types, merges, 1, NULL, -1, -1, -1});
+    write_test_vocab(&(test_vocab){"gpt2", "gpt2", tokens, 10, types, merges, 1, NULL, -1, -1, -1});
     gguf_file f;
     cb_tokenizer *t = NULL;
     CHECK(gguf_open(tmp_path, &f) == COLIBRI_OK);
@@ -449,8 +452,11 @@ static void test_eog(int harmony) {
     CHECK(tokenizer_is_eog(t, 3) == !harmony);   /* <|end|> */
     CHECK(tokenizer_is_eog(t, 4) == harmony);    /* <|return|> */
     CHECK(tokenizer_is_eog(t, 5) == harmony);    /* <|call|> */
+    CHECK(tokenizer_is_eog(t, 6) && tokenizer_is_eog(t, 7));  /* <|im_end|> (a normal token), <fim_pad> */
+    CHECK(tokenizer_is_eog(t, 8) == !harmony);   /* </s>: a word beside <|tool_response> */
+    CHECK(tokenizer_is_eog(t, 9) == harmony);    /* <|tool_response> */
     CHECK(!tokenizer_is_eog(t, 0) && !tokenizer_is_eog(t, 1) && !tokenizer_is_eog(t, 2));
-    CHECK(!tokenizer_is_eog(t, 6) && !tokenizer_is_eog(t, -1) && !tokenizer_is_eog(t, 99));
+    CHECK(!tokenizer_is_eog(t, -1) && !tokenizer_is_eog(t, 99));
     tokenizer_free(t);
     gguf_close(&f);
 }

@@ -121,6 +121,13 @@ def random_texts(n: int, seed: int) -> list[str]:
     return ["".join(rng.choice(RANDOM_POOL) for _ in range(rng.randint(1, 48))) for _ in range(n)]
 
 
+def c_add_bos(vocab: Path) -> bool:
+    """Whether the C runner puts BOS before a prompt (colibri-tokenize --add-bos)."""
+    r = subprocess.run([str(c_tool()), "--add-bos", str(vocab)], capture_output=True, check=False)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    return r.stdout.strip() == b"1"
+
+
 def c_end_of_generation(vocab: Path) -> set[int]:
     """The ids at which the C runner stops generating (colibri-tokenize --eog)."""
     r = subprocess.run([str(c_tool()), "--eog", str(vocab)], capture_output=True, check=False)

@@ -214,6 +214,18 @@ def test_c_runner_stops_where_python_stops(name: str) -> None:
         assert got == theirs, f"Colibri {sorted(got)} != llama.cpp {sorted(theirs)}"
 
 
+@pytest.mark.parametrize("name", [n for n in VOCAB_TEST_FILES if n not in C_REFUSES])
+def test_bos_where_llama_cpp_adds_it(name: str) -> None:
+    """Both tokenizers put BOS before a prompt exactly where llama.cpp does on the same file: the file's
+    tokenizer.ggml.add_bos_token, and without it SentencePiece vocabularies and llama.cpp's llama3 group of
+    byte-level ones (llama-bpe has no key and takes BOS)."""
+    path = _vocab_file(name)
+    py = Tokenizer.from_gguf_metadata(read_metadata(path), source=str(path))
+    assert ct.c_add_bos(path) == py.add_bos
+    if tm.reference_engine("llama_cpp") is not None:  # a failure instead under CI=true
+        assert tm.llama_cpp_add_bos(path) == py.add_bos
+
+
 # ---------------------------------------------------------------------------------------------
 # Gemma 4: ggml-vocab-gemma-4.gguf (262144 tokens, 514906 merges, tokenizer.ggml.model = gemma4)
 
@@ -307,6 +319,9 @@ def test_gemma4_decode_round_trip_and_bos(gemma4: tuple[Path, Tokenizer], gemma4
         assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
         assert c_text == text, (text, ids)
     assert tok.add_bos and tok.encode("Hi")[0] == tok.token_to_id("<bos>") == 2
+    # a file that says add_bos_token = false still gets <bos>, as llama.cpp overrides it for Gemma 4
+    meta = dict(read_metadata(path), **{"tokenizer.ggml.add_bos_token": False})
+    assert Tokenizer.from_gguf_metadata(meta, source="gemma-4, add_bos_token false").add_bos
     # a character the vocabulary lacks falls back to its UTF-8 bytes
     ids = tok.encode("\U000e01ef", add_special_tokens=False)
     assert [tok.id_to_token(i) for i in ids] == ["<0xF3>", "<0xA0>", "<0x87>", "<0xAF>"]

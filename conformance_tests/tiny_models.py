@@ -1603,6 +1603,17 @@ def llama_cpp_end_of_generation(gguf_path: Path) -> set[int]:
         llm.close()
 
 
+def llama_cpp_add_bos(gguf_path: Path) -> bool:
+    """Whether llama.cpp puts BOS before a prompt (llama_vocab_get_add_bos)."""
+    import llama_cpp
+
+    llm = open_llama_cpp(gguf_path, vocab_only=True)
+    try:
+        return bool(llama_cpp.llama_vocab_get_add_bos(llama_cpp.llama_model_get_vocab(llm.model)))
+    finally:
+        llm.close()
+
+
 def llama_cpp_quantize(src: Path, dst: Path, ftype: str) -> Path:
     """`src` quantized by llama.cpp's own quantizer (llama_model_quantize) to LLAMA_FTYPE_MOSTLY_<ftype>."""
     import ctypes

@@ -161,6 +161,11 @@ _NFC_PRES = ("qwen2", "qwen35", "deepseek-r1-qwen", "minimax-m2")
 # tokenizer.json says ignore_merges); dbrx and smaug-bpe split as llama3 does but merge every word.
 _IGNORE_MERGES = ("llama-bpe", "llama3", "llama-v3", "falcon3", "pixtral", "glm4", "glm5", "lfm2")
 
+# The byte-level BPE names for which llama.cpp adds BOS when tokenizer.ggml.add_bos_token is missing (its
+# llama3 group); every other one adds none then. SentencePiece vocabularies add it by default, Gemma 4's
+# always (llama.cpp overrides a false key there: Gemma 4 needs its <bos>).
+_BOS_BY_DEFAULT = ("llama-bpe", "llama3", "llama-v3", "falcon3", "pixtral", "lfm2")
+
 # Where generation ends: llama.cpp's rules (its vocabulary loader), so that a model stops where it stops under
 # llama.cpp. A token with one of these texts, whatever its type, ends generation; so do the EOS, EOT and EOM
 # ids, and the fill-in-the-middle pad, repository and file-separator tokens (their GGUF keys, else the first
@@ -447,7 +452,7 @@ class Tokenizer:
             default_add_bos = True
         else:
             hf = _byte_level_bpe_tokenizer(meta, tokens, types, vocab, source)
-            default_add_bos = False
+            default_add_bos = str(meta.get("tokenizer.ggml.pre", "default")) in _BOS_BY_DEFAULT
         added: list[AddedToken] = []
         for i, (tok, ty) in enumerate(zip(tokens, types, strict=True)):
             if ty in (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN) and vocab.get(tok) == i:
@@ -458,7 +463,8 @@ class Tokenizer:
             hf.add_tokens(added)
         bos = _as_int(meta.get("tokenizer.ggml.bos_token_id"))
         eos = _as_int(meta.get("tokenizer.ggml.eos_token_id"))
-        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", default_add_bos)) and bos is not None
+        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", default_add_bos)) or model == "gemma4"
+        add_bos = add_bos and bos is not None
         add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and eos is not None
         if add_bos or add_eos:
             single = (["$A"] if not add_bos else [tokens[bos], "$A"]) + ([tokens[eos]] if add_eos else [])

@@ -265,6 +265,15 @@ static int takes_whole_words(const char *pre) {
     return 0;
 }
 
+/* The byte-level names for which llama.cpp adds BOS when tokenizer.ggml.add_bos_token is missing (the
+ * Python tokenizer's _BOS_BY_DEFAULT). */
+static int bos_by_default(const char *pre) {
+    static const char *const names[] = {"llama-bpe", "llama3", "llama-v3", "falcon3", "pixtral", "lfm2"};
+    for (size_t k = 0; k < sizeof names / sizeof *names; k++)
+        if (!strcmp(pre, names[k])) return 1;
+    return 0;
+}
+
 /* The tokenizer.ggml.pre names whose tokenizer.json files normalize the text to NFC (normalizer {"type":
  * "NFC"}: every Qwen2 / 2.5 / 3 / QwQ / 3.5, DeepSeek-R1-Distill-Qwen and MiniMax one), so Hugging Face composes
  * "e" + U+0301 into U+00E9 before the regex sees it; the same list as the Python tokenizer's _NFC_PRES.
@@ -362,8 +371,10 @@ colibri_status tokenizer_load(const gguf_file *f, cb_tokenizer **out) {
     t->unk = -1;
     if (gguf_get_i32(f, "tokenizer.ggml.unknown_token_id", &v) == 1 && v >= 0 && v < t->n_vocab) t->unk = v;
     int b;
-    /* SentencePiece and Gemma 4: on unless the file says otherwise */
-    t->add_bos = gguf_get_bool(f, "tokenizer.ggml.add_bos_token", &b) == 1 ? b : spm || gemma4;
+    /* as llama.cpp: the key if there is one (Gemma 4 always adds it), else SentencePiece vocabularies and
+     * the llama3 group of byte-level ones (bos_by_default) */
+    t->add_bos = gguf_get_bool(f, "tokenizer.ggml.add_bos_token", &b) == 1 ? b : spm || bos_by_default(pre);
+    t->add_bos = t->add_bos || gemma4;
     t->add_space_prefix = gguf_get_bool(f, "tokenizer.ggml.add_space_prefix", &b) == 1 ? b : 1;
     for (int x = 0; x < 256; x++) {
         char name[8];

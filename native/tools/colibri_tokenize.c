@@ -18,6 +18,9 @@
  *
  * --eog VOCAB.gguf: no input; one line with the ids that end generation (tokenizer_is_eog), ascending.
  *
+ * --add-bos VOCAB.gguf: no input; one line, 1 if the runner puts BOS before a prompt (tokenizer_add_bos),
+ * else 0.
+ *
  * --nfc: no vocabulary; per record one line: 1 or 0 (nfc_quick_check: certainly NFC or not), a space, and the
  * hex of nfc_normalize's output (unicode_nfc.c). */
 #include <stdio.h>
@@ -115,12 +118,13 @@ static int nfc(void) {
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--words")) return words(argv[2]);
     if (argc == 2 && !strcmp(argv[1], "--nfc")) return nfc();
-    int add_bos = 0, parse_special = 1, list_eog = 0;
+    int add_bos = 0, parse_special = 1, list_eog = 0, show_add_bos = 0;
     const char *path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--bos")) add_bos = 1;
         else if (!strcmp(argv[i], "--no-special")) parse_special = 0;
         else if (!strcmp(argv[i], "--eog")) list_eog = 1;
+        else if (!strcmp(argv[i], "--add-bos")) show_add_bos = 1;
         else if (!path && argv[i][0] != '-') path = argv[i];
         else path = NULL, i = argc;
     }
@@ -128,6 +132,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: colibri-tokenize [--bos] [--no-special] VOCAB.gguf < records\n"
                         "       colibri-tokenize --words PRE < records\n"
                         "       colibri-tokenize --eog VOCAB.gguf\n"
+                        "       colibri-tokenize --add-bos VOCAB.gguf\n"
                         "       colibri-tokenize --nfc < records\n");
         return 2;
     }
@@ -144,6 +149,12 @@ int main(int argc, char **argv) {
     if (tokenizer_unknown_pre(tok))
         fprintf(stderr, "colibri-tokenize: warning: tokenizer.ggml.pre '%s' is not known; split as gpt2\n",
                 tokenizer_unknown_pre(tok));
+    if (show_add_bos) {
+        printf("%d\n", tokenizer_add_bos(tok));
+        tokenizer_free(tok);
+        gguf_close(&f);
+        return 0;
+    }
     if (list_eog) {
         for (int32_t id = 0, n = 0; id < tokenizer_n_vocab(tok); id++)
             if (tokenizer_is_eog(tok, id)) printf(n++ ? " %d" : "%d", (int)id);

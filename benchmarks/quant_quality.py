@@ -14,10 +14,16 @@ For the bundled trained MoE (tools/train_moe/release, a Mixtral-architecture che
      agreement (llama-perplexity --kl-divergence conventions: KL(P_f32 || P_quant) per token).
 
 Evaluation engine: `--engine llama_cpp` (default: llama.cpp computes every type in the table) or
-`--engine colibri` (the engine's `Model.logits`; needs kernels for every type in the file). Both
-quantizers' files are always evaluated by the same engine. The math lives in `kl_stats()` only.
+`--engine colibri` (the engine's `Model.logits`). Both quantizers' files are always evaluated by the same
+engine. The math lives in `kl_stats()` only.
 
-    python benchmarks/quant_quality.py --out /tmp/qq --json docs/quant_quality.json
+`--engine tools` measures as a user would, with each project's command-line tools instead of the steps
+above: `colibri imatrix` on the training split, `colibri quantize` against llama.cpp's `llama-quantize`,
+every file scored by `colibri perplexity --kl-divergence` against the F32 source's base file, and
+llama.cpp's files also by `llama-perplexity` (benchmarks/build_llama_bench.sh builds both llama.cpp tools):
+
+    python benchmarks/quant_quality.py --out /tmp/qqv2 --engine tools --windows 32 --ctx 512 \
+        --json benchmarks/results/session18/quant_quality_v2_tools.json
 """
 
 from __future__ import annotations
@@ -266,25 +272,26 @@ PURE_FTYPE |= {"Q5_K": 17, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30, "MXFP4": 38}
 
 def per_type_errors(src: Path, imat: dict[str, np.ndarray], out: Path, threads: int) -> list[dict]:
     """Every block type alone (llama.cpp's `pure` mode; ours through colibri_quantize_row) on one real
-    matrix, the layer-2 experts' ffn_down (8 x 128 rows of 512): relative error, plain and weighted by the
-    importance matrix, ours and llama.cpp's."""
+    matrix, the layer-2 experts' ffn_down (v1: 8 x 128 rows of 512; v2: 32 x 128 rows of 256): relative
+    error, plain and weighted by the importance matrix, ours and llama.cpp's."""
     import gguf
 
     from colibri_backend import _native
 
     name = "blk.2.ffn_down_exps.weight"
     x = {t.name: np.array(t.data, dtype=np.float32) for t in gguf.GGUFReader(src).tensors}[name]
-    imp = imat[name].reshape(8, 1, 512)
+    n_exp, n_rows, n_cols = x.shape
+    imp = imat[name].reshape(n_exp, 1, n_cols)
     one = out / "one-matrix.gguf"
     w = gguf.GGUFWriter(one, "llama")
-    for k, v in (("block_count", 1), ("context_length", 64), ("embedding_length", 512)):
+    for k, v in (("block_count", 1), ("context_length", 64), ("embedding_length", n_rows)):
         w.add_uint32(f"llama.{k}", v)
     w.add_head_count(4)
     w.add_head_count_kv(4)
-    w.add_feed_forward_length(512)
+    w.add_feed_forward_length(n_cols)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_rope_dimension_count(128)
-    w.add_expert_count(8)
+    w.add_rope_dimension_count(n_rows // 4)
+    w.add_expert_count(n_exp)
     w.add_expert_used_count(2)
     w.add_tensor("blk.0.ffn_down_exps.weight", x)
     w.write_header_to_file()
@@ -308,14 +315,14 @@ def per_type_errors(src: Path, imat: dict[str, np.ndarray], out: Path, threads: 
             t = gguf.GGUFReader(dst).tensors[0]
             theirs = gguf.quants.dequantize(np.array(t.data), t.tensor_type).reshape(x.shape)
             ours = np.empty_like(x)
-            for e in range(8):
-                buf = np.zeros(x.shape[1] * 512 // bs * ts, dtype=np.uint8)
+            for e in range(n_exp):
+                buf = np.zeros(n_rows * n_cols // bs * ts, dtype=np.uint8)
                 im = imp[e, 0] if with_imat else None
                 st = lib.colibri_quantize_row(
                     int(qt),
                     _native.f32_ptr(np.ascontiguousarray(x[e])),
-                    x.shape[1],
-                    512,
+                    n_rows,
+                    n_cols,
                     None if im is None else _native.f32_ptr(np.ascontiguousarray(im)),
                     buf.ctypes.data,
                     buf.nbytes,
@@ -356,24 +363,192 @@ def markdown_table(result: dict) -> str:
     if "rows" not in result:
         return "\n".join(lines)
     src = result["source"]
+    own = any("llama_perplexity" in r["llama_cpp"] for r in result["rows"])
+    scorer = "`colibri perplexity`" if result["engine"] == "tools" else result["engine"]
     lines += [
         f"F32 source: perplexity {src['ppl']:.3f} on {result['tokens']} held-out tokens "
-        f"(evaluated by {result['engine']}).",
+        f"(scored by {scorer}).",
         "",
         "| type | imatrix | size MiB | bpw | KLD mean ours | KLD mean llama.cpp | ratio | KLD p99 ours | "
-        "KLD p99 llama.cpp | PPL ours | PPL llama.cpp | weight error ours | weight error llama.cpp |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "KLD p99 llama.cpp | PPL ours | PPL llama.cpp | weight error ours | weight error llama.cpp |"
+        + (" llama-perplexity on llama.cpp's file: KLD mean, p99, PPL |" if own else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if own else ""),
     ]
     for r in result["rows"]:
         c, ll = r["colibri"], r["llama_cpp"]
-        lines.append(
+        line = (
             f"| {r['type']} | {'yes' if r['imatrix'] else 'no'} | "
             f"{c['bytes'] / 2**20:.2f} | {c['bpw']:.3f} | "
             f"{c['kld_mean']:.5f} | {ll['kld_mean']:.5f} | {c['kld_mean'] / ll['kld_mean']:.2f} | "
             f"{c['kld_p99']:.4f} | {ll['kld_p99']:.4f} | {c['ppl']:.3f} | {ll['ppl']:.3f} | "
             f"{c['weight_error']:.2e} | {ll['weight_error']:.2e} |"
         )
+        if own:
+            lp = ll["llama_perplexity"]
+            line += f" {lp['kld_mean']:.5f}, {lp['kld_p99']:.4f}, {lp['ppl']:.3f} |"
+        lines.append(line)
     return "\n".join(lines)
+
+
+# ---- the command-line tools: colibri's against llama.cpp's -------------------------------------
+# `--engine tools` measures the way a user would: importance matrix from `colibri imatrix`, files from
+# `colibri quantize` and from llama.cpp's `llama-quantize` (benchmarks/build_llama_bench.sh), every file
+# scored by `colibri perplexity --kl-divergence` against the F32 source's base file, and llama.cpp's files
+# also by `llama-perplexity --kl-divergence` (llama.cpp's numbers for its own files).
+
+LLAMA_QUANT_NAME = {t: t.upper() for t in TYPES} | {"mxfp4": "MXFP4_MOE"}  # llama-quantize's names
+
+
+def corpus_texts(out: Path) -> tuple[Path, Path]:
+    """The training and held-out splits of the trained MoE's corpus as text files (split as trained)."""
+    sys.path.insert(0, str(ROOT / "tools" / "train_moe"))
+    from prepare import DEFAULT_STDLIB, is_heldout, list_corpus, read_text
+
+    paths = (out / "train.txt", out / "heldout.txt")
+    if all(p.exists() for p in paths):
+        return paths
+    stdlib = Path(DEFAULT_STDLIB)
+    for held, path in zip((False, True), paths, strict=True):
+        names = [f for f in list_corpus(stdlib) if is_heldout(f, 5) == held]
+        path.write_text("\n".join(read_text(stdlib / f) for f in names), encoding="utf-8")
+    return paths
+
+
+def llama_bin(name: str) -> Path:
+    import os
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "colibri" / "llama.cpp-0.3.36"
+    path = cache / "bin" / name
+    if not path.exists():
+        raise SystemExit(f"{path} is missing: run benchmarks/build_llama_bench.sh first")
+    return path
+
+
+def colibri_perplexity(args: list[str]) -> dict:
+    cmd = [sys.executable, "-m", "colibri_backend.cli", "perplexity", *args, "--json", "--quiet"]
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout)
+
+
+LLAMA_PPL_LINES = {
+    "ppl": r"Mean PPL\(Q\)\s*:\s*([0-9.eE+-]+)",
+    "kld_mean": r"Mean\s+KLD:\s*([0-9.eE+-]+)",
+    "kld_p99": r"99\.0%\s+KLD:\s*([0-9.eE+-]+)",
+    "same_top": r"Same top p:\s*([0-9.eE+-]+)",
+}
+
+
+def llama_perplexity(model: Path, base: Path, threads: int, text: Path | None = None, ctx: int = 0,
+                     chunks: int = 0) -> dict[str, float]:  # fmt: skip
+    """llama-perplexity's --kl-divergence-base run (with text) or --kl-divergence run (without), parsed."""
+    import re
+
+    cmd = [
+        str(llama_bin("llama-perplexity")),
+        "-m",
+        str(model),
+        "-t",
+        str(threads),
+        "--kl-divergence-base",
+        str(base),
+    ]
+    if text is not None:
+        cmd += ["-f", str(text), "-c", str(ctx), "--chunks", str(chunks)]
+    else:
+        cmd += ["--kl-divergence"]
+    done = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    if text is not None:
+        return {}
+    log = done.stdout + done.stderr
+    stats = {}
+    for key, pattern in LLAMA_PPL_LINES.items():
+        found = re.search(pattern, log)
+        if not found:
+            raise RuntimeError(f"llama-perplexity printed no {key!r}:\n{log[-2000:]}")
+        stats[key] = float(found.group(1))
+    stats["same_top"] /= 100.0
+    return stats
+
+
+def tools_comparison(args: argparse.Namespace, src: Path, out: Path) -> dict:
+    """Every type with and without the imatrix, both quantizers, scored by both perplexity tools."""
+    from colibri_backend.quantize import read_imatrix
+
+    cli = [sys.executable, "-m", "colibri_backend.cli"]
+    train, held = corpus_texts(out)
+    imat_path = out / "moe.imatrix.gguf"
+    if not (args.reuse and imat_path.exists()):
+        subprocess.run(
+            cli + ["imatrix", str(src), str(train), "-o", str(imat_path), "--ctx", str(args.ctx),
+                   "--chunks", str(args.imatrix_chunks), "--threads", str(args.threads), "--quiet"],
+            check=True,
+        )  # fmt: skip
+    imat = read_imatrix(imat_path)
+    import gguf
+
+    src_w = {
+        t.name: np.array(t.data, dtype=np.float32) for t in gguf.GGUFReader(src).tensors if t.name in imat
+    }
+    base, lbase = out / "f32.kld", out / "f32.llama.kld"
+    window = ["--ctx", str(args.ctx), "--chunks", str(args.windows), "--threads", str(args.threads)]
+    if not (args.reuse and base.exists()):
+        colibri_perplexity([str(src), str(held), *window, "--kl-divergence-base", str(base)])
+    if not (args.reuse and lbase.exists()):
+        llama_perplexity(src, lbase, args.threads, held, args.ctx, args.windows)
+    source = colibri_perplexity([str(src), "--kl-divergence", str(base), "--threads", str(args.threads)])
+    rows = []
+    for qtype in args.types.split(","):
+        for with_imat in [m == "yes" for m in ("no", "yes") if m in args.imatrix_modes.split(",")]:
+            row: dict[str, object] = {"type": qtype, "imatrix": with_imat}
+            for who in ("colibri", "llama_cpp"):
+                dst = out / f"moe-{qtype}-{who}{'-imat' if with_imat else ''}.gguf"
+                secs = None
+                if not (args.reuse and dst.exists()):
+                    t0 = time.perf_counter()
+                    if who == "colibri":
+                        quantize_colibri(src, dst, qtype, imat_path if with_imat else None, args.threads)
+                    else:
+                        cmd = [str(llama_bin("llama-quantize"))]
+                        cmd += ["--imatrix", str(imat_path)] if with_imat else []
+                        cmd += [str(src), str(dst), LLAMA_QUANT_NAME[qtype], str(args.threads)]
+                        subprocess.run(cmd, check=True, capture_output=True)
+                    secs = time.perf_counter() - t0
+                size, bpw = bits_per_weight(dst)
+                kl = colibri_perplexity(
+                    [str(dst), "--kl-divergence", str(base), "--threads", str(args.threads)]
+                )
+                k = kl["kl_divergence"]
+                cell = {
+                    "bytes": size,
+                    "bpw": bpw,
+                    "seconds": secs,
+                    "weight_error": weight_error(dst, src_w, imat),
+                    "kld_mean": k["kld_mean"],
+                    "kld_p99": k["kld_percentiles"]["99"],
+                    "ppl": k["ppl"],
+                    "top1": k["same_top"],
+                }
+                if who == "llama_cpp":
+                    cell["llama_perplexity"] = llama_perplexity(dst, lbase, args.threads)
+                row[who] = cell
+            rows.append(row)
+            c, ll = row["colibri"], row["llama_cpp"]
+            print(
+                f"{qtype:7s} imat={int(with_imat)} KLD {c['kld_mean']:.5f} vs {ll['kld_mean']:.5f} "
+                f"({c['kld_mean'] / ll['kld_mean']:.3f}x; "
+                f"llama-perplexity {ll['llama_perplexity']['kld_mean']:.5f})"
+                f"  p99 {c['kld_p99']:.4f} vs {ll['kld_p99']:.4f}  ppl {c['ppl']:.3f} vs {ll['ppl']:.3f}",
+                flush=True,
+            )
+    k = source["kl_divergence"]
+    return {
+        "engine": "tools",
+        "windows": args.windows,
+        "ctx": args.ctx,
+        "tokens": k["n_tokens"],
+        "source": {"ppl": k["ppl_base"], "ppl_error": k["ppl_base_error"]},
+        "rows": rows,
+    }
 
 
 # ---- main --------------------------------------------------------------------------------------
@@ -393,7 +568,13 @@ def main(argv: list[str] | None = None) -> int:
         "--imatrix-modes", default="no,yes", help="quantize without (no) and/or with (yes) the imatrix"
     )
     ap.add_argument("--types", default=",".join(TYPES))
-    ap.add_argument("--engine", choices=sorted(ENGINES), default="llama_cpp")
+    ap.add_argument(
+        "--engine",
+        choices=sorted(ENGINES) + ["tools"],
+        default="llama_cpp",
+        help="who scores the files: llama_cpp or colibri through their Python APIs, or tools: each "
+        "project's command-line tools (imatrix, quantize, perplexity)",
+    )
     ap.add_argument("--windows", type=int, default=16, help="held-out windows of --ctx tokens")
     ap.add_argument("--ctx", type=int, default=256)
     ap.add_argument("--imatrix-chunks", type=int, default=64, help="training windows for the imatrix")
@@ -417,7 +598,6 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--out is required")
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    evaluate = ENGINES[args.engine]
 
     raw, src = out / "moe-f32-conv.gguf", out / "moe-f32.gguf"
     cli = [sys.executable, "-m", "colibri_backend.cli"]
@@ -428,6 +608,16 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run(cli + ["quantize", str(raw), str(src), "--type", "f32", "--no-progress"], check=True)
         raw.unlink()
 
+    if args.engine == "tools":
+        from colibri_backend.quantize import read_imatrix
+
+        result = tools_comparison(args, src, out)
+        result["per_type"] = per_type_errors(src, read_imatrix(out / "moe.imatrix.gguf"), out, args.threads)
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=1) + "\n")
+        print(markdown_table(result))
+        return 0
+    evaluate = ENGINES[args.engine]
     train, windows = corpus(args.windows, args.ctx)
     targets = np.concatenate([np.append(w[1:], -1) for w in windows])
     keep_rows = targets >= 0

@@ -10,7 +10,10 @@ against Belady's optimum (docs/memory.md, "The reuse policy"; docs/benchmarks.md
 v1.gguf: the model bundled before v2,
 `git show 0c1345a:colibri_backend/models/colibri-moe-q8_0.gguf > v1.gguf`.)
 A trace that holds the lookahead predictor's guesses (`colibri trace` records them) also gets their recall
-by depth. `--prefetch none` leaves the temporal columns out. `--streams 1,8,16` also replays each trace
+by depth, and with `--lookahead-confidence 0,0.08,0.1` a table of the default policy prefetching those
+recorded guesses (colibri_replay_routing_lookahead) `--lookahead-depth` layers ahead under each confidence
+threshold: hit rate, the lookahead's precision and recall, prefetches issued and the bytes of those
+evicted unused. `--prefetch none` leaves the temporal columns out. `--streams 1,8,16` also replays each trace
 as N sequences decoding together (batched steps, the
 union of N tokens' experts per layer; no prefetch, as live), against Belady's optimum on those unions.
 `--foresight 0,1,2,4` adds a table of MIN told the routing of the current token and the next W tokens
@@ -60,16 +63,27 @@ def store_options(size: str, policy: str, prefetch: str = "none") -> dict[str, s
 
 
 def replay(
-    model: str | Path, trace: Any, size: str, policy: str, prefetch: str = "none", streams: int = 1
+    model: str | Path,
+    trace: Any,
+    size: str,
+    policy: str,
+    prefetch: str = "none",
+    streams: int = 1,
+    **lookahead: Any,
 ) -> dict[str, Any]:
     """replay_routing's counters for the trace through the store_options store (streams: sequences
-    stepping together)."""
-    options = store_options(size, policy, prefetch)
+    stepping together). With prefetch "lookahead", the trace's recorded guesses are replayed, with the
+    lookahead_depth and lookahead_confidence given as keywords."""
+    options = store_options(size, policy, prefetch) | lookahead
+    if "lookahead" in prefetch:
+        options |= {"lookahead_ids": trace.lookahead_ids, "lookahead_probs": trace.lookahead_probs}
     return colibri_backend.replay_routing(model, trace.tokens, trace.ids, streams=streams, **options)
 
 
-def cell(model: Path, trace: Any, size: str, policy: str, prefetch: str, streams: int = 1) -> dict[str, Any]:
-    s = replay(model, trace, size, policy, prefetch, streams)
+def cell(
+    model: Path, trace: Any, size: str, policy: str, prefetch: str, streams: int = 1, **lookahead: Any
+) -> dict[str, Any]:
+    s = replay(model, trace, size, policy, prefetch, streams, **lookahead)
     return {
         "slots": s["expert_slots"],
         "hit_rate": s["expert_hit_rate"],
@@ -80,6 +94,8 @@ def cell(model: Path, trace: Any, size: str, policy: str, prefetch: str, streams
         "bytes_read": s["expert_bytes_read"],
         "misses": s["expert_misses"],
         "calls": s["expert_hits"] + s["expert_misses"],
+        "lookahead_precision": s["lookahead_precision"],
+        "lookahead_recall": s["lookahead_recall"],
     }
 
 
@@ -104,6 +120,14 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="also MIN told the next W tokens' routing, for each W here, comma-separated (one stream only)",
     )
+    ap.add_argument(
+        "--lookahead-confidence",
+        default="",
+        help="with recorded lookahead guesses: replay them under each confidence threshold, comma-separated",
+    )
+    ap.add_argument(
+        "--lookahead-depth", default="1", help="layers ahead for --lookahead-confidence, comma-separated"
+    )
     ap.add_argument("--json", type=Path, help="also write every cell here")
     args = ap.parse_args(argv)
     sizes = [x.strip() for x in args.sizes.split(",") if x.strip()]
@@ -115,6 +139,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--foresight takes token counts, comma-separated, got {args.foresight!r}")
     if any(w < 0 for w in horizons):
         ap.error(f"--foresight takes token counts >= 0, got {args.foresight!r}")
+    try:
+        confidences = [float(x) for x in args.lookahead_confidence.split(",") if x.strip()]
+        depths = [int(x) for x in args.lookahead_depth.split(",") if x.strip()]
+    except ValueError:
+        ap.error(
+            "--lookahead-confidence takes probabilities and --lookahead-depth layer counts, comma-separated"
+        )
     if not prefetches or any(p not in PREFETCH for p in prefetches):
         ap.error(f"--prefetch takes {', '.join(PREFETCH)}, got {args.prefetch!r}")
     results: list[dict[str, Any]] = []
@@ -134,6 +165,10 @@ def main(argv: list[str] | None = None) -> int:
             slots = table(name, model, trace, sizes, streams, results, prefetches)
             if horizons and streams == 1:
                 foresight_table(name, trace, slots, horizons, results)
+        if confidences:
+            if trace.lookahead_ids is None:
+                ap.error(f"--lookahead-confidence: {trace_path} holds no recorded lookahead guesses")
+            lookahead_table(name, model, trace, sizes, depths, confidences, results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0
@@ -177,6 +212,46 @@ def table(
         print(head + " | ".join(row) + " |")
         sys.stdout.flush()
     return slots
+
+
+def lookahead_table(
+    name: str,
+    model: Path,
+    trace: Any,
+    sizes: list[str],
+    depths: list[int],
+    confidences: list[float],
+    results: list[dict[str, Any]],
+) -> None:
+    """One markdown table: the reuse policy prefetching the trace's recorded lookahead guesses, for each
+    depth and confidence threshold, at every size: hit rate (a prefetched expert counts as a hit, so
+    Belady's demand-fetch optimum is no bound here), the lookahead's precision / recall, the expert bytes
+    read against the reuse policy alone, and MiB of prefetches evicted unused."""
+    cols = [(d, c) for d in depths for c in confidences]
+    print(
+        "\nreuse + recorded lookahead: hit rate, precision / recall, bytes read (x reuse alone), MiB wasted"
+    )
+    print("| slots | Belady | reuse | " + " | ".join(f"depth {d}, p >= {c:g}" for d, c in cols) + " |")
+    print("|---" * (len(cols) + 3) + "|")
+    for size in sizes:
+        base = cell(model, trace, size, "reuse", "none")
+        row = [f"{100 * base['hit_rate']:.1f}% ({100 * base['share_of_optimum']:.1f}%)"]
+        for d, c in cols:
+            r = cell(model, trace, size, "reuse", "lookahead", lookahead_depth=d, lookahead_confidence=c)
+            results.append(
+                {"trace": name, "size": size, "policy": "reuse", "prefetch": "lookahead (recorded)"}
+                | {"lookahead_depth": d, "lookahead_confidence": c}
+                | r
+            )
+            row.append(
+                f"{100 * r['hit_rate']:.1f}%, "
+                f"{100 * r['lookahead_precision']:.0f}% / {100 * r['lookahead_recall']:.0f}%, "
+                f"{r['bytes_read'] / base['bytes_read']:.2f}x, {r['prefetch_wasted_bytes'] / (1 << 20):.0f}"
+            )
+        print(
+            f"| {size} ({base['slots']}) | {100 * base['optimal_hit_rate']:.1f}% | " + " | ".join(row) + " |"
+        )
+        sys.stdout.flush()
 
 
 def foresight_table(

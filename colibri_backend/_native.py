@@ -42,7 +42,7 @@ from colibri_backend.errors import (
     UnsupportedModelError,
 )
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 LIB_NAME = "libcolibri.so"
 
 # colibri_status values
@@ -118,6 +118,7 @@ class ContextParamsC(Structure):
         ("expert_mass", c_float),
         ("lowbit_experts", c_char_p),
         ("lowbit_weight", c_float),
+        ("lookahead_confidence", c_float),
     ]
 
 
@@ -341,11 +342,27 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
             POINTER(StatsC),
         ],
     ),
+    # (model, params, tokens or NULL, expert_ids, lookahead_ids, lookahead_probs, depth, n_tokens, out)
+    "colibri_replay_routing_lookahead": (
+        c_int,
+        [
+            c_void_p,
+            POINTER(ContextParamsC),
+            POINTER(c_int32),
+            POINTER(c_int32),
+            POINTER(c_int32),
+            POINTER(c_float),
+            c_int32,
+            c_int32,
+            POINTER(StatsC),
+        ],
+    ),
     "colibri_record_lookahead": (c_int, [c_void_p, c_int32]),
     "colibri_get_lookahead": (c_int, [c_void_p, _i32p, _f32p, c_int32, _i32p, _i32p]),
     "colibri_reset_stats": (None, [c_void_p]),
     "colibri_device_name": (c_char_p, [c_void_p]),
     "colibri_debug_route_override": (c_int, [c_void_p, _i32p, _f32p, c_int32]),
+    "colibri_debug_route_override_lookahead": (c_int, [c_void_p, _i32p, _f32p, c_int32]),
     "colibri_sampler_default_params": (None, [POINTER(SamplerParamsC)]),
     "colibri_sampler_new": (c_int, [POINTER(SamplerParamsC), c_int32, POINTER(c_void_p)]),
     "colibri_sampler_free": (None, [c_void_p]),

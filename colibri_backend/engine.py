@@ -217,6 +217,8 @@ def store_params(
     params.expert_slots = parse_expert_slots(o.expert_slots, info.n_layer, info.n_expert, info.n_expert_used)
     if o.lookahead_depth:
         params.lookahead_depth = o.lookahead_depth
+    if o.lookahead_confidence:
+        params.lookahead_confidence = o.lookahead_confidence
     profile = resolve_warmup_routing(o.warmup_routing, path)
     if profile is not None and info.n_expert <= 0:
         raise ValueError(f"warmup_routing: {path} is a dense model; routing profiles are for MoE models")
@@ -743,10 +745,16 @@ class Model(BaseModel):
             )
             return ids[: written.value], probs[: written.value]
 
-    def _debug_route_override(self, ids: np.ndarray | None, weights: np.ndarray | None = None) -> None:
+    def _debug_route_override(
+        self,
+        ids: np.ndarray | None,
+        weights: np.ndarray | None = None,
+        lookahead: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:
         """Benchmarks and tests only: impose a recorded routing ([T, n_layer, k] ids and weights; position p
-        follows row p % T) on every later evaluation; None turns it off. colibri_backend.trace.impose_trace
-        is the checked way to call it."""
+        follows row p % T) on every later evaluation, and with ``lookahead`` (the trace's recorded guesses,
+        ids and probs [T, n_layer, depth, k]) make the lookahead prefetch guess what the trace's model
+        guessed; None turns it off. colibri_backend.trace.impose_trace is the checked way to call it."""
         with self._lock:
             self._check_open()
             if ids is None:
@@ -761,6 +769,17 @@ class Model(BaseModel):
                 ),
                 "route override",
             )
+            if lookahead is not None:
+                la_ids = np.ascontiguousarray(lookahead[0], dtype=np.int32)
+                la_probs = np.ascontiguousarray(lookahead[1], dtype=np.float32)
+                if la_ids.shape != la_probs.shape or la_ids.shape[:2] != ids.shape[:2] or la_ids.ndim != 4:
+                    raise ValueError(f"lookahead guesses {la_ids.shape} do not fit the routing {ids.shape}")
+                self._lib.check(
+                    self._lib.colibri_debug_route_override_lookahead(
+                        self._ctx, _native.i32_ptr(la_ids), _native.f32_ptr(la_probs), int(la_ids.shape[2])
+                    ),
+                    "route override lookahead",
+                )
 
     def route(self, token_ids: Sequence[int]) -> np.ndarray:
         """Expert ids [n, n_layer, n_expert_used] the router chooses for `token_ids` evaluated as a
@@ -1078,14 +1097,18 @@ def replay_routing(
     options: LoadOptions | None = None,
     *,
     streams: int = 1,
+    lookahead_ids: np.ndarray | None = None,
+    lookahead_probs: np.ndarray | None = None,
     **keywords: Any,
 ) -> dict[str, Any]:
     """Replay a recorded routing (expert_ids [T, n_layer, k], tokens [T]; a RoutingTrace's ids and
     tokens) through the expert store ``options`` (a LoadOptions, or its fields as keywords) set up,
     each token one decode step, without running the model (colibri_replay_routing). Returns the
     counters as Model.stats() names them (expert_hits, expert_misses, prefetch_*,
-    expert_stall_seconds, hashed_*, ...). The lookahead predictor needs hidden states: it is not
-    replayed. The store
+    expert_stall_seconds, hashed_*, ...). The lookahead predictor needs hidden states: it is
+    replayed only from recorded guesses, ``lookahead_ids`` and ``lookahead_probs`` [T, n_layer, D, k]
+    (a RoutingTrace's; colibri_replay_routing_lookahead), with prefetch "lookahead" and its
+    lookahead_depth (at most D) and lookahead_confidence. The store
     must stream: give expert_slots or a memory_budget smaller than the model (the default here is 0,
     which holds every expert and is refused).
 
@@ -1102,6 +1125,25 @@ def replay_routing(
         raise ValueError(f"expert_ids {ids.shape} and tokens {toks.shape} must be [T, n_layer, k] and [T]")
     if streams < 1:
         raise ValueError(f"streams must be at least 1, got {streams}")
+    guesses = None
+    if lookahead_ids is not None or lookahead_probs is not None:
+        if lookahead_ids is None or lookahead_probs is None or streams > 1:
+            raise ValueError("lookahead guesses need both lookahead_ids and lookahead_probs, and streams 1")
+        guesses = (
+            np.ascontiguousarray(lookahead_ids, dtype=np.int32),
+            np.ascontiguousarray(lookahead_probs, dtype=np.float32),
+        )
+        shape = guesses[0].shape
+        if (
+            len(shape) != 4
+            or guesses[1].shape != shape
+            or shape[:2] != ids.shape[:2]
+            or shape[3] != ids.shape[2]
+        ):
+            raise ValueError(
+                f"lookahead guesses {shape} and {guesses[1].shape} must be [T, n_layer, depth, k] for "
+                f"the routing's {ids.shape}"
+            )
     batch = interleave(ids, streams) if streams > 1 else None
     with _OpenModel(path) as m:
         if opts.verify:
@@ -1117,7 +1159,19 @@ def replay_routing(
         params, profile = store_params(m.lib, m.handle, info, path, opts)
         carve_prefix_cache(m.lib, m.handle, params, opts)  # the serving engine's expert budget
         out = _native.StatsC()
-        if batch is None:  # one decode step per token: the token ids serve the hashed predictor
+        if guesses is not None:
+            status = m.lib.colibri_replay_routing_lookahead(
+                m.handle,
+                byref(params),
+                _native.i32_ptr(toks),
+                _native.i32_ptr(ids),
+                _native.i32_ptr(guesses[0]),
+                _native.f32_ptr(guesses[1]),
+                guesses[0].shape[2],
+                toks.size,
+                byref(out),
+            )
+        elif batch is None:  # one decode step per token: the token ids serve the hashed predictor
             status = m.lib.colibri_replay_routing(
                 m.handle, byref(params), _native.i32_ptr(toks), _native.i32_ptr(ids), toks.size, 1, byref(out)
             )

@@ -79,6 +79,21 @@ def check_lookahead_depth(value: Any) -> int:
     return n
 
 
+def check_lookahead_confidence(value: Any) -> float | None:
+    """The router probability P, 0 <= P < 1, below which a lookahead guess is not prefetched (0: all)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"lookahead_confidence must be a number in [0, 1), got {value!r}")
+    try:
+        p = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"lookahead_confidence must be a number in [0, 1), got {value!r}") from None
+    if not 0 <= p < 1:
+        raise ValueError(f"lookahead_confidence must be in [0, 1) (0 = every guess), got {value!r}")
+    return p
+
+
 def check_expert_mass(value: Any) -> float | None:
     """Fewer active experts (lossy): a routing-probability mass P with 0 < P <= 1 (1: every top-k expert)."""
     if value is None:
@@ -141,6 +156,8 @@ class LoadOptions:
     kv_cache_type: None (F16, or F32 for an F32 model), "f16" or "int8".
     expert_slots: slots counted in experts: an int, or "40%" of the routed experts; None: from the budget.
     lookahead_depth: layers ahead the lookahead predictor looks (1..8; None: 1).
+    lookahead_confidence: a lookahead guess is prefetched only when its layer's router gives it at least
+      this probability, 0 <= P < 1 (None or 0: every guess).
     warmup_routing: a routing profile: True = MODEL.routing next to the model, or a path; False: none.
     pin_experts: keep this many of the profile's hottest experts in slots for good, or "auto".
     route_prefilter_margin, drop_cold_share (lossy, opt-in, need a profile): 0 or None = off.
@@ -172,6 +189,7 @@ class LoadOptions:
     kv_cache_type: str | None = None
     expert_slots: int | str | None = None
     lookahead_depth: int | None = None
+    lookahead_confidence: float | None = None
     warmup_routing: bool | str | os.PathLike[str] | None = False
     pin_experts: int | str | None = None
     route_prefilter_margin: float | None = None
@@ -219,6 +237,7 @@ class LoadOptions:
             put("expert_slots", check_expert_slots(self.expert_slots))
         if self.lookahead_depth is not None:
             check_lookahead_depth(self.lookahead_depth)
+        put("lookahead_confidence", check_lookahead_confidence(self.lookahead_confidence))
         if self.pin_experts is not None:
             put("pin_experts", check_pin_experts(self.pin_experts))
         routing = self.warmup_routing

@@ -384,7 +384,10 @@ def impose_trace(model: Any, trace: RoutingTrace | None) -> None:
 
     Meant for a random-weight model with the trace model's layer count, expert count and top-k (e.g.
     benchmarks/make_bench_models.py's bench-r), so the expert store reads real bytes and the kernels do
-    real work under a trained router's choices. The router still runs; only its choice is replaced."""
+    real work under a trained router's choices. The router still runs; only its choice is replaced. When
+    the trace holds the lookahead's recorded guesses, the lookahead prefetch takes them too (what the
+    trained model's lookahead guessed, not this file's router on hidden states the routing did not come
+    from)."""
     if trace is None:
         model._debug_route_override(None)
         return
@@ -402,4 +405,7 @@ def impose_trace(model: Any, trace: RoutingTrace | None) -> None:
         )
     if trace.n_tokens == 0:
         raise ValueError("the trace has no tokens")
-    model._debug_route_override(trace.ids, trace.weights)
+    guesses = None
+    if trace.lookahead_ids is not None and trace.lookahead_probs is not None:
+        guesses = (trace.lookahead_ids, trace.lookahead_probs)
+    model._debug_route_override(trace.ids, trace.weights, guesses)

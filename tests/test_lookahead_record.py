@@ -111,3 +111,150 @@ def test_a_leading_dense_layer_records_no_guesses(tmp_path: Path) -> None:
             assert ((la[:, il, d - 1] >= 0) == (il + d < L)).all()
     s = replay(gguf, tr, "50%", "reuse")
     assert s["expert_calls"] == len(ids) * (L - lead) * m.info.n_expert_used
+
+
+def _live_lookahead(moe: Path, confidence: float) -> dict:
+    """A teacher-forced decode of TOKENS, one decode step each, prefetching the lookahead's guesses
+    two layers ahead under the confidence threshold."""
+    options = store_options(SLOTS, "reuse", "lookahead")
+    with colibri_backend.load(
+        moe, **options, lookahead_depth=2, lookahead_confidence=confidence, threads=2
+    ) as m:
+        for i in range(len(TOKENS)):
+            m.next_logits(TOKENS[: i + 1])
+        return m.stats()
+
+
+def _replayed_lookahead(moe: Path, trace: RoutingTrace, confidence: float) -> dict:
+    return colibri_backend.replay_routing(
+        moe,
+        trace.tokens,
+        trace.ids,
+        lookahead_ids=trace.lookahead_ids,
+        lookahead_probs=trace.lookahead_probs,
+        **store_options(SLOTS, "reuse", "lookahead"),
+        lookahead_depth=2,
+        lookahead_confidence=confidence,
+    )
+
+
+@pytest.mark.parametrize("confidence", [0.0, 0.1])
+def test_the_recorded_lookahead_replays_what_a_live_run_guesses(
+    moe: Path, trace: RoutingTrace, confidence: float
+) -> None:
+    """A replay fed the trace's recorded guesses asks the store for what the live run's lookahead asked
+    for: the same next-layer guesses, scored the same, under the same confidence threshold."""
+    live = _live_lookahead(moe, confidence)
+    r = _replayed_lookahead(moe, trace, confidence)
+    keys = ("lookahead_predicted", "lookahead_correct", "lookahead_actual")
+    assert tuple(r[k] for k in keys) == tuple(live[k] for k in keys)
+    # what is scored is the depth-1 guesses at or above the threshold, for layers 1.. of every token
+    probs = trace.lookahead_probs[:, : trace.n_layer - 1, 0]
+    assert r["lookahead_predicted"] == int((probs >= confidence).sum())
+    assert r["lookahead_actual"] == len(TOKENS) * (trace.n_layer - 1) * trace.ids.shape[2]
+    assert r["prefetch_issued"] > 0
+
+
+def test_a_confidence_threshold_asks_for_fewer_and_surer_reads(moe: Path, trace: RoutingTrace) -> None:
+    every = _replayed_lookahead(moe, trace, 0.0)
+    sure = _replayed_lookahead(moe, trace, 0.1)
+    assert 0 < sure["lookahead_predicted"] < every["lookahead_predicted"]
+    assert sure["lookahead_precision"] > every["lookahead_precision"]
+    assert sure["prefetch_issued"] < every["prefetch_issued"]
+    assert sure["prefetch_wasted_bytes"] < every["prefetch_wasted_bytes"]
+
+
+def test_recorded_guesses_that_cannot_be_replayed_are_refused(moe: Path, trace: RoutingTrace) -> None:
+    from colibri_backend.errors import EngineError
+
+    with pytest.raises(EngineError, match="holds 1 layers of lookahead guesses; lookahead_depth 2"):
+        colibri_backend.replay_routing(
+            moe,
+            trace.tokens,
+            trace.ids,
+            lookahead_ids=trace.lookahead_ids[:, :, :1],
+            lookahead_probs=trace.lookahead_probs[:, :, :1],
+            **store_options(SLOTS, "reuse", "lookahead"),
+            lookahead_depth=2,
+        )
+    bad = trace.lookahead_ids.copy()
+    bad[3, 1, 0, 2] = 99
+    with pytest.raises(EngineError, match="token 3, layer 1, depth 1: guess 99"):
+        colibri_backend.replay_routing(
+            moe,
+            trace.tokens,
+            trace.ids,
+            lookahead_ids=bad,
+            lookahead_probs=trace.lookahead_probs,
+            **store_options(SLOTS, "reuse", "lookahead"),
+        )
+    with pytest.raises(ValueError, match="must be \\[T, n_layer, depth, k\\]"):
+        colibri_backend.replay_routing(
+            moe,
+            trace.tokens,
+            trace.ids,
+            lookahead_ids=trace.lookahead_ids[:5],
+            lookahead_probs=trace.lookahead_probs[:5],
+            **store_options(SLOTS, "reuse", "lookahead"),
+        )
+    for wrong in (1.0, -0.1, "often"):
+        with pytest.raises(ValueError, match="lookahead_confidence"):
+            colibri_backend.LoadOptions(lookahead_confidence=wrong)
+
+
+def test_an_imposed_trace_brings_its_lookahead_guesses(moe: Path, trace: RoutingTrace) -> None:
+    """impose_trace hands the lookahead prefetch the trace's recorded guesses instead of the file's own
+    router: guesses rotated by one expert are what a live decode under the override asks for and scores,
+    exactly as the replay of those rotated guesses does, and they score worse than the true ones."""
+    from colibri_backend.trace import impose_trace
+
+    rotated_ids = np.where(trace.lookahead_ids >= 0, (trace.lookahead_ids + 1) % 32, -1).astype(np.int32)
+    rotated = RoutingTrace(
+        trace.ids, trace.weights, trace.tokens, dict(trace.meta), rotated_ids, trace.lookahead_probs
+    )
+    options = store_options(SLOTS, "reuse", "lookahead")
+    with colibri_backend.load(moe, **options, lookahead_depth=2, lookahead_confidence=0.06, threads=2) as m:
+        impose_trace(m, rotated)
+        m.next_logits(TOKENS)  # prefill: positions 0.. follow the trace's rows; no prefetch in prefill
+        m.reset_stats()
+        for i in range(len(TOKENS), 2 * len(TOKENS)):  # decode steps at positions T.. follow rows 0..
+            m.next_logits(TOKENS + TOKENS[: i - len(TOKENS) + 1])
+        live = m.stats()
+    r = colibri_backend.replay_routing(
+        moe,
+        rotated.tokens,
+        rotated.ids,
+        lookahead_ids=rotated.lookahead_ids,
+        lookahead_probs=rotated.lookahead_probs,
+        **options,
+        lookahead_depth=2,
+        lookahead_confidence=0.06,
+    )
+    keys = ("lookahead_predicted", "lookahead_correct", "lookahead_actual")
+    assert tuple(live[k] for k in keys) == tuple(r[k] for k in keys)
+    truth = _replayed_lookahead(moe, trace, 0.06)
+    assert r["lookahead_predicted"] == truth["lookahead_predicted"]  # the same probabilities pass
+    assert r["lookahead_correct"] < truth["lookahead_correct"]
+    with pytest.raises(ValueError, match="do not fit the routing"):
+        with colibri_backend.load(moe, **options, threads=2) as m:
+            m._debug_route_override(trace.ids, trace.weights, (rotated_ids[:3], trace.lookahead_probs[:3]))
+
+
+def test_colibri_replay_replays_the_recorded_lookahead(
+    moe: Path, trace: RoutingTrace, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from colibri_backend.cli import main
+
+    path = trace.save(tmp_path / "t.npz")
+    argv = ["replay", str(moe), str(path), "--expert-slots", SLOTS, "--prefetch", "lookahead", "--json"]
+    assert main([*argv, "--lookahead-depth", "2", "--lookahead-confidence", "0.08"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    want = _replayed_lookahead(moe, trace, 0.08)
+    assert got["lookahead_predicted"] == want["lookahead_predicted"] > 0
+    assert got["lookahead_precision"] == pytest.approx(want["lookahead_precision"])
+    assert got["options"]["lookahead_confidence"] == 0.08
+    plain = RoutingTrace(trace.ids, trace.weights, trace.tokens, dict(trace.meta)).save(tmp_path / "p.npz")
+    assert main(["replay", str(moe), str(plain), "--expert-slots", SLOTS, "--prefetch", "lookahead"]) == 1
+    assert "holds no recorded lookahead guesses" in capsys.readouterr().err

@@ -307,6 +307,29 @@ def test_bad_traces_and_arguments_are_rejected(model: Model) -> None:
     assert LIB.colibri_replay_routing(model.handle, ctypes.byref(p), None, None, 3, 1, ctypes.byref(out)) == (
         N.E_INVALID_ARG
     )
+    for confidence in (1.0, -0.25, float("nan")):  # the engine checks it too, not only LoadOptions
+        q = model.params(2 * k)
+        q.lookahead_confidence = confidence
+        with pytest.raises(EngineError, match=r"lookahead_confidence .* is not in \[0, 1\)"):
+            model.replay(q, good)
+    guesses = np.full((3, L, 1, k), -1, dtype=np.int32)
+    assert LIB.colibri_replay_routing_lookahead(
+        model.handle, ctypes.byref(p), None, ids_ptr, None, None, 1, 3, ctypes.byref(out)
+    ) == (N.E_INVALID_ARG)
+    probs = np.zeros(guesses.shape, dtype=np.float32)
+    probs[0, 0, 0, 0] = 2.0  # a probability above 1
+    pl = model.params(2 * k, prefetch=N.PREFETCH_LOOKAHEAD)
+    assert LIB.colibri_replay_routing_lookahead(
+        model.handle,
+        ctypes.byref(pl),
+        None,
+        ids_ptr,
+        guesses.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+        probs.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+        1,
+        3,
+        ctypes.byref(out),
+    ) == (N.E_INVALID_ARG)
 
 
 def test_temporal_replay_predicts_and_scores(model: Model) -> None:

@@ -25,6 +25,7 @@ from colibri_backend.load_options import (
     LoadOptions,
     check_expert_mass,
     check_expert_slots,
+    check_lookahead_confidence,
     check_lookahead_depth,
     check_lowbit_experts,
     check_pin_experts,
@@ -42,6 +43,7 @@ LOAD_KEYS = (
     "expert_policy",
     "prefetch",
     "lookahead_depth",
+    "lookahead_confidence",
     "warmup_routing",
     "pin_experts",
     "route_prefilter_margin",
@@ -171,6 +173,14 @@ def add_load_arguments(p: argparse.ArgumentParser, budget_aliases: tuple[str, ..
         default=None,
         metavar="N",
         help="layers ahead the lookahead predictor looks (1-8, default 1)",
+    )
+    g.add_argument(
+        "--lookahead-confidence",
+        type=_arg_type(check_lookahead_confidence),
+        default=None,
+        metavar="P",
+        help="prefetch a lookahead guess only when its layer's router gives it probability >= P, "
+        "0 <= P < 1 (default 0: every guess)",
     )
     g.add_argument(
         "--warmup-routing",

@@ -4,8 +4,9 @@
     colibri replay colibri-moe some.npz --expert-slots 40% --warmup-routing --prefetch temporal,hashed
 
 Each traced token is one decode step through a store set up as the options say (slots, policy,
-profile warm-up and pinning, temporal and hashed predictors; lookahead needs hidden states and is
-not replayed). The experts' bytes are really read from the model file.
+profile warm-up and pinning, temporal and hashed predictors; the lookahead predictor needs hidden states,
+so it is replayed from the guesses a trace recorded, `colibri trace --record-lookahead N`, under
+--lookahead-depth and --lookahead-confidence). The experts' bytes are really read from the model file.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def summary(s: dict[str, Any]) -> dict[str, Any]:
         "experts_pinned": s["experts_pinned"],
         "routing_profile": s.get("routing_profile"),
     }
-    for src in ("temporal", "hashed"):
+    for src in ("lookahead", "temporal", "hashed"):
         out[f"{src}_precision"] = s[f"{src}_precision"]
         out[f"{src}_recall"] = s[f"{src}_recall"]
         out[f"{src}_predicted"] = s[f"{src}_predicted"]
@@ -75,7 +76,7 @@ def format_summary(r: dict[str, Any]) -> str:
         f"{r['bytes_read'] / mib:.1f} MiB read in all",
         f"stall: {r['stall_seconds']:.3f} s of {r['replay_seconds']:.3f} s ({100 * r['stall_share']:.1f}%)",
     ]
-    for src in ("temporal", "hashed"):
+    for src in ("lookahead", "temporal", "hashed"):
         if r[f"{src}_predicted"]:
             lines.append(
                 f"{src} predictor: precision {r[f'{src}_precision']:.2f}, recall {r[f'{src}_recall']:.2f}"
@@ -114,7 +115,21 @@ def run(args: argparse.Namespace) -> int:
                 f"(sha256 {meta_sha[:12]}) than {path}",
                 file=sys.stderr,
             )
-    stats = colibri_backend.replay_routing(path, trace.tokens, trace.ids, options, streams=args.streams)
+    from colibri_backend.budget import PREFETCHERS, parse_prefetch
+
+    guesses = {}
+    if parse_prefetch(options.prefetch or "none") & PREFETCHERS["lookahead"]:
+        if trace.lookahead_ids is None and (options.prefetch or "").strip().lower() != "all":
+            # ("all" is every predictor that can run: without guesses the lookahead cannot)
+            raise ValueError(
+                f"--prefetch lookahead: {args.trace} holds no recorded lookahead guesses to replay "
+                "(record them with `colibri trace --record-lookahead N`)"
+            )
+        if trace.lookahead_ids is not None:
+            guesses = {"lookahead_ids": trace.lookahead_ids, "lookahead_probs": trace.lookahead_probs}
+    stats = colibri_backend.replay_routing(
+        path, trace.tokens, trace.ids, options, streams=args.streams, **guesses
+    )
     result = summary(stats)
     if args.json:
         print(
@@ -135,8 +150,8 @@ def register(subparsers: Any) -> None:
         description="Replay TRACE (written by `colibri trace`) through MODEL's expert store as the options "
         "set it up, every token one decode step, reading expert bytes from the file but computing "
         "nothing else. Prints hit rate, misses, prefetches issued / used / wasted (and wasted bytes), "
-        "stall time and the temporal and hashed predictors' precision and recall. The lookahead "
-        "predictor needs hidden states and is not replayed.",
+        "stall time and the predictors' precision and recall. The lookahead predictor needs hidden "
+        "states: it replays the guesses the trace recorded (`colibri trace --record-lookahead N`).",
     )
     p.add_argument("model", help="a .gguf file, a Hugging Face checkpoint directory, or a known name")
     p.add_argument("trace", type=Path, help="a routing trace (.npz or .jsonl) from `colibri trace`")

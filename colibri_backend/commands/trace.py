@@ -57,9 +57,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         metavar="D",
-        help="also record the lookahead predictor's guesses D layers ahead (1-8), which `colibri replay` "
-        "hands the reuse policy as a live decode step does; 0: none (default: the engine's own depth, "
-        "min(8, layers - 1))",
+        help="also record the lookahead predictor's guesses D layers ahead (1-8), which `colibri replay "
+        "--prefetch lookahead` prefetches as a live decode step's lookahead does; 0: none (default: the "
+        "engine's own depth, min(8, layers - 1))",
     )
     add_threads_argument(p)
     add_context_length_argument(p)

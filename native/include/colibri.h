@@ -18,7 +18,7 @@
 extern "C" {
 #endif
 
-#define COLIBRI_ABI_VERSION 6
+#define COLIBRI_ABI_VERSION 7
 
 #if defined(_WIN32)
 #define COLIBRI_API __declspec(dllexport)
@@ -135,6 +135,10 @@ typedef struct colibri_context_params {
      * sidecar made for another model, or a damaged one, gives COLIBRI_E_FORMAT. */
     const char *lowbit_experts;
     float lowbit_weight;           /* > 0 with lowbit_experts; 0 without */
+    /* Lookahead confidence (with COLIBRI_PREFETCH_LOOKAHEAD): a guess of the lookahead predictor, at
+     * any depth, is prefetched only when its layer's router gives that expert at least this
+     * probability (softmax over every expert) on the row it guesses from. In [0, 1); 0: every guess. */
+    float lookahead_confidence;
 } colibri_context_params;
 
 #define COLIBRI_BACKEND_DEFAULT 0
@@ -385,11 +389,22 @@ COLIBRI_API colibri_status colibri_get_stats(const colibri_context *ctx, colibri
  * colibri_eval_batch does with several decode tokens); such a step does not prefetch, so
  * params->prefetch must be none. n_seq < 1, or n_tokens not a multiple of it: COLIBRI_E_INVALID_ARG.
  * Predictors: TEMPORAL and HASHED replay exactly; LOOKAHEAD needs hidden states, so it is
- * ignored here. Counters (hits, misses, prefetches, bytes, stall time, predictor accuracy) go
+ * ignored here (colibri_replay_routing_lookahead replays it from recorded guesses). Counters (hits, misses, prefetches, bytes, stall time, predictor accuracy) go
  * to *out. A budget that holds every expert leaves nothing to stream: COLIBRI_E_INVALID_ARG. */
 COLIBRI_API colibri_status colibri_replay_routing(colibri_model *model, const colibri_context_params *params,
                                                   const int32_t *tokens, const int32_t *expert_ids,
                                                   int32_t n_tokens, int32_t n_seq, colibri_stats *out);
+/* colibri_replay_routing of single-token decode steps (n_seq 1) with the lookahead predictor replayed
+ * from its recorded guesses (colibri_record_lookahead's layout: lookahead_ids and lookahead_probs
+ * [n_tokens][n_layer][lookahead_depth][k], -1 / 0 where nothing was guessed): with
+ * COLIBRI_PREFETCH_LOOKAHEAD in params->prefetch, after layer l of token t the store is told what a live
+ * run would have guessed from layer l's FFN input, the guesses below params->lookahead_confidence
+ * left out, as predictor_predict does live. lookahead_depth must be at least params->lookahead_depth. */
+COLIBRI_API colibri_status colibri_replay_routing_lookahead(colibri_model *model, const colibri_context_params *params,
+                                                            const int32_t *tokens, const int32_t *expert_ids,
+                                                            const int32_t *lookahead_ids, const float *lookahead_probs,
+                                                            int32_t lookahead_depth, int32_t n_tokens,
+                                                            colibri_stats *out);
 /* Record, from the next colibri_eval on, the lookahead predictor's guesses for every token: for each layer l
  * and depth d = 1..depth, the top k experts of layer l+d's router on layer l's FFN input and their router
  * probabilities (for routing traces: how well the lookahead predicts the layers ahead). depth 1..8; 0 stops recording.
@@ -413,6 +428,14 @@ COLIBRI_API const char *colibri_device_name(const colibri_context *ctx);
  * (COLIBRI_E_INVALID_ARG otherwise, the previous override kept); n_tokens = 0 turns it off. */
 COLIBRI_API colibri_status colibri_debug_route_override(colibri_context *ctx, const int32_t *expert_ids,
                                                         const float *weights, int32_t n_tokens);
+/* Benchmarks and tests only: attach the same trace's recorded lookahead guesses (colibri_record_lookahead's
+ * layout, [n_tokens][n_layer][depth][k], n_tokens the override's) to the routing override, so a decode
+ * step's lookahead prefetch (COLIBRI_PREFETCH_LOOKAHEAD) guesses, at position p, what the trained model's
+ * lookahead guessed at row p % n_tokens, under the context's lookahead_confidence, instead of running this
+ * file's router on a hidden state the imposed routing did not come from. depth must be at least the
+ * context's lookahead_depth. A new colibri_debug_route_override drops them. */
+COLIBRI_API colibri_status colibri_debug_route_override_lookahead(colibri_context *ctx, const int32_t *lookahead_ids,
+                                                                  const float *lookahead_probs, int32_t depth);
 
 /* ---- sampler --------------------------------------------------------- */
 

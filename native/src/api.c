@@ -72,6 +72,7 @@ void colibri_context_default_params(colibri_context_params *out) {
     out->expert_mass = 0.0f;     /* every top-k expert */
     out->lowbit_experts = NULL;  /* no low-bit copies */
     out->lowbit_weight = 0.0f;
+    out->lookahead_confidence = 0.0f; /* every lookahead guess */
 }
 
 colibri_status colibri_plan_model(const colibri_model *model, const colibri_context_params *params,
@@ -216,7 +217,17 @@ colibri_status colibri_replay_routing(colibri_model *model, const colibri_contex
                                       const int32_t *tokens, const int32_t *expert_ids, int32_t n_tokens,
                                       int32_t n_seq, colibri_stats *out) {
     if (!model || !out) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_replay_routing: NULL argument");
-    return replay_routing(model, params, tokens, expert_ids, n_tokens, n_seq, out);
+    return replay_routing(model, params, tokens, expert_ids, NULL, n_tokens, n_seq, out);
+}
+
+colibri_status colibri_replay_routing_lookahead(colibri_model *model, const colibri_context_params *params,
+                                                const int32_t *tokens, const int32_t *expert_ids,
+                                                const int32_t *lookahead_ids, const float *lookahead_probs,
+                                                int32_t lookahead_depth, int32_t n_tokens, colibri_stats *out) {
+    if (!model || !out || (n_tokens > 0 && (!lookahead_ids || !lookahead_probs)))
+        return cb_error(COLIBRI_E_INVALID_ARG, "colibri_replay_routing_lookahead: NULL argument");
+    const replay_guesses g = {.ids = lookahead_ids, .probs = lookahead_probs, .depth = lookahead_depth};
+    return replay_routing(model, params, tokens, expert_ids, &g, n_tokens, 1, out);
 }
 
 void colibri_reset_stats(colibri_context *ctx) {
@@ -260,4 +271,15 @@ colibri_status colibri_debug_route_override(colibri_context *ctx, const int32_t 
     route_override_free(ctx->route_ov);
     ctx->route_ov = o;
     return COLIBRI_OK;
+}
+
+colibri_status colibri_debug_route_override_lookahead(colibri_context *ctx, const int32_t *lookahead_ids,
+                                                      const float *lookahead_probs, int32_t depth) {
+    if (!ctx || !lookahead_ids || !lookahead_probs)
+        return cb_error(COLIBRI_E_INVALID_ARG, "colibri_debug_route_override_lookahead: NULL argument");
+    if (!ctx->route_ov)
+        return cb_error(COLIBRI_E_INVALID_ARG, "colibri_debug_route_override_lookahead: no routing override to "
+                                               "attach the guesses to (colibri_debug_route_override first)");
+    return route_override_set_lookahead(ctx->route_ov, ctx->model, lookahead_ids, lookahead_probs, depth,
+                                        ctx->pred ? ctx->pred->depth : 1);
 }

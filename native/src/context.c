@@ -207,6 +207,9 @@ colibri_status context_resolve_params(const struct colibri_model *m, const colib
     if (p.lookahead_depth <= 0) p.lookahead_depth = 1;
     if (p.lookahead_depth > 8)
         return cb_error(COLIBRI_E_INVALID_ARG, "lookahead_depth %d is above 8", (int)p.lookahead_depth);
+    if (!(p.lookahead_confidence >= 0.0f && p.lookahead_confidence < 1.0f))
+        return cb_error(COLIBRI_E_INVALID_ARG, "lookahead_confidence %g is not in [0, 1) (0: every guess)",
+                        (double)p.lookahead_confidence);
     if (p.expert_slots < 0)
         return cb_error(COLIBRI_E_INVALID_ARG, "expert_slots %d is negative", (int)p.expert_slots);
     if (p.expert_slots > 0 && hp->n_expert == 0)
@@ -615,7 +618,8 @@ colibri_status context_create(struct colibri_model *m, const colibri_context_par
                 context_destroy(c);
                 return cb_error(COLIBRI_E_NOMEM, "out of memory");
             }
-            if ((st = predictor_init(c->pred, m, p.prefetch, p.lookahead_depth, c->profile, c->dropped))) {
+            if ((st = predictor_init(c->pred, m, p.prefetch, p.lookahead_depth, p.lookahead_confidence, c->profile,
+                                     c->dropped))) {
                 cb_free(c->pred);
                 c->pred = NULL;
                 context_destroy(c);

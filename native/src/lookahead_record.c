@@ -35,7 +35,7 @@ colibri_status lookahead_record_arm(struct colibri_context *c, int depth) {
     if (depth == 0) return COLIBRI_OK;
     lookahead_record *r = cb_calloc(1, sizeof *r);
     if (!r) return cb_error(COLIBRI_E_NOMEM, "out of memory for the lookahead record");
-    colibri_status st = predictor_init(&r->pred, c->model, 0, depth, NULL, c->dropped);
+    colibri_status st = predictor_init(&r->pred, c->model, 0, depth, 0.0f, NULL, c->dropped);
     if (st) {
         cb_free(r);
         return st;

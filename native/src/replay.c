@@ -9,7 +9,9 @@
  * routing would see. Nothing is computed between acquiring a layer's experts and the next
  * layer, so the loader has less time than in a live run: a prefetch still in flight when its
  * expert is needed is waited for (a hit, its wait counted as stall time in real time), as it
- * would be live. The lookahead predictor needs hidden states: it is not replayed. The trace
+ * would be live. The lookahead predictor needs hidden states: it is replayed only from a trace's
+ * recorded guesses (colibri_replay_routing_lookahead), which the predictor then uses as it uses the
+ * guesses it computes live (its confidence threshold included). The trace
  * already holds the routing drop_cold_share or the pre-filter gave; the hashed guesses here do
  * not skip dropped experts as a live run's do (the dropped set is forward.c's).
  *
@@ -144,17 +146,21 @@ static colibri_status chunk_layer(const struct colibri_model *m, expert_store *s
 /* The replay itself, on a store and predictor (pred may be NULL; only with n_seq 1) already set up: n_steps
  * steps of n_seq tokens (ids: [n_steps][n_seq][L][k]), each step as forward.c runs one: the step start (tick,
  * layer 0 prefetch), then per layer the union of the step's experts, one token's as a decode step
- * (decode_layer), several tokens' in waves (chunk_layer), as ffn.c's streamed_experts chooses. used:
- * [n_expert] scratch. */
+ * (decode_layer), several tokens' in waves (chunk_layer), as ffn.c's streamed_experts chooses. guesses:
+ * the lookahead's record (n_seq 1), or NULL. used: [n_expert] scratch. */
 static colibri_status run_steps(const struct colibri_model *m, expert_store *s, predictor *pred, int32_t *pf_ids,
-                                const int32_t *tokens, const int32_t *ids, int32_t n_steps, int n_seq,
-                                uint8_t *used) {
+                                const int32_t *tokens, const int32_t *ids, const replay_guesses *guesses,
+                                int32_t n_steps, int n_seq, uint8_t *used) {
     const model_hparams *hp = &m->hp;
     const int L = hp->n_layer, k = hp->n_expert_used, X = hp->n_expert;
     const int hashed = pred && (pred->flags & COLIBRI_PREFETCH_HASHED);
     for (int32_t t = 0; t < n_steps; t++) {
         const int32_t token = hashed ? tokens[t] : -1;
         store_tick(s, n_seq);
+        if (pred && guesses) {
+            const size_t row = (size_t)t * L * guesses->depth * k;
+            predictor_use_record(pred, guesses->ids + row, guesses->probs + row, guesses->depth);
+        }
         if (pred) prefetch_layer(m, pred, s, X, 0, token, pf_ids);
         for (int l = 0; l < L; l++) {
             if (!routed(m, l)) continue; /* a dense layer: the store is not involved */
@@ -173,7 +179,8 @@ static colibri_status run_steps(const struct colibri_model *m, expert_store *s, 
 }
 
 colibri_status replay_routing(struct colibri_model *m, const colibri_context_params *params, const int32_t *tokens,
-                              const int32_t *expert_ids, int32_t n_tokens, int32_t n_seq, colibri_stats *out) {
+                              const int32_t *expert_ids, const replay_guesses *guesses, int32_t n_tokens,
+                              int32_t n_seq, colibri_stats *out) {
     const model_hparams *hp = &m->hp;
     if (hp->n_expert == 0)
         return cb_error(COLIBRI_E_INVALID_ARG, "colibri_replay_routing: the model has no experts to replay");
@@ -191,8 +198,9 @@ colibri_status replay_routing(struct colibri_model *m, const colibri_context_par
     colibri_context_params p;
     colibri_status st = context_resolve_params(m, params, &p);
     if (st) return st;
-    /* LOOKAHEAD needs the hidden states a trace does not have */
-    const int flags = p.prefetch & (COLIBRI_PREFETCH_TEMPORAL | COLIBRI_PREFETCH_HASHED);
+    /* LOOKAHEAD needs the hidden states a trace does not have, or the guesses it recorded from them */
+    const int flags = p.prefetch & (COLIBRI_PREFETCH_TEMPORAL | COLIBRI_PREFETCH_HASHED |
+                                    (guesses ? COLIBRI_PREFETCH_LOOKAHEAD : 0));
     const int hashed = (flags & COLIBRI_PREFETCH_HASHED) != 0;
     if (flags && n_seq > 1)
         return cb_error(COLIBRI_E_INVALID_ARG,
@@ -203,6 +211,10 @@ colibri_status replay_routing(struct colibri_model *m, const colibri_context_par
         return cb_error(COLIBRI_E_INVALID_ARG,
                         "colibri_replay_routing: the hashed predictor needs the token ids (tokens is NULL)");
     if ((st = check_trace(m, tokens, hashed, expert_ids, n_tokens))) return st;
+    if (guesses && (flags & COLIBRI_PREFETCH_LOOKAHEAD) &&
+        (st = predictor_check_record(m, guesses->ids, guesses->probs, guesses->depth, p.lookahead_depth, n_tokens,
+                                     "colibri_replay_routing_lookahead")))
+        return st;
 
     colibri_memory_plan plan;
     if ((st = ledger_plan(m, &p, &plan))) return st;
@@ -227,7 +239,7 @@ colibri_status replay_routing(struct colibri_model *m, const colibri_context_par
         if ((st = store_warm(s, prof, p.pin_experts))) goto done;
     }
     if (flags) {
-        if ((st = predictor_init(&pred, m, flags, p.lookahead_depth, prof, NULL))) goto done;
+        if ((st = predictor_init(&pred, m, flags, p.lookahead_depth, p.lookahead_confidence, prof, NULL))) goto done;
         have_pred = 1;
         pf_ids = cb_malloc(predictor_max_ids(m, p.lookahead_depth) * sizeof(int32_t));
         if (!pf_ids) {
@@ -240,7 +252,8 @@ colibri_status replay_routing(struct colibri_model *m, const colibri_context_par
         goto done;
     }
     t0 = now_seconds();
-    st = run_steps(m, s, have_pred ? &pred : NULL, pf_ids, tokens, expert_ids, n_tokens / n_seq, n_seq, used);
+    st = run_steps(m, s, have_pred ? &pred : NULL, pf_ids, tokens, expert_ids,
+                   (flags & COLIBRI_PREFETCH_LOOKAHEAD) ? guesses : NULL, n_tokens / n_seq, n_seq, used);
     if (st) goto done;
 
     memset(out, 0, sizeof *out);

@@ -6,6 +6,8 @@
 
 #include "alloc.h"
 #include "error.h"
+#include "model.h"
+#include "predict.h"
 
 colibri_status route_override_new(int32_t n_tokens, int32_t n_layer, int32_t n_expert, int32_t k,
                                   const int32_t *ids, const float *weights, route_override **out) {
@@ -53,7 +55,39 @@ void route_override_free(route_override *o) {
     if (!o) return;
     cb_free(o->ids);
     cb_free(o->weights);
+    cb_free(o->la_ids);
+    cb_free(o->la_probs);
     cb_free(o);
+}
+
+colibri_status route_override_set_lookahead(route_override *o, const struct colibri_model *m, const int32_t *ids,
+                                            const float *probs, int32_t depth, int min_depth) {
+    colibri_status st = predictor_check_record(m, ids, probs, depth, min_depth, o->n_tokens, "routing override");
+    if (st) return st;
+    const size_t n = (size_t)o->n_tokens * (size_t)o->n_layer * (size_t)depth * (size_t)o->k;
+    int32_t *new_ids = cb_malloc(n * sizeof *new_ids);
+    float *new_probs = cb_malloc(n * sizeof *new_probs);
+    if (!new_ids || !new_probs) {
+        cb_free(new_ids);
+        cb_free(new_probs);
+        return cb_error(COLIBRI_E_NOMEM, "out of memory for %d tokens of lookahead guesses", (int)o->n_tokens);
+    }
+    memcpy(new_ids, ids, n * sizeof *new_ids);
+    memcpy(new_probs, probs, n * sizeof *new_probs);
+    cb_free(o->la_ids);
+    cb_free(o->la_probs);
+    o->la_ids = new_ids;
+    o->la_probs = new_probs;
+    o->la_depth = depth;
+    return COLIBRI_OK;
+}
+
+int route_override_guesses(const route_override *o, int64_t pos, const int32_t **ids, const float **probs) {
+    if (!o->la_ids) return 0;
+    const size_t r = (size_t)(pos % o->n_tokens) * (size_t)o->n_layer * (size_t)o->la_depth * (size_t)o->k;
+    *ids = o->la_ids + r;
+    *probs = o->la_probs + r;
+    return 1;
 }
 
 void route_override_row(const route_override *o, int64_t pos, int il, int32_t *sel, float *sw) {

@@ -14,7 +14,7 @@ resolved when it is loaded.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
@@ -79,34 +79,31 @@ def check_lookahead_depth(value: Any) -> int:
     return n
 
 
-def check_lookahead_confidence(value: Any) -> float | None:
-    """The router probability P, 0 <= P < 1, below which a lookahead guess is not prefetched (0: all)."""
+def _number_in(
+    value: Any, name: str, interval: str, inside: Callable[[float], bool], note: str
+) -> float | None:
+    """A float option checked against its interval (None: unset)."""
     if value is None:
         return None
     if isinstance(value, bool):
-        raise ValueError(f"lookahead_confidence must be a number in [0, 1), got {value!r}")
+        raise ValueError(f"{name} must be a number in {interval}, got {value!r}")
     try:
         p = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"lookahead_confidence must be a number in [0, 1), got {value!r}") from None
-    if not 0 <= p < 1:
-        raise ValueError(f"lookahead_confidence must be in [0, 1) (0 = every guess), got {value!r}")
+        raise ValueError(f"{name} must be a number in {interval}, got {value!r}") from None
+    if not inside(p):
+        raise ValueError(f"{name} must be in {interval} ({note}), got {value!r}")
     return p
+
+
+def check_lookahead_confidence(value: Any) -> float | None:
+    """The router probability P, 0 <= P < 1, below which a lookahead guess is not prefetched (0: all)."""
+    return _number_in(value, "lookahead_confidence", "[0, 1)", lambda p: 0 <= p < 1, "0 = every guess")
 
 
 def check_expert_mass(value: Any) -> float | None:
     """Fewer active experts (lossy): a routing-probability mass P with 0 < P <= 1 (1: every top-k expert)."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise ValueError(f"expert_mass must be a number in (0, 1], got {value!r}")
-    try:
-        p = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"expert_mass must be a number in (0, 1], got {value!r}") from None
-    if not 0 < p <= 1:
-        raise ValueError(f"expert_mass must be in (0, 1] (1 = every top-k expert), got {value!r}")
-    return p
+    return _number_in(value, "expert_mass", "(0, 1]", lambda p: 0 < p <= 1, "1 = every top-k expert")
 
 
 def check_lowbit_experts(value: Any) -> float | None:

@@ -220,16 +220,7 @@ def test_an_imposed_trace_brings_its_lookahead_guesses(moe: Path, trace: Routing
         for i in range(len(TOKENS), 2 * len(TOKENS)):  # decode steps at positions T.. follow rows 0..
             m.next_logits(TOKENS + TOKENS[: i - len(TOKENS) + 1])
         live = m.stats()
-    r = colibri_backend.replay_routing(
-        moe,
-        rotated.tokens,
-        rotated.ids,
-        lookahead_ids=rotated.lookahead_ids,
-        lookahead_probs=rotated.lookahead_probs,
-        **options,
-        lookahead_depth=2,
-        lookahead_confidence=0.06,
-    )
+    r = _replayed_lookahead(moe, rotated, 0.06)
     keys = ("lookahead_predicted", "lookahead_correct", "lookahead_actual")
     assert tuple(live[k] for k in keys) == tuple(r[k] for k in keys)
     truth = _replayed_lookahead(moe, trace, 0.06)

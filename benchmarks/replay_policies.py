@@ -13,9 +13,14 @@ A trace that holds the lookahead predictor's guesses (`colibri trace` records th
 by depth, and with `--lookahead-confidence 0,0.08,0.1` a table of the default policy prefetching those
 recorded guesses (colibri_replay_routing_lookahead) `--lookahead-depth` layers ahead under each confidence
 threshold: hit rate, the lookahead's precision and recall, prefetches issued and the bytes of those
-evicted unused. `--prefetch none` leaves the temporal columns out. `--streams 1,8,16` also replays each trace
-as N sequences decoding together (batched steps, the
-union of N tokens' experts per layer; no prefetch, as live), against Belady's optimum on those unions.
+evicted unused. `--predictor-sets none,lookahead,temporal,hashed,lookahead+temporal,all` replays the default
+policy with each set of predictors (the lookahead from the recorded guesses, `--lookahead-depth` and
+`--lookahead-confidence` taking their first values), every set with the model's routing profile
+(MODEL.routing: the warm start, and the hashed predictor's table): hit rate, each predictor's precision
+and recall, bytes read against no prefetch, wasted MiB and the stall share of the replay's time.
+`--prefetch none` leaves the temporal columns out. `--streams 1,8,16` also replays each trace as N
+sequences decoding together (batched steps, the union of N tokens' experts per layer; no prefetch, as
+live), against Belady's optimum on those unions.
 `--foresight 0,1,2,4` adds a table of MIN told the routing of the current token and the next W tokens
 only (colibri_backend.optimum.foresight_min): how much of the distance to the optimum a perfect prediction
 of the next tokens' routing could close.
@@ -37,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import colibri_backend
+from colibri_backend.budget import PREFETCHERS, parse_prefetch
 from colibri_backend.models import resolve_model
 from colibri_backend.optimum import belady, foresight_min
 from colibri_backend.trace import load_trace
@@ -69,21 +75,22 @@ def replay(
     policy: str,
     prefetch: str = "none",
     streams: int = 1,
-    **lookahead: Any,
+    **extra: Any,
 ) -> dict[str, Any]:
     """replay_routing's counters for the trace through the store_options store (streams: sequences
-    stepping together). With prefetch "lookahead", the trace's recorded guesses are replayed, with the
-    lookahead_depth and lookahead_confidence given as keywords."""
-    options = store_options(size, policy, prefetch) | lookahead
-    if "lookahead" in prefetch:
+    stepping together) and any further load options in `extra`. With the lookahead among the prefetch
+    predictors, the trace's recorded guesses are replayed (lookahead_depth and lookahead_confidence
+    among `extra`)."""
+    options = store_options(size, policy, prefetch) | extra
+    if parse_prefetch(prefetch) & PREFETCHERS["lookahead"]:
         options |= {"lookahead_ids": trace.lookahead_ids, "lookahead_probs": trace.lookahead_probs}
     return colibri_backend.replay_routing(model, trace.tokens, trace.ids, streams=streams, **options)
 
 
 def cell(
-    model: Path, trace: Any, size: str, policy: str, prefetch: str, streams: int = 1, **lookahead: Any
+    model: Path, trace: Any, size: str, policy: str, prefetch: str, streams: int = 1, **extra: Any
 ) -> dict[str, Any]:
-    s = replay(model, trace, size, policy, prefetch, streams, **lookahead)
+    s = replay(model, trace, size, policy, prefetch, streams, **extra)
     return {
         "slots": s["expert_slots"],
         "hit_rate": s["expert_hit_rate"],
@@ -94,8 +101,12 @@ def cell(
         "bytes_read": s["expert_bytes_read"],
         "misses": s["expert_misses"],
         "calls": s["expert_hits"] + s["expert_misses"],
-        "lookahead_precision": s["lookahead_precision"],
-        "lookahead_recall": s["lookahead_recall"],
+        "stall_share": s["expert_stall_seconds"] / s["decode_seconds"] if s["decode_seconds"] else 0.0,
+        **{
+            f"{src}_{m}": s[f"{src}_{m}"]
+            for src in ("lookahead", "temporal", "hashed")
+            for m in ("precision", "recall")
+        },
     }
 
 
@@ -127,6 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument(
         "--lookahead-depth", default="1", help="layers ahead for --lookahead-confidence, comma-separated"
+    )
+    ap.add_argument(
+        "--predictor-sets",
+        default="",
+        help="replay the default policy with each predictor set (none, lookahead, temporal, hashed, "
+        "lookahead+temporal, all), with the model's routing profile, comma-separated",
     )
     ap.add_argument("--json", type=Path, help="also write every cell here")
     args = ap.parse_args(argv)
@@ -165,6 +182,10 @@ def main(argv: list[str] | None = None) -> int:
             slots = table(name, model, trace, sizes, streams, results, prefetches)
             if horizons and streams == 1:
                 foresight_table(name, trace, slots, horizons, results)
+        sets = [x.strip() for x in args.predictor_sets.split(",") if x.strip()]
+        if sets:
+            depth, confidence = (depths or [1])[0], (confidences or [0.0])[0]
+            predictor_table(name, model, trace, sizes, sets, depth, confidence, results)
         if confidences:
             if trace.lookahead_ids is None:
                 ap.error(f"--lookahead-confidence: {trace_path} holds no recorded lookahead guesses")
@@ -248,6 +269,65 @@ def lookahead_table(
                 f"{100 * r['lookahead_precision']:.0f}% / {100 * r['lookahead_recall']:.0f}%, "
                 f"{r['bytes_read'] / base['bytes_read']:.2f}x, {r['prefetch_wasted_bytes'] / (1 << 20):.0f}"
             )
+        print(
+            f"| {size} ({base['slots']}) | {100 * base['optimal_hit_rate']:.1f}% | " + " | ".join(row) + " |"
+        )
+        sys.stdout.flush()
+
+
+def predictor_table(
+    name: str,
+    model: Path,
+    trace: Any,
+    sizes: list[str],
+    sets: list[str],
+    depth: int,
+    confidence: float,
+    results: list[dict[str, Any]],
+) -> None:
+    """One markdown table: the reuse policy with the model's routing profile (warm start, hashed table) and
+    each predictor set, at every size: hit rate (share of the demand-fetch optimum), each predictor's
+    precision / recall, bytes read against no prefetch, MiB wasted and the stall share of the replay."""
+    print(
+        f"\nreuse with the routing profile, each predictor set (lookahead: depth {depth}, "
+        f"p >= {confidence:g}): hit rate (share of optimum); precision / recall; read (x none); "
+        "MiB wasted; stall"
+    )
+    print("| slots | Belady | " + " | ".join(sets) + " |")
+    print("|---" * (len(sets) + 2) + "|")
+    short = {"lookahead": "L", "temporal": "T", "hashed": "H"}
+    for size in sizes:
+        row: list[str] = []
+        base: dict[str, Any] | None = None
+        for pset in sets:
+            prefetch = pset.replace("+", ",")
+            r = cell(
+                model,
+                trace,
+                size,
+                "reuse",
+                prefetch,
+                warmup_routing=True,
+                lookahead_depth=depth,
+                lookahead_confidence=confidence,
+            )
+            base = base or r
+            results.append(
+                {"trace": name, "size": size, "policy": "reuse", "profile": True, "prefetch": pset} | r
+            )
+            pr = " ".join(
+                f"{short[src]} {100 * r[f'{src}_precision']:.0f}/{100 * r[f'{src}_recall']:.0f}%"
+                for src in short
+                if r[f"{src}_precision"] or r[f"{src}_recall"]
+            )
+            row.append(
+                f"{100 * r['hit_rate']:.1f}% ({100 * r['share_of_optimum']:.0f}%)"
+                + (f"; {pr}" if pr else "")
+                + f"; {r['bytes_read'] / base['bytes_read']:.2f}x"
+                + f"; {r['prefetch_wasted_bytes'] / (1 << 20):.0f}"
+                + f"; {100 * r['stall_share']:.0f}%"
+            )
+        assert base is not None
         print(
             f"| {size} ({base['slots']}) | {100 * base['optimal_hit_rate']:.1f}% | " + " | ".join(row) + " |"
         )

@@ -74,13 +74,12 @@ static void expert_wave(struct colibri_context *c, int il, int n, const int32_t 
 void ffn_prefetch_layer(struct colibri_context *c, int next, const float *xn) {
     const int X = c->model->hp.n_expert;
     if (!c->model->layers[next].router.data) return; /* a dense layer (DeepSeek's leading ones) */
-    const int32_t *rec_ids;
-    const float *rec_probs;
-    if (xn && c->route_ov && route_override_guesses(c->route_ov, c->s.pos[0], &rec_ids, &rec_probs)) {
-        /* benchmarks and tests only: the imposed routing's recorded lookahead guesses, not this file's */
-        predictor_use_record(c->pred, rec_ids, rec_probs, c->route_ov->la_depth);
-        xn = NULL;
-    }
+    /* benchmarks and tests only: under an imposed routing with recorded lookahead guesses, those guesses,
+     * not this file's router on xn (set for this call only, so no record outlives its override) */
+    const int32_t *rec_ids = NULL;
+    const float *rec_probs = NULL;
+    if (xn && c->route_ov && route_override_guesses(c->route_ov, c->s.pos[0], &rec_ids, &rec_probs)) xn = NULL;
+    predictor_use_record(c->pred, rec_ids, rec_probs, rec_ids ? c->route_ov->la_depth : 0);
     const int n_ids = predictor_predict(c->pred, next, xn, c->chunk_tokens[0], c->pf_ids);
     for (int i = 0; i < n_ids; i++) store_prefetch(c->store, c->pf_ids[i] / X, c->pf_ids[i] % X);
 }

@@ -763,17 +763,15 @@ class Model(BaseModel):
                 return
             ids = np.ascontiguousarray(ids, dtype=np.int32)
             weights = np.ascontiguousarray(weights, dtype=np.float32)
+            guesses = lookahead_arrays(ids, *lookahead) if lookahead is not None else None  # checked first
             self._lib.check(
                 self._lib.colibri_debug_route_override(
                     self._ctx, _native.i32_ptr(ids), _native.f32_ptr(weights), int(ids.shape[0])
                 ),
                 "route override",
             )
-            if lookahead is not None:
-                la_ids = np.ascontiguousarray(lookahead[0], dtype=np.int32)
-                la_probs = np.ascontiguousarray(lookahead[1], dtype=np.float32)
-                if la_ids.shape != la_probs.shape or la_ids.shape[:2] != ids.shape[:2] or la_ids.ndim != 4:
-                    raise ValueError(f"lookahead guesses {la_ids.shape} do not fit the routing {ids.shape}")
+            if guesses is not None:
+                la_ids, la_probs = guesses
                 self._lib.check(
                     self._lib.colibri_debug_route_override_lookahead(
                         self._ctx, _native.i32_ptr(la_ids), _native.f32_ptr(la_probs), int(la_ids.shape[2])
@@ -1090,6 +1088,22 @@ def _options(options: LoadOptions | None, keywords: dict[str, Any], default: Loa
     return replace(default, **keywords) if keywords else default
 
 
+def lookahead_arrays(
+    ids: np.ndarray, lookahead_ids: np.ndarray, lookahead_probs: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Recorded lookahead guesses as the C API takes them (int32 ids, float32 probabilities), checked to be
+    [T, n_layer, depth, k] for the routing ids [T, n_layer, k] they were recorded with."""
+    la_ids = np.ascontiguousarray(lookahead_ids, dtype=np.int32)
+    la_probs = np.ascontiguousarray(lookahead_probs, dtype=np.float32)
+    shape = la_ids.shape
+    if len(shape) != 4 or la_probs.shape != shape or shape[:2] != ids.shape[:2] or shape[3] != ids.shape[2]:
+        raise ValueError(
+            f"lookahead guesses {shape} and {la_probs.shape} do not fit the routing {ids.shape}: they "
+            "must be [T, n_layer, depth, k]"
+        )
+    return la_ids, la_probs
+
+
 def replay_routing(
     model: str | os.PathLike[str],
     tokens: Sequence[int] | np.ndarray,
@@ -1129,21 +1143,7 @@ def replay_routing(
     if lookahead_ids is not None or lookahead_probs is not None:
         if lookahead_ids is None or lookahead_probs is None or streams > 1:
             raise ValueError("lookahead guesses need both lookahead_ids and lookahead_probs, and streams 1")
-        guesses = (
-            np.ascontiguousarray(lookahead_ids, dtype=np.int32),
-            np.ascontiguousarray(lookahead_probs, dtype=np.float32),
-        )
-        shape = guesses[0].shape
-        if (
-            len(shape) != 4
-            or guesses[1].shape != shape
-            or shape[:2] != ids.shape[:2]
-            or shape[3] != ids.shape[2]
-        ):
-            raise ValueError(
-                f"lookahead guesses {shape} and {guesses[1].shape} must be [T, n_layer, depth, k] for "
-                f"the routing's {ids.shape}"
-            )
+        guesses = lookahead_arrays(ids, lookahead_ids, lookahead_probs)
     batch = interleave(ids, streams) if streams > 1 else None
     with _OpenModel(path) as m:
         if opts.verify:

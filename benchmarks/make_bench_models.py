@@ -856,6 +856,14 @@ def main(argv: list[str] | None = None) -> int:
         help="instead of --models: bench-A-sized experts with a routing trace's layer/expert counts, top-k",
     )
     ap.add_argument(
+        "--profile-from",
+        type=Path,
+        default=None,
+        help="with --like-trace: the trace model's routing profile (e.g. colibri_backend/models/"
+        "colibri-moe-q8_0.gguf.routing), written beside the new file as its own, so the hashed predictor and "
+        "the warm start work under the trace's routing (the table is keyed by the trace model's tokens)",
+    )
+    ap.add_argument(
         "--cache-dir",
         type=Path,
         default=DEFAULT_CACHE_DIR,
@@ -875,6 +883,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--force", action="store_true", help="rewrite even when the cache is up to date")
     args = ap.parse_args(argv)
 
+    if args.profile_from and not args.like_trace:
+        raise SystemExit("--profile-from goes with --like-trace")
     tokenizer_gguf = args.tokenizer_gguf or find_smollm2_gguf()
     args.cache_dir.mkdir(parents=True, exist_ok=True)
     specs = [spec_like_trace(args.like_trace)] if args.like_trace else list(iter_models(args.models))
@@ -897,7 +907,33 @@ def main(argv: list[str] | None = None) -> int:
             keep_checkpoint=not args.remove_checkpoint,
         )
         print(path)
+        if args.profile_from:
+            print(restamp_profile(args.profile_from, path))
     return 0
+
+
+def restamp_profile(source: Path, model: Path) -> Path:
+    """Copy the routing profile `source` (the trace model's) to MODEL.routing with `model`'s size and
+    fingerprint, once its layer, expert and top-k counts are checked against `model`'s: a random-weight
+    file run under the trace's routing (colibri_backend.trace.impose_trace, which also hands the hashed
+    predictor the trace's tokens) then warms its slots and predicts as the trace model would."""
+    import dataclasses
+
+    from colibri_backend.engine import check_model_file
+    from colibri_backend.profile import model_fingerprint, profile_path, read_profile, write_profile
+
+    prof = read_profile(source)
+    info = check_model_file(model)
+    want = (info.n_layer, info.n_expert, info.n_expert_used)
+    if (prof.n_layer, prof.n_expert, prof.n_expert_used) != want:
+        raise SystemExit(
+            f"{source} profiles {prof.n_layer} layers of {prof.n_expert} experts, top-{prof.n_expert_used}; "
+            f"{model} has {want[0]} layers of {want[1]}, top-{want[2]}"
+        )
+    fingerprint, size = model_fingerprint(model)
+    return write_profile(
+        profile_path(model), dataclasses.replace(prof, model_bytes=size, model_fingerprint=fingerprint)
+    )
 
 
 if __name__ == "__main__":

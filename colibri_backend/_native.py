@@ -42,7 +42,7 @@ from colibri_backend.errors import (
     UnsupportedModelError,
 )
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 LIB_NAME = "libcolibri.so"
 
 # colibri_status values
@@ -363,6 +363,7 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "colibri_device_name": (c_char_p, [c_void_p]),
     "colibri_debug_route_override": (c_int, [c_void_p, _i32p, _f32p, c_int32]),
     "colibri_debug_route_override_lookahead": (c_int, [c_void_p, _i32p, _f32p, c_int32]),
+    "colibri_debug_route_override_tokens": (c_int, [c_void_p, _i32p]),
     "colibri_sampler_default_params": (None, [POINTER(SamplerParamsC)]),
     "colibri_sampler_new": (c_int, [POINTER(SamplerParamsC), c_int32, POINTER(c_void_p)]),
     "colibri_sampler_free": (None, [c_void_p]),

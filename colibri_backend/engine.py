@@ -750,11 +750,13 @@ class Model(BaseModel):
         ids: np.ndarray | None,
         weights: np.ndarray | None = None,
         lookahead: tuple[np.ndarray, np.ndarray] | None = None,
+        tokens: np.ndarray | None = None,
     ) -> None:
         """Benchmarks and tests only: impose a recorded routing ([T, n_layer, k] ids and weights; position p
         follows row p % T) on every later evaluation, and with ``lookahead`` (the trace's recorded guesses,
         ids and probs [T, n_layer, depth, k]) make the lookahead prefetch guess what the trace's model
-        guessed; None turns it off. colibri_backend.trace.impose_trace is the checked way to call it."""
+        guessed, with ``tokens`` (the trace's [T] token ids) make the hashed predictor key on the trace's
+        tokens; None turns it off. colibri_backend.trace.impose_trace is the checked way to call it."""
         with self._lock:
             self._check_open()
             if ids is None:
@@ -764,6 +766,12 @@ class Model(BaseModel):
             ids = np.ascontiguousarray(ids, dtype=np.int32)
             weights = np.ascontiguousarray(weights, dtype=np.float32)
             guesses = lookahead_arrays(ids, *lookahead) if lookahead is not None else None  # checked first
+            if tokens is not None:
+                tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+                if tokens.shape != ids.shape[:1]:
+                    raise ValueError(
+                        f"the trace's token ids have shape {tokens.shape}; its routing has {ids.shape[0]} rows"
+                    )
             self._lib.check(
                 self._lib.colibri_debug_route_override(
                     self._ctx, _native.i32_ptr(ids), _native.f32_ptr(weights), int(ids.shape[0])
@@ -777,6 +785,11 @@ class Model(BaseModel):
                         self._ctx, _native.i32_ptr(la_ids), _native.f32_ptr(la_probs), int(la_ids.shape[2])
                     ),
                     "route override lookahead",
+                )
+            if tokens is not None:
+                self._lib.check(
+                    self._lib.colibri_debug_route_override_tokens(self._ctx, _native.i32_ptr(tokens)),
+                    "route override tokens",
                 )
 
     def route(self, token_ids: Sequence[int]) -> np.ndarray:

@@ -387,7 +387,8 @@ def impose_trace(model: Any, trace: RoutingTrace | None) -> None:
     real work under a trained router's choices. The router still runs; only its choice is replaced. When
     the trace holds the lookahead's recorded guesses, the lookahead prefetch takes them too (what the
     trained model's lookahead guessed, not this file's router on hidden states the routing did not come
-    from)."""
+    from), and the hashed predictor keys on the trace's tokens (its routing profile's table is the trace
+    model's: benchmarks/make_bench_models.py --like-trace writes one beside bench-r)."""
     if trace is None:
         model._debug_route_override(None)
         return
@@ -408,4 +409,4 @@ def impose_trace(model: Any, trace: RoutingTrace | None) -> None:
     guesses = None
     if trace.lookahead_ids is not None and trace.lookahead_probs is not None:
         guesses = (trace.lookahead_ids, trace.lookahead_probs)
-    model._debug_route_override(trace.ids, trace.weights, guesses)
+    model._debug_route_override(trace.ids, trace.weights, guesses, tokens=trace.tokens)

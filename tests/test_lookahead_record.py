@@ -231,6 +231,43 @@ def test_an_imposed_trace_brings_its_lookahead_guesses(moe: Path, trace: Routing
             m._debug_route_override(trace.ids, trace.weights, (rotated_ids[:3], trace.lookahead_probs[:3]))
 
 
+def _hashed(moe: Path, trace: RoutingTrace) -> dict:
+    """The hashed predictor's counters replayed on `trace` (its tokens key the bundled profile's table)."""
+    return colibri_backend.replay_routing(
+        moe, trace.tokens, trace.ids, **store_options(SLOTS, "reuse", "hashed"), warmup_routing=True
+    )
+
+
+def test_an_imposed_trace_brings_its_tokens_to_the_hashed_predictor(moe: Path, trace: RoutingTrace) -> None:
+    """Under impose_trace the hashed predictor keys its routing profile on the trace's tokens, not on the
+    tokens the context evaluates: a live decode of TOKENS under a trace whose tokens are TOKENS rotated
+    guesses and scores exactly what the replay of that trace does, which differs from the replay keyed on
+    TOKENS themselves."""
+    from colibri_backend.errors import EngineError
+    from colibri_backend.trace import impose_trace
+
+    shifted = RoutingTrace(trace.ids, trace.weights, np.roll(trace.tokens, 7), dict(trace.meta))
+    options = store_options(SLOTS, "reuse", "hashed")
+    with colibri_backend.load(moe, **options, warmup_routing=True, threads=2) as m:
+        impose_trace(m, shifted)
+        m.next_logits(TOKENS)  # prefill: positions 0.. follow the trace's rows; no prefetch in prefill
+        m.reset_stats()
+        for i in range(len(TOKENS), 2 * len(TOKENS)):  # decode steps at positions T.. follow rows 0..
+            m.next_logits(TOKENS + TOKENS[: i - len(TOKENS) + 1])
+        live = m.stats()
+        keys = ("hashed_predicted", "hashed_correct", "hashed_actual")
+        replayed = _hashed(moe, shifted)
+        assert tuple(live[k] for k in keys) == tuple(replayed[k] for k in keys)
+        assert live["hashed_predicted"] == len(TOKENS) * trace.n_layer * trace.ids.shape[2]
+        assert _hashed(moe, trace)["hashed_correct"] != live["hashed_correct"]  # the tokens matter
+        with pytest.raises(ValueError, match="token ids have shape"):
+            m._debug_route_override(trace.ids, trace.weights, tokens=trace.tokens[:-1])
+        bad = trace.tokens.copy()
+        bad[4] = -3
+        with pytest.raises(EngineError, match="token 4 has the negative id -3"):
+            m._debug_route_override(trace.ids, trace.weights, tokens=bad)
+
+
 def test_colibri_replay_replays_the_recorded_lookahead(
     moe: Path, trace: RoutingTrace, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -156,3 +156,38 @@ def test_bench_r_has_the_trace_models_counts(tmp_path: Path) -> None:
     v2 = mbm.spec_like_trace(saved)
     assert (v2.name, v2.n_layer, v2.n_expert, v2.n_expert_used) == ("bench-r-l12-e32-k4", 12, 32, 4)
     assert v2.stamp() != v1.stamp()
+
+
+def test_a_trace_models_profile_restamped_for_a_bench_file(tmp_path: Path) -> None:
+    """make_bench_models.py --profile-from: the trace model's routing profile, written beside a file of the
+    same counts as that file's own (the engine checks size and fingerprint), its table unchanged; a file
+    of other counts is refused."""
+    import shutil
+
+    from colibri_backend.models import resolve_model
+    from colibri_backend.profile import profile_path, read_profile
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import make_bench_models as mbm
+    finally:
+        sys.path.pop(0)
+    moe = resolve_model("colibri-moe").gguf
+    other = tmp_path / "other.gguf"  # the same tensors, another file: another size and fingerprint
+    shutil.copy(moe, other)
+    with open(other, "ab") as f:
+        f.write(bytes(4096))
+    source = profile_path(moe)
+    with pytest.raises(ValueError, match="made from another model file"):
+        read_profile(source, other)
+    written = mbm.restamp_profile(source, other)
+    assert written == profile_path(other)
+    mine, theirs = read_profile(written, other), read_profile(source, moe)
+    np.testing.assert_array_equal(mine.cand, theirs.cand)
+    np.testing.assert_array_equal(mine.share, theirs.share)
+    with colibri_backend.load(other, prefetch="hashed", warmup_routing=True, expert_slots="25%", threads=2) as m:
+        m.next_logits(PROMPT[:4])
+        m.next_logits(PROMPT[:5])  # one decode step: every layer's hashed guess
+        assert m.stats()["hashed_predicted"] == m.info.n_layer * m.info.n_expert_used
+    with pytest.raises(SystemExit, match="profiles 6 layers of 32 experts, top-4"):
+        mbm.restamp_profile(source, resolve_model("smollm2").gguf)

@@ -18,7 +18,7 @@
 extern "C" {
 #endif
 
-#define COLIBRI_ABI_VERSION 7
+#define COLIBRI_ABI_VERSION 8
 
 #if defined(_WIN32)
 #define COLIBRI_API __declspec(dllexport)
@@ -436,6 +436,12 @@ COLIBRI_API colibri_status colibri_debug_route_override(colibri_context *ctx, co
  * context's lookahead_depth. A new colibri_debug_route_override drops them. */
 COLIBRI_API colibri_status colibri_debug_route_override_lookahead(colibri_context *ctx, const int32_t *lookahead_ids,
                                                                   const float *lookahead_probs, int32_t depth);
+/* Benchmarks and tests only: attach the same trace's token ids (tokens[n_tokens], n_tokens the override's,
+ * each >= 0: the trace model's ids, whatever this file's vocabulary) to the routing override, so the hashed
+ * predictor (COLIBRI_PREFETCH_HASHED) looks up, at position p, the routing profile's candidates for the
+ * trained model's token at row p % n_tokens instead of the token this context evaluates there. A new
+ * colibri_debug_route_override drops them. */
+COLIBRI_API colibri_status colibri_debug_route_override_tokens(colibri_context *ctx, const int32_t *tokens);
 
 /* ---- sampler --------------------------------------------------------- */
 

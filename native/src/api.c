@@ -283,3 +283,11 @@ colibri_status colibri_debug_route_override_lookahead(colibri_context *ctx, cons
     return route_override_set_lookahead(ctx->route_ov, ctx->model, lookahead_ids, lookahead_probs, depth,
                                         ctx->pred ? ctx->pred->depth : 1);
 }
+
+colibri_status colibri_debug_route_override_tokens(colibri_context *ctx, const int32_t *tokens) {
+    if (!ctx || !tokens) return cb_error(COLIBRI_E_INVALID_ARG, "colibri_debug_route_override_tokens: NULL argument");
+    if (!ctx->route_ov)
+        return cb_error(COLIBRI_E_INVALID_ARG, "colibri_debug_route_override_tokens: no routing override to "
+                                               "attach the tokens to (colibri_debug_route_override first)");
+    return route_override_set_tokens(ctx->route_ov, tokens);
+}

@@ -80,7 +80,10 @@ void ffn_prefetch_layer(struct colibri_context *c, int next, const float *xn) {
     const float *rec_probs = NULL;
     if (xn && c->route_ov && route_override_guesses(c->route_ov, c->s.pos[0], &rec_ids, &rec_probs)) xn = NULL;
     predictor_use_record(c->pred, rec_ids, rec_probs, rec_ids ? c->route_ov->la_depth : 0);
-    const int n_ids = predictor_predict(c->pred, next, xn, c->chunk_tokens[0], c->pf_ids);
+    /* likewise the hashed predictor keys on the imposed trace's token, when it carries them */
+    const int32_t token = c->route_ov ? route_override_token(c->route_ov, c->s.pos[0], c->chunk_tokens[0])
+                                      : c->chunk_tokens[0];
+    const int n_ids = predictor_predict(c->pred, next, xn, token, c->pf_ids);
     for (int i = 0; i < n_ids; i++) store_prefetch(c->store, c->pf_ids[i] / X, c->pf_ids[i] % X);
 }
 

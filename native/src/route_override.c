@@ -57,6 +57,7 @@ void route_override_free(route_override *o) {
     cb_free(o->weights);
     cb_free(o->la_ids);
     cb_free(o->la_probs);
+    cb_free(o->tokens);
     cb_free(o);
 }
 
@@ -80,6 +81,23 @@ colibri_status route_override_set_lookahead(route_override *o, const struct coli
     o->la_probs = new_probs;
     o->la_depth = depth;
     return COLIBRI_OK;
+}
+
+colibri_status route_override_set_tokens(route_override *o, const int32_t *tokens) {
+    for (int32_t t = 0; t < o->n_tokens; t++)
+        if (tokens[t] < 0)
+            return cb_error(COLIBRI_E_INVALID_ARG, "routing override: token %d has the negative id %d", (int)t,
+                            (int)tokens[t]);
+    int32_t *copy = cb_malloc((size_t)o->n_tokens * sizeof *copy);
+    if (!copy) return cb_error(COLIBRI_E_NOMEM, "out of memory for %d token ids", (int)o->n_tokens);
+    memcpy(copy, tokens, (size_t)o->n_tokens * sizeof *copy);
+    cb_free(o->tokens);
+    o->tokens = copy;
+    return COLIBRI_OK;
+}
+
+int32_t route_override_token(const route_override *o, int64_t pos, int32_t own) {
+    return o->tokens ? o->tokens[pos % o->n_tokens] : own;
 }
 
 int route_override_guesses(const route_override *o, int64_t pos, const int32_t **ids, const float **probs) {

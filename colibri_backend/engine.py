@@ -770,7 +770,8 @@ class Model(BaseModel):
                 tokens = np.ascontiguousarray(tokens, dtype=np.int32)
                 if tokens.shape != ids.shape[:1]:
                     raise ValueError(
-                        f"the trace's token ids have shape {tokens.shape}; its routing has {ids.shape[0]} rows"
+                        f"the trace's token ids have shape {tokens.shape}; "
+                        f"its routing has {ids.shape[0]} rows"
                     )
             self._lib.check(
                 self._lib.colibri_debug_route_override(

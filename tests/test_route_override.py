@@ -185,7 +185,8 @@ def test_a_trace_models_profile_restamped_for_a_bench_file(tmp_path: Path) -> No
     mine, theirs = read_profile(written, other), read_profile(source, moe)
     np.testing.assert_array_equal(mine.cand, theirs.cand)
     np.testing.assert_array_equal(mine.share, theirs.share)
-    with colibri_backend.load(other, prefetch="hashed", warmup_routing=True, expert_slots="25%", threads=2) as m:
+    options = {"prefetch": "hashed", "warmup_routing": True, "expert_slots": "25%", "threads": 2}
+    with colibri_backend.load(other, **options) as m:
         m.next_logits(PROMPT[:4])
         m.next_logits(PROMPT[:5])  # one decode step: every layer's hashed guess
         assert m.stats()["hashed_predicted"] == m.info.n_layer * m.info.n_expert_used

@@ -37,7 +37,13 @@ Two modes:
       python benchmarks/capped_sweep.py capped --model bench-r --routing-trace \
           benchmarks/traces/colibri-moe-v1-heldout.npz --fractions 0.6,0.25 --prefetch-modes none/temporal
 
-Results go to stdout as a table and, with --json, to a file.
+Results go to stdout as a table and, with --json, to a file. `report DIR [DIR ...]` turns capped runs'
+JSON files into one markdown table; given the out-dirs of several rounds of the same cells (run one after
+another, so the cells alternate), each row has the median over the rounds and every run's decode tok/s,
+with each predictor's precision / recall and the MiB of prefetches wasted.
+
+      for r in 1 2 3; do python benchmarks/capped_sweep.py capped ... --out-dir OUT/r$r; done
+      python benchmarks/capped_sweep.py report OUT/r1 OUT/r2 OUT/r3
 """
 
 from __future__ import annotations
@@ -325,6 +331,21 @@ def decode_figures(run: dict) -> dict | None:
     }
 
 
+def predictor_cell(runs: list[dict]) -> str:
+    """Each predictor that guessed in these runs: its letter (L lookahead, T temporal, H hashed) and the
+    median precision / recall of its scored guesses."""
+    from statistics import median
+
+    out = []
+    for name in ("lookahead", "temporal", "hashed"):
+        stats = [r["engine_stats"] for r in runs if r["engine_stats"].get(f"{name}_predicted")]
+        if stats:
+            p = median(s[f"{name}_correct"] / s[f"{name}_predicted"] for s in stats)
+            rc = median(s[f"{name}_correct"] / max(s[f"{name}_actual"], 1) for s in stats)
+            out.append(f"{name[0].upper()} {p:.0%} / {rc:.0%}")
+    return "; ".join(out) or "-"
+
+
 def capped_report(args: argparse.Namespace) -> int:
     """Markdown tables from a capped sweep's JSON files (capped_*.json, plus capped_none.json: the same
     protocol without a cap, from `bench.py ... --json DIR/capped_none.json`; a `_pf-MODE` suffix names the
@@ -333,7 +354,7 @@ def capped_report(args: argparse.Namespace) -> int:
 
     rows: dict[tuple[str, str, str], dict[str, list[dict]]] = {}
     caps: dict[str, int] = {}
-    for f in sorted(Path(args.dir).glob("capped_*.json")):
+    for f in sorted(f for d in args.dir for f in Path(d).glob("capped_*.json")):
         frac, basis, pf = parse_label(f.stem)
         label = frac + (f"_of-{basis}" if basis else "")
         doc = json.loads(f.read_text())
@@ -362,9 +383,10 @@ def capped_report(args: argparse.Namespace) -> int:
         "| cap | prefetch | sampling | Colibri decode tok/s | llama.cpp decode tok/s | ratio "
         "| Colibri / own uncapped | decode hit % | MiB read / decoded token | read MB/s while decoding "
         "| decode stall % | MiB read / token, prompt included | major faults / token (C / L) "
-        "| faults, first 8 tokens (C / L) | plan MiB | RSS growth MiB (/ plan) | cgroup peak MiB (C / L) |"
+        "| faults, first 8 tokens (C / L) | plan MiB | RSS growth MiB (/ plan) | cgroup peak MiB (C / L) "
+        "| Colibri decode tok/s, each run | predictor precision / recall | MiB of prefetches wasted |"
     )
-    print("|" + "---|" * 17)
+    print("|" + "---|" * 20)
 
     def order_key(k: tuple[str, str, str]) -> tuple:
         frac, _, basis = k[0].partition("_of-")
@@ -419,6 +441,10 @@ def capped_report(args: argparse.Namespace) -> int:
             for x in (c, ll)
         ]
         cells.append(" / ".join(cg))
+        cells.append(", ".join(f"{r['decode_tps']:.1f}" for r in c) if c else "-")
+        cells.append(predictor_cell(c) if c else "-")
+        wasted = med([r["engine_stats"] for r in c], "prefetch_wasted_bytes") if c else None
+        cells.append(f"{wasted / 2**20:.0f}" if wasted is not None else "-")
         print("| " + " | ".join(cells) + " |")
     return 0
 
@@ -427,7 +453,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="mode", required=True)
     report = sub.add_parser("report", help="Markdown tables from a capped sweep's --out-dir")
-    report.add_argument("dir", type=Path)
+    report.add_argument(
+        "dir", type=Path, nargs="+", help="an --out-dir; several (rounds of the same cells) go in one table"
+    )
     for name in ("budget", "child", "capped"):
         p = sub.add_parser(name)
         p.add_argument("--model", required=True)

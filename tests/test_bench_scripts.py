@@ -453,6 +453,48 @@ def test_capped_sweep_caps_of_another_file(tmp_path: Path, monkeypatch, capsys) 
     assert lines[1].split(" | ")[4] == "1.50"  # the llama.cpp median of the two runs
 
 
+def test_capped_report_over_rounds_lists_every_run_and_the_predictors(tmp_path: Path, capsys) -> None:
+    """`capped_sweep.py report R1 R2`: the rounds' runs of a cell in one row, the median over them, each run's
+    tok/s in round order, each predictor that guessed with its median precision / recall, MiB wasted."""
+    import capped_sweep
+
+    def run(tps: float, hashed_correct: int, wasted_mib: int) -> dict:
+        stats = {
+            "n_prompt_tokens": 8,
+            "n_decode_tokens": 8,
+            "expert_calls": 64,
+            "expert_hits": 32,
+            "expert_bytes_read": 64 << 20,
+            "memory_plan": {"total_bytes": 100 << 20},
+            "prefetch_wasted_bytes": wasted_mib << 20,
+            "hashed_predicted": 40,
+            "hashed_correct": hashed_correct,
+            "hashed_actual": 40,
+            "temporal_predicted": 0,
+        }
+        return {
+            "ok": True,
+            "engine": "colibri",
+            "sampling": "greedy",
+            "decode_tps": tps,
+            "engine_stats": stats,
+            "peak_rss_bytes": 90 << 20,
+        }
+
+    for rnd, r in (("r1", run(10.0, 20, 30)), ("r2", run(12.0, 30, 50))):
+        d = tmp_path / rnd
+        d.mkdir()
+        doc = {"protocol": {"memory_cap_bytes": 200 << 20}, "runs": [r]}
+        (d / "capped_0.40_pf-hashed.json").write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert capped_sweep.main(["report", str(tmp_path / "r1"), str(tmp_path / "r2")]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ")]
+    assert len(lines) == 2  # the header and one row for the two rounds' runs
+    cells = [c.strip() for c in lines[1].strip("|").split(" | ")]
+    assert cells[:4] == ["40% (200 MiB)", "hashed", "greedy", "11.00"]
+    assert cells[-3:] == ["10.0, 12.0", "H 62% / 62%", "40"]
+
+
 def test_cap_bounds_on_a_tiny_model(tiny_models, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """benchmarks/cap_bounds.py: an expert's bytes from the file, Belady's optimum on the decode steps'
     routing of a run (the rows of its prompt + generated ids but the last), and the speeds the disk allows."""

@@ -495,6 +495,16 @@ def test_capped_report_over_rounds_lists_every_run_and_the_predictors(tmp_path: 
     assert cells[-3:] == ["10.0, 12.0", "H 62% / 62%", "40"]
 
 
+def test_sampler_cost_reports_every_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    """benchmarks/sampler_cost.py: a row per sampling setting, each with a positive time (a fresh process)."""
+    import sampler_cost
+
+    assert sampler_cost.main(["--vocab", "300", "--calls", "5", "--rounds", "1"]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| ")][1:]
+    assert [r.split(" | ")[0].lstrip("| ") for r in rows] == list(sampler_cost.SETTINGS)
+    assert all(float(r.split(" | ")[1].split(" ")[0]) > 0 for r in rows)
+
+
 def test_cap_bounds_on_a_tiny_model(tiny_models, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """benchmarks/cap_bounds.py: an expert's bytes from the file, Belady's optimum on the decode steps'
     routing of a run (the rows of its prompt + generated ids but the last), and the speeds the disk allows."""

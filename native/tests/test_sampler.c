@@ -321,6 +321,37 @@ static void test_large_vocab_filters(void) {
     colibri_sampler_free(s);
 }
 
+/* Top-k with many exact ties at the cut, for a small k (the sorted scan) and a large one (quickselect,
+ * then a sort): exactly the k best by (logit, lower id) are ever drawn, and every one of them is. */
+static void test_top_k_ties(void) {
+    enum { V = 2000 };
+    static float l[V];
+    static int seen[V];
+    for (int i = 0; i < V; i++) l[i] = 0.1f * (float)((i * 7) % 13);   /* 13 levels, ~154 tokens each */
+    const int ks[] = {150, 300, 40, 1};
+    for (int j = 0; j < 4; j++) {
+        const int k = ks[j];
+        /* the k best: from the top level down, lower ids first within a level */
+        static int in_top[V];
+        memset(in_top, 0, sizeof in_top);
+        int left = k;
+        for (int level = 12; level >= 0 && left > 0; level--)
+            for (int i = 0; i < V && left > 0; i++)
+                if ((i * 7) % 13 == level) in_top[i] = 1, left--;
+        colibri_sampler *s = make(1.0f, k, 1.0f, 0.0f, 7 + (uint64_t)j, V);
+        memset(seen, 0, sizeof seen);
+        int bad = 0, distinct = 0;
+        for (int i = 0; i < 40 * k + 2000; i++) {
+            const int32_t t = sample1(s, l);
+            if (!in_top[t]) bad++;
+            if (!seen[t]++) distinct++;
+        }
+        CHECK(bad == 0);
+        CHECK(distinct == k);
+        colibri_sampler_free(s);
+    }
+}
+
 static void test_determinism_and_alloc(void) {
     enum { V = 1000, N = 500 };
     static float l[V];
@@ -413,6 +444,7 @@ int main(void) {
     test_penalties();
     test_filters_distribution();
     test_large_vocab_filters();
+    test_top_k_ties();
     test_determinism_and_alloc();
     test_allowed_mask();
     return test_summary("test_sampler");

@@ -2,14 +2,18 @@
 
     python benchmarks/sampler_cost.py                              # the installed library
     python benchmarks/sampler_cost.py --libs OLD.so,NEW.so --rounds 5   # two builds, alternating
+    python benchmarks/sampler_cost.py --libs OLD.so,NEW.so --model smollm2   # and what decode gains
 
 Each measurement is a fresh process that draws --calls tokens from rows of random logits (normal, scale 3,
 --vocab entries: SmolLM2's 49,152 by default) with one setting after another: greedy, temperature alone,
 top-k 40, top-p 0.95, and llama.cpp's server defaults (top-k 40, top-p 0.95, min-p 0.05). Reported: the
-median over --rounds of the microseconds per call, and its range; with --libs the rounds alternate
-between the libraries (COLIBRI_LIB) and the last column is the first library's time over the second's.
+median over --rounds of the microseconds per call (the rows without "tok/s"), and its range; with --libs
+the rounds alternate between the libraries (COLIBRI_LIB) and the last column is the first library's
+figure over the second's.
 A decode step of a small model takes a few milliseconds, so a sampler at several hundred microseconds
-is a tenth of it, and in a batched server every request's sampler runs between two steps.
+is a tenth of it, and in a batched server every request's sampler runs between two steps. --model M
+adds a row per setting of decode tok/s of M (a known name or a GGUF; 128 tokens after a short prompt,
+2 threads, through Model.generate_tokens: the engine's step and the sampler, as a user's loop runs them).
 """
 
 from __future__ import annotations
@@ -54,16 +58,42 @@ def measure(vocab: int, calls: int) -> dict[str, float]:
     return out
 
 
+def decode_speed(model_name: str) -> dict[str, float]:
+    """Decode tok/s of the model under each setting (the same prompt and seed every time)."""
+    import time
+
+    import colibri_backend
+    from colibri_backend.adapters.sampling import SamplingParams
+
+    out = {}
+    with colibri_backend.load(model_name, threads=2) as model:
+        ids = model.tokenize("Write a long story about the history of the printing press.")
+        never_stop = {t: float("-inf") for t in model.tokenizer.stop_token_ids}  # always 128 tokens
+        for name, params in SETTINGS.items():
+            sp = SamplingParams(seed=1, logit_bias=never_stop, **params)
+            stamps = []
+            for _ in range(2):  # the first pass warms the caches and fills the prefix cache
+                stamps = []
+                for _ev in model.generate_tokens(ids, max_tokens=129, sampling=sp, stop=None, logprobs=None):
+                    stamps.append(time.perf_counter())
+            out[f"decode tok/s, {name}"] = (len(stamps) - 1) / (stamps[-1] - stamps[0])
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--libs", default=None, help="libcolibri.so files to compare, comma-separated")
     ap.add_argument("--vocab", type=int, default=49152)
     ap.add_argument("--calls", type=int, default=400)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--model", default=None, help="also decode tok/s of this model under each setting")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print(json.dumps(measure(args.vocab, args.calls)))
+        figures = measure(args.vocab, args.calls)
+        if args.model:
+            figures |= decode_speed(args.model)
+        print(json.dumps(figures))
         return 0
     libs = args.libs.split(",") if args.libs else [os.environ.get("COLIBRI_LIB", "")]
     runs: dict[str, list[dict[str, float]]] = {lib: [] for lib in libs}
@@ -71,20 +101,22 @@ def main(argv: list[str] | None = None) -> int:
         for lib in libs:
             env = dict(os.environ, COLIBRI_LIB=lib) if lib else dict(os.environ)
             cmd = [sys.executable, __file__, "--child", "--vocab", str(args.vocab)]
-            cmd += ["--calls", str(args.calls)]
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+            cmd += ["--calls", str(args.calls)] + (["--model", args.model] if args.model else [])
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if done.returncode:
+                raise SystemExit(f"{' '.join(cmd)} failed (COLIBRI_LIB={lib}):\n{done.stderr}")
             runs[lib].append(json.loads(done.stdout.strip().splitlines()[-1]))
     names = [lib or "installed" for lib in libs]
-    head = "| setting | " + " | ".join(f"{n}: us / call (range)" for n in names)
+    head = "| setting | " + " | ".join(f"{n}: median (range)" for n in names)
     print(head + (" | first / second |" if len(libs) == 2 else " |"))
     print("|---" * (len(libs) + 1 + (len(libs) == 2)) + "|")
-    for setting in SETTINGS:
+    for setting in runs[libs[0]][0]:
         meds = []
         cells = [setting]
         for lib in libs:
             vals = [r[setting] for r in runs[lib]]
             meds.append(statistics.median(vals))
-            cells.append(f"{meds[-1]:.0f} ({min(vals):.0f}-{max(vals):.0f})")
+            cells.append(f"{meds[-1]:.1f} ({min(vals):.1f}-{max(vals):.1f})")
         if len(libs) == 2:
             cells.append(f"{meds[0] / meds[1]:.2f}x")
         print("| " + " | ".join(cells) + " |")

@@ -352,6 +352,30 @@ static void test_top_k_ties(void) {
     }
 }
 
+/* Top-p over a large vocabulary (the exponent pre-pass before the quickselect): equal probabilities
+ * keep the lowest ids (ties by id), and one dominant token is kept alone. */
+static void test_top_p_large_vocab(void) {
+    enum { V = 3000 };
+    static float l[V];
+    static int seen[V];
+    for (int i = 0; i < V; i++) l[i] = 0.25f;
+    colibri_sampler *s = make(1.0f, 0, 0.3f, 0.0f, 21, V);   /* 900 of 3000 equal tokens: ids 0..899 */
+    int bad = 0, distinct = 0;
+    memset(seen, 0, sizeof seen);
+    for (int i = 0; i < 30000; i++) {
+        const int32_t t = sample1(s, l);
+        if (t > 900) bad++;   /* 900 itself only if the sums round below the target */
+        if (!seen[t]++) distinct++;
+    }
+    CHECK(bad == 0);
+    CHECK(distinct >= 890);
+    colibri_sampler_free(s);
+    l[1234] = 40.0f;   /* e^39.75 times any other: the whole nucleus */
+    s = make(1.0f, 0, 0.5f, 0.0f, 22, V);
+    for (int i = 0; i < 200; i++) CHECK(sample1(s, l) == 1234);
+    colibri_sampler_free(s);
+}
+
 static void test_determinism_and_alloc(void) {
     enum { V = 1000, N = 500 };
     static float l[V];
@@ -445,6 +469,7 @@ int main(void) {
     test_filters_distribution();
     test_large_vocab_filters();
     test_top_k_ties();
+    test_top_p_large_vocab();
     test_determinism_and_alloc();
     test_allowed_mask();
     return test_summary("test_sampler");

@@ -202,24 +202,30 @@ def test_recorded_guesses_that_cannot_be_replayed_are_refused(moe: Path, trace: 
             colibri_backend.LoadOptions(lookahead_confidence=wrong)
 
 
+def _decode_under(m: colibri_backend.Model, imposed: RoutingTrace) -> dict:
+    """Impose the trace, prefill TOKENS (positions 0.. follow its rows; no prefetch in a prefill), then
+    one decode step per token at positions T.. (rows 0..): the decode steps' counters."""
+    from colibri_backend.trace import impose_trace
+
+    impose_trace(m, imposed)
+    m.next_logits(TOKENS)
+    m.reset_stats()
+    for i in range(len(TOKENS), 2 * len(TOKENS)):
+        m.next_logits(TOKENS + TOKENS[: i - len(TOKENS) + 1])
+    return m.stats()
+
+
 def test_an_imposed_trace_brings_its_lookahead_guesses(moe: Path, trace: RoutingTrace) -> None:
     """impose_trace hands the lookahead prefetch the trace's recorded guesses instead of the file's own
     router: guesses rotated by one expert are what a live decode under the override asks for and scores,
     exactly as the replay of those rotated guesses does, and they score worse than the true ones."""
-    from colibri_backend.trace import impose_trace
-
     rotated_ids = np.where(trace.lookahead_ids >= 0, (trace.lookahead_ids + 1) % 32, -1).astype(np.int32)
     rotated = RoutingTrace(
         trace.ids, trace.weights, trace.tokens, dict(trace.meta), rotated_ids, trace.lookahead_probs
     )
     options = store_options(SLOTS, "reuse", "lookahead")
     with colibri_backend.load(moe, **options, lookahead_depth=2, lookahead_confidence=0.06, threads=2) as m:
-        impose_trace(m, rotated)
-        m.next_logits(TOKENS)  # prefill: positions 0.. follow the trace's rows; no prefetch in prefill
-        m.reset_stats()
-        for i in range(len(TOKENS), 2 * len(TOKENS)):  # decode steps at positions T.. follow rows 0..
-            m.next_logits(TOKENS + TOKENS[: i - len(TOKENS) + 1])
-        live = m.stats()
+        live = _decode_under(m, rotated)
     r = _replayed_lookahead(moe, rotated, 0.06)
     keys = ("lookahead_predicted", "lookahead_correct", "lookahead_actual")
     assert tuple(live[k] for k in keys) == tuple(r[k] for k in keys)
@@ -244,17 +250,11 @@ def test_an_imposed_trace_brings_its_tokens_to_the_hashed_predictor(moe: Path, t
     guesses and scores exactly what the replay of that trace does, which differs from the replay keyed on
     TOKENS themselves."""
     from colibri_backend.errors import EngineError
-    from colibri_backend.trace import impose_trace
 
     shifted = RoutingTrace(trace.ids, trace.weights, np.roll(trace.tokens, 7), dict(trace.meta))
     options = store_options(SLOTS, "reuse", "hashed")
     with colibri_backend.load(moe, **options, warmup_routing=True, threads=2) as m:
-        impose_trace(m, shifted)
-        m.next_logits(TOKENS)  # prefill: positions 0.. follow the trace's rows; no prefetch in prefill
-        m.reset_stats()
-        for i in range(len(TOKENS), 2 * len(TOKENS)):  # decode steps at positions T.. follow rows 0..
-            m.next_logits(TOKENS + TOKENS[: i - len(TOKENS) + 1])
-        live = m.stats()
+        live = _decode_under(m, shifted)
         keys = ("hashed_predicted", "hashed_correct", "hashed_actual")
         replayed = _hashed(moe, shifted)
         assert tuple(live[k] for k in keys) == tuple(replayed[k] for k in keys)

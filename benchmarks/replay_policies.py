@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 import colibri_backend
-from colibri_backend.budget import PREFETCHERS, parse_prefetch
 from colibri_backend.models import resolve_model
 from colibri_backend.optimum import belady, foresight_min
 from colibri_backend.trace import load_trace
@@ -82,8 +81,7 @@ def replay(
     predictors, the trace's recorded guesses are replayed (lookahead_depth and lookahead_confidence
     among `extra`)."""
     options = store_options(size, policy, prefetch) | extra
-    if parse_prefetch(prefetch) & PREFETCHERS["lookahead"]:
-        options |= {"lookahead_ids": trace.lookahead_ids, "lookahead_probs": trace.lookahead_probs}
+    options |= trace.recorded_guesses(prefetch)
     return colibri_backend.replay_routing(model, trace.tokens, trace.ids, streams=streams, **options)
 
 

@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from colibri_backend.budget import PREFETCHERS, parse_prefetch
+
 FORMAT = "colibri-routing-trace"
 VERSION = 1
 SUFFIXES = (".npz", ".jsonl")
@@ -91,6 +93,13 @@ class RoutingTrace:
     @property
     def n_tokens(self) -> int:
         return int(self.ids.shape[0])
+
+    def recorded_guesses(self, prefetch: str | None) -> dict[str, np.ndarray]:
+        """The replay_routing keywords that replay this trace's recorded lookahead guesses when the
+        predictor set ``prefetch`` includes the lookahead and the trace holds them; else none."""
+        if self.lookahead_ids is None or not parse_prefetch(prefetch or "none") & PREFETCHERS["lookahead"]:
+            return {}
+        return {"lookahead_ids": self.lookahead_ids, "lookahead_probs": self.lookahead_probs}
 
     @property
     def n_layer(self) -> int:

@@ -117,16 +117,14 @@ def run(args: argparse.Namespace) -> int:
             )
     from colibri_backend.budget import PREFETCHERS, parse_prefetch
 
-    guesses = {}
-    if parse_prefetch(options.prefetch or "none") & PREFETCHERS["lookahead"]:
-        if trace.lookahead_ids is None and (options.prefetch or "").strip().lower() != "all":
-            # ("all" is every predictor that can run: without guesses the lookahead cannot)
-            raise ValueError(
-                f"--prefetch lookahead: {args.trace} holds no recorded lookahead guesses to replay "
-                "(record them with `colibri trace --record-lookahead N`)"
-            )
-        if trace.lookahead_ids is not None:
-            guesses = {"lookahead_ids": trace.lookahead_ids, "lookahead_probs": trace.lookahead_probs}
+    guesses = trace.recorded_guesses(options.prefetch)
+    wants_lookahead = parse_prefetch(options.prefetch or "none") & PREFETCHERS["lookahead"]
+    # ("all" is every predictor that can run: without guesses the lookahead cannot)
+    if wants_lookahead and not guesses and (options.prefetch or "").strip().lower() != "all":
+        raise ValueError(
+            f"--prefetch lookahead: {args.trace} holds no recorded lookahead guesses to replay "
+            "(record them with `colibri trace --record-lookahead N`)"
+        )
     stats = colibri_backend.replay_routing(
         path, trace.tokens, trace.ids, options, streams=args.streams, **guesses
     )

@@ -15,8 +15,8 @@ if str(BENCH) not in sys.path:
 import llama_bench_compare as lbc  # noqa: E402
 
 
-def _run(engine: str, mode: str, decode: float, prefill: float, ok: bool = True) -> dict:
-    return {
+def _run(engine: str, mode: str, decode: float, prefill: float, ok: bool = True, first: float = 0.0) -> dict:
+    r = {
         "model": "m",
         "mode": mode,
         "engine": engine,
@@ -24,14 +24,17 @@ def _run(engine: str, mode: str, decode: float, prefill: float, ok: bool = True)
         "decode_tps": decode,
         "prefill_tps": prefill,
     }
+    if first:
+        r["first_prefill_tps"] = first  # colibri-run's untimed warmup prefill
+    return r
 
 
 def test_summary_medians_ranges_and_ratios() -> None:
     runs = [
         _run("llama_bench", "warm", 30.0, 300.0),
-        _run("colibri_run", "warm", 33.0, 420.0),
+        _run("colibri_run", "warm", 33.0, 420.0, first=350.0),
         _run("llama_bench", "warm", 31.0, 310.0),
-        _run("colibri_run", "warm", 36.0, 400.0),
+        _run("colibri_run", "warm", 36.0, 400.0, first=330.0),
         _run("llama_bench", "warm", 29.0, 290.0),
         _run("colibri_run", "warm", 0.0, 0.0, ok=False),
         _run("llama_bench", "cold", 20.0, 100.0),
@@ -43,19 +46,27 @@ def test_summary_medians_ranges_and_ratios() -> None:
     assert ll["decode_tps"] == 30.0 and ll["decode_tps_range"] == [29.0, 31.0]
     assert c["decode_tps"] == 34.5 and c["prefill_tps_range"] == [400.0, 420.0]
     assert warm["ratio"]["decode_tps"] == 34.5 / 30.0 and cold["ratio"]["prefill_tps"] == 1.5
+    # the first (warmup) prefill is summarised on its own, against the same llama-bench pp64
+    assert c["first_prefill_tps"] == 340.0 and c["first_prefill_tps_range"] == [330.0, 350.0]
+    assert warm["ratio"]["first_prefill_tps"] == 340.0 / 300.0 and cold["ratio"]["first_prefill_tps"] is None
     table = lbc.table([warm, cold])
     assert "| m | warm | 30.0 (29.0–31.0) | 34.5 (33.0–36.0) | 1.15× |" in table
+    assert "| 410.0 (400.0–420.0) | 1.37× | 340.0 (330.0–350.0) | 1.13× |" in table
 
 
 def test_colibri_run_report_is_parsed() -> None:
     stderr = (
+        "colibri-run: warmup prompt: 64 tokens in 0.140 s (457.1 tok/s), not counted below\n"
         "colibri-run: llama, 2 threads, kernels avx512\n"
         "  prompt: 64 tokens in 0.123 s (520.3 tok/s)\n"
         "  generated: 128 tokens, time to first token 0.130 s, decode 41.7 tok/s\n"
     )
     m = lbc._COLIBRI_RE.search(stderr)
     assert m is not None
+    # the timed run's figures, not the warmup's (whose line also says "prompt: ...")
     assert (int(m.group(1)), float(m.group(2)), int(m.group(3)), float(m.group(5))) == (64, 520.3, 128, 41.7)
+    warm = lbc._WARMUP_RE.search(stderr)
+    assert warm is not None and float(warm.group(1)) == 457.1
 
 
 def test_cold_runs_start_with_the_model_evicted_and_warm_runs_with_it_cached(tmp_path: Path) -> None:

@@ -76,8 +76,8 @@ N_GEN = 128
 LLAMA_VERSION = "0.3.36"
 ENGINES = ("llama_bench", "colibri_run")
 _COLIBRI_RE = re.compile(
-    r"^\s+prompt: (\d+) tokens in [0-9.]+ s \(([0-9.]+) tok/s\).*?generated: (\d+) tokens, time to first token "
-    r"([0-9.]+) s, decode ([0-9.]+) tok/s",
+    r"^\s+prompt: (\d+) tokens in [0-9.]+ s \(([0-9.]+) tok/s\).*?"
+    r"generated: (\d+) tokens, time to first token ([0-9.]+) s, decode ([0-9.]+) tok/s",
     re.S | re.M,
 )
 _WARMUP_RE = re.compile(r"warmup prompt: \d+ tokens in [0-9.]+ s \(([0-9.]+) tok/s\)")

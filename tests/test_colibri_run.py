@@ -16,7 +16,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLED = ROOT / "colibri_backend" / "models" / "colibri-moe-q8_0.gguf"
 PROMPT = "def fibonacci(n):"
-WARMUP_LINE = re.compile(r"colibri-run: warmup prompt: (\d+) tokens in [0-9.]+ s \([0-9.]+ tok/s\), not counted below")
+WARMUP_LINE = re.compile(
+    r"colibri-run: warmup prompt: (\d+) tokens in [0-9.]+ s \([0-9.]+ tok/s\), not counted below"
+)
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +27,8 @@ def colibri_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert cmake, "cmake is required"
     out = tmp_path_factory.mktemp("colibri-run")
     r = subprocess.run(
-        [cmake, "-S", str(ROOT / "native"), "-B", str(out), "-DCMAKE_BUILD_TYPE=Release", "-DCOLIBRI_BUILD_TESTS=OFF"],
+        [cmake, "-S", str(ROOT / "native"), "-B", str(out), "-DCMAKE_BUILD_TYPE=Release"]
+        + ["-DCOLIBRI_BUILD_TESTS=OFF"],
         capture_output=True,
         text=True,
     )

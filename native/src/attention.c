@@ -20,6 +20,12 @@ typedef struct attn_task {
  * per head (a ring when P < n_ctx; else r0 + j itself). */
 static inline size_t ring_row(int j, int r0, int P) { return (size_t)(r0 + j < P ? r0 + j : r0 + j - P); }
 
+/* How many of keys j .. n - 1 lie in consecutive rows from row r (the j-th key's): up to the ring's end. */
+static inline int ring_run(int j, int n, size_t r, int P) {
+    const int left = P - (int)r;
+    return n - j < left ? n - j : left;
+}
+
 /* One (token, head) item: scores against its sequence's cached keys it sees (0..pos, or the layer's
  * sliding window of the last `window` positions), softmax (with the head's sink logit in the
  * denominator when the layer has sinks), weighted sum of the cached values. Items are dealt
@@ -76,10 +82,19 @@ static void attn_worker(void *arg, int ith, int nth) {
             attn_softmax(sc, n, w->sinks, h);
             for (int j = 0; j < n; j++) op_axpy(out, sc[j], V + ring_row(j, r0, P) * hd, hd);
         } else {
+            /* the keys seen are at most two runs of consecutive rows (a ring wraps once): a call per run */
             const uint16_t *K = (const uint16_t *)c->k_cache + base, *V = (const uint16_t *)c->v_cache + base;
-            for (int j = 0; j < n; j++) sc[j] = dot_f16_f32(K + ring_row(j, r0, P) * hd, q, hd) * scale;
+            for (int j = 0, len; j < n; j += len) {
+                const size_t r = ring_row(j, r0, P);
+                len = ring_run(j, n, r, P);
+                dot_f16_f32_rows(K + r * hd, (size_t)hd, len, q, hd, scale, sc + j);
+            }
             attn_softmax(sc, n, w->sinks, h);
-            for (int j = 0; j < n; j++) axpy_f16(out, sc[j], V + ring_row(j, r0, P) * hd, hd);
+            for (int j = 0, len; j < n; j += len) {
+                const size_t r = ring_row(j, r0, P);
+                len = ring_run(j, n, r, P);
+                axpy_f16_rows(out, sc + j, V + r * hd, (size_t)hd, len, hd);
+            }
         }
     }
 }

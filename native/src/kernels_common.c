@@ -44,6 +44,24 @@ void axpy_f16(float *y, float alpha, const uint16_t *x, int n) {
     kernels_current()->axpy_f16(y, alpha, x, n);
 }
 
+void dot_f16_f32_rows(const uint16_t *a, size_t stride, int rows, const float *b, int n, float scale, float *out) {
+    const kernel_table *k = kernels_current();
+    if (k->dot_f16_f32_rows) {
+        k->dot_f16_f32_rows(a, stride, rows, b, n, scale, out);
+        return;
+    }
+    for (int j = 0; j < rows; j++) out[j] = k->dot_f16_f32(a + (size_t)j * stride, b, n) * scale;
+}
+
+void axpy_f16_rows(float *y, const float *alpha, const uint16_t *x, size_t stride, int rows, int n) {
+    const kernel_table *k = kernels_current();
+    if (k->axpy_f16_rows) {
+        k->axpy_f16_rows(y, alpha, x, stride, rows, n);
+        return;
+    }
+    for (int j = 0; j < rows; j++) k->axpy_f16(y, alpha[j], x + (size_t)j * stride, n);
+}
+
 void fp32_to_fp16_row(const float *x, uint16_t *y, int n) {
     kernels_current()->fp32_to_fp16_row(x, y, n);
 }

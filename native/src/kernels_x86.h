@@ -382,7 +382,7 @@ static void kx_quantize_row_q8a(const float *x, block_q8a *y, int64_t n) {
 
 /* ---- attention helpers ------------------------------------------------------- */
 
-static float kx_dot_f16_f32(const uint16_t *a, const float *b, int n) {
+KX_INLINE float kx_dot_f16_f32_one(const uint16_t *a, const float *b, int n) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int i = 0;
     for (; i + 16 <= n; i += 16) {
@@ -399,13 +399,51 @@ static float kx_dot_f16_f32(const uint16_t *a, const float *b, int n) {
     return s;
 }
 
-static void kx_axpy_f16(float *y, float alpha, const uint16_t *x, int n) {
+static float kx_dot_f16_f32(const uint16_t *a, const float *b, int n) { return kx_dot_f16_f32_one(a, b, n); }
+
+/* One call per run of cache rows instead of one per row (attention.c): the call, the table lookup and
+ * the horizontal sum's latency cost about as much as a 64-element dot itself; the one-row code inlined. */
+static void kx_dot_f16_f32_rows(const uint16_t *a, size_t stride, int rows, const float *b, int n, float scale,
+                                float *out) {
+    for (int j = 0; j < rows; j++) out[j] = kx_dot_f16_f32_one(a + (size_t)j * stride, b, n) * scale;
+}
+
+KX_INLINE void kx_axpy_f16_one(float *y, float alpha, const uint16_t *x, int n) {
     const __m256 a = _mm256_set1_ps(alpha);
     int i = 0;
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))),
                                                 _mm256_loadu_ps(y + i)));
     for (; i < n; i++) y[i] += alpha * _cvtsh_ss(x[i]);
+}
+
+static void kx_axpy_f16(float *y, float alpha, const uint16_t *x, int n) { kx_axpy_f16_one(y, alpha, x, n); }
+
+/* y += alpha[j] * row j for the rows in order, y held in registers 64 floats at a time across the rows
+ * instead of loaded and stored once per row; per element the same multiply-adds in the same order as
+ * kx_axpy_f16 row by row (the last n % 8 elements through the same scalar statement). */
+static void kx_axpy_f16_rows(float *y, const float *alpha, const uint16_t *x, size_t stride, int rows, int n) {
+    int i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m256 acc[8];
+        for (int v = 0; v < 8; v++) acc[v] = _mm256_loadu_ps(y + i + 8 * v);
+        for (int j = 0; j < rows; j++) {
+            const __m256 a = _mm256_set1_ps(alpha[j]);
+            const uint16_t *xr = x + (size_t)j * stride + i;
+            for (int v = 0; v < 8; v++)
+                acc[v] = _mm256_fmadd_ps(a, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(xr + 8 * v))), acc[v]);
+        }
+        for (int v = 0; v < 8; v++) _mm256_storeu_ps(y + i + 8 * v, acc[v]);
+    }
+    for (; i + 8 <= n; i += 8) {
+        __m256 acc = _mm256_loadu_ps(y + i);
+        for (int j = 0; j < rows; j++)
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(alpha[j]),
+                                  _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + (size_t)j * stride + i))), acc);
+        _mm256_storeu_ps(y + i, acc);
+    }
+    if (i < n)
+        for (int j = 0; j < rows; j++) kx_axpy_f16_one(y + i, alpha[j], x + (size_t)j * stride + i, n - i);
 }
 
 static void kx_fp32_to_fp16_row(const float *x, uint16_t *y, int n) {

@@ -613,6 +613,34 @@ static void test_attention_helpers(const char *backend) {
         free(h), free(a), free(b), free(y), free(y0);
     }
 
+    /* a run of cache rows in one call: bit for bit the one-row calls, row by row and in order (runs of
+     * 1..9 rows, row lengths with and without a tail, a stride wider than the row) */
+    {
+        static const int hds[] = {1, 7, 8, 16, 24, 64, 72, 80, 100, 128, 200};
+        for (size_t hi = 0; hi < sizeof hds / sizeof hds[0]; hi++) {
+            const int n = hds[hi], stride = n + 5;
+            for (int rows = 1; rows <= 9; rows++) {
+                uint16_t *kv = malloc(2 * (size_t)stride * rows);
+                float *q = malloc(4 * n), *alpha = malloc(4 * rows), *got = malloc(4 * rows), *want = malloc(4 * rows);
+                float *y = malloc(4 * (n + 1)), *y1 = malloc(4 * (n + 1));
+                for (int i = 0; i < stride * rows; i++) kv[i] = half_nearest(rnd_unit() * 8.0f);
+                for (int i = 0; i < n; i++) q[i] = rnd_unit(), y[i] = y1[i] = rnd_unit() * 2.0f;
+                for (int j = 0; j < rows; j++) alpha[j] = rnd_unit();
+                y[n] = y1[n] = SENTINEL;
+                const float scale = 0.125f + rnd_unit() * 0.01f;
+                dot_f16_f32_rows(kv, (size_t)stride, rows, q, n, scale, got);
+                for (int j = 0; j < rows; j++) want[j] = dot_f16_f32(kv + (size_t)j * stride, q, n) * scale;
+                CHECK(memcmp(got, want, 4 * (size_t)rows) == 0, "%s dot_f16_f32_rows n=%d rows=%d differs", backend,
+                      n, rows);
+                axpy_f16_rows(y, alpha, kv, (size_t)stride, rows, n);
+                for (int j = 0; j < rows; j++) axpy_f16(y1, alpha[j], kv + (size_t)j * stride, n);
+                CHECK(memcmp(y, y1, 4 * (size_t)(n + 1)) == 0, "%s axpy_f16_rows n=%d rows=%d differs", backend, n,
+                      rows);
+                free(kv), free(q), free(alpha), free(got), free(want), free(y), free(y1);
+            }
+        }
+    }
+
     /* every half value converts exactly: y = 0 + 1 * x */
     {
         const int n = 65536;

@@ -5,13 +5,12 @@ same tokens, the same counters (reset after the warmup), under an expert budget 
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from native_build import build_colibri_run
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLED = ROOT / "colibri_backend" / "models" / "colibri-moe-q8_0.gguf"
@@ -23,22 +22,7 @@ WARMUP_LINE = re.compile(
 
 @pytest.fixture(scope="module")
 def colibri_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cmake = shutil.which("cmake")
-    assert cmake, "cmake is required"
-    out = tmp_path_factory.mktemp("colibri-run")
-    r = subprocess.run(
-        [cmake, "-S", str(ROOT / "native"), "-B", str(out), "-DCMAKE_BUILD_TYPE=Release"]
-        + ["-DCOLIBRI_BUILD_TESTS=OFF"],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    jobs = str(min(2, os.cpu_count() or 1))
-    r = subprocess.run(
-        [cmake, "--build", str(out), "-j", jobs, "--target", "colibri-run"], capture_output=True, text=True
-    )
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    return out / "colibri-run"
+    return build_colibri_run(tmp_path_factory.mktemp("colibri-run"))
 
 
 def _run(exe: Path, *args: str) -> subprocess.CompletedProcess[str]:

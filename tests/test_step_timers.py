@@ -6,13 +6,12 @@ step is timed, that each phase reports, and that the phases fit inside the step 
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from native_build import build_colibri_run
 
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLED = ROOT / "colibri_backend" / "models" / "colibri-moe-q8_0.gguf"
@@ -33,29 +32,6 @@ PHASES = (
 N_PREDICT = 8
 
 
-def _build(out: Path, c_flags: str) -> Path:
-    cmake = shutil.which("cmake")
-    assert cmake, "cmake is required"
-    configure = [
-        cmake,
-        "-S",
-        str(ROOT / "native"),
-        "-B",
-        str(out),
-        "-DCMAKE_BUILD_TYPE=Release",
-        "-DCOLIBRI_BUILD_TESTS=OFF",
-        f"-DCMAKE_C_FLAGS={c_flags}",
-    ]
-    r = subprocess.run(configure, capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    jobs = str(min(2, os.cpu_count() or 1))
-    r = subprocess.run(
-        [cmake, "--build", str(out), "-j", jobs, "--target", "colibri-run"], capture_output=True, text=True
-    )
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    return out / "colibri-run"
-
-
 def _stderr(exe: Path) -> str:
     r = subprocess.run(
         [str(exe), str(BUNDLED), "-p", "Once upon a time", "-n", str(N_PREDICT), "-t", "2"],
@@ -69,7 +45,7 @@ def _stderr(exe: Path) -> str:
 
 @pytest.fixture(scope="module")
 def timed_run(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return _stderr(_build(tmp_path_factory.mktemp("steptime"), "-DCOLIBRI_STEP_TIMERS"))
+    return _stderr(build_colibri_run(tmp_path_factory.mktemp("steptime"), "-DCOLIBRI_STEP_TIMERS"))
 
 
 def test_every_decode_step_and_phase_is_timed(timed_run: str) -> None:

@@ -382,15 +382,26 @@ static void kx_quantize_row_q8a(const float *x, block_q8a *y, int64_t n) {
 
 /* ---- attention helpers ------------------------------------------------------- */
 
+/* The 16-element steps' two 8-lane chains (acc0: elements 0..7 of each step, acc1: 8..15) are the two
+ * halves of one 512-bit chain in the AVX-512 table: the same multiply-adds on the same lanes, half the
+ * conversions and instructions. */
 KX_INLINE float kx_dot_f16_f32_one(const uint16_t *a, const float *b, int n) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int i = 0;
+#if X86_VNNI
+    __m512 acc = _mm512_setzero_ps();
+    for (; i + 16 <= n; i += 16)
+        acc = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(a + i))), _mm512_loadu_ps(b + i),
+                              acc);
+    __m256 acc0 = _mm512_castps512_ps256(acc), acc1 = _mm512_extractf32x8_ps(acc, 1);
+#else
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (; i + 16 <= n; i += 16) {
         acc0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i))), _mm256_loadu_ps(b + i),
                                acc0);
         acc1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i + 8))),
                                _mm256_loadu_ps(b + i + 8), acc1);
     }
+#endif
     for (; i + 8 <= n; i += 8)
         acc0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i))), _mm256_loadu_ps(b + i),
                                acc0);
@@ -411,6 +422,12 @@ static void kx_dot_f16_f32_rows(const uint16_t *a, size_t stride, int rows, cons
 KX_INLINE void kx_axpy_f16_one(float *y, float alpha, const uint16_t *x, int n) {
     const __m256 a = _mm256_set1_ps(alpha);
     int i = 0;
+#if X86_VNNI /* 16 elements a step: per element the same multiply-add */
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(_mm512_set1_ps(alpha),
+                                                _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))),
+                                                _mm512_loadu_ps(y + i)));
+#endif
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))),
                                                 _mm256_loadu_ps(y + i)));
@@ -424,6 +441,19 @@ static void kx_axpy_f16(float *y, float alpha, const uint16_t *x, int n) { kx_ax
  * kx_axpy_f16 row by row (the last n % 8 elements through the same scalar statement). */
 static void kx_axpy_f16_rows(float *y, const float *alpha, const uint16_t *x, size_t stride, int rows, int n) {
     int i = 0;
+#if X86_VNNI
+    for (; i + 64 <= n; i += 64) {
+        __m512 acc[4];
+        for (int v = 0; v < 4; v++) acc[v] = _mm512_loadu_ps(y + i + 16 * v);
+        for (int j = 0; j < rows; j++) {
+            const __m512 a = _mm512_set1_ps(alpha[j]);
+            const uint16_t *xr = x + (size_t)j * stride + i;
+            for (int v = 0; v < 4; v++)
+                acc[v] = _mm512_fmadd_ps(a, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(xr + 16 * v))), acc[v]);
+        }
+        for (int v = 0; v < 4; v++) _mm512_storeu_ps(y + i + 16 * v, acc[v]);
+    }
+#else
     for (; i + 64 <= n; i += 64) {
         __m256 acc[8];
         for (int v = 0; v < 8; v++) acc[v] = _mm256_loadu_ps(y + i + 8 * v);
@@ -435,6 +465,7 @@ static void kx_axpy_f16_rows(float *y, const float *alpha, const uint16_t *x, si
         }
         for (int v = 0; v < 8; v++) _mm256_storeu_ps(y + i + 8 * v, acc[v]);
     }
+#endif
     for (; i + 8 <= n; i += 8) {
         __m256 acc = _mm256_loadu_ps(y + i);
         for (int j = 0; j < rows; j++)

@@ -738,6 +738,43 @@ static void test_mxfp4_x86_sets(void) {
     if (!differ) printf("  MXFP4 avx2 = avx512 bit for bit, every exponent byte\n");
 }
 
+/* The attention helpers: the AVX-512 set runs the 16-element steps as one 512-bit chain whose halves are
+ * the AVX2 set's two 8-lane chains, so the two sets agree bit for bit, one row or a run of rows. */
+static void test_attention_x86_sets(void) {
+    if (kernels_select("avx512") != COLIBRI_OK || kernels_select("avx2") != COLIBRI_OK) {
+        printf("  attention helpers avx2 = avx512: not available here\n");
+        return;
+    }
+    static const int hds[] = {7, 8, 16, 24, 40, 64, 72, 80, 96, 128, 136, 256};
+    enum { ROWS = 9 };
+    int differ = 0;
+    for (size_t hi = 0; hi < sizeof hds / sizeof hds[0]; hi++) {
+        const int n = hds[hi];
+        uint16_t *kv = malloc(2 * (size_t)n * ROWS);
+        float *q = malloc(4 * n), alpha[ROWS], d2[ROWS], d5[ROWS];
+        float *y2 = malloc(4 * n), *y5 = malloc(4 * n), *z2 = malloc(4 * n), *z5 = malloc(4 * n);
+        for (int i = 0; i < n * ROWS; i++) kv[i] = half_nearest(rnd_unit() * 8.0f);
+        for (int i = 0; i < n; i++) q[i] = rnd_unit(), y2[i] = y5[i] = z2[i] = z5[i] = rnd_unit();
+        for (int j = 0; j < ROWS; j++) alpha[j] = rnd_unit();
+        kernels_select("avx2");
+        const float one2 = dot_f16_f32(kv, q, n);
+        dot_f16_f32_rows(kv, (size_t)n, ROWS, q, n, 0.125f, d2);
+        axpy_f16(y2, alpha[0], kv, n);
+        axpy_f16_rows(z2, alpha, kv, (size_t)n, ROWS, n);
+        kernels_select("avx512");
+        const float one5 = dot_f16_f32(kv, q, n);
+        dot_f16_f32_rows(kv, (size_t)n, ROWS, q, n, 0.125f, d5);
+        axpy_f16(y5, alpha[0], kv, n);
+        axpy_f16_rows(z5, alpha, kv, (size_t)n, ROWS, n);
+        const int bad = memcmp(&one2, &one5, 4) != 0 || memcmp(d2, d5, sizeof d2) != 0 ||
+                        memcmp(y2, y5, 4 * (size_t)n) != 0 || memcmp(z2, z5, 4 * (size_t)n) != 0;
+        CHECK(!bad, "attention helpers n=%d differ between avx2 and avx512", n);
+        differ += bad;
+        free(kv), free(q), free(y2), free(y5), free(z2), free(z5);
+    }
+    if (!differ) printf("  attention helpers avx2 = avx512 bit for bit\n");
+}
+
 /* Q4_K, Q5_K and Q6_K: the AVX2 tiles (kernels_x86_sum.h) do the AVX-512 ones' arithmetic
  * (kernels_x86_gemm.h, kernels_x86_pair.h) in other registers, so the two sets agree bit for bit
  * on random data, for every tile shape (decode tiles up to 3 tokens, the 8-token groups and their
@@ -880,6 +917,7 @@ int main(int argc, char **argv) {
     CHECK(tested >= 1, "no backend tested");
     test_mxfp4_x86_sets();
     test_kquant_x86_sets();
+    test_attention_x86_sets();
     kernels_select(NULL);
     if (failures) {
         fprintf(stderr, "test_kernels: %d failures\n", failures);

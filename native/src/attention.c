@@ -14,6 +14,7 @@
 typedef struct attn_task {
     struct colibri_context *c;
     int layer, t0, n_tok;  /* the chunk's tokens t0 .. t0 + n_tok - 1 (positions s.pos[t]) */
+    int heads;             /* heads per item: consecutive heads of one GQA group (attn_heads_per_item) */
 } attn_task;
 
 /* The cache row of the j-th key seen, the first being in row r0, in a layer that keeps P rows
@@ -26,74 +27,94 @@ static inline int ring_run(int j, int n, size_t r, int P) {
     return n - j < left ? n - j : left;
 }
 
-/* One (token, head) item: scores against its sequence's cached keys it sees (0..pos, or the layer's
- * sliding window of the last `window` positions), softmax (with the head's sink logit in the
- * denominator when the layer has sinks), weighted sum of the cached values. Items are dealt
- * round-robin so that causal prefill (later tokens see more keys) stays balanced between threads. */
 static inline void attn_softmax(float *sc, int n, const float *sinks, int h) {
     if (sinks) op_softmax_sink(sc, n, sinks[h]);
     else op_softmax(sc, n);
 }
 
+/* Heads per item over an F16 cache: up to ATTN_MAX_HEADS heads of one GQA group read each key and value
+ * row once (kernels.h, dot_f16_f32_rows), as long as that leaves every thread two items or more; the
+ * other caches one head an item. What a head computes does not depend on it. */
+static int attn_heads_per_item(const struct colibri_context *c, const layer_weights *w, int n_tok) {
+    if (c->kv_kind != KV_F16) return 1;
+    const int nh = c->model->hp.n_head, group = nh / w->n_head_kv;
+    for (int h = ATTN_MAX_HEADS; h > 1; h--)
+        if (group % h == 0 && n_tok * (nh / h) >= 2 * c->n_threads) return h;
+    return 1;
+}
+
+/* One item: `heads` consecutive heads of a token, sharing one KV head. Each head scores its sequence's
+ * cached keys it sees (0..pos, or the layer's sliding window of the last `window` positions), takes the
+ * softmax (with the head's sink logit in the denominator when the layer has sinks) and the weighted sum of
+ * the cached values. Items are dealt round-robin so that causal prefill (later tokens see more keys) stays
+ * balanced between threads. */
 static void attn_worker(void *arg, int ith, int nth) {
     const attn_task *t = arg;
     struct colibri_context *c = t->c;
     const model_hparams *hp = &c->model->hp;
     const layer_weights *w = &c->model->layers[t->layer];
     const kv_layer *kl = &c->kv_layers[t->layer];
-    const int P = kl->positions;
+    const int P = kl->positions, H = t->heads;
     const int hd = w->head_dim, nh = hp->n_head, group = hp->n_head / w->n_head_kv;
-    const int qd = nh * hd, qkv_w = qd + 2 * w->n_head_kv * hd;
+    const int qd = nh * hd, qkv_w = qd + 2 * w->n_head_kv * hd, per_tok = nh / H;
     const float scale = hp->attn_scale;
-    float *sc = c->s.scores + (size_t)ith * c->n_ctx;
-    const int n_items = t->n_tok * nh;
+    const size_t ns = (size_t)c->n_ctx; /* a head's score row */
+    float *sc0 = c->s.scores + (size_t)ith * ATTN_MAX_HEADS * ns;
+    const int n_items = t->n_tok * per_tok;
     for (int it = ith; it < n_items; it += nth) {
-        const int tok = t->t0 + it / nh, h = it % nh, kvh = h / group;
-        const float *q = c->s.qkv + (size_t)tok * qkv_w + (size_t)h * hd;
+        const int tok = t->t0 + it / per_tok, h0 = (it % per_tok) * H, kvh = h0 / group;
+        const float *q0 = c->s.qkv + (size_t)tok * qkv_w + (size_t)h0 * hd;
         const int pos = c->s.pos[tok];
         const int j0 = w->window > 0 && pos >= w->window ? pos - w->window + 1 : 0; /* first key seen */
         const int n = pos - j0 + 1, r0 = j0 % P;
-        const size_t base = kv_elem(c, c->s.seq[tok], kl, kvh, 0); /* this head's rows */
-        float *out = c->s.att + (size_t)tok * qd + (size_t)h * hd;
-        memset(out, 0, (size_t)hd * sizeof(float));
-        if (c->kv_kind == KV_I8) {
-            /* The row scale is folded into the score and the softmax weight, so each row costs
-             * one int8-to-float dot and one axpy, with no dequantized copy to hold anywhere. */
-            const int8_t *K = (const int8_t *)c->k_cache + base, *V = (const int8_t *)c->v_cache + base;
-            const size_t sbase = kv_row(c, c->s.seq[tok], kl, kvh, 0);
-            const float *ks = c->k_scale + sbase, *vs = c->v_scale + sbase;
-            for (int j = 0; j < n; j++) {
-                const size_t r = ring_row(j, r0, P);
-                const int8_t *kr = K + r * hd;
-                float d = 0.0f;
-                for (int i = 0; i < hd; i++) d += (float)kr[i] * q[i];
-                sc[j] = d * ks[r] * scale;
-            }
-            attn_softmax(sc, n, w->sinks, h);
-            for (int j = 0; j < n; j++) {
-                const size_t r = ring_row(j, r0, P);
-                const int8_t *vr = V + r * hd;
-                const float a = sc[j] * vs[r];
-                for (int i = 0; i < hd; i++) out[i] += a * (float)vr[i];
-            }
-        } else if (c->kv_kind == KV_F32) {
-            const float *K = (const float *)c->k_cache + base, *V = (const float *)c->v_cache + base;
-            for (int j = 0; j < n; j++) sc[j] = dot_f32(K + ring_row(j, r0, P) * hd, q, hd) * scale;
-            attn_softmax(sc, n, w->sinks, h);
-            for (int j = 0; j < n; j++) op_axpy(out, sc[j], V + ring_row(j, r0, P) * hd, hd);
-        } else {
+        const size_t base = kv_elem(c, c->s.seq[tok], kl, kvh, 0); /* this KV head's rows */
+        float *out0 = c->s.att + (size_t)tok * qd + (size_t)h0 * hd;
+        memset(out0, 0, (size_t)H * hd * sizeof(float));
+        if (c->kv_kind == KV_F16) {
             /* the keys seen are at most two runs of consecutive rows (a ring wraps once): a call per run */
             const uint16_t *K = (const uint16_t *)c->k_cache + base, *V = (const uint16_t *)c->v_cache + base;
             for (int j = 0, len; j < n; j += len) {
                 const size_t r = ring_row(j, r0, P);
                 len = ring_run(j, n, r, P);
-                dot_f16_f32_rows(K + r * hd, (size_t)hd, len, q, hd, scale, sc + j);
+                dot_f16_f32_rows(K + r * hd, (size_t)hd, len, q0, (size_t)hd, H, hd, scale, sc0 + j, ns);
             }
-            attn_softmax(sc, n, w->sinks, h);
+            for (int i = 0; i < H; i++) attn_softmax(sc0 + i * ns, n, w->sinks, h0 + i);
             for (int j = 0, len; j < n; j += len) {
                 const size_t r = ring_row(j, r0, P);
                 len = ring_run(j, n, r, P);
-                axpy_f16_rows(out, sc + j, V + r * hd, (size_t)hd, len, hd);
+                axpy_f16_rows(out0, (size_t)hd, sc0 + j, ns, H, V + r * hd, (size_t)hd, len, hd);
+            }
+            continue;
+        }
+        for (int i = 0; i < H; i++) {
+            const float *q = q0 + (size_t)i * hd;
+            float *out = out0 + (size_t)i * hd, *sc = sc0 + i * ns;
+            const int h = h0 + i;
+            if (c->kv_kind == KV_I8) {
+                /* The row scale is folded into the score and the softmax weight, so each row costs
+                 * one int8-to-float dot and one axpy, with no dequantized copy to hold anywhere. */
+                const int8_t *K = (const int8_t *)c->k_cache + base, *V = (const int8_t *)c->v_cache + base;
+                const size_t sbase = kv_row(c, c->s.seq[tok], kl, kvh, 0);
+                const float *ks = c->k_scale + sbase, *vs = c->v_scale + sbase;
+                for (int j = 0; j < n; j++) {
+                    const size_t r = ring_row(j, r0, P);
+                    const int8_t *kr = K + r * hd;
+                    float d = 0.0f;
+                    for (int e = 0; e < hd; e++) d += (float)kr[e] * q[e];
+                    sc[j] = d * ks[r] * scale;
+                }
+                attn_softmax(sc, n, w->sinks, h);
+                for (int j = 0; j < n; j++) {
+                    const size_t r = ring_row(j, r0, P);
+                    const int8_t *vr = V + r * hd;
+                    const float a = sc[j] * vs[r];
+                    for (int e = 0; e < hd; e++) out[e] += a * (float)vr[e];
+                }
+            } else { /* KV_F32 */
+                const float *K = (const float *)c->k_cache + base, *V = (const float *)c->v_cache + base;
+                for (int j = 0; j < n; j++) sc[j] = dot_f32(K + ring_row(j, r0, P) * hd, q, hd) * scale;
+                attn_softmax(sc, n, w->sinks, h);
+                for (int j = 0; j < n; j++) op_axpy(out, sc[j], V + ring_row(j, r0, P) * hd, hd);
             }
         }
     }
@@ -175,7 +196,7 @@ void block_attention(struct colibri_context *c, int il, int n) {
             }
         }
 
-        attn_task at = {c, il, t0, t1 - t0};
+        attn_task at = {c, il, t0, t1 - t0, attn_heads_per_item(c, w, t1 - t0)};
         pool_run(c->pool, attn_worker, &at);
     }
     if (hp->attn_out_gate) /* transformers' gated attention: out *= sigmoid(gate), per element */

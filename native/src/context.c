@@ -71,7 +71,7 @@ static void plan_scratch(struct colibri_context *c, planner *p) {
     s->seq = take(p, B * sizeof(int32_t));
     s->pos = take(p, B * sizeof(int32_t));
     s->want = take(p, B);
-    s->scores = take(p, (size_t)c->n_threads * (size_t)c->n_ctx * f);
+    s->scores = take(p, (size_t)c->n_threads * ATTN_MAX_HEADS * (size_t)c->n_ctx * f);
     s->gate = take(p, R * F * f);
     s->up = take(p, R * F * f);
     s->actq = take(p, R * NB(F) * q);

@@ -27,7 +27,7 @@ typedef struct scratch {
     int32_t *seq;        /* [B] sequence of each token of the chunk */
     int32_t *pos;        /* [B] its position in that sequence */
     uint8_t *want;       /* [B] 1: the token's logits are wanted */
-    float *scores;       /* [n_threads][n_ctx] attention probabilities */
+    float *scores;       /* [n_threads][ATTN_MAX_HEADS][n_ctx] attention probabilities */
     /* FFN: width F = max(n_ff, n_ff_exp, n_ff_shexp), rows R = max(B, P) */
     float *gate;         /* [R][F] */
     float *up;           /* [R][F] */
@@ -187,6 +187,9 @@ size_t context_scratch_bytes(const struct colibri_model *m, const colibri_contex
  * n_seq_max sequences (K and V, scales included): the one formula the ledger and context_create
  * share. context_kv_seq_bytes is one sequence's part (n_seq_max = 1: the same number). */
 enum { KV_F16 = 0, KV_F32 = 1, KV_I8 = 2 };
+
+/* Heads of one GQA group an attention item takes together (attention.c): each thread's score rows. */
+#define ATTN_MAX_HEADS 4
 /* Floats of one worker's MLA scratch for model hp (attention_mla.c). */
 size_t mla_thread_floats(const model_hparams *hp);
 int context_kv_kind(const struct colibri_model *m, const colibri_context_params *p);

@@ -40,10 +40,14 @@ void matmul_rows(uint32_t type, const void *W, size_t row_bytes, int n_cols,
 /* Attention helpers over an F16 KV cache. */
 float dot_f16_f32(const uint16_t *a, const float *b, int n);         /* sum a[i] * b[i] */
 void axpy_f16(float *y, float alpha, const uint16_t *x, int n);      /* y += alpha * x */
-/* A run of `rows` cache rows, row j at a + j * stride: out[j] = dot_f16_f32(row j, b, n) * scale, and
- * y += alpha[j] * row j for j = 0, 1, ... in that order; bit for bit what the one-row calls give. */
-void dot_f16_f32_rows(const uint16_t *a, size_t stride, int rows, const float *b, int n, float scale, float *out);
-void axpy_f16_rows(float *y, const float *alpha, const uint16_t *x, size_t stride, int rows, int n);
+/* A run of `rows` cache rows (row j at a + j * stride) read by `heads` heads of one GQA group (head h's
+ * query at b + h * b_stride, its scores at out + h * out_stride, its output at y + h * y_stride, its
+ * weights at alpha + h * alpha_stride): out_h[j] = dot_f16_f32(row j, b_h, n) * scale, and
+ * y_h += alpha_h[j] * row j for j = 0, 1, ... in that order; bit for bit what the one-row calls give. */
+void dot_f16_f32_rows(const uint16_t *a, size_t stride, int rows, const float *b, size_t b_stride, int heads, int n,
+                      float scale, float *out, size_t out_stride);
+void axpy_f16_rows(float *y, size_t y_stride, const float *alpha, size_t alpha_stride, int heads, const uint16_t *x,
+                   size_t stride, int rows, int n);
 void fp32_to_fp16_row(const float *x, uint16_t *y, int n);
 float dot_f32(const float *a, const float *b, int n);
 /* SwiGLU's activation: g[i] = silu(g[i]) * u[i], silu(v) = v / (1 + exp(-v)). The x86 tables use their

@@ -44,22 +44,28 @@ void axpy_f16(float *y, float alpha, const uint16_t *x, int n) {
     kernels_current()->axpy_f16(y, alpha, x, n);
 }
 
-void dot_f16_f32_rows(const uint16_t *a, size_t stride, int rows, const float *b, int n, float scale, float *out) {
+void dot_f16_f32_rows(const uint16_t *a, size_t stride, int rows, const float *b, size_t b_stride, int heads, int n,
+                      float scale, float *out, size_t out_stride) {
     const kernel_table *k = kernels_current();
     if (k->dot_f16_f32_rows) {
-        k->dot_f16_f32_rows(a, stride, rows, b, n, scale, out);
+        k->dot_f16_f32_rows(a, stride, rows, b, b_stride, heads, n, scale, out, out_stride);
         return;
     }
-    for (int j = 0; j < rows; j++) out[j] = k->dot_f16_f32(a + (size_t)j * stride, b, n) * scale;
+    for (int h = 0; h < heads; h++)
+        for (int j = 0; j < rows; j++)
+            out[(size_t)h * out_stride + j] = k->dot_f16_f32(a + (size_t)j * stride, b + (size_t)h * b_stride, n) * scale;
 }
 
-void axpy_f16_rows(float *y, const float *alpha, const uint16_t *x, size_t stride, int rows, int n) {
+void axpy_f16_rows(float *y, size_t y_stride, const float *alpha, size_t alpha_stride, int heads, const uint16_t *x,
+                   size_t stride, int rows, int n) {
     const kernel_table *k = kernels_current();
     if (k->axpy_f16_rows) {
-        k->axpy_f16_rows(y, alpha, x, stride, rows, n);
+        k->axpy_f16_rows(y, y_stride, alpha, alpha_stride, heads, x, stride, rows, n);
         return;
     }
-    for (int j = 0; j < rows; j++) k->axpy_f16(y, alpha[j], x + (size_t)j * stride, n);
+    for (int h = 0; h < heads; h++)
+        for (int j = 0; j < rows; j++)
+            k->axpy_f16(y + (size_t)h * y_stride, alpha[(size_t)h * alpha_stride + j], x + (size_t)j * stride, n);
 }
 
 void fp32_to_fp16_row(const float *x, uint16_t *y, int n) {

@@ -38,10 +38,11 @@ typedef struct kernel_table {
     float (*dot_f16_f32)(const uint16_t *a, const float *b, int n);
     void (*axpy_f16)(float *y, float alpha, const uint16_t *x, int n);
     /* Optional (NULL: kernels_common.c loops the one-row entries above): the same values as those, row
-     * by row, for a run of cache rows, without a call per row. */
-    void (*dot_f16_f32_rows)(const uint16_t *a, size_t stride, int rows, const float *b, int n, float scale,
-                             float *out);
-    void (*axpy_f16_rows)(float *y, const float *alpha, const uint16_t *x, size_t stride, int rows, int n);
+     * by row and head by head, for a run of cache rows read by several heads (kernels.h). */
+    void (*dot_f16_f32_rows)(const uint16_t *a, size_t stride, int rows, const float *b, size_t b_stride, int heads,
+                             int n, float scale, float *out, size_t out_stride);
+    void (*axpy_f16_rows)(float *y, size_t y_stride, const float *alpha, size_t alpha_stride, int heads,
+                          const uint16_t *x, size_t stride, int rows, int n);
     void (*fp32_to_fp16_row)(const float *x, uint16_t *y, int n);
     float (*dot_f32)(const float *a, const float *b, int n);
     void (*silu_mul)(float *g, const float *u, int n);

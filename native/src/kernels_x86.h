@@ -412,11 +412,60 @@ KX_INLINE float kx_dot_f16_f32_one(const uint16_t *a, const float *b, int n) {
 
 static float kx_dot_f16_f32(const uint16_t *a, const float *b, int n) { return kx_dot_f16_f32_one(a, b, n); }
 
-/* One call per run of cache rows instead of one per row (attention.c): the call, the table lookup and
- * the horizontal sum's latency cost about as much as a 64-element dot itself; the one-row code inlined. */
-static void kx_dot_f16_f32_rows(const uint16_t *a, size_t stride, int rows, const float *b, int n, float scale,
-                                float *out) {
-    for (int j = 0; j < rows; j++) out[j] = kx_dot_f16_f32_one(a + (size_t)j * stride, b, n) * scale;
+/* Heads of one GQA group against a run of cache rows (attention.c): one call per run, not per row, and
+ * each row's halves converted once for the H <= 4 heads that read it. Per (head, row) the one-row code's
+ * multiply-adds in its order, so each score is dot_f16_f32's. */
+KX_INLINE void kx_dot_rows_h(const uint16_t *a, size_t stride, int rows, const float *b, size_t bs, const int H, int n,
+                             float scale, float *out, size_t os) {
+    for (int j = 0; j < rows; j++) {
+        const uint16_t *r = a + (size_t)j * stride;
+        int i = 0;
+#if X86_VNNI
+        __m512 acc[4];
+        for (int h = 0; h < H; h++) acc[h] = _mm512_setzero_ps();
+        for (; i + 16 <= n; i += 16) {
+            const __m512 k = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(r + i)));
+            for (int h = 0; h < H; h++) acc[h] = _mm512_fmadd_ps(k, _mm512_loadu_ps(b + h * bs + i), acc[h]);
+        }
+        __m256 acc0[4], acc1[4];
+        for (int h = 0; h < H; h++) acc0[h] = _mm512_castps512_ps256(acc[h]), acc1[h] = _mm512_extractf32x8_ps(acc[h], 1);
+#else
+        __m256 acc0[4], acc1[4];
+        for (int h = 0; h < H; h++) acc0[h] = acc1[h] = _mm256_setzero_ps();
+        for (; i + 16 <= n; i += 16) {
+            const __m256 k0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + i)));
+            const __m256 k1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + i + 8)));
+            for (int h = 0; h < H; h++) {
+                acc0[h] = _mm256_fmadd_ps(k0, _mm256_loadu_ps(b + h * bs + i), acc0[h]);
+                acc1[h] = _mm256_fmadd_ps(k1, _mm256_loadu_ps(b + h * bs + i + 8), acc1[h]);
+            }
+        }
+#endif
+        if (i + 8 <= n) {
+            const __m256 k0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + i)));
+            for (int h = 0; h < H; h++) acc0[h] = _mm256_fmadd_ps(k0, _mm256_loadu_ps(b + h * bs + i), acc0[h]);
+            i += 8;
+        }
+        for (int h = 0; h < H; h++) {
+            float s = kx_hsum(_mm256_add_ps(acc0[h], acc1[h]));
+            for (int t = i; t < n; t++) s += _cvtsh_ss(r[t]) * b[h * bs + t];
+            out[h * os + j] = s * scale;
+        }
+    }
+}
+
+static void kx_dot_f16_f32_rows(const uint16_t *a, size_t stride, int rows, const float *b, size_t b_stride, int heads,
+                                int n, float scale, float *out, size_t out_stride) {
+    for (int h0 = 0; h0 < heads; h0 += 4) {
+        const float *bh = b + (size_t)h0 * b_stride;
+        float *oh = out + (size_t)h0 * out_stride;
+        switch (heads - h0 < 4 ? heads - h0 : 4) {
+        case 1: kx_dot_rows_h(a, stride, rows, bh, b_stride, 1, n, scale, oh, out_stride); break;
+        case 2: kx_dot_rows_h(a, stride, rows, bh, b_stride, 2, n, scale, oh, out_stride); break;
+        case 3: kx_dot_rows_h(a, stride, rows, bh, b_stride, 3, n, scale, oh, out_stride); break;
+        default: kx_dot_rows_h(a, stride, rows, bh, b_stride, 4, n, scale, oh, out_stride); break;
+        }
+    }
 }
 
 KX_INLINE void kx_axpy_f16_one(float *y, float alpha, const uint16_t *x, int n) {
@@ -436,45 +485,58 @@ KX_INLINE void kx_axpy_f16_one(float *y, float alpha, const uint16_t *x, int n) 
 
 static void kx_axpy_f16(float *y, float alpha, const uint16_t *x, int n) { kx_axpy_f16_one(y, alpha, x, n); }
 
-/* y += alpha[j] * row j for the rows in order, y held in registers 64 floats at a time across the rows
- * instead of loaded and stored once per row; per element the same multiply-adds in the same order as
- * kx_axpy_f16 row by row (the last n % 8 elements through the same scalar statement). */
-static void kx_axpy_f16_rows(float *y, const float *alpha, const uint16_t *x, size_t stride, int rows, int n) {
+/* y_h += alpha_h[j] * row j for the rows in order, for the H <= 4 heads of one GQA group: each row's
+ * halves converted once for the H heads, the outputs held in registers across the rows (64 floats a head
+ * in the AVX-512 set, 8 in the AVX2 one) instead of loaded and stored once per row. Per element the same
+ * multiply-adds in the same order as kx_axpy_f16 row by row (the last n % 8 elements through the same
+ * scalar statement). */
+KX_INLINE void kx_axpy_rows_h(float *y, size_t ys, const float *alpha, size_t as, const int H, const uint16_t *x,
+                              size_t stride, int rows, int n) {
     int i = 0;
 #if X86_VNNI
     for (; i + 64 <= n; i += 64) {
-        __m512 acc[4];
-        for (int v = 0; v < 4; v++) acc[v] = _mm512_loadu_ps(y + i + 16 * v);
+        __m512 acc[4][4];
+        for (int h = 0; h < H; h++)
+            for (int v = 0; v < 4; v++) acc[h][v] = _mm512_loadu_ps(y + h * ys + i + 16 * v);
         for (int j = 0; j < rows; j++) {
-            const __m512 a = _mm512_set1_ps(alpha[j]);
             const uint16_t *xr = x + (size_t)j * stride + i;
-            for (int v = 0; v < 4; v++)
-                acc[v] = _mm512_fmadd_ps(a, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(xr + 16 * v))), acc[v]);
+            __m512 k[4];
+            for (int v = 0; v < 4; v++) k[v] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(xr + 16 * v)));
+            for (int h = 0; h < H; h++) {
+                const __m512 a = _mm512_set1_ps(alpha[h * as + j]);
+                for (int v = 0; v < 4; v++) acc[h][v] = _mm512_fmadd_ps(a, k[v], acc[h][v]);
+            }
         }
-        for (int v = 0; v < 4; v++) _mm512_storeu_ps(y + i + 16 * v, acc[v]);
-    }
-#else
-    for (; i + 64 <= n; i += 64) {
-        __m256 acc[8];
-        for (int v = 0; v < 8; v++) acc[v] = _mm256_loadu_ps(y + i + 8 * v);
-        for (int j = 0; j < rows; j++) {
-            const __m256 a = _mm256_set1_ps(alpha[j]);
-            const uint16_t *xr = x + (size_t)j * stride + i;
-            for (int v = 0; v < 8; v++)
-                acc[v] = _mm256_fmadd_ps(a, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(xr + 8 * v))), acc[v]);
-        }
-        for (int v = 0; v < 8; v++) _mm256_storeu_ps(y + i + 8 * v, acc[v]);
+        for (int h = 0; h < H; h++)
+            for (int v = 0; v < 4; v++) _mm512_storeu_ps(y + h * ys + i + 16 * v, acc[h][v]);
     }
 #endif
     for (; i + 8 <= n; i += 8) {
-        __m256 acc = _mm256_loadu_ps(y + i);
-        for (int j = 0; j < rows; j++)
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(alpha[j]),
-                                  _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + (size_t)j * stride + i))), acc);
-        _mm256_storeu_ps(y + i, acc);
+        __m256 acc[4];
+        for (int h = 0; h < H; h++) acc[h] = _mm256_loadu_ps(y + h * ys + i);
+        for (int j = 0; j < rows; j++) {
+            const __m256 k = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + (size_t)j * stride + i)));
+            for (int h = 0; h < H; h++) acc[h] = _mm256_fmadd_ps(_mm256_set1_ps(alpha[h * as + j]), k, acc[h]);
+        }
+        for (int h = 0; h < H; h++) _mm256_storeu_ps(y + h * ys + i, acc[h]);
     }
     if (i < n)
-        for (int j = 0; j < rows; j++) kx_axpy_f16_one(y + i, alpha[j], x + (size_t)j * stride + i, n - i);
+        for (int h = 0; h < H; h++)
+            for (int j = 0; j < rows; j++) kx_axpy_f16_one(y + h * ys + i, alpha[h * as + j], x + (size_t)j * stride + i, n - i);
+}
+
+static void kx_axpy_f16_rows(float *y, size_t y_stride, const float *alpha, size_t alpha_stride, int heads,
+                             const uint16_t *x, size_t stride, int rows, int n) {
+    for (int h0 = 0; h0 < heads; h0 += 4) {
+        float *yh = y + (size_t)h0 * y_stride;
+        const float *ah = alpha + (size_t)h0 * alpha_stride;
+        switch (heads - h0 < 4 ? heads - h0 : 4) {
+        case 1: kx_axpy_rows_h(yh, y_stride, ah, alpha_stride, 1, x, stride, rows, n); break;
+        case 2: kx_axpy_rows_h(yh, y_stride, ah, alpha_stride, 2, x, stride, rows, n); break;
+        case 3: kx_axpy_rows_h(yh, y_stride, ah, alpha_stride, 3, x, stride, rows, n); break;
+        default: kx_axpy_rows_h(yh, y_stride, ah, alpha_stride, 4, x, stride, rows, n); break;
+        }
+    }
 }
 
 static void kx_fp32_to_fp16_row(const float *x, uint16_t *y, int n) {

@@ -613,31 +613,38 @@ static void test_attention_helpers(const char *backend) {
         free(h), free(a), free(b), free(y), free(y0);
     }
 
-    /* a run of cache rows in one call: bit for bit the one-row calls, row by row and in order (runs of
-     * 1..9 rows, row lengths with and without a tail, a stride wider than the row) */
+    /* a run of cache rows read by 1..5 heads in one call: bit for bit the one-row calls, head by head, row
+     * by row and in order (runs of 1..9 rows, row lengths with and without a tail, strides wider than a row) */
     {
         static const int hds[] = {1, 7, 8, 16, 24, 64, 72, 80, 100, 128, 200};
         for (size_t hi = 0; hi < sizeof hds / sizeof hds[0]; hi++) {
-            const int n = hds[hi], stride = n + 5;
-            for (int rows = 1; rows <= 9; rows++) {
-                uint16_t *kv = malloc(2 * (size_t)stride * rows);
-                float *q = malloc(4 * n), *alpha = malloc(4 * rows), *got = malloc(4 * rows), *want = malloc(4 * rows);
-                float *y = malloc(4 * (n + 1)), *y1 = malloc(4 * (n + 1));
-                for (int i = 0; i < stride * rows; i++) kv[i] = half_nearest(rnd_unit() * 8.0f);
-                for (int i = 0; i < n; i++) q[i] = rnd_unit(), y[i] = y1[i] = rnd_unit() * 2.0f;
-                for (int j = 0; j < rows; j++) alpha[j] = rnd_unit();
-                y[n] = y1[n] = SENTINEL;
-                const float scale = 0.125f + rnd_unit() * 0.01f;
-                dot_f16_f32_rows(kv, (size_t)stride, rows, q, n, scale, got);
-                for (int j = 0; j < rows; j++) want[j] = dot_f16_f32(kv + (size_t)j * stride, q, n) * scale;
-                CHECK(memcmp(got, want, 4 * (size_t)rows) == 0, "%s dot_f16_f32_rows n=%d rows=%d differs", backend,
-                      n, rows);
-                axpy_f16_rows(y, alpha, kv, (size_t)stride, rows, n);
-                for (int j = 0; j < rows; j++) axpy_f16(y1, alpha[j], kv + (size_t)j * stride, n);
-                CHECK(memcmp(y, y1, 4 * (size_t)(n + 1)) == 0, "%s axpy_f16_rows n=%d rows=%d differs", backend, n,
-                      rows);
-                free(kv), free(q), free(alpha), free(got), free(want), free(y), free(y1);
-            }
+            const int n = hds[hi], stride = n + 5, qs = n + 3, ys = n + 2, ss = 11;
+            for (int heads = 1; heads <= 5; heads++)
+                for (int rows = 1; rows <= 9; rows++) {
+                    uint16_t *kv = malloc(2 * (size_t)stride * rows);
+                    float *q = malloc(4 * (size_t)qs * heads), *alpha = malloc(4 * (size_t)ss * heads);
+                    float *got = calloc((size_t)ss * heads, 4), *want = calloc((size_t)ss * heads, 4);
+                    float *y = malloc(4 * ((size_t)ys * heads + 1)), *y1 = malloc(4 * ((size_t)ys * heads + 1));
+                    for (int i = 0; i < stride * rows; i++) kv[i] = half_nearest(rnd_unit() * 8.0f);
+                    for (int i = 0; i < qs * heads; i++) q[i] = rnd_unit();
+                    for (int i = 0; i < ys * heads; i++) y[i] = y1[i] = rnd_unit() * 2.0f;
+                    for (int i = 0; i < ss * heads; i++) alpha[i] = rnd_unit();
+                    y[ys * heads] = y1[ys * heads] = SENTINEL;
+                    const float scale = 0.125f + rnd_unit() * 0.01f;
+                    dot_f16_f32_rows(kv, (size_t)stride, rows, q, (size_t)qs, heads, n, scale, got, (size_t)ss);
+                    for (int h = 0; h < heads; h++)
+                        for (int j = 0; j < rows; j++)
+                            want[h * ss + j] = dot_f16_f32(kv + (size_t)j * stride, q + (size_t)h * qs, n) * scale;
+                    CHECK(memcmp(got, want, 4 * (size_t)ss * heads) == 0,
+                          "%s dot_f16_f32_rows n=%d heads=%d rows=%d differs", backend, n, heads, rows);
+                    axpy_f16_rows(y, (size_t)ys, alpha, (size_t)ss, heads, kv, (size_t)stride, rows, n);
+                    for (int h = 0; h < heads; h++)
+                        for (int j = 0; j < rows; j++)
+                            axpy_f16(y1 + (size_t)h * ys, alpha[h * ss + j], kv + (size_t)j * stride, n);
+                    CHECK(memcmp(y, y1, 4 * ((size_t)ys * heads + 1)) == 0,
+                          "%s axpy_f16_rows n=%d heads=%d rows=%d differs", backend, n, heads, rows);
+                    free(kv), free(q), free(alpha), free(got), free(want), free(y), free(y1);
+                }
         }
     }
 
@@ -746,32 +753,35 @@ static void test_attention_x86_sets(void) {
         return;
     }
     static const int hds[] = {7, 8, 16, 24, 40, 64, 72, 80, 96, 128, 136, 256};
-    enum { ROWS = 9 };
+    enum { ROWS = 9, HEADS = 4 };
     int differ = 0;
-    for (size_t hi = 0; hi < sizeof hds / sizeof hds[0]; hi++) {
-        const int n = hds[hi];
-        uint16_t *kv = malloc(2 * (size_t)n * ROWS);
-        float *q = malloc(4 * n), alpha[ROWS], d2[ROWS], d5[ROWS];
-        float *y2 = malloc(4 * n), *y5 = malloc(4 * n), *z2 = malloc(4 * n), *z5 = malloc(4 * n);
-        for (int i = 0; i < n * ROWS; i++) kv[i] = half_nearest(rnd_unit() * 8.0f);
-        for (int i = 0; i < n; i++) q[i] = rnd_unit(), y2[i] = y5[i] = z2[i] = z5[i] = rnd_unit();
-        for (int j = 0; j < ROWS; j++) alpha[j] = rnd_unit();
-        kernels_select("avx2");
-        const float one2 = dot_f16_f32(kv, q, n);
-        dot_f16_f32_rows(kv, (size_t)n, ROWS, q, n, 0.125f, d2);
-        axpy_f16(y2, alpha[0], kv, n);
-        axpy_f16_rows(z2, alpha, kv, (size_t)n, ROWS, n);
-        kernels_select("avx512");
-        const float one5 = dot_f16_f32(kv, q, n);
-        dot_f16_f32_rows(kv, (size_t)n, ROWS, q, n, 0.125f, d5);
-        axpy_f16(y5, alpha[0], kv, n);
-        axpy_f16_rows(z5, alpha, kv, (size_t)n, ROWS, n);
-        const int bad = memcmp(&one2, &one5, 4) != 0 || memcmp(d2, d5, sizeof d2) != 0 ||
-                        memcmp(y2, y5, 4 * (size_t)n) != 0 || memcmp(z2, z5, 4 * (size_t)n) != 0;
-        CHECK(!bad, "attention helpers n=%d differ between avx2 and avx512", n);
-        differ += bad;
-        free(kv), free(q), free(y2), free(y5), free(z2), free(z5);
-    }
+    for (size_t hi = 0; hi < sizeof hds / sizeof hds[0]; hi++)
+        for (int heads = 1; heads <= HEADS; heads += HEADS - 1) {
+            const int n = hds[hi];
+            uint16_t *kv = malloc(2 * (size_t)n * ROWS);
+            float *q = malloc(4 * (size_t)n * HEADS), alpha[HEADS * ROWS], d2[HEADS * ROWS], d5[HEADS * ROWS];
+            float *y2 = malloc(4 * (size_t)n), *y5 = malloc(4 * (size_t)n);
+            float *z2 = malloc(4 * (size_t)n * HEADS), *z5 = malloc(4 * (size_t)n * HEADS);
+            for (int i = 0; i < n * ROWS; i++) kv[i] = half_nearest(rnd_unit() * 8.0f);
+            for (int i = 0; i < n * HEADS; i++) q[i] = rnd_unit(), z2[i] = z5[i] = rnd_unit();
+            for (int i = 0; i < n; i++) y2[i] = y5[i] = rnd_unit();
+            for (int j = 0; j < HEADS * ROWS; j++) alpha[j] = rnd_unit();
+            kernels_select("avx2");
+            const float one2 = dot_f16_f32(kv, q, n);
+            dot_f16_f32_rows(kv, (size_t)n, ROWS, q, (size_t)n, heads, n, 0.125f, d2, ROWS);
+            axpy_f16(y2, alpha[0], kv, n);
+            axpy_f16_rows(z2, (size_t)n, alpha, ROWS, heads, kv, (size_t)n, ROWS, n);
+            kernels_select("avx512");
+            const float one5 = dot_f16_f32(kv, q, n);
+            dot_f16_f32_rows(kv, (size_t)n, ROWS, q, (size_t)n, heads, n, 0.125f, d5, ROWS);
+            axpy_f16(y5, alpha[0], kv, n);
+            axpy_f16_rows(z5, (size_t)n, alpha, ROWS, heads, kv, (size_t)n, ROWS, n);
+            const int bad = memcmp(&one2, &one5, 4) != 0 || memcmp(d2, d5, 4 * (size_t)heads * ROWS) != 0 ||
+                            memcmp(y2, y5, 4 * (size_t)n) != 0 || memcmp(z2, z5, 4 * (size_t)n * HEADS) != 0;
+            CHECK(!bad, "attention helpers n=%d heads=%d differ between avx2 and avx512", n, heads);
+            differ += bad;
+            free(kv), free(q), free(y2), free(y5), free(z2), free(z5);
+        }
     if (!differ) printf("  attention helpers avx2 = avx512 bit for bit\n");
 }
 

@@ -95,10 +95,11 @@ static void mla_worker(void *arg, int ith, int nth) {
                 op_softmax(sc, n);
                 for (int j = 0; j < n; j++) op_axpy(l, sc[j], K + (size_t)j * row, C);
             } else {
+                /* the latent rows 0 .. pos are consecutive: one call each way (kernels.h) */
                 const uint16_t *K = (const uint16_t *)c->mla_cache + layer_base;
-                for (int j = 0; j < n; j++) sc[j] = dot_f16_f32(K + (size_t)j * row, q, row) * hp->attn_scale;
+                dot_f16_f32_rows(K, (size_t)row, n, q, 0, 1, row, hp->attn_scale, sc, 0);
                 op_softmax(sc, n);
-                for (int j = 0; j < n; j++) axpy_f16(l, sc[j], K + (size_t)j * row, C);
+                axpy_f16_rows(l, 0, sc, 0, 1, K, (size_t)row, n, C);
             }
         }
         /* W_UV_h lat: [V] per token, straight into the head's columns of the attention output */

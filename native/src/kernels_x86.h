@@ -382,39 +382,11 @@ static void kx_quantize_row_q8a(const float *x, block_q8a *y, int64_t n) {
 
 /* ---- attention helpers ------------------------------------------------------- */
 
-/* The 16-element steps' two 8-lane chains (acc0: elements 0..7 of each step, acc1: 8..15) are the two
- * halves of one 512-bit chain in the AVX-512 table: the same multiply-adds on the same lanes, half the
- * conversions and instructions. */
-KX_INLINE float kx_dot_f16_f32_one(const uint16_t *a, const float *b, int n) {
-    int i = 0;
-#if X86_VNNI
-    __m512 acc = _mm512_setzero_ps();
-    for (; i + 16 <= n; i += 16)
-        acc = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(a + i))), _mm512_loadu_ps(b + i),
-                              acc);
-    __m256 acc0 = _mm512_castps512_ps256(acc), acc1 = _mm512_extractf32x8_ps(acc, 1);
-#else
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    for (; i + 16 <= n; i += 16) {
-        acc0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i))), _mm256_loadu_ps(b + i),
-                               acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i + 8))),
-                               _mm256_loadu_ps(b + i + 8), acc1);
-    }
-#endif
-    for (; i + 8 <= n; i += 8)
-        acc0 = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(a + i))), _mm256_loadu_ps(b + i),
-                               acc0);
-    float s = kx_hsum(_mm256_add_ps(acc0, acc1));
-    for (; i < n; i++) s += _cvtsh_ss(a[i]) * b[i];
-    return s;
-}
-
-static float kx_dot_f16_f32(const uint16_t *a, const float *b, int n) { return kx_dot_f16_f32_one(a, b, n); }
-
 /* Heads of one GQA group against a run of cache rows (attention.c): one call per run, not per row, and
- * each row's halves converted once for the H <= 4 heads that read it. Per (head, row) the one-row code's
- * multiply-adds in its order, so each score is dot_f16_f32's. */
+ * each row's halves converted once for the H <= 4 heads that read it; one head and one row is
+ * kx_dot_f16_f32. Per (head, row): two 8-lane chains over the 16-element steps (in the AVX-512 table the
+ * two halves of one 512-bit chain: the same multiply-adds on the same lanes), a last 8-element step on
+ * the first, their sum's kx_hsum, then the scalar tail. */
 KX_INLINE void kx_dot_rows_h(const uint16_t *a, size_t stride, int rows, const float *b, size_t bs, const int H, int n,
                              float scale, float *out, size_t os) {
     for (int j = 0; j < rows; j++) {
@@ -468,28 +440,11 @@ static void kx_dot_f16_f32_rows(const uint16_t *a, size_t stride, int rows, cons
     }
 }
 
-KX_INLINE void kx_axpy_f16_one(float *y, float alpha, const uint16_t *x, int n) {
-    const __m256 a = _mm256_set1_ps(alpha);
-    int i = 0;
-#if X86_VNNI /* 16 elements a step: per element the same multiply-add */
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(_mm512_set1_ps(alpha),
-                                                _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(x + i))),
-                                                _mm512_loadu_ps(y + i)));
-#endif
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(a, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))),
-                                                _mm256_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] += alpha * _cvtsh_ss(x[i]);
-}
-
-static void kx_axpy_f16(float *y, float alpha, const uint16_t *x, int n) { kx_axpy_f16_one(y, alpha, x, n); }
-
 /* y_h += alpha_h[j] * row j for the rows in order, for the H <= 4 heads of one GQA group: each row's
  * halves converted once for the H heads, the outputs held in registers across the rows (64 floats a head
- * in the AVX-512 set, 8 in the AVX2 one) instead of loaded and stored once per row. Per element the same
- * multiply-adds in the same order as kx_axpy_f16 row by row (the last n % 8 elements through the same
- * scalar statement). */
+ * in the AVX-512 set, 8 in the AVX2 one) instead of loaded and stored once per row; one head and one row
+ * is kx_axpy_f16. Per element fma(alpha_h[j], x_j, y_h) for j in order (the last n % 8 elements
+ * y += alpha * x in float), whatever the head count, the run length or the table. */
 KX_INLINE void kx_axpy_rows_h(float *y, size_t ys, const float *alpha, size_t as, const int H, const uint16_t *x,
                               size_t stride, int rows, int n) {
     int i = 0;
@@ -522,7 +477,8 @@ KX_INLINE void kx_axpy_rows_h(float *y, size_t ys, const float *alpha, size_t as
     }
     if (i < n)
         for (int h = 0; h < H; h++)
-            for (int j = 0; j < rows; j++) kx_axpy_f16_one(y + h * ys + i, alpha[h * as + j], x + (size_t)j * stride + i, n - i);
+            for (int j = 0; j < rows; j++)
+                for (int t = i; t < n; t++) y[h * ys + t] += alpha[h * as + j] * _cvtsh_ss(x[(size_t)j * stride + t]);
 }
 
 static void kx_axpy_f16_rows(float *y, size_t y_stride, const float *alpha, size_t alpha_stride, int heads,
@@ -538,6 +494,14 @@ static void kx_axpy_f16_rows(float *y, size_t y_stride, const float *alpha, size
         }
     }
 }
+
+static float kx_dot_f16_f32(const uint16_t *a, const float *b, int n) {
+    float s;
+    kx_dot_rows_h(a, 0, 1, b, 0, 1, n, 1.0f, &s, 0); /* times 1: exact */
+    return s;
+}
+
+static void kx_axpy_f16(float *y, float alpha, const uint16_t *x, int n) { kx_axpy_rows_h(y, 0, &alpha, 0, 1, x, 0, 1, n); }
 
 static void kx_fp32_to_fp16_row(const float *x, uint16_t *y, int n) {
     int i = 0;

@@ -285,11 +285,18 @@ KX_INLINE void kg_store_col(float *Y, int ldy, int t0, int nt, int r, const __m2
 /* Below this many tokens prefill runs the decode tiles, up to KG_DEC_TOKS tokens each (same
  * results): the interleaved group pays for itself only with several tokens in its lanes.
  * Q8_0, Q4_0, Q4_1 (kl_type): measured on AMD Zen 5 (docs/benchmarks.md, branch `kq`).
- * Measured on Intel Emerald Rapids for the row-pair tiles of kernels_x86_pair.h (session 16,
- * kernel-repeat --min-tsc, 512 x 1024): at 4 tokens they beat the decode tiles by 1.2-1.7x
- * for Q4_K, Q5_K, Q6_K and IQ4_XS; at 3 they are about even. Zen 5 had set 6 (5 for IQ4_XS)
- * for the row-pair tiles before they shared their loads across rows and groups. */
+ * The row-pair tiles of kernels_x86_pair.h, measured on Intel Emerald Rapids (kernel-repeat
+ * --min-tsc, 512 x 1024, one core; session 21): a half group (at most 4 tokens) costs 0.70x a
+ * 2-token decode tile for Q6_K (whose decode tile weighs its 16 scales with vpmulld) and about
+ * as much as one for the others, and 0.75-0.87x a 3-token one for all four; one token stays on
+ * the decode tile (0.85x a half group). Also the least a last step after whole steps takes. */
 #define KG_MIN_PREFILL_TOKS 4
+
+KX_INLINE int kg_min_step_toks(uint32_t type) {
+    if (type == GGML_TYPE_Q6_K) return 2;
+    if (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q5_K || type == GGML_TYPE_IQ4_XS) return 3;
+    return KG_MIN_PREFILL_TOKS;
+}
 
 /* Prefill walks 8-token groups; per group, blocks of KG_RB rows, and per row block the
  * columns in chunks of KG_CHUNK q8a blocks (interleaved once per chunk; when the row fits
@@ -325,19 +332,20 @@ KX_INLINE void kg_decode_toks(uint32_t type, const char *W, size_t row_bytes, in
 
 /* The walk of every type here and in kernels_x86_lane.h and kernels_x86_pair.h.
  * xp: the driver's interleave buffer, kg_xblk (KG_CHUNK) or kg_xz (KG_Z_GROUPS * KG_CHUNK).
- * Whole steps of the interleaved tiles (KG_TOKS tokens; KG_Z_GROUPS groups of them on the
- * row-pair tiles) run there; a tail of at most KG_DEC_TOKS tokens after them runs on the decode
- * tiles, where it costs its own tokens' share instead of a whole step's (bench-kernels, 512 x
- * 1024, one thread, hot: 9 tokens 1.29x faster for Q4_K, 11 tokens 1.15x; a tail of 4 is faster
- * in the group). The row-pair tiles take 9 to 15 tokens in one step of two groups, which costs
- * about what 9 tokens cost as a group and a tail (session 16). Same results either way. */
+ * Whole steps of the interleaved tiles (KG_TOKS tokens; up to KG_Z_GROUPS groups of them, or
+ * half groups, on the row-pair tiles) run there; a tail after them runs on the decode tiles,
+ * where it costs its own tokens' share instead of a whole step's: on the lane tiles at most
+ * KG_DEC_TOKS tokens (bench-kernels, 512 x 1024, one thread, hot: 9 tokens 1.29x faster for
+ * Q4_K, 11 tokens 1.15x; a tail of 4 is faster in the group), on the row-pair tiles fewer than
+ * kg_min_step_toks. Same results either way. */
 KX_INLINE void kg_matmul(uint32_t type, const char *W, size_t row_bytes, int nb, const block_q8a *Xq, int n_tok,
                          float *Y, int ldy, int r0, int r1, void *xp) {
     /* tokens [n_grp, n_tok) on the decode tiles: all of them below the threshold, else the tail
      * (one call site, so each driver inlines the decode tiles once) */
     const int step = kg_z_type(type) ? KG_TOKS * KG_Z_GROUPS : KG_TOKS;
-    const int tail = n_tok > step && n_tok % step <= KG_DEC_TOKS ? n_tok % step : 0;
-    const int n_grp = n_tok < KG_MIN_PREFILL_TOKS ? 0 : n_tok - tail;
+    const int least = kg_min_step_toks(type), rem = n_tok % step;
+    const int tail = kg_z_type(type) ? (rem < least ? rem : 0) : (n_tok > step && rem <= KG_DEC_TOKS ? rem : 0);
+    const int n_grp = n_tok < least ? 0 : n_tok - tail;
     if (n_grp < n_tok) kg_decode_toks(type, W, row_bytes, nb, Xq, n_grp, n_tok, Y, ldy, r0, r1);
     if (n_grp == 0) return;
     n_tok = n_grp;

@@ -391,8 +391,9 @@ static void run_matmul(const matrix *m, const acts *a, int n_tok, int r0, int r1
 
 static void test_matmul_case(const char *backend, uint32_t type, int rows, int cols, int exact, case_stats *st) {
     /* every count up to 17 (tails of 8-token groups and 4-token tiles) for the super-block
-     * formats, whose AVX-512 prefill tile keeps 8 tokens per vector; a sample for the others */
-    static const int ntoks[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 64};
+     * formats, whose AVX-512 prefill tile keeps 8 tokens per vector, and a whole 16-token step
+     * followed by a last step of 3 or 12 (half groups); a sample for the others */
+    static const int ntoks[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 19, 28, 64};
     const int max_tok = 64;
     matrix m = make_matrix(type, rows, cols, exact);
     acts a = make_acts(max_tok, cols, exact);
@@ -423,7 +424,7 @@ static void test_matmul_case(const char *backend, uint32_t type, int rows, int c
             /* 10..16 only where an 8-token lane tile exists (K-quants, Q8_0, Q4_0, Q4_1) */
             const int lane_tiled = type_info(type)->block_size == 256 || type == GGML_TYPE_Q8_0 ||
                                    type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_1;
-            if (n_tok > 9 && n_tok < 17 && !lane_tiled) continue;
+            if (n_tok > 9 && n_tok < 64 && n_tok != 17 && !lane_tiled) continue;
             run_matmul(&m, &a, n_tok, r0, r1, Y, ldy);
             st->calls++;
             int bad_val = 0, bad_sentinel = 0;

@@ -154,8 +154,11 @@ KX_INLINE void kg_decode_tile(uint32_t type, const char *W, size_t row_bytes, in
             kx_khdr hdr;
             kx_khdr_load(type, blk, &hdr);
             __m512i L[KG_DEC_TOKS][4];
-            /* Q6_K: the 16 half scales as int32, lane 4p + i / 4 of pair p for its lane i */
-            const __m512i sc32 = q6 ? _mm512_cvtepi16_epi32(_mm256_loadu_si256((const __m256i *)hdr.sc))
+            /* Q6_K: the 16 half scales in the low 16 bits of int32 lanes (high bits 0), lane
+             * 4p + i / 4 of pair p for its lane i. Each lane of the sums is 4 products
+             * (u - 32) * x, |.| <= 4 * 32 * 128, so it is its own low 16 bits and vpmaddwd
+             * weighs it exactly, in one uop where vpmulld takes two */
+            const __m512i sc32 = q6 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)hdr.sc))
                                     : _mm512_setzero_si512();
             for (int p = 0; p < 4; p++) {
                 const __m512i w = kg_pair_w(type, blk, p);
@@ -163,7 +166,7 @@ KX_INLINE void kg_decode_tile(uint32_t type, const char *W, size_t row_bytes, in
                 const __m512i scp = q6 ? _mm512_permutexvar_epi32(pick, sc32) : sc32;
                 for (int t = 0; t < T; t++) {
                     L[t][p] = _mm512_dpbusd_epi32(C[t][p], w, X[t][p]);
-                    if (q6) L[t][p] = _mm512_mullo_epi32(L[t][p], scp);
+                    if (q6) L[t][p] = _mm512_madd_epi16(L[t][p], scp);
                 }
             }
             const __m256 dsc = _mm256_loadu_ps(hdr.dsc);

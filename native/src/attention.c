@@ -59,7 +59,7 @@ static void attn_worker(void *arg, int ith, int nth) {
     const int qd = nh * hd, qkv_w = qd + 2 * w->n_head_kv * hd, per_tok = nh / H;
     const float scale = hp->attn_scale;
     const size_t ns = (size_t)c->n_ctx; /* a head's score row */
-    float *sc0 = c->s.scores + (size_t)ith * ATTN_MAX_HEADS * ns;
+    float *sc0 = c->s.scores + (size_t)ith * (size_t)attn_score_rows(c->kv_kind) * ns;
     const int n_items = t->n_tok * per_tok;
     for (int it = ith; it < n_items; it += nth) {
         const int tok = t->t0 + it / per_tok, h0 = (it % per_tok) * H, kvh = h0 / group;

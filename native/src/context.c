@@ -71,7 +71,7 @@ static void plan_scratch(struct colibri_context *c, planner *p) {
     s->seq = take(p, B * sizeof(int32_t));
     s->pos = take(p, B * sizeof(int32_t));
     s->want = take(p, B);
-    s->scores = take(p, (size_t)c->n_threads * ATTN_MAX_HEADS * (size_t)c->n_ctx * f);
+    s->scores = take(p, (size_t)c->n_threads * (size_t)attn_score_rows(c->kv_kind) * (size_t)c->n_ctx * f);
     s->gate = take(p, R * F * f);
     s->up = take(p, R * F * f);
     s->actq = take(p, R * NB(F) * q);
@@ -456,6 +456,7 @@ size_t context_scratch_bytes(const struct colibri_model *m, const colibri_contex
     c.n_ctx = p->n_ctx;
     c.n_batch = p->n_batch;
     c.n_threads = p->n_threads;
+    c.kv_kind = context_kv_kind(m, p);
     planner pl = {NULL, 0, 0};
     plan_scratch(&c, &pl);
     return (pl.total + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1);

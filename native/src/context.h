@@ -27,7 +27,7 @@ typedef struct scratch {
     int32_t *seq;        /* [B] sequence of each token of the chunk */
     int32_t *pos;        /* [B] its position in that sequence */
     uint8_t *want;       /* [B] 1: the token's logits are wanted */
-    float *scores;       /* [n_threads][ATTN_MAX_HEADS][n_ctx] attention probabilities */
+    float *scores;       /* [n_threads][attn_score_rows][n_ctx] attention probabilities */
     /* FFN: width F = max(n_ff, n_ff_exp, n_ff_shexp), rows R = max(B, P) */
     float *gate;         /* [R][F] */
     float *up;           /* [R][F] */
@@ -188,8 +188,11 @@ size_t context_scratch_bytes(const struct colibri_model *m, const colibri_contex
  * share. context_kv_seq_bytes is one sequence's part (n_seq_max = 1: the same number). */
 enum { KV_F16 = 0, KV_F32 = 1, KV_I8 = 2 };
 
-/* Heads of one GQA group an attention item takes together (attention.c): each thread's score rows. */
+/* Heads of one GQA group an attention item takes together over an F16 cache (attention.c). */
 #define ATTN_MAX_HEADS 4
+
+/* Each thread's score rows: one per head of an item (the INT8 and F32 caches take one head an item). */
+static inline int attn_score_rows(int kv_kind) { return kv_kind == KV_F16 ? ATTN_MAX_HEADS : 1; }
 /* Floats of one worker's MLA scratch for model hp (attention_mla.c). */
 size_t mla_thread_floats(const model_hparams *hp);
 int context_kv_kind(const struct colibri_model *m, const colibri_context_params *p);

@@ -552,12 +552,15 @@ def test_cap_bounds_on_a_tiny_model(tiny_models, tmp_path: Path, capsys: pytest.
 
 
 def _fake_runner(path: Path, rate: float, fail: bool = False) -> str:
-    """An executable that answers as colibri-run does: its report line on stderr, or an error and exit 1."""
+    """An executable that answers as colibri-run --warmup does: its report lines on stderr (the untimed
+    warmup's first, at a tenth of the rate; the timed prompt at `rate`), or an error and exit 1."""
     body = (
         "sys.stderr.write('error: cannot open model\\n'); sys.exit(1)"
         if fail
         else (
-            "sys.stderr.write('prompt: 5 tokens in 0.1 s (50.0 tok/s)\\n"
+            "sys.stderr.write('colibri-run: warmup prompt: 5 tokens in 1.0 s "
+            f"({rate / 10} tok/s), not counted\\n"
+            f"  prompt: 5 tokens in 0.1 s ({rate} tok/s)\\n"
             f"generated: 128 tokens, time to first token 0.02 s, decode {rate} tok/s\\n')"
         )
     )
@@ -596,6 +599,9 @@ def test_ab_decode_alternates_builds_and_reports_ratios(tmp_path: Path) -> None:
     assert by_build["base"]["ratio"] == 1.0
     assert by_build["new"]["median"] == 50.0
     assert by_build["new"]["ratio"] == pytest.approx(1.25)
+    # the timed prompt's line, not the warmup's (which comes first, after "colibri-run: ")
+    assert by_build["new"]["prefill_median"] == 50.0
+    assert by_build["new"]["prefill_ratio"] == pytest.approx(1.25)
 
 
 def test_ab_decode_names_a_failing_build(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ typedef struct kx_ksub {
     __m256i u, sgn; /* see the top; with VNNI a signed format keeps w in u (sgn unused) */
     __m256i corr;   /* VNNI, signed formats: -128 * (sum of w over each group of 4) */
     __m256i sc16;   /* int16 weights of the two halves (16-element formats): AVX2 */
-    __m256i sc32;   /* the same as int32 lanes (4 per half): VNNI */
+    __m256i sc32;   /* the same in the low 16 bits of int32 lanes, high bits 0 (4 per half): VNNI */
     __m256i mn16;   /* Q2_K: int16 minimums of the two halves */
 } kx_ksub;
 
@@ -321,7 +321,7 @@ KX_INLINE void kx_ksub_load(uint32_t type, const char *blk, int j, const kx_khdr
         s->sgn = w;
     }
     if (kx_k_halves(type) && off) {
-        s->sc32 = _mm256_setr_m128i(_mm_set1_epi32(h->sc[2 * j]), _mm_set1_epi32(h->sc[2 * j + 1]));
+        s->sc32 = _mm256_setr_m128i(_mm_set1_epi32((uint16_t)h->sc[2 * j]), _mm_set1_epi32((uint16_t)h->sc[2 * j + 1]));
     } else if (kx_k_halves(type)) {
 #if X86_VNNI /* one word permute of the 16 scales (AVX-512 BW/VL) instead of two broadcasts and an insert */
         const __m256i pick = _mm256_add_epi16(_mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
@@ -348,7 +348,9 @@ KX_INLINE __m256i kx_k_lanes(uint32_t type, const kx_ksub *s, __m256i xv, __m256
 #if X86_VNNI
     if (off) {
         const __m256i l = _mm256_dpbusd_epi32(s->corr, xv, s->u);
-        return kx_k_halves(type) ? _mm256_mullo_epi32(l, s->sc32) : l;
+        /* Q3_K: a lane is 4 products w * x with |w| <= 4, so |l| <= 2048 is its own low 16 bits and
+         * vpmaddwd weighs it exactly, in one uop where vpmulld takes two */
+        return kx_k_halves(type) ? _mm256_madd_epi16(l, s->sc32) : l;
     }
 #endif
     if (kx_k_ushift(type, off))

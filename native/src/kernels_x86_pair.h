@@ -216,6 +216,15 @@ KX_INLINE __m512i kg_z_b64(const void *p) {
     return _mm512_set1_epi64(v);
 }
 
+/* The two integer sums of each of P pairs against one group (or half group) xb start from the
+ * weights' offset taken out per token (kg_xz.c): Q6_K both halves', IQ4_XS the first; else 0. */
+KX_INLINE void kg_z_sums_start(uint32_t type, const kg_xz *xb, __m512i (*s)[2], const int P) {
+    const int q6 = type == GGML_TYPE_Q6_K, iq4 = type == GGML_TYPE_IQ4_XS;
+    const __m512i c0 = q6 || iq4 ? _mm512_load_si512((const void *)xb->c[0]) : _mm512_setzero_si512();
+    const __m512i c1 = q6 ? _mm512_load_si512((const void *)xb->c[1]) : _mm512_setzero_si512();
+    for (int q = 0; q < P; q++) s[q][0] = c0, s[q][1] = c1;
+}
+
 /* Sub-block j of the row pairs z[q < P] against G groups of 8 tokens (group g's block at
  * x0 + g * KG_CHUNK), into acc[g * KG_RB / 2 + q][j]. The integer sums of all P x G (pair, group)
  * products are formed together, 4 bytes at a time: each group's activation vector is loaded once
@@ -229,13 +238,7 @@ KX_INLINE void kg_z_sub(uint32_t type, const kg_zrow *z, const kg_xz *x0, int j,
     /* per (group, pair) two exact int32 sums: Q6_K its two halves (groups 0..3, 4..7), the
      * others the even and odd groups (shorter dependency chains), added at the end */
     __m512i s[KG_Z_GROUPS][KG_Z_PAIRS][2];
-    for (int g = 0; g < G; g++) {
-        /* the sums start from the weights' offset taken out per token (kg_xz.c), if any */
-        const kg_xz *xb = x0 + (size_t)g * KG_CHUNK;
-        const __m512i c0 = q6 || iq4 ? _mm512_load_si512((const void *)xb->c[0]) : _mm512_setzero_si512();
-        const __m512i c1 = q6 ? _mm512_load_si512((const void *)xb->c[1]) : _mm512_setzero_si512();
-        for (int q = 0; q < P; q++) s[g][q][0] = c0, s[g][q][1] = c1;
-    }
+    for (int g = 0; g < G; g++) kg_z_sums_start(type, x0 + (size_t)g * KG_CHUNK, s[g], P);
     for (int k = 0; k < 8; k++) {
         __m512i X[KG_Z_GROUPS];
         for (int g = 0; g < G; g++) X[g] = _mm512_load_si512((const void *)x0[(size_t)g * KG_CHUNK].x[k]);
@@ -288,12 +291,7 @@ KX_INLINE void kg_z_sub_half(uint32_t type, const kg_zrow *z, const kg_xz *x0, i
     const int q6 = type == GGML_TYPE_Q6_K;
     const int iq4 = type == GGML_TYPE_IQ4_XS;
     __m512i s[KG_HALVES][KG_Z_PAIRS][2];
-    for (int h = 0; h < Q; h++) {
-        const kg_xz *xb = x0 + (size_t)h * KG_HALF;
-        const __m512i c0 = q6 || iq4 ? _mm512_load_si512((const void *)xb->c[0]) : _mm512_setzero_si512();
-        const __m512i c1 = q6 ? _mm512_load_si512((const void *)xb->c[1]) : _mm512_setzero_si512();
-        for (int q = 0; q < P; q++) s[h][q][0] = c0, s[h][q][1] = c1;
-    }
+    for (int h = 0; h < Q; h++) kg_z_sums_start(type, x0 + (size_t)h * KG_HALF, s[h], P);
     /* unrolled, so that c below is a constant and the sums stay in registers */
 #pragma GCC unroll 8
     for (int k = 0; k < 8; k++) {

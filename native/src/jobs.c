@@ -1,6 +1,6 @@
 /* jobs.c — the matrix-job runners (see jobs.h): a list of matrix products, or of SwiGLU
- * gate/up pairs, run in one pool_run, the rows of all its jobs dealt to the threads in chunks
- * (decode-sized runs) or in fixed parts (prefill); a tiny run stays on the caller. */
+ * gate/up pairs, run in one pool_run, the rows of all its jobs dealt to the threads in chunks;
+ * a tiny run stays on the caller. */
 #include "jobs.h"
 
 #include "context.h"
@@ -12,14 +12,17 @@
 /* Rows per split point: 16 floats of output = one cache line, so threads never share one. */
 #define ROW_GRANULE 16
 
-/* A run whose jobs are all of at most DEAL_MAX_TOK tokens (decode steps, and the experts of a
- * batched one) is dealt in chunks of about DEAL_CHUNK_BYTES of weights (threads.h pool_deal), a
- * claim of consecutive chunks of one job being one call of the kernel over all their rows: a
- * decode step is a chain of short memory-bound runs, and with fixed halves every run lasted as long
- * as its slower thread. A run of more tokens keeps pool_split's fixed part per thread: its long row
- * ranges are what the kernels' token walk reuses the activations over (kernels_x86.h). Either way a
- * row's arithmetic is the same, so only who computes it changes, never its value. */
-#define DEAL_MAX_TOK 8
+/* A run is dealt in chunks of about DEAL_CHUNK_BYTES of weights (threads.h pool_deal): each thread
+ * owns a share and walks it forward in claims of consecutive chunks of one job (one call of the
+ * kernel over all their rows), then takes what is left of the others' from their ends. A decode
+ * step is a chain of short memory-bound runs, and with fixed halves every run lasted as long as its
+ * slower thread. Prefill was dealt in fixed parts until session 21, for the long row ranges the
+ * kernels' token walk reuses the activations over; but a vCPU of a shared host can run 1.3-1.4x
+ * slower than its sibling for seconds at a time, and a fixed half then waits for it. Dealt, a
+ * 64-token bench-B prefill's slowest run rose in all six sets measured (Q6_K, IQ4_XS; 352 -> 479
+ * tok/s at most) and its median moved 0.94-1.24x (docs/benchmarks.md, session 21); an owner's
+ * claims are whole experts, as long as the old halves. Either way a row's arithmetic is the same,
+ * so only who computes it changes, never its value. */
 #define DEAL_CHUNK_BYTES (16 * 1024)
 #define DEAL_MAX_CLAIM 16 /* chunks: one claim streams at most 256 KB of weights */
 
@@ -47,8 +50,8 @@ typedef struct job_kind {
     void (*run_rows)(const void *jobs, int j, int r0, int r1);
 } job_kind;
 
-/* A run of n_jobs jobs of one kind: dealt (pool_deal's chunks) or split (pool_split's part ith
- * of every job), see DEAL_MAX_TOK. */
+/* A run of n_jobs jobs of one kind: dealt (pool_deal's chunks), or on one thread split
+ * (pool_split's part ith of every job, which is then all of it). */
 typedef struct job_task {
     const void *jobs;
     int n_jobs;
@@ -95,13 +98,13 @@ static inline void job_walk(const job_kind *k, job_task *t, int ith, int nth) {
         }
 }
 
-/* Run the jobs on the pool with `worker` (the kind's job_walk): dealt when all are of at most
- * DEAL_MAX_TOK tokens and there is more than one thread, else split. */
-static void run_kind(cb_pool *pool, const job_kind *k, void (*worker)(void *, int, int), const void *jobs, int n_jobs,
-                     int max_tok) {
+/* Run the jobs on the pool with `worker` (the kind's job_walk): dealt when there is more than one
+ * thread, else split. */
+static void run_kind(cb_pool *pool, const job_kind *k, void (*worker)(void *, int, int), const void *jobs,
+                     int n_jobs) {
     job_task t = {.jobs = jobs, .n_jobs = n_jobs};
     const int nth = pool_size(pool);
-    t.dealt = nth > 1 && max_tok <= DEAL_MAX_TOK;
+    t.dealt = nth > 1;
     if (t.dealt) {
         int n_chunks = 0;
         for (int j = 0; j < n_jobs; j++) n_chunks += k->chunks(jobs, j);
@@ -130,16 +133,12 @@ static void mm_worker(void *arg, int ith, int nth) { job_walk(&mm_kind, arg, ith
 
 void cpu_run_jobs(cb_pool *pool, const mm_job *jobs, int n_jobs) {
     size_t work = 0;
-    int max_tok = 0;
-    for (int j = 0; j < n_jobs; j++) {
-        work += (size_t)jobs[j].w.rows * jobs[j].w.row_bytes * (size_t)jobs[j].n_tok;
-        if (jobs[j].n_tok > max_tok) max_tok = jobs[j].n_tok;
-    }
+    for (int j = 0; j < n_jobs; j++) work += (size_t)jobs[j].w.rows * jobs[j].w.row_bytes * (size_t)jobs[j].n_tok;
     if (work < INLINE_WORK_BYTES) {
         for (int j = 0; j < n_jobs; j++) mm_rows(jobs, j, 0, jobs[j].w.rows);
         return;
     }
-    run_kind(pool, &mm_kind, mm_worker, jobs, n_jobs, max_tok);
+    run_kind(pool, &mm_kind, mm_worker, jobs, n_jobs);
 }
 
 void run_jobs(struct colibri_context *c, const mm_job *jobs, int n_jobs) {
@@ -184,10 +183,7 @@ static const job_kind glu_kind = {QK8A, glu_job_rows, glu_chunks, glu_rows};
 static void glu_worker(void *arg, int ith, int nth) { job_walk(&glu_kind, arg, ith, nth); }
 
 void cpu_run_glu(cb_pool *pool, const glu_job *jobs, int n_jobs) {
-    int max_tok = 0;
-    for (int j = 0; j < n_jobs; j++)
-        if (jobs[j].n_tok > max_tok) max_tok = jobs[j].n_tok;
-    run_kind(pool, &glu_kind, glu_worker, jobs, n_jobs, max_tok);
+    run_kind(pool, &glu_kind, glu_worker, jobs, n_jobs);
 }
 
 void run_glu(struct colibri_context *c, const glu_job *jobs, int n_jobs) {

@@ -225,6 +225,24 @@ KX_INLINE void kg_z_sums_start(uint32_t type, const kg_xz *xb, __m512i (*s)[2], 
     for (int q = 0; q < P; q++) s[q][0] = c0, s[q][1] = c1;
 }
 
+/* The two floats at p (row A's, row B's) in all 8 qwords. */
+KX_INLINE __m512 kg_z_f64(const float *p) { return _mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(p))); }
+
+/* A sub-block's float steps in every lane (the top of this file): from the lane's two exact int32
+ * sums s0, s1 and its scales (f1: dsc_j, Q6_K d; f2: dm8_j; scA, scB: Q6_K's half scales), the
+ * accumulator plus the sub-block's share. Both tile shapes take them from here, so a lane's steps
+ * are the same whichever shape it is in; the scales a type does not use are never loaded once
+ * inlined. */
+KX_INLINE __m512 kg_z_steps(uint32_t type, __m512i s0, __m512i s1, __m512 f1, __m512 f2, __m512 scA, __m512 scB,
+                            __m512 dx, __m512 sx, __m512 acc) {
+    if (type == GGML_TYPE_Q6_K) { /* halves weighed in float, exactly */
+        const __m512 p = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), scA, _mm512_mul_ps(_mm512_cvtepi32_ps(s1), scB));
+        return _mm512_fmadd_ps(p, _mm512_mul_ps(f1, dx), acc);
+    }
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_mul_ps(f1, dx), acc);
+    return type == GGML_TYPE_IQ4_XS ? acc : _mm512_fmadd_ps(f2, sx, acc);
+}
+
 /* Sub-block j of the row pairs z[q < P] against G groups of 8 tokens (group g's block at
  * x0 + g * KG_CHUNK), into acc[g * KG_RB / 2 + q][j]. The integer sums of all P x G (pair, group)
  * products are formed together, 4 bytes at a time: each group's activation vector is loaded once
@@ -252,26 +270,11 @@ KX_INLINE void kg_z_sub(uint32_t type, const kg_zrow *z, const kg_xz *x0, int j,
     for (int g = 0; g < G; g++) {
         const kg_xz *xb = x0 + (size_t)g * KG_CHUNK;
         const __m512 dx = _mm512_load_ps(xb->d);
+        const __m512 sx = q6 || iq4 ? _mm512_setzero_ps() : _mm512_load_ps(xb->s);
         __m512(*a)[8] = acc + (size_t)g * (KG_RB / 2);
-        if (q6) { /* halves weighed in float */
-            for (int q = 0; q < P; q++) {
-                const __m512 hA = _mm512_cvtepi32_ps(s[g][q][0]);
-                const __m512 hB = _mm512_cvtepi32_ps(s[g][q][1]);
-                const __m512 sA = _mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].scA[j])));
-                const __m512 sB = _mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].scB[j])));
-                const __m512 p = _mm512_fmadd_ps(hA, sA, _mm512_mul_ps(hB, sB));
-                const __m512 d = _mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].f1[j])));
-                a[q][j] = _mm512_fmadd_ps(p, _mm512_mul_ps(d, dx), a[q][j]);
-            }
-            continue;
-        }
-        const __m512 sx = iq4 ? _mm512_setzero_ps() : _mm512_load_ps(xb->s);
-        for (int q = 0; q < P; q++) {
-            const __m512i isum = _mm512_add_epi32(s[g][q][0], s[g][q][1]);
-            const __m512 dsc = _mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].f1[j])));
-            a[q][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dsc, dx), a[q][j]);
-            if (!iq4) a[q][j] = _mm512_fmadd_ps(_mm512_castpd_ps(_mm512_castsi512_pd(kg_z_b64(z[q].f2[j]))), sx, a[q][j]);
-        }
+        for (int q = 0; q < P; q++)
+            a[q][j] = kg_z_steps(type, s[g][q][0], s[g][q][1], kg_z_f64(z[q].f1[j]), kg_z_f64(z[q].f2[j]),
+                                 kg_z_f64(z[q].scA[j]), kg_z_f64(z[q].scB[j]), dx, sx, a[q][j]);
     }
 }
 
@@ -309,16 +312,8 @@ KX_INLINE void kg_z_sub_half(uint32_t type, const kg_zrow *z, const kg_xz *x0, i
         const __m512 sx = q6 || iq4 ? _mm512_setzero_ps() : _mm512_load_ps(xb->s);
         for (int q = 0; q < P; q++) {
             __m512 *a = &accs[kg_half_acc(h, q) + p];
-            if (q6) {
-                const __m512 hA = _mm512_cvtepi32_ps(s[h][q][0]), hB = _mm512_cvtepi32_ps(s[h][q][1]);
-                const __m512 pr =
-                    _mm512_fmadd_ps(hA, kg_z_f128(z[q].scA[2 * p]), _mm512_mul_ps(hB, kg_z_f128(z[q].scB[2 * p])));
-                *a = _mm512_fmadd_ps(pr, _mm512_mul_ps(kg_z_f128(z[q].f1[2 * p]), dx), *a);
-                continue;
-            }
-            const __m512i isum = _mm512_add_epi32(s[h][q][0], s[h][q][1]);
-            *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(kg_z_f128(z[q].f1[2 * p]), dx), *a);
-            if (!iq4) *a = _mm512_fmadd_ps(kg_z_f128(z[q].f2[2 * p]), sx, *a);
+            *a = kg_z_steps(type, s[h][q][0], s[h][q][1], kg_z_f128(z[q].f1[2 * p]), kg_z_f128(z[q].f2[2 * p]),
+                            kg_z_f128(z[q].scA[2 * p]), kg_z_f128(z[q].scB[2 * p]), dx, sx, *a);
         }
     }
 }

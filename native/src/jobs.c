@@ -20,9 +20,11 @@
  * kernels' token walk reuses the activations over; but a vCPU of a shared host can run 1.3-1.4x
  * slower than its sibling for seconds at a time, and a fixed half then waits for it. Dealt, a
  * 64-token bench-B prefill's slowest run rose in all six sets measured (Q6_K, IQ4_XS; 352 -> 479
- * tok/s at most) and its median moved 0.94-1.24x (docs/benchmarks.md, session 21); an owner's
- * claims are whole experts, as long as the old halves. Either way a row's arithmetic is the same,
- * so only who computes it changes, never its value. */
+ * tok/s at most) and its median moved 0.94-1.24x (docs/benchmarks.md, session 21). The kernel
+ * calls stay long: an owner claims up to DEAL_MAX_CLAIM chunks, which for bench-B is a whole
+ * expert's gate and up (16 chunks of 32 rows; a fixed half was 256 rows) and about 630 rows of its
+ * down projection (16 of 26 chunks; a half was 512), less where a claim meets a job's end. Either
+ * way a row's arithmetic is the same, so only who computes it changes, never its value. */
 #define DEAL_CHUNK_BYTES (16 * 1024)
 #define DEAL_MAX_CLAIM 16 /* chunks: one claim streams at most 256 KB of weights */
 
